@@ -1,0 +1,111 @@
+"""``roost pub`` and ``roost sub``: the client side of the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import trio
+
+from client.library import Client, NodeLost
+from client.session import ClientConfig
+from client.wire import WireError
+
+
+def add_client_commands(sub: Any) -> None:
+    p = sub.add_parser("pub", help="publish messages to a topic")
+    p.add_argument("topic")
+    p.add_argument("message", nargs="?", help="payload; {n} becomes 0..N-1; stdin lines if absent")
+    _common(p)
+    p.set_defaults(func=cmd_pub)
+
+    s = sub.add_parser("sub", help="subscribe and print each payload on its own line")
+    s.add_argument("topic")
+    _common(s)
+    s.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="give up after S seconds (non-zero exit if --count was not reached)")
+    s.set_defaults(func=cmd_sub)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
+    p.add_argument("--key", default=None, metavar="K")
+    p.add_argument("--count", type=int, default=None, metavar="N")
+    p.add_argument("--mode", choices=("fire", "reliable"), default="reliable")
+
+
+def _node(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"roost: --node must be HOST:PORT, not {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    count = 1 if args.count is None else args.count
+    if count < 0:
+        raise SystemExit("roost pub: --count must be >= 0")
+    templates = [args.message] if args.message is not None else (
+        line.rstrip("\n") for line in sys.stdin
+    )
+
+    async def main() -> int:
+        async with Client(_node(args.node), config=ClientConfig()) as c:
+            for template in templates:
+                many = "{n}" in template
+                for n in range(count):
+                    text = template.replace("{n}", str(n)) if many else template
+                    await c.publish(args.topic, text.encode(), key=args.key, mode=args.mode)
+            if args.mode == "reliable" and not await c.flush():
+                raise NodeLost("node lost before acknowledging every publish")
+        return 0
+
+    return _run(main)
+
+
+def cmd_sub(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        out = sys.stdout.buffer
+        got = 0
+        deadline = trio.current_time() + args.timeout if args.timeout else float("inf")
+        async with Client(_node(args.node)) as c:
+            async with c.subscribe(args.topic, key=args.key, mode=args.mode) as sub:
+                if sub.reason is not None:
+                    print(f"roost sub: subscription refused: {sub.reason}", file=sys.stderr)
+                    return 1
+                print(f"roost sub: subscribed to {args.topic} ({args.mode}) at node "
+                      f"{c.session.node_id}", file=sys.stderr, flush=True)
+                with trio.move_on_at(deadline):
+                    while args.count is None or got < args.count:
+                        try:
+                            msg = await sub.next()
+                        except StopAsyncIteration:
+                            out.flush()
+                            print(f"roost sub: subscription ended: {sub.reason}", file=sys.stderr)
+                            return 1
+                        out.write(msg.payload + b"\n")
+                        got += 1
+                        if not sub._st or not sub._st.queue:
+                            out.flush()
+                out.flush()
+                if args.count is not None and got < args.count:
+                    print(f"roost sub: timed out after {args.timeout} s with {got} of "
+                          f"{args.count} messages", file=sys.stderr)
+                    return 1
+        return 0
+
+    return _run(main)
+
+
+def _run(main: Any) -> int:
+    try:
+        return int(trio.run(main))
+    except NodeLost as exc:
+        print(f"roost: {exc}", file=sys.stderr)
+        return 3
+    except (WireError, ValueError) as exc:
+        print(f"roost: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

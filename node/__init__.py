@@ -1,0 +1,1 @@
+"""One Roost broker: sans-IO core and trio shell."""

@@ -1,0 +1,240 @@
+"""Node configuration: TOML, validated at load with messages that name the file,
+the key and what is allowed.
+
+Every timeout and limit lives here with its default; docs/configuration.md is
+generated from the same table (``roost config-doc``), so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from copy import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message is meant for an operator."""
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:7400"`` -> ``("127.0.0.1", 7400)``; raises ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT")
+    host = host.strip("[]")
+    ipaddress.ip_address(host)
+    p = int(port)
+    if not 0 <= p <= 65535:
+        raise ValueError("port out of range")
+    return host, p
+
+
+@dataclass(frozen=True)
+class Setting:
+    section: str
+    key: str
+    default: Any
+    kind: type
+    allowed: str
+    check: Callable[[Any], bool]
+    doc: str
+
+
+def _num(lo: float, hi: float) -> Callable[[Any], bool]:
+    return lambda v: lo <= v <= hi
+
+
+def _addr_ok(v: str) -> bool:
+    try:
+        parse_hostport(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _nets_ok(v: list[Any]) -> bool:
+    try:
+        for n in v:
+            ipaddress.ip_network(n)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+SETTINGS: list[Setting] = [
+    Setting("node", "id", "n1", str, "1..64 chars of [A-Za-z0-9_.-]",
+            lambda v: 0 < len(v) <= 64 and all(c.isalnum() or c in "_.-" for c in v),
+            "Node id; appears in every log line and in the cluster map."),
+    Setting("node", "client_addr", "127.0.0.1:7400", str, "HOST:PORT with an IP address",
+            _addr_ok, "UDP address clients talk to (text and binary protocol)."),
+    Setting("node", "text_networks", ["127.0.0.0/8", "::1/128"], list,
+            "a list of CIDR networks", _nets_ok,
+            "Source networks allowed to use the text protocol (it has no address "
+            "validation, so it must stay on networks you trust)."),
+    Setting("node", "log_level", "info", str, "one of debug, info, warning, error",
+            lambda v: v in ("debug", "info", "warning", "error"), "Log verbosity."),
+    Setting("limits", "max_datagram", 16384, int, "an integer from 1200 to 65507",
+            _num(1200, 65507),
+            "Largest datagram accepted or sent. Bigger datagrams are refused with "
+            "too_large; outgoing batches are coalesced up to this size."),
+    Setting("limits", "mailbox_capacity", 50000, int, "an integer from 16 to 10000000",
+            _num(16, 10_000_000),
+            "Reliable messages a subscriber may have unacknowledged before its "
+            "reliable subscriptions are cancelled with out_of_capacity."),
+    Setting("limits", "send_window", 4096, int, "an integer from 1 to 1000000",
+            _num(1, 1_000_000),
+            "Reliable messages sent to one subscriber but not yet acknowledged."),
+    Setting("limits", "max_clients", 100000, int, "an integer from 1 to 100000000",
+            _num(1, 100_000_000), "Binary clients with subscriptions a node keeps state for."),
+    Setting("limits", "max_subscriptions_per_client", 10000, int,
+            "an integer from 1 to 10000000", _num(1, 10_000_000),
+            "Subscriptions one client may hold."),
+    Setting("limits", "max_text_subscribers", 100000, int, "an integer from 0 to 100000000",
+            _num(0, 100_000_000), "Text-protocol subscriptions (address, topic) a node keeps."),
+    Setting("limits", "max_producers", 100000, int, "an integer from 1 to 100000000",
+            _num(1, 100_000_000), "Producers whose sequence numbers are remembered for dedup."),
+    Setting("timeouts", "subscriber_timeout", 10.0, float, "a number of seconds from 0.1 to 86400",
+            _num(0.1, 86400),
+            "A binary client silent this long (no PING, ACK or command) is dropped "
+            "with all its subscriptions."),
+    Setting("timeouts", "retransmit_timeout", 0.2, float, "a number of seconds from 0.001 to 60",
+            _num(0.001, 60), "First retransmission of unacknowledged reliable messages."),
+    Setting("timeouts", "retransmit_max", 2.0, float, "a number of seconds from 0.001 to 600",
+            _num(0.001, 600), "Cap of the exponential retransmission back-off."),
+    Setting("timeouts", "text_sub_lease", 0.0, float,
+            "0 (off) or a number of seconds up to 86400", _num(0, 86400),
+            "Text subscriptions expire this long after their last SUB unless renewed. "
+            "Off by default: the FASTPUSS clients subscribe once."),
+    Setting("timeouts", "producer_timeout", 300.0, float, "a number of seconds from 1 to 604800",
+            _num(1, 604800), "How long a silent producer's dedup state is kept."),
+    Setting("timeouts", "cookie_lifetime", 600.0, float, "a number of seconds from 1 to 86400",
+            _num(1, 86400), "Address-validation cookies are valid one to two lifetimes."),
+    Setting("timeouts", "ping_interval", 0.5, float, "a number of seconds from 0.01 to 60",
+            _num(0.01, 60), "Told to clients in WELCOME: how often to PING while subscribed."),
+]  # fmt: skip
+
+_BY_KEY = {(s.section, s.key): s for s in SETTINGS}
+
+
+class NodeConfig:
+    """The validated configuration of one node; attribute names are the TOML keys.
+
+    Defaults come from SETTINGS, the single table that also documents them.
+    """
+
+    id: str
+    client_addr: tuple[str, int]
+    text_networks: list[str]
+    log_level: str
+    max_datagram: int
+    mailbox_capacity: int
+    send_window: int
+    max_clients: int
+    max_subscriptions_per_client: int
+    max_text_subscribers: int
+    max_producers: int
+    subscriber_timeout: float
+    retransmit_timeout: float
+    retransmit_max: float
+    text_sub_lease: float
+    producer_timeout: float
+    cookie_lifetime: float
+    ping_interval: float
+
+    def __init__(self, **overrides: Any) -> None:
+        for s in SETTINGS:
+            v = s.default
+            setattr(self, s.key, parse_hostport(v) if s.key == "client_addr" else copy(v))
+        for k, v in overrides.items():
+            if (k not in self.__annotations__) or k == "source":
+                raise TypeError(f"unknown setting {k}")
+            setattr(self, k, v)
+        self.source = "<defaults>"
+
+
+def validate_value(source: str, section: str, key: str, value: Any) -> Any:
+    """Check one TOML value against SETTINGS; returns it converted."""
+    s = _BY_KEY.get((section, key))
+    if s is None:
+        known = ", ".join(x.key for x in SETTINGS if x.section == section)
+        raise ConfigError(f"{source}: [{section}] {key}: unknown key; known keys: {known}")
+    v = value
+    if s.kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, s.kind) or isinstance(v, bool) or not s.check(v):
+        raise ConfigError(f"{source}: [{section}] {key} = {value!r}: must be {s.allowed}")
+    if key == "client_addr":
+        return parse_hostport(v)
+    return v
+
+
+def apply_sections(cfg: Any, source: str, data: dict[str, Any], sections: tuple[str, ...]) -> None:
+    """Validate the given sections of a parsed TOML table into ``cfg``."""
+    for section in sections:
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        for key, value in table.items():
+            setattr(cfg, key, validate_value(source, section, key, value))
+
+
+NODE_SECTIONS = ("node", "limits", "timeouts")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+
+
+def load_node_config(path: str | Path | None) -> NodeConfig:
+    """Load and validate a single-node config; no path means all defaults."""
+    cfg = NodeConfig()
+    if path is None:
+        return cfg
+    source = str(path)
+    data = read_toml(path)
+    extra = set(data) - set(NODE_SECTIONS)
+    if extra:
+        raise ConfigError(
+            f"{source}: unknown section [{sorted(extra)[0]}]; "
+            f"allowed: {', '.join('[' + s + ']' for s in NODE_SECTIONS)}"
+        )
+    apply_sections(cfg, source, data, NODE_SECTIONS)
+    check_consistency(cfg, source)
+    cfg.source = source
+    return cfg
+
+
+def check_consistency(cfg: NodeConfig, source: str) -> None:
+    if cfg.retransmit_max < cfg.retransmit_timeout:
+        raise ConfigError(
+            f"{source}: [timeouts] retransmit_max = {cfg.retransmit_max}: must be at least "
+            f"retransmit_timeout ({cfg.retransmit_timeout})"
+        )
+    if cfg.send_window > cfg.mailbox_capacity:
+        raise ConfigError(
+            f"{source}: [limits] send_window = {cfg.send_window}: must be at most "
+            f"mailbox_capacity ({cfg.mailbox_capacity})"
+        )
+    if cfg.subscriber_timeout <= cfg.ping_interval * 2:
+        raise ConfigError(
+            f"{source}: [timeouts] subscriber_timeout = {cfg.subscriber_timeout}: must be more "
+            f"than twice ping_interval ({cfg.ping_interval})"
+        )
+
+
+def config_doc() -> str:
+    """Markdown table of every setting, for docs/configuration.md."""
+    rows = ["| section | key | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        rows.append(f"| [{s.section}] | `{s.key}` | `{s.default!r}` | {s.allowed} | {s.doc} |")
+    return "\n".join(rows) + "\n"

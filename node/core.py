@@ -1,0 +1,543 @@
+"""The broker core: datagrams and time in, datagrams and log events out.
+
+Sans-IO (DESIGN.md): no sockets, clocks, trio or global randomness here. The
+shell (``node/server.py``) drains every datagram that is ready, hands the whole
+batch to :meth:`BrokerCore.handle_datagrams` and sends what comes back; it calls
+:meth:`BrokerCore.tick` when :meth:`BrokerCore.next_deadline` passes. Output is
+coalesced per destination: all messages for one subscriber produced by one
+batch leave in as few MSGS datagrams as the datagram size allows.
+
+Bad input never raises out of here and never changes state: every decoder
+error becomes an ERROR reply (or a counted drop where a reply could amplify
+traffic towards an unvalidated address).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import ipaddress
+import random
+from collections import Counter
+from typing import Any, NamedTuple
+
+from client import wire
+from client.text import encode_text_error, encode_text_msg, parse_untrusted_text
+from client.wire import E, Mode, Op, Reason, T, WireError
+from node.config import NodeConfig
+from node.cookies import Addr, CookieJar
+from node.mailbox import Mailbox
+from node.subscriptions import SubscriptionIndex
+
+
+class Send(NamedTuple):
+    addr: Addr
+    data: bytes
+
+
+class Log(NamedTuple):
+    level: str
+    event: str
+    fields: dict[str, Any]
+
+
+Action = Send | Log
+
+# Timer kinds in the heap.
+_RTO, _LIVENESS, _LEASE, _PRODUCER = range(4)
+
+# An unvalidated address never gets more than this many times the bytes it sent.
+AMPLIFICATION = 3
+
+
+class ClientState:
+    """A binary client, keyed by client id; its address may change."""
+
+    __slots__ = (
+        "cid", "addr", "subs", "last_seen", "mailbox", "fire", "dirty",
+        "last_batch", "last_results", "cancelled", "timer_at",
+    )  # fmt: skip
+
+    def __init__(self, cid: bytes, addr: Addr, now: float) -> None:
+        self.cid = cid
+        self.addr = addr
+        self.subs: dict[tuple[str, str | None], int] = {}
+        self.last_seen = now
+        self.mailbox: Mailbox | None = None
+        self.fire: list[bytes] = []
+        self.dirty = False
+        self.last_batch = -1
+        self.last_results: list[int] = []
+        # Cancellations the client has not confirmed yet (by UNSUB or SUB);
+        # repeated in every PONG so a lost CANCEL datagram cannot hide one.
+        self.cancelled: dict[tuple[str, str | None], str] = {}
+        self.timer_at = 0.0
+
+
+class BrokerCore:
+    def __init__(
+        self,
+        config: NodeConfig,
+        secret: bytes,
+        rng: random.Random,
+        incarnation: int,
+        members: list[list[Any]] | None = None,
+    ) -> None:
+        self.cfg = config
+        self.node_id = config.id
+        self.cookies = CookieJar(secret, config.cookie_lifetime)
+        self.rng = rng
+        # Stream ids grow within an incarnation and across restarts (the shell
+        # passes wall-clock milliseconds), so a client can ignore stale streams.
+        self._next_stream = incarnation << 16
+        self.members = members or [[config.id, *config.client_addr]]
+        self.index = SubscriptionIndex()
+        self.clients: dict[bytes, ClientState] = {}
+        self.producers: dict[bytes, list[float]] = {}  # pid -> [acked_seq, last_seen]
+        self.text_leases: dict[tuple[Addr, str], float] = {}
+        self.text_subs = 0
+        self.metrics: Counter[str] = Counter()
+        self._timers: list[tuple[float, int, Any]] = []
+        self._text_ok: dict[str, bool] = {}
+        self._text_nets = [ipaddress.ip_network(n) for n in config.text_networks]
+        self._out: list[Action] = []
+        self._dirty: list[ClientState] = []
+        self._pubacks: dict[tuple[Addr, bytes], int] = {}
+        self._max = config.max_datagram
+        self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
+        self.params = {
+            "max_datagram": config.max_datagram,
+            "ping_interval": config.ping_interval,
+            "subscriber_timeout": config.subscriber_timeout,
+        }
+
+    # ------------------------------------------------------------ entry points
+
+    def handle_datagrams(self, datagrams: list[tuple[bytes, Addr]], now: float) -> list[Action]:
+        """Process a batch of datagrams in arrival order; return what to send."""
+        out = self._out
+        m = self.metrics
+        m["datagrams_in"] += len(datagrams)
+        for data, addr in datagrams:
+            m["bytes_in"] += len(data)
+            if not data:
+                m["dropped_empty"] += 1
+                continue
+            first = data[0]
+            is_text = 0x41 <= first <= 0x5A or 0x61 <= first <= 0x7A
+            try:
+                if len(data) > self._max:
+                    raise WireError(E.TOO_LARGE, f"datagram over max_datagram ({self._max} bytes)")
+                if is_text:
+                    self._on_text(data, addr, now)
+                else:
+                    self._on_binary(data, addr, now)
+            except WireError as exc:
+                self._error(addr, exc, len(data), is_text)
+        self._flush(now)
+        self._out = []
+        return out
+
+    def tick(self, now: float) -> list[Action]:
+        """Fire every timer that is due: retransmissions, timeouts, expiries."""
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            at, kind, key = heapq.heappop(timers)
+            if kind == _RTO:
+                self._on_rto(key, at, now)
+            elif kind == _LIVENESS:
+                self._on_liveness(key, now)
+            elif kind == _LEASE:
+                self._on_lease(key, now)
+            else:
+                self._on_producer(key, now)
+        self._flush(now)
+        out, self._out = self._out, []
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    # ------------------------------------------------------------ replies
+
+    def _send(self, addr: Addr, data: bytes) -> None:
+        self._out.append(Send(addr, data))
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self._out.append(Log(level, event, fields))
+
+    def _error(self, addr: Addr, exc: WireError, req_len: int, is_text: bool) -> None:
+        """Reply with an error, within the amplification budget of the source."""
+        self.metrics["errors"] += 1
+        self.metrics[f"error_{exc.code.name.lower()}"] += 1
+        trusted = self._text_allowed(addr[0])
+        if is_text:
+            if trusted:
+                self._send(addr, encode_text_error(exc.code, exc.text)[: self._max])
+            else:
+                self.metrics["dropped_forbidden"] += 1
+            return
+        # Sources on the trusted text networks get every error; others only
+        # what the anti-amplification budget allows.
+        self._bounded(addr, wire.encode_error(exc.code, exc.text), math.inf if trusted else req_len)
+
+    def _bounded(self, addr: Addr, data: bytes, req_len: float) -> None:
+        """Send to an address that has not proven it receives: at most 3x in."""
+        if len(data) <= AMPLIFICATION * req_len:
+            self._send(addr, data)
+        else:
+            self.metrics["dropped_amplification"] += 1
+
+    # ------------------------------------------------------------ text protocol
+
+    def _text_allowed(self, host: str) -> bool:
+        ok = self._text_ok.get(host)
+        if ok is None:
+            try:
+                ip = ipaddress.ip_address(host)
+                ok = any(ip in n for n in self._text_nets)
+            except ValueError:
+                ok = False
+            if len(self._text_ok) > 10000:
+                self._text_ok.clear()
+            self._text_ok[host] = ok
+        return ok
+
+    def _on_text(self, data: bytes, addr: Addr, now: float) -> None:
+        if not self._text_allowed(addr[0]):
+            raise WireError(E.FORBIDDEN, "text protocol not allowed from this network")
+        verb, topic, body = parse_untrusted_text(data)
+        wire.check_topic(topic)
+        if verb == "PUB":
+            payload = body.encode()
+            self.metrics["published"] += 1
+            self._publish(topic, None, None, payload, None)
+        elif verb == "SUB":
+            if self.index.add(topic, None, addr, Mode.FIRE):
+                if self.text_subs >= self.cfg.max_text_subscribers:
+                    self.index.remove(topic, None, addr)
+                    raise WireError(E.OVERLOADED, "too many text subscriptions on this node")
+                self.text_subs += 1
+                self._log("debug", "text_subscribe", addr=_fmt(addr), topic=topic)
+            lease = self.cfg.text_sub_lease
+            if lease > 0:
+                key = (addr, topic)
+                if key not in self.text_leases:
+                    self._timer(now + lease, _LEASE, key)
+                self.text_leases[key] = now + lease
+        else:  # UNSUB
+            if self.index.remove(topic, None, addr):
+                self.text_subs -= 1
+                self.text_leases.pop((addr, topic), None)
+                self._log("debug", "text_unsubscribe", addr=_fmt(addr), topic=topic)
+
+    def _on_lease(self, key: tuple[Addr, str], now: float) -> None:
+        until = self.text_leases.get(key)
+        if until is None:
+            return
+        if until > now:
+            self._timer(until, _LEASE, key)
+            return
+        del self.text_leases[key]
+        if self.index.remove(key[1], None, key[0]):
+            self.text_subs -= 1
+            self._log("info", "text_lease_expired", addr=_fmt(key[0]), topic=key[1])
+
+    # ------------------------------------------------------------ binary protocol
+
+    def _on_binary(self, data: bytes, addr: Addr, now: float) -> None:
+        f = wire.decode_untrusted_frame(data, self._max)
+        ftype = f[0]
+        if ftype is T.HELLO:
+            cookie = self.cookies.issue(addr, f[1], now)
+            welcome = wire.encode_welcome(self.node_id, cookie, self.params, self.members)
+            self._bounded(addr, welcome, len(data))
+            return
+        if ftype not in (T.PUB, T.ACK, T.CMDS, T.PING):
+            raise WireError(E.UNKNOWN_TYPE, f"{ftype.name} is not sent to nodes")
+        cid, cookie = f[1], f[2]
+        if not self.cookies.check(addr, cid, cookie, now):
+            raise WireError(E.BAD_COOKIE, "cookie invalid or expired for this address; send HELLO")
+        c = self.clients.get(cid)
+        if c is not None:
+            c.last_seen = now
+            if c.addr != addr:
+                self._log("info", "client_moved", client=cid.hex(), old=_fmt(c.addr), new=_fmt(addr))
+                c.addr = addr
+        if ftype is T.PUB:
+            self._on_pub(addr, f, now)
+        elif ftype is T.ACK:
+            if c is not None:
+                self._on_ack(c, f[3], f[4], f[5], now)
+        elif ftype is T.CMDS:
+            self._on_cmds(c, cid, addr, f[3], f[4], now)
+        else:
+            fresh = self.cookies.is_fresh(addr, cid, cookie, now)
+            new_cookie = cookie if fresh else self.cookies.issue(addr, cid, now)
+            cancels = [[t, k, r] for (t, k), r in c.cancelled.items()] if c else []
+            self._send(addr, wire.encode_pong(f[3], c is not None, new_cookie, cancels[:64]))
+
+    def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
+        _, _, _, pid, first, floor, reliable, msgs = f
+        st = self.producers.get(pid)
+        if st is None:
+            if len(self.producers) >= self.cfg.max_producers:
+                raise WireError(E.OVERLOADED, "too many producers on this node")
+            st = self.producers[pid] = [0, now]
+            self._timer(now + self.cfg.producer_timeout, _PRODUCER, pid)
+        st[1] = now
+        acked = int(st[0])
+        if floor - 1 > acked:
+            acked = floor - 1
+        last = first + len(msgs) - 1
+        if reliable and first > acked + 1:
+            # An earlier batch is missing: keep FIFO by refusing this one; the
+            # producer resends from the acknowledged point (go-back-N).
+            self.metrics["pub_out_of_order"] += 1
+            new: list[Any] = []
+        else:
+            new = msgs[acked + 1 - first :] if acked >= first else msgs
+            if last > acked:
+                acked = last
+        st[0] = acked
+        self.metrics["pub_duplicates"] += len(msgs) - len(new)
+        self.metrics["published"] += len(new)
+        publish = self._publish
+        pack = wire.pack_message
+        for topic, key, tags, payload in new:
+            publish(topic, key, tags, payload, pack(topic, key, tags, payload))
+        if reliable:
+            self._pubacks[(addr, pid)] = acked
+
+    def _publish(
+        self,
+        topic: str,
+        key: str | None,
+        tags: dict[str, str] | None,
+        payload: bytes,
+        packed: bytes | None,
+    ) -> None:
+        subs = self.index.match(topic, key)
+        if not subs:
+            return
+        clients = self.clients
+        text_msg = None
+        for who, mode in subs.items():
+            if who.__class__ is bytes:
+                c = clients[who]
+                if packed is None:
+                    packed = wire.pack_message(topic, key, tags, payload)
+                if mode:
+                    mb = c.mailbox
+                    if mb is None or not mb.push(packed):
+                        self._overflow(c)
+                        continue
+                else:
+                    c.fire.append(packed)
+                if not c.dirty:
+                    c.dirty = True
+                    self._dirty.append(c)
+            else:
+                if text_msg is None:
+                    text_msg = encode_text_msg(topic, payload)
+                self._out.append(Send(who, text_msg))
+                self.metrics["delivered"] += 1
+
+    def _overflow(self, c: ClientState) -> None:
+        """Mailbox full: cancel every reliable subscription of this client."""
+        self.metrics["cancelled_out_of_capacity"] += 1
+        for (topic, key), mode in list(c.subs.items()):
+            if mode == Mode.RELIABLE:
+                self._cancel(c, topic, key, Reason.OUT_OF_CAPACITY)
+        c.mailbox = None
+        self._log("warning", "out_of_capacity", client=c.cid.hex(), addr=_fmt(c.addr))
+
+    def _cancel(self, c: ClientState, topic: str, key: str | None, reason: str) -> None:
+        del c.subs[(topic, key)]
+        self.index.remove(topic, key, c.cid)
+        c.cancelled[(topic, key)] = reason
+        self._send(c.addr, wire.encode_cancel(topic, key, reason))
+
+    def _on_cmds(
+        self,
+        c: ClientState | None,
+        cid: bytes,
+        addr: Addr,
+        batch: int,
+        cmds: list[tuple[int, str, str | None, int]],
+        now: float,
+    ) -> None:
+        if c is not None and batch <= c.last_batch:
+            # A retry of a batch already applied: applying it again could undo
+            # a later command, so only repeat the answer.
+            self._send(addr, wire.encode_cmdack(batch, c.last_results))
+            return
+        if c is None:
+            if len(self.clients) >= self.cfg.max_clients:
+                raise WireError(E.OVERLOADED, "too many clients on this node")
+            c = self.clients[cid] = ClientState(cid, addr, now)
+            c.timer_at = now + self.cfg.subscriber_timeout
+            self._timer(c.timer_at, _LIVENESS, cid)
+            self._log("info", "client_new", client=cid.hex(), addr=_fmt(addr))
+        results = []
+        for op, topic, key, mode in cmds:
+            results.append(self._apply(c, op, topic, key, mode, now))
+        c.last_batch = batch
+        c.last_results = results
+        self._send(addr, wire.encode_cmdack(batch, results))
+
+    def _apply(self, c: ClientState, op: int, topic: str, key: str | None, mode: int, now: float) -> int:
+        tk = (topic, key)
+        c.cancelled.pop(tk, None)
+        if op == Op.UNSUB:
+            if c.subs.pop(tk, None) is not None:
+                self.index.remove(topic, key, c.cid)
+                self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
+            return E.OK
+        if tk not in c.subs and len(c.subs) >= self.cfg.max_subscriptions_per_client:
+            return E.OVERLOADED
+        if mode == Mode.RELIABLE and c.mailbox is None:
+            c.mailbox = Mailbox(
+                self._new_stream(), self.cfg.mailbox_capacity,
+                self.cfg.retransmit_timeout, self.cfg.retransmit_max,
+            )  # fmt: skip
+        c.subs[tk] = mode
+        self.index.add(topic, key, c.cid, mode)
+        self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
+        return E.OK
+
+    def _new_stream(self) -> int:
+        self._next_stream += 1
+        return self._next_stream
+
+    def _on_ack(
+        self, c: ClientState, stream: int, max_seq: int, sack: list[tuple[int, int]], now: float
+    ) -> None:
+        mb = c.mailbox
+        if mb is None or stream != mb.stream_id:
+            self.metrics["ack_stale"] += 1
+            return
+        if mb.on_ack(max_seq, sack, now) and mb.rto_at is not None:
+            self._timer(mb.rto_at, _RTO, c.cid)
+        if sack:
+            self._resend(c, mb, mb.fast_retransmit(now))
+        if len(mb) > mb.sent - mb.acked and not c.dirty:
+            c.dirty = True
+            self._dirty.append(c)
+
+    def _on_rto(self, cid: bytes, at: float, now: float) -> None:
+        c = self.clients.get(cid)
+        if c is None or c.mailbox is None or c.mailbox.rto_at != at:
+            return  # stale timer entry
+        mb = c.mailbox
+        runs = mb.on_timeout(now)
+        if mb.rto_at is not None:
+            self._timer(mb.rto_at, _RTO, cid)
+        self._resend(c, mb, runs)
+
+    def _resend(self, c: ClientState, mb: Mailbox, runs: list[tuple[int, list[bytes]]]) -> None:
+        for first, entries in runs:
+            self.metrics["retransmitted"] += len(entries)
+            self._emit(c.addr, mb.stream_id, first, entries)
+
+    def _on_liveness(self, cid: bytes, now: float) -> None:
+        c = self.clients.get(cid)
+        if c is None:
+            return
+        expires = c.last_seen + self.cfg.subscriber_timeout
+        if expires > now:
+            c.timer_at = expires
+            self._timer(expires, _LIVENESS, cid)
+            return
+        self.drop_client(c)
+        self.metrics["clients_timed_out"] += 1
+        self._log("info", "client_timed_out", client=cid.hex(), addr=_fmt(c.addr), subs=len(c.subs))
+
+    def drop_client(self, c: ClientState) -> None:
+        for topic, key in c.subs:
+            self.index.remove(topic, key, c.cid)
+        del self.clients[c.cid]
+
+    def _on_producer(self, pid: bytes, now: float) -> None:
+        st = self.producers.get(pid)
+        if st is None:
+            return
+        expires = st[1] + self.cfg.producer_timeout
+        if expires > now:
+            self._timer(expires, _PRODUCER, pid)
+        else:
+            del self.producers[pid]
+
+    def _timer(self, at: float, kind: int, key: Any) -> None:
+        heapq.heappush(self._timers, (at, kind, key))
+
+    # ------------------------------------------------------------ output
+
+    def _flush(self, now: float) -> None:
+        """Send everything queued by this batch, coalesced per destination."""
+        for (addr, pid), acked in self._pubacks.items():
+            self._send(addr, wire.encode_puback(pid, acked))
+        self._pubacks.clear()
+        window = self.cfg.send_window
+        for c in self._dirty:
+            c.dirty = False
+            if c.fire:
+                self._emit(c.addr, 0, 0, c.fire)
+                c.fire = []
+            mb = c.mailbox
+            if mb is not None:
+                had_timer = mb.rto_at is not None
+                first, entries = mb.take_new(window, now)
+                if entries:
+                    self._emit(c.addr, mb.stream_id, first, entries)
+                    if not had_timer and mb.rto_at is not None:
+                        self._timer(mb.rto_at, _RTO, c.cid)
+        self._dirty.clear()
+
+    def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:
+        """MSGS datagrams for a run of messages, each up to max_datagram."""
+        budget = self._budget
+        out = self._out
+        encode = wire.encode_msgs
+        start = 0
+        size = 0
+        seq = first
+        for i, e in enumerate(entries):
+            n = len(e)
+            if size + n > budget and i > start:
+                out.append(Send(addr, encode(stream, seq, entries[start:i])))
+                seq += (i - start) if stream else 0
+                start, size = i, 0
+            size += n
+        out.append(Send(addr, encode(stream, seq, entries[start:])))
+        self.metrics["delivered"] += len(entries)
+
+    # ------------------------------------------------------------ inspection
+
+    def state_digest(self) -> tuple[Any, ...]:
+        """Everything a datagram could change, for tests that check it did not."""
+        return (
+            sorted(
+                (t, k, repr(w), m)
+                for t, keys in self.index.topics.items()
+                for k, subs in keys.items()
+                for w, m in subs.items()
+            ),
+            sorted((cid, repr(c.addr), sorted(c.subs.items(), key=repr)) for cid, c in self.clients.items()),
+            sorted(self.producers),
+            self.text_subs,
+        )
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "clients": len(self.clients),
+            "subscriptions": self.index.count,
+            "topics": len(self.index.topics),
+            "producers": len(self.producers),
+            "metrics": dict(self.metrics),
+        }
+
+
+def _fmt(addr: Addr) -> str:
+    return f"{addr[0]}:{addr[1]}"

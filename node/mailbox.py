@@ -1,0 +1,121 @@
+"""Per-subscriber reliable mailbox (Ray's SubscriberState mailbox, with a window).
+
+Messages get consecutive sequence numbers within a *stream*; a new stream
+(a fresh id, sequences from 1 again) starts whenever the node discards what
+it had for the subscriber, so the client can tell a restart from a gap. A
+message leaves the mailbox only when the client acknowledges it cumulatively
+(``max_processed_seq``, as in Ray). Up to ``window`` messages are in flight;
+the rest wait. Lost datagrams are repaired two ways: selective ACK ranges let
+the node resend the holes at once (fast retransmit), and a retransmission
+timeout with exponential back-off resends everything unacknowledged.
+
+The mailbox is bounded: ``push`` refuses beyond ``capacity`` so that one slow
+subscriber costs the node bounded memory and never slows anybody else
+(Tendermint ADR 033); the broker then cancels with ``out_of_capacity``.
+"""
+
+from __future__ import annotations
+
+
+class Mailbox:
+    __slots__ = (
+        "stream_id", "acked", "buf", "base", "sent", "sacked", "capacity",
+        "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at",
+    )  # fmt: skip
+
+    def __init__(self, stream_id: int, capacity: int, rto: float, rto_max: float) -> None:
+        self.stream_id = stream_id
+        self.capacity = capacity
+        self.rto_base = rto
+        self.rto_max = rto_max
+        self.acked = 0  # highest cumulatively acknowledged sequence
+        self.buf: list[bytes] = []  # buf[base + i] holds sequence acked + 1 + i
+        self.base = 0
+        self.sent = 0  # highest sequence sent at least once
+        self.sacked: set[int] = set()
+        self.rto = rto
+        self.rto_at: float | None = None
+        self.fast_ok_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self.buf) - self.base
+
+    @property
+    def next_seq(self) -> int:
+        return self.acked + len(self) + 1
+
+    def push(self, packed: bytes) -> bool:
+        if len(self.buf) - self.base >= self.capacity:
+            return False
+        self.buf.append(packed)
+        return True
+
+    def take_new(self, window: int, now: float) -> tuple[int, list[bytes]]:
+        """Messages never sent before that the window allows, and their first seq."""
+        first = self.sent + 1
+        limit = self.acked + window
+        last = min(limit, self.acked + len(self))
+        if last < first:
+            return first, []
+        i = self.base + (first - self.acked - 1)
+        out = self.buf[i : i + (last - first + 1)]
+        self.sent = last
+        if self.rto_at is None:
+            self.rto_at = now + self.rto
+        return first, out
+
+    def on_ack(self, max_seq: int, sack: list[tuple[int, int]], now: float) -> bool:
+        """Apply an ACK; returns True if the cumulative point advanced."""
+        progressed = False
+        if max_seq > self.acked:
+            max_seq = min(max_seq, self.sent)
+            n = max_seq - self.acked
+            self.base += n
+            self.acked = max_seq
+            if self.base > 4096 and self.base * 2 > len(self.buf):
+                del self.buf[: self.base]
+                self.base = 0
+            if self.sacked:
+                self.sacked = {s for s in self.sacked if s > max_seq}
+            progressed = n > 0
+        for lo, hi in sack:
+            lo = max(lo, self.acked + 1)
+            hi = min(hi, self.sent)
+            if hi - lo < 100_000:
+                self.sacked.update(range(lo, hi + 1))
+        if progressed:
+            self.rto = self.rto_base
+            self.rto_at = now + self.rto if self.sent > self.acked else None
+        return progressed
+
+    def runs(self, upto: int) -> list[tuple[int, list[bytes]]]:
+        """Unacknowledged, un-SACKed messages up to ``upto`` as contiguous runs."""
+        out: list[tuple[int, list[bytes]]] = []
+        seq = self.acked + 1
+        sacked = self.sacked
+        while seq <= upto:
+            if seq in sacked:
+                seq += 1
+                continue
+            start = seq
+            while seq <= upto and seq not in sacked:
+                seq += 1
+            i = self.base + (start - self.acked - 1)
+            out.append((start, self.buf[i : i + (seq - start)]))
+        return out
+
+    def fast_retransmit(self, now: float) -> list[tuple[int, list[bytes]]]:
+        """Holes below the highest SACKed sequence, at most once per rto/2."""
+        if not self.sacked or now < self.fast_ok_at:
+            return []
+        self.fast_ok_at = now + self.rto / 2
+        return self.runs(max(self.sacked))
+
+    def on_timeout(self, now: float) -> list[tuple[int, list[bytes]]]:
+        """The retransmission timer fired: resend all in flight, back off."""
+        if self.sent <= self.acked:
+            self.rto_at = None
+            return []
+        self.rto = min(self.rto * 2, self.rto_max)
+        self.rto_at = now + self.rto
+        return self.runs(self.sent)

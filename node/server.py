@@ -1,0 +1,98 @@
+"""The trio shell around :class:`node.core.BrokerCore` for one node.
+
+All it does: drain the UDP socket, hand the batch and the time to the core,
+send what the core returns, sleep until the next datagram or timer, and stop
+cleanly on SIGINT/SIGTERM or cancellation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from node.config import NodeConfig
+from node.core import BrokerCore, Log, Send
+from node.logs import EventLog
+from node.udp import drain, open_udp, send_all
+
+
+class NodeServer:
+    def __init__(self, cfg: NodeConfig, log: EventLog | None = None) -> None:
+        self.cfg = cfg
+        self.log = log or EventLog(cfg.id, cfg.log_level)
+        self.core = BrokerCore(
+            cfg, secrets.token_bytes(32), random.Random(), int(time.time() * 1000)
+        )
+        self.sock = open_udp(*cfg.client_addr)
+        self.addr = self.sock.getsockname()[:2]
+
+    def perform(self, actions: list[Any]) -> list[tuple[Any, bytes]]:
+        """Log the Log actions; return the Sends in order."""
+        sends: list[tuple[Any, bytes]] = []
+        for a in actions:
+            if a.__class__ is Send:
+                sends.append(a)
+            elif isinstance(a, Log):
+                self.log(a.level, a.event, **a.fields)
+        return sends
+
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        core, sock = self.core, self.sock
+        bufsize = self.cfg.max_datagram + 1  # one more byte tells "too large" apart
+        self.log("info", "node_started", addr=f"{self.addr[0]}:{self.addr[1]}",
+                 config=self.cfg.source)  # fmt: skip
+        task_status.started(self.addr)
+        try:
+            while True:
+                batch = drain(sock, bufsize)
+                now = trio.current_time()
+                actions = core.handle_datagrams(batch, now) if batch else []
+                deadline = core.next_deadline()
+                if deadline is not None and deadline <= now:
+                    actions += core.tick(now)
+                    deadline = core.next_deadline()
+                if actions:
+                    failed = await send_all(sock, self.perform(actions))
+                    if failed:
+                        core.metrics["send_failed"] += failed
+                if batch:
+                    await trio.lowlevel.checkpoint()
+                else:
+                    with trio.move_on_at(deadline if deadline is not None else math.inf):
+                        await trio.lowlevel.wait_readable(sock)
+        finally:
+            sock.close()
+            self.log("info", "node_stopped", **_summary(core))
+
+
+def _summary(core: BrokerCore) -> dict[str, Any]:
+    m = core.metrics
+    return {
+        "clients": len(core.clients),
+        "subscriptions": core.index.count,
+        "published": m["published"],
+        "errors": m["errors"],
+    }
+
+
+async def run_until_signal(
+    make: Callable[[], NodeServer], on_ready: Callable[[NodeServer], None] | None = None
+) -> None:
+    """Run a node until SIGINT or SIGTERM, then shut it down cleanly."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        server = make()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            if on_ready:
+                on_ready(server)
+            async for signum in signals:
+                server.log("info", "signal", name=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break

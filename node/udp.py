@@ -1,0 +1,72 @@
+"""Non-blocking UDP helpers shared by the node and client shells.
+
+trio's socket calls cost about 3x a plain one per datagram (DESIGN.md), so the
+shells use a plain non-blocking socket: drain everything that is ready with
+direct ``recvfrom`` calls and only await trio when the socket is empty (or the
+send buffer is full).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import trio
+
+Addr = tuple[str, int]
+BUFFER_BYTES = 8 * 1024 * 1024
+
+
+def open_udp(host: str, port: int) -> socket.socket:
+    """A bound non-blocking UDP socket with large kernel buffers."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, BUFFER_BYTES)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, opt, BUFFER_BYTES)
+    sock.setblocking(False)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def drain(sock: socket.socket, bufsize: int, limit: int = 1024) -> list[tuple[bytes, Addr]]:
+    """Every datagram that is ready now (up to ``limit``), without blocking."""
+    batch: list[tuple[bytes, Addr]] = []
+    recvfrom = sock.recvfrom
+    try:
+        while len(batch) < limit:
+            data, addr = recvfrom(bufsize)
+            batch.append((data, addr[:2] if len(addr) > 2 else addr))
+    except BlockingIOError:
+        pass
+    except OSError as exc:  # e.g. ECONNREFUSED from an ICMP error: not fatal
+        if exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+            raise
+    return batch
+
+
+async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]]) -> int:
+    """Send datagrams in order; waits only while the send buffer is full.
+
+    Returns how many could not be sent (unreachable, refused by a firewall);
+    UDP gives no promise, the protocols above repair or report the loss.
+    """
+    failed = 0
+    sendto = sock.sendto
+    for addr, data in sends:
+        while True:
+            try:
+                sendto(data, addr)
+                break
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+            except OSError:
+                failed += 1
+                break
+    return failed
