@@ -124,8 +124,9 @@ class Client:
                 s.handle_datagrams(batch, now)
             if now >= s.next_deadline():
                 s.tick(now)
-            self._send(s.outgoing(now))
-            if batch or s.events:
+            out = s.outgoing(now)
+            self._send(out)
+            if batch or s.events or out:
                 s.events.clear()
                 self._wake()
             if batch:
@@ -212,7 +213,9 @@ class Client:
         target = s.next_seq - 1
 
         def done() -> bool:
-            return s.lost or (s.acked >= target and s.inflight is None and not s.queued)
+            return s.lost or (
+                s.acked >= target and s.inflight is None and not s.queued and not s.fire_pending
+            )
 
         return await self._until(done, trio.current_time() + timeout) and not s.lost
 
