@@ -27,7 +27,7 @@ class CookieJar:
         self._proven: dict[tuple[Addr, bytes, bytes], int] = {}
 
     def _make(self, addr: Addr, client_id: bytes, bucket: int) -> bytes:
-        msg = f"{addr[0]}|{addr[1]}|".encode() + client_id + bucket.to_bytes(8, "big")
+        msg = f"{addr[0]}|{addr[1]}|".encode() + client_id + bucket.to_bytes(8, "big", signed=True)
         return hmac.new(self._secret, msg, hashlib.sha256).digest()[:COOKIE_LEN]
 
     def issue(self, addr: Addr, client_id: bytes, now: float) -> bytes:

@@ -322,6 +322,7 @@ class BrokerCore:
             return
         clients = self.clients
         text_msg = None
+        full: list[ClientState] | None = None
         for who, mode in subs.items():
             if who.__class__ is bytes:
                 c = clients[who]
@@ -330,7 +331,8 @@ class BrokerCore:
                 if mode:
                     mb = c.mailbox
                     if mb is None or not mb.push(packed):
-                        self._overflow(c)
+                        # cancelling changes ``subs``: do it after the loop
+                        full = [c] if full is None else [*full, c]
                         continue
                 else:
                     c.fire.append(packed)
@@ -342,6 +344,10 @@ class BrokerCore:
                     text_msg = encode_text_msg(topic, payload)
                 self._out.append(Send(who, text_msg))
                 self.metrics["delivered"] += 1
+        if full is not None:
+            for c in full:
+                if c.mailbox is not None:
+                    self._overflow(c)
 
     def _overflow(self, c: ClientState) -> None:
         """Mailbox full: cancel every reliable subscription of this client."""
@@ -518,7 +524,7 @@ class BrokerCore:
         """Everything a datagram could change, for tests that check it did not."""
         return (
             sorted(
-                (t, k, repr(w), m)
+                (t, repr(k), repr(w), m)
                 for t, keys in self.index.topics.items()
                 for k, subs in keys.items()
                 for w, m in subs.items()

@@ -1,0 +1,408 @@
+"""The broker core driven directly: fake time, no sockets."""
+
+from __future__ import annotations
+
+from client import wire
+from client.text import parse_untrusted_text
+from client.wire import E, Mode, Reason, T
+from tests.corekit import FakeClient, delivered, frames_to, make_core, sends
+
+A = ("127.0.0.1", 5001)
+B = ("127.0.0.1", 5002)
+C = ("127.0.0.1", 5003)
+FAR = ("203.0.113.9", 6000)  # not on a text network
+
+
+def text(core, data: bytes, addr=A, now=0.0):
+    return core.handle_datagrams([(data, addr)], now)
+
+
+def test_text_sub_pub_delivers_exact_bytes():
+    core = make_core()
+    assert sends(text(core, b"SUB t1\n")) == []
+    out = sends(text(core, b"PUB t1\nhello world  ", addr=B))
+    assert [(s.addr, s.data) for s in out] == [(A, b"MSG t1\nhello world  ")]
+
+
+def test_text_subscribing_twice_delivers_once_and_unsub_stops():
+    core = make_core()
+    text(core, b"SUB t1\n")
+    text(core, b"SUB\tt1 \n")
+    assert [s.data for s in sends(text(core, b"PUB t1 x", addr=B))] == [b"MSG t1\nx"]
+    text(core, b"UNSUB t1\n")
+    assert sends(text(core, b"PUB t1 x", addr=B)) == []
+    assert core.index.count == 0 and core.text_subs == 0
+
+
+def test_text_order_of_one_publisher_is_kept():
+    core = make_core()
+    text(core, b"SUB t\n")
+    out = core.handle_datagrams([(f"PUB t\n{i}".encode(), B) for i in range(50)], 0.0)
+    assert [s.data for s in sends(out)] == [f"MSG t\n{i}".encode() for i in range(50)]
+
+
+def test_text_errors_are_replied_and_change_nothing():
+    core = make_core()
+    cases = {
+        b"SUB t1": "malformed",
+        b"FOO t1\n": "unknown_verb",
+        b"MSG t1\nx": "unknown_verb",
+        b"PUB t1\n\xff\xfe": "bad_utf8",
+        b"SUB " + b"x" * 256 + b"\n": "bad_topic",
+    }
+    for data, code in cases.items():
+        before = core.state_digest()
+        (reply,) = sends(text(core, data))
+        assert reply.data.startswith(f"ERR {code} ".encode()), (data, reply.data)
+        assert core.state_digest() == before
+
+
+def test_text_from_untrusted_network_is_refused_silently():
+    core = make_core()
+    assert sends(text(core, b"SUB t1\n", addr=FAR)) == []
+    assert core.index.count == 0
+    assert core.metrics["error_forbidden"] == 1
+
+
+def test_oversized_datagram_gets_too_large():
+    core = make_core(max_datagram=2000)
+    (reply,) = sends(text(core, b"PUB t " + b"x" * 2000))
+    assert reply.data.startswith(b"ERR too_large")
+    fc = FakeClient(core, B)
+    fc.hello()
+    (f,) = frames_to(fc.send(b"\x93" + b"\x01" * 2100, 0.0), B)
+    assert f[0] is T.ERROR and f[1] == E.TOO_LARGE
+
+
+def test_text_lease_expires_unless_renewed():
+    core = make_core(text_sub_lease=5.0)
+    text(core, b"SUB t\n", now=0.0)
+    text(core, b"SUB t\n", now=4.0)  # renew
+    core.tick(6.0)
+    assert core.index.count == 1
+    core.tick(9.5)
+    assert core.index.count == 0 and core.text_subs == 0
+
+
+def test_text_subscription_without_lease_never_expires():
+    core = make_core()
+    text(core, b"SUB t\n")
+    core.tick(10_000.0)
+    assert core.index.count == 1
+
+
+def test_welcome_cookie_then_reliable_delivery_in_order():
+    core = make_core()
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    (ack,) = frames_to(sub.sub("t"), A)
+    assert ack[0] is T.CMDACK and ack[2] == [0]
+    out = pub.pub([("t", f"m{i}".encode()) for i in range(10)])
+    got = delivered(out, A)
+    assert [p for _, _, p in got] == [f"m{i}".encode() for i in range(10)]
+    assert [s for _, s, _ in got] == list(range(1, 11))
+    (puback,) = frames_to(out, B)
+    assert puback[0] is T.PUBACK and puback[2] == 10
+
+
+def test_many_messages_are_batched_into_few_datagrams():
+    core = make_core()
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    out = pub.pub([("t", b"x" * 100) for _ in range(100)])
+    msgs_frames = [f for f in frames_to(out, A) if f[0] is T.MSGS]
+    assert len(msgs_frames) == 1 and len(msgs_frames[0][3]) == 100
+
+
+def test_retransmit_after_timeout_until_acked():
+    core = make_core(retransmit_timeout=0.2)
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    first = delivered(pub.pub([("t", b"a"), ("t", b"b")]), A)
+    stream = first[0][0]
+    assert delivered(core.tick(0.1), A) == []
+    again = delivered(core.tick(0.25), A)
+    assert again == first
+    sub.ack(stream, 2, now=0.3)
+    assert delivered(core.tick(5.0), A) == []
+
+
+def test_retransmission_backs_off():
+    core = make_core(retransmit_timeout=0.1, retransmit_max=0.4)
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    pub.pub([("t", b"a")])
+    times = []
+    t = 0.0
+    while t < 2.0:
+        t = round(t + 0.01, 2)
+        if delivered(core.tick(t), A):
+            times.append(t)
+    gaps = [round(b - a, 2) for a, b in zip(times, times[1:], strict=False)]
+    assert times[0] == 0.1
+    assert all(abs(g - want) <= 0.011 for g, want in zip(gaps, [0.2, 0.4, 0.4, 0.4], strict=False))
+    assert len(gaps) >= 4
+
+
+def test_sack_triggers_fast_retransmit_of_holes_only():
+    core = make_core()
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    got = delivered(pub.pub([("t", bytes([i])) for i in range(1, 7)]), A)
+    stream = got[0][0]
+    # the client got 1-2 and 5-6: holes 3 and 4
+    again = delivered(sub.ack(stream, 2, [[5, 6]], now=0.01), A)
+    assert [s for _, s, _ in again] == [3, 4]
+
+
+def test_window_limits_messages_in_flight():
+    core = make_core(send_window=4)
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    got = delivered(pub.pub([("t", bytes([i])) for i in range(10)]), A)
+    assert [s for _, s, _ in got] == [1, 2, 3, 4]
+    got = delivered(sub.ack(got[0][0], 4, now=0.01), A)
+    assert [s for _, s, _ in got] == [5, 6, 7, 8]
+
+
+def test_out_of_capacity_cancels_reliable_and_spares_others():
+    core = make_core(mailbox_capacity=16, send_window=16)
+    slow, fast, pub = FakeClient(core, A), FakeClient(core, B), FakeClient(core, C)
+    for fc in (slow, fast, pub):
+        fc.hello()
+    slow.sub("t")
+    slow.sub("other", mode=Mode.FIRE)
+    fast.sub("t")
+    fast_stream = None
+    cancelled = []
+    for i in range(40):
+        out = pub.pub([("t", b"%d" % i)], now=i * 0.01)
+        cancelled += [f for f in frames_to(out, A) if f[0] is T.CANCEL]
+        for stream, seq, _ in delivered(out, B):
+            fast_stream = stream
+            fast.ack(stream, seq, now=i * 0.01)
+        # the publisher is never refused
+        assert [f[0] for f in frames_to(out, C)] == [T.PUBACK]
+    assert [(f[1], f[3]) for f in cancelled] == [("t", Reason.OUT_OF_CAPACITY)]
+    assert fast_stream is not None
+    assert ("t", None) not in core.clients[slow.cid].subs
+    assert core.clients[slow.cid].subs == {("other", None): Mode.FIRE}
+    # the cancellation is repeated in PONG until the client confirms it
+    (pong,) = frames_to(slow.ping(1.0), A)
+    assert pong[4] == [("t", None, Reason.OUT_OF_CAPACITY)]
+    slow.cmds([(0, "t", None, 0)], now=1.0)
+    (pong,) = frames_to(slow.ping(1.1, token=2), A)
+    assert pong[4] == []
+
+
+def test_resubscribe_after_cancel_starts_a_new_stream():
+    core = make_core(mailbox_capacity=16, send_window=16)
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    first_stream = delivered(pub.pub([("t", b"x")]), A)[0][0]
+    pub.pub([("t", b"x")] * 20)
+    sub.sub("t")
+    got = delivered(pub.pub([("t", b"y")]), A)
+    assert got[0][0] > first_stream and got[0][1] == 1
+
+
+def test_silent_subscriber_is_dropped_after_timeout():
+    core = make_core(subscriber_timeout=3.0, ping_interval=0.5)
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    for t in (1.0, 2.0, 3.0, 4.0):
+        sub.ping(t)
+        core.tick(t)
+    assert sub.cid in core.clients
+    core.tick(7.5)
+    assert sub.cid not in core.clients and core.index.count == 0
+    assert delivered(pub.pub([("t", b"x")], now=8.0), A) == []
+    (pong,) = frames_to(sub.ping(8.0), A)
+    assert pong[2] is False  # the client learns it was forgotten
+
+
+def test_cannot_subscribe_another_address():
+    core = make_core()
+    victim, attacker = FakeClient(core, A), FakeClient(core, B)
+    victim.hello()
+    attacker.hello()
+    # The attacker reuses its own valid cookie from a spoofed source address...
+    spoofed = wire.encode_cmds(attacker.cid, attacker.cookie, 1, [(1, "t", None, 1)])
+    out = core.handle_datagrams([(spoofed, A)], 0.0)
+    # ...or the victim's client id with its own cookie.
+    forged = wire.encode_cmds(victim.cid, attacker.cookie, 1, [(1, "t", None, 1)])
+    out += core.handle_datagrams([(forged, B)], 0.0)
+    assert core.clients == {} and core.index.count == 0
+    errors = [f for f in frames_to(out, A) + frames_to(out, B)]
+    assert all(f[0] is T.ERROR and f[1] == E.BAD_COOKIE for f in errors)
+    assert delivered(core.handle_datagrams([(b"PUB t\nboom", C)], 0.0), A) == []
+
+
+def test_unvalidated_sources_never_get_more_than_3x():
+    core = make_core()
+    total_in = total_out = 0
+    probes = [wire.encode_hello(b"x" * 16), b"\x93\x01\x03\x01", b"\x01", b"\x9f" * 7,
+              wire.encode_cmds(b"a" * 16, b"b" * 16, 1, [(1, "t", None, 1)])]  # fmt: skip
+    for data in probes:
+        out = core.handle_datagrams([(data, FAR)], 0.0)
+        total_in += len(data)
+        sent = sum(len(s.data) for s in sends(out))
+        assert sent <= 3 * len(data)
+        total_out += sent
+    assert total_out <= 3 * total_in
+    assert core.metrics["dropped_amplification"] >= 2
+
+
+def test_short_hello_gets_no_welcome():
+    core = make_core()
+    short = wire.pack([1, T.HELLO, b"x" * 16, b""])
+    assert sends(core.handle_datagrams([(short, FAR)], 0.0)) == []
+
+
+def test_command_batch_retry_does_not_undo_later_commands():
+    core = make_core()
+    fc = FakeClient(core, A)
+    fc.hello()
+    sub_batch = wire.encode_cmds(fc.cid, fc.cookie, 1, [(1, "t", None, 1)])
+    unsub_batch = wire.encode_cmds(fc.cid, fc.cookie, 2, [(0, "t", None, 0)])
+    fc.send(sub_batch, 0.0)
+    fc.send(unsub_batch, 0.0)
+    (ack,) = frames_to(fc.send(sub_batch, 0.1), A)  # late duplicate of batch 1
+    assert ack[0] is T.CMDACK and ack[1] == 1
+    assert core.index.count == 0
+
+
+def test_commands_in_a_batch_apply_in_order_last_wins():
+    core = make_core()
+    fc = FakeClient(core, A)
+    fc.hello()
+    fc.cmds([(1, "t", None, 1), (0, "t", None, 0), (1, "t", None, 0), (1, "t", "k", 1)])
+    assert core.clients[fc.cid].subs == {("t", None): Mode.FIRE, ("t", "k"): Mode.RELIABLE}
+
+
+def test_keyed_and_whole_topic_subscriptions():
+    core = make_core()
+    whole, keyed, pub = FakeClient(core, A), FakeClient(core, B), FakeClient(core, C)
+    for fc in (whole, keyed, pub):
+        fc.hello()
+    whole.sub("actors")
+    keyed.sub("actors", key="a1")
+    keyed.sub("actors")  # also the whole topic: still one copy per message
+    packed = [wire.pack_message("actors", k, {"kind": "x"}, b"p") for k in ("a1", "a2")]
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, packed), 0.0)
+    assert len(delivered(out, A)) == 2
+    assert len(delivered(out, B)) == 2
+    keyed.cmds([(0, "actors", None, 0)])
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 3, 3, True, packed), 0.0)
+    (f,) = [f for f in frames_to(out, B) if f[0] is T.MSGS]
+    assert [(m[1], m[2]) for m in f[3]] == [("a1", {"kind": "x"})]
+
+
+def test_publisher_retries_are_deduplicated():
+    core = make_core()
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    packed = [wire.pack_message("t", None, None, b"%d" % i) for i in range(3)]
+    data = wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, packed)
+    assert len(delivered(pub.send(data, 0.0), A)) == 3
+    out = pub.send(data, 0.1)  # the PUBACK was lost; the producer resends
+    assert delivered(out, A) == []
+    assert [f[2] for f in frames_to(out, B) if f[0] is T.PUBACK] == [3]
+    # an overlapping batch delivers only its new part
+    more = packed + [wire.pack_message("t", None, None, b"3")]
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, more), 0.2)
+    assert [p for _, _, p in delivered(out, A)] == [b"3"]
+
+
+def test_reliable_publish_gap_is_refused_to_keep_order():
+    core = make_core()
+    sub, pub = FakeClient(core, A), FakeClient(core, B)
+    sub.hello()
+    pub.hello()
+    sub.sub("t")
+    later = wire.encode_pub(pub.cid, pub.cookie, pub.pid, 3, 1, True, [wire.pack_message("t", None, None, b"c")])
+    out = pub.send(later, 0.0)
+    assert delivered(out, A) == []
+    assert [f[2] for f in frames_to(out, B)] == [0]
+
+
+def test_client_moving_address_keeps_subscriptions():
+    core = make_core()
+    fc, pub = FakeClient(core, A), FakeClient(core, B)
+    fc.hello()
+    pub.hello()
+    fc.sub("t")
+    fc.addr = C  # NAT rebinding: same client id, new address
+    fc.hello()
+    fc.ping(0.5)
+    assert core.clients[fc.cid].addr == C
+    assert delivered(pub.pub([("t", b"x")], now=0.6), C)
+
+
+def test_text_and_binary_subscribers_share_topics():
+    core = make_core()
+    fc = FakeClient(core, A)
+    fc.hello()
+    fc.sub("t", mode=Mode.FIRE)
+    text(core, b"SUB t\n", addr=B)
+    out = text(core, b"PUB t\nhi there", addr=C)
+    assert delivered(out, A) == [(0, 0, b"hi there")]
+    assert [s.data for s in sends(out) if s.addr == B] == [b"MSG t\nhi there"]
+    pub = FakeClient(core, C)
+    pub.hello()
+    out = pub.pub([("t", b"bin")])
+    assert [s.data for s in sends(out) if s.addr == B] == [b"MSG t\nbin"]
+
+
+def test_limits_answer_overloaded():
+    core = make_core(max_subscriptions_per_client=2)
+    fc = FakeClient(core, A)
+    fc.hello()
+    (ack,) = frames_to(fc.cmds([(1, "a", None, 0), (1, "b", None, 0), (1, "c", None, 0)]), A)
+    assert ack[2] == [0, 0, E.OVERLOADED]
+    core2 = make_core(max_clients=1)
+    x, y = FakeClient(core2, A), FakeClient(core2, B)
+    x.hello()
+    y.hello()
+    x.sub("t")
+    (err,) = frames_to(y.sub("t"), B)
+    assert err[0] is T.ERROR and err[1] == E.OVERLOADED
+    core3 = make_core(max_text_subscribers=1)
+    text(core3, b"SUB a\n")
+    (reply,) = sends(text(core3, b"SUB b\n"))
+    assert reply.data.startswith(b"ERR overloaded") and core3.text_subs == 1
+
+
+def test_producer_state_expires():
+    core = make_core(producer_timeout=10.0)
+    pub = FakeClient(core, B)
+    pub.hello()
+    pub.pub([("t", b"x")], now=0.0)
+    core.tick(5.0)
+    assert pub.pid in core.producers
+    core.tick(10.5)
+    assert pub.pid not in core.producers
+
+
+def test_parse_matches_reference_split():
+    assert parse_untrusted_text(b"PUB t1\n  body  ") == ("PUB", "t1", "body  ")
+    assert parse_untrusted_text(b"SUB t1\n") == ("SUB", "t1", "")
+    assert parse_untrusted_text(b"PUB\t\tt1 a b\n c") == ("PUB", "t1", "a b\n c")
+    assert parse_untrusted_text(b"PUB t1 \r\n\x0b\x0cx") == ("PUB", "t1", "x")

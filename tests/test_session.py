@@ -1,0 +1,153 @@
+"""The client session alone and together with a core over a faulty fake network."""
+
+from __future__ import annotations
+
+import pytest
+
+from client import wire
+from client.session import ClientConfig, ClientSession
+from client.wire import Mode, Reason, T
+from tests.corekit import make_core
+from tests.simnet import SimNet
+
+SUB = ("127.0.0.1", 6001)
+PUB = ("127.0.0.1", 6002)
+
+
+def connected_session(now: float = 0.0) -> ClientSession:
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), now)
+    s.tick(now)
+    (hello,) = s.outgoing(now)
+    assert wire.decode_untrusted_frame(hello)[0] is T.HELLO
+    s.handle_datagrams([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": 0.5}, [])], now)
+    return s
+
+
+def test_reliable_receive_drops_duplicates_and_reorders():
+    s = connected_session()
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    m = [wire.pack_message("t", None, None, b"%d" % i) for i in range(1, 7)]
+    s.handle_datagrams([wire.encode_msgs(5, 1, m[0:2])], 0.1)
+    s.handle_datagrams([wire.encode_msgs(5, 5, m[4:6])], 0.1)  # 3-4 missing
+    ack = [f for f in map(wire.decode_untrusted_frame, s.outgoing(0.1)) if f[0] is T.ACK][-1]
+    assert ack[4] == 2 and ack[5] == [(5, 6)]
+    s.handle_datagrams([wire.encode_msgs(5, 1, m[0:4])], 0.2)  # retransmit incl. duplicates
+    assert [x.payload for x in st.queue] == [b"1", b"2", b"3", b"4", b"5", b"6"]
+    assert [x.sequence for x in st.queue] == [1, 2, 3, 4, 5, 6]
+    assert s.duplicates == 2
+
+
+def test_new_stream_resets_and_stale_stream_is_ignored():
+    s = connected_session()
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    p = wire.pack_message("t", None, None, b"x")
+    s.handle_datagrams([wire.encode_msgs(5, 1, [p])], 0.1)
+    s.handle_datagrams([wire.encode_msgs(6, 1, [p])], 0.1)
+    s.handle_datagrams([wire.encode_msgs(5, 2, [p])], 0.1)
+    assert [(x.sequence) for x in st.queue] == [1, 1]
+
+
+def test_node_silence_ends_subscriptions_with_node_lost():
+    s = connected_session()
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    s.tick(1.0)
+    assert st.reason is None
+    s.tick(1.6)
+    assert st.reason == Reason.NODE_LOST and s.lost
+
+
+def test_command_batches_one_in_flight_and_retried():
+    s = connected_session()
+    s.subscribe("a", None, Mode.FIRE)
+    (first,) = s.outgoing(0.0)
+    s.subscribe("b", None, Mode.FIRE)
+    assert s.outgoing(0.0) == []  # one batch in flight
+    s.tick(0.3)
+    (again,) = [d for d in s.outgoing(0.3) if wire.decode_untrusted_frame(d)[0] is T.CMDS]
+    assert again == first  # the same batch id is retried
+    s.handle_datagrams([wire.encode_cmdack(1, [0])], 0.31)
+    (f,) = [f for f in map(wire.decode_untrusted_frame, s.outgoing(0.31)) if f[0] is T.CMDS]
+    assert f[3] == 2 and f[4] == [(1, "b", None, 0)]
+
+
+def test_refused_subscription_has_a_reason():
+    s = connected_session()
+    st = s.subscribe("a", None, Mode.FIRE)
+    s.outgoing(0.0)
+    s.handle_datagrams([wire.encode_cmdack(1, [10])], 0.1)
+    assert st.reason == "refused: overloaded"
+
+
+def test_bad_cookie_error_makes_the_session_say_hello_again():
+    s = connected_session()
+    s.handle_datagrams([wire.encode_error(wire.E.BAD_COOKIE, "x")], 0.1)
+    assert not s.connected
+    s.tick(0.1)
+    assert wire.decode_untrusted_frame(s.outgoing(0.1)[0])[0] is T.HELLO
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_reliable_end_to_end_over_a_faulty_network(seed):
+    """10% loss, 5% duplication, reordering: every message once, in order."""
+    core = make_core(retransmit_timeout=0.05, send_window=64, max_datagram=1200)
+    net = SimNet(seed, core, loss=0.10, dup=0.05, delay=(0.0005, 0.01))
+    cfg = ClientConfig(node_timeout=5.0, pub_retry=0.05, pub_window=128, max_datagram=1200)
+    sub, pub = net.add_session(SUB, cfg), net.add_session(PUB, cfg)
+    st = sub.subscribe("t", None, Mode.RELIABLE)
+    net.run(2.0, stop=lambda: st.confirmed)
+    assert st.confirmed
+    n = 600
+    sent = 0
+    while sent < n and net.now < 60:
+        while sent < n and not pub.window_full:
+            pub.publish("t", None, None, b"%d " % sent + b"x" * 150, True)
+            sent += 1
+        net.run(net.now + 0.05)
+    net.run(net.now + 30, stop=lambda: len(st.queue) >= n)
+    assert [m.payload.split()[0] for m in st.queue] == [b"%d" % i for i in range(n)]
+    assert net.dropped > 20 and net.duplicated > 10  # the faults really happened
+
+
+def test_fire_over_a_lossy_network_loses_but_never_reorders_one_path():
+    core = make_core()
+    net = SimNet(3, core, loss=0.2, delay=(0.001, 0.001))
+    sub, pub = net.add_session(SUB), net.add_session(PUB)
+    st = sub.subscribe("t", None, Mode.FIRE)
+    net.run(2.0, stop=lambda: st.confirmed)
+    for i in range(200):
+        pub.publish("t", None, None, b"%d" % i, False)
+        net.run(net.now + 0.002)
+    net.run(net.now + 0.5)
+    got = [int(m.payload) for m in st.queue]
+    assert 0 < len(got) < 200 and got == sorted(got)
+
+
+def test_out_of_capacity_reaches_the_client_api():
+    core = make_core(mailbox_capacity=20, send_window=20)
+    net = SimNet(1, core)
+    slow = net.add_session(SUB, ClientConfig(max_buffered=5))
+    pub = net.add_session(PUB)
+    st = slow.subscribe("t", None, Mode.RELIABLE)
+    other = slow.subscribe("u", None, Mode.FIRE)
+    net.run(1.0, stop=lambda: st.confirmed and other.confirmed)
+    for i in range(100):
+        pub.publish("t", None, None, b"%d" % i, True)
+    net.run(net.now + 3.0, stop=lambda: st.reason is not None)
+    assert st.reason == Reason.OUT_OF_CAPACITY
+    assert other.reason is None  # the fire subscription carries on
+    pub.publish("u", None, None, b"still here", False)
+    net.run(net.now + 0.5)
+    assert [m.payload for m in other.queue] == [b"still here"]
+
+
+def test_forgotten_client_learns_timed_out():
+    core = make_core(subscriber_timeout=2.0)
+    net = SimNet(1, core)
+    s = net.add_session(SUB, ClientConfig(node_timeout=100.0))
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    net.run(1.0, stop=lambda: st.confirmed)
+    net.partitioned.add(SUB)
+    net.run(net.now + 4.0)
+    net.partitioned.clear()
+    net.run(net.now + 2.0)
+    assert st.reason == Reason.TIMED_OUT

@@ -1,0 +1,121 @@
+"""The binary codec: every frame type round-trips; bad input is a WireError."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client import wire
+from client.text import encode_text_msg, parse_untrusted_text
+from client.wire import E, T, WireError
+
+CID, COOKIE, PID = b"c" * 16, b"k" * 16, b"p" * 16
+M = wire.pack_message("t", "k", {"a": "b"}, b"\x00payload")
+
+EVERY_FRAME = {
+    T.HELLO: (wire.encode_hello(CID), (T.HELLO, CID)),
+    T.WELCOME: (
+        wire.encode_welcome("n1", COOKIE, {"max_datagram": 1500}, [["n1", "127.0.0.1", 7400]]),
+        (T.WELCOME, "n1", COOKIE, {"max_datagram": 1500}, [("n1", "127.0.0.1", 7400)]),
+    ),
+    T.CMDS: (
+        wire.encode_cmds(CID, COOKIE, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
+        (T.CMDS, CID, COOKIE, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
+    ),
+    T.CMDACK: (wire.encode_cmdack(7, [0, 10]), (T.CMDACK, 7, [0, 10])),
+    T.PUB: (
+        wire.encode_pub(CID, COOKIE, PID, 5, 3, True, [M]),
+        (T.PUB, CID, COOKIE, PID, 5, 3, True, [("t", "k", {"a": "b"}, b"\x00payload")]),
+    ),
+    T.PUBACK: (wire.encode_puback(PID, 5), (T.PUBACK, PID, 5)),
+    T.MSGS: (wire.encode_msgs(9, 1, [M, M]), (T.MSGS, 9, 1, [("t", "k", {"a": "b"}, b"\x00payload")] * 2)),
+    T.ACK: (wire.encode_ack(CID, COOKIE, 9, 4, [[6, 8]]), (T.ACK, CID, COOKIE, 9, 4, [(6, 8)])),
+    T.PING: (wire.encode_ping(CID, COOKIE, 3), (T.PING, CID, COOKIE, 3)),
+    T.PONG: (
+        wire.encode_pong(3, True, COOKIE, [["t", None, "out_of_capacity"]]),
+        (T.PONG, 3, True, COOKIE, [("t", None, "out_of_capacity")]),
+    ),
+    T.CANCEL: (wire.encode_cancel("t", None, "unsubscribed"), (T.CANCEL, "t", None, "unsubscribed")),
+    T.REDIRECT: (wire.encode_redirect("n2", "127.0.0.1", 7402, "not_owner"),
+                 (T.REDIRECT, "n2", "127.0.0.1", 7402, "not_owner")),
+    T.ERROR: (wire.encode_error(E.BAD_COOKIE, "send HELLO"), (T.ERROR, E.BAD_COOKIE, "send HELLO")),
+}  # fmt: skip
+
+
+def test_every_frame_type_is_covered():
+    assert set(EVERY_FRAME) == set(T)
+
+
+@pytest.mark.parametrize("ftype", list(T), ids=lambda t: t.name)
+def test_round_trip(ftype):
+    data, expected = EVERY_FRAME[ftype]
+    assert data[0] & 0xF0 == 0x90  # binary frames never start with a letter
+    assert wire.decode_untrusted_frame(data) == expected
+
+
+def test_hello_is_padded_for_the_amplification_budget():
+    assert len(wire.encode_hello(CID)) >= wire.HELLO_PAD_TO - 2
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"\xc1", E.MALFORMED),  # never-used msgpack byte
+        (msgpack.packb({"a": 1}), E.MALFORMED),
+        (msgpack.packb([1]), E.MALFORMED),
+        (msgpack.packb([2, 1, CID, b""]), E.UNSUPPORTED_VERSION),
+        (msgpack.packb([1, 99]), E.UNKNOWN_TYPE),
+        (msgpack.packb([1, T.HELLO]), E.MALFORMED),
+        (msgpack.packb([1, T.PING, b"short", COOKIE, 1]), E.MALFORMED),
+        (msgpack.packb([1, T.PING, CID, COOKIE, -1]), E.MALFORMED),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "a b", None, 0]]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "", None, 0]]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "t", 5, 0]]]), E.BAD_KEY),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "t", None, 7]]]), E.BAD_MODE),
+        (msgpack.packb([1, T.PUB, CID, COOKIE, PID, 1, 1, True, [["t", None, {"a": 1}, b""]]]), E.BAD_TAGS),
+        (msgpack.packb([1, T.PUB, CID, COOKIE, PID, 1, 1, True, [["t", None, None, "str"]]]), E.MALFORMED),
+        (msgpack.packb([1, T.PUB, CID, COOKIE, PID, 1, 1, True, []]), E.MALFORMED),
+        (b"\x94\x01\x09\xa2\xff\xfe", E.BAD_UTF8),
+        (msgpack.packb([1, T.ACK, CID, COOKIE, 1, 1, [[5, 2]]]), E.MALFORMED),
+    ],
+)
+def test_decode_errors(data, code):
+    with pytest.raises(WireError) as exc:
+        wire.decode_untrusted_frame(data)
+    assert exc.value.code == code
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.binary(max_size=300))
+def test_random_bytes_only_ever_raise_wire_error(data):
+    assert isinstance(outcome(wire.decode_untrusted_frame, data), tuple | WireError)
+    assert isinstance(outcome(parse_untrusted_text, data), tuple | WireError)
+
+
+_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=20)
+    | st.binary(max_size=20) | st.floats(allow_nan=False),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.sampled_from(list(T)), st.lists(_value, max_size=9))
+def test_structured_garbage_only_ever_raises_wire_error(ftype, fields):
+    data = msgpack.packb([1, int(ftype), *fields])
+    assert isinstance(outcome(wire.decode_untrusted_frame, data), tuple | WireError)
+
+
+def outcome(fn, data):
+    """The decoder's result or its WireError; any other exception fails the test."""
+    try:
+        return fn(data)
+    except WireError as exc:
+        return exc
+
+
+def test_text_msg_format():
+    assert encode_text_msg("t1", b"hello world  ") == b"MSG t1\nhello world  "
