@@ -81,27 +81,26 @@ class Client:
             await self._until(lambda: self.session.connected or self.session.lost)
             if not self.session.connected:
                 raise NodeLost(f"no answer from node {self.node[0]}:{self.node[1]}")
-        except BaseException as exc:
-            await self._shutdown(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            await self._shutdown()
             raise
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
+    ) -> None:
         if et is None and self.session.connected:
             with trio.move_on_after(self.config.node_timeout):
                 await self.flush()
-        return await self._shutdown(et, e, tb)
+        await self._shutdown()
 
-    async def _shutdown(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
+    async def _shutdown(self) -> None:
+        """Stop the I/O task; the caller's own exception, if any, propagates unwrapped."""
         self._closed = True
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
         try:
-            return await self._nursery_cm.__aexit__(et, e, tb)
+            await self._nursery_cm.__aexit__(None, None, None)
         finally:
             if self._sock is not None:
                 self._sock.close()

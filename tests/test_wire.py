@@ -102,7 +102,7 @@ _value = st.recursive(
 )  # fmt: skip
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(st.sampled_from(list(T)), st.lists(_value, max_size=9))
 def test_structured_garbage_only_ever_raises_wire_error(ftype, fields):
     data = msgpack.packb([1, int(ftype), *fields])

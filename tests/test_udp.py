@@ -1,0 +1,176 @@
+"""Node core and client library through real UDP sockets, in one process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from client import Client, ClientConfig, NodeLost
+from client import wire
+from client.wire import E, T
+
+pytestmark = pytest.mark.trio
+
+
+def addr(node) -> str:
+    return f"{node.addr[0]}:{node.addr[1]}"
+
+
+async def recv(sock, timeout: float = 2.0) -> bytes:
+    with trio.fail_after(timeout):
+        return await sock.recv(70000)
+
+
+async def udp():
+    s = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    await s.bind(("127.0.0.1", 0))
+    return s
+
+
+async def test_fastpuss_text_line(node):
+    a, b = await udp(), await udp()
+    await a.sendto(b"SUB t1\n", node.addr)
+    await trio.sleep(0.05)
+    await b.sendto(b"PUB t1\nhello world  ", node.addr)
+    assert await recv(a) == b"MSG t1\nhello world  "
+
+
+async def test_text_error_reply(node):
+    a = await udp()
+    await a.sendto(b"SUB t1", node.addr)
+    assert await recv(a) == b"ERR malformed SUB needs whitespace after the topic"
+    await a.sendto(b"PUB t\n\xc3\x28", node.addr)
+    assert (await recv(a)).startswith(b"ERR bad_utf8 ")
+
+
+async def test_oversized_datagram_is_refused_with_too_large(node):
+    a = await udp()
+    await a.sendto(b"PUB t\n" + b"x" * 20000, node.addr)
+    assert (await recv(a)).startswith(b"ERR too_large")
+    await a.sendto(wire.encode_hello(b"c" * 16) + b"\0" * 20000, node.addr)
+    f = wire.decode_untrusted_frame(await recv(a))
+    assert f[0] is T.ERROR and f[1] == E.TOO_LARGE
+
+
+async def test_reliable_library_round_trip_in_order(node):
+    async with Client(addr(node)) as sub_c, Client(addr(node)) as pub_c:
+        async with sub_c.subscribe("orders", mode="reliable") as sub:
+            for i in range(3000):
+                await pub_c.publish("orders", f"o{i}", tags={"i": str(i)})
+            assert await pub_c.flush(5)
+            got = []
+            with trio.fail_after(10):
+                async for m in sub:
+                    got.append(m)
+                    if len(got) == 3000:
+                        break
+    assert [m.payload for m in got] == [f"o{i}".encode() for i in range(3000)]
+    assert [m.sequence for m in got] == list(range(1, 3001))
+    assert got[7].tags == {"i": "7"} and got[7].topic == "orders"
+
+
+async def test_fire_and_keys(node):
+    async with Client(addr(node)) as c:
+        async with c.subscribe("actors", key="a1", mode="fire") as sub:
+            await c.publish("actors", b"other", key="a2", mode="fire")
+            await c.publish("actors", b"mine", key="a1", mode="fire")
+            with trio.fail_after(2):
+                m = await sub.next()
+    assert (m.key, m.payload, m.sequence) == ("a1", b"mine", None)
+
+
+async def test_publish_wait_returns_after_puback(node):
+    async with Client(addr(node)) as c:
+        seq = await c.publish("t", b"x", wait=True)
+        assert seq == 1 and c.session.acked == 1
+
+
+@pytest.mark.parametrize("node", [{"mailbox_capacity": 200, "send_window": 100}], indirect=True)
+async def test_slow_subscriber_is_cancelled_out_of_capacity(node):
+    slow_cfg = ClientConfig(max_buffered=50)  # stops acknowledging once 50 are waiting
+    async with Client(addr(node), config=slow_cfg) as slow, Client(addr(node)) as fast, \
+            Client(addr(node)) as pub:  # fmt: skip
+        async with slow.subscribe("t") as s_slow, fast.subscribe("t") as s_fast:
+            got = []
+            with trio.fail_after(20):
+                for chunk in range(20):  # paced so that a consumer that reads keeps up
+                    for i in range(chunk * 50, chunk * 50 + 50):
+                        await pub.publish("t", b"%d" % i)
+                    assert await pub.flush(5)  # the publisher is never held back
+                    while len(got) < chunk * 50 + 50:
+                        got.append((await s_fast.next()).payload)
+            assert got == [b"%d" % i for i in range(1000)]
+            with trio.fail_after(5):
+                while s_slow.reason is None:
+                    await trio.sleep(0.05)
+            assert s_slow.error == "out_of_capacity"
+
+
+async def test_unsubscribe_ends_iteration_without_error(node):
+    async with Client(addr(node)) as c:
+        sub = c.subscribe("t")
+        await sub.start()
+        await sub.unsubscribe()
+        with pytest.raises(StopAsyncIteration):
+            await sub.next()
+        assert sub.reason == "unsubscribed" and sub.error is None
+        await c.flush(2)
+    assert node.core.index.count == 0
+
+
+async def test_node_lost_when_the_node_goes_away():
+    from node.config import NodeConfig
+    from node.logs import EventLog
+    from node.server import NodeServer
+
+    server = NodeServer(NodeConfig(client_addr=("127.0.0.1", 0)), EventLog("gone", "warning"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        cfg = ClientConfig(node_timeout=0.5)
+        async with Client(f"127.0.0.1:{server.addr[1]}", config=cfg) as c:
+            async with c.subscribe("t") as sub:
+                nursery.cancel_scope.cancel()  # the node stops answering
+                with trio.fail_after(3):
+                    with pytest.raises(StopAsyncIteration):
+                        await sub.next()
+                assert sub.error == "node_lost"
+
+
+async def test_connecting_to_nothing_raises_node_lost():
+    s = await udp()
+    port = s.getsockname()[1]
+    s.close()
+    with trio.fail_after(5), pytest.raises(NodeLost):
+        async with Client(f"127.0.0.1:{port}", config=ClientConfig(node_timeout=0.3)):
+            pass
+
+
+async def test_a_client_cannot_subscribe_another_address(node):
+    victim, attacker = await udp(), await udp()
+    vid = os.urandom(16)
+    await victim.sendto(wire.encode_hello(vid), node.addr)
+    cookie = wire.decode_untrusted_frame(await recv(victim))[2]
+    # The attacker learned the victim's id and cookie, but sends from its own address.
+    await attacker.sendto(wire.encode_cmds(vid, cookie, 1, [(1, "t", None, 0)]), node.addr)
+    f = wire.decode_untrusted_frame(await recv(attacker))
+    assert f[0] is T.ERROR and f[1] == E.BAD_COOKIE
+    assert node.core.index.count == 0 and node.core.clients == {}
+    # nothing published reaches either socket
+    p = await udp()
+    await p.sendto(b"PUB t\nsecret", node.addr)
+    with trio.move_on_after(0.3) as scope:
+        await victim.recv(100)
+    assert scope.cancelled_caught
+
+
+async def test_readme_example_runs(node):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace("127.0.0.1:7400", addr(node)).replace("trio.run(main)", "")
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    with trio.fail_after(10):
+        received = await ns["main"]()
+    assert received == [b"hello 0", b"hello 1", b"hello 2"]
