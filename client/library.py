@@ -27,7 +27,7 @@ from client.wire import MODE_NAMES, Reason
 
 Addr = tuple[str, int]
 
-__all__ = ["Client", "Subscription", "Message", "ClientConfig", "NodeLost"]
+__all__ = ["Client", "ClientConfig", "Message", "NodeLost", "Subscription"]
 
 
 class NodeLost(ConnectionError):

@@ -16,8 +16,8 @@ Inputs: API calls, datagrams and ticks, each with ``now``. Outputs:
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass, fields
+from itertools import islice
 from typing import Any, NamedTuple
 
 from client import wire
@@ -332,7 +332,7 @@ class ClientSession:
     def _node_lost(self) -> None:
         self.lost = True
         self.cookie = None
-        for (topic, key), st in list(self.subs.items()):
+        for topic, key in list(self.subs):
             self._end(topic, key, Reason.NODE_LOST)
             self.queued.append((Op.UNSUB, topic, key, Mode.FIRE))
         self.stream, self.expected = 0, 1

@@ -16,6 +16,7 @@ docs/protocol.md describes every frame with a byte-level example.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
@@ -114,7 +115,8 @@ class WireError(Exception):
 WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]")
 
 _packer = msgpack.Packer(use_bin_type=True)
-pack = _packer.pack
+pack: Callable[[Any], bytes] = _packer.pack
+_array_header: Callable[[int], bytes] = _packer.pack_array_header
 
 
 def pack_message(topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes) -> bytes:
@@ -124,7 +126,7 @@ def pack_message(topic: str, key: str | None, tags: dict[str, str] | None, paylo
 
 def _header(n: int, *fields: Any) -> bytes:
     """Array header for ``n`` elements followed by the given fields."""
-    return _packer.pack_array_header(n) + b"".join(pack(f) for f in fields)
+    return _array_header(n) + b"".join(pack(f) for f in fields)
 
 
 # ---------------------------------------------------------------- encoders
@@ -169,7 +171,7 @@ def encode_pub(
     """
     return (
         _header(9, VERSION, T.PUB, client_id, cookie, producer_id, first_seq, floor, reliable)
-        + _packer.pack_array_header(len(packed_msgs))
+        + _array_header(len(packed_msgs))
         + b"".join(packed_msgs)
     )
 
@@ -185,7 +187,7 @@ def encode_msgs(stream_id: int, first_seq: int, packed_msgs: list[bytes]) -> byt
     """
     return (
         _header(5, VERSION, T.MSGS, stream_id, first_seq)
-        + _packer.pack_array_header(len(packed_msgs))
+        + _array_header(len(packed_msgs))
         + b"".join(packed_msgs)
     )
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
+from collections.abc import Callable
 from copy import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class ConfigError(Exception):
@@ -167,7 +168,7 @@ def validate_value(source: str, section: str, key: str, value: Any) -> Any:
     if not isinstance(v, s.kind) or isinstance(v, bool) or not s.check(v):
         raise ConfigError(f"{source}: [{section}] {key} = {value!r}: must be {s.allowed}")
     if key == "client_addr":
-        return parse_hostport(v)
+        return parse_hostport(str(v))
     return v
 
 

@@ -15,8 +15,8 @@ traffic towards an unvalidated address).
 from __future__ import annotations
 
 import heapq
-import math
 import ipaddress
+import math
 import random
 from collections import Counter
 from typing import Any, NamedTuple

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import struct
 import subprocess
 import sys

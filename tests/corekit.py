@@ -66,7 +66,7 @@ class FakeClient:
         return self.send(wire.encode_ping(self.cid, self.cookie, token), now)
 
 
-def delivered(actions: list[Any], addr: Any) -> list[tuple[int, int, list[bytes]]]:
+def delivered(actions: list[Any], addr: Any) -> list[tuple[int, int, bytes]]:
     """(stream, seq, payload) of every message in MSGS frames to ``addr``."""
     out = []
     for f in frames_to(actions, addr):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from client import wire
 from client.text import parse_untrusted_text
 from client.wire import E, Mode, Reason, T
@@ -145,7 +147,7 @@ def test_retransmission_backs_off():
         t = round(t + 0.01, 2)
         if delivered(core.tick(t), A):
             times.append(t)
-    gaps = [round(b - a, 2) for a, b in zip(times, times[1:], strict=False)]
+    gaps = [round(b - a, 2) for a, b in itertools.pairwise(times)]
     assert times[0] == 0.1
     assert all(abs(g - want) <= 0.011 for g, want in zip(gaps, [0.2, 0.4, 0.4, 0.4], strict=False))
     assert len(gaps) >= 4
@@ -248,7 +250,7 @@ def test_cannot_subscribe_another_address():
     forged = wire.encode_cmds(victim.cid, attacker.cookie, 1, [(1, "t", None, 1)])
     out += core.handle_datagrams([(forged, B)], 0.0)
     assert core.clients == {} and core.index.count == 0
-    errors = [f for f in frames_to(out, A) + frames_to(out, B)]
+    errors = [*frames_to(out, A), *frames_to(out, B)]
     assert all(f[0] is T.ERROR and f[1] == E.BAD_COOKIE for f in errors)
     assert delivered(core.handle_datagrams([(b"PUB t\nboom", C)], 0.0), A) == []
 
@@ -326,7 +328,7 @@ def test_publisher_retries_are_deduplicated():
     assert delivered(out, A) == []
     assert [f[2] for f in frames_to(out, B) if f[0] is T.PUBACK] == [3]
     # an overlapping batch delivers only its new part
-    more = packed + [wire.pack_message("t", None, None, b"3")]
+    more = [*packed, wire.pack_message("t", None, None, b"3")]
     out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, more), 0.2)
     assert [p for _, _, p in delivered(out, A)] == [b"3"]
 

@@ -7,8 +7,7 @@ import os
 import pytest
 import trio
 
-from client import Client, ClientConfig, NodeLost
-from client import wire
+from client import Client, ClientConfig, NodeLost, wire
 from client.wire import E, T
 
 pytestmark = pytest.mark.trio
@@ -166,7 +165,8 @@ async def test_a_client_cannot_subscribe_another_address(node):
 
 
 async def test_readme_example_runs(node):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        readme = f.read()
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     code = code.replace("127.0.0.1:7400", addr(node)).replace("trio.run(main)", "")
     ns: dict = {}

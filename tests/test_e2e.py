@@ -1,0 +1,202 @@
+"""End to end: `roost node`, `roost pub` and `roost sub` as real processes."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import msgpack
+import pytest
+
+from client import wire
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOST = [sys.executable, "-m", "node.cli"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ROOST, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, **kw)
+
+
+class Node:
+    def __init__(self, tmp_path, extra: str = "") -> None:
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.cfg = tmp_path / "node.toml"
+        self.cfg.write_text(f'[node]\nid = "e2e"\nclient_addr = "{self.addr}"\n{extra}')
+        self.log = tmp_path / "node.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([*ROOST, "node", "--config", str(self.cfg)], cwd=ROOT, stderr=log)
+        deadline = time.monotonic() + 15
+        while "node_started" not in self.log.read_text():
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "node did not start"
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(10)
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(tmp_path)
+    yield n
+    n.stop()
+
+
+def fastpuss_line_works(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:  # fmt: skip
+        a.settimeout(3)
+        a.sendto(b"SUB t1\n", ("127.0.0.1", port))
+        time.sleep(0.1)
+        b.sendto(b"PUB t1\nhello world  ", ("127.0.0.1", port))
+        return a.recv(1000) == b"MSG t1\nhello world  "
+
+
+def test_fastpuss_line_against_a_node_process(node):
+    assert fastpuss_line_works(node.port)
+
+
+def test_cli_reliable_10000_in_order_without_duplicates(node):
+    sub = subprocess.Popen(
+        [*ROOST, "sub", "t", "--node", node.addr, "--count", "10000", "--mode", "reliable",
+         "--timeout", "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert "subscribed to t" in sub.stderr.readline()
+    pub = roost("pub", "t", "m{n}", "--node", node.addr, "--count", "10000", "--mode", "reliable")
+    assert pub.returncode == 0, pub.stderr
+    out, err = sub.communicate(timeout=60)
+    assert sub.returncode == 0, err
+    assert out.splitlines() == [f"m{i}" for i in range(10000)]
+
+
+def test_cli_fire_key_and_stdin(node):
+    sub = subprocess.Popen(
+        [*ROOST, "sub", "k.t", "--node", node.addr, "--key", "a", "--count", "2", "--mode", "fire",
+         "--timeout", "20"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert "subscribed" in sub.stderr.readline()
+    assert roost("pub", "k.t", "--node", node.addr, "--key", "b", "--mode", "fire", input="no\n").returncode == 0
+    pub = roost("pub", "k.t", "--node", node.addr, "--key", "a", "--mode", "fire", input="one\ntwo\n")
+    assert pub.returncode == 0, pub.stderr
+    out, _ = sub.communicate(timeout=30)
+    assert out.splitlines() == ["one", "two"]
+
+
+def test_sub_timeout_exits_non_zero_with_a_message(node):
+    r = roost("sub", "quiet", "--node", node.addr, "--count", "1", "--timeout", "0.5")
+    assert r.returncode != 0
+    assert "timed out after 0.5 s with 0 of 1 messages" in r.stderr
+
+
+def test_pub_to_a_dead_node_fails_clearly():
+    r = roost("pub", "t", "x", "--node", f"127.0.0.1:{free_port()}")
+    assert r.returncode != 0 and "no answer from node" in r.stderr
+
+
+def test_100000_random_datagrams_do_not_stop_the_node(node):
+    rng = random.Random(2026)
+    valid = [
+        wire.encode_hello(b"h" * 16),
+        wire.encode_cmds(b"c" * 16, b"k" * 16, 1, [(1, "t", None, 1)]),
+        wire.encode_pub(b"c" * 16, b"k" * 16, b"p" * 16, 1, 1, True, [wire.pack_message("t1", None, None, b"x")]),
+        b"SUB t1\n", b"PUB t1\nbody", b"UNSUB t1\n",
+        msgpack.packb([1, 3, [[[[[]]]]]]),
+    ]  # fmt: skip
+    sent = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setblocking(False)
+        for i in range(100_000):
+            if i % 3 == 0:
+                data = rng.randbytes(rng.randint(0, 200))
+            else:
+                d = bytearray(rng.choice(valid))
+                for _ in range(rng.randint(1, 4)):
+                    d[rng.randrange(len(d))] = rng.getrandbits(8)
+                data = bytes(d)
+            try:
+                s.sendto(data, ("127.0.0.1", node.port))
+                sent += 1
+            except BlockingIOError:
+                time.sleep(0.001)
+            if i % 200 == 0:
+                time.sleep(0.001)  # keep within the node's socket buffer most of the time
+            try:
+                while s.recv(70000):
+                    pass
+            except BlockingIOError:
+                pass
+    assert sent > 95_000
+    assert node.proc.poll() is None
+    assert fastpuss_line_works(node.port)
+    r = roost("sub", "after", "--node", node.addr, "--count", "1", "--timeout", "0.3")
+    assert "timed out" in r.stderr  # binary clients are served too
+    assert "Traceback" not in node.log.read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_clean_shutdown_on_signal(tmp_path, sig):
+    n = Node(tmp_path)
+    assert n.stop(sig) == 0
+    log = n.log.read_text()
+    assert "node=e2e event=signal" in log and "event=node_stopped" in log
+    for line in log.splitlines():
+        assert " node=e2e " in line
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("[node]\nclient_adr = '127.0.0.1:1'\n", "[node] client_adr: unknown key"),
+        ("[node]\nclient_addr = 'localhost'\n", "[node] client_addr = 'localhost': must be HOST:PORT"),
+        ("[limits]\nmax_datagram = 100\n", "[limits] max_datagram = 100: must be an integer from 1200 to 65507"),
+        ("[timeouts]\nsubscriber_timeout = 'soon'\n", "[timeouts] subscriber_timeout = 'soon': must be a number"),
+        ("[limits]\nsend_window = true\n", "[limits] send_window = True: must be an integer"),
+        ("[nodes]\nid = 'x'\n", "unknown section [nodes]"),
+        ("[node\n", "not valid TOML"),
+        ("[node]\nlog_level = 'loud'\n", "must be one of debug, info, warning, error"),
+        ("[timeouts]\nretransmit_timeout = 5\nretransmit_max = 1\n", "retransmit_max = 1.0: must be at least"),
+    ],
+)
+def test_bad_config_exits_non_zero_naming_file_key_and_allowed(tmp_path, content, needle):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(content)
+    r = roost("node", "--config", str(cfg))
+    assert r.returncode == 2
+    assert str(cfg) in r.stderr and needle in r.stderr, r.stderr
+
+
+def test_missing_config_file(tmp_path):
+    r = roost("node", "--config", str(tmp_path / "nope.toml"))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_shipped_config_loads():
+    from node.config import load_node_config
+
+    cfg = load_node_config(os.path.join(ROOT, "configs", "single.toml"))
+    assert cfg.client_addr == ("127.0.0.1", 7400) and cfg.id == "n1"
+
+
+def test_demo_prints_deliveries_and_leaves_nothing_behind():
+    r = subprocess.run([sys.executable, "scripts/demo.py"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "hello #9" in r.stdout and "== OK: 10 of 10" in r.stdout
+    assert "MSG t1\\nhello world  " in r.stdout
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    assert "run/demo.toml" not in ps
