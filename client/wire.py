@@ -134,7 +134,7 @@ def _header(n: int, *fields: Any) -> bytes:
 
 def encode_hello(client_id: bytes) -> bytes:
     body = _header(4, VERSION, T.HELLO, client_id)
-    pad = max(0, HELLO_PAD_TO - len(body) - 3)
+    pad = max(0, HELLO_PAD_TO - len(body) - 2)  # bin8 header: 2 bytes
     return body + pack(b"\0" * pad)
 
 

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -165,6 +166,19 @@ def scenario(name: str, mode: str, subs: int, n: int, size: int, rate: float) ->
     return out
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of the rates and latencies; lost/duplicated/out-of-order summed over runs."""
+    r = dict(runs[0])
+    for k in ("delivered_per_s", "publish_per_s", "p50_ms", "p99_ms"):
+        vals = [x[k] for x in runs if x[k] is not None]
+        r[k] = statistics.median(vals) if vals else None
+    for k in ("lost", "duplicated", "out_of_order", "delivered"):
+        r[k] = sum(x[k] for x in runs)
+    r["runs"] = len(runs)
+    r["cancel_reasons"] = sorted({c for x in runs for c in x["cancel_reasons"]})
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", choices=("sub", "pub"))
@@ -178,6 +192,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("fanin", "fanout", "latency"))
     ap.add_argument("--json", action="store_true", help="print one JSON line per scenario")
+    ap.add_argument("--repeat", type=int, default=1, help="run each scenario N times, report medians")
     a = ap.parse_args()
     if a.role == "sub":
         print(json.dumps(trio.run(run_sub, a.node, a.topic, a.mode, a.n, a.idle)))
@@ -194,12 +209,13 @@ def main() -> None:
             plan.append(("fanout", mode, 10, 20_000 // scale, 100, 0.0))
         if a.only in (None, "latency"):
             plan.append(("latency", mode, 1, 6_000 // scale, 100, 2000.0))
-    print(f"# roost bench on {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    print(f"# roost bench on {os.cpu_count()} cores, python {sys.version.split()[0]}, "
+          f"median of {a.repeat} run(s); lost/dup/ooo summed over runs")
     hdr = f"{'scenario':8} {'mode':8} {'subs':>4} {'msgs/sub':>8} {'delivered/s':>11} " \
           f"{'lost':>6} {'dup':>4} {'ooo':>4} {'p50 ms':>7} {'p99 ms':>7}"  # fmt: skip
     print(hdr)
     for sc in plan:
-        r = scenario(*sc)
+        r = median_of([scenario(*sc) for _ in range(a.repeat)])
         if a.json:
             print(json.dumps(r))
             continue

@@ -200,3 +200,22 @@ def test_demo_prints_deliveries_and_leaves_nothing_behind():
     assert "MSG t1\\nhello world  " in r.stdout
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     assert "run/demo.toml" not in ps
+
+
+def test_generated_docs_are_up_to_date():
+    r = subprocess.run([sys.executable, "scripts/gen_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+def test_bench_script_runs_and_reliable_loses_nothing():
+    import json
+
+    r = subprocess.run([sys.executable, "scripts/bench.py", "--quick", "--only", "latency", "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [row["mode"] for row in rows] == ["fire", "reliable"]
+    reliable = rows[1]
+    assert reliable["delivered"] == reliable["messages"] == 600
+    assert reliable["lost"] == reliable["duplicated"] == reliable["out_of_order"] == 0
+    assert reliable["p50_ms"] is not None

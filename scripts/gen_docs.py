@@ -1,0 +1,108 @@
+"""Regenerate the parts of docs/ that are derived from code.
+
+    python scripts/gen_docs.py          # rewrite docs in place
+    python scripts/gen_docs.py --check  # exit 1 if docs are out of date (a test runs this)
+
+Generated blocks sit between ``<!-- BEGIN name -->`` and ``<!-- END name -->``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from client import wire  # noqa: E402
+from client.wire import E, T  # noqa: E402
+from node.config import config_doc  # noqa: E402
+
+CID = bytes.fromhex("c1" * 16)
+COOKIE = bytes.fromhex("5e" * 16)
+PID = bytes.fromhex("d0" * 16)
+MSG = wire.pack_message("prices", "EUR", {"src": "ecb"}, b"1.08")
+
+EXAMPLES: list[tuple[T, str, bytes]] = [
+    (T.HELLO, "client id c1..c1, padded to 256 bytes", wire.encode_hello(CID)),
+    (T.WELCOME, "node n1, cookie 5e..5e, params, one member",
+     wire.encode_welcome("n1", COOKIE, {"max_datagram": 16384, "ping_interval": 0.5},
+                         [["n1", "127.0.0.1", 7400]])),
+    (T.CMDS, "batch 1: SUB prices (reliable), SUB prices/EUR (fire), UNSUB news",
+     wire.encode_cmds(CID, COOKIE, 1, [(1, "prices", None, 1), (1, "prices", "EUR", 0),
+                                       (0, "news", None, 0)])),
+    (T.CMDACK, "batch 1: ok, ok, ok", wire.encode_cmdack(1, [0, 0, 0])),
+    (T.PUB, "producer d0..d0, sequence 7, floor 7, reliable, one message",
+     wire.encode_pub(CID, COOKIE, PID, 7, 7, True, [MSG])),
+    (T.PUBACK, "producer d0..d0 acknowledged through 7", wire.encode_puback(PID, 7)),
+    (T.MSGS, "stream 65537, sequence 1, one message", wire.encode_msgs(65537, 1, [MSG])),
+    (T.ACK, "stream 65537: processed through 1, also holds 3..4",
+     wire.encode_ack(CID, COOKIE, 65537, 1, [[3, 4]])),
+    (T.PING, "token 42", wire.encode_ping(CID, COOKIE, 42)),
+    (T.PONG, "token 42, client known, cookie, no cancellations",
+     wire.encode_pong(42, True, COOKIE, [])),
+    (T.CANCEL, "prices cancelled: out_of_capacity",
+     wire.encode_cancel("prices", None, "out_of_capacity")),
+    (T.REDIRECT, "go to n2 at 127.0.0.1:7402 (partitioned clusters)",
+     wire.encode_redirect("n2", "127.0.0.1", 7402, "not_owner")),
+    (T.ERROR, "bad_cookie", wire.encode_error(E.BAD_COOKIE, "send HELLO")),
+]  # fmt: skip
+
+
+def hexdump(data: bytes) -> str:
+    lines = []
+    for i in range(0, len(data), 16):
+        chunk = data[i : i + 16]
+        asc = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{i:04x}  {chunk.hex(' '):<47}  {asc}")
+    return "\n".join(lines)
+
+
+def protocol_examples() -> str:
+    out = []
+    for ftype, what, data in EXAMPLES:
+        decoded = wire.decode_untrusted_frame(data)
+        shown = hexdump(data) if ftype is not T.HELLO else hexdump(data[:48]) + "\n....  (zero padding)"
+        out.append(f"### {ftype.name} ({int(ftype)}): {what}\n\n{len(data)} bytes:\n\n```\n{shown}\n```\n\n"
+                   f"decodes to `{decoded!r}`\n")  # fmt: skip
+    return "\n".join(out)
+
+
+BLOCKS = {
+    "docs/protocol.md": {"examples": protocol_examples},
+    "docs/configuration.md": {"settings": config_doc},
+}
+
+
+def render(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    if not rest:
+        raise SystemExit(f"marker {begin} missing")
+    return f"{head}{begin}\n{body}{end}{tail}"
+
+
+def main() -> int:
+    check = "--check" in sys.argv
+    stale = []
+    for rel, blocks in BLOCKS.items():
+        path = os.path.join(ROOT, rel)
+        with open(path) as f:
+            text = f.read()
+        new = text
+        for name, fn in blocks.items():
+            new = render(new, name, fn())
+        if new != text:
+            stale.append(rel)
+            if not check:
+                with open(path, "w") as f:
+                    f.write(new)
+    if check and stale:
+        print("out of date, run scripts/gen_docs.py: " + ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
