@@ -72,7 +72,6 @@ class E(IntEnum):
     BAD_KEY = 11
     BAD_MODE = 12
     BAD_TAGS = 13
-    NOT_READY = 14
 
 
 ERROR_NAMES = {e: e.name.lower() for e in E}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import struct
 import subprocess
@@ -31,14 +30,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from client import Client, ClientConfig  # noqa: E402
+from node.procs import free_udp_port, wait_listening  # noqa: E402
 
 HEAD = struct.Struct("!Qd")  # index, send time
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------ roles
@@ -114,21 +108,12 @@ def start_node(port: int) -> subprocess.Popen[bytes]:
         f.write(f'[node]\nid = "bench"\nclient_addr = "127.0.0.1:{port}"\nlog_level = "warning"\n'
                 "[limits]\nmailbox_capacity = 200000\nsend_window = 8192\n")  # fmt: skip
     node = subprocess.Popen([sys.executable, "-m", "node.cli", "node", "--config", cfg], cwd=ROOT)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the node is up once its port is taken
-        if node.poll() is not None:
-            raise RuntimeError("node exited")
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return node
-        time.sleep(0.05)
-    raise RuntimeError("node did not start")
+    wait_listening(node, "127.0.0.1", port)
+    return node
 
 
 def scenario(name: str, mode: str, subs: int, n: int, size: int, rate: float) -> dict[str, Any]:
-    port = free_port()
+    port = free_udp_port()
     node = start_node(port)
     addr = f"127.0.0.1:{port}"
     topic = f"bench.{name}"

@@ -15,30 +15,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOST = [sys.executable, "-m", "node.cli"]
+sys.path.insert(0, ROOT)
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_bound(port: int, proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("demo: the node exited early")
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return
-        time.sleep(0.05)
-    raise SystemExit("demo: the node did not start")
+from node.procs import free_udp_port, wait_listening  # noqa: E402
 
 
 def main() -> int:
-    port = free_port()
+    port = free_udp_port()
     node_addr = f"127.0.0.1:{port}"
     run_dir = os.path.join(ROOT, "run")
     os.makedirs(run_dir, exist_ok=True)
@@ -50,7 +33,7 @@ def main() -> int:
         print(f"== starting node 'demo' on udp://{node_addr}", flush=True)
         node = subprocess.Popen([*ROOST, "node", "--config", cfg], cwd=ROOT)
         procs.append(node)
-        wait_bound(port, node)
+        wait_listening(node, "127.0.0.1", port)
         n = 10
         print(f"== subscriber: roost sub demo.topic --count {n} --mode reliable", flush=True)
         sub = subprocess.Popen(

@@ -66,6 +66,14 @@ class FakeClient:
         return self.send(wire.encode_ping(self.cid, self.cookie, token), now)
 
 
+def connect(core: BrokerCore, *addrs: tuple[str, int]) -> list[FakeClient]:
+    """FakeClients at ``addrs`` that already hold a cookie."""
+    clients = [FakeClient(core, a) for a in addrs]
+    for c in clients:
+        c.hello()
+    return clients
+
+
 def delivered(actions: list[Any], addr: Any) -> list[tuple[int, int, bytes]]:
     """(stream, seq, payload) of every message in MSGS frames to ``addr``."""
     out = []

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from client import wire
 from client.text import parse_untrusted_text
 from client.wire import E, Mode, Reason, T
-from tests.corekit import FakeClient, delivered, frames_to, make_core, sends
+from tests.corekit import FakeClient, connect, delivered, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
 B = ("127.0.0.1", 5002)
@@ -95,9 +97,7 @@ def test_text_subscription_without_lease_never_expires():
 
 def test_welcome_cookie_then_reliable_delivery_in_order():
     core = make_core()
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     (ack,) = frames_to(sub.sub("t"), A)
     assert ack[0] is T.CMDACK and ack[2] == [0]
     out = pub.pub([("t", f"m{i}".encode()) for i in range(10)])
@@ -110,9 +110,7 @@ def test_welcome_cookie_then_reliable_delivery_in_order():
 
 def test_many_messages_are_batched_into_few_datagrams():
     core = make_core()
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     out = pub.pub([("t", b"x" * 100) for _ in range(100)])
     msgs_frames = [f for f in frames_to(out, A) if f[0] is T.MSGS]
@@ -121,9 +119,7 @@ def test_many_messages_are_batched_into_few_datagrams():
 
 def test_retransmit_after_timeout_until_acked():
     core = make_core(retransmit_timeout=0.2)
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     first = delivered(pub.pub([("t", b"a"), ("t", b"b")]), A)
     stream = first[0][0]
@@ -136,9 +132,7 @@ def test_retransmit_after_timeout_until_acked():
 
 def test_retransmission_backs_off():
     core = make_core(retransmit_timeout=0.1, retransmit_max=0.4)
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     pub.pub([("t", b"a")])
     times = []
@@ -155,9 +149,7 @@ def test_retransmission_backs_off():
 
 def test_sack_triggers_fast_retransmit_of_holes_only():
     core = make_core()
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     got = delivered(pub.pub([("t", bytes([i])) for i in range(1, 7)]), A)
     stream = got[0][0]
@@ -168,9 +160,7 @@ def test_sack_triggers_fast_retransmit_of_holes_only():
 
 def test_window_limits_messages_in_flight():
     core = make_core(send_window=4)
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     got = delivered(pub.pub([("t", bytes([i])) for i in range(10)]), A)
     assert [s for _, s, _ in got] == [1, 2, 3, 4]
@@ -180,9 +170,7 @@ def test_window_limits_messages_in_flight():
 
 def test_out_of_capacity_cancels_reliable_and_spares_others():
     core = make_core(mailbox_capacity=16, send_window=16)
-    slow, fast, pub = FakeClient(core, A), FakeClient(core, B), FakeClient(core, C)
-    for fc in (slow, fast, pub):
-        fc.hello()
+    slow, fast, pub = connect(core, A, B, C)
     slow.sub("t")
     slow.sub("other", mode=Mode.FIRE)
     fast.sub("t")
@@ -210,9 +198,7 @@ def test_out_of_capacity_cancels_reliable_and_spares_others():
 
 def test_resubscribe_after_cancel_starts_a_new_stream():
     core = make_core(mailbox_capacity=16, send_window=16)
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     first_stream = delivered(pub.pub([("t", b"x")]), A)[0][0]
     pub.pub([("t", b"x")] * 20)
@@ -223,9 +209,7 @@ def test_resubscribe_after_cancel_starts_a_new_stream():
 
 def test_silent_subscriber_is_dropped_after_timeout():
     core = make_core(subscriber_timeout=3.0, ping_interval=0.5)
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     for t in (1.0, 2.0, 3.0, 4.0):
         sub.ping(t)
@@ -240,9 +224,7 @@ def test_silent_subscriber_is_dropped_after_timeout():
 
 def test_cannot_subscribe_another_address():
     core = make_core()
-    victim, attacker = FakeClient(core, A), FakeClient(core, B)
-    victim.hello()
-    attacker.hello()
+    victim, attacker = connect(core, A, B)
     # The attacker reuses its own valid cookie from a spoofed source address...
     spoofed = wire.encode_cmds(attacker.cid, attacker.cookie, 1, [(1, "t", None, 1)])
     out = core.handle_datagrams([(spoofed, A)], 0.0)
@@ -299,9 +281,7 @@ def test_commands_in_a_batch_apply_in_order_last_wins():
 
 def test_keyed_and_whole_topic_subscriptions():
     core = make_core()
-    whole, keyed, pub = FakeClient(core, A), FakeClient(core, B), FakeClient(core, C)
-    for fc in (whole, keyed, pub):
-        fc.hello()
+    whole, keyed, pub = connect(core, A, B, C)
     whole.sub("actors")
     keyed.sub("actors", key="a1")
     keyed.sub("actors")  # also the whole topic: still one copy per message
@@ -317,9 +297,7 @@ def test_keyed_and_whole_topic_subscriptions():
 
 def test_publisher_retries_are_deduplicated():
     core = make_core()
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     packed = [wire.pack_message("t", None, None, b"%d" % i) for i in range(3)]
     data = wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, packed)
@@ -335,9 +313,7 @@ def test_publisher_retries_are_deduplicated():
 
 def test_reliable_publish_gap_is_refused_to_keep_order():
     core = make_core()
-    sub, pub = FakeClient(core, A), FakeClient(core, B)
-    sub.hello()
-    pub.hello()
+    sub, pub = connect(core, A, B)
     sub.sub("t")
     later = wire.encode_pub(pub.cid, pub.cookie, pub.pid, 3, 1, True, [wire.pack_message("t", None, None, b"c")])
     out = pub.send(later, 0.0)
@@ -347,9 +323,7 @@ def test_reliable_publish_gap_is_refused_to_keep_order():
 
 def test_client_moving_address_keeps_subscriptions():
     core = make_core()
-    fc, pub = FakeClient(core, A), FakeClient(core, B)
-    fc.hello()
-    pub.hello()
+    fc, pub = connect(core, A, B)
     fc.sub("t")
     fc.addr = C  # NAT rebinding: same client id, new address
     fc.hello()
@@ -408,3 +382,47 @@ def test_parse_matches_reference_split():
     assert parse_untrusted_text(b"SUB t1\n") == ("SUB", "t1", "")
     assert parse_untrusted_text(b"PUB\t\tt1 a b\n c") == ("PUB", "t1", "a b\n c")
     assert parse_untrusted_text(b"PUB t1 \r\n\x0b\x0cx") == ("PUB", "t1", "x")
+
+
+def _trigger(core, code):
+    """A datagram (and source) that must make the node answer with ``code``."""
+    import msgpack
+
+    fc = FakeClient(core, B)
+    fc.hello()
+    cid, ck = fc.cid, fc.cookie
+    bad_msg = lambda m: wire.pack([1, T.PUB, cid, ck, fc.pid, 1, 1, True, [m]])  # noqa: E731
+    return {
+        E.MALFORMED: (b"\x93\x01", B),
+        E.UNSUPPORTED_VERSION: (msgpack.packb([9, 1]), B),
+        E.UNKNOWN_TYPE: (wire.encode_msgs(1, 1, [wire.pack_message("t", None, None, b"")]), B),
+        E.TOO_LARGE: (b"PUB t " + b"x" * 70000, B),
+        E.BAD_COOKIE: (wire.encode_ping(cid, b"0" * 16, 1), B),
+        E.BAD_TOPIC: (b"SUB " + b"t" * 300 + b"\n", B),
+        E.BAD_UTF8: (b"PUB t \xff", B),
+        E.UNKNOWN_VERB: (b"GET t\n", B),
+        E.FORBIDDEN: (b"SUB t\n", FAR),
+        E.OVERLOADED: (wire.encode_cmds(cid, ck, 1, [(1, "t", None, 0)]), B),
+        E.BAD_KEY: (bad_msg(["t", "", None, b""]), B),
+        E.BAD_MODE: (wire.pack([1, T.CMDS, cid, ck, 1, [[1, "t", None, 5]]]), B),
+        E.BAD_TAGS: (bad_msg(["t", None, {"a": 1}, b""]), B),
+    }[code]
+
+
+@pytest.mark.parametrize("code", [c for c in E if c is not E.OK], ids=lambda c: c.name)
+def test_every_error_code(code):
+    core = make_core(max_clients=0 if code is E.OVERLOADED else 100)
+    data, addr = _trigger(core, code)
+    before = core.state_digest()
+    out = sends(core.handle_datagrams([(data, addr)], 0.0))
+    assert core.metrics[f"error_{code.name.lower()}"] == 1
+    assert core.state_digest() == before
+    if code is E.FORBIDDEN:
+        assert out == []  # never answered: the source is not trusted
+    elif data[:1].isalpha():
+        (reply,) = out
+        assert reply.data.startswith(f"ERR {code.name.lower()} ".encode())
+    else:
+        (reply,) = out
+        f = wire.decode_untrusted_frame(reply.data)
+        assert f[0] is T.ERROR and f[1] == code

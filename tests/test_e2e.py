@@ -14,15 +14,10 @@ import msgpack
 import pytest
 
 from client import wire
+from node.procs import free_udp_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOST = [sys.executable, "-m", "node.cli"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
@@ -31,7 +26,7 @@ def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 
 class Node:
     def __init__(self, tmp_path, extra: str = "") -> None:
-        self.port = free_port()
+        self.port = free_udp_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.cfg = tmp_path / "node.toml"
         self.cfg.write_text(f'[node]\nid = "e2e"\nclient_addr = "{self.addr}"\n{extra}')
@@ -104,7 +99,7 @@ def test_sub_timeout_exits_non_zero_with_a_message(node):
 
 
 def test_pub_to_a_dead_node_fails_clearly():
-    r = roost("pub", "t", "x", "--node", f"127.0.0.1:{free_port()}")
+    r = roost("pub", "t", "x", "--node", f"127.0.0.1:{free_udp_port()}")
     assert r.returncode != 0 and "no answer from node" in r.stderr
 
 

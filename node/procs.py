@@ -1,0 +1,39 @@
+"""Local node processes: free ports and waiting until a node is listening.
+
+Shared by the demo, the benchmark and the end-to-end tests (and the local
+cluster launcher to come), so that there is one way to start a node process.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    """A UDP port nobody is bound to right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def udp_port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def wait_listening(proc: subprocess.Popen[bytes], host: str, port: int, timeout: float = 10.0) -> None:
+    """Block until ``proc`` has bound its UDP port; raise if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"node process exited with {proc.returncode} before listening")
+        if udp_port_taken(host, port):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"node did not listen on {host}:{port} within {timeout} s")
