@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from client.session import ClientConfig, ClientSession, Message, SubState
+from client.udp import drain
 from client.wire import MODE_NAMES, Reason
 
 Addr = tuple[str, int]
@@ -32,6 +33,13 @@ __all__ = ["Client", "ClientConfig", "Message", "NodeLost", "Subscription"]
 
 class NodeLost(ConnectionError):
     """The node did not answer within ``node_timeout``."""
+
+
+def _addr(node: Addr | str) -> Addr:
+    if isinstance(node, str):
+        host, _, port = node.rpartition(":")
+        return (host or "127.0.0.1", int(port))
+    return node
 
 
 def _mode(mode: str) -> int:
@@ -46,24 +54,26 @@ class Client:
         self,
         node: Addr | str = ("127.0.0.1", 7400),
         *,
+        members: list[Addr | str] | None = None,
         client_id: bytes | None = None,
         config: ClientConfig | None = None,
     ) -> None:
-        if isinstance(node, str):
-            host, _, port = node.rpartition(":")
-            node = (host or "127.0.0.1", int(port))
-        self.node: Addr = node
+        """``node`` is the node to talk to first; ``members`` (optional) the other
+        nodes to fail over to; the cluster map in WELCOME adds the rest."""
+        self.node: Addr = _addr(node)
         self.config = config or ClientConfig()
         self.client_id = client_id or os.urandom(16)
         self.session = ClientSession(
-            self.client_id, os.urandom(16), os.urandom(16), self.config, trio.current_time()
-        )
+            self.client_id, os.urandom(16), os.urandom(16), self.config, trio.current_time(),
+            node=self.node, members=[_addr(m) for m in members or []],
+        )  # fmt: skip
         self._sock: socket.socket | None = None
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
         self._wait_scope: trio.CancelScope | None = None
         self._since_yield = 0
         self._closed = False
+        self.send_errors = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -72,7 +82,7 @@ class Client:
         sock = socket.socket(family, socket.SOCK_DGRAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
         sock.setblocking(False)
-        sock.connect(self.node)
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
         self._sock = sock
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
@@ -80,7 +90,8 @@ class Client:
         try:
             await self._until(lambda: self.session.connected or self.session.lost)
             if not self.session.connected:
-                raise NodeLost(f"no answer from node {self.node[0]}:{self.node[1]}")
+                tried = ", ".join(f"{h}:{p}" for h, p in self.session.candidates)
+                raise NodeLost(f"no answer from node {tried}")
         except BaseException:
             await self._shutdown()
             raise
@@ -110,14 +121,8 @@ class Client:
     async def _run(self) -> None:
         s, sock = self.session, self._sock
         assert sock is not None
-        recv = sock.recv
         while True:
-            batch: list[bytes] = []
-            try:
-                while len(batch) < 1024:
-                    batch.append(recv(65536))
-            except (BlockingIOError, ConnectionRefusedError):
-                pass
+            batch = drain(sock, 65536)
             now = trio.current_time()
             if batch:
                 s.handle_datagrams(batch, now)
@@ -136,16 +141,14 @@ class Client:
                 await trio.lowlevel.wait_readable(sock)
             self._wait_scope = None
 
-    def _send(self, datagrams: list[bytes]) -> None:
+    def _send(self, datagrams: list[tuple[Addr, bytes]]) -> None:
         sock = self._sock
         assert sock is not None
-        for d in datagrams:
+        for addr, d in datagrams:
             try:
-                sock.send(d)
-            except (BlockingIOError, ConnectionRefusedError):
-                pass  # UDP: the retry logic of the session covers it
+                sock.sendto(d, addr)
             except OSError:
-                pass
+                self.send_errors += 1  # UDP: the session's retries cover it
 
     def _wake(self) -> None:
         self._changed.set()

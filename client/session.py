@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 from client import wire
 from client.wire import E, Mode, Op, Reason, T, WireError
 
+Addr = tuple[str, int]
+
 
 @dataclass
 class ClientConfig:
@@ -73,26 +75,43 @@ class SubState:
         self.queue: deque[Message] = deque()
 
 
+class RecvStream:
+    """Reliable receive state for the messages one node delivers to us."""
+
+    __slots__ = ("stream", "expected", "ooo", "need_ack")
+
+    def __init__(self) -> None:
+        self.stream = 0
+        self.expected = 1
+        self.ooo: dict[int, tuple[Any, ...]] = {}
+        self.need_ack = False
+
+
 class ClientSession:
     def __init__(
         self, client_id: bytes, producer_id: bytes, fire_producer_id: bytes,
-        config: ClientConfig, now: float,
+        config: ClientConfig, now: float, node: Addr = ("127.0.0.1", 7400),
+        members: list[Addr] | None = None,
     ) -> None:  # fmt: skip
         self.cid = client_id
         self.cfg = config
         self.max_datagram = config.max_datagram
         self.ping_interval = config.ping_interval
+        self.node: Addr = node  # the node we talk to now
+        # Every node we know of, in failover order; WELCOME's cluster map adds more.
+        self.candidates: list[Addr] = [node, *(m for m in members or [] if m != node)]
         self.cookie: bytes | None = None
         self.node_id: str | None = None
         self.members: list[tuple[str, str, int]] = []
         self.last_heard = now
-        self.connect_started = now
         self.next_hello = now
         self.next_ping = now
         self.ping_token = 0
         self.lost = False
+        self.failed_attempts = 0  # nodes tried in a row without an answer
+        self.failovers = 0
         self.events: list[tuple[Any, ...]] = []
-        self._out: list[bytes] = []
+        self._out: list[tuple[Addr, bytes]] = []
         # commands
         self.subs: dict[tuple[str, str | None], SubState] = {}
         self.queued: list[tuple[int, str, str | None, int]] = []
@@ -100,11 +119,9 @@ class ClientSession:
         self.inflight_at = 0.0
         self.next_batch = 1
         self.confirmed_token = 0  # ping token current when a CMDACK last arrived
-        # reliable receive
-        self.stream = 0
-        self.expected = 1
-        self.ooo: dict[int, tuple[Any, ...]] = {}
-        self.need_ack = False
+        # reliable receive: one sequence space per delivering node
+        self.streams: dict[Addr, RecvStream] = {}
+        self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
         self.buffered = 0
         self.duplicates = 0
         # publishing
@@ -114,7 +131,7 @@ class ClientSession:
         self.fire_seq = 1
         self.acked = 0
         self.unacked: deque[tuple[int, bytes]] = deque()
-        self.unsent_from = 1  # first reliable sequence never sent
+        self.unsent_from = 1  # first reliable sequence not sent to the current node
         self.fire_pending: list[bytes] = []
         self.pub_rto = config.pub_retry
         self.pub_retry_at: float | None = None
@@ -169,50 +186,70 @@ class ClientSession:
 
     # ------------------------------------------------------------ input
 
-    def handle_datagrams(self, datagrams: list[bytes], now: float) -> None:
-        for data in datagrams:
+    def handle_datagrams(self, datagrams: list[tuple[bytes, Addr]], now: float) -> None:
+        known = self.candidates
+        for data, src in datagrams:
+            if src != self.node and src not in known:
+                self.events.append(("stranger", src))
+                continue  # only nodes of our cluster may talk to us
             try:
                 f = wire.decode_untrusted_frame(data, 65536)
             except WireError:
                 self.events.append(("bad_datagram", len(data)))
                 continue
-            self.last_heard = now
-            self._on_frame(f, now)
-        if self.need_ack and self.cookie is not None:
-            self.need_ack = False
-            sack = _ranges(sorted(self.ooo))
-            self._out.append(wire.encode_ack(self.cid, self.cookie, self.stream, self.expected - 1, sack))
+            if src == self.node:
+                self.last_heard = now
+            self._on_frame(f, src, now)
+        if self.cookie is not None:
+            for src, rs in self.streams.items():
+                if rs.need_ack:
+                    rs.need_ack = False
+                    sack = _ranges(sorted(rs.ooo))
+                    ack = wire.encode_ack(self.cid, self.cookie, rs.stream, rs.expected - 1, sack)
+                    self._out.append((src, ack))
 
-    def _on_frame(self, f: tuple[Any, ...], now: float) -> None:
+    def _on_frame(self, f: tuple[Any, ...], src: Addr, now: float) -> None:
         ftype = f[0]
         if ftype is T.MSGS:
-            self._on_msgs(f[1], f[2], f[3])
-        elif ftype is T.PUBACK:
+            self._on_msgs(src, f[1], f[2], f[3])
+            return
+        if ftype is T.CANCEL:  # may come from any node that delivers to us
+            self._on_cancel(f[1], f[2], f[3])
+            return
+        if src != self.node:
+            return  # the rest is conversation with our current node
+        if ftype is T.PUBACK:
             self._on_puback(f[1], f[2], now)
         elif ftype is T.CMDACK:
             self._on_cmdack(f[1], f[2])
         elif ftype is T.PONG:
             self._on_pong(f[1], f[2], f[3], f[4])
-        elif ftype is T.CANCEL:
-            self._on_cancel(f[1], f[2], f[3])
         elif ftype is T.WELCOME:
-            self.node_id, self.cookie, params, self.members = f[1], f[2], f[3], f[4]
-            md = params.get("max_datagram")
-            if isinstance(md, int) and 1200 <= md <= 65507:
-                self.max_datagram = min(md, self.cfg.max_datagram)
-            pi = params.get("ping_interval")
-            if isinstance(pi, (int, float)) and 0.01 <= pi <= 60:
-                self.ping_interval = float(pi)
-            if self.lost:
-                self.lost = False
-            self.events.append(("connected", self.node_id))
+            self._on_welcome(f[1], f[2], f[3], f[4])
         elif ftype is T.ERROR:
             if f[1] == E.BAD_COOKIE:
                 self.cookie = None
                 self.next_hello = now
             self.events.append(("error", f[1], f[2]))
+        elif ftype is T.STATUS_REPLY:
+            self.events.append(("status", f[1]))
 
-    def _on_msgs(self, stream: int, first: int, msgs: list[tuple[Any, ...]]) -> None:
+    def _on_welcome(self, node_id: str, cookie: bytes, params: dict[str, Any], members: list[Any]) -> None:
+        self.node_id, self.cookie, self.members = node_id, cookie, members
+        for _, host, port in members:
+            if (host, port) not in self.candidates:
+                self.candidates.append((host, port))
+        md = params.get("max_datagram")
+        if isinstance(md, int) and 1200 <= md <= 65507:
+            self.max_datagram = min(md, self.cfg.max_datagram)
+        pi = params.get("ping_interval")
+        if isinstance(pi, (int, float)) and 0.01 <= pi <= 60:
+            self.ping_interval = float(pi)
+        self.lost = False
+        self.failed_attempts = 0
+        self.events.append(("connected", node_id))
+
+    def _on_msgs(self, src: Addr, stream: int, first: int, msgs: list[tuple[Any, ...]]) -> None:
         if stream == 0:
             for m in msgs:
                 if self.buffered >= self.cfg.max_buffered:
@@ -220,29 +257,41 @@ class ClientSession:
                     continue
                 self._deliver(m, None)
             return
-        if stream < self.stream:
+        rs = self.streams.get(src)
+        if rs is None:
+            rs = self.streams[src] = RecvStream()
+        if stream < rs.stream:
             return  # a datagram from a stream the node has abandoned
-        if stream > self.stream:
-            self.stream, self.expected = stream, 1
-            self.ooo.clear()
-        self.need_ack = True
+        if stream > rs.stream:
+            rs.stream, rs.expected = stream, 1
+            rs.ooo.clear()
+        rs.need_ack = True
         seq = first
+        limit = self.cfg.max_buffered
         for m in msgs:
-            if seq == self.expected:
-                if self.buffered >= self.cfg.max_buffered:
+            if seq == rs.expected:
+                if self.buffered >= limit:
                     break  # not acknowledged: the node resends later
                 self._deliver(m, seq)
-                self.expected += 1
-                while self.expected in self.ooo and self.buffered < self.cfg.max_buffered:
-                    self._deliver(self.ooo.pop(self.expected), self.expected)
-                    self.expected += 1
-            elif seq < self.expected or seq in self.ooo:
+                rs.expected += 1
+                while rs.expected in rs.ooo and self.buffered < limit:
+                    self._deliver(rs.ooo.pop(rs.expected), rs.expected)
+                    rs.expected += 1
+            elif seq < rs.expected or seq in rs.ooo:
                 self.duplicates += 1
-            elif len(self.ooo) < self.cfg.pub_window * 4:
-                self.ooo[seq] = m
+            elif len(rs.ooo) < self.cfg.pub_window * 4:
+                rs.ooo[seq] = m
             seq += 1
 
     def _deliver(self, m: tuple[Any, ...], seq: int | None) -> None:
+        if len(m) == 6:
+            # Reliable messages name their producer: a resend after failover
+            # that the failed node had already delivered is dropped here.
+            pid, pseq = m[4], m[5]
+            if pseq <= self.seen.get(pid, 0):
+                self.duplicates += 1
+                return
+            self.seen[pid] = pseq
         topic, key = m[0], m[1]
         msg = Message(topic, key, m[2], m[3], seq)
         st = self.subs.get((topic, None))
@@ -288,7 +337,7 @@ class ClientSession:
         self.cookie = cookie
         for topic, key, reason in cancels:
             self._on_cancel(topic, key, reason)
-        if not known and token > self.confirmed_token and self.inflight is None:
+        if not known and token > self.confirmed_token and self.inflight is None and not self.queued:
             # The node has no state for us although it confirmed our
             # subscriptions: it dropped us (subscriber_timeout). Messages were
             # lost in between, so end the subscriptions rather than pretend.
@@ -313,14 +362,14 @@ class ClientSession:
     def tick(self, now: float) -> None:
         if self.cookie is None:
             if now >= self.next_hello:
-                self._out.append(wire.encode_hello(self.cid))
+                self._out.append((self.node, wire.encode_hello(self.cid)))
                 self.next_hello = now + self.cfg.hello_retry
         elif now >= self.next_ping:
             self.ping_token += 1
-            self._out.append(wire.encode_ping(self.cid, self.cookie, self.ping_token))
+            self._out.append((self.node, wire.encode_ping(self.cid, self.cookie, self.ping_token)))
             self.next_ping = now + self.ping_interval
-        if not self.lost and now - self.last_heard > self.cfg.node_timeout:
-            self._node_lost()
+        if now - self.last_heard > self.cfg.node_timeout:
+            self._node_silent(now)
         if self.inflight is not None and now >= self.inflight_at and self.cookie is not None:
             self._send_batch(now)
         if self.pub_retry_at is not None and now >= self.pub_retry_at and self.unacked:
@@ -329,15 +378,41 @@ class ClientSession:
             self.pub_retry_at = now + self.pub_rto
             self.events.append(("pub_retry", len(self.unacked)))
 
-    def _node_lost(self) -> None:
-        self.lost = True
+    def _node_silent(self, now: float) -> None:
+        """Our node said nothing for node_timeout: try the next member."""
+        self.failed_attempts += 1
+        self.events.append(("node_silent", self.node))
+        if not self.lost and self.failed_attempts >= len(self.candidates):
+            # Every node we know was tried: the subscriptions cannot go on.
+            self.lost = True
+            for topic, key in list(self.subs):
+                self._end(topic, key, Reason.NODE_LOST)
+                self.queued.append((Op.UNSUB, topic, key, Mode.FIRE))
+            self.events.append(("node_lost",))
+        i = self.candidates.index(self.node) if self.node in self.candidates else -1
+        self.node = self.candidates[(i + 1) % len(self.candidates)]
         self.cookie = None
-        for topic, key in list(self.subs):
-            self._end(topic, key, Reason.NODE_LOST)
-            self.queued.append((Op.UNSUB, topic, key, Mode.FIRE))
-        self.stream, self.expected = 0, 1
-        self.ooo.clear()
-        self.events.append(("node_lost",))
+        self.next_hello = now
+        self.last_heard = now
+        self.streams.pop(self.node, None)
+        if not self.lost:
+            self.failovers += 1
+            self._resume_elsewhere()
+
+    def _resume_elsewhere(self) -> None:
+        """Carry our state to the next node: subscriptions again, commands in
+        flight again (they are idempotent), unacknowledged publishes again
+        (the producer sequence keeps them from being delivered twice)."""
+        resub: list[tuple[int, str, str | None, int]] = [
+            (Op.SUB, t, k, st.mode) for (t, k), st in self.subs.items()
+        ]
+        if self.inflight is not None:
+            resub = self.inflight[1] + resub
+            self.inflight = None
+        self.queued = resub + self.queued
+        if self.unacked:
+            self.unsent_from = self.unacked[0][0]
+        self.pub_rto = self.cfg.pub_retry
 
     def next_deadline(self) -> float:
         d = [self.last_heard + self.cfg.node_timeout]
@@ -350,8 +425,12 @@ class ClientSession:
 
     # ------------------------------------------------------------ output
 
-    def outgoing(self, now: float) -> list[bytes]:
-        """Everything to send now: queued commands, publishes, acks, pings."""
+    def status_request(self) -> None:
+        if self.cookie is not None:
+            self._out.append((self.node, wire.encode_status(self.cid, self.cookie)))
+
+    def outgoing(self, now: float) -> list[tuple[Addr, bytes]]:
+        """Everything to send now, with its destination."""
         cookie = self.cookie
         if cookie is not None:
             if self.inflight is None and self.queued:
@@ -375,7 +454,7 @@ class ClientSession:
 
     def _send_batch(self, now: float) -> None:
         assert self.inflight is not None and self.cookie is not None
-        self._out.append(wire.encode_cmds(self.cid, self.cookie, *self.inflight))
+        self._out.append((self.node, wire.encode_cmds(self.cid, self.cookie, *self.inflight)))
         self.inflight_at = now + self.cfg.cmd_retry
 
     def _emit_pubs(self, pid: bytes, first: int, floor: int, reliable: bool, packed: list[bytes]) -> int:
@@ -383,15 +462,16 @@ class ClientSession:
         assert self.cookie is not None
         budget = self.max_datagram - wire.FRAME_OVERHEAD - 2 * wire.ID_LEN - wire.COOKIE_LEN
         start = size = 0
+        node, out = self.node, self._out
         for i, p in enumerate(packed):
             if size + len(p) > budget and i > start:
-                self._out.append(wire.encode_pub(self.cid, self.cookie, pid, first, floor, reliable, packed[start:i]))
+                out.append((node, wire.encode_pub(self.cid, self.cookie, pid, first, floor, reliable, packed[start:i])))
                 first += i - start
                 if not reliable:
                     floor = first
                 start, size = i, 0
             size += len(p)
-        self._out.append(wire.encode_pub(self.cid, self.cookie, pid, first, floor, reliable, packed[start:]))
+        out.append((node, wire.encode_pub(self.cid, self.cookie, pid, first, floor, reliable, packed[start:])))
         return first + len(packed) - start
 
 

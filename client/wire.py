@@ -53,6 +53,8 @@ class T(IntEnum):
     CANCEL = 11
     REDIRECT = 12
     ERROR = 13
+    STATUS = 14
+    STATUS_REPLY = 15
 
 
 class E(IntEnum):
@@ -121,6 +123,15 @@ _array_header: Callable[[int], bytes] = _packer.pack_array_header
 def pack_message(topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes) -> bytes:
     """One message as it travels inside PUB and MSGS frames, packed once."""
     return pack([topic, key, tags, payload])
+
+
+def pack_delivery(
+    topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, pid: bytes, pseq: int
+) -> bytes:
+    """A reliable message as nodes deliver it: with its producer id and sequence,
+    so a subscriber can drop the copy a producer resent to another node after
+    failover (the first node may have delivered it before dying)."""
+    return pack([topic, key, tags, payload, pid, pseq])
 
 
 def _header(n: int, *fields: Any) -> bytes:
@@ -220,6 +231,14 @@ def encode_error(code: E, text: str) -> bytes:
     return pack([VERSION, T.ERROR, int(code), text])
 
 
+def encode_status(client_id: bytes, cookie: bytes) -> bytes:
+    return pack([VERSION, T.STATUS, client_id, cookie])
+
+
+def encode_status_reply(status: dict[str, Any]) -> bytes:
+    return pack([VERSION, T.STATUS_REPLY, status])
+
+
 # ---------------------------------------------------------------- validation
 
 
@@ -263,10 +282,15 @@ def check_tags(tags: Any) -> dict[str, str] | None:
     return tags
 
 
-def check_message(m: Any) -> tuple[str, str | None, dict[str, str] | None, bytes]:
-    if m.__class__ is not list or len(m) != 4:
-        raise WireError(E.MALFORMED, "a message is [topic, key, tags, payload]")
-    topic, key, tags, payload = m
+def check_message(m: Any) -> tuple[Any, ...]:
+    """A message is [topic, key, tags, payload], plus [producer id, seq] when
+    delivered reliably; returns it as a tuple."""
+    if m.__class__ is not list or (len(m) != 4 and len(m) != 6):
+        raise WireError(E.MALFORMED, "a message is [topic, key, tags, payload(, producer, seq)]")
+    if len(m) == 6:
+        _bytes(m[4], ID_LEN, "producer id")
+        _uint(m[5], "producer seq")
+    topic, key, tags, payload = m[0], m[1], m[2], m[3]
     check_topic(topic)
     if key is not None:
         check_key(key)
@@ -274,7 +298,7 @@ def check_message(m: Any) -> tuple[str, str | None, dict[str, str] | None, bytes
         check_tags(tags)
     if payload.__class__ is not bytes:
         raise WireError(E.MALFORMED, "payload must be bytes")
-    return topic, key, tags, payload
+    return tuple(m)
 
 
 def _bytes(v: Any, n: int, what: str) -> bytes:
@@ -316,6 +340,7 @@ def _cmd(c: Any) -> tuple[int, str, str | None, int]:
 _ARITY = {
     T.HELLO: 2, T.WELCOME: 4, T.CMDS: 4, T.CMDACK: 2, T.PUB: 7, T.PUBACK: 2,
     T.MSGS: 3, T.ACK: 5, T.PING: 3, T.PONG: 4, T.CANCEL: 3, T.REDIRECT: 4, T.ERROR: 2,
+    T.STATUS: 2, T.STATUS_REPLY: 1,
 }  # fmt: skip
 
 
@@ -392,6 +417,13 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
             ftype, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
             _uint(batch, "batch id"), [_cmd(c) for c in _list(cmds, "commands")],
         )  # fmt: skip
+    if ftype is T.STATUS:
+        cid, cookie = f
+        return ftype, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
+    if ftype is T.STATUS_REPLY:
+        if not isinstance(f[0], dict):
+            raise WireError(E.MALFORMED, "STATUS_REPLY carries a map")
+        return ftype, f[0]
     if ftype is T.PING:
         cid, cookie, token = f
         return (

@@ -21,9 +21,12 @@ import random
 from collections import Counter
 from typing import Any, NamedTuple
 
+import mmh3
+
 from client import wire
 from client.text import encode_text_error, encode_text_msg, parse_untrusted_text
 from client.wire import E, Mode, Op, Reason, T, WireError
+from node import versions
 from node.config import NodeConfig
 from node.cookies import Addr, CookieJar
 from node.mailbox import Mailbox
@@ -49,19 +52,46 @@ _RTO, _LIVENESS, _LEASE, _PRODUCER = range(4)
 # An unvalidated address never gets more than this many times the bytes it sent.
 AMPLIFICATION = 3
 
+# Replica digests: registers hash into this many buckets; anti-entropy compares
+# bucket digests (XOR of (key hash, version) mixes) and ships differing buckets.
+DIGEST_BUCKETS = 256
+# Why a tombstone was written (bits 2-3 of its version).
+REASON_UNSUBSCRIBED, REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT = 0, 1, 2
+
+
+def _key_hash(who: Any, tk: tuple[str, str | None] | None) -> tuple[int, int]:
+    """(bucket, 64-bit hash) of a register: a subscription, or the client's own."""
+    raw = who if who.__class__ is bytes else f"{who[0]}|{who[1]}".encode()
+    if tk is not None:
+        raw += b"\0" + tk[0].encode() + b"\0" + (tk[1] or "").encode() + (b"\1" if tk[1] is None else b"")
+    h = mmh3.hash64(raw, signed=False)[0]
+    return h & (DIGEST_BUCKETS - 1), h
+
+
+def _mix(h: int, version: int) -> int:
+    """A register's share of its bucket digest; 0 for "absent"."""
+    return 0 if version == 0 else mmh3.hash64(h.to_bytes(8, "big") + version.to_bytes(8, "big"), signed=False)[0]
+
 
 class ClientState:
-    """A binary client, keyed by client id; its address may change."""
+    """A subscriber: a binary client (keyed by client id) or a text-protocol
+    address (keyed by that address). Its subscriptions are versioned
+    registers (node/versions.py), tombstones included, so this record is also
+    the node's replica of the client's state in a cluster."""
 
     __slots__ = (
-        "cid", "addr", "subs", "last_seen", "mailbox", "fire", "dirty",
-        "last_batch", "last_results", "cancelled", "timer_at",
+        "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "mailbox", "fire",
+        "dirty", "last_batch", "last_results", "cancelled", "changed",
     )  # fmt: skip
 
-    def __init__(self, cid: bytes, addr: Addr, now: float) -> None:
+    def __init__(self, cid: Any, addr: Addr, home: str, now: float) -> None:
         self.cid = cid
         self.addr = addr
-        self.subs: dict[tuple[str, str | None], int] = {}
+        self.home = home  # the node this client talks to (liveness is its job)
+        self.cver = 0  # version of the (addr, home) register
+        self.local = False  # home is this node: PING/timeout handled here
+        self.subs: dict[tuple[str, str | None], int] = {}  # -> version (tombstones too)
+        self.live = 0  # subscriptions present (not tombstones)
         self.last_seen = now
         self.mailbox: Mailbox | None = None
         self.fire: list[bytes] = []
@@ -71,7 +101,11 @@ class ClientState:
         # Cancellations the client has not confirmed yet (by UNSUB or SUB);
         # repeated in every PONG so a lost CANCEL datagram cannot hide one.
         self.cancelled: dict[tuple[str, str | None], str] = {}
-        self.timer_at = 0.0
+        self.changed: set[tuple[str, str | None]] | None = None  # not yet replicated
+
+    def modes(self) -> dict[tuple[str, str | None], int]:
+        """The subscriptions in force, with their delivery modes."""
+        return {tk: v & versions.RELIABLE for tk, v in self.subs.items() if v & versions.PRESENT}
 
 
 class BrokerCore:
@@ -82,26 +116,37 @@ class BrokerCore:
         rng: random.Random,
         incarnation: int,
         members: list[list[Any]] | None = None,
+        node_idx: int = 0,
+        wall_offset: float = 0.0,
+        replicating: bool = False,
     ) -> None:
         self.cfg = config
         self.node_id = config.id
+        self.node_idx = node_idx
+        self.wall_offset = wall_offset  # core time + offset = Unix time (HLC, cookies)
         self.cookies = CookieJar(secret, config.cookie_lifetime)
         self.rng = rng
+        self.hlc = versions.HybridClock()
         # Stream ids grow within an incarnation and across restarts (the shell
         # passes wall-clock milliseconds), so a client can ignore stale streams.
         self._next_stream = incarnation << 16
         self.members = members or [[config.id, *config.client_addr]]
         self.index = SubscriptionIndex()
-        self.clients: dict[bytes, ClientState] = {}
+        self.clients: dict[Any, ClientState] = {}
         self.producers: dict[bytes, list[float]] = {}  # pid -> [acked_seq, last_seen]
         self.text_leases: dict[tuple[Addr, str], float] = {}
         self.text_subs = 0
         self.metrics: Counter[str] = Counter()
+        self.replicating = replicating
+        self.digest = [0] * DIGEST_BUCKETS
+        self._changed: list[ClientState] = []
+        self.status_extra: Any = None  # the cluster shell adds its view here
         self._timers: list[tuple[float, int, Any]] = []
         self._text_ok: dict[str, bool] = {}
         self._text_nets = [ipaddress.ip_network(n) for n in config.text_networks]
         self._out: list[Action] = []
         self._dirty: list[ClientState] = []
+        self._now = 0.0
         self._pubacks: dict[tuple[Addr, bytes], int] = {}
         self._max = config.max_datagram
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
@@ -116,6 +161,7 @@ class BrokerCore:
     def handle_datagrams(self, datagrams: list[tuple[bytes, Addr]], now: float) -> list[Action]:
         """Process a batch of datagrams in arrival order; return what to send."""
         out = self._out
+        self._now = now
         m = self.metrics
         m["datagrams_in"] += len(datagrams)
         for data, addr in datagrams:
@@ -141,6 +187,7 @@ class BrokerCore:
     def tick(self, now: float) -> list[Action]:
         """Fire every timer that is due: retransmissions, timeouts, expiries."""
         timers = self._timers
+        self._now = now
         while timers and timers[0][0] <= now:
             at, kind, key = heapq.heappop(timers)
             if kind == _RTO:
@@ -209,15 +256,18 @@ class BrokerCore:
         verb, topic, body = parse_untrusted_text(data)
         wire.check_topic(topic)
         if verb == "PUB":
-            payload = body.encode()
             self.metrics["published"] += 1
-            self._publish(topic, None, None, payload, None)
-        elif verb == "SUB":
-            if self.index.add(topic, None, addr, Mode.FIRE):
+            self._publish(topic, None, None, body.encode(), None)
+            return
+        tk = (topic, None)
+        c = self.clients.get(addr)
+        if verb == "SUB":
+            if c is None or not c.subs.get(tk, 0) & versions.PRESENT:
                 if self.text_subs >= self.cfg.max_text_subscribers:
-                    self.index.remove(topic, None, addr)
                     raise WireError(E.OVERLOADED, "too many text subscriptions on this node")
-                self.text_subs += 1
+                if c is None:
+                    c = self._new_client(addr, addr, now)
+                self._write(c, tk, True, Mode.FIRE, now)
                 self._log("debug", "text_subscribe", addr=_fmt(addr), topic=topic)
             lease = self.cfg.text_sub_lease
             if lease > 0:
@@ -225,11 +275,10 @@ class BrokerCore:
                 if key not in self.text_leases:
                     self._timer(now + lease, _LEASE, key)
                 self.text_leases[key] = now + lease
-        else:  # UNSUB
-            if self.index.remove(topic, None, addr):
-                self.text_subs -= 1
-                self.text_leases.pop((addr, topic), None)
-                self._log("debug", "text_unsubscribe", addr=_fmt(addr), topic=topic)
+        elif c is not None and c.subs.get(tk, 0) & versions.PRESENT:  # UNSUB
+            self._write(c, tk, False, Mode.FIRE, now)
+            self.text_leases.pop((addr, topic), None)
+            self._log("debug", "text_unsubscribe", addr=_fmt(addr), topic=topic)
 
     def _on_lease(self, key: tuple[Addr, str], now: float) -> None:
         until = self.text_leases.get(key)
@@ -239,8 +288,9 @@ class BrokerCore:
             self._timer(until, _LEASE, key)
             return
         del self.text_leases[key]
-        if self.index.remove(key[1], None, key[0]):
-            self.text_subs -= 1
+        c = self.clients.get(key[0])
+        if c is not None and c.subs.get((key[1], None), 0) & versions.PRESENT:
+            self._write(c, (key[1], None), False, Mode.FIRE, now)
             self._log("info", "text_lease_expired", addr=_fmt(key[0]), topic=key[1])
 
     # ------------------------------------------------------------ binary protocol
@@ -248,22 +298,23 @@ class BrokerCore:
     def _on_binary(self, data: bytes, addr: Addr, now: float) -> None:
         f = wire.decode_untrusted_frame(data, self._max)
         ftype = f[0]
+        wall = now + self.wall_offset
         if ftype is T.HELLO:
-            cookie = self.cookies.issue(addr, f[1], now)
+            cookie = self.cookies.issue(addr, f[1], wall)
             welcome = wire.encode_welcome(self.node_id, cookie, self.params, self.members)
             self._bounded(addr, welcome, len(data))
             return
-        if ftype not in (T.PUB, T.ACK, T.CMDS, T.PING):
+        if ftype not in (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS):
             raise WireError(E.UNKNOWN_TYPE, f"{ftype.name} is not sent to nodes")
         cid, cookie = f[1], f[2]
-        if not self.cookies.check(addr, cid, cookie, now):
+        if not self.cookies.check(addr, cid, cookie, wall):
             raise WireError(E.BAD_COOKIE, "cookie invalid or expired for this address; send HELLO")
         c = self.clients.get(cid)
         if c is not None:
             c.last_seen = now
-            if c.addr != addr:
-                self._log("info", "client_moved", client=cid.hex(), old=_fmt(c.addr), new=_fmt(addr))
-                c.addr = addr
+            if ftype is T.CMDS or ftype is T.PING:
+                # The client talks to this node now: it is this node's to watch.
+                self._adopt(c, addr, now)
         if ftype is T.PUB:
             self._on_pub(addr, f, now)
         elif ftype is T.ACK:
@@ -271,11 +322,33 @@ class BrokerCore:
                 self._on_ack(c, f[3], f[4], f[5], now)
         elif ftype is T.CMDS:
             self._on_cmds(c, cid, addr, f[3], f[4], now)
-        else:
-            fresh = self.cookies.is_fresh(addr, cid, cookie, now)
-            new_cookie = cookie if fresh else self.cookies.issue(addr, cid, now)
+        elif ftype is T.PING:
+            fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
+            new_cookie = cookie if fresh else self.cookies.issue(addr, cid, wall)
+            known = c is not None and c.live > 0
             cancels = [[t, k, r] for (t, k), r in c.cancelled.items()] if c else []
-            self._send(addr, wire.encode_pong(f[3], c is not None, new_cookie, cancels[:64]))
+            self._send(addr, wire.encode_pong(f[3], known, new_cookie, cancels[:64]))
+        else:
+            status = self.status()
+            if self.status_extra is not None:
+                status.update(self.status_extra())
+            self._send(addr, wire.encode_status_reply(status))
+
+    def _adopt(self, c: ClientState, addr: Addr, now: float) -> None:
+        """Make this node the client's home (and note its address) if it is not yet."""
+        if c.local and c.addr == addr:
+            return
+        if c.addr != addr:
+            self._log("info", "client_moved", client=c.cid.hex(), old=_fmt(c.addr), new=_fmt(addr))
+        elif not c.local:
+            self._log("info", "client_adopted", client=c.cid.hex(), previous_home=c.home)
+        c.addr = addr
+        if not c.local:
+            c.local = True
+            self._timer(now + self.cfg.subscriber_timeout, _LIVENESS, c.cid)
+        c.home = self.node_id
+        c.cver = self._version(now, True, 0)
+        self._mark_changed(c, None)
 
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
@@ -294,20 +367,28 @@ class BrokerCore:
             # An earlier batch is missing: keep FIFO by refusing this one; the
             # producer resends from the acknowledged point (go-back-N).
             self.metrics["pub_out_of_order"] += 1
-            new: list[Any] = []
+            skip = len(msgs)
         else:
-            new = msgs[acked + 1 - first :] if acked >= first else msgs
+            skip = acked + 1 - first if acked >= first else 0
             if last > acked:
                 acked = last
         st[0] = acked
-        self.metrics["pub_duplicates"] += len(msgs) - len(new)
-        self.metrics["published"] += len(new)
+        self.metrics["pub_duplicates"] += skip
+        self.metrics["published"] += len(msgs) - skip
         publish = self._publish
-        pack = wire.pack_message
-        for topic, key, tags, payload in new:
-            publish(topic, key, tags, payload, pack(topic, key, tags, payload))
         if reliable:
+            pack = wire.pack_delivery
+            seq = first + skip
+            for m in msgs[skip:]:
+                topic, key, tags, payload = m[0], m[1], m[2], m[3]
+                publish(topic, key, tags, payload, pack(topic, key, tags, payload, pid, seq))
+                seq += 1
             self._pubacks[(addr, pid)] = acked
+        else:
+            pack4 = wire.pack_message
+            for m in msgs[skip:]:
+                topic, key, tags, payload = m[0], m[1], m[2], m[3]
+                publish(topic, key, tags, payload, pack4(topic, key, tags, payload))
 
     def _publish(
         self,
@@ -352,17 +433,14 @@ class BrokerCore:
     def _overflow(self, c: ClientState) -> None:
         """Mailbox full: cancel every reliable subscription of this client."""
         self.metrics["cancelled_out_of_capacity"] += 1
-        for (topic, key), mode in list(c.subs.items()):
-            if mode == Mode.RELIABLE:
-                self._cancel(c, topic, key, Reason.OUT_OF_CAPACITY)
+        now = self._now
+        for tk, v in list(c.subs.items()):
+            if v & versions.PRESENT and v & versions.RELIABLE:
+                self._write(c, tk, False, Mode.RELIABLE, now, REASON_OUT_OF_CAPACITY)
+                c.cancelled[tk] = Reason.OUT_OF_CAPACITY
+                self._send(c.addr, wire.encode_cancel(tk[0], tk[1], Reason.OUT_OF_CAPACITY))
         c.mailbox = None
         self._log("warning", "out_of_capacity", client=c.cid.hex(), addr=_fmt(c.addr))
-
-    def _cancel(self, c: ClientState, topic: str, key: str | None, reason: str) -> None:
-        del c.subs[(topic, key)]
-        self.index.remove(topic, key, c.cid)
-        c.cancelled[(topic, key)] = reason
-        self._send(c.addr, wire.encode_cancel(topic, key, reason))
 
     def _on_cmds(
         self,
@@ -381,9 +459,7 @@ class BrokerCore:
         if c is None:
             if len(self.clients) >= self.cfg.max_clients:
                 raise WireError(E.OVERLOADED, "too many clients on this node")
-            c = self.clients[cid] = ClientState(cid, addr, now)
-            c.timer_at = now + self.cfg.subscriber_timeout
-            self._timer(c.timer_at, _LIVENESS, cid)
+            c = self._new_client(cid, addr, now)
             self._log("info", "client_new", client=cid.hex(), addr=_fmt(addr))
         results = []
         for op, topic, key, mode in cmds:
@@ -392,25 +468,182 @@ class BrokerCore:
         c.last_results = results
         self._send(addr, wire.encode_cmdack(batch, results))
 
+    def _new_client(self, cid: Any, addr: Addr, now: float) -> ClientState:
+        """A client that talks to this node (its home)."""
+        c = self.clients[cid] = ClientState(cid, addr, self.node_id, now)
+        c.local = True
+        c.cver = self._version(now, True, 0)
+        if cid.__class__ is bytes:
+            self._timer(now + self.cfg.subscriber_timeout, _LIVENESS, cid)
+        self._mark_changed(c, None)
+        return c
+
     def _apply(self, c: ClientState, op: int, topic: str, key: str | None, mode: int, now: float) -> int:
         tk = (topic, key)
         c.cancelled.pop(tk, None)
+        present = bool(c.subs.get(tk, 0) & versions.PRESENT)
         if op == Op.UNSUB:
-            if c.subs.pop(tk, None) is not None:
-                self.index.remove(topic, key, c.cid)
+            if present:
+                self._write(c, tk, False, mode, now)
                 self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
             return E.OK
-        if tk not in c.subs and len(c.subs) >= self.cfg.max_subscriptions_per_client:
+        if not present and c.live >= self.cfg.max_subscriptions_per_client:
             return E.OVERLOADED
-        if mode == Mode.RELIABLE and c.mailbox is None:
-            c.mailbox = Mailbox(
-                self._new_stream(), self.cfg.mailbox_capacity,
-                self.cfg.retransmit_timeout, self.cfg.retransmit_max,
-            )  # fmt: skip
-        c.subs[tk] = mode
-        self.index.add(topic, key, c.cid, mode)
+        self._write(c, tk, True, mode, now)
         self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
         return E.OK
+
+    # ------------------------------------------------------------ replicated state
+
+    def _version(self, now: float, present: bool, mode: int, reason: int = 0) -> int:
+        hlc = self.hlc.now(now + self.wall_offset)
+        return versions.make(hlc, self.node_idx, present, mode) | (reason << 2)
+
+    def _write(
+        self, c: ClientState, tk: tuple[str, str | None], present: bool, mode: int, now: float,
+        reason: int = 0,
+    ) -> None:  # fmt: skip
+        """A local change of one subscription: a new version, applied and queued."""
+        self._set(c, tk, self._version(now, present, mode, reason))
+        self._mark_changed(c, tk)
+
+    def _mark_changed(self, c: ClientState, tk: tuple[str, str | None] | None) -> None:
+        if not self.replicating:
+            return
+        if c.changed is None:
+            c.changed = set()
+            self._changed.append(c)
+        if tk is not None:
+            c.changed.add(tk)
+
+    def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
+        """Install a version (newer than what we hold) and update the index."""
+        old = c.subs.get(tk, 0)
+        topic, key = tk
+        if version & versions.PRESENT:
+            mode = version & versions.RELIABLE
+            topic = self.index.add(topic, key, c.cid, mode)
+            tk = (topic, key)
+            if mode and c.mailbox is None and c.cid.__class__ is bytes:
+                c.mailbox = Mailbox(
+                    self._new_stream(), self.cfg.mailbox_capacity,
+                    self.cfg.retransmit_timeout, self.cfg.retransmit_max,
+                )  # fmt: skip
+            if not old & versions.PRESENT:
+                c.live += 1
+                if c.cid.__class__ is not bytes:
+                    self.text_subs += 1
+        elif old & versions.PRESENT:
+            self.index.remove(topic, key, c.cid)
+            c.live -= 1
+            if c.cid.__class__ is not bytes:
+                self.text_subs -= 1
+        if self.replicating or version & versions.PRESENT:
+            c.subs[tk] = version
+        else:
+            c.subs.pop(tk, None)  # a single node needs no tombstones
+        if self.replicating:
+            b, h = _key_hash(c.cid, tk)
+            self.digest[b] ^= _mix(h, old) ^ _mix(h, version)
+
+    def take_changes(self) -> list[list[Any]]:
+        """Replication entries for every local change since the last call."""
+        out = []
+        for c in self._changed:
+            tks = c.changed or ()
+            c.changed = None
+            out.append(self._entry(c, [(tk, c.subs[tk]) for tk in tks]))
+        self._changed.clear()
+        return out
+
+    def _entry(self, c: ClientState, subs: Any) -> list[Any]:
+        """``[who, cver, host, port, home, [[topic, key, version], ...]]``."""
+        who = c.cid if c.cid.__class__ is bytes else list(c.cid)
+        return [who, c.cver, c.addr[0], c.addr[1], c.home, [[t, k, v] for (t, k), v in subs]]
+
+    def merge(self, entries: list[Any], now: float) -> int:
+        """Apply replicated entries (already validated); returns registers changed.
+
+        Last writer wins per register, so any order, repetition or grouping of
+        the same entries leaves the same state.
+        """
+        changed = 0
+        clients = self.clients
+        observe = self.hlc.observe
+        for who, cver, host, port, home, subs in entries:
+            c = clients.get(who)
+            if c is None:
+                if not any(v & versions.PRESENT for _, _, v in subs) and cver == 0:
+                    continue
+                c = clients[who] = ClientState(who, (host, port), home, now)
+            if cver > c.cver:
+                if self.replicating:
+                    b, h = _key_hash(c.cid, None)
+                    self.digest[b] ^= _mix(h, c.cver) ^ _mix(h, cver)
+                observe(cver)
+                c.cver = cver
+                c.addr = (host, port)
+                c.home = home
+                was_local = c.local
+                c.local = home == self.node_id
+                if c.local and not was_local and who.__class__ is bytes:
+                    c.last_seen = now
+                    self._timer(now + self.cfg.subscriber_timeout, _LIVENESS, who)
+                changed += 1
+            for topic, key, v in subs:
+                tk = (topic, key)
+                old = c.subs.get(tk, 0)
+                if v > old:
+                    observe(v)
+                    self._set(c, tk, v)
+                    changed += 1
+                    if c.local and not v & versions.PRESENT and (v >> 2) & 3 == REASON_OUT_OF_CAPACITY:
+                        c.cancelled[tk] = Reason.OUT_OF_CAPACITY  # repeat it in PONG
+        return changed
+
+    def dump(self, buckets: set[int] | None = None) -> Any:
+        """Every client's entry (or only the registers in ``buckets``)."""
+        for c in list(self.clients.values()):
+            if buckets is None:
+                yield self._entry(c, c.subs.items())
+                continue
+            subs = [(tk, v) for tk, v in c.subs.items() if _key_hash(c.cid, tk)[0] in buckets]
+            if subs or _key_hash(c.cid, None)[0] in buckets:
+                yield self._entry(c, subs)
+
+    def expire_home(self, home: str, now: float) -> int:
+        """Tombstone the subscriptions of binary clients whose home node is gone.
+
+        Their clients either moved to another node already (and re-subscribed
+        there, which changed ``home``) or are gone too.
+        """
+        n = 0
+        for c in list(self.clients.values()):
+            if c.home == home and c.cid.__class__ is bytes and c.live:
+                for tk, v in list(c.subs.items()):
+                    if v & versions.PRESENT:
+                        self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
+                        n += 1
+        if n:
+            self._log("info", "expired_home", home=home, subscriptions=n)
+        return n
+
+    def collect_tombstones(self, now: float, horizon: float) -> int:
+        """Forget tombstones older than ``horizon`` seconds, and empty records."""
+        limit_ms = int((now + self.wall_offset - horizon) * 1000)
+        gone = 0
+        for cid, c in list(self.clients.items()):
+            for tk, v in list(c.subs.items()):
+                if not v & versions.PRESENT and versions.millis_of(v) < limit_ms:
+                    b, h = _key_hash(cid, tk)
+                    self.digest[b] ^= _mix(h, v)
+                    del c.subs[tk]
+                    gone += 1
+            if not c.subs and not c.local and versions.millis_of(c.cver) < limit_ms:
+                b, h = _key_hash(cid, None)
+                self.digest[b] ^= _mix(h, c.cver)
+                del self.clients[cid]
+        return gone
 
     def _new_stream(self) -> int:
         self._next_stream += 1
@@ -448,21 +681,26 @@ class BrokerCore:
 
     def _on_liveness(self, cid: bytes, now: float) -> None:
         c = self.clients.get(cid)
-        if c is None:
+        if c is None or not c.local:
             return
         expires = c.last_seen + self.cfg.subscriber_timeout
         if expires > now:
-            c.timer_at = expires
             self._timer(expires, _LIVENESS, cid)
             return
-        self.drop_client(c)
         self.metrics["clients_timed_out"] += 1
-        self._log("info", "client_timed_out", client=cid.hex(), addr=_fmt(c.addr), subs=len(c.subs))
+        self._log("info", "client_timed_out", client=cid.hex(), addr=_fmt(c.addr), subs=c.live)
+        self.drop_client(c, now)
 
-    def drop_client(self, c: ClientState) -> None:
-        for topic, key in c.subs:
-            self.index.remove(topic, key, c.cid)
-        del self.clients[c.cid]
+    def drop_client(self, c: ClientState, now: float) -> None:
+        """The client is gone: end its subscriptions everywhere and free its state."""
+        for tk, v in list(c.subs.items()):
+            if v & versions.PRESENT:
+                self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
+        c.mailbox = None
+        c.fire = []
+        c.local = False
+        if not self.replicating:
+            del self.clients[c.cid]
 
     def _on_producer(self, pid: bytes, now: float) -> None:
         st = self.producers.get(pid)
@@ -529,7 +767,10 @@ class BrokerCore:
                 for k, subs in keys.items()
                 for w, m in subs.items()
             ),
-            sorted((cid, repr(c.addr), sorted(c.subs.items(), key=repr)) for cid, c in self.clients.items()),
+            sorted(
+                (repr(cid), repr(c.addr), c.home, sorted(c.subs.items(), key=repr))
+                for cid, c in self.clients.items()
+            ),
             sorted(self.producers),
             self.text_subs,
         )
@@ -537,7 +778,7 @@ class BrokerCore:
     def status(self) -> dict[str, Any]:
         return {
             "node": self.node_id,
-            "clients": len(self.clients),
+            "clients": sum(1 for c in self.clients.values() if c.live),
             "subscriptions": self.index.count,
             "topics": len(self.index.topics),
             "producers": len(self.producers),

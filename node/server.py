@@ -17,10 +17,10 @@ from typing import Any
 
 import trio
 
+from client.udp import drain, open_udp, send_all
 from node.config import NodeConfig
 from node.core import BrokerCore, Log, Send
 from node.logs import EventLog
-from node.udp import drain, open_udp, send_all
 
 
 class NodeServer:

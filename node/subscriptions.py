@@ -15,24 +15,31 @@ Subscriber = Any  # bytes (binary client id) or (host, port) of a text client
 
 
 class SubscriptionIndex:
-    __slots__ = ("topics", "count")
+    __slots__ = ("topics", "names", "count")
 
     def __init__(self) -> None:
         self.topics: dict[str, dict[str | None, dict[Subscriber, int]]] = {}
+        self.names: dict[str, str] = {}  # topic -> the one stored copy of it
         self.count = 0
 
-    def add(self, topic: str, key: str | None, who: Subscriber, mode: int) -> bool:
-        """Subscribe (or change mode); True if the subscription is new."""
+    def add(self, topic: str, key: str | None, who: Subscriber, mode: int) -> str:
+        """Subscribe (or change mode). Returns the index's own copy of ``topic``
+        so that callers can store that one object instead of another copy
+        (a million subscriptions to few topics would otherwise hold a million
+        equal strings)."""
         keys = self.topics.get(topic)
         if keys is None:
             keys = self.topics[topic] = {}
+            self.names[topic] = topic
+        else:
+            topic = self.names[topic]
         subs = keys.get(key)
         if subs is None:
             subs = keys[key] = {}
-        new = who not in subs
+        if who not in subs:
+            self.count += 1
         subs[who] = mode
-        self.count += new
-        return new
+        return topic
 
     def remove(self, topic: str, key: str | None, who: Subscriber) -> bool:
         """Unsubscribe; True if there was something to remove. Empty levels go."""
@@ -48,6 +55,7 @@ class SubscriptionIndex:
             del keys[key]
             if not keys:
                 del self.topics[topic]
+                del self.names[topic]
         return True
 
     def match(self, topic: str, key: str | None) -> dict[Subscriber, int] | None:

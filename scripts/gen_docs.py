@@ -35,7 +35,8 @@ EXAMPLES: list[tuple[T, str, bytes]] = [
     (T.PUB, "producer d0..d0, sequence 7, floor 7, reliable, one message",
      wire.encode_pub(CID, COOKIE, PID, 7, 7, True, [MSG])),
     (T.PUBACK, "producer d0..d0 acknowledged through 7", wire.encode_puback(PID, 7)),
-    (T.MSGS, "stream 65537, sequence 1, one message", wire.encode_msgs(65537, 1, [MSG])),
+    (T.MSGS, "stream 65537, sequence 1, one reliable message from producer d0..d0, its seq 7",
+     wire.encode_msgs(65537, 1, [wire.pack_delivery("prices", "EUR", {"src": "ecb"}, b"1.08", PID, 7)])),
     (T.ACK, "stream 65537: processed through 1, also holds 3..4",
      wire.encode_ack(CID, COOKIE, 65537, 1, [[3, 4]])),
     (T.PING, "token 42", wire.encode_ping(CID, COOKIE, 42)),
@@ -46,6 +47,9 @@ EXAMPLES: list[tuple[T, str, bytes]] = [
     (T.REDIRECT, "go to n2 at 127.0.0.1:7402 (partitioned clusters)",
      wire.encode_redirect("n2", "127.0.0.1", 7402, "not_owner")),
     (T.ERROR, "bad_cookie", wire.encode_error(E.BAD_COOKIE, "send HELLO")),
+    (T.STATUS, "what does this node know?", wire.encode_status(CID, COOKIE)),
+    (T.STATUS_REPLY, "a (shortened) status map",
+     wire.encode_status_reply({"node": "n1", "state": "ready", "subscriptions": 3})),
 ]  # fmt: skip
 
 

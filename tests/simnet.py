@@ -31,7 +31,7 @@ class SimNet:
 
     def add_session(self, addr: tuple[str, int], cfg: ClientConfig | None = None) -> ClientSession:
         b = bytes([addr[1] % 256]) * 16
-        s = ClientSession(b, b[::-1], bytes([7]) + b[1:], cfg or ClientConfig(), self.now)
+        s = ClientSession(b, b[::-1], bytes([7]) + b[1:], cfg or ClientConfig(), self.now, node=NODE)
         self.sessions[addr] = s
         return s
 
@@ -55,8 +55,8 @@ class SimNet:
 
     def _pump_sessions(self) -> None:
         for addr, s in self.sessions.items():
-            for d in s.outgoing(self.now):
-                self._transmit(addr, NODE, d)
+            for dst, d in s.outgoing(self.now):
+                self._transmit(addr, dst, d)
 
     def run(self, until: float, step: float = 0.005, stop: Any = None) -> None:
         while self.now < until:
@@ -67,7 +67,7 @@ class SimNet:
                 if dst == NODE:
                     self._from_core(self.core.handle_datagrams([(data, src)], self.now))
                 elif dst in self.sessions:
-                    self.sessions[dst].handle_datagrams([data], self.now)
+                    self.sessions[dst].handle_datagrams([(data, src)], self.now)
                 self._pump_sessions()
             self.now = nxt
             self._from_core(self.core.tick(self.now))

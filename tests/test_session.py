@@ -14,12 +14,23 @@ SUB = ("127.0.0.1", 6001)
 PUB = ("127.0.0.1", 6002)
 
 
+NODE = ("127.0.0.1", 7400)
+
+
+def wrap(datagrams):
+    return [(d, NODE) for d in datagrams]
+
+
+def out(s, now):
+    return [d for _, d in s.outgoing(now)]
+
+
 def connected_session(now: float = 0.0) -> ClientSession:
-    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), now)
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), now, node=NODE)
     s.tick(now)
-    (hello,) = s.outgoing(now)
+    (hello,) = out(s, now)
     assert wire.decode_untrusted_frame(hello)[0] is T.HELLO
-    s.handle_datagrams([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": 0.5}, [])], now)
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": 0.5}, [])]), now)
     return s
 
 
@@ -27,11 +38,11 @@ def test_reliable_receive_drops_duplicates_and_reorders():
     s = connected_session()
     st = s.subscribe("t", None, Mode.RELIABLE)
     m = [wire.pack_message("t", None, None, b"%d" % i) for i in range(1, 7)]
-    s.handle_datagrams([wire.encode_msgs(5, 1, m[0:2])], 0.1)
-    s.handle_datagrams([wire.encode_msgs(5, 5, m[4:6])], 0.1)  # 3-4 missing
-    ack = [f for f in map(wire.decode_untrusted_frame, s.outgoing(0.1)) if f[0] is T.ACK][-1]
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 1, m[0:2])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 5, m[4:6])]), 0.1)  # 3-4 missing
+    ack = [f for f in map(wire.decode_untrusted_frame, out(s, 0.1)) if f[0] is T.ACK][-1]
     assert ack[4] == 2 and ack[5] == [(5, 6)]
-    s.handle_datagrams([wire.encode_msgs(5, 1, m[0:4])], 0.2)  # retransmit incl. duplicates
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 1, m[0:4])]), 0.2)  # retransmit incl. duplicates
     assert [x.payload for x in st.queue] == [b"1", b"2", b"3", b"4", b"5", b"6"]
     assert [x.sequence for x in st.queue] == [1, 2, 3, 4, 5, 6]
     assert s.duplicates == 2
@@ -41,9 +52,9 @@ def test_new_stream_resets_and_stale_stream_is_ignored():
     s = connected_session()
     st = s.subscribe("t", None, Mode.RELIABLE)
     p = wire.pack_message("t", None, None, b"x")
-    s.handle_datagrams([wire.encode_msgs(5, 1, [p])], 0.1)
-    s.handle_datagrams([wire.encode_msgs(6, 1, [p])], 0.1)
-    s.handle_datagrams([wire.encode_msgs(5, 2, [p])], 0.1)
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 1, [p])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_msgs(6, 1, [p])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 2, [p])]), 0.1)
     assert [(x.sequence) for x in st.queue] == [1, 1]
 
 
@@ -59,31 +70,31 @@ def test_node_silence_ends_subscriptions_with_node_lost():
 def test_command_batches_one_in_flight_and_retried():
     s = connected_session()
     s.subscribe("a", None, Mode.FIRE)
-    (first,) = s.outgoing(0.0)
+    (first,) = out(s, 0.0)
     s.subscribe("b", None, Mode.FIRE)
-    assert s.outgoing(0.0) == []  # one batch in flight
+    assert out(s, 0.0) == []  # one batch in flight
     s.tick(0.3)
-    (again,) = [d for d in s.outgoing(0.3) if wire.decode_untrusted_frame(d)[0] is T.CMDS]
+    (again,) = [d for d in out(s, 0.3) if wire.decode_untrusted_frame(d)[0] is T.CMDS]
     assert again == first  # the same batch id is retried
-    s.handle_datagrams([wire.encode_cmdack(1, [0])], 0.31)
-    (f,) = [f for f in map(wire.decode_untrusted_frame, s.outgoing(0.31)) if f[0] is T.CMDS]
+    s.handle_datagrams(wrap([wire.encode_cmdack(1, [0])]), 0.31)
+    (f,) = [f for f in map(wire.decode_untrusted_frame, out(s, 0.31)) if f[0] is T.CMDS]
     assert f[3] == 2 and f[4] == [(1, "b", None, 0)]
 
 
 def test_refused_subscription_has_a_reason():
     s = connected_session()
     st = s.subscribe("a", None, Mode.FIRE)
-    s.outgoing(0.0)
-    s.handle_datagrams([wire.encode_cmdack(1, [10])], 0.1)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_cmdack(1, [10])]), 0.1)
     assert st.reason == "refused: overloaded"
 
 
 def test_bad_cookie_error_makes_the_session_say_hello_again():
     s = connected_session()
-    s.handle_datagrams([wire.encode_error(wire.E.BAD_COOKIE, "x")], 0.1)
+    s.handle_datagrams(wrap([wire.encode_error(wire.E.BAD_COOKIE, "x")]), 0.1)
     assert not s.connected
     s.tick(0.1)
-    assert wire.decode_untrusted_frame(s.outgoing(0.1)[0])[0] is T.HELLO
+    assert wire.decode_untrusted_frame(out(s, 0.1)[0])[0] is T.HELLO
 
 
 @pytest.mark.parametrize("seed", range(12))

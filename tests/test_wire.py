@@ -30,7 +30,8 @@ EVERY_FRAME = {
         (T.PUB, CID, COOKIE, PID, 5, 3, True, [("t", "k", {"a": "b"}, b"\x00payload")]),
     ),
     T.PUBACK: (wire.encode_puback(PID, 5), (T.PUBACK, PID, 5)),
-    T.MSGS: (wire.encode_msgs(9, 1, [M, M]), (T.MSGS, 9, 1, [("t", "k", {"a": "b"}, b"\x00payload")] * 2)),
+    T.MSGS: (wire.encode_msgs(9, 1, [M, wire.pack_delivery("t", None, None, b"r", PID, 4)]),
+             (T.MSGS, 9, 1, [("t", "k", {"a": "b"}, b"\x00payload"), ("t", None, None, b"r", PID, 4)])),
     T.ACK: (wire.encode_ack(CID, COOKIE, 9, 4, [[6, 8]]), (T.ACK, CID, COOKIE, 9, 4, [(6, 8)])),
     T.PING: (wire.encode_ping(CID, COOKIE, 3), (T.PING, CID, COOKIE, 3)),
     T.PONG: (
@@ -41,6 +42,9 @@ EVERY_FRAME = {
     T.REDIRECT: (wire.encode_redirect("n2", "127.0.0.1", 7402, "not_owner"),
                  (T.REDIRECT, "n2", "127.0.0.1", 7402, "not_owner")),
     T.ERROR: (wire.encode_error(E.BAD_COOKIE, "send HELLO"), (T.ERROR, E.BAD_COOKIE, "send HELLO")),
+    T.STATUS: (wire.encode_status(CID, COOKIE), (T.STATUS, CID, COOKIE)),
+    T.STATUS_REPLY: (wire.encode_status_reply({"node": "n1", "subscriptions": 3}),
+                     (T.STATUS_REPLY, {"node": "n1", "subscriptions": 3})),
 }  # fmt: skip
 
 

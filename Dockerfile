@@ -1,0 +1,37 @@
+# Roost broker image. Used by docker-compose.yml for the 3-member cluster in
+# configs/cluster3.toml; see docs/docker.md.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Install the project (non-editable), then drop the sources.
+WORKDIR /src
+COPY . .
+RUN pip install --no-cache-dir . \
+    && cd / \
+    && rm -rf /src
+
+# Non-root user. The data directories exist in the image, owned by that user,
+# so a fresh named volume mounted on one of them inherits that ownership
+# (Docker copies the mount point's contents and owner into an empty volume).
+RUN groupadd --system --gid 10001 roost \
+    && useradd --system --uid 10001 --gid roost --home-dir /var/lib/roost \
+        --no-create-home --shell /usr/sbin/nologin roost \
+    && mkdir -p /etc/roost \
+        /var/lib/roost/run/data/n1 /var/lib/roost/run/data/n2 /var/lib/roost/run/data/n3 \
+    && chown -R roost:roost /var/lib/roost
+
+# Relative data_dir values in the config (run/data/<id>) resolve against this.
+WORKDIR /var/lib/roost
+USER roost
+
+# Client ports (UDP) and peer ports (TCP) of configs/cluster3.toml.
+EXPOSE 7401/udp 7402/udp 7403/udp
+EXPOSE 7501/tcp 7502/tcp 7503/tcp
+
+# The node exits cleanly on SIGTERM (the compose file's stop_signal).
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["roost"]
+CMD ["--help"]
