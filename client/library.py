@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
@@ -66,6 +67,7 @@ class Client:
         self.session = ClientSession(
             self.client_id, os.urandom(16), os.urandom(16), self.config, trio.current_time(),
             node=self.node, members=[_addr(m) for m in members or []],
+            session_epoch=int(time.time() * 1000),
         )  # fmt: skip
         self._sock: socket.socket | None = None
         self._nursery: trio.Nursery | None = None
@@ -261,8 +263,6 @@ class Subscription:
         st = self._st
         if st is not None and st.reason is None:
             self.client.session.unsubscribe(self.topic, self.key)
-            self.client.session.consumed(len(st.queue))
-            st.queue.clear()
             self.client._kick()
 
     @property
@@ -288,7 +288,7 @@ class Subscription:
             await c._until(lambda: bool(st.queue) or st.reason is not None)
             if not st.queue:
                 raise StopAsyncIteration
-        c.session.consumed()
+        c.session.consumed(st)
         c._since_yield += 1
         if c._since_yield >= 64:  # let the I/O loop run during long bursts
             c._since_yield = 0

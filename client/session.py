@@ -24,6 +24,7 @@ from client import wire
 from client.wire import E, Mode, Op, Reason, T, WireError
 
 Addr = tuple[str, int]
+SESSION_SHIFT = 20  # batch id = session_epoch << 20 | counter (node/core.py agrees)
 
 
 @dataclass
@@ -66,13 +67,14 @@ class Message(NamedTuple):
 
 
 class SubState:
-    __slots__ = ("mode", "confirmed", "reason", "queue")
+    __slots__ = ("mode", "confirmed", "reason", "queue", "counted")
 
     def __init__(self, mode: int) -> None:
         self.mode = mode
         self.confirmed = False
         self.reason: str | None = None  # set once the subscription has ended
         self.queue: deque[Message] = deque()
+        self.counted = True  # its queue counts towards ClientSession.buffered
 
 
 class RecvStream:
@@ -91,8 +93,11 @@ class ClientSession:
     def __init__(
         self, client_id: bytes, producer_id: bytes, fire_producer_id: bytes,
         config: ClientConfig, now: float, node: Addr = ("127.0.0.1", 7400),
-        members: list[Addr] | None = None,
+        members: list[Addr] | None = None, session_epoch: int = 0,
     ) -> None:  # fmt: skip
+        """``session_epoch`` (the shell passes Unix milliseconds) goes into the
+        high bits of command batch ids, so a node can tell a restarted client
+        process that reuses its client id from a retry of the old one."""
         self.cid = client_id
         self.cfg = config
         self.max_datagram = config.max_datagram
@@ -117,12 +122,13 @@ class ClientSession:
         self.queued: list[tuple[int, str, str | None, int]] = []
         self.inflight: tuple[int, list[tuple[int, str, str | None, int]]] | None = None
         self.inflight_at = 0.0
-        self.next_batch = 1
+        self.next_batch = (session_epoch << SESSION_SHIFT) + 1
         self.confirmed_token = 0  # ping token current when a CMDACK last arrived
         # reliable receive: one sequence space per delivering node
         self.streams: dict[Addr, RecvStream] = {}
         self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
         self.buffered = 0
+        self.held = False  # in-order messages wait in ``ooo`` for buffer room
         self.duplicates = 0
         # publishing
         self.pid = producer_id
@@ -149,6 +155,7 @@ class ClientSession:
         old = self.subs.get((topic, key))
         if old is not None and old.reason is None:
             old.reason = Reason.UNSUBSCRIBED  # replaced: last command wins
+            self._detach(old)
         self.subs[(topic, key)] = st
         self.queued.append((Op.SUB, topic, key, mode))
         return st
@@ -157,7 +164,16 @@ class ClientSession:
         st = self.subs.pop((topic, key), None)
         if st is not None and st.reason is None:
             st.reason = Reason.UNSUBSCRIBED
+            self._detach(st)
+            st.queue.clear()
         self.queued.append((Op.UNSUB, topic, key, Mode.FIRE))
+
+    def _detach(self, st: SubState) -> None:
+        """An ended subscription's queue no longer counts as buffered; what is
+        in it stays readable by the application."""
+        if st.counted:
+            st.counted = False
+            self.buffered -= len(st.queue)
 
     def publish(
         self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool
@@ -181,8 +197,25 @@ class ClientSession:
     def window_full(self) -> bool:
         return len(self.unacked) >= self.cfg.pub_window
 
-    def consumed(self, n: int = 1) -> None:
-        self.buffered -= n
+    def consumed(self, st: SubState) -> None:
+        """The application took one message from ``st``'s queue."""
+        if st.counted:
+            self.buffered -= 1
+            if self.held and self.buffered < self.cfg.max_buffered:
+                self.held = False
+                self._drain_held()
+
+    def _drain_held(self) -> None:
+        """Room again: deliver what waited in order behind a full buffer."""
+        limit = self.cfg.max_buffered
+        for rs in self.streams.values():
+            while rs.expected in rs.ooo:
+                if self.buffered >= limit:
+                    self.held = True
+                    return
+                self._deliver(rs.ooo.pop(rs.expected), rs.expected)
+                rs.expected += 1
+                rs.need_ack = True
 
     # ------------------------------------------------------------ input
 
@@ -200,13 +233,6 @@ class ClientSession:
             if src == self.node:
                 self.last_heard = now
             self._on_frame(f, src, now)
-        if self.cookie is not None:
-            for src, rs in self.streams.items():
-                if rs.need_ack:
-                    rs.need_ack = False
-                    sack = _ranges(sorted(rs.ooo))
-                    ack = wire.encode_ack(self.cid, self.cookie, rs.stream, rs.expected - 1, sack)
-                    self._out.append((src, ack))
 
     def _on_frame(self, f: tuple[Any, ...], src: Addr, now: float) -> None:
         ftype = f[0]
@@ -269,14 +295,16 @@ class ClientSession:
         seq = first
         limit = self.cfg.max_buffered
         for m in msgs:
-            if seq == rs.expected:
-                if self.buffered >= limit:
-                    break  # not acknowledged: the node resends later
+            if seq == rs.expected and self.buffered < limit:
                 self._deliver(m, seq)
                 rs.expected += 1
                 while rs.expected in rs.ooo and self.buffered < limit:
                     self._deliver(rs.ooo.pop(rs.expected), rs.expected)
                     rs.expected += 1
+                if rs.expected in rs.ooo:
+                    self.held = True
+            elif seq == rs.expected:
+                break  # buffer full: not acknowledged, the node resends later
             elif seq < rs.expected or seq in rs.ooo:
                 self.duplicates += 1
             elif len(rs.ooo) < self.cfg.pub_window * 4:
@@ -335,8 +363,11 @@ class ClientSession:
 
     def _on_pong(self, token: int, known: bool, cookie: bytes, cancels: list[tuple[Any, ...]]) -> None:
         self.cookie = cookie
-        for topic, key, reason in cancels:
-            self._on_cancel(topic, key, reason)
+        if token > self.confirmed_token:
+            # (a PONG older than our last CMDACK may list a cancellation we
+            # already confirmed, of a subscription we have since renewed)
+            for topic, key, reason in cancels:
+                self._on_cancel(topic, key, reason)
         if not known and token > self.confirmed_token and self.inflight is None and not self.queued:
             # The node has no state for us although it confirmed our
             # subscriptions: it dropped us (subscriber_timeout). Messages were
@@ -355,6 +386,7 @@ class ClientSession:
     def _end(self, topic: str, key: str | None, reason: str) -> None:
         st = self.subs.pop((topic, key))
         st.reason = reason
+        self._detach(st)
         self.events.append(("cancelled", topic, key, reason))
 
     # ------------------------------------------------------------ time
@@ -394,7 +426,6 @@ class ClientSession:
         self.cookie = None
         self.next_hello = now
         self.last_heard = now
-        self.streams.pop(self.node, None)
         if not self.lost:
             self.failovers += 1
             self._resume_elsewhere()
@@ -433,6 +464,11 @@ class ClientSession:
         """Everything to send now, with its destination."""
         cookie = self.cookie
         if cookie is not None:
+            for src, rs in self.streams.items():
+                if rs.need_ack:
+                    rs.need_ack = False
+                    sack = _ranges(sorted(rs.ooo))
+                    self._out.append((src, wire.encode_ack(self.cid, cookie, rs.stream, rs.expected - 1, sack)))
             if self.inflight is None and self.queued:
                 batch, self.queued = self.queued[:256], self.queued[256:]
                 self.inflight = (self.next_batch, batch)

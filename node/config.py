@@ -85,6 +85,8 @@ SETTINGS: list[Setting] = [
             _num(16, 10_000_000),
             "Reliable messages a subscriber may have unacknowledged before its "
             "reliable subscriptions are cancelled with out_of_capacity."),
+    Setting("limits", "mailbox_max_bytes", 64 * 1024 * 1024, int, "an integer from 65536 to 2**40",
+            _num(65536, 2**40), "Bytes of unacknowledged reliable messages one subscriber may hold."),
     Setting("limits", "send_window", 4096, int, "an integer from 1 to 1000000",
             _num(1, 1_000_000),
             "Reliable messages sent to one subscriber but not yet acknowledged."),
@@ -97,6 +99,10 @@ SETTINGS: list[Setting] = [
             _num(0, 100_000_000), "Text-protocol subscriptions (address, topic) a node keeps."),
     Setting("limits", "max_producers", 100000, int, "an integer from 1 to 100000000",
             _num(1, 100_000_000), "Producers whose sequence numbers are remembered for dedup."),
+    Setting("limits", "max_per_host", 10000, int, "an integer from 1 to 100000000",
+            _num(1, 100_000_000),
+            "Binary clients, and producers, one source IP may have on a node: one host "
+            "cannot use up max_clients or max_producers for everybody."),
     Setting("timeouts", "subscriber_timeout", 10.0, float, "a number of seconds from 0.1 to 86400",
             _num(0.1, 86400),
             "A binary client silent this long (no PING, ACK or command) is dropped "
@@ -132,6 +138,8 @@ class NodeConfig:
     log_level: str
     max_datagram: int
     mailbox_capacity: int
+    mailbox_max_bytes: int
+    max_per_host: int
     send_window: int
     max_clients: int
     max_subscriptions_per_client: int

@@ -57,6 +57,8 @@ AMPLIFICATION = 3
 DIGEST_BUCKETS = 256
 # Why a tombstone was written (bits 2-3 of its version).
 REASON_UNSUBSCRIBED, REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT = 0, 1, 2
+# Command batch ids are (session start in ms) << SESSION_SHIFT | counter.
+SESSION_SHIFT = 20
 
 
 def _key_hash(who: Any, tk: tuple[str, str | None] | None) -> tuple[int, int]:
@@ -133,7 +135,8 @@ class BrokerCore:
         self.members = members or [[config.id, *config.client_addr]]
         self.index = SubscriptionIndex()
         self.clients: dict[Any, ClientState] = {}
-        self.producers: dict[bytes, list[float]] = {}  # pid -> [acked_seq, last_seen]
+        self.producers: dict[bytes, list[Any]] = {}  # pid -> [acked_seq, last_seen, host]
+        self._per_host: Counter[str] = Counter()  # producers + binary clients per source IP
         self.text_leases: dict[tuple[Addr, str], float] = {}
         self.text_subs = 0
         self.metrics: Counter[str] = Counter()
@@ -256,8 +259,11 @@ class BrokerCore:
         verb, topic, body = parse_untrusted_text(data)
         wire.check_topic(topic)
         if verb == "PUB":
+            payload = body.encode()
+            if len(payload) + len(topic) + wire.MSGS_HEADER_MAX + 16 > self._max:
+                raise WireError(E.TOO_LARGE, "body too large to be delivered in one datagram")
             self.metrics["published"] += 1
-            self._publish(topic, None, None, body.encode(), None)
+            self._publish(topic, None, None, payload, None)
             return
         tk = (topic, None)
         c = self.clients.get(addr)
@@ -356,7 +362,10 @@ class BrokerCore:
         if st is None:
             if len(self.producers) >= self.cfg.max_producers:
                 raise WireError(E.OVERLOADED, "too many producers on this node")
-            st = self.producers[pid] = [0, now]
+            if self._per_host[addr[0]] >= self.cfg.max_per_host:
+                raise WireError(E.OVERLOADED, "too many producers and clients from this host")
+            self._per_host[addr[0]] += 1
+            st = self.producers[pid] = [0, now, addr[0]]
             self._timer(now + self.cfg.producer_timeout, _PRODUCER, pid)
         st[1] = now
         acked = int(st[0])
@@ -451,6 +460,16 @@ class BrokerCore:
         cmds: list[tuple[int, str, str | None, int]],
         now: float,
     ) -> None:
+        if c is not None and batch >> SESSION_SHIFT != c.last_batch >> SESSION_SHIFT and c.last_batch >= 0:
+            # The same client id from a new client session (a restarted
+            # process): what the old one subscribed is not this one's.
+            self._log("info", "client_restarted", client=cid.hex())
+            for tk, v in list(c.subs.items()):
+                if v & versions.PRESENT:
+                    self._write(c, tk, False, v & versions.RELIABLE, now)
+            c.mailbox = None
+            c.cancelled.clear()
+            c.last_batch = -1
         if c is not None and batch <= c.last_batch:
             # A retry of a batch already applied: applying it again could undo
             # a later command, so only repeat the answer.
@@ -459,6 +478,9 @@ class BrokerCore:
         if c is None:
             if len(self.clients) >= self.cfg.max_clients:
                 raise WireError(E.OVERLOADED, "too many clients on this node")
+            if self._per_host[addr[0]] >= self.cfg.max_per_host:
+                raise WireError(E.OVERLOADED, "too many producers and clients from this host")
+            self._per_host[addr[0]] += 1
             c = self._new_client(cid, addr, now)
             self._log("info", "client_new", client=cid.hex(), addr=_fmt(addr))
         results = []
@@ -527,7 +549,7 @@ class BrokerCore:
             if mode and c.mailbox is None and c.cid.__class__ is bytes:
                 c.mailbox = Mailbox(
                     self._new_stream(), self.cfg.mailbox_capacity,
-                    self.cfg.retransmit_timeout, self.cfg.retransmit_max,
+                    self.cfg.retransmit_timeout, self.cfg.retransmit_max, self.cfg.mailbox_max_bytes,
                 )  # fmt: skip
             if not old & versions.PRESENT:
                 c.live += 1
@@ -542,6 +564,16 @@ class BrokerCore:
             c.subs[tk] = version
         else:
             c.subs.pop(tk, None)  # a single node needs no tombstones
+        live_reliable = versions.PRESENT | versions.RELIABLE
+        if (
+            c.mailbox is not None
+            and old & live_reliable == live_reliable
+            and version & live_reliable != live_reliable
+            and not any(v & live_reliable == live_reliable for v in c.subs.values())
+        ):
+            # No reliable subscription left: forget the stream, so that the
+            # next one starts a fresh stream at sequence 1.
+            c.mailbox = None
         if self.replicating:
             b, h = _key_hash(c.cid, tk)
             self.digest[b] ^= _mix(h, old) ^ _mix(h, version)
@@ -643,6 +675,8 @@ class BrokerCore:
                 b, h = _key_hash(cid, None)
                 self.digest[b] ^= _mix(h, c.cver)
                 del self.clients[cid]
+                if cid.__class__ is bytes and c.home == self.node_id:
+                    self._forget_host(c.addr[0])
         return gone
 
     def _new_stream(self) -> int:
@@ -656,23 +690,31 @@ class BrokerCore:
         if mb is None or stream != mb.stream_id:
             self.metrics["ack_stale"] += 1
             return
-        if mb.on_ack(max_seq, sack, now) and mb.rto_at is not None:
-            self._timer(mb.rto_at, _RTO, c.cid)
+        mb.on_ack(max_seq, sack, now)
+        self._arm(c, mb)
         if sack:
             self._resend(c, mb, mb.fast_retransmit(now))
         if len(mb) > mb.sent - mb.acked and not c.dirty:
             c.dirty = True
             self._dirty.append(c)
 
+    def _arm(self, c: ClientState, mb: Mailbox) -> None:
+        """Keep one timer entry per mailbox; it re-arms itself when it fires early."""
+        if mb.rto_at is not None and not mb.armed:
+            mb.armed = True
+            self._timer(mb.rto_at, _RTO, c.cid)
+
     def _on_rto(self, cid: bytes, at: float, now: float) -> None:
         c = self.clients.get(cid)
-        if c is None or c.mailbox is None or c.mailbox.rto_at != at:
-            return  # stale timer entry
+        if c is None or c.mailbox is None:
+            return
         mb = c.mailbox
-        runs = mb.on_timeout(now)
-        if mb.rto_at is not None:
-            self._timer(mb.rto_at, _RTO, cid)
-        self._resend(c, mb, runs)
+        mb.armed = False
+        if mb.rto_at is None:
+            return
+        if mb.rto_at <= now:
+            self._resend(c, mb, mb.on_timeout(now))
+        self._arm(c, mb)
 
     def _resend(self, c: ClientState, mb: Mailbox, runs: list[tuple[int, list[bytes]]]) -> None:
         for first, entries in runs:
@@ -701,6 +743,14 @@ class BrokerCore:
         c.local = False
         if not self.replicating:
             del self.clients[c.cid]
+            self._forget_host(c.addr[0])
+
+    def _forget_host(self, host: str) -> None:
+        n = self._per_host[host] - 1
+        if n > 0:
+            self._per_host[host] = n
+        else:
+            del self._per_host[host]
 
     def _on_producer(self, pid: bytes, now: float) -> None:
         st = self.producers.get(pid)
@@ -711,6 +761,7 @@ class BrokerCore:
             self._timer(expires, _PRODUCER, pid)
         else:
             del self.producers[pid]
+            self._forget_host(st[2])
 
     def _timer(self, at: float, kind: int, key: Any) -> None:
         heapq.heappush(self._timers, (at, kind, key))
@@ -730,12 +781,10 @@ class BrokerCore:
                 c.fire = []
             mb = c.mailbox
             if mb is not None:
-                had_timer = mb.rto_at is not None
                 first, entries = mb.take_new(window, now)
                 if entries:
                     self._emit(c.addr, mb.stream_id, first, entries)
-                    if not had_timer and mb.rto_at is not None:
-                        self._timer(mb.rto_at, _RTO, c.cid)
+                    self._arm(c, mb)
         self._dirty.clear()
 
     def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:

@@ -20,12 +20,17 @@ from __future__ import annotations
 class Mailbox:
     __slots__ = (
         "stream_id", "acked", "buf", "base", "sent", "sacked", "capacity",
-        "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at",
+        "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at", "armed", "nbytes", "max_bytes",
     )  # fmt: skip
 
-    def __init__(self, stream_id: int, capacity: int, rto: float, rto_max: float) -> None:
+    def __init__(
+        self, stream_id: int, capacity: int, rto: float, rto_max: float, max_bytes: int = 1 << 62
+    ) -> None:
         self.stream_id = stream_id
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.nbytes = 0  # bytes of unacknowledged messages held
+        self.armed = False  # a timer entry for rto_at (or earlier) is pending
         self.rto_base = rto
         self.rto_max = rto_max
         self.acked = 0  # highest cumulatively acknowledged sequence
@@ -45,9 +50,10 @@ class Mailbox:
         return self.acked + len(self) + 1
 
     def push(self, packed: bytes) -> bool:
-        if len(self.buf) - self.base >= self.capacity:
+        if len(self.buf) - self.base >= self.capacity or self.nbytes + len(packed) > self.max_bytes:
             return False
         self.buf.append(packed)
+        self.nbytes += len(packed)
         return True
 
     def take_new(self, window: int, now: float) -> tuple[int, list[bytes]]:
@@ -70,6 +76,7 @@ class Mailbox:
         if max_seq > self.acked:
             max_seq = min(max_seq, self.sent)
             n = max_seq - self.acked
+            self.nbytes -= sum(map(len, self.buf[self.base : self.base + n]))
             self.base += n
             self.acked = max_seq
             if self.base > 4096 and self.base * 2 > len(self.buf):
@@ -78,11 +85,16 @@ class Mailbox:
             if self.sacked:
                 self.sacked = {s for s in self.sacked if s > max_seq}
             progressed = n > 0
-        for lo, hi in sack:
-            lo = max(lo, self.acked + 1)
-            hi = min(hi, self.sent)
-            if hi - lo < 100_000:
-                self.sacked.update(range(lo, hi + 1))
+        if sack:
+            # Merge the ranges first: overlapping or repeated ranges must not
+            # multiply the work (an ACK could otherwise cost milliseconds).
+            top = self.acked
+            for lo, hi in sorted(sack):
+                lo = max(lo, top + 1)
+                hi = min(hi, self.sent)
+                if lo <= hi:
+                    self.sacked.update(range(lo, hi + 1))
+                    top = hi
         if progressed:
             self.rto = self.rto_base
             self.rto_at = now + self.rto if self.sent > self.acked else None

@@ -426,3 +426,61 @@ def test_every_error_code(code):
         (reply,) = out
         f = wire.decode_untrusted_frame(reply.data)
         assert f[0] is T.ERROR and f[1] == code
+
+
+def test_a_restarted_client_with_the_same_id_starts_clean():
+    core = make_core()
+    old, pub = connect(core, A, B)
+    old.send(wire.encode_cmds(old.cid, old.cookie, (1 << 20) + 1, [(1, "a", None, 1), (1, "b", None, 1)]), 0.0)
+    first_stream = delivered(pub.pub([("a", b"x")]), A)[0][0]
+    # a new process, same client id, new session epoch, batch counter from 1
+    (ack,) = frames_to(old.send(wire.encode_cmds(old.cid, old.cookie, (2 << 20) + 1, [(1, "x", None, 1)]), 1.0), A)
+    assert ack[0] is T.CMDACK and ack[2] == [0]
+    assert core.clients[old.cid].modes() == {("x", None): Mode.RELIABLE}
+    got = delivered(pub.pub([("x", b"y"), ("a", b"z")], now=1.1), A)
+    assert [(s, p) for _, s, p in got] == [(1, b"y")] and got[0][0] > first_stream
+
+
+def test_dropping_the_last_reliable_subscription_forgets_the_stream():
+    core = make_core()
+    sub, pub = connect(core, A, B)
+    sub.sub("t")
+    s1 = delivered(pub.pub([("t", b"1"), ("t", b"2")]), A)[0][0]
+    sub.cmds([(0, "t", None, 0)])
+    sub.sub("t")
+    got = delivered(pub.pub([("t", b"3")]), A)
+    assert got[0][0] > s1 and got[0][1] == 1
+
+
+def test_repeated_sack_ranges_cost_no_more_than_one():
+    from node.mailbox import Mailbox
+
+    mb = Mailbox(1, 10_000, 0.2, 2.0)
+    for i in range(5000):
+        mb.push(b"%d" % i)
+    mb.take_new(5000, 0.0)
+    mb.on_ack(0, [(1, 5000)] * 64, 0.0)
+    assert len(mb.sacked) == 5000 and mb.acked == 0
+
+
+def test_one_host_cannot_take_every_producer_slot():
+    core = make_core(max_per_host=3)
+    fc = FakeClient(core, FAR)
+    fc.hello()
+    codes = []
+    for i in range(5):
+        msg = wire.pack_message("t", None, None, b"")
+        data = wire.encode_pub(fc.cid, fc.cookie, bytes([i]) * 16, 1, 1, False, [msg])
+        codes += [f[1] for f in frames_to(fc.send(data, 0.0), FAR) if f[0] is T.ERROR]
+    assert codes == [E.OVERLOADED, E.OVERLOADED] and len(core.producers) == 3
+    other = FakeClient(core, B)
+    other.hello()
+    other.pub([("t", b"fine")])
+    assert len(core.producers) == 4
+
+
+def test_text_pub_that_cannot_be_delivered_in_one_datagram_is_refused():
+    core = make_core(max_datagram=2000)
+    text(core, b"SUB t\n")
+    (reply,) = sends(text(core, b"PUB t " + b"x" * 1990, addr=B))
+    assert reply.data.startswith(b"ERR too_large")

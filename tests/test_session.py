@@ -162,3 +162,56 @@ def test_forgotten_client_learns_timed_out():
     net.partitioned.clear()
     net.run(net.now + 2.0)
     assert st.reason == Reason.TIMED_OUT
+
+
+def test_slow_consumer_and_a_lost_datagram_do_not_stall_the_stream():
+    """Messages held behind a full buffer are delivered once the app reads."""
+    cfg = ClientConfig(max_buffered=4)
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg, 0.0, node=NODE)
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), 0.0)
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    m = [wire.pack_message("t", None, None, b"%d" % i) for i in range(1, 10)]
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 5, m[4:9])]), 0.1)  # 1-4 lost
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 1, m[0:4])]), 0.2)  # resent: buffer now full
+    got = []
+    while st.queue:
+        got.append(st.queue.popleft().payload)
+        s.consumed(st)
+    assert got == [b"%d" % i for i in range(1, 10)]
+    ack = [f for f in map(wire.decode_untrusted_frame, out(s, 0.3)) if f[0] is T.ACK][-1]
+    assert ack[4] == 9 and ack[5] == []
+
+
+def test_a_late_pong_cannot_cancel_a_renewed_subscription():
+    s = connected_session()
+    s.subscribe("t", None, Mode.RELIABLE)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_cmdack(1, [0])]), 0.01)
+    # the node cancelled "t"; the client confirmed, then subscribed again (batch 2)
+    renewed = s.subscribe("t", None, Mode.RELIABLE)
+    out(s, 0.02)
+    s.tick(0.6)  # PING token 1 goes out while batch 2 is in flight
+    s.handle_datagrams(wrap([wire.encode_cmdack(2, [0])]), 0.61)  # batch 2 applied
+    # a PONG generated before the node saw batch 2 still lists the old cancellation
+    s.handle_datagrams(wrap([wire.encode_pong(1, True, b"k" * 16, [["t", None, "out_of_capacity"]])]), 0.62)
+    assert renewed.reason is None and renewed.confirmed
+
+
+def test_an_ended_subscription_does_not_keep_the_buffer_full():
+    cfg = ClientConfig(max_buffered=3)
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg, 0.0, node=NODE)
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), 0.0)
+    old = s.subscribe("t", None, Mode.FIRE)
+    p = wire.pack_message("t", None, None, b"x")
+    s.handle_datagrams(wrap([wire.encode_msgs(0, 0, [p, p, p])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_cancel("t", None, "out_of_capacity")]), 0.1)
+    assert old.reason == "out_of_capacity" and len(old.queue) == 3  # still readable
+    new = s.subscribe("t", None, Mode.FIRE)
+    s.handle_datagrams(wrap([wire.encode_msgs(0, 0, [p])]), 0.2)
+    assert len(new.queue) == 1
+
+
+def test_batch_ids_carry_the_session_epoch():
+    a = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=1000)
+    b = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=2000)
+    assert b.next_batch >> 20 == 2000 and a.next_batch >> 20 == 1000
