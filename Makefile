@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check client node scripts tests
+	$(BIN)/ruff check client node cluster scripts tests
 	$(BIN)/mypy
 	$(BIN)/pytest
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -26,6 +27,11 @@ def add_client_commands(sub: Any) -> None:
     s.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="give up after S seconds (non-zero exit if --count was not reached)")
     s.set_defaults(func=cmd_sub)
+
+    st = sub.add_parser("status", help="show a node's view of itself and its cluster")
+    st.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
+    st.add_argument("--json", action="store_true", help="print the status map as JSON")
+    st.set_defaults(func=cmd_status)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -93,6 +99,28 @@ def cmd_sub(args: argparse.Namespace) -> int:
                     print(f"roost sub: timed out after {args.timeout} s with {got} of "
                           f"{args.count} messages", file=sys.stderr)
                     return 1
+        return 0
+
+    return _run(main)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with Client(_node(args.node), config=ClientConfig(node_timeout=2.0)) as c:
+            status = await c.status()
+        if args.json:
+            print(json.dumps(status, indent=2, sort_keys=True))
+            return 0
+        members = status.get("members") or [
+            {"id": status["node"], "state": status.get("state", "ready"), "subscriptions": status["subscriptions"],
+             "clients": status["clients"], "queue": 0, "client_addr": args.node}
+        ]  # fmt: skip
+        print(f"node {status['node']} ({status.get('state', 'ready')}), "
+              f"{status.get('mode', 'single')}, {len(members)} member(s)")  # fmt: skip
+        print(f"{'ID':8} {'STATE':8} {'SUBSCRIPTIONS':>13} {'CLIENTS':>8} {'QUEUE':>8}  CLIENT ADDR")
+        for m in members:
+            print(f"{m['id']:8} {m['state']:8} {m['subscriptions']:>13} {m['clients']:>8} {m['queue']:>8}  "
+                  f"{m['client_addr']}")  # fmt: skip
         return 0
 
     return _run(main)

@@ -223,6 +223,17 @@ class Client:
 
         return await self._until(done, trio.current_time() + timeout) and not s.lost
 
+    async def status(self, timeout: float = 3.0) -> dict[str, Any]:
+        """The node's status map (what ``roost status`` prints)."""
+        s = self.session
+        s.last_status = None
+        s.status_request()
+        self._kick()
+        if not await self._until(lambda: s.last_status is not None, trio.current_time() + timeout):
+            raise NodeLost("no STATUS reply from the node")
+        assert s.last_status is not None
+        return s.last_status
+
     # ------------------------------------------------------------ subscribing
 
     def subscribe(self, topic: str, key: str | None = None, mode: str = "reliable") -> Subscription:

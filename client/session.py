@@ -116,6 +116,7 @@ class ClientSession:
         self.failed_attempts = 0  # nodes tried in a row without an answer
         self.failovers = 0
         self.events: list[tuple[Any, ...]] = []
+        self.last_status: dict[str, Any] | None = None
         self._out: list[tuple[Addr, bytes]] = []
         # commands
         self.subs: dict[tuple[str, str | None], SubState] = {}
@@ -258,7 +259,7 @@ class ClientSession:
                 self.next_hello = now
             self.events.append(("error", f[1], f[2]))
         elif ftype is T.STATUS_REPLY:
-            self.events.append(("status", f[1]))
+            self.last_status = f[1]
 
     def _on_welcome(self, node_id: str, cookie: bytes, params: dict[str, Any], members: list[Any]) -> None:
         self.node_id, self.cookie, self.members = node_id, cookie, members

@@ -123,8 +123,6 @@ SETTINGS: list[Setting] = [
             _num(0.01, 60), "Told to clients in WELCOME: how often to PING while subscribed."),
 ]  # fmt: skip
 
-_BY_KEY = {(s.section, s.key): s for s in SETTINGS}
-
 
 class NodeConfig:
     """The validated configuration of one node; attribute names are the TOML keys.
@@ -164,11 +162,14 @@ class NodeConfig:
         self.source = "<defaults>"
 
 
-def validate_value(source: str, section: str, key: str, value: Any) -> Any:
-    """Check one TOML value against SETTINGS; returns it converted."""
-    s = _BY_KEY.get((section, key))
+def validate_value(
+    source: str, section: str, key: str, value: Any, table: list[Setting] | None = None
+) -> Any:
+    """Check one TOML value against a settings table; returns it converted."""
+    table = SETTINGS if table is None else table
+    s = next((x for x in table if x.section == section and x.key == key), None)
     if s is None:
-        known = ", ".join(x.key for x in SETTINGS if x.section == section)
+        known = ", ".join(x.key for x in table if x.section == section)
         raise ConfigError(f"{source}: [{section}] {key}: unknown key; known keys: {known}")
     v = value
     if s.kind is float and isinstance(v, int) and not isinstance(v, bool):
@@ -180,14 +181,17 @@ def validate_value(source: str, section: str, key: str, value: Any) -> Any:
     return v
 
 
-def apply_sections(cfg: Any, source: str, data: dict[str, Any], sections: tuple[str, ...]) -> None:
+def apply_sections(
+    cfg: Any, source: str, data: dict[str, Any], sections: tuple[str, ...],
+    table: list[Setting] | None = None,
+) -> None:  # fmt: skip
     """Validate the given sections of a parsed TOML table into ``cfg``."""
     for section in sections:
-        table = data.get(section, {})
-        if not isinstance(table, dict):
+        values = data.get(section, {})
+        if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
-        for key, value in table.items():
-            setattr(cfg, key, validate_value(source, section, key, value))
+        for key, value in values.items():
+            setattr(cfg, key, validate_value(source, section, key, value, table))
 
 
 NODE_SECTIONS = ("node", "limits", "timeouts")
@@ -204,13 +208,13 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
 
 
-def load_node_config(path: str | Path | None) -> NodeConfig:
+def load_node_config(path: str | Path | None, data: dict[str, Any] | None = None) -> NodeConfig:
     """Load and validate a single-node config; no path means all defaults."""
     cfg = NodeConfig()
     if path is None:
         return cfg
     source = str(path)
-    data = read_toml(path)
+    data = read_toml(path) if data is None else data
     extra = set(data) - set(NODE_SECTIONS)
     if extra:
         raise ConfigError(
@@ -241,9 +245,9 @@ def check_consistency(cfg: NodeConfig, source: str) -> None:
         )
 
 
-def config_doc() -> str:
+def config_doc(table: list[Setting] | None = None) -> str:
     """Markdown table of every setting, for docs/configuration.md."""
     rows = ["| section | key | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for s in SETTINGS:
+    for s in SETTINGS if table is None else table:
         rows.append(f"| [{s.section}] | `{s.key}` | `{s.default!r}` | {s.allowed} | {s.doc} |")
     return "\n".join(rows) + "\n"

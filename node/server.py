@@ -24,12 +24,14 @@ from node.logs import EventLog
 
 
 class NodeServer:
-    def __init__(self, cfg: NodeConfig, log: EventLog | None = None) -> None:
+    def __init__(self, cfg: NodeConfig, log: EventLog | None = None, core: BrokerCore | None = None) -> None:
         self.cfg = cfg
         self.log = log or EventLog(cfg.id, cfg.log_level)
-        self.core = BrokerCore(
+        self.core = core or BrokerCore(
             cfg, secrets.token_bytes(32), random.Random(), int(time.time() * 1000)
         )
+        # Called after any batch that changed replicated state (cluster shell).
+        self.on_changes: Callable[[], None] | None = None
         self.sock = open_udp(*cfg.client_addr)
         self.addr = self.sock.getsockname()[:2]
 
@@ -58,6 +60,8 @@ class NodeServer:
                 if deadline is not None and deadline <= now:
                     actions += core.tick(now)
                     deadline = core.next_deadline()
+                if core._changed and self.on_changes is not None:
+                    self.on_changes()
                 if actions:
                     failed = await send_all(sock, self.perform(actions))
                     if failed:

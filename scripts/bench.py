@@ -107,7 +107,7 @@ def start_node(port: int) -> subprocess.Popen[bytes]:
     with open(cfg, "w") as f:
         f.write(f'[node]\nid = "bench"\nclient_addr = "127.0.0.1:{port}"\nlog_level = "warning"\n'
                 "[limits]\nmailbox_capacity = 200000\nsend_window = 8192\n")  # fmt: skip
-    node = subprocess.Popen([sys.executable, "-m", "node.cli", "node", "--config", cfg], cwd=ROOT)
+    node = subprocess.Popen([sys.executable, "-m", "cluster.cli", "node", "--config", cfg], cwd=ROOT)
     wait_listening(node, "127.0.0.1", port)
     return node
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOST = [sys.executable, "-m", "node.cli"]
+ROOST = [sys.executable, "-m", "cluster.cli"]
 sys.path.insert(0, ROOT)
 
 from node.procs import free_udp_port, wait_listening  # noqa: E402

@@ -17,7 +17,7 @@ from client import wire
 from node.procs import free_udp_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOST = [sys.executable, "-m", "node.cli"]
+ROOST = [sys.executable, "-m", "cluster.cli"]
 
 
 def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:

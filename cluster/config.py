@@ -1,0 +1,183 @@
+"""Cluster configuration: one TOML file lists every member and the secret.
+
+    [cluster]   secret, mode and the cluster timeouts (table below)
+    [[members]] id, client_addr (UDP), peer_addr (TCP), data_dir
+    [node] [limits] [timeouts]   node settings shared by every member
+
+Validated at load with the same messages as a node config (file, key, what is
+allowed). ``roost node --config FILE --id n2`` picks one member.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.config import (
+    NODE_SECTIONS, ConfigError, NodeConfig, Setting, apply_sections, check_consistency,
+    parse_hostport, read_toml,
+)  # fmt: skip
+
+
+def _num(lo: float, hi: float) -> Any:
+    return lambda v: lo <= v <= hi
+
+
+CLUSTER_SETTINGS: list[Setting] = [
+    Setting("cluster", "secret", "", str, "a string of at least 16 characters",
+            lambda v: len(v) >= 16,
+            "Shared by every member; peers prove they know it (HMAC over fresh nonces). "
+            "It also keys the address-validation cookies, so a cookie from one member is "
+            "valid at all of them."),
+    Setting("cluster", "mode", "replicated", str, "replicated",
+            lambda v: v == "replicated", "Every member holds every subscription."),
+    Setting("cluster", "heartbeat_interval", 0.2, float, "a number of seconds from 0.01 to 10",
+            _num(0.01, 10), "Heartbeats on every peer link."),
+    Setting("cluster", "suspect_after", 0.6, float, "a number of seconds from 0.02 to 60",
+            _num(0.02, 60), "A peer silent this long is 'suspect'."),
+    Setting("cluster", "down_after", 1.5, float, "a number of seconds from 0.05 to 300",
+            _num(0.05, 300), "A peer silent this long is 'down'."),
+    Setting("cluster", "reconnect_interval", 0.25, float, "a number of seconds from 0.01 to 60",
+            _num(0.01, 60), "Wait before dialling a peer again after a failure."),
+    Setting("cluster", "handshake_timeout", 2.0, float, "a number of seconds from 0.05 to 60",
+            _num(0.05, 60), "A peer link must authenticate within this time."),
+    Setting("cluster", "pull_timeout", 30.0, float, "a number of seconds from 1 to 3600",
+            _num(1, 3600), "Give up a state PULL from one peer (and try another) after this."),
+    Setting("cluster", "anti_entropy_interval", 5.0, float, "a number of seconds from 0.1 to 3600",
+            _num(0.1, 3600), "How often digests of the subscription state are compared."),
+    Setting("cluster", "tombstone_horizon", 3600.0, float, "a number of seconds from 10 to 2592000",
+            _num(10, 2_592_000),
+            "Deleted subscriptions are remembered this long so that an old write cannot "
+            "resurrect them; must exceed the longest partition you want to heal from."),
+    Setting("cluster", "snapshot_interval", 10.0, float, "a number of seconds from 0.5 to 86400",
+            _num(0.5, 86400), "How often a member writes its state to its data dir (with fsync)."),
+    Setting("cluster", "max_frame", 8 * 1024 * 1024, int, "an integer from 65536 to 1073741824",
+            _num(65536, 1 << 30), "Largest peer frame accepted; a bigger one closes the link."),
+    Setting("cluster", "chunk_subscriptions", 20000, int, "an integer from 100 to 1000000",
+            _num(100, 1_000_000), "Subscriptions per frame in a state dump or push."),
+    Setting("cluster", "max_peer_queue", 1_000_000, int, "an integer from 1000 to 100000000",
+            _num(1000, 100_000_000),
+            "Changes queued for an absent peer; beyond it the queue is dropped and "
+            "anti-entropy repairs the peer when it is back."),
+]  # fmt: skip
+
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Member:
+    id: str
+    client_addr: tuple[str, int]
+    peer_addr: tuple[str, int]
+    data_dir: str
+
+
+class ClusterSettings:
+    secret: str
+    mode: str
+    heartbeat_interval: float
+    suspect_after: float
+    down_after: float
+    reconnect_interval: float
+    handshake_timeout: float
+    pull_timeout: float
+    anti_entropy_interval: float
+    tombstone_horizon: float
+    snapshot_interval: float
+    max_frame: int
+    chunk_subscriptions: int
+    max_peer_queue: int
+
+    def __init__(self) -> None:
+        for s in CLUSTER_SETTINGS:
+            setattr(self, s.key, s.default)
+
+
+@dataclass
+class ClusterConfig:
+    source: str
+    settings: ClusterSettings
+    members: list[Member]
+    node_data: dict[str, Any]  # the [node] [limits] [timeouts] tables
+
+    def member(self, member_id: str) -> Member:
+        for m in self.members:
+            if m.id == member_id:
+                return m
+        ids = ", ".join(m.id for m in self.members)
+        raise ConfigError(f"{self.source}: no member with id {member_id!r}; members: {ids}")
+
+    def node_config(self, member_id: str, bind_host: str | None = None) -> NodeConfig:
+        """The NodeConfig one member runs with."""
+        m = self.member(member_id)
+        cfg = NodeConfig()
+        apply_sections(cfg, self.source, self.node_data, NODE_SECTIONS)
+        check_consistency(cfg, self.source)
+        cfg.id = m.id
+        cfg.client_addr = (bind_host or m.client_addr[0], m.client_addr[1])
+        cfg.source = self.source
+        return cfg
+
+    def index_of(self, member_id: str) -> int:
+        return [m.id for m in self.members].index(member_id)
+
+
+def is_cluster_config(data: dict[str, Any]) -> bool:
+    return "cluster" in data or "members" in data
+
+
+def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) -> ClusterConfig:
+    source = str(path)
+    data = read_toml(path) if data is None else data
+    allowed = ("cluster", "members", *NODE_SECTIONS)
+    for section in data:
+        if section not in allowed:
+            raise ConfigError(f"{source}: unknown section [{section}]; allowed: "
+                              + ", ".join(f"[{s}]" for s in allowed))  # fmt: skip
+    if "id" in data.get("node", {}) or "client_addr" in data.get("node", {}):
+        raise ConfigError(f"{source}: [node] id/client_addr: set per member in [[members]], not in [node]")
+    settings = ClusterSettings()
+    apply_sections(settings, source, data, ("cluster",), CLUSTER_SETTINGS)
+    if not settings.secret:
+        raise ConfigError(f"{source}: [cluster] secret: required, a string of at least 16 characters")
+    if settings.down_after <= settings.suspect_after:
+        raise ConfigError(f"{source}: [cluster] down_after = {settings.down_after}: must be more than "
+                          f"suspect_after ({settings.suspect_after})")  # fmt: skip
+    raw = data.get("members")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{source}: [[members]]: at least one member is required")
+    if len(raw) > 255:
+        raise ConfigError(f"{source}: [[members]]: at most 255 members")
+    members: list[Member] = []
+    for i, m in enumerate(raw):
+        where = f"{source}: [[members]] #{i + 1}"
+        if not isinstance(m, dict):
+            raise ConfigError(f"{where}: must be a table")
+        extra = set(m) - {"id", "client_addr", "peer_addr", "data_dir"}
+        if extra:
+            raise ConfigError(f"{where} {sorted(extra)[0]}: unknown key; known keys: "
+                              "id, client_addr, peer_addr, data_dir")  # fmt: skip
+        mid = m.get("id")
+        if not isinstance(mid, str) or not _ID.match(mid):
+            raise ConfigError(f"{where} id = {mid!r}: must be 1..64 chars of [A-Za-z0-9_.-]")
+        addrs = []
+        for key in ("client_addr", "peer_addr"):
+            try:
+                addrs.append(parse_hostport(m.get(key)))  # type: ignore[arg-type]
+            except (ValueError, AttributeError, TypeError):
+                raise ConfigError(f"{where} {key} = {m.get(key)!r}: must be HOST:PORT with an IP address") from None
+        dd = m.get("data_dir")
+        if not isinstance(dd, str) or not dd:
+            raise ConfigError(f"{where} data_dir = {dd!r}: must be a directory path")
+        members.append(Member(mid, addrs[0], addrs[1], dd))
+    for key in ("id", "client_addr", "peer_addr", "data_dir"):
+        seen = [getattr(m, key) for m in members]
+        dup = next((v for v in seen if seen.count(v) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"{source}: [[members]] {key} = {dup!r}: must be unique across members")
+    members.sort(key=lambda m: m.id)  # the index of a member is its position here
+    cfg = ClusterConfig(source, settings, members, {k: data.get(k, {}) for k in NODE_SECTIONS})
+    cfg.node_config(members[0].id)  # validate the shared node settings now
+    return cfg

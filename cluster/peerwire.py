@@ -1,0 +1,171 @@
+"""Peer link codec: length-prefixed msgpack frames and the authenticated handshake.
+
+A frame is a 4-byte big-endian length and a msgpack array ``[type, ...]``.
+The handshake proves both sides know the cluster secret without sending it
+(HMAC-SHA256 over both fresh nonces and both ids, with a different label per
+direction so a reply cannot be reflected):
+
+    dialer   -> HELLO     [1, "roost-peer/1", dialer_id, nonce_d]
+    listener -> CHALLENGE [2, listener_id, nonce_l, mac("L", nonce_d, nonce_l, listener_id, dialer_id)]
+    dialer   -> AUTH      [3, mac("D", nonce_l, nonce_d, dialer_id, listener_id)]
+
+Everything arriving here is untrusted until AUTH checked out; decoders raise
+PeerProtocolError, and the shell closes the link and logs, changing no state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from client import wire
+from client.wire import WireError
+
+PROTOCOL = "roost-peer/1"
+NONCE_LEN = 16
+_LEN = struct.Struct(">I")
+
+
+class P(IntEnum):
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    PUSH = 10  # [seq, entries]: changes to merge; answered by PUSHACK
+    PUSHACK = 11  # [seq]
+    PULL = 12  # []: send me everything (answered by DUMP..., DUMPEND)
+    DUMP = 13  # [entries]
+    DUMPEND = 14  # [subscriptions sent]
+    DIGEST = 15  # [bucket digests]: answered by DIFF..., DIFFEND
+    DIFF = 16  # [entries of buckets that differ]
+    DIFFEND = 17  # [buckets that differ]
+    HEARTBEAT = 18  # [state, subscriptions, clients]
+
+
+class PeerProtocolError(Exception):
+    """The other side broke the peer protocol; the link must be closed."""
+
+
+class PeerClosed(ConnectionError):
+    """The other side closed the connection (an OSError: a normal way to go)."""
+
+
+def encode(frame: list[Any]) -> bytes:
+    body = msgpack.packb(frame, use_bin_type=True)
+    return _LEN.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Turns a TCP byte stream into frames; refuses oversized or garbage ones."""
+
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[list[Any]]:
+        self._buf += data
+        frames = []
+        buf = self._buf
+        pos = 0
+        while len(buf) - pos >= 4:
+            (n,) = _LEN.unpack_from(buf, pos)
+            if n > self.max_frame:
+                raise PeerProtocolError(f"frame of {n} bytes exceeds max_frame ({self.max_frame})")
+            if len(buf) - pos - 4 < n:
+                break
+            body = bytes(buf[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+            try:
+                frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
+            except Exception as exc:  # any msgpack failure means garbage
+                raise PeerProtocolError(f"undecodable frame: {exc.__class__.__name__}") from None
+            if frame.__class__ is not list or not frame or frame[0].__class__ is not int:
+                raise PeerProtocolError("a frame is [type, ...]")
+            frames.append(frame)
+        del buf[:pos]
+        return frames
+
+
+def mac(secret: bytes, label: bytes, n1: bytes, n2: bytes, id1: str, id2: str) -> bytes:
+    msg = label + b"|" + n1 + n2 + id1.encode() + b"|" + id2.encode()
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def check_hello(f: list[Any], members: set[str], me: str) -> tuple[str, bytes]:
+    if len(f) != 4 or f[0] != P.HELLO or f[1] != PROTOCOL:
+        raise PeerProtocolError("expected HELLO " + PROTOCOL)
+    peer, nonce = f[2], f[3]
+    if not isinstance(peer, str) or peer not in members or peer == me:
+        raise PeerProtocolError(f"unknown peer id {str(peer)[:64]!r}")
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_LEN:
+        raise PeerProtocolError("bad nonce")
+    return peer, nonce
+
+
+def check_challenge(f: list[Any]) -> tuple[str, bytes, bytes]:
+    if len(f) != 4 or f[0] != P.CHALLENGE:
+        raise PeerProtocolError("expected CHALLENGE")
+    peer, nonce, m = f[1], f[2], f[3]
+    if not (isinstance(peer, str) and isinstance(nonce, bytes) and isinstance(m, bytes)):
+        raise PeerProtocolError("malformed CHALLENGE")
+    return peer, nonce, m
+
+
+def check_auth(f: list[Any]) -> bytes:
+    if len(f) != 2 or f[0] != P.AUTH or not isinstance(f[1], bytes):
+        raise PeerProtocolError("expected AUTH")
+    return f[1]  # type: ignore[no-any-return]
+
+
+def _u64(v: Any) -> int:
+    if v.__class__ is not int or not 0 <= v < 2**64:
+        raise PeerProtocolError("expected an unsigned 64-bit integer")
+    return v  # type: ignore[no-any-return]
+
+
+def check_entries(entries: Any, members: set[str]) -> list[tuple[Any, ...]]:
+    """Validate replication entries ``[who, cver, host, port, home, [[t, k, v]...]]``.
+
+    ``who`` becomes bytes (binary client id) or a (host, port) tuple (text
+    subscriber), the form BrokerCore.merge expects.
+    """
+    if entries.__class__ is not list:
+        raise PeerProtocolError("entries must be an array")
+    out = []
+    check_topic, check_key = wire.check_topic, wire.check_key
+    try:
+        for e in entries:
+            if e.__class__ is not list or len(e) != 6:
+                raise PeerProtocolError("an entry is [who, cver, host, port, home, subs]")
+            who, cver, host, port, home, subs = e
+            if who.__class__ is list and len(who) == 2 and isinstance(who[0], str) and who[1].__class__ is int:
+                who = (who[0], who[1])
+            elif who.__class__ is not bytes or len(who) != wire.ID_LEN:
+                raise PeerProtocolError("who must be a client id or [host, port]")
+            if not isinstance(host, str) or port.__class__ is not int or not 0 <= port <= 65535:
+                raise PeerProtocolError("bad client address")
+            if home not in members:
+                raise PeerProtocolError("home must be a member id")
+            if subs.__class__ is not list:
+                raise PeerProtocolError("subs must be an array")
+            for s in subs:
+                if s.__class__ is not list or len(s) != 3:
+                    raise PeerProtocolError("a subscription is [topic, key, version]")
+                check_topic(s[0])
+                if s[1] is not None:
+                    check_key(s[1])
+                _u64(s[2])
+            out.append((who, _u64(cver), host, port, home, subs))
+    except WireError as exc:
+        raise PeerProtocolError(f"bad subscription: {exc.text}") from None
+    return out
+
+
+def check_digest(d: Any, buckets: int) -> list[int]:
+    if d.__class__ is not list or len(d) != buckets:
+        raise PeerProtocolError(f"a digest has {buckets} buckets")
+    return [_u64(x) for x in d]

@@ -1,0 +1,82 @@
+"""What one node owes each peer: queued changes and pushes in flight (sans-IO).
+
+Every local SUB/UNSUB becomes an entry (node/core.py ``take_changes``) that is
+queued for every peer and PUSHed over its link, a few frames in flight at a
+time, each acknowledged by PUSHACK. While a peer is away its queue grows; on
+reconnect what was in flight is sent again (merging is idempotent, so a
+duplicate costs nothing). A queue that outgrows ``max_queue`` subscriptions is
+dropped and marked: anti-entropy (digest comparison) repairs that peer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+Entry = Any  # [who, cver, host, port, home, [[topic, key, version], ...]]
+
+
+def subs_in(entry: Entry) -> int:
+    return len(entry[5]) or 1
+
+
+class PeerQueue:
+    def __init__(self, max_queue: int, chunk: int, window: int = 8) -> None:
+        self.max_queue = max_queue
+        self.chunk = chunk
+        self.window = window
+        self.pending: deque[Entry] = deque()
+        self.pending_subs = 0
+        self.inflight: dict[int, list[Entry]] = {}
+        self.next_seq = 1
+        self.overflowed = False
+        self.pushed = 0
+
+    def __len__(self) -> int:
+        """Subscriptions not yet acknowledged by the peer."""
+        return self.pending_subs + sum(subs_in(e) for es in self.inflight.values() for e in es)
+
+    def add(self, entries: list[Entry]) -> None:
+        if self.overflowed:
+            return
+        for e in entries:
+            self.pending.append(e)
+            self.pending_subs += subs_in(e)
+        if self.pending_subs > self.max_queue:
+            self.pending.clear()
+            self.pending_subs = 0
+            self.overflowed = True
+
+    def next_push(self) -> tuple[int, list[Entry]] | None:
+        """The next PUSH to send, if the window allows one."""
+        if not self.pending or len(self.inflight) >= self.window:
+            return None
+        batch: list[Entry] = []
+        n = 0
+        while self.pending and n < self.chunk:
+            e = self.pending.popleft()
+            k = subs_in(e)
+            self.pending_subs -= k
+            n += k
+            batch.append(e)
+        seq = self.next_seq
+        self.next_seq += 1
+        self.inflight[seq] = batch
+        return seq, batch
+
+    def acked(self, seq: int) -> None:
+        batch = self.inflight.pop(seq, None)
+        if batch is not None:
+            self.pushed += sum(subs_in(e) for e in batch)
+
+    def disconnected(self) -> None:
+        """The link dropped: what was in flight goes back to the front, in order."""
+        for seq in sorted(self.inflight, reverse=True):
+            for e in reversed(self.inflight[seq]):
+                self.pending.appendleft(e)
+                self.pending_subs += subs_in(e)
+        self.inflight.clear()
+
+    def repaired(self) -> None:
+        """Anti-entropy brought the peer up to date after an overflow."""
+        self.overflowed = False
