@@ -18,7 +18,6 @@ from cluster.config import CLUSTER_SETTINGS, is_cluster_config, load_cluster_con
 from cluster.launcher import DEFAULT_RUN_DIR, Launcher
 from cluster.server import ClusterNode
 from node.config import ConfigError, config_doc, load_node_config, read_toml
-from node.logs import EventLog
 from node.server import NodeServer, run_until_signal
 
 

@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from node.config import (
-    NODE_SECTIONS, ConfigError, NodeConfig, Setting, apply_sections, check_consistency,
-    parse_hostport, read_toml,
+    NODE_SECTIONS,
+    ConfigError,
+    NodeConfig,
+    Setting,
+    apply_sections,
+    check_consistency,
+    parse_hostport,
+    read_toml,
 )  # fmt: skip
 
 

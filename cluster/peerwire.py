@@ -55,7 +55,7 @@ class PeerClosed(ConnectionError):
 
 
 def encode(frame: list[Any]) -> bytes:
-    body = msgpack.packb(frame, use_bin_type=True)
+    body: bytes = msgpack.packb(frame, use_bin_type=True)
     return _LEN.pack(len(body)) + body
 
 

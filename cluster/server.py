@@ -27,8 +27,19 @@ import trio
 from cluster.config import ClusterConfig, Member
 from cluster.membership import Membership
 from cluster.peerwire import (
-    NONCE_LEN, PROTOCOL, FrameDecoder, P, PeerClosed, PeerProtocolError, check_auth, check_challenge,
-    check_digest, check_entries, check_hello, encode, mac,
+    NONCE_LEN,
+    PROTOCOL,
+    FrameDecoder,
+    P,
+    PeerClosed,
+    PeerProtocolError,
+    check_auth,
+    check_challenge,
+    check_digest,
+    check_entries,
+    check_hello,
+    encode,
+    mac,
 )  # fmt: skip
 from cluster.replication import PeerQueue
 from node.core import DIGEST_BUCKETS, BrokerCore

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from client import wire  # noqa: E402
 from client.wire import E, T  # noqa: E402
+from cluster.config import CLUSTER_SETTINGS  # noqa: E402
 from node.config import config_doc  # noqa: E402
 
 CID = bytes.fromhex("c1" * 16)
@@ -72,9 +74,9 @@ def protocol_examples() -> str:
     return "\n".join(out)
 
 
-BLOCKS = {
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/protocol.md": {"examples": protocol_examples},
-    "docs/configuration.md": {"settings": config_doc},
+    "docs/configuration.md": {"settings": config_doc, "cluster_settings": lambda: config_doc(CLUSTER_SETTINGS)},
 }
 
 

@@ -1,0 +1,1 @@
+"""Many Roost brokers: cluster config, peer links, replication, membership, launcher."""

@@ -1,0 +1,89 @@
+"""A real cluster of `roost node` processes on free loopback ports, for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cluster.config import load_cluster_config
+from cluster.launcher import Launcher
+from node.procs import free_udp_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_tcp_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalCluster:
+    def __init__(self, tmp: Path, n: int = 3, secret: str = "test-secret-0123456789", extra: str = "") -> None:
+        self.tmp = tmp
+        self.ids = [f"n{i + 1}" for i in range(n)]
+        self.client_ports = {i: free_udp_port() for i in self.ids}
+        self.peer_ports = {i: free_tcp_port() for i in self.ids}
+        lines = [f'[cluster]\nsecret = "{secret}"\nheartbeat_interval = 0.1\nsuspect_after = 0.3\n'
+                 f"down_after = 0.8\nanti_entropy_interval = 1.0\nsnapshot_interval = 1.0\n{extra}"]  # fmt: skip
+        for i in self.ids:
+            lines.append(f'[[members]]\nid = "{i}"\nclient_addr = "127.0.0.1:{self.client_ports[i]}"\n'
+                         f'peer_addr = "127.0.0.1:{self.peer_ports[i]}"\ndata_dir = "{tmp}/data/{i}"\n')  # fmt: skip
+        lines.append('[node]\nlog_level = "info"\n[timeouts]\nsubscriber_timeout = 5.0\n')
+        self.config = tmp / "cluster.toml"
+        self.config.write_text("\n".join(lines))
+        self.cc = load_cluster_config(self.config)
+        self.launcher = Launcher(str(tmp / "run"))
+
+    def addr(self, member: str) -> str:
+        return f"127.0.0.1:{self.client_ports[member]}"
+
+    def start(self, *members: str) -> None:
+        procs = [self.launcher.start(self.cc, str(self.config), m, wait=False) for m in members or self.ids]
+        from node.procs import wait_listening
+
+        for p, m in zip(procs, members or self.ids, strict=True):
+            wait_listening(p, "127.0.0.1", self.client_ports[m], timeout=60)
+
+    def kill(self, member: str) -> None:
+        assert self.launcher.kill(member) == 0
+
+    def stop(self) -> None:
+        self.launcher.down()
+
+    def log(self, member: str) -> str:
+        return (self.tmp / "run" / f"{member}.log").read_text()
+
+    def status(self, member: str) -> dict:
+        r = roost("status", "--node", self.addr(member), "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def wait_for(self, cond, timeout: float = 15.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+
+def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cluster.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, **kw)  # fmt: skip
+
+
+def start_sub(node: str, topic: str, count: int, timeout: float = 60, mode: str = "reliable") -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "sub", topic, "--node", node, "--count", str(count),
+                          "--mode", mode, "--timeout", str(timeout)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stderr is not None
+    line = p.stderr.readline()
+    assert "subscribed to" in line, line + p.stderr.read()
+    return p

@@ -1,0 +1,153 @@
+"""The replicated cluster with real `roost node` processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import msgpack
+import pytest
+
+from cluster.peerwire import NONCE_LEN, PROTOCOL, P, encode
+from tests.clusterkit import LocalCluster, roost, start_sub
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = LocalCluster(tmp_path)
+    c.start()
+    yield c
+    c.stop()
+
+
+def subs_everywhere(c: LocalCluster, members=None) -> list[int]:
+    return [c.status(m)["subscriptions"] for m in members or c.ids]
+
+
+def test_subscribe_at_n1_publish_at_n3(cluster):
+    sub = start_sub(cluster.addr("n1"), "t", 3)
+    cluster.wait_for(lambda: subs_everywhere(cluster) == [1, 1, 1], what="replication")
+    r = roost("pub", "t", "m{n}", "--count", "3", "--node", cluster.addr("n3"))
+    assert r.returncode == 0, r.stderr
+    out, err = sub.communicate(timeout=30)
+    assert sub.returncode == 0, err
+    assert out.splitlines() == ["m0", "m1", "m2"]
+
+
+def test_kill9_restart_pulls_state_and_keeps_subscriptions(cluster):
+    s1 = start_sub(cluster.addr("n1"), "a", 2)
+    s3 = start_sub(cluster.addr("n3"), "b", 2)
+    cluster.wait_for(lambda: subs_everywhere(cluster) == [2, 2, 2], what="replication")
+    cluster.kill("n2")
+    # a SUB made while n2 is down
+    s_new = start_sub(cluster.addr("n1"), "made_while_down", 1)
+    cluster.wait_for(lambda: subs_everywhere(cluster, ["n1", "n3"]) == [3, 3], what="replication without n2")
+    cluster.start("n2")
+    assert "event=pulled" in cluster.log("n2").split("event=node_starting")[-1]
+    # every member, the restarted one included, shows the same count
+    cluster.wait_for(lambda: subs_everywhere(cluster) == [3, 3, 3], what="same count everywhere")
+    st = cluster.status("n2")
+    assert st["state"] == "ready" and all(m["state"] == "ready" for m in st["members"])
+    # the restarted node serves the subscriptions it pulled, including the new one
+    for topic in ("a", "b", "made_while_down"):
+        assert roost("pub", topic, "from n2 {n}", "--count", "2", "--node", cluster.addr("n2")).returncode == 0
+    assert s1.communicate(timeout=30)[0].splitlines() == ["from n2 0", "from n2 1"]
+    assert s3.communicate(timeout=30)[0].splitlines() == ["from n2 0", "from n2 1"]
+    assert s_new.communicate(timeout=30)[0].splitlines() == ["from n2 0"]
+
+
+def _dial(cluster, member="n1"):
+    s = socket.create_connection(("127.0.0.1", cluster.peer_ports[member]), timeout=5)
+    return s
+
+
+def _closed_by_peer(s) -> bool:
+    s.settimeout(5)
+    try:
+        while s.recv(65536):
+            pass
+    except (ConnectionResetError, TimeoutError):
+        return False
+    return True
+
+
+def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
+    sub = start_sub(cluster.addr("n1"), "t", 1)
+    cluster.wait_for(lambda: subs_everywhere(cluster) == [1, 1, 1], what="replication")
+    before = cluster.status("n1")["subscriptions"]
+    s = _dial(cluster)
+    s.sendall(encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN)]))
+    s.settimeout(5)
+    challenge = msgpack.unpackb(s.recv(65536)[4:])
+    assert challenge[0] == P.CHALLENGE
+    s.sendall(encode([P.AUTH, b"\0" * 32]))  # a MAC made without the secret
+    # then try to smuggle in a PUSH that would subscribe somebody
+    s.sendall(encode([P.PUSH, 1, [[b"x" * 16, 2**60, "127.0.0.1", 9, "n2", [["evil", None, 2**62]]]]]))
+    assert _closed_by_peer(s)
+    cluster.wait_for(lambda: "peer_refused" in cluster.log("n1"), what="refusal logged")
+    line = next(x for x in cluster.log("n1").splitlines() if "peer_refused" in x)
+    assert "wrong cluster secret" in line and "node=n1" in line
+    assert cluster.status("n1")["subscriptions"] == before
+    sub.kill()
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\x00\x00\x00\x05" + b"\xc1" * 5, "undecodable frame"),
+        ((1 << 31).to_bytes(4, "big") + b"x" * 10, "exceeds max_frame"),
+        (encode([P.HELLO, "something-else/9", "n2", os.urandom(NONCE_LEN)]), "expected HELLO"),
+        (encode([P.HELLO, PROTOCOL, "stranger", os.urandom(NONCE_LEN)]), "unknown peer id"),
+        (encode([P.PULL]), "expected HELLO"),
+    ],
+)
+def test_garbage_and_oversized_peer_streams_are_refused(cluster, payload, reason):
+    before = subs_everywhere(cluster)
+    s = _dial(cluster)
+    s.sendall(payload)
+    assert _closed_by_peer(s)
+    cluster.wait_for(lambda: reason in cluster.log("n1"), what=f"'{reason}' logged")
+    assert subs_everywhere(cluster) == before
+    assert roost("status", "--node", cluster.addr("n1")).returncode == 0  # still serving
+
+
+def test_subscriber_keeps_receiving_when_its_node_is_killed(cluster):
+    """Subscriber and publisher both talk to n1; n1 dies mid-stream."""
+    import subprocess
+    import sys
+
+    n = 400
+    sub = start_sub(cluster.addr("n1"), "stream", n, timeout=60)
+    cluster.wait_for(lambda: subs_everywhere(cluster) == [1, 1, 1], what="replication")
+    code = (
+        "import sys, trio\n"
+        "from client import Client\n"
+        "async def main():\n"
+        f"    async with Client('{cluster.addr('n1')}') as c:\n"
+        f"        for i in range({n}):\n"
+        "            await c.publish('stream', f'm{i}')\n"
+        "            await trio.sleep(0.01)\n"
+        "        assert await c.flush(20)\n"
+        "        print('failovers', c.session.failovers)\n"
+        "trio.run(main)\n"
+    )
+    pub = subprocess.Popen([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.5)
+    cluster.kill("n1")
+    out, err = sub.communicate(timeout=60)
+    pout, perr = pub.communicate(timeout=60)
+    assert pub.returncode == 0, perr
+    assert "failovers 1" in pout
+    assert sub.returncode == 0, err
+    assert out.splitlines() == [f"m{i}" for i in range(n)]  # all, in order, once
+
+
+def test_status_lists_members_and_queues(cluster):
+    st = cluster.status("n2")
+    assert st["node"] == "n2" and st["mode"] == "replicated"
+    assert [m["id"] for m in st["members"]] == ["n1", "n2", "n3"]
+    assert all({"state", "subscriptions", "clients", "queue"} <= set(m) for m in st["members"])
+    human = roost("status", "--node", cluster.addr("n2"))
+    assert "n1" in human.stdout and "QUEUE" in human.stdout and "ready" in human.stdout
