@@ -353,7 +353,7 @@ class BrokerCore:
             c.local = True
             self._timer(now + self.cfg.subscriber_timeout, _LIVENESS, c.cid)
         c.home = self.node_id
-        c.cver = self._version(now, True, 0)
+        self._set_cver(c, self._version(now, True, 0))
         self._mark_changed(c, None)
 
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
@@ -494,7 +494,7 @@ class BrokerCore:
         """A client that talks to this node (its home)."""
         c = self.clients[cid] = ClientState(cid, addr, self.node_id, now)
         c.local = True
-        c.cver = self._version(now, True, 0)
+        self._set_cver(c, self._version(now, True, 0))
         if cid.__class__ is bytes:
             self._timer(now + self.cfg.subscriber_timeout, _LIVENESS, cid)
         self._mark_changed(c, None)
@@ -528,6 +528,13 @@ class BrokerCore:
         """A local change of one subscription: a new version, applied and queued."""
         self._set(c, tk, self._version(now, present, mode, reason))
         self._mark_changed(c, tk)
+
+    def _set_cver(self, c: ClientState, cver: int) -> None:
+        """Install a version of the client's (address, home) register."""
+        if self.replicating:
+            b, h = _key_hash(c.cid, None)
+            self.digest[b] ^= _mix(h, c.cver) ^ _mix(h, cver)
+        c.cver = cver
 
     def _mark_changed(self, c: ClientState, tk: tuple[str, str | None] | None) -> None:
         if not self.replicating:
@@ -605,15 +612,12 @@ class BrokerCore:
         for who, cver, host, port, home, subs in entries:
             c = clients.get(who)
             if c is None:
-                if not any(v & versions.PRESENT for _, _, v in subs) and cver == 0:
-                    continue
+                # (even an entry of tombstones only is kept: forgetting it would
+                # let an older "subscribed" version win later)
                 c = clients[who] = ClientState(who, (host, port), home, now)
             if cver > c.cver:
-                if self.replicating:
-                    b, h = _key_hash(c.cid, None)
-                    self.digest[b] ^= _mix(h, c.cver) ^ _mix(h, cver)
                 observe(cver)
-                c.cver = cver
+                self._set_cver(c, cver)
                 c.addr = (host, port)
                 c.home = home
                 was_local = c.local

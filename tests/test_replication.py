@@ -1,0 +1,300 @@
+"""Replicated state: LWW merge laws (property tests), anti-entropy, peer queues,
+failure detection, the peer codec and cluster config validation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster.config import load_cluster_config
+from cluster.membership import Membership
+from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_entries, encode, mac
+from cluster.replication import PeerQueue
+from node import versions
+from node.config import ConfigError, NodeConfig
+from node.core import BrokerCore
+from tests.corekit import FakeClient, delivered
+
+MEMBERS = {"n1", "n2", "n3"}
+WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
+
+
+def replica(node_id: str = "n1", idx: int = 0) -> BrokerCore:
+    return BrokerCore(NodeConfig(id=node_id), b"k" * 32, random.Random(1), 1, node_idx=idx, replicating=True,
+                      wall_offset=1_780_000_000.0)  # fake time 0 is a day in 2026
+
+
+def observable(core: BrokerCore):
+    """Everything merge decides: registers (with versions), addresses, homes, index."""
+    return (
+        sorted((repr(w), c.cver, c.addr, c.home, sorted(c.subs.items(), key=repr)) for w, c in core.clients.items()),
+        core.state_digest()[0],
+        list(core.digest),
+    )
+
+
+# One write: which client, which register, who wrote it, when, what.
+write = st.tuples(
+    st.integers(0, 2),  # who
+    st.sampled_from([("a", None), ("a", "k"), ("b", None)]),
+    st.integers(0, 2),  # writer node index
+    st.integers(1, 40),  # hlc
+    st.booleans(),  # present
+    st.integers(0, 1),  # mode
+)
+
+
+def entry(w) -> list:
+    who_i, (topic, key), node_i, hlc, present, mode = w
+    who = WHO[who_i] if isinstance(WHO[who_i], bytes) else list(WHO[who_i])  # as on the wire
+    cver = versions.make(hlc, node_i, True, 0)
+    # everything about a client-level version follows from the version itself, as in reality
+    return [who, cver, "127.0.0.1", 1000 + hlc * 3 + node_i, f"n{node_i + 1}",
+            [[topic, key, versions.make(hlc, node_i, present, mode)]]]  # fmt: skip
+
+
+def applied(groups) -> BrokerCore:
+    core = replica("n9", 9)  # a bystander: none of the writers
+    for g in groups:
+        core.merge(check_entries([entry(w) for w in g], MEMBERS | {"n9"}), 0.0)
+    return core
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(write, max_size=25), st.randoms(use_true_random=False))
+def test_merge_is_commutative_associative_and_idempotent(writes, rnd):
+    reference = observable(applied([writes]))
+    shuffled = list(writes)
+    rnd.shuffle(shuffled)
+    assert observable(applied([shuffled])) == reference  # any order
+    cut = rnd.randint(0, len(writes))
+    assert observable(applied([writes[:cut], writes[cut:]])) == reference  # any grouping
+    assert observable(applied([writes, writes, shuffled])) == reference  # repeats change nothing
+    singles = [[w] for w in shuffled]
+    assert observable(applied(singles)) == reference
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(write, max_size=20))
+def test_newest_version_wins_each_register(writes):
+    core = applied([writes])
+    for who_i, (topic, key), node_i, hlc, present, mode in writes:
+        v = core.clients[WHO[who_i]].subs[(topic, key)]
+        assert v >= versions.make(hlc, node_i, present, mode)
+    for c in core.clients.values():
+        for (topic, key), v in c.subs.items():
+            slot = core.index.topics.get(topic, {}).get(key, {})
+            assert (c.cid in slot) == versions.is_present(v)  # the index follows the registers
+            if c.cid in slot:
+                assert slot[c.cid] == versions.mode_of(v)
+
+
+def _exchange_diff(a: BrokerCore, b: BrokerCore) -> list[int]:
+    """One anti-entropy round as the peers do it: compare digests, swap buckets."""
+    differ = [i for i in range(len(a.digest)) if a.digest[i] != b.digest[i]]
+    from_b = check_entries(list(b.dump(set(differ))), MEMBERS)
+    from_a = check_entries(list(a.dump(set(differ))), MEMBERS)
+    a.merge(from_b, 1.0)
+    b.merge(from_a, 1.0)
+    return differ
+
+
+def test_anti_entropy_heals_a_partition():
+    a, b = replica("n1", 0), replica("n2", 1)
+    ca, cb = FakeClient(a, ("127.0.0.1", 5001)), FakeClient(b, ("127.0.0.1", 5002))
+    ca.hello()
+    cb.hello()
+    ca.cmds([(1, "left", None, 1), (1, "both", None, 0)], now=0.1)
+    cb.cmds([(1, "right", None, 0)], now=0.2)
+    a.take_changes()
+    b.take_changes()  # the pushes are lost: partitioned
+    assert a.digest != b.digest
+    assert _exchange_diff(a, b)
+    assert a.digest == b.digest and observable(a)[0] == observable(b)[0]
+    assert _exchange_diff(a, b) == []  # converged: nothing differs any more
+    # and each side now delivers to the other side's subscriber
+    pub = FakeClient(b, ("127.0.0.1", 5003))
+    pub.hello()
+    assert delivered(pub.pub([("left", b"x")], now=1.0), ("127.0.0.1", 5001))
+
+
+def test_a_later_write_wins_over_a_concurrent_one():
+    a, b = replica("n1", 0), replica("n2", 1)
+    ca = FakeClient(a, ("127.0.0.1", 5001))
+    ca.hello()
+    ca.sub("t", now=1.0)
+    b.merge(check_entries(a.take_changes(), MEMBERS), 1.0)
+    cb = FakeClient(b, ("127.0.0.1", 5001), cid=ca.cid)  # the client moved to n2 and unsubscribed
+    cb.cookie = ca.cookie
+    cb.batch = ca.batch
+    cb.cmds([(0, "t", None, 0)], now=2.0)
+    a.merge(check_entries(b.take_changes(), MEMBERS), 2.0)
+    assert a.index.count == b.index.count == 0
+    assert a.clients[ca.cid].home == "n2" and not a.clients[ca.cid].local
+
+
+def test_tombstones_are_collected_after_the_horizon():
+    a = replica()
+    fc = FakeClient(a, ("127.0.0.1", 5001))
+    fc.hello()
+    fc.sub("t", now=0.0)
+    fc.cmds([(0, "t", None, 0)], now=1.0)
+    assert ("t", None) in a.clients[fc.cid].subs  # the tombstone
+    assert a.collect_tombstones(10.0, horizon=60.0) == 0
+    assert a.collect_tombstones(100.0, horizon=60.0) == 1
+    assert ("t", None) not in a.clients[fc.cid].subs
+
+
+def test_expire_home_tombstones_the_dead_members_clients():
+    a, b = replica("n1", 0), replica("n2", 1)
+    cb = FakeClient(b, ("127.0.0.1", 5002))
+    cb.hello()
+    cb.sub("t", now=0.0)
+    a.merge(check_entries(b.take_changes(), MEMBERS), 0.0)
+    assert a.index.count == 1
+    assert a.expire_home("n2", 5.0) == 1 and a.index.count == 0
+    b.merge(check_entries(a.take_changes(), MEMBERS), 5.0)
+    assert b.index.count == 0
+
+
+# ---------------------------------------------------------------- peer queue
+
+
+def test_peer_queue_windows_acks_and_requeues_in_order():
+    q = PeerQueue(max_queue=1000, chunk=2, window=2)
+    es = [[b"%d" % i, 0, "h", 1, "n1", [["t", None, 1]]] for i in range(7)]
+    q.add(es)
+    p1, p2 = q.next_push(), q.next_push()
+    assert q.next_push() is None  # window of 2
+    assert [e[0] for e in p1[1]] == [b"0", b"1"] and [e[0] for e in p2[1]] == [b"2", b"3"]
+    q.acked(p1[0])
+    q.disconnected()  # p2 was in flight: it goes back to the front
+    assert [e[0] for e in q.next_push()[1]] == [b"2", b"3"]
+    assert len(q) == 5
+
+
+def test_peer_queue_overflow_gives_way_to_anti_entropy():
+    q = PeerQueue(max_queue=3, chunk=10)
+    q.add([[b"x", 0, "h", 1, "n1", [["t", None, 1]]]] * 4)
+    assert q.overflowed and len(q) == 0 and q.next_push() is None
+    q.add([[b"y", 0, "h", 1, "n1", []]])
+    assert len(q) == 0
+    q.repaired()
+    q.add([[b"y", 0, "h", 1, "n1", []]])
+    assert len(q) == 1
+
+
+# ---------------------------------------------------------------- membership
+
+
+def test_failure_detector_states():
+    m = Membership(["n2"], suspect_after=0.6, down_after=1.5, now=0.0)
+    assert m.heard("n2", 0.1, "syncing", 0, 0) == ("unknown", "syncing")
+    assert m.heard("n2", 0.2, "ready", 5, 1) == ("syncing", "ready")
+    assert m.tick(0.5) == []
+    assert m.tick(0.9) == [("n2", "ready", "suspect")]
+    assert m.tick(1.8) == [("n2", "suspect", "down")]
+    assert m.down_for("n2", 2.8) == pytest.approx(1.0)
+    assert m.heard("n2", 3.0, "ready", 5, 1) == ("down", "ready")
+    never = Membership(["n3"], 0.6, 1.5, now=0.0)
+    assert never.tick(1.0) == [] and never.tick(1.6) == [("n3", "unknown", "down")]
+
+
+# ---------------------------------------------------------------- peer codec
+
+
+def test_frames_survive_any_split_of_the_stream():
+    frames = [[P.PUSH, i, [[b"c" * 16, 1, "127.0.0.1", 9, "n1", [["t", None, i]]]]] for i in range(20)]
+    data = b"".join(encode(f) for f in frames)
+    rng = random.Random(3)
+    dec = FrameDecoder(1 << 20)
+    got = []
+    pos = 0
+    while pos < len(data):
+        step = rng.randint(1, 40)
+        got += dec.feed(data[pos : pos + step])
+        pos += step
+    assert got == frames
+
+
+def test_decoder_refuses_oversized_and_garbage():
+    with pytest.raises(PeerProtocolError, match="exceeds max_frame"):
+        FrameDecoder(100).feed((101).to_bytes(4, "big"))
+    with pytest.raises(PeerProtocolError, match="undecodable"):
+        FrameDecoder(100).feed(b"\x00\x00\x00\x01\xc1")
+    with pytest.raises(PeerProtocolError, match=r"\[type"):
+        FrameDecoder(100).feed(encode({"a": 1}))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [[b"short", 1, "h", 1, "n1", []]],
+        [[b"c" * 16, -1, "h", 1, "n1", []]],
+        [[b"c" * 16, 1, "h", 70000, "n1", []]],
+        [[b"c" * 16, 1, "h", 1, "stranger", []]],
+        [[b"c" * 16, 1, "h", 1, "n1", [["bad topic", None, 1]]]],
+        [[b"c" * 16, 1, "h", 1, "n1", [["t", None, 2**64]]]],
+        [["h", 1, "h", 1, "n1", []]],
+        "nope",
+    ],
+)
+def test_bad_entries_are_refused(bad):
+    with pytest.raises(PeerProtocolError):
+        check_entries(bad, MEMBERS)
+
+
+def test_handshake_macs_differ_per_direction():
+    s, n1, n2 = b"secret", b"a" * 16, b"b" * 16
+    assert mac(s, b"L", n1, n2, "n1", "n2") != mac(s, b"D", n1, n2, "n1", "n2")
+    assert mac(s, b"L", n1, n2, "n1", "n2") != mac(b"other", b"L", n1, n2, "n1", "n2")
+
+
+# ---------------------------------------------------------------- config
+
+
+GOOD = """
+[cluster]
+secret = "0123456789abcdef"
+[[members]]
+id = "n1"
+client_addr = "127.0.0.1:7401"
+peer_addr = "127.0.0.1:7501"
+data_dir = "d1"
+[[members]]
+id = "n2"
+client_addr = "127.0.0.1:7402"
+peer_addr = "127.0.0.1:7502"
+data_dir = "d2"
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (('secret = "0123456789abcdef"', 'secret = "short"'), "secret = 'short': must be a string of at least 16"),
+        (('secret = "0123456789abcdef"', ""), "[cluster] secret: required"),
+        (('"127.0.0.1:7402"', '"127.0.0.1:7401"'), "client_addr = ('127.0.0.1', 7401): must be unique"),
+        (('id = "n2"', 'id = "n 2"'), "id = 'n 2': must be 1..64 chars"),
+        (('data_dir = "d2"', 'data_dir = "d2"\nport = 5'), "port: unknown key"),
+        (('[cluster]', '[cluster]\nheartbeat_interval = 0'), "heartbeat_interval = 0: must be a number of seconds"),
+        (('peer_addr = "127.0.0.1:7502"', 'peer_addr = "nohost"'), "peer_addr = 'nohost': must be HOST:PORT"),
+    ],
+)
+def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needle):
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD.replace(*change))
+    with pytest.raises(ConfigError) as exc:
+        load_cluster_config(p)
+    assert str(p) in str(exc.value) and needle in str(exc.value)
+
+
+def test_shipped_cluster3_config():
+    cc = load_cluster_config("configs/cluster3.toml")
+    assert [m.id for m in cc.members] == ["n1", "n2", "n3"]
+    assert [m.client_addr[1] for m in cc.members] == [7401, 7402, 7403]
+    assert [m.peer_addr[1] for m in cc.members] == [7501, 7502, 7503]
+    assert cc.node_config("n2").client_addr == ("127.0.0.1", 7402)
