@@ -1,82 +1,160 @@
-"""`make demo`: a local node, a subscriber and a publisher; prints what was delivered.
+"""`make demo`: a 3-node Roost cluster, a stream through a member's crash.
 
-Everything runs as real processes (`roost node`, `roost sub`, `roost pub`) on
-loopback, and everything this script starts is stopped by PID before it exits.
+1. `roost cluster up configs/cluster3.toml --detach` starts n1, n2 and n3.
+2. A subscriber (`roost sub`) and a publisher (the client library) both talk
+   to n1; the publisher sends `m0..m39`, five a second.
+3. After m12, `roost cluster kill n1` (SIGKILL). Both clients fail over to
+   another member and the stream goes on: every message once, in order.
+4. `roost cluster start n1`: it PULLs the state and `roost status` shows the
+   same subscription count on every member; then everything is stopped.
+
+Everything runs as real processes on loopback; the script stops by PID all
+it started, also on error. `--single` runs the single-node demo instead.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOST = [sys.executable, "-m", "cluster.cli"]
 sys.path.insert(0, ROOT)
+ROOST = [sys.executable, "-m", "cluster.cli"]
+CONFIG = "configs/cluster3.toml"
+RUN_DIR = "run/demo"
 
+import trio  # noqa: E402
+
+from client import Client  # noqa: E402
 from node.procs import free_udp_port, wait_listening  # noqa: E402
 
+T0 = time.monotonic()
 
-def main() -> int:
+
+def say(text: str) -> None:
+    print(f"[{time.monotonic() - T0:6.2f}s] {text}", flush=True)
+
+
+def roost(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ROOST, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def status_line(node: str) -> str:
+    r = roost("status", "--node", node, "--json")
+    if r.returncode != 0:
+        return f"{node}: no answer"
+    st = json.loads(r.stdout)
+    view = ", ".join(f"{m['id']}={m['state']}/{m['subscriptions']}" for m in st["members"])
+    return f"{st['node']} says: {view}   (member=state/subscriptions)"
+
+
+async def publish(n: int, kill_after: int) -> int:
+    async with Client("127.0.0.1:7401") as c:
+        for i in range(n):
+            await c.publish("demo", f"m{i}", wait=False)
+            if i == kill_after:
+                await c.flush(5)
+                say(f"publisher: m0..m{i} acknowledged by {c.session.node_id}; killing n1 now")
+                r = roost("cluster", "kill", "n1", "--run-dir", RUN_DIR)
+                say("  $ roost cluster kill n1  ->  " + r.stdout.strip())
+            await trio.sleep(0.2)
+        await c.flush(20)
+        say(f"publisher: all {n} acknowledged, now connected to {c.session.node_id} "
+            f"after {c.session.failovers} failover(s)")  # fmt: skip
+        return c.session.failovers
+
+
+def cluster_demo() -> int:
+    n, kill_after = 40, 12
+    up = subprocess.run([*ROOST, "cluster", "up", CONFIG, "--detach", "--run-dir", RUN_DIR], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    say("$ roost cluster up configs/cluster3.toml --detach")
+    for line in up.stdout.splitlines():
+        say("  " + line)
+    if up.returncode != 0:
+        say("cluster did not start: " + up.stderr.strip())
+        return 1
+    text_sub = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    text_sub.sendto(b"SUB demo.text\n", ("127.0.0.1", 7403))
+    say("a FASTPUSS text client subscribes to demo.text at n3 (it stays; every member replicates it)")
+    sub = subprocess.Popen([*ROOST, "sub", "demo", "--node", "127.0.0.1:7401", "--count", str(n), "--timeout", "60"],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert sub.stderr is not None and sub.stdout is not None
+        say("subscriber: " + sub.stderr.readline().strip().removeprefix("roost sub: "))
+        received: list[str] = []
+
+        def read() -> None:
+            assert sub.stdout is not None
+            for line in sub.stdout:
+                received.append(line.strip())
+                say(f"subscriber got {line.strip()}")
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        failovers = trio.run(publish, n, kill_after)
+        sub.wait(60)
+        reader.join(5)
+        ok = received == [f"m{i}" for i in range(n)]
+        say(f"{'OK' if ok else 'FAILED'}: the subscriber got {len(received)} of {n} messages, "
+            f"{'each once and in order' if ok else 'NOT each once in order'}, across the crash of n1")  # fmt: skip
+        for port in (7402, 7403):
+            say("  " + status_line(f"127.0.0.1:{port}"))
+        say("$ roost cluster start n1   (it PULLs the state from a live member)")
+        r = roost("cluster", "start", "n1", "--run-dir", RUN_DIR)
+        say("  " + (r.stdout.strip() or r.stderr.strip()))
+        time.sleep(1.0)
+        for port in (7401, 7402, 7403):
+            say("  " + status_line(f"127.0.0.1:{port}"))
+        return 0 if ok and failovers >= 1 and sub.returncode == 0 else 1
+    finally:
+        text_sub.close()
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+        r = roost("cluster", "down", "--run-dir", RUN_DIR)
+        say("$ roost cluster down")
+        for line in r.stdout.splitlines():
+            say("  " + line)
+
+
+def single_demo() -> int:
     port = free_udp_port()
     node_addr = f"127.0.0.1:{port}"
-    run_dir = os.path.join(ROOT, "run")
-    os.makedirs(run_dir, exist_ok=True)
-    cfg = os.path.join(run_dir, "demo.toml")
+    os.makedirs(os.path.join(ROOT, "run"), exist_ok=True)
+    cfg = os.path.join(ROOT, "run", "demo.toml")
     with open(cfg, "w") as f:
         f.write(f'[node]\nid = "demo"\nclient_addr = "{node_addr}"\n')
-    procs: list[subprocess.Popen[bytes]] = []
+    node = subprocess.Popen([*ROOST, "node", "--config", cfg], cwd=ROOT)
     try:
-        print(f"== starting node 'demo' on udp://{node_addr}", flush=True)
-        node = subprocess.Popen([*ROOST, "node", "--config", cfg], cwd=ROOT)
-        procs.append(node)
         wait_listening(node, "127.0.0.1", port)
-        n = 10
-        print(f"== subscriber: roost sub demo.topic --count {n} --mode reliable", flush=True)
-        sub = subprocess.Popen(
-            [*ROOST, "sub", "demo.topic", "--node", node_addr, "--count", str(n),
-             "--mode", "reliable", "--timeout", "20"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        procs.append(sub)
+        sub = subprocess.Popen([*ROOST, "sub", "demo.topic", "--node", node_addr, "--count", "10", "--timeout", "20"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
         assert sub.stderr is not None
-        print("   " + sub.stderr.readline().decode().strip(), flush=True)  # "subscribed to ..."
-        print(f"== publisher: roost pub demo.topic 'hello #{{n}}' --count {n} --mode reliable", flush=True)
-        pub = subprocess.run(
-            [*ROOST, "pub", "demo.topic", "hello #{n}", "--node", node_addr, "--count", str(n)],
-            cwd=ROOT, timeout=30,
-        )  # fmt: skip
-        out, err = sub.communicate(timeout=30)
-        print("== delivered to the subscriber:")
+        say(sub.stderr.readline().decode().strip())
+        subprocess.run([*ROOST, "pub", "demo.topic", "hello #{n}", "--node", node_addr, "--count", "10"],
+                       cwd=ROOT, timeout=30)  # fmt: skip
+        out, _ = sub.communicate(timeout=30)
         for line in out.decode().splitlines():
-            print(f"   {line}")
-        print("== text protocol (FASTPUSS): SUB from one socket, PUB from another")
+            say(f"delivered: {line}")
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
                 socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:  # fmt: skip
             a.settimeout(2)
             a.sendto(b"SUB t1\n", ("127.0.0.1", port))
             time.sleep(0.1)
             b.sendto(b"PUB t1\nhello world  ", ("127.0.0.1", port))
-            print(f"   received {a.recv(1000)!r}")
-        expected = [f"hello #{i}" for i in range(n)]
-        ok = pub.returncode == 0 and sub.returncode == 0 and out.decode().splitlines() == expected
-        print(f"== {'OK' if ok else 'FAILED'}: {len(out.splitlines())} of {n} messages delivered in order"
-              if ok else f"== FAILED: pub rc={pub.returncode} sub rc={sub.returncode} {err.decode()}")
-        return 0 if ok else 1
+            say(f"text protocol: received {a.recv(1000)!r}")
+        return 0 if out.decode().splitlines() == [f"hello #{i}" for i in range(10)] else 1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        print("== stopped everything the demo started", flush=True)
+        node.send_signal(signal.SIGTERM)
+        node.wait(10)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(single_demo() if "--single" in sys.argv else cluster_demo())

@@ -193,12 +193,23 @@ def test_shipped_config_loads():
     assert cfg.client_addr == ("127.0.0.1", 7400) and cfg.id == "n1"
 
 
-def test_demo_prints_deliveries_and_leaves_nothing_behind():
+def test_cluster_demo_streams_through_a_crash_and_leaves_nothing_behind():
     r = subprocess.run([sys.executable, "scripts/demo.py"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=180)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "killed n1" in out and "subscriber got m39" in out
+    assert "OK: the subscriber got 40 of 40 messages, each once and in order" in out
+    assert "n1 says: n1=ready/1, n2=ready/1, n3=ready/1" in out  # restarted n1 pulled the state
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    assert "configs/cluster3.toml" not in ps
+
+
+def test_single_node_demo():
+    r = subprocess.run([sys.executable, "scripts/demo.py", "--single"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "hello #9" in r.stdout and "== OK: 10 of 10" in r.stdout
-    assert "MSG t1\\nhello world  " in r.stdout
+    assert "delivered: hello #9" in r.stdout and "MSG t1\\nhello world  " in r.stdout
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     assert "run/demo.toml" not in ps
 
