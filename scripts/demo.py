@@ -45,13 +45,16 @@ def roost(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*ROOST, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def status_line(node: str) -> str:
+def show_status(node: str) -> dict[str, object] | None:
+    """Print one member's view of the cluster; return its status map."""
     r = roost("status", "--node", node, "--json")
     if r.returncode != 0:
-        return f"{node}: no answer"
-    st = json.loads(r.stdout)
-    view = ", ".join(f"{m['id']}={m['state']}/{m['subscriptions']}" for m in st["members"])
-    return f"{st['node']} says: {view}   (member=state/subscriptions)"
+        say(f"  {node}: no answer")
+        return None
+    st: dict[str, object] = json.loads(r.stdout)
+    view = ", ".join(f"{m['id']}={m['state']}/{m['subscriptions']}" for m in st["members"])  # type: ignore[attr-defined]
+    say(f"  {st['node']} says: {view}   (member=state/subscriptions)")
+    return st
 
 
 async def publish(n: int, kill_after: int) -> int:
@@ -105,15 +108,18 @@ def cluster_demo() -> int:
         say(f"{'OK' if ok else 'FAILED'}: the subscriber got {len(received)} of {n} messages, "
             f"{'each once and in order' if ok else 'NOT each once in order'}, across the crash of n1")  # fmt: skip
         for port in (7402, 7403):
-            say("  " + status_line(f"127.0.0.1:{port}"))
+            show_status(f"127.0.0.1:{port}")
         say("$ roost cluster start n1   (it PULLs the state from a live member)")
         r = roost("cluster", "start", "n1", "--run-dir", RUN_DIR)
         say("  " + (r.stdout.strip() or r.stderr.strip()))
         time.sleep(1.0)
-        for port in (7401, 7402, 7403):
-            say("  " + status_line(f"127.0.0.1:{port}"))
-        return 0 if ok and failovers >= 1 and sub.returncode == 0 else 1
+        views = [show_status(f"127.0.0.1:{port}") for port in (7401, 7402, 7403)]
+        own = {v["subscriptions"] for v in views if v is not None and v["state"] == "ready"}
+        same = None not in views and len(own) == 1
+        say(f"{'OK' if same else 'FAILED'}: every member reports the same subscriptions after the restart")
+        return 0 if ok and same and failovers >= 1 and sub.returncode == 0 else 1
     finally:
+        text_sub.sendto(b"UNSUB demo.text\n", ("127.0.0.1", 7403))
         text_sub.close()
         if sub.poll() is None:
             sub.kill()

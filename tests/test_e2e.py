@@ -200,7 +200,7 @@ def test_cluster_demo_streams_through_a_crash_and_leaves_nothing_behind():
     out = r.stdout
     assert "killed n1" in out and "subscriber got m39" in out
     assert "OK: the subscriber got 40 of 40 messages, each once and in order" in out
-    assert "n1 says: n1=ready/1, n2=ready/1, n3=ready/1" in out  # restarted n1 pulled the state
+    assert "OK: every member reports the same subscriptions after the restart" in out  # n1 pulled the state
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     assert "configs/cluster3.toml" not in ps
 
