@@ -25,6 +25,32 @@ from node.procs import wait_listening
 DEFAULT_RUN_DIR = "run/cluster"
 
 
+def write_local_config(
+    path: Path, n: int = 3, secret: str = "local-secret-0123456789", cluster_extra: str = "", node_extra: str = ""
+) -> dict[str, tuple[int, int]]:
+    """A cluster config for ``n`` members on free loopback ports (tests, scripts).
+
+    Returns {member id: (client UDP port, peer TCP port)}.
+    """
+    import socket
+
+    from node.procs import free_udp_port
+
+    def free_tcp() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    ports = {f"n{i + 1}": (free_udp_port(), free_tcp()) for i in range(n)}
+    parts = [f'[cluster]\nsecret = "{secret}"\n{cluster_extra}']
+    for mid, (udp, tcp) in ports.items():
+        parts.append(f'[[members]]\nid = "{mid}"\nclient_addr = "127.0.0.1:{udp}"\n'
+                     f'peer_addr = "127.0.0.1:{tcp}"\ndata_dir = "{path.parent}/data/{mid}"\n')  # fmt: skip
+    parts.append(node_extra)
+    path.write_text("\n".join(parts))
+    return ports
+
+
 def node_command(config: str, member_id: str) -> list[str]:
     return [sys.executable, "-m", "cluster.cli", "node", "--config", config, "--id", member_id]
 

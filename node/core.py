@@ -70,9 +70,13 @@ def _key_hash(who: Any, tk: tuple[str, str | None] | None) -> tuple[int, int]:
     return h & (DIGEST_BUCKETS - 1), h
 
 
+_M64 = (1 << 64) - 1
+
+
 def _mix(h: int, version: int) -> int:
-    """A register's share of its bucket digest; 0 for "absent"."""
-    return 0 if version == 0 else mmh3.hash64(h.to_bytes(8, "big") + version.to_bytes(8, "big"), signed=False)[0]
+    """A register's share of its bucket digest; 0 for "absent". ``h`` is already
+    a uniform 64-bit key hash; odd multipliers spread the version over all bits."""
+    return 0 if version == 0 else ((h * 0x9E3779B97F4A7C15) ^ (version * 0xC2B2AE3D27D4EB4F)) & _M64
 
 
 class ClientState:

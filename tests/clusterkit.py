@@ -10,34 +10,24 @@ import time
 from pathlib import Path
 
 from cluster.config import load_cluster_config
-from cluster.launcher import Launcher
-from node.procs import free_udp_port
+from cluster.launcher import Launcher, write_local_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_tcp_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class LocalCluster:
-    def __init__(self, tmp: Path, n: int = 3, secret: str = "test-secret-0123456789", extra: str = "") -> None:
+    def __init__(self, tmp: Path, n: int = 3, secret: str = "test-secret-0123456789") -> None:
         self.tmp = tmp
-        self.ids = [f"n{i + 1}" for i in range(n)]
-        self.client_ports = {i: free_udp_port() for i in self.ids}
-        self.peer_ports = {i: free_tcp_port() for i in self.ids}
-        lines = [f'[cluster]\nsecret = "{secret}"\nheartbeat_interval = 0.1\nsuspect_after = 0.3\n'
-                 f"down_after = 0.8\nanti_entropy_interval = 1.0\nsnapshot_interval = 1.0\n{extra}"]  # fmt: skip
-        for i in self.ids:
-            lines.append(f'[[members]]\nid = "{i}"\nclient_addr = "127.0.0.1:{self.client_ports[i]}"\n'
-                         f'peer_addr = "127.0.0.1:{self.peer_ports[i]}"\ndata_dir = "{tmp}/data/{i}"\n')  # fmt: skip
-        lines.append('[node]\nlog_level = "info"\n[timeouts]\nsubscriber_timeout = 5.0\n')
         self.config = tmp / "cluster.toml"
-        self.config.write_text("\n".join(lines))
+        ports = write_local_config(
+            self.config, n, secret,
+            cluster_extra="heartbeat_interval = 0.1\nsuspect_after = 0.3\ndown_after = 0.8\n"
+            "anti_entropy_interval = 1.0\nsnapshot_interval = 1.0\n",
+            node_extra='[node]\nlog_level = "info"\n[timeouts]\nsubscriber_timeout = 5.0\n',
+        )  # fmt: skip
+        self.ids = list(ports)
+        self.client_ports = {m: p[0] for m, p in ports.items()}
+        self.peer_ports = {m: p[1] for m, p in ports.items()}
         self.cc = load_cluster_config(self.config)
         self.launcher = Launcher(str(tmp / "run"))
 
