@@ -15,6 +15,7 @@ also counts lost, duplicated and out-of-order messages.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -59,13 +60,13 @@ async def one_run(node: str, launcher: Launcher, n: int, kill_at: int) -> dict[s
     seqs = [s for _, s in arrivals]
     times = [t for t, _ in arrivals]
     # the longest silence the subscriber lived through once the kill was ordered
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > killed_at]
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > killed_at]
     gap = max(gaps) if gaps else float("nan")
     return {
         "gap_s": gap,
         "lost": n - len(set(seqs)),
         "duplicated": len(seqs) - len(set(seqs)),
-        "out_of_order": sum(1 for a, b in zip(seqs, seqs[1:], strict=False) if b < a),
+        "out_of_order": sum(1 for a, b in itertools.pairwise(seqs) if b < a),
         "sub_failovers": sub_c.session.failovers,
         "pub_failovers": pub_c.session.failovers,
     }
