@@ -54,7 +54,9 @@ def populate(port: int, clients: int, per_client: int, topics: int) -> float:
         cid = c.to_bytes(16, "big")
         s.sendto(wire.encode_hello(cid), node)
         cookie = wire.decode_untrusted_frame(s.recv(70000))[2]
-        cmds = [(1, f"topic.{(c * per_client + j) % topics}", None, j % 2) for j in range(per_client)]
+        cmds: list[tuple[int, str, str | None, int]] = [
+            (1, f"topic.{(c * per_client + j) % topics}", None, j % 2) for j in range(per_client)
+        ]
         for b in range(0, per_client, 100):
             s.sendto(wire.encode_cmds(cid, cookie, (1 << 20) + b + 1, cmds[b : b + 100]), node)
             f = wire.decode_untrusted_frame(s.recv(70000))
