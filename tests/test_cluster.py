@@ -151,3 +151,28 @@ def test_status_lists_members_and_queues(cluster):
     assert all({"state", "subscriptions", "clients", "queue"} <= set(m) for m in st["members"])
     human = roost("status", "--node", cluster.addr("n2"))
     assert "n1" in human.stdout and "QUEUE" in human.stdout and "ready" in human.stdout
+
+
+def test_cold_start_of_the_whole_cluster_restores_from_snapshots(tmp_path):
+    import socket as s
+
+    c = LocalCluster(tmp_path)
+    c.start()
+    try:
+        text = s.socket(s.AF_INET, s.SOCK_DGRAM)
+        text.bind(("127.0.0.1", 0))
+        text.sendto(b"SUB kept\n", ("127.0.0.1", c.client_ports["n2"]))
+        c.wait_for(lambda: subs_everywhere(c) == [1, 1, 1], what="replication")
+        c.stop()  # SIGTERM: every member writes its snapshot (fsync) on the way out
+        for m in c.ids:
+            assert (tmp_path / "data" / m / "state.msgpack").stat().st_size > 0
+        c.start()  # the first member up has nobody to PULL from: it loads its snapshot
+        runs = [c.log(m).split("event=node_starting")[-1] for m in c.ids]
+        assert any("event=loaded_snapshot" in r for r in runs)
+        assert all("event=loaded_snapshot" in r or "event=pulled" in r for r in runs)
+        assert subs_everywhere(c) == [1, 1, 1]
+        assert roost("pub", "kept", "after the restart", "--node", c.addr("n3")).returncode == 0
+        text.settimeout(5)
+        assert text.recv(1000) == b"MSG kept\nafter the restart"
+    finally:
+        c.stop()
