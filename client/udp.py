@@ -44,7 +44,7 @@ def drain(sock: socket.socket, bufsize: int, limit: int = 1024) -> list[tuple[by
             data, addr = recvfrom(bufsize)
             batch.append((data, addr[:2] if len(addr) > 2 else addr))
     except BlockingIOError:
-        pass
+        return batch  # drained
     except OSError as exc:  # e.g. ECONNREFUSED from an ICMP error: not fatal
         if exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
             raise

@@ -66,7 +66,7 @@ def _closed_by_peer(s) -> bool:
     s.settimeout(5)
     try:
         while s.recv(65536):
-            pass
+            continue
     except (ConnectionResetError, TimeoutError):
         return False
     return True

@@ -143,7 +143,7 @@ async def test_connecting_to_nothing_raises_node_lost():
     s.close()
     with trio.fail_after(5), pytest.raises(NodeLost):
         async with Client(f"127.0.0.1:{port}", config=ClientConfig(node_timeout=0.3)):
-            pass
+            raise AssertionError("connected to a port nobody listens on")
 
 
 async def test_a_client_cannot_subscribe_another_address(node):
