@@ -87,7 +87,7 @@ class ClientState:
 
     __slots__ = (
         "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "mailbox", "fire",
-        "dirty", "last_batch", "last_results", "cancelled", "changed",
+        "dirty", "last_batch", "last_results", "cancelled", "changed", "counted",
     )  # fmt: skip
 
     def __init__(self, cid: Any, addr: Addr, home: str, now: float) -> None:
@@ -108,6 +108,7 @@ class ClientState:
         # repeated in every PONG so a lost CANCEL datagram cannot hide one.
         self.cancelled: dict[tuple[str, str | None], str] = {}
         self.changed: set[tuple[str, str | None]] | None = None  # not yet replicated
+        self.counted: str | None = None  # source host this record counts against (max_per_host)
 
     def modes(self) -> dict[tuple[str, str | None], int]:
         """The subscriptions in force, with their delivery modes."""
@@ -486,6 +487,7 @@ class BrokerCore:
                 raise WireError(E.OVERLOADED, "too many producers and clients from this host")
             self._per_host[addr[0]] += 1
             c = self._new_client(cid, addr, now)
+            c.counted = addr[0]
             self._log("info", "client_new", client=cid.hex(), addr=_fmt(addr))
         results = []
         for op, topic, key, mode in cmds:
@@ -683,8 +685,7 @@ class BrokerCore:
                 b, h = _key_hash(cid, None)
                 self.digest[b] ^= _mix(h, c.cver)
                 del self.clients[cid]
-                if cid.__class__ is bytes and c.home == self.node_id:
-                    self._forget_host(c.addr[0])
+                self._forget_counted(c)
         return gone
 
     def _new_stream(self) -> int:
@@ -751,7 +752,12 @@ class BrokerCore:
         c.local = False
         if not self.replicating:
             del self.clients[c.cid]
-            self._forget_host(c.addr[0])
+            self._forget_counted(c)
+
+    def _forget_counted(self, c: ClientState) -> None:
+        if c.counted is not None:
+            self._forget_host(c.counted)
+            c.counted = None
 
     def _forget_host(self, host: str) -> None:
         n = self._per_host[host] - 1

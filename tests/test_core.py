@@ -484,3 +484,17 @@ def test_text_pub_that_cannot_be_delivered_in_one_datagram_is_refused():
     text(core, b"SUB t\n")
     (reply,) = sends(text(core, b"PUB t " + b"x" * 1990, addr=B))
     assert reply.data.startswith(b"ERR too_large")
+
+
+def test_per_host_count_is_released_when_the_client_goes():
+    core = make_core(max_per_host=2, subscriber_timeout=1.0, ping_interval=0.1)
+    a, b = connect(core, ("127.0.0.9", 1), ("127.0.0.9", 2))  # one host
+    a.sub("t")
+    b.sub("t")
+    third = FakeClient(core, ("127.0.0.9", 3))
+    third.hello()
+    (err,) = frames_to(third.sub("t"), third.addr)
+    assert err[1] == E.OVERLOADED
+    core.tick(5.0)  # a and b time out
+    (ack,) = frames_to(third.sub("t", now=5.1), third.addr)
+    assert ack[0] is T.CMDACK
