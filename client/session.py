@@ -25,6 +25,7 @@ from client.wire import E, Mode, Op, Reason, T, WireError
 
 Addr = tuple[str, int]
 SESSION_SHIFT = 20  # batch id = session_epoch << 20 | counter (node/core.py agrees)
+MAX_HOLES = 65536  # per producer: sequences skipped by a jump that may still arrive
 
 
 @dataclass
@@ -128,6 +129,7 @@ class ClientSession:
         # reliable receive: one sequence space per delivering node
         self.streams: dict[Addr, RecvStream] = {}
         self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
+        self.holes: dict[bytes, set[int]] = {}  # producer id -> sequences below it not yet seen
         self.buffered = 0
         self.held = False  # in-order messages wait in ``ooo`` for buffer room
         self.duplicates = 0
@@ -315,12 +317,25 @@ class ClientSession:
     def _deliver(self, m: tuple[Any, ...], seq: int | None) -> None:
         if len(m) == 6:
             # Reliable messages name their producer: a resend after failover
-            # that the failed node had already delivered is dropped here.
+            # that the failed node had already delivered is dropped here. Two
+            # members' streams are not ordered with each other, so sequences
+            # skipped by a jump are remembered and still accepted later.
             pid, pseq = m[4], m[5]
-            if pseq <= self.seen.get(pid, 0):
-                self.duplicates += 1
-                return
-            self.seen[pid] = pseq
+            high = self.seen.get(pid, 0)
+            if pseq <= high:
+                holes = self.holes.get(pid)
+                if holes is None or pseq not in holes:
+                    self.duplicates += 1
+                    return
+                holes.discard(pseq)
+            else:
+                if pseq > high + 1 and high:
+                    holes = self.holes.setdefault(pid, set())
+                    holes.update(range(max(high + 1, pseq - MAX_HOLES), pseq))
+                    if len(holes) > MAX_HOLES:
+                        for s in sorted(holes)[: len(holes) - MAX_HOLES]:
+                            holes.discard(s)
+                self.seen[pid] = pseq
         topic, key = m[0], m[1]
         msg = Message(topic, key, m[2], m[3], seq)
         st = self.subs.get((topic, None))

@@ -66,7 +66,7 @@ async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]]) -> int:
                 break
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(sock)
-            except OSError:
-                failed += 1
+            except (OSError, OverflowError, TypeError, ValueError):
+                failed += 1  # unreachable, refused by a firewall, or an unusable address
                 break
     return failed

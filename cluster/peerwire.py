@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import struct
 from enum import IntEnum
 from typing import Any
@@ -28,6 +29,7 @@ from client.wire import WireError
 
 PROTOCOL = "roost-peer/1"
 NONCE_LEN = 16
+HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is read
 _LEN = struct.Struct(">I")
 
 
@@ -80,7 +82,10 @@ class FrameDecoder:
             body = bytes(buf[pos + 4 : pos + 4 + n])
             pos += 4 + n
             try:
-                frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
+                frame = msgpack.unpackb(
+                    body, raw=False, strict_map_key=True, max_ext_len=0,
+                    max_array_len=n, max_map_len=n // 2, max_str_len=n, max_bin_len=n,
+                )  # fmt: skip
             except Exception as exc:  # any msgpack failure means garbage
                 raise PeerProtocolError(f"undecodable frame: {exc.__class__.__name__}") from None
             if frame.__class__ is not list or not frame or frame[0].__class__ is not int:
@@ -142,13 +147,14 @@ def check_entries(entries: Any, members: set[str]) -> list[tuple[Any, ...]]:
             if e.__class__ is not list or len(e) != 6:
                 raise PeerProtocolError("an entry is [who, cver, host, port, home, subs]")
             who, cver, host, port, home, subs = e
-            if who.__class__ is list and len(who) == 2 and isinstance(who[0], str) and who[1].__class__ is int:
-                who = (who[0], who[1])
+            if who.__class__ is list and len(who) == 2:
+                who = (_ip(who[0]), _port(who[1]))
             elif who.__class__ is not bytes or len(who) != wire.ID_LEN:
                 raise PeerProtocolError("who must be a client id or [host, port]")
-            if not isinstance(host, str) or port.__class__ is not int or not 0 <= port <= 65535:
-                raise PeerProtocolError("bad client address")
-            if home not in members:
+            _ip(host)
+            _port(port)
+            # (an id this member does not know is fine: members are added one at a time)
+            if not isinstance(home, str) or not 0 < len(home) <= 64:
                 raise PeerProtocolError("home must be a member id")
             if subs.__class__ is not list:
                 raise PeerProtocolError("subs must be an array")
@@ -163,6 +169,29 @@ def check_entries(entries: Any, members: set[str]) -> list[tuple[Any, ...]]:
     except WireError as exc:
         raise PeerProtocolError(f"bad subscription: {exc.text}") from None
     return out
+
+
+_known_ips: dict[str, None] = {}
+
+
+def _ip(host: Any) -> str:
+    """An IP address literal (memoised): never a name to resolve, never garbage."""
+    if host.__class__ is str and host in _known_ips:
+        return host  # type: ignore[no-any-return]
+    try:
+        ipaddress.ip_address(host)
+    except (ValueError, TypeError):
+        raise PeerProtocolError("client address must be an IP literal") from None
+    if len(_known_ips) > 100_000:
+        _known_ips.clear()
+    _known_ips[host] = None
+    return host  # type: ignore[no-any-return]
+
+
+def _port(port: Any) -> int:
+    if port.__class__ is not int or not 0 < port <= 65535:
+        raise PeerProtocolError("client port must be 1..65535")
+    return port  # type: ignore[no-any-return]
 
 
 def check_digest(d: Any, buckets: int) -> list[int]:

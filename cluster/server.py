@@ -15,6 +15,7 @@ that fails the handshake or breaks the protocol is logged and disconnected.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hmac
 import os
@@ -28,6 +29,7 @@ import trio
 from cluster.config import ClusterConfig, Member
 from cluster.membership import Membership
 from cluster.peerwire import (
+    HANDSHAKE_MAX_FRAME,
     NONCE_LEN,
     PROTOCOL,
     FrameDecoder,
@@ -48,6 +50,9 @@ from node.logs import EventLog
 from node.server import NodeServer
 
 SNAPSHOT = "state.msgpack"
+SNAPSHOT_FORMAT = 2  # header [2, member, unix time], then msgpack arrays of entries
+# What a failing peer link can raise; each ends that link, never the member.
+LINK_ERRORS = (OSError, PeerProtocolError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 class PeerLink:
@@ -161,11 +166,14 @@ class ClusterNode:
                 try:
                     with trio.fail_after(self.s.pull_timeout):
                         n = await self._pull(peer)
-                except (OSError, PeerProtocolError, trio.TooSlowError) as exc:
+                except LINK_ERRORS as exc:
                     self.log("info", "pull_failed", peer=peer, reason=_why(exc))
                     continue
                 self.pulled_from = peer
                 self.log("info", "pulled", peer=peer, subscriptions=n, seconds=round(time.monotonic() - t0, 3))
+                # Our own snapshot may hold writes the peer never got (we died
+                # before pushing them); merging it is safe, newer versions win.
+                self._load_snapshot()
                 return
             self._load_snapshot()
 
@@ -197,7 +205,7 @@ class ClusterNode:
         host, port = self.peer_addr[peer]
         with trio.fail_after(self.s.handshake_timeout):
             stream = await trio.open_tcp_stream(host, port)
-            link = PeerLink(stream, peer, self.s.max_frame)
+            link = PeerLink(stream, peer, HANDSHAKE_MAX_FRAME)
             try:
                 nonce = os.urandom(NONCE_LEN)
                 await link.send([P.HELLO, PROTOCOL, self.me.id, nonce])
@@ -207,8 +215,10 @@ class ClusterNode:
                     raise PeerProtocolError("peer failed authentication (wrong cluster secret?)")
                 await link.send([P.AUTH, mac(self.secret, b"D", their_nonce, nonce, self.me.id, peer)])
             except BaseException:
-                await stream.aclose()
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
                 raise
+        link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
         return link
 
     async def _inbound(self, stream: trio.SocketStream) -> None:
@@ -218,7 +228,7 @@ class ClusterNode:
         except OSError:
             remote = ("?", 0)
         peer = None
-        link = PeerLink(stream, "?", self.s.max_frame)
+        link = PeerLink(stream, "?", HANDSHAKE_MAX_FRAME)
         try:
             with trio.fail_after(self.s.handshake_timeout):
                 peer, nonce = check_hello(await link.receive(), self.member_ids, self.me.id)
@@ -229,6 +239,7 @@ class ClusterNode:
                 if not _same(got, mac(self.secret, b"D", mine, nonce, peer, self.me.id)):
                     raise PeerProtocolError("wrong cluster secret")
             link.peer = peer
+            link.decoder.max_frame = self.s.max_frame
             await self._serve_peer(link)
         except (PeerProtocolError, trio.TooSlowError) as exc:
             self.log("warning", "peer_refused", peer=peer, remote=f"{remote[0]}:{remote[1]}", reason=_why(exc))
@@ -243,12 +254,14 @@ class ClusterNode:
     async def _serve_peer(self, link: PeerLink) -> None:
         core = self.core
         assert core is not None
+        idle = max(5 * self.s.down_after, 5.0)  # a dialer sends a heartbeat at least this often
         while True:
-            f = await link.receive()
+            with trio.fail_after(idle):
+                f = await link.receive()
             kind = f[0]
             if kind == P.PUSH and len(f) == 3:
                 entries = check_entries(f[2], self.member_ids)
-                core.merge(entries, trio.current_time())
+                self._changes_since_snapshot += core.merge(entries, trio.current_time())
                 await link.send([P.PUSHACK, f[1]])
             elif kind == P.HEARTBEAT and len(f) == 4:
                 state, subs, clients = f[1], f[2], f[3]
@@ -298,7 +311,7 @@ class ClusterNode:
         while True:
             try:
                 link = await self._dial(peer)
-            except (OSError, PeerProtocolError, trio.TooSlowError) as exc:
+            except LINK_ERRORS as exc:
                 if was_up is not False:
                     self.log("info", "link_down", peer=peer, reason=_why(exc))
                 was_up = False
@@ -342,7 +355,8 @@ class ClusterNode:
             await link.send([P.HEARTBEAT, self.state, core.index.count, core.status()["clients"]])
             while (push := q.next_push()) is not None:
                 await link.send([P.PUSH, push[0], push[1]])
-            if trio.current_time() >= next_digest and self.state == "ready":
+            peer_ready = self.membership.peers[link.peer].state == "ready"
+            if trio.current_time() >= next_digest and self.state == "ready" and peer_ready:
                 await link.send([P.DIGEST, list(core.digest)])
                 next_digest = trio.current_time() + self.s.anti_entropy_interval
             wake = self._wake[link.peer]
@@ -361,14 +375,19 @@ class ClusterNode:
                 q.acked(f[1])
                 self._wake[link.peer].set()
             elif kind == P.DIFF and len(f) == 2:
-                core.merge(check_entries(f[1], self.member_ids), trio.current_time())
+                self._changes_since_snapshot += core.merge(check_entries(f[1], self.member_ids), trio.current_time())
             elif kind == P.DIFFEND and len(f) == 2:
                 buckets = f[1]
                 if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
                     raise PeerProtocolError("malformed DIFFEND")
                 if buckets:
-                    # They sent us their side of the differing buckets; send ours.
-                    q.add(list(core.dump(set(buckets))))
+                    # They sent us their side of the differing buckets; send ours,
+                    # in slices so that a large repair never stalls this member.
+                    wanted = set(buckets)
+                    for i, e in enumerate(core.dump(wanted)):
+                        q.add([e])
+                        if i % 500 == 499:
+                            await trio.sleep(0)
                     self.log("info", "anti_entropy", peer=link.peer, buckets=len(buckets))
                     self._wake[link.peer].set()
                 q.repaired()
@@ -407,7 +426,7 @@ class ClusterNode:
                 next_gc = now + self.s.tombstone_horizon / 10
             if now >= next_snapshot:
                 if self._changes_since_snapshot and self.state == "ready":
-                    self._write_snapshot()
+                    await self._write_snapshot_async()
                 next_snapshot = now + self.s.snapshot_interval
                 # Subscription state lives long and holds no reference cycles:
                 # move it out of the collector's sight so that full collections
@@ -435,16 +454,52 @@ class ClusterNode:
     def _snapshot_path(self) -> str:
         return os.path.join(self.me.data_dir, SNAPSHOT)
 
+    def _snapshot_chunks(self) -> Any:
+        """The snapshot as msgpack objects: a header, then chunks of entries."""
+        assert self.core is not None
+        yield msgpack.packb([SNAPSHOT_FORMAT, self.me.id, time.time()], use_bin_type=True)
+        batch: list[Any] = []
+        n = 0
+        for e in self.core.dump():
+            batch.append(e)
+            n += len(e[5]) or 1
+            if n >= self.s.chunk_subscriptions:
+                yield msgpack.packb(batch, use_bin_type=True)
+                batch, n = [], 0
+        if batch:
+            yield msgpack.packb(batch, use_bin_type=True)
+
     def _write_snapshot(self) -> None:
-        """All entries to data_dir/state.msgpack: temp file, fsync, rename, fsync dir."""
+        """Synchronous snapshot (at shutdown, when nothing else runs)."""
         if self.core is None or self.state != "ready":
             return
+        try:
+            with self._snapshot_file() as f:
+                for chunk in self._snapshot_chunks():
+                    f.write(chunk)
+        except OSError as exc:
+            self.log("error", "snapshot_failed", reason=_why(exc))
+
+    async def _write_snapshot_async(self) -> None:
+        """Snapshot while serving: other tasks run between chunks (the state
+        may change meanwhile; a union of versions is still a valid state)."""
+        try:
+            with self._snapshot_file() as f:
+                for chunk in self._snapshot_chunks():
+                    f.write(chunk)
+                    await trio.sleep(0)
+        except OSError as exc:
+            self.log("error", "snapshot_failed", reason=_why(exc))
+
+    @contextlib.contextmanager
+    def _snapshot_file(self) -> Any:
+        """temp file -> fsync -> rename -> fsync of the directory."""
         os.makedirs(self.me.data_dir, exist_ok=True)
         path = self._snapshot_path()
         tmp = path + ".tmp"
-        entries = list(self.core.dump())
+        changes = self._changes_since_snapshot
         with open(tmp, "wb") as f:
-            f.write(msgpack.packb([1, self.me.id, time.time(), entries], use_bin_type=True))
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -453,24 +508,28 @@ class ClusterNode:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        self._changes_since_snapshot = 0
+        self._changes_since_snapshot -= changes
 
     def _load_snapshot(self) -> None:
         assert self.core is not None
         path = self._snapshot_path()
         if not os.path.exists(path):
-            self.log("info", "started_empty", reason="no live peer and no snapshot")
+            if self.pulled_from is None:
+                self.log("info", "started_empty", reason="no live peer and no snapshot")
             return
+        now = trio.current_time()
         try:
             with open(path, "rb") as f:
-                version, _, written, entries = msgpack.unpackb(f.read(), raw=False, strict_map_key=True)
-            if version != 1:
-                raise ValueError(f"snapshot version {version}")
-            checked = check_entries(entries, self.member_ids)
-        except (OSError, ValueError, TypeError, PeerProtocolError, msgpack.ExtraData) as exc:
+                unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=True, max_buffer_size=1 << 30)
+                header = next(unpacker)
+                if not isinstance(header, list) or header[:1] != [SNAPSHOT_FORMAT]:
+                    raise ValueError(f"not a snapshot of format {SNAPSHOT_FORMAT}")
+                written = header[2]
+                for chunk in unpacker:
+                    self.core.merge(check_entries(chunk, self.member_ids), now)
+        except (OSError, ValueError, TypeError, PeerProtocolError, StopIteration, msgpack.UnpackException) as exc:
             self.log("error", "snapshot_unreadable", path=path, reason=_why(exc))
             return
-        self.core.merge(checked, trio.current_time())
         self.log("info", "loaded_snapshot", path=path, subscriptions=self.core.index.count,
                  age_s=round(time.time() - written, 1))  # fmt: skip
 

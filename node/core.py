@@ -59,6 +59,8 @@ DIGEST_BUCKETS = 256
 REASON_UNSUBSCRIBED, REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT = 0, 1, 2
 # Command batch ids are (session start in ms) << SESSION_SHIFT | counter.
 SESSION_SHIFT = 20
+# Replicated versions may be at most this far ahead of our clock (seconds).
+MAX_CLOCK_SKEW = 60.0
 
 
 def _key_hash(who: Any, tk: tuple[str, str | None] | None) -> tuple[int, int]:
@@ -146,6 +148,7 @@ class BrokerCore:
         self.text_subs = 0
         self.metrics: Counter[str] = Counter()
         self.replicating = replicating
+        self.tombstone_horizon = math.inf  # the cluster shell sets its configured horizon
         self.digest = [0] * DIGEST_BUCKETS
         self._changed: list[ClientState] = []
         self.status_extra: Any = None  # the cluster shell adds its view here
@@ -465,7 +468,10 @@ class BrokerCore:
         cmds: list[tuple[int, str, str | None, int]],
         now: float,
     ) -> None:
-        if c is not None and batch >> SESSION_SHIFT != c.last_batch >> SESSION_SHIFT and c.last_batch >= 0:
+        if c is not None and c.last_batch >= 0 and batch >> SESSION_SHIFT < c.last_batch >> SESSION_SHIFT:
+            self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
+            return
+        if c is not None and batch >> SESSION_SHIFT > c.last_batch >> SESSION_SHIFT and c.last_batch >= 0:
             # The same client id from a new client session (a restarted
             # process): what the old one subscribed is not this one's.
             self._log("info", "client_restarted", client=cid.hex())
@@ -536,11 +542,23 @@ class BrokerCore:
         self._mark_changed(c, tk)
 
     def _set_cver(self, c: ClientState, cver: int) -> None:
-        """Install a version of the client's (address, home) register."""
-        if self.replicating:
-            b, h = _key_hash(c.cid, None)
-            self.digest[b] ^= _mix(h, c.cver) ^ _mix(h, cver)
-        c.cver = cver
+        """Install a version of the client's (address, home) register.
+
+        The register counts in the digest only while the client has
+        subscription registers: an empty record is local bookkeeping that one
+        replica may already have collected and another (its home) keeps.
+        """
+        if self.replicating and c.subs:
+            self._digest_client(c)
+            c.cver = cver
+            self._digest_client(c)
+        else:
+            c.cver = cver
+
+    def _digest_client(self, c: ClientState) -> None:
+        """Toggle the client register's share in its bucket digest."""
+        b, h = _key_hash(c.cid, None)
+        self.digest[b] ^= _mix(h, c.cver)
 
     def _mark_changed(self, c: ClientState, tk: tuple[str, str | None] | None) -> None:
         if not self.replicating:
@@ -573,10 +591,16 @@ class BrokerCore:
             c.live -= 1
             if c.cid.__class__ is not bytes:
                 self.text_subs -= 1
+                if c.live == 0:
+                    c.local = False  # nothing to watch any more: GC may take the record
+        if self.replicating and not c.subs:
+            self._digest_client(c)  # the first register: the client's own counts now
         if self.replicating or version & versions.PRESENT:
             c.subs[tk] = version
         else:
             c.subs.pop(tk, None)  # a single node needs no tombstones
+            if not c.subs and c.cid.__class__ is not bytes:
+                self.clients.pop(c.cid, None)  # a text address with nothing left
         live_reliable = versions.PRESENT | versions.RELIABLE
         if (
             c.mailbox is not None
@@ -615,11 +639,23 @@ class BrokerCore:
         changed = 0
         clients = self.clients
         observe = self.hlc.observe
+        wall = now + self.wall_offset
+        # A version from further ahead than MAX_CLOCK_SKEW is refused: it would
+        # drag every clock forward (and soon overflow 64 bits).
+        too_new = versions.upper_bound(wall + MAX_CLOCK_SKEW)
+        # Tombstones older than the horizon are gone here; one arriving from a
+        # replica that has not collected it yet must not come back to life.
+        expired = versions.upper_bound(wall - self.tombstone_horizon) if self.tombstone_horizon < math.inf else 0
         for who, cver, host, port, home, subs in entries:
+            if cver > too_new or any(v > too_new for _, _, v in subs):
+                self.metrics["merge_refused_future"] += 1
+                continue
             c = clients.get(who)
             if c is None:
-                # (even an entry of tombstones only is kept: forgetting it would
-                # let an older "subscribed" version win later)
+                if cver < expired and all(not v & versions.PRESENT and v < expired for _, _, v in subs):
+                    continue
+                # (an entry of recent tombstones only is kept: forgetting it
+                # would let an older "subscribed" version win later)
                 c = clients[who] = ClientState(who, (host, port), home, now)
             if cver > c.cver:
                 observe(cver)
@@ -635,12 +671,22 @@ class BrokerCore:
             for topic, key, v in subs:
                 tk = (topic, key)
                 old = c.subs.get(tk, 0)
-                if v > old:
+                if v > old and (v & versions.PRESENT or v >= expired):
                     observe(v)
                     self._set(c, tk, v)
                     changed += 1
-                    if c.local and not v & versions.PRESENT and (v >> 2) & 3 == REASON_OUT_OF_CAPACITY:
-                        c.cancelled[tk] = Reason.OUT_OF_CAPACITY  # repeat it in PONG
+                    if c.local and not v & versions.PRESENT:
+                        reason = (v >> 2) & 3
+                        if reason == REASON_OUT_OF_CAPACITY:
+                            c.cancelled[tk] = Reason.OUT_OF_CAPACITY  # repeat it in PONG
+                        elif (
+                            reason == REASON_TIMED_OUT and old & versions.PRESENT
+                            and now - c.last_seen < self.cfg.subscriber_timeout
+                        ):
+                            # Another member gave this client up for lost, but it
+                            # talks to us: its subscription stands (a newer write).
+                            self._write(c, tk, True, old & versions.RELIABLE, now)
+                            self.metrics["reasserted"] += 1
         return changed
 
     def dump(self, buckets: set[int] | None = None) -> Any:
@@ -681,9 +727,9 @@ class BrokerCore:
                     self.digest[b] ^= _mix(h, v)
                     del c.subs[tk]
                     gone += 1
+                    if not c.subs:
+                        self._digest_client(c)  # no registers left: its own stops counting
             if not c.subs and not c.local and versions.millis_of(c.cver) < limit_ms:
-                b, h = _key_hash(cid, None)
-                self.digest[b] ^= _mix(h, c.cver)
                 del self.clients[cid]
                 self._forget_counted(c)
         return gone

@@ -16,7 +16,7 @@ from cluster.replication import PeerQueue
 from node import versions
 from node.config import ConfigError, NodeConfig
 from node.core import BrokerCore
-from tests.corekit import FakeClient, delivered
+from tests.corekit import FakeClient, delivered, make_core
 
 MEMBERS = {"n1", "n2", "n3"}
 WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
@@ -156,7 +156,17 @@ def test_expire_home_tombstones_the_dead_members_clients():
     a.merge(check_entries(b.take_changes(), MEMBERS), 0.0)
     assert a.index.count == 1
     assert a.expire_home("n2", 5.0) == 1 and a.index.count == 0
-    b.merge(check_entries(a.take_changes(), MEMBERS), 5.0)
+    expiry = check_entries(a.take_changes(), MEMBERS)
+    # n2 was not dead after all and its client still talks to it: the subscription stands
+    b2 = replica("n2", 1)
+    b2.merge(check_entries(list(b.dump()), MEMBERS), 0.0)
+    b2.clients[cb.cid].last_seen = 4.0
+    b2.merge(expiry, 5.0)
+    assert b2.index.count == 1 and b2.metrics["reasserted"] == 1
+    a.merge(check_entries(b2.take_changes(), MEMBERS), 5.1)
+    assert a.index.count == 1  # the re-assertion wins everywhere
+    # a home whose client has been silent accepts the expiry
+    b.merge(expiry, 20.0)
     assert b.index.count == 0
 
 
@@ -298,3 +308,35 @@ def test_shipped_cluster3_config():
     assert [m.client_addr[1] for m in cc.members] == [7401, 7402, 7403]
     assert [m.peer_addr[1] for m in cc.members] == [7501, 7502, 7503]
     assert cc.node_config("n2").client_addr == ("127.0.0.1", 7402)
+
+
+def test_versions_from_the_future_are_refused():
+    a = replica()
+    future = versions.make(versions.HybridClock().now(1_780_000_000.0 + 3600), 1, True, 1)
+    a.merge(check_entries([[b"f" * 16, future, "127.0.0.1", 9, "n2", [["t", None, future]]]], MEMBERS), 0.0)
+    assert a.index.count == 0 and a.metrics["merge_refused_future"] == 1
+
+
+def test_an_expired_tombstone_does_not_come_back_from_another_replica():
+    a, b = replica("n1", 0), replica("n2", 1)
+    a.tombstone_horizon = b.tombstone_horizon = 60.0
+    fc = FakeClient(a, ("127.0.0.1", 5001))
+    fc.hello()
+    fc.sub("t", now=0.0)
+    fc.cmds([(0, "t", None, 0)], now=1.0)
+    b.merge(check_entries(a.take_changes(), MEMBERS), 1.0)
+    assert a.collect_tombstones(100.0, 60.0) == 1  # a collected, b not yet
+    a.merge(check_entries(list(b.dump()), MEMBERS), 100.0)  # anti-entropy sends b's copy
+    assert ("t", None) not in a.clients[fc.cid].subs
+    assert b.collect_tombstones(100.0, 60.0) == 1
+    assert a.digest == b.digest
+
+
+def test_text_records_go_with_their_last_subscription():
+    single = make_core()
+    single.handle_datagrams([(b"SUB t\n", ("127.0.0.1", 7001)), (b"UNSUB t\n", ("127.0.0.1", 7001))], 0.0)
+    assert single.clients == {}
+    a = replica()
+    a.tombstone_horizon = 60.0
+    a.handle_datagrams([(b"SUB t\n", ("127.0.0.1", 7001)), (b"UNSUB t\n", ("127.0.0.1", 7001))], 0.0)
+    assert a.collect_tombstones(100.0, 60.0) == 1 and a.clients == {}

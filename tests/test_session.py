@@ -215,3 +215,20 @@ def test_batch_ids_carry_the_session_epoch():
     a = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=1000)
     b = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=2000)
     assert b.next_batch >> 20 == 2000 and a.next_batch >> 20 == 1000
+
+
+def test_a_late_message_from_another_member_is_not_taken_for_a_duplicate():
+    """n1 delivered 1-2 and died retransmitting 3; the producer moved to n2, which
+    delivered 4; n1's 3 then arrives late: it is new, not a duplicate."""
+    s = connected_session()
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    pid = b"P" * 16
+    n1, n2 = ("127.0.0.1", 7400), ("127.0.0.1", 7402)
+    s.candidates.append(n2)
+    d = [wire.pack_delivery("t", None, None, b"m%d" % i, pid, i) for i in range(1, 5)]
+    s.handle_datagrams([(wire.encode_msgs(5, 1, d[0:2]), n1)], 0.1)
+    s.handle_datagrams([(wire.encode_msgs(9, 1, [d[3]]), n2)], 0.2)
+    s.handle_datagrams([(wire.encode_msgs(5, 3, [d[2]]), n1)], 0.3)
+    s.handle_datagrams([(wire.encode_msgs(9, 2, [d[2], d[3]]), n2)], 0.4)  # resends: duplicates
+    assert [m.payload for m in st.queue] == [b"m1", b"m2", b"m4", b"m3"]
+    assert s.duplicates == 2
