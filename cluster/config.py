@@ -20,16 +20,13 @@ from node.config import (
     ConfigError,
     NodeConfig,
     Setting,
+    _num,
     apply_sections,
     check_consistency,
+    fill_defaults,
     parse_hostport,
     read_toml,
 )  # fmt: skip
-
-
-def _num(lo: float, hi: float) -> Any:
-    return lambda v: lo <= v <= hi
-
 
 CLUSTER_SETTINGS: list[Setting] = [
     Setting("cluster", "secret", "", str, "a string of at least 16 characters",
@@ -97,8 +94,7 @@ class ClusterSettings:
     max_peer_queue: int
 
     def __init__(self) -> None:
-        for s in CLUSTER_SETTINGS:
-            setattr(self, s.key, s.default)
+        fill_defaults(self, CLUSTER_SETTINGS)
 
 
 @dataclass

@@ -152,14 +152,18 @@ class NodeConfig:
     ping_interval: float
 
     def __init__(self, **overrides: Any) -> None:
-        for s in SETTINGS:
-            v = s.default
-            setattr(self, s.key, parse_hostport(v) if s.key == "client_addr" else copy(v))
+        fill_defaults(self, SETTINGS)
         for k, v in overrides.items():
             if (k not in self.__annotations__) or k == "source":
                 raise TypeError(f"unknown setting {k}")
             setattr(self, k, v)
         self.source = "<defaults>"
+
+
+def fill_defaults(obj: Any, table: list[Setting]) -> None:
+    """Set every setting of ``table`` on ``obj`` to its documented default."""
+    for s in table:
+        setattr(obj, s.key, parse_hostport(s.default) if s.key == "client_addr" else copy(s.default))
 
 
 def validate_value(

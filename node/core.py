@@ -368,11 +368,7 @@ class BrokerCore:
         _, _, _, pid, first, floor, reliable, msgs = f
         st = self.producers.get(pid)
         if st is None:
-            if len(self.producers) >= self.cfg.max_producers:
-                raise WireError(E.OVERLOADED, "too many producers on this node")
-            if self._per_host[addr[0]] >= self.cfg.max_per_host:
-                raise WireError(E.OVERLOADED, "too many producers and clients from this host")
-            self._per_host[addr[0]] += 1
+            self._admit(addr[0], len(self.producers), self.cfg.max_producers, "producers")
             st = self.producers[pid] = [0, now, addr[0]]
             self._timer(now + self.cfg.producer_timeout, _PRODUCER, pid)
         st[1] = now
@@ -487,11 +483,7 @@ class BrokerCore:
             self._send(addr, wire.encode_cmdack(batch, c.last_results))
             return
         if c is None:
-            if len(self.clients) >= self.cfg.max_clients:
-                raise WireError(E.OVERLOADED, "too many clients on this node")
-            if self._per_host[addr[0]] >= self.cfg.max_per_host:
-                raise WireError(E.OVERLOADED, "too many producers and clients from this host")
-            self._per_host[addr[0]] += 1
+            self._admit(addr[0], len(self.clients), self.cfg.max_clients, "clients")
             c = self._new_client(cid, addr, now)
             c.counted = addr[0]
             self._log("info", "client_new", client=cid.hex(), addr=_fmt(addr))
@@ -799,6 +791,15 @@ class BrokerCore:
         if not self.replicating:
             del self.clients[c.cid]
             self._forget_counted(c)
+
+    def _admit(self, host: str, count: int, limit: int, what: str) -> None:
+        """Room for one more client or producer, node-wide and from ``host``?
+        Counts it against the host (released by _forget_host)."""
+        if count >= limit:
+            raise WireError(E.OVERLOADED, f"too many {what} on this node")
+        if self._per_host[host] >= self.cfg.max_per_host:
+            raise WireError(E.OVERLOADED, "too many producers and clients from this host")
+        self._per_host[host] += 1
 
     def _forget_counted(self, c: ClientState) -> None:
         if c.counted is not None:

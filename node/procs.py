@@ -10,6 +10,8 @@ import socket
 import subprocess
 import time
 
+FASTPUSS_LINE = (b"SUB t1\n", b"PUB t1\nhello world  ")
+
 
 def free_udp_port(host: str = "127.0.0.1") -> int:
     """A UDP port nobody is bound to right now (the kernel's choice)."""
@@ -37,3 +39,15 @@ def wait_listening(proc: subprocess.Popen[bytes], host: str, port: int, timeout:
             return
         time.sleep(0.05)
     raise RuntimeError(f"node did not listen on {host}:{port} within {timeout} s")
+
+
+def fastpuss_roundtrip(host: str, port: int, timeout: float = 3.0) -> bytes:
+    """The FASTPUSS acceptance line: one socket sends ``SUB t1``, another
+    ``PUB t1``; returns what the first one received (``MSG t1...`` when served)."""
+    sub_line, pub_line = FASTPUSS_LINE
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+        a.settimeout(timeout)
+        a.sendto(sub_line, (host, port))
+        time.sleep(0.1)
+        b.sendto(pub_line, (host, port))
+        return a.recv(65536)

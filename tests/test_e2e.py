@@ -15,7 +15,7 @@ import msgpack
 import pytest
 
 from client import wire
-from node.procs import free_udp_port
+from node.procs import fastpuss_roundtrip, free_udp_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOST = [sys.executable, "-m", "cluster.cli"]
@@ -54,13 +54,7 @@ def node(tmp_path):
 
 
 def fastpuss_line_works(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:  # fmt: skip
-        a.settimeout(3)
-        a.sendto(b"SUB t1\n", ("127.0.0.1", port))
-        time.sleep(0.1)
-        b.sendto(b"PUB t1\nhello world  ", ("127.0.0.1", port))
-        return a.recv(1000) == b"MSG t1\nhello world  "
+    return fastpuss_roundtrip("127.0.0.1", port) == b"MSG t1\nhello world  "
 
 
 def test_fastpuss_line_against_a_node_process(node):
