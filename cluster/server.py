@@ -26,6 +26,7 @@ from typing import Any
 import msgpack
 import trio
 
+from client.wire import encode_status_reply
 from cluster.config import ClusterConfig, Member
 from cluster.membership import Membership
 from cluster.peerwire import (
@@ -45,7 +46,7 @@ from cluster.peerwire import (
     mac,
 )  # fmt: skip
 from cluster.replication import PeerQueue
-from node.core import DIGEST_BUCKETS, BrokerCore
+from node.core import DIGEST_BUCKETS, BrokerCore, Log, Replicate, StatusQuery
 from node.logs import EventLog
 from node.server import NodeServer
 
@@ -116,8 +117,8 @@ class ClusterNode:
             self.cfg, self.secret, random.Random(), int(time.time() * 1000),
             members=[[m.id, *m.client_addr] for m in self.cc.members],
             node_idx=self.cc.index_of(self.me.id), wall_offset=time.time() - now, replicating=True,
+            tombstone_horizon=self.s.tombstone_horizon,
         )  # fmt: skip
-        core.status_extra = self.status
         host = self.bind_host or self.me.peer_addr[0]
         listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)
         self.log("info", "node_starting", state="syncing", peer_addr=f"{host}:{self.me.peer_addr[1]}",
@@ -130,7 +131,7 @@ class ClusterNode:
                 nursery.start_soon(self._housekeeping)
                 await self._initial_sync()
                 self.server = NodeServer(self.cfg, self.log, core=core)
-                self.server.on_changes = self._distribute
+                self.server.on_action = self._on_action
                 self.addr = await nursery.start(self.server.run)
                 self.state = "ready"
                 self.log("info", "node_ready", subscriptions=core.index.count, pulled_from=self.pulled_from)
@@ -188,7 +189,7 @@ class ClusterNode:
                 f = await link.receive()
                 if f[0] == P.DUMP and len(f) == 2:
                     entries = check_entries(f[1], self.member_ids)
-                    self.core.merge(entries, trio.current_time())
+                    self._perform(self.core.merge(entries, trio.current_time()))
                     n += sum(len(e[5]) for e in entries)
                 elif f[0] == P.DUMPEND and len(f) == 2:
                     if f[1] == -1:
@@ -261,7 +262,8 @@ class ClusterNode:
             kind = f[0]
             if kind == P.PUSH and len(f) == 3:
                 entries = check_entries(f[2], self.member_ids)
-                self._changes_since_snapshot += core.merge(entries, trio.current_time())
+                self._changes_since_snapshot += 1
+                self._perform(core.merge(entries, trio.current_time()))
                 await link.send([P.PUSHACK, f[1]])
             elif kind == P.HEARTBEAT and len(f) == 4:
                 state, subs, clients = f[1], f[2], f[3]
@@ -375,7 +377,8 @@ class ClusterNode:
                 q.acked(f[1])
                 self._wake[link.peer].set()
             elif kind == P.DIFF and len(f) == 2:
-                self._changes_since_snapshot += core.merge(check_entries(f[1], self.member_ids), trio.current_time())
+                self._changes_since_snapshot += 1
+                self._perform(core.merge(check_entries(f[1], self.member_ids), trio.current_time()))
             elif kind == P.DIFFEND and len(f) == 2:
                 buckets = f[1]
                 if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
@@ -394,12 +397,22 @@ class ClusterNode:
             else:
                 raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
 
-    def _distribute(self) -> None:
+    def _on_action(self, a: Any) -> list[tuple[Any, bytes]]:
+        if isinstance(a, Replicate):
+            self._distribute(a.entries)
+        elif isinstance(a, StatusQuery):
+            status = {**a.status, **self.status()}
+            return [(a.addr, encode_status_reply(status))]
+        elif isinstance(a, Log):
+            self.log(a.level, a.event, **a.fields)
+        return []
+
+    def _perform(self, actions: list[Any]) -> None:
+        for a in actions:
+            self._on_action(a)
+
+    def _distribute(self, entries: list[Any]) -> None:
         """Queue this node's new changes for every peer."""
-        assert self.core is not None
-        entries = self.core.take_changes()
-        if not entries:
-            return
         self._changes_since_snapshot += len(entries)
         for peer, q in self.queues.items():
             q.add(entries)
@@ -420,9 +433,7 @@ class ClusterNode:
             if self.state == "ready":
                 self._expire_lost_homes(now)
             if now >= next_gc:
-                gone = core.collect_tombstones(now, self.s.tombstone_horizon)
-                if gone:
-                    self.log("info", "tombstones_collected", count=gone)
+                self._perform(core.collect_tombstones(now))
                 next_gc = now + self.s.tombstone_horizon / 10
             if now >= next_snapshot:
                 if self._changes_since_snapshot and self.state == "ready":
@@ -446,8 +457,7 @@ class ClusterNode:
                 continue
             if self.membership.down_for(peer, now) > self.cfg.subscriber_timeout:
                 self._expired.add(peer)
-                if self.core.expire_home(peer, now):
-                    self._distribute()
+                self._perform(self.core.expire_home(peer, now))
 
     # ------------------------------------------------------------ snapshots
 
@@ -526,7 +536,7 @@ class ClusterNode:
                     raise ValueError(f"not a snapshot of format {SNAPSHOT_FORMAT}")
                 written = header[2]
                 for chunk in unpacker:
-                    self.core.merge(check_entries(chunk, self.member_ids), now)
+                    self._perform(self.core.merge(check_entries(chunk, self.member_ids), now))
         except (OSError, ValueError, TypeError, PeerProtocolError, StopIteration, msgpack.UnpackException) as exc:
             self.log("error", "snapshot_unreadable", path=path, reason=_why(exc))
             return

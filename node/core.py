@@ -44,7 +44,21 @@ class Log(NamedTuple):
     fields: dict[str, Any]
 
 
-Action = Send | Log
+class Replicate(NamedTuple):
+    """Local changes of replicated registers, to be pushed to every peer."""
+
+    entries: list[list[Any]]
+
+
+class StatusQuery(NamedTuple):
+    """A client asked for status: the shell (or member core) answers with
+    ``status`` plus whatever it knows beyond this core (the cluster view)."""
+
+    addr: Addr
+    status: dict[str, Any]
+
+
+Action = Send | Log | Replicate | StatusQuery
 
 # Timer kinds in the heap.
 _RTO, _LIVENESS, _LEASE, _PRODUCER = range(4)
@@ -128,6 +142,7 @@ class BrokerCore:
         node_idx: int = 0,
         wall_offset: float = 0.0,
         replicating: bool = False,
+        tombstone_horizon: float = math.inf,
     ) -> None:
         self.cfg = config
         self.node_id = config.id
@@ -148,10 +163,12 @@ class BrokerCore:
         self.text_subs = 0
         self.metrics: Counter[str] = Counter()
         self.replicating = replicating
-        self.tombstone_horizon = math.inf  # the cluster shell sets its configured horizon
+        self.tombstone_horizon = tombstone_horizon
         self.digest = [0] * DIGEST_BUCKETS
+        # Registers changed (local writes and merges), ever: a snapshot is due
+        # when this moved since the last one.
+        self.changes = 0
         self._changed: list[ClientState] = []
-        self.status_extra: Any = None  # the cluster shell adds its view here
         self._timers: list[tuple[float, int, Any]] = []
         self._text_ok: dict[str, bool] = {}
         self._text_nets = [ipaddress.ip_network(n) for n in config.text_networks]
@@ -171,7 +188,6 @@ class BrokerCore:
 
     def handle_datagrams(self, datagrams: list[tuple[bytes, Addr]], now: float) -> list[Action]:
         """Process a batch of datagrams in arrival order; return what to send."""
-        out = self._out
         self._now = now
         m = self.metrics
         m["datagrams_in"] += len(datagrams)
@@ -191,9 +207,7 @@ class BrokerCore:
                     self._on_binary(data, addr, now)
             except WireError as exc:
                 self._error(addr, exc, len(data), is_text)
-        self._flush(now)
-        self._out = []
-        return out
+        return self._finish(now)
 
     def tick(self, now: float) -> list[Action]:
         """Fire every timer that is due: retransmissions, timeouts, expiries."""
@@ -209,7 +223,13 @@ class BrokerCore:
                 self._on_lease(key, now)
             else:
                 self._on_producer(key, now)
+        return self._finish(now)
+
+    def _finish(self, now: float) -> list[Action]:
+        """End of an entry point: coalesced sends, then the changes to replicate."""
         self._flush(now)
+        if self._changed:
+            self._out.append(Replicate(self._take_changes()))
         out, self._out = self._out, []
         return out
 
@@ -343,10 +363,7 @@ class BrokerCore:
             cancels = [[t, k, r] for (t, k), r in c.cancelled.items()] if c else []
             self._send(addr, wire.encode_pong(f[3], known, new_cookie, cancels[:64]))
         else:
-            status = self.status()
-            if self.status_extra is not None:
-                status.update(self.status_extra())
-            self._send(addr, wire.encode_status_reply(status))
+            self._out.append(StatusQuery(addr, self.status()))
 
     def _adopt(self, c: ClientState, addr: Addr, now: float) -> None:
         """Make this node the client's home (and note its address) if it is not yet."""
@@ -563,6 +580,7 @@ class BrokerCore:
 
     def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
         """Install a version (newer than what we hold) and update the index."""
+        self.changes += 1
         old = c.subs.get(tk, 0)
         topic, key = tk
         if version & versions.PRESENT:
@@ -607,7 +625,7 @@ class BrokerCore:
             b, h = _key_hash(c.cid, tk)
             self.digest[b] ^= _mix(h, old) ^ _mix(h, version)
 
-    def take_changes(self) -> list[list[Any]]:
+    def _take_changes(self) -> list[list[Any]]:
         """Replication entries for every local change since the last call."""
         out = []
         for c in self._changed:
@@ -622,13 +640,15 @@ class BrokerCore:
         who = c.cid if c.cid.__class__ is bytes else list(c.cid)
         return [who, c.cver, c.addr[0], c.addr[1], c.home, [[t, k, v] for (t, k), v in subs]]
 
-    def merge(self, entries: list[Any], now: float) -> int:
-        """Apply replicated entries (already validated); returns registers changed.
+    def merge(self, entries: list[Any], now: float) -> list[Action]:
+        """Apply replicated entries (already validated); ``changes`` counts the
+        registers that moved. Returns what that causes (re-asserted writes to
+        replicate, logs).
 
         Last writer wins per register, so any order, repetition or grouping of
         the same entries leaves the same state.
         """
-        changed = 0
+        self._now = now
         clients = self.clients
         observe = self.hlc.observe
         wall = now + self.wall_offset
@@ -659,14 +679,12 @@ class BrokerCore:
                 if c.local and not was_local and who.__class__ is bytes:
                     c.last_seen = now
                     self._timer(now + self.cfg.subscriber_timeout, _LIVENESS, who)
-                changed += 1
             for topic, key, v in subs:
                 tk = (topic, key)
                 old = c.subs.get(tk, 0)
                 if v > old and (v & versions.PRESENT or v >= expired):
                     observe(v)
                     self._set(c, tk, v)
-                    changed += 1
                     if c.local and not v & versions.PRESENT:
                         reason = (v >> 2) & 3
                         if reason == REASON_OUT_OF_CAPACITY:
@@ -679,7 +697,7 @@ class BrokerCore:
                             # talks to us: its subscription stands (a newer write).
                             self._write(c, tk, True, old & versions.RELIABLE, now)
                             self.metrics["reasserted"] += 1
-        return changed
+        return self._finish(now)
 
     def dump(self, buckets: set[int] | None = None) -> Any:
         """Every client's entry (or only the registers in ``buckets``)."""
@@ -691,7 +709,7 @@ class BrokerCore:
             if subs or _key_hash(c.cid, None)[0] in buckets:
                 yield self._entry(c, subs)
 
-    def expire_home(self, home: str, now: float) -> int:
+    def expire_home(self, home: str, now: float) -> list[Action]:
         """Tombstone the subscriptions of binary clients whose home node is gone.
 
         Their clients either moved to another node already (and re-subscribed
@@ -706,11 +724,13 @@ class BrokerCore:
                         n += 1
         if n:
             self._log("info", "expired_home", home=home, subscriptions=n)
-        return n
+        return self._finish(now)
 
-    def collect_tombstones(self, now: float, horizon: float) -> int:
-        """Forget tombstones older than ``horizon`` seconds, and empty records."""
-        limit_ms = int((now + self.wall_offset - horizon) * 1000)
+    def collect_tombstones(self, now: float) -> list[Action]:
+        """Forget tombstones older than ``tombstone_horizon``, and empty records."""
+        if self.tombstone_horizon == math.inf:
+            return []
+        limit_ms = int((now + self.wall_offset - self.tombstone_horizon) * 1000)
         gone = 0
         for cid, c in list(self.clients.items()):
             for tk, v in list(c.subs.items()):
@@ -724,7 +744,10 @@ class BrokerCore:
             if not c.subs and not c.local and versions.millis_of(c.cver) < limit_ms:
                 del self.clients[cid]
                 self._forget_counted(c)
-        return gone
+        if gone:
+            self.metrics["tombstones_collected"] += gone
+            self._log("info", "tombstones_collected", count=gone)
+        return self._finish(now)
 
     def _new_stream(self) -> int:
         self._next_stream += 1

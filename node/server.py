@@ -17,9 +17,10 @@ from typing import Any
 
 import trio
 
+from client import wire
 from client.udp import drain, open_udp, send_all
 from node.config import NodeConfig
-from node.core import BrokerCore, Log, Send
+from node.core import BrokerCore, Log, Send, StatusQuery
 from node.logs import EventLog
 
 
@@ -30,8 +31,9 @@ class NodeServer:
         self.core = core or BrokerCore(
             cfg, secrets.token_bytes(32), random.Random(), int(time.time() * 1000)
         )
-        # Called after any batch that changed replicated state (cluster shell).
-        self.on_changes: Callable[[], None] | None = None
+        # Actions beyond Send and Log (a cluster member handles Replicate and
+        # adds its view to StatusQuery); returns what to send instead.
+        self.on_action: Callable[[Any], list[tuple[Any, bytes]]] | None = None
         self.sock = open_udp(*cfg.client_addr)
         self.addr = self.sock.getsockname()[:2]
 
@@ -43,6 +45,10 @@ class NodeServer:
                 sends.append(a)
             elif isinstance(a, Log):
                 self.log(a.level, a.event, **a.fields)
+            elif self.on_action is not None:
+                sends += self.on_action(a)
+            elif isinstance(a, StatusQuery):
+                sends.append(Send(a.addr, wire.encode_status_reply(a.status)))
         return sends
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -60,8 +66,6 @@ class NodeServer:
                 if deadline is not None and deadline <= now:
                     actions += core.tick(now)
                     deadline = core.next_deadline()
-                if core._changed and self.on_changes is not None:
-                    self.on_changes()
                 if actions:
                     failed = await send_all(sock, self.perform(actions))
                     if failed:

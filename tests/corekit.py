@@ -8,13 +8,18 @@ from typing import Any
 from client import wire
 from client.wire import T
 from node.config import NodeConfig
-from node.core import BrokerCore, Send
+from node.core import BrokerCore, Replicate, Send
 
 NODE = ("127.0.0.1", 7400)
 
 
 def make_core(**overrides: Any) -> BrokerCore:
     return BrokerCore(NodeConfig(**overrides), b"k" * 32, random.Random(1), incarnation=1)
+
+
+def replicated(actions: list[Any]) -> list[list[Any]]:
+    """The entries of every Replicate action."""
+    return [e for a in actions if isinstance(a, Replicate) for e in a.entries]
 
 
 def sends(actions: list[Any]) -> list[Send]:
@@ -37,9 +42,16 @@ class FakeClient:
         self.batch = 0
         self.pid = self.cid[::-1]
         self.seq = 1
+        self.pushes: list[list[Any]] = []  # Replicate entries the core emitted for us
 
     def send(self, data: bytes, now: float) -> list[Any]:
-        return self.core.handle_datagrams([(data, self.addr)], now)
+        actions = self.core.handle_datagrams([(data, self.addr)], now)
+        self.pushes += replicated(actions)
+        return actions
+
+    def take_pushes(self) -> list[list[Any]]:
+        out, self.pushes = self.pushes, []
+        return out
 
     def hello(self, now: float = 0.0) -> None:
         (f,) = frames_to(self.send(wire.encode_hello(self.cid), now), self.addr)

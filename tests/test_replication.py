@@ -3,6 +3,7 @@ failure detection, the peer codec and cluster config validation."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -15,16 +16,21 @@ from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_entries, 
 from cluster.replication import PeerQueue
 from node import versions
 from node.config import ConfigError, NodeConfig
-from node.core import BrokerCore
-from tests.corekit import FakeClient, delivered, make_core
+from node.core import BrokerCore, Log
+from tests.corekit import FakeClient, delivered, make_core, replicated
 
 MEMBERS = {"n1", "n2", "n3"}
 WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
 
 
-def replica(node_id: str = "n1", idx: int = 0) -> BrokerCore:
+def replica(node_id: str = "n1", idx: int = 0, horizon: float = math.inf) -> BrokerCore:
     return BrokerCore(NodeConfig(id=node_id), b"k" * 32, random.Random(1), 1, node_idx=idx, replicating=True,
-                      wall_offset=1_780_000_000.0)  # fake time 0 is a day in 2026
+                      wall_offset=1_780_000_000.0, tombstone_horizon=horizon)  # fake time 0 is a day in 2026
+
+
+def collected(actions: list) -> int:
+    """Tombstones the collection's log line reports."""
+    return sum(a.fields["count"] for a in actions if isinstance(a, Log) and a.event == "tombstones_collected")
 
 
 def observable(core: BrokerCore):
@@ -109,8 +115,8 @@ def test_anti_entropy_heals_a_partition():
     cb.hello()
     ca.cmds([(1, "left", None, 1), (1, "both", None, 0)], now=0.1)
     cb.cmds([(1, "right", None, 0)], now=0.2)
-    a.take_changes()
-    b.take_changes()  # the pushes are lost: partitioned
+    ca.take_pushes()
+    cb.take_pushes()  # the pushes are lost: partitioned
     assert a.digest != b.digest
     assert _exchange_diff(a, b)
     assert a.digest == b.digest and observable(a)[0] == observable(b)[0]
@@ -126,25 +132,26 @@ def test_a_later_write_wins_over_a_concurrent_one():
     ca = FakeClient(a, ("127.0.0.1", 5001))
     ca.hello()
     ca.sub("t", now=1.0)
-    b.merge(check_entries(a.take_changes(), MEMBERS), 1.0)
+    b.merge(check_entries(ca.take_pushes(), MEMBERS), 1.0)
     cb = FakeClient(b, ("127.0.0.1", 5001), cid=ca.cid)  # the client moved to n2 and unsubscribed
     cb.cookie = ca.cookie
     cb.batch = ca.batch
     cb.cmds([(0, "t", None, 0)], now=2.0)
-    a.merge(check_entries(b.take_changes(), MEMBERS), 2.0)
+    a.merge(check_entries(cb.take_pushes(), MEMBERS), 2.0)
     assert a.index.count == b.index.count == 0
     assert a.clients[ca.cid].home == "n2" and not a.clients[ca.cid].local
 
 
 def test_tombstones_are_collected_after_the_horizon():
-    a = replica()
+    a = replica(horizon=60.0)
     fc = FakeClient(a, ("127.0.0.1", 5001))
     fc.hello()
     fc.sub("t", now=0.0)
     fc.cmds([(0, "t", None, 0)], now=1.0)
     assert ("t", None) in a.clients[fc.cid].subs  # the tombstone
-    assert a.collect_tombstones(10.0, horizon=60.0) == 0
-    assert a.collect_tombstones(100.0, horizon=60.0) == 1
+    a.collect_tombstones(10.0)
+    assert a.metrics["tombstones_collected"] == 0
+    assert collected(a.collect_tombstones(100.0)) == 1
     assert ("t", None) not in a.clients[fc.cid].subs
 
 
@@ -153,17 +160,17 @@ def test_expire_home_tombstones_the_dead_members_clients():
     cb = FakeClient(b, ("127.0.0.1", 5002))
     cb.hello()
     cb.sub("t", now=0.0)
-    a.merge(check_entries(b.take_changes(), MEMBERS), 0.0)
+    a.merge(check_entries(cb.take_pushes(), MEMBERS), 0.0)
     assert a.index.count == 1
-    assert a.expire_home("n2", 5.0) == 1 and a.index.count == 0
-    expiry = check_entries(a.take_changes(), MEMBERS)
+    expiry = check_entries(replicated(a.expire_home("n2", 5.0)), MEMBERS)
+    assert len(expiry) == 1 and a.index.count == 0
     # n2 was not dead after all and its client still talks to it: the subscription stands
     b2 = replica("n2", 1)
     b2.merge(check_entries(list(b.dump()), MEMBERS), 0.0)
     b2.clients[cb.cid].last_seen = 4.0
-    b2.merge(expiry, 5.0)
+    reasserted = replicated(b2.merge(expiry, 5.0))
     assert b2.index.count == 1 and b2.metrics["reasserted"] == 1
-    a.merge(check_entries(b2.take_changes(), MEMBERS), 5.1)
+    a.merge(check_entries(reasserted, MEMBERS), 5.1)
     assert a.index.count == 1  # the re-assertion wins everywhere
     # a home whose client has been silent accepts the expiry
     b.merge(expiry, 20.0)
@@ -318,17 +325,16 @@ def test_versions_from_the_future_are_refused():
 
 
 def test_an_expired_tombstone_does_not_come_back_from_another_replica():
-    a, b = replica("n1", 0), replica("n2", 1)
-    a.tombstone_horizon = b.tombstone_horizon = 60.0
+    a, b = replica("n1", 0, horizon=60.0), replica("n2", 1, horizon=60.0)
     fc = FakeClient(a, ("127.0.0.1", 5001))
     fc.hello()
     fc.sub("t", now=0.0)
     fc.cmds([(0, "t", None, 0)], now=1.0)
-    b.merge(check_entries(a.take_changes(), MEMBERS), 1.0)
-    assert a.collect_tombstones(100.0, 60.0) == 1  # a collected, b not yet
+    b.merge(check_entries(fc.take_pushes(), MEMBERS), 1.0)
+    assert collected(a.collect_tombstones(100.0)) == 1  # a collected, b not yet
     a.merge(check_entries(list(b.dump()), MEMBERS), 100.0)  # anti-entropy sends b's copy
     assert ("t", None) not in a.clients[fc.cid].subs
-    assert b.collect_tombstones(100.0, 60.0) == 1
+    assert collected(b.collect_tombstones(100.0)) == 1
     assert a.digest == b.digest
 
 
@@ -336,7 +342,6 @@ def test_text_records_go_with_their_last_subscription():
     single = make_core()
     single.handle_datagrams([(b"SUB t\n", ("127.0.0.1", 7001)), (b"UNSUB t\n", ("127.0.0.1", 7001))], 0.0)
     assert single.clients == {}
-    a = replica()
-    a.tombstone_horizon = 60.0
+    a = replica(horizon=60.0)
     a.handle_datagrams([(b"SUB t\n", ("127.0.0.1", 7001)), (b"UNSUB t\n", ("127.0.0.1", 7001))], 0.0)
-    assert a.collect_tombstones(100.0, 60.0) == 1 and a.clients == {}
+    assert collected(a.collect_tombstones(100.0)) == 1 and a.clients == {}
