@@ -18,7 +18,7 @@ from cluster.config import CLUSTER_SETTINGS, is_cluster_config, load_cluster_con
 from cluster.launcher import DEFAULT_RUN_DIR, Launcher
 from cluster.server import ClusterNode
 from node.config import ConfigError, config_doc, load_node_config, read_toml
-from node.server import NodeServer, run_until_signal
+from node.server import NodeServer, run_until_signal, wait_for_signal
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,20 +92,19 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
     except OSError as exc:
         print(f"roost node: {args.id}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    if node.bind_error is not None:
+        host, port = node.cfg.client_addr
+        print(f"roost node: {args.id}: cannot bind {host}:{port}: {node.bind_error.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 
 async def _run_cluster_node(node: ClusterNode) -> None:
-    import signal
-
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(node.run)
-            async for signum in signals:
-                node.log("info", "signal", name=signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
-    node.log("info", "node_stopped", subscriptions=node.core.index.count if node.core else 0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(node.run)
+        await wait_for_signal(node.log)
+        await node.stop()
+        nursery.cancel_scope.cancel()
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -64,6 +64,14 @@ CLUSTER_SETTINGS: list[Setting] = [
             _num(1000, 100_000_000),
             "Changes queued for an absent peer; beyond it the queue is dropped and "
             "anti-entropy repairs the peer when it is back."),
+    Setting("cluster", "link_idle_timeout", 7.5, float, "a number of seconds from 0.1 to 3600",
+            _num(0.1, 3600),
+            "A link a peer dialled is closed after this long without a frame (the peer sends a "
+            "heartbeat every heartbeat_interval); must be more than heartbeat_interval."),
+    Setting("cluster", "stop_timeout", 10.0, float, "a number of seconds from 0.1 to 600",
+            _num(0.1, 600),
+            "On SIGTERM/SIGINT a member writes a last snapshot; it gives up waiting for the "
+            "write after this long."),
 ]  # fmt: skip
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -92,6 +100,8 @@ class ClusterSettings:
     max_frame: int
     chunk_subscriptions: int
     max_peer_queue: int
+    link_idle_timeout: float
+    stop_timeout: float
 
     def __init__(self) -> None:
         fill_defaults(self, CLUSTER_SETTINGS)
@@ -147,6 +157,9 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
     if settings.down_after <= settings.suspect_after:
         raise ConfigError(f"{source}: [cluster] down_after = {settings.down_after}: must be more than "
                           f"suspect_after ({settings.suspect_after})")  # fmt: skip
+    if settings.link_idle_timeout <= settings.heartbeat_interval:
+        raise ConfigError(f"{source}: [cluster] link_idle_timeout = {settings.link_idle_timeout}: must be more "
+                          f"than heartbeat_interval ({settings.heartbeat_interval})")  # fmt: skip
     raw = data.get("members")
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{source}: [[members]]: at least one member is required")

@@ -64,9 +64,6 @@ class Membership:
         old, v.state = v.state, new
         return old, new
 
-    def live(self) -> list[str]:
-        return [p for p, v in self.peers.items() if v.state in ("ready", "syncing", "suspect")]
-
     def down_for(self, peer: str, now: float) -> float:
         v = self.peers[peer]
         return 0.0 if v.down_since is None else now - v.down_since

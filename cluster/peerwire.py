@@ -62,37 +62,50 @@ def encode(frame: list[Any]) -> bytes:
 
 
 class FrameDecoder:
-    """Turns a TCP byte stream into frames; refuses oversized or garbage ones."""
+    """Turns a TCP byte stream into frames; refuses oversized or garbage ones.
+
+    Frames are taken one at a time (:meth:`next_frame`) because the size limit
+    changes mid-stream: until the handshake completes only small frames are
+    accepted, and frames that arrived in the same segment as the last
+    handshake frame must be judged by the limit in force when they are read.
+    """
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
         self._buf = bytearray()
+        self._pos = 0
 
-    def feed(self, data: bytes) -> list[list[Any]]:
+    def feed(self, data: bytes) -> None:
+        if self._pos > 65536 and self._pos * 2 > len(self._buf):
+            del self._buf[: self._pos]
+            self._pos = 0
         self._buf += data
-        frames = []
-        buf = self._buf
-        pos = 0
-        while len(buf) - pos >= 4:
-            (n,) = _LEN.unpack_from(buf, pos)
-            if n > self.max_frame:
-                raise PeerProtocolError(f"frame of {n} bytes exceeds max_frame ({self.max_frame})")
-            if len(buf) - pos - 4 < n:
-                break
-            body = bytes(buf[pos + 4 : pos + 4 + n])
-            pos += 4 + n
-            try:
-                frame = msgpack.unpackb(
-                    body, raw=False, strict_map_key=True, max_ext_len=0,
-                    max_array_len=n, max_map_len=n // 2, max_str_len=n, max_bin_len=n,
-                )  # fmt: skip
-            except Exception as exc:  # any msgpack failure means garbage
-                raise PeerProtocolError(f"undecodable frame: {exc.__class__.__name__}") from None
-            if frame.__class__ is not list or not frame or frame[0].__class__ is not int:
-                raise PeerProtocolError("a frame is [type, ...]")
-            frames.append(frame)
-        del buf[:pos]
-        return frames
+
+    def next_frame(self) -> list[Any] | None:
+        """The next complete frame, or None until more bytes arrive."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            return None
+        (n,) = _LEN.unpack_from(buf, pos)
+        if n > self.max_frame:
+            raise PeerProtocolError(f"frame of {n} bytes exceeds max_frame ({self.max_frame})")
+        if len(buf) - pos - 4 < n:
+            return None
+        body = bytes(buf[pos + 4 : pos + 4 + n])
+        self._pos = pos + 4 + n
+        if self._pos == len(buf):
+            buf.clear()
+            self._pos = 0
+        try:
+            frame = msgpack.unpackb(
+                body, raw=False, strict_map_key=True, max_ext_len=0,
+                max_array_len=n, max_map_len=n // 2, max_str_len=n, max_bin_len=n,
+            )  # fmt: skip
+        except Exception as exc:  # any msgpack failure means garbage
+            raise PeerProtocolError(f"undecodable frame: {exc.__class__.__name__}") from None
+        if frame.__class__ is not list or not frame or frame[0].__class__ is not int:
+            raise PeerProtocolError("a frame is [type, ...]")
+        return frame  # type: ignore[no-any-return]
 
 
 def mac(secret: bytes, label: bytes, n1: bytes, n2: bytes, id1: str, id2: str) -> bytes:
@@ -132,7 +145,7 @@ def _u64(v: Any) -> int:
     return v  # type: ignore[no-any-return]
 
 
-def check_entries(entries: Any, members: set[str]) -> list[tuple[Any, ...]]:
+def check_entries(entries: Any) -> list[tuple[Any, ...]]:
     """Validate replication entries ``[who, cver, host, port, home, [[t, k, v]...]]``.
 
     ``who`` becomes bytes (binary client id) or a (host, port) tuple (text

@@ -1,6 +1,6 @@
 """What one node owes each peer: queued changes and pushes in flight (sans-IO).
 
-Every local SUB/UNSUB becomes an entry (node/core.py ``take_changes``) that is
+Every local SUB/UNSUB becomes an entry (a ``Replicate`` action of the broker core) that is
 queued for every peer and PUSHed over its link, a few frames in flight at a
 time, each acknowledged by PUSHACK. While a peer is away its queue grows; on
 reconnect what was in flight is sent again (merging is idempotent, so a
@@ -11,6 +11,7 @@ dropped and marked: anti-entropy (digest comparison) repairs that peer.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 Entry = Any  # [who, cver, host, port, home, [[topic, key, version], ...]]
@@ -18,6 +19,21 @@ Entry = Any  # [who, cver, host, port, home, [[topic, key, version], ...]]
 
 def subs_in(entry: Entry) -> int:
     return len(entry[5]) or 1
+
+
+def chunked(entries: Iterable[Entry], limit: int) -> Iterator[list[Entry]]:
+    """Entries in lists of about ``limit`` subscriptions: the unit of a DUMP or
+    DIFF frame and of a snapshot chunk (an entry is never split)."""
+    batch: list[Entry] = []
+    n = 0
+    for e in entries:
+        batch.append(e)
+        n += subs_in(e)
+        if n >= limit:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
 
 
 class PeerQueue:
@@ -30,7 +46,6 @@ class PeerQueue:
         self.inflight: dict[int, list[Entry]] = {}
         self.next_seq = 1
         self.overflowed = False
-        self.pushed = 0
 
     def __len__(self) -> int:
         """Subscriptions not yet acknowledged by the peer."""
@@ -65,9 +80,7 @@ class PeerQueue:
         return seq, batch
 
     def acked(self, seq: int) -> None:
-        batch = self.inflight.pop(seq, None)
-        if batch is not None:
-            self.pushed += sum(subs_in(e) for e in batch)
+        self.inflight.pop(seq, None)
 
     def disconnected(self) -> None:
         """The link dropped: what was in flight goes back to the front, in order."""

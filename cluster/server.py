@@ -1,80 +1,76 @@
-"""One member of a replicated cluster: the trio shell around BrokerCore,
-peer links, the initial PULL, anti-entropy, failure detection and snapshots.
+"""The trio shell of a cluster member: sockets, timers and files, nothing else.
 
-Start-up (FASTPUSS: "pick one of the other nodes randomly and ask for a
-massive data transfer in pull fashion"):
-  1. listen for peers; dial every peer (outbound links carry our PUSHes,
-     HEARTBEATs and DIGESTs; the peer answers on the same connection);
-  2. state ``syncing``: PULL a full dump from a random live peer, merge it;
-     with no live peer, load our own snapshot from the data dir, or nothing;
-  3. state ``ready``: bind the client UDP port and serve.
+Every decision is the member core's (cluster/member.py). This shell turns
+what happens on the TCP links, the client UDP port, the clock and the disk into
+events, hands each to the core, and performs the actions that come back:
 
-Anything a peer sends is checked (peerwire) before it touches state; a peer
-that fails the handshake or breaks the protocol is logged and disconnected.
+* ``SendFrame``/``Dial``/``Close``: one task per peer link reads it and feeds
+  ``LinkBytes``; a writer task drains the link's queue with ``send_all``;
+* ``Send``: datagrams on the client UDP socket (bound at ``ServeClients``);
+* ``ReadSnapshot``/``WriteSnapshot``: file I/O in a worker thread
+  (``trio.to_thread``), fsync included, so the event loop never blocks on the
+  disk; only when the write and both fsyncs are done does the core hear
+  ``PersistDone``;
+* ``Exit``: stop.
+
+Bulk merges (a PULL of a million subscriptions) create many long-lived
+objects; the cyclic collector is paused only around those synchronous core
+calls (never across an await), and once, when the member is ready, what
+survived is collected and frozen out of the collector's sight.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import hmac
+import math
 import os
 import random
+import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import msgpack
 import trio
 
-from client.wire import encode_status_reply
-from cluster.config import ClusterConfig, Member
-from cluster.membership import Membership
-from cluster.peerwire import (
-    HANDSHAKE_MAX_FRAME,
-    NONCE_LEN,
-    PROTOCOL,
-    FrameDecoder,
-    P,
-    PeerClosed,
-    PeerProtocolError,
-    check_auth,
-    check_challenge,
-    check_digest,
-    check_entries,
-    check_hello,
-    encode,
-    mac,
+from client.udp import drain, open_udp, send_all
+from cluster.config import ClusterConfig
+from cluster.events import (
+    Accepted,
+    Close,
+    Datagrams,
+    Dial,
+    Event,
+    Exit,
+    LinkBytes,
+    LinkClosed,
+    LinkOpened,
+    Log,
+    PersistDone,
+    ReadSnapshot,
+    Send,
+    SendFrame,
+    ServeClients,
+    SnapshotRead,
+    Start,
+    Stop,
+    Tick,
+    WriteSnapshot,
 )  # fmt: skip
-from cluster.replication import PeerQueue
-from node.core import DIGEST_BUCKETS, BrokerCore, Log, Replicate, StatusQuery
+from cluster.member import MemberCore
+from cluster.snapshot import SNAPSHOT_FILE
 from node.logs import EventLog
-from node.server import NodeServer
 
-SNAPSHOT = "state.msgpack"
-SNAPSHOT_FORMAT = 2  # header [2, member, unix time], then msgpack arrays of entries
-# What a failing peer link can raise; each ends that link, never the member.
-LINK_ERRORS = (OSError, PeerProtocolError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError)
+# Snapshot chunks handed to one worker-thread call.
+_CHUNKS_PER_WRITE = 8
 
 
-class PeerLink:
-    """An authenticated TCP connection to a peer, with frame decoding."""
+class _LinkIO:
+    __slots__ = ("scope", "send", "recv", "closed_by_core")
 
-    def __init__(self, stream: trio.SocketStream, peer: str, max_frame: int) -> None:
-        self.stream = stream
-        self.peer = peer
-        self.decoder = FrameDecoder(max_frame)
-        self._frames: list[list[Any]] = []
-
-    async def send(self, frame: list[Any]) -> None:
-        await self.stream.send_all(encode(frame))
-
-    async def receive(self) -> list[Any]:
-        while not self._frames:
-            data = await self.stream.receive_some(256 * 1024)
-            if not data:
-                raise PeerClosed("connection closed")
-            self._frames = self.decoder.feed(data)
-        return self._frames.pop(0)
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.send, self.recv = trio.open_memory_channel[bytes](math.inf)
+        self.closed_by_core = False
 
 
 class ClusterNode:
@@ -87,478 +83,283 @@ class ClusterNode:
         log: EventLog | None = None,
     ) -> None:
         self.cc = cc
-        self.s = cc.settings
-        self.me: Member = cc.member(member_id)
-        self.cfg = cc.node_config(member_id, bind_host)
+        self.id = member_id
+        self.me = cc.member(member_id)
         self.bind_host = bind_host
+        self.peer_hosts = peer_hosts
+        self.cfg = cc.node_config(member_id, bind_host)
         self.log = log or EventLog(member_id, self.cfg.log_level)
-        self.secret = self.s.secret.encode()
-        self.peers = [m for m in cc.members if m.id != member_id]
-        hosts = peer_hosts or {}
-        self.peer_addr = {m.id: (hosts.get(m.id, m.peer_addr[0]), m.peer_addr[1]) for m in self.peers}
-        self.member_ids = {m.id for m in cc.members}
-        self.state = "syncing"
-        self.queues = {m.id: PeerQueue(self.s.max_peer_queue, self.s.chunk_subscriptions) for m in self.peers}
-        self._wake = {m.id: trio.Event() for m in self.peers}
-        self.links_up: set[str] = set()
-        self.core: BrokerCore | None = None
-        self.server: NodeServer | None = None
+        self.member: MemberCore | None = None
         self.addr: tuple[str, int] | None = None
-        self._expired: set[str] = set()
-        self._changes_since_snapshot = 0
-        self.pulled_from: str | None = None
+        self._links: dict[int, _LinkIO] = {}
+        self._next_inbound = -1
+        self._wake = trio.Event()
+        self._ready = trio.Event()
+        self._exit = trio.Event()
+        self._sock: socket.socket | None = None
+        self.bind_error: OSError | None = None
+        self._udp_pending: list[tuple[Any, bytes]] = []
+        self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; on cancellation (or ``stop``) write a last snapshot."""
         now = trio.current_time()
-        self.membership = Membership([m.id for m in self.peers], self.s.suspect_after, self.s.down_after, now)
-        self.core = core = BrokerCore(
-            self.cfg, self.secret, random.Random(), int(time.time() * 1000),
-            members=[[m.id, *m.client_addr] for m in self.cc.members],
-            node_idx=self.cc.index_of(self.me.id), wall_offset=time.time() - now, replicating=True,
-            tombstone_horizon=self.s.tombstone_horizon,
+        self.member = MemberCore(
+            self.cc, self.id, rng=random.SystemRandom(), now=now, wall_offset=time.time() - now,
+            incarnation=int(time.time() * 1000), bind_host=self.bind_host, peer_hosts=self.peer_hosts,
         )  # fmt: skip
         host = self.bind_host or self.me.peer_addr[0]
         listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)
-        self.log("info", "node_starting", state="syncing", peer_addr=f"{host}:{self.me.peer_addr[1]}",
-                 members=len(self.cc.members))  # fmt: skip
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(trio.serve_listeners, self._inbound, listeners)
-                for m in self.peers:
-                    nursery.start_soon(self._outbound, m.id)
-                nursery.start_soon(self._housekeeping)
-                await self._initial_sync()
-                self.server = NodeServer(self.cfg, self.log, core=core)
-                self.server.on_action = self._on_action
-                self.addr = await nursery.start(self.server.run)
-                self.state = "ready"
-                self.log("info", "node_ready", subscriptions=core.index.count, pulled_from=self.pulled_from)
-                task_status.started(self.addr)
+                nursery.start_soon(self._timers)
+                self._feed(Start())
+                await self._ready.wait()  # (also set when the member exits before serving)
+                if self.addr is not None:
+                    task_status.started(self.addr)
+                await self._exit.wait()
+                nursery.cancel_scope.cancel()
         finally:
-            self._write_snapshot()
+            if self._sock is not None:
+                self._sock.close()
 
-    def status(self) -> dict[str, Any]:
-        assert self.core is not None
-        members = []
-        for m in self.cc.members:
-            if m.id == self.me.id:
-                members.append({"id": m.id, "state": self.state, "subscriptions": self.core.index.count,
-                                "clients": self.core.status()["clients"], "queue": 0,
-                                "client_addr": f"{m.client_addr[0]}:{m.client_addr[1]}"})  # fmt: skip
-                continue
-            v = self.membership.peers[m.id]
-            members.append({"id": m.id, "state": v.state, "subscriptions": v.subscriptions,
-                            "clients": v.clients, "queue": len(self.queues[m.id]),
-                            "link": m.id in self.links_up,
-                            "client_addr": f"{m.client_addr[0]}:{m.client_addr[1]}"})  # fmt: skip
-        return {"state": self.state, "mode": self.s.mode, "members": members}
+    async def stop(self) -> None:
+        """Ask the core to stop (last snapshot), waiting at most stop_timeout."""
+        if self.member is None or self._nursery is None:
+            return
+        self._feed(Stop())
+        with trio.move_on_after(self.cc.settings.stop_timeout):
+            await self._exit.wait()
+        self._exit.set()
 
-    # ------------------------------------------------------------ start-up
+    # ------------------------------------------------------------ core calls
 
-    async def _initial_sync(self) -> None:
-        assert self.core is not None
-        order = [m.id for m in self.peers]
-        random.shuffle(order)
-        with _no_gc():  # a million new long-lived objects: rescanning them is wasted time
-            for peer in order:
-                t0 = time.monotonic()
-                try:
-                    with trio.fail_after(self.s.pull_timeout):
-                        n = await self._pull(peer)
-                except LINK_ERRORS as exc:
-                    self.log("info", "pull_failed", peer=peer, reason=_why(exc))
-                    continue
-                self.pulled_from = peer
-                self.log("info", "pulled", peer=peer, subscriptions=n, seconds=round(time.monotonic() - t0, 3))
-                # Our own snapshot may hold writes the peer never got (we died
-                # before pushing them); merging it is safe, newer versions win.
-                self._load_snapshot()
-                return
-            self._load_snapshot()
-
-    async def _pull(self, peer: str) -> int:
-        """PULL a full dump from ``peer`` and merge it; returns subscriptions received."""
-        assert self.core is not None
-        link = await self._dial(peer)
-        try:
-            await link.send([P.PULL])
-            n = 0
-            while True:
-                f = await link.receive()
-                if f[0] == P.DUMP and len(f) == 2:
-                    entries = check_entries(f[1], self.member_ids)
-                    self._perform(self.core.merge(entries, trio.current_time()))
-                    n += sum(len(e[5]) for e in entries)
-                elif f[0] == P.DUMPEND and len(f) == 2:
-                    if f[1] == -1:
-                        raise PeerProtocolError("peer is not ready itself")
-                    return n
-                else:
-                    raise PeerProtocolError(f"unexpected frame {f[0]} during PULL")
-        finally:
-            await link.stream.aclose()
-
-    # ------------------------------------------------------------ peer links
-
-    async def _dial(self, peer: str) -> PeerLink:
-        host, port = self.peer_addr[peer]
-        with trio.fail_after(self.s.handshake_timeout):
-            stream = await trio.open_tcp_stream(host, port)
-            link = PeerLink(stream, peer, HANDSHAKE_MAX_FRAME)
+    def _feed(self, ev: Event) -> None:
+        assert self.member is not None
+        bulk = ev.__class__ is LinkBytes or ev.__class__ is SnapshotRead
+        if bulk and gc.isenabled():
+            gc.disable()  # synchronous: re-enabled before any other task runs
             try:
-                nonce = os.urandom(NONCE_LEN)
-                await link.send([P.HELLO, PROTOCOL, self.me.id, nonce])
-                pid, their_nonce, their_mac = check_challenge(await link.receive())
-                want = mac(self.secret, b"L", nonce, their_nonce, peer, self.me.id)
-                if pid != peer or not _same(their_mac, want):
-                    raise PeerProtocolError("peer failed authentication (wrong cluster secret?)")
-                await link.send([P.AUTH, mac(self.secret, b"D", their_nonce, nonce, self.me.id, peer)])
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    await stream.aclose()
-                raise
-        link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
-        return link
+                actions = self.member.handle(ev, trio.current_time())
+            finally:
+                gc.enable()
+        else:
+            actions = self.member.handle(ev, trio.current_time())
+        self._perform(actions)
+        self._wake.set()
+
+    def _perform(self, actions: list[Any]) -> None:
+        nursery = self._nursery
+        assert nursery is not None
+        for a in actions:
+            cls = a.__class__
+            if cls is Send:
+                self._udp_pending.append(a)
+            elif cls is SendFrame:
+                io = self._links.get(a.link)
+                if io is not None:
+                    io.send.send_nowait(a.data)
+            elif cls is Log:
+                self.log(a.level, a.event, **a.fields)
+            elif cls is Dial:
+                io = self._links[a.link] = _LinkIO()
+                nursery.start_soon(self._dial, a.link, a.addr, io)
+            elif cls is Close:
+                io = self._links.pop(a.link, None)
+                if io is not None:
+                    io.closed_by_core = True
+                    io.scope.cancel()
+            elif cls is ServeClients:
+                self._serve_clients(nursery)
+            elif cls is ReadSnapshot:
+                nursery.start_soon(self._read_snapshot)
+            elif cls is WriteSnapshot:
+                nursery.start_soon(self._write_snapshot, a.token, a.chunks)
+            elif cls is Exit:
+                self._exit.set()
+                self._ready.set()
+        if self._udp_pending and self._sock is not None:
+            self._flush_udp()
+
+    async def _timers(self) -> None:
+        assert self.member is not None
+        while True:
+            deadline = self.member.next_deadline()
+            with trio.move_on_at(deadline):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            if trio.current_time() >= deadline:
+                self._feed(Tick())
+
+    # ------------------------------------------------------------ clients (UDP)
+
+    def _serve_clients(self, nursery: trio.Nursery) -> None:
+        host, port = self.cfg.client_addr
+        try:
+            self._sock = open_udp(host, port)
+        except OSError as exc:
+            self.log("error", "cannot_bind", addr=f"{host}:{port}", reason=exc.strerror or str(exc))
+            self.bind_error = exc
+            self._exit.set()
+            self._ready.set()
+            return
+        self.addr = self._sock.getsockname()[:2]
+        self.log("info", "serving", addr=f"{self.addr[0]}:{self.addr[1]}", config=self.cfg.source)
+        gc.collect()  # what the start-up left behind, then out of the collector's sight
+        gc.freeze()
+        nursery.start_soon(self._udp)
+        self._ready.set()
+
+    def _flush_udp(self) -> None:
+        """Send what the core produced; what would block waits for the UDP task."""
+        sock = self._sock
+        assert sock is not None
+        pending, self._udp_pending = self._udp_pending, []
+        for i, (addr, data) in enumerate(pending):
+            try:
+                sock.sendto(data, addr)
+            except BlockingIOError:
+                self._udp_pending = pending[i:]
+                self._wake.set()
+                return
+            except (OSError, OverflowError, TypeError, ValueError):
+                assert self.member is not None
+                self.member.broker.metrics["send_failed"] += 1
+
+    async def _udp(self) -> None:
+        sock = self._sock
+        assert sock is not None and self.member is not None
+        bufsize = self.cfg.max_datagram + 1  # one more byte tells "too large" apart
+        while True:
+            if self._udp_pending:
+                pending, self._udp_pending = self._udp_pending, []
+                self.member.broker.metrics["send_failed"] += await send_all(sock, pending)
+            batch = drain(sock, bufsize)
+            if batch:
+                self._feed(Datagrams(batch))
+                await trio.lowlevel.checkpoint()
+            else:
+                await trio.lowlevel.wait_readable(sock)
+
+    # ------------------------------------------------------------ peer links (TCP)
+
+    async def _dial(self, lid: int, addr: tuple[str, int], io: _LinkIO) -> None:
+        with io.scope:
+            try:
+                with trio.fail_after(self.cc.settings.handshake_timeout):
+                    stream = await trio.open_tcp_stream(*addr)
+            except (OSError, trio.TooSlowError) as exc:
+                self._link_ended(lid, io, _why(exc))
+                return
+            self._feed(LinkOpened(lid))
+            await self._serve_link(lid, stream, io)
 
     async def _inbound(self, stream: trio.SocketStream) -> None:
-        """A peer dialled us: authenticate it, then serve its requests."""
+        lid = self._next_inbound
+        self._next_inbound -= 1
+        io = self._links[lid] = _LinkIO()
         try:
-            remote = stream.socket.getpeername()
+            host, port = stream.socket.getpeername()[:2]
+            remote = f"{host}:{port}"
         except OSError:
-            remote = ("?", 0)
-        peer = None
-        link = PeerLink(stream, "?", HANDSHAKE_MAX_FRAME)
+            remote = "?"
+        self._feed(Accepted(lid, remote))
+        with io.scope:
+            await self._serve_link(lid, stream, io)
+
+    async def _serve_link(self, lid: int, stream: trio.SocketStream, io: _LinkIO) -> None:
+        """Read into the core, write from the queue; either failing ends both."""
+        why = "closed"
         try:
-            with trio.fail_after(self.s.handshake_timeout):
-                peer, nonce = check_hello(await link.receive(), self.member_ids, self.me.id)
-                mine = os.urandom(NONCE_LEN)
-                await link.send([P.CHALLENGE, self.me.id, mine,
-                                 mac(self.secret, b"L", nonce, mine, self.me.id, peer)])  # fmt: skip
-                got = check_auth(await link.receive())
-                if not _same(got, mac(self.secret, b"D", mine, nonce, peer, self.me.id)):
-                    raise PeerProtocolError("wrong cluster secret")
-            link.peer = peer
-            link.decoder.max_frame = self.s.max_frame
-            await self._serve_peer(link)
-        except (PeerProtocolError, trio.TooSlowError) as exc:
-            self.log("warning", "peer_refused", peer=peer, remote=f"{remote[0]}:{remote[1]}", reason=_why(exc))
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the peer went away; its outbound side reconnects
-        except Exception as exc:  # nothing a peer sends may stop this node
-            self.log("error", "peer_error", peer=peer, remote=f"{remote[0]}:{remote[1]}", reason=repr(exc)[:200])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_link, stream, io)
+                while True:
+                    data = await stream.receive_some(256 * 1024)
+                    if not data:
+                        why = "connection closed"
+                        break
+                    self._feed(LinkBytes(lid, data))
+                    if io.closed_by_core:
+                        break
+                nursery.cancel_scope.cancel()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            why = _why(exc)
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+            self._link_ended(lid, io, why)
 
-    async def _serve_peer(self, link: PeerLink) -> None:
-        core = self.core
-        assert core is not None
-        idle = max(5 * self.s.down_after, 5.0)  # a dialer sends a heartbeat at least this often
-        while True:
-            with trio.fail_after(idle):
-                f = await link.receive()
-            kind = f[0]
-            if kind == P.PUSH and len(f) == 3:
-                entries = check_entries(f[2], self.member_ids)
-                self._changes_since_snapshot += 1
-                self._perform(core.merge(entries, trio.current_time()))
-                await link.send([P.PUSHACK, f[1]])
-            elif kind == P.HEARTBEAT and len(f) == 4:
-                state, subs, clients = f[1], f[2], f[3]
-                if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int:
-                    raise PeerProtocolError("malformed HEARTBEAT")
-                ch = self.membership.heard(link.peer, trio.current_time(), state, subs, clients)
-                if ch:
-                    self.log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
-                    self._expired.discard(link.peer)
-            elif kind == P.PULL and len(f) == 1:
-                if self.state != "ready":
-                    await link.send([P.DUMPEND, -1])  # "not ready": pull from someone else
-                    continue
-                with _no_gc():
-                    n = await self._send_dump(link, P.DUMP, core.dump())
-                await link.send([P.DUMPEND, n])
-                self.log("info", "served_pull", peer=link.peer, subscriptions=n)
-            elif kind == P.DIGEST and len(f) == 2:
-                theirs = check_digest(f[1], DIGEST_BUCKETS)
-                differ = [i for i, d in enumerate(core.digest) if d != theirs[i]]
-                if differ:
-                    await self._send_dump(link, P.DIFF, core.dump(set(differ)))
-                await link.send([P.DIFFEND, differ])
-            else:
-                raise PeerProtocolError(f"unexpected frame type {kind}")
+    async def _write_link(self, stream: trio.SocketStream, io: _LinkIO) -> None:
+        async for data in io.recv:
+            await stream.send_all(data)
 
-    async def _send_dump(self, link: PeerLink, kind: P, entries: Any) -> int:
-        """Stream entries in frames of about chunk_subscriptions subscriptions."""
-        batch: list[Any] = []
-        n = total = 0
-        for e in entries:
-            batch.append(e)
-            n += len(e[5]) or 1
-            if n >= self.s.chunk_subscriptions:
-                await link.send([kind, batch])
-                total += n
-                batch, n = [], 0
-        if batch:
-            await link.send([kind, batch])
-            total += n
-        return total
+    def _link_ended(self, lid: int, io: _LinkIO, why: str) -> None:
+        if io.closed_by_core:
+            return  # the core closed it and knows
+        io.closed_by_core = True
+        self._links.pop(lid, None)
+        self._feed(LinkClosed(lid, why))
 
-    async def _outbound(self, peer: str) -> None:
-        """Our link to ``peer``: heartbeats, pushes and digests, forever."""
-        q = self.queues[peer]
-        was_up: bool | None = None
-        while True:
-            try:
-                link = await self._dial(peer)
-            except LINK_ERRORS as exc:
-                if was_up is not False:
-                    self.log("info", "link_down", peer=peer, reason=_why(exc))
-                was_up = False
-                await trio.sleep(self.s.reconnect_interval)
-                continue
-            self.log("info", "link_up", peer=peer)
-            was_up = True
-            self.links_up.add(peer)
-            reasons: list[str] = []
-            try:
-                async with trio.open_nursery() as nursery:
-                    for half in (self._outbound_receive, self._outbound_send):
-                        nursery.start_soon(self._link_half, half, link, q, nursery, reasons)
-            finally:
-                self.links_up.discard(peer)
-                q.disconnected()
-                with trio.CancelScope(shield=True):
-                    await link.stream.aclose()
-            self.log("info", "link_down", peer=peer, reason=reasons[0] if reasons else "closed")
-            was_up = False
-            await trio.sleep(self.s.reconnect_interval)
-
-    async def _link_half(
-        self, half: Any, link: PeerLink, q: PeerQueue, nursery: trio.Nursery, reasons: list[str]
-    ) -> None:
-        """Run one direction of a link; any failure ends both directions."""
-        try:
-            await half(link, q)
-        except (OSError, PeerProtocolError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            reasons.append(_why(exc))
-        except Exception as exc:  # nothing a peer sends may stop this node
-            self.log("error", "peer_error", peer=link.peer, reason=repr(exc)[:200])
-            reasons.append("error")
-        nursery.cancel_scope.cancel()
-
-    async def _outbound_send(self, link: PeerLink, q: PeerQueue) -> None:
-        core = self.core
-        assert core is not None
-        next_digest = trio.current_time() + (0 if q.overflowed else self.s.anti_entropy_interval)
-        while True:
-            await link.send([P.HEARTBEAT, self.state, core.index.count, core.status()["clients"]])
-            while (push := q.next_push()) is not None:
-                await link.send([P.PUSH, push[0], push[1]])
-            peer_ready = self.membership.peers[link.peer].state == "ready"
-            if trio.current_time() >= next_digest and self.state == "ready" and peer_ready:
-                await link.send([P.DIGEST, list(core.digest)])
-                next_digest = trio.current_time() + self.s.anti_entropy_interval
-            wake = self._wake[link.peer]
-            with trio.move_on_after(self.s.heartbeat_interval):
-                await wake.wait()
-            if wake.is_set():
-                self._wake[link.peer] = trio.Event()
-
-    async def _outbound_receive(self, link: PeerLink, q: PeerQueue) -> None:
-        core = self.core
-        assert core is not None
-        while True:
-            f = await link.receive()
-            kind = f[0]
-            if kind == P.PUSHACK and len(f) == 2:
-                q.acked(f[1])
-                self._wake[link.peer].set()
-            elif kind == P.DIFF and len(f) == 2:
-                self._changes_since_snapshot += 1
-                self._perform(core.merge(check_entries(f[1], self.member_ids), trio.current_time()))
-            elif kind == P.DIFFEND and len(f) == 2:
-                buckets = f[1]
-                if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
-                    raise PeerProtocolError("malformed DIFFEND")
-                if buckets:
-                    # They sent us their side of the differing buckets; send ours,
-                    # in slices so that a large repair never stalls this member.
-                    wanted = set(buckets)
-                    for i, e in enumerate(core.dump(wanted)):
-                        q.add([e])
-                        if i % 500 == 499:
-                            await trio.sleep(0)
-                    self.log("info", "anti_entropy", peer=link.peer, buckets=len(buckets))
-                    self._wake[link.peer].set()
-                q.repaired()
-            else:
-                raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
-
-    def _on_action(self, a: Any) -> list[tuple[Any, bytes]]:
-        if isinstance(a, Replicate):
-            self._distribute(a.entries)
-        elif isinstance(a, StatusQuery):
-            status = {**a.status, **self.status()}
-            return [(a.addr, encode_status_reply(status))]
-        elif isinstance(a, Log):
-            self.log(a.level, a.event, **a.fields)
-        return []
-
-    def _perform(self, actions: list[Any]) -> None:
-        for a in actions:
-            self._on_action(a)
-
-    def _distribute(self, entries: list[Any]) -> None:
-        """Queue this node's new changes for every peer."""
-        self._changes_since_snapshot += len(entries)
-        for peer, q in self.queues.items():
-            q.add(entries)
-            self._wake[peer].set()
-
-    # ------------------------------------------------------------ housekeeping
-
-    async def _housekeeping(self) -> None:
-        core = self.core
-        assert core is not None
-        next_gc = trio.current_time() + self.s.tombstone_horizon / 10
-        next_snapshot = trio.current_time() + self.s.snapshot_interval
-        while True:
-            await trio.sleep(self.s.heartbeat_interval)
-            now = trio.current_time()
-            for peer, old, new in self.membership.tick(now):
-                self.log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
-            if self.state == "ready":
-                self._expire_lost_homes(now)
-            if now >= next_gc:
-                self._perform(core.collect_tombstones(now))
-                next_gc = now + self.s.tombstone_horizon / 10
-            if now >= next_snapshot:
-                if self._changes_since_snapshot and self.state == "ready":
-                    await self._write_snapshot_async()
-                next_snapshot = now + self.s.snapshot_interval
-                # Subscription state lives long and holds no reference cycles:
-                # move it out of the collector's sight so that full collections
-                # stay short however many subscriptions a node holds.
-                gc.freeze()
-
-    def _expire_lost_homes(self, now: float) -> None:
-        """A member down for longer than subscriber_timeout takes its clients'
-        subscriptions with it; one surviving member (the lowest ready id)
-        writes the tombstones, which replicate like any change."""
-        assert self.core is not None
-        ready = [self.me.id] + [p for p, v in self.membership.peers.items() if v.state == "ready"]
-        if min(ready) != self.me.id:
-            return
-        for peer in self.membership.peers:
-            if peer in self._expired:
-                continue
-            if self.membership.down_for(peer, now) > self.cfg.subscriber_timeout:
-                self._expired.add(peer)
-                self._perform(self.core.expire_home(peer, now))
-
-    # ------------------------------------------------------------ snapshots
+    # ------------------------------------------------------------ snapshots (files)
 
     def _snapshot_path(self) -> str:
-        return os.path.join(self.me.data_dir, SNAPSHOT)
+        return os.path.join(self.me.data_dir, SNAPSHOT_FILE)
 
-    def _snapshot_chunks(self) -> Any:
-        """The snapshot as msgpack objects: a header, then chunks of entries."""
-        assert self.core is not None
-        yield msgpack.packb([SNAPSHOT_FORMAT, self.me.id, time.time()], use_bin_type=True)
-        batch: list[Any] = []
-        n = 0
-        for e in self.core.dump():
-            batch.append(e)
-            n += len(e[5]) or 1
-            if n >= self.s.chunk_subscriptions:
-                yield msgpack.packb(batch, use_bin_type=True)
-                batch, n = [], 0
-        if batch:
-            yield msgpack.packb(batch, use_bin_type=True)
+    async def _read_snapshot(self) -> None:
+        path = self._snapshot_path()
 
-    def _write_snapshot(self) -> None:
-        """Synchronous snapshot (at shutdown, when nothing else runs)."""
-        if self.core is None or self.state != "ready":
-            return
-        try:
-            with self._snapshot_file() as f:
-                for chunk in self._snapshot_chunks():
-                    f.write(chunk)
-        except OSError as exc:
-            self.log("error", "snapshot_failed", reason=_why(exc))
+        def read() -> SnapshotRead:
+            try:
+                with open(path, "rb") as f:
+                    return SnapshotRead(f.read(), "")
+            except FileNotFoundError:
+                return SnapshotRead(None, "missing")
+            except OSError as exc:
+                return SnapshotRead(None, f"{path}: {exc.strerror or exc}")
 
-    async def _write_snapshot_async(self) -> None:
-        """Snapshot while serving: other tasks run between chunks (the state
-        may change meanwhile; a union of versions is still a valid state)."""
-        try:
-            with self._snapshot_file() as f:
-                for chunk in self._snapshot_chunks():
-                    f.write(chunk)
-                    await trio.sleep(0)
-        except OSError as exc:
-            self.log("error", "snapshot_failed", reason=_why(exc))
+        self._feed(await trio.to_thread.run_sync(read))
 
-    @contextlib.contextmanager
-    def _snapshot_file(self) -> Any:
-        """temp file -> fsync -> rename -> fsync of the directory."""
-        os.makedirs(self.me.data_dir, exist_ok=True)
+    async def _write_snapshot(self, token: int, chunks: Iterator[bytes]) -> None:
+        """temp file -> fsync -> rename -> fsync of the directory, off the event loop.
+        Chunks are taken from live state on the loop, a few at a time."""
+        d = self.me.data_dir
         path = self._snapshot_path()
         tmp = path + ".tmp"
-        changes = self._changes_since_snapshot
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(self.me.data_dir, os.O_RDONLY)
+        error: str | None = None
         try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        self._changes_since_snapshot -= changes
-
-    def _load_snapshot(self) -> None:
-        assert self.core is not None
-        path = self._snapshot_path()
-        if not os.path.exists(path):
-            if self.pulled_from is None:
-                self.log("info", "started_empty", reason="no live peer and no snapshot")
-            return
-        now = trio.current_time()
-        try:
-            with open(path, "rb") as f:
-                unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=True, max_buffer_size=1 << 30)
-                header = next(unpacker)
-                if not isinstance(header, list) or header[:1] != [SNAPSHOT_FORMAT]:
-                    raise ValueError(f"not a snapshot of format {SNAPSHOT_FORMAT}")
-                written = header[2]
-                for chunk in unpacker:
-                    self._perform(self.core.merge(check_entries(chunk, self.member_ids), now))
-        except (OSError, ValueError, TypeError, PeerProtocolError, StopIteration, msgpack.UnpackException) as exc:
-            self.log("error", "snapshot_unreadable", path=path, reason=_why(exc))
-            return
-        self.log("info", "loaded_snapshot", path=path, subscriptions=self.core.index.count,
-                 age_s=round(time.time() - written, 1))  # fmt: skip
+            await trio.to_thread.run_sync(lambda: os.makedirs(d, exist_ok=True))
+            f = await trio.to_thread.run_sync(open, tmp, "wb")
+            try:
+                while True:
+                    part = b"".join(c for _, c in zip(range(_CHUNKS_PER_WRITE), chunks, strict=False))
+                    if not part:
+                        break
+                    await trio.to_thread.run_sync(f.write, part)
+                await trio.to_thread.run_sync(_fsync_file, f)
+            finally:
+                f.close()
+            await trio.to_thread.run_sync(_replace_and_sync_dir, tmp, path, d)
+        except OSError as exc:
+            error = f"{tmp}: {exc.strerror or exc}"
+        self._feed(PersistDone(token, error))
 
 
-class _no_gc:
-    """Pause the cyclic collector during bulk loads; freeze what survived."""
-
-    def __enter__(self) -> None:
-        self.was = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.was:
-            gc.enable()
-        gc.freeze()
+def _fsync_file(f: Any) -> None:
+    f.flush()
+    os.fsync(f.fileno())
 
 
-def _same(a: bytes, b: bytes) -> bool:
-    return hmac.compare_digest(a, b)
+def _replace_and_sync_dir(tmp: str, path: str, d: str) -> None:
+    os.replace(tmp, path)
+    dfd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _why(exc: BaseException) -> str:
@@ -566,4 +367,3 @@ def _why(exc: BaseException) -> str:
         return "timeout"
     text = str(exc) or exc.__class__.__name__
     return text[:200]
-

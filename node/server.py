@@ -90,17 +90,18 @@ def _summary(core: BrokerCore) -> dict[str, Any]:
     }
 
 
-async def run_until_signal(
-    make: Callable[[], NodeServer], on_ready: Callable[[NodeServer], None] | None = None
-) -> None:
-    """Run a node until SIGINT or SIGTERM, then shut it down cleanly."""
+async def wait_for_signal(log: EventLog) -> None:
+    """Return at the first SIGINT or SIGTERM (logged)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        server = make()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            if on_ready:
-                on_ready(server)
-            async for signum in signals:
-                server.log("info", "signal", name=signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+        async for signum in signals:
+            log("info", "signal", name=signal.Signals(signum).name)
+            return
+
+
+async def run_until_signal(make: Callable[[], NodeServer]) -> None:
+    """Run a node until SIGINT or SIGTERM, then shut it down cleanly."""
+    server = make()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        await wait_for_signal(server.log)
+        nursery.cancel_scope.cancel()

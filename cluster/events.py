@@ -1,0 +1,135 @@
+"""What flows between the member core (cluster/member.py) and whatever runs it.
+
+The core is sans-IO: a shell (cluster/server.py, real sockets and files) or
+the simulator (cluster/sim.py, a fake network and disk) feeds it events with
+the current time and performs the actions it returns. Both sides speak only
+these types, so the same core runs unchanged in both.
+
+Link ids: the core numbers the links it dials (positive ids, in ``Dial``);
+the runner numbers the links it accepts (negative ids, in ``Accepted``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from node.core import Log, Send
+
+Addr = tuple[str, int]
+
+
+# ---------------------------------------------------------------- events
+
+
+class Start(NamedTuple):
+    """The runner is listening for peers: begin syncing."""
+
+
+class Tick(NamedTuple):
+    """Time passed (``next_deadline`` was reached)."""
+
+
+class Datagrams(NamedTuple):
+    """Client datagrams that arrived on the client UDP port, in order."""
+
+    batch: list[tuple[bytes, Addr]]
+
+
+class Accepted(NamedTuple):
+    """A peer dialled us; ``link`` is the runner's (negative) id for it."""
+
+    link: int
+    remote: str
+
+
+class LinkOpened(NamedTuple):
+    """A ``Dial`` succeeded: the TCP connection is up (not yet authenticated)."""
+
+    link: int
+
+
+class LinkBytes(NamedTuple):
+    link: int
+    data: bytes
+
+
+class LinkClosed(NamedTuple):
+    """The connection ended (EOF, error, failed dial); the runner has closed it."""
+
+    link: int
+    reason: str
+
+
+class SnapshotRead(NamedTuple):
+    """Answer to ``ReadSnapshot``: the file's bytes, or None with a reason."""
+
+    data: bytes | None
+    reason: str
+
+
+class PersistDone(NamedTuple):
+    """Answer to ``WriteSnapshot``: the file and its directory are fsynced (or
+    ``error`` says why not)."""
+
+    token: int
+    error: str | None
+
+
+class Stop(NamedTuple):
+    """Shut down: write a last snapshot, then ``Exit``."""
+
+
+Event = Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkClosed | SnapshotRead | PersistDone | Stop
+
+
+# ---------------------------------------------------------------- actions
+
+
+class SendFrame(NamedTuple):
+    """Bytes for a peer link (one or more encoded frames), in order."""
+
+    link: int
+    data: bytes
+
+
+class Dial(NamedTuple):
+    link: int
+    peer: str
+    addr: Addr
+
+
+class Close(NamedTuple):
+    link: int
+    why: str
+
+
+class ServeClients(NamedTuple):
+    """Synced: bind the client UDP port and start passing ``Datagrams``."""
+
+
+class ReadSnapshot(NamedTuple):
+    pass
+
+
+class WriteSnapshot(NamedTuple):
+    """Write ``chunks`` to a temporary file, fsync it, rename it over the
+    snapshot, fsync the directory, then report ``PersistDone(token)``. The
+    chunks are produced lazily from live state: take them on the event loop
+    (between checkpoints), write them off it."""
+
+    token: int
+    chunks: Iterator[bytes]
+
+
+class Exit(NamedTuple):
+    """Stopping is complete."""
+
+
+Action = Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit
+
+__all__ = [
+    "Accepted", "Action", "Addr", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
+    "LinkOpened", "Log", "PersistDone", "ReadSnapshot", "Send", "SendFrame", "ServeClients", "SnapshotRead",
+    "Start", "Stop", "Tick", "WriteSnapshot",
+]  # fmt: skip

@@ -1,0 +1,93 @@
+"""One peer link as the member core sees it: phase, handshake, deadline (sans-IO).
+
+Theory of operation
+-------------------
+Every pair of members has two TCP links, one dialled by each side. The
+dialler's link carries its requests (HEARTBEAT, PUSH, PULL, DIGEST); the other
+side answers on the same connection (PUSHACK, DUMP/DUMPEND, DIFF/DIFFEND).
+Before anything else, the handshake of cluster/peerwire.py proves that both
+ends know the cluster secret.
+
+Phases (the dialler on the left, the listener on the right)::
+
+    OPENING --LinkOpened/HELLO-->  HELLO_SENT      AWAIT_HELLO --HELLO/CHALLENGE--> CHALLENGED
+    HELLO_SENT --CHALLENGE ok/AUTH--> UP           CHALLENGED  --AUTH ok--> UP
+
+    any phase --bad frame, wrong secret, deadline, LinkClosed--> closed (gone)
+
+Until UP a link accepts only frames of HANDSHAKE_MAX_FRAME bytes, and only the
+next handshake frame; its deadline is the handshake deadline. Once UP, the
+deadline of an accepted link is its idle deadline (the dialler sends a
+heartbeat at least every heartbeat_interval); a dialled link has none (it
+learns of a dead peer from the failure detector, which closes it).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from cluster.peerwire import (
+    HANDSHAKE_MAX_FRAME,
+    PROTOCOL,
+    FrameDecoder,
+    P,
+    PeerProtocolError,
+    check_auth,
+    check_challenge,
+    check_hello,
+    encode,
+    mac,
+)  # fmt: skip
+
+OPENING, HELLO_SENT, AWAIT_HELLO, CHALLENGED, UP = "opening", "hello_sent", "await_hello", "challenged", "up"
+
+
+class Link:
+    __slots__ = ("id", "outbound", "peer", "phase", "decoder", "nonce", "their_nonce", "deadline", "remote")
+
+    def __init__(self, link_id: int, outbound: bool, peer: str | None, deadline: float, remote: str = "") -> None:
+        self.id = link_id
+        self.outbound = outbound
+        self.peer = peer  # known from the start when we dial; after HELLO when they do
+        self.phase = OPENING if outbound else AWAIT_HELLO
+        self.decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
+        self.nonce = b""
+        self.their_nonce = b""
+        self.deadline = deadline
+        self.remote = remote
+
+    @property
+    def up(self) -> bool:
+        return self.phase == UP
+
+    def hello(self, me: str, nonce: bytes) -> bytes:
+        """The connection is open: the dialler speaks first."""
+        self.nonce = nonce
+        self.phase = HELLO_SENT
+        return encode([P.HELLO, PROTOCOL, me, nonce])
+
+    def handshake(self, f: list[Any], secret: bytes, me: str, members: set[str], nonce: bytes) -> bytes:
+        """Take one handshake frame; returns what to answer (maybe nothing).
+        Raises PeerProtocolError for anything but the expected, correct frame."""
+        if self.phase == HELLO_SENT:
+            pid, their_nonce, their_mac = check_challenge(f)
+            assert self.peer is not None
+            want = mac(secret, b"L", self.nonce, their_nonce, self.peer, me)
+            if pid != self.peer or not hmac.compare_digest(their_mac, want):
+                raise PeerProtocolError("peer failed authentication (wrong cluster secret?)")
+            self.phase = UP
+            return encode([P.AUTH, mac(secret, b"D", their_nonce, self.nonce, me, self.peer)])
+        if self.phase == AWAIT_HELLO:
+            self.peer, self.their_nonce = check_hello(f, members, me)
+            self.nonce = nonce
+            self.phase = CHALLENGED
+            return encode([P.CHALLENGE, me, nonce, mac(secret, b"L", self.their_nonce, nonce, me, self.peer)])
+        if self.phase == CHALLENGED:
+            assert self.peer is not None
+            got = check_auth(f)
+            if not hmac.compare_digest(got, mac(secret, b"D", self.nonce, self.their_nonce, self.peer, me)):
+                raise PeerProtocolError("wrong cluster secret")
+            self.phase = UP
+            return b""
+        raise PeerProtocolError(f"no handshake frame expected in phase {self.phase}")

@@ -1,0 +1,622 @@
+"""One member of a replicated cluster, sans-IO: events and time in, actions out.
+
+Theory of operation
+-------------------
+A member is a broker core (node/core.py) plus everything that keeps its
+replica of the subscription state equal to the other members':
+
+* Start-up (FASTPUSS: "pick one of the other nodes randomly and ask for a
+  massive data transfer in pull fashion"). On ``Start`` the member reads its
+  own snapshot (``ReadSnapshot``) and PULLs a full dump from one peer after
+  another, in an order drawn from the random source it was given, until one
+  answers with a complete dump (a peer that is itself syncing answers
+  ``DUMPEND -1``). Merges commute, so snapshot and dump may arrive in any
+  order. With both done (or every peer tried) the member is ``ready``:
+  ``ServeClients``.
+* Changes. Every local SUB/UNSUB comes out of the broker core as a
+  ``Replicate`` action; its entries go into one PeerQueue per peer and are
+  PUSHed on our link to that peer, a window of frames in flight, each
+  acknowledged by PUSHACK. A link that drops requeues what was in flight.
+* Anti-entropy. Every ``anti_entropy_interval``, on each link to a ready peer,
+  we send our 256 bucket digests; the peer answers with its entries of the
+  buckets that differ (DIFF ... DIFFEND) and we queue ours of the same
+  buckets for it. A queue that overflowed is repaired this way at once.
+* Failure detection. HEARTBEATs go on every link we dialled every
+  ``heartbeat_interval`` (their own timer); cluster/membership.py turns
+  silence into suspect and down. A peer that goes down has its link closed
+  (it may be a dead TCP connection); a peer down for longer than
+  ``subscriber_timeout`` loses its clients' subscriptions (one member, the
+  lowest ready id, writes the tombstones).
+* Durability. Every ``snapshot_interval``, if registers changed, the state
+  goes out as ``WriteSnapshot``; only ``PersistDone`` moves the persisted
+  mark. ``Stop`` writes a last snapshot and then ``Exit``s.
+
+Phases of the member::
+
+    starting --Start--> syncing --pull done and snapshot read--> ready --Stop--> stopping --PersistDone--> stopped
+
+Each link has its own phase (cluster/links.py). Randomness (PULL order,
+handshake nonces) comes from the ``rng`` argument and time from ``now``: the
+simulator (cluster/sim.py) runs a whole cluster of these, seeded.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from client.wire import encode_status_reply
+from cluster.config import ClusterConfig
+from cluster.events import (
+    Accepted,
+    Action,
+    Close,
+    Datagrams,
+    Dial,
+    Event,
+    Exit,
+    LinkBytes,
+    LinkClosed,
+    LinkOpened,
+    Log,
+    PersistDone,
+    ReadSnapshot,
+    Send,
+    SendFrame,
+    ServeClients,
+    SnapshotRead,
+    Start,
+    Stop,
+    WriteSnapshot,
+)  # fmt: skip
+from cluster.links import Link
+from cluster.membership import Membership
+from cluster.peerwire import NONCE_LEN, P, PeerProtocolError, check_digest, check_entries, encode
+from cluster.replication import PeerQueue, chunked
+from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
+from node.core import DIGEST_BUCKETS, BrokerCore, Replicate, StatusQuery
+
+# DUMP/DIFF frames produced per link per call: a large dump is streamed over
+# many calls so that client traffic is served in between.
+FRAMES_PER_TURN = 4
+
+
+class _Stream:
+    """A DUMP or DIFF answer in progress on one link."""
+
+    __slots__ = ("kind", "batches", "sent", "end")
+
+    def __init__(self, kind: P, batches: Iterator[list[Any]], end: Callable[[int], list[Any]]) -> None:
+        self.kind = kind
+        self.batches = batches
+        self.sent = 0
+        self.end = end
+
+
+class MemberCore:
+    def __init__(
+        self,
+        cc: ClusterConfig,
+        member_id: str,
+        *,
+        rng: random.Random,
+        now: float,
+        wall_offset: float,
+        incarnation: int,
+        bind_host: str | None = None,
+        peer_hosts: dict[str, str] | None = None,
+    ) -> None:
+        self.cc = cc
+        self.s = s = cc.settings
+        self.id = member_id
+        self.me = cc.member(member_id)
+        self.cfg = cc.node_config(member_id, bind_host)
+        self.secret = s.secret.encode()
+        self.rng = rng
+        self.wall_offset = wall_offset
+        self.peers = [m.id for m in cc.members if m.id != member_id]
+        hosts = peer_hosts or {}
+        self.peer_addr = {m.id: (hosts.get(m.id, m.peer_addr[0]), m.peer_addr[1]) for m in cc.members}
+        self.member_ids = {m.id for m in cc.members}
+        self.broker = BrokerCore(
+            self.cfg, self.secret, random.Random(rng.getrandbits(64)), incarnation,
+            members=[[m.id, *m.client_addr] for m in cc.members], node_idx=cc.index_of(member_id),
+            wall_offset=wall_offset, replicating=True, tombstone_horizon=s.tombstone_horizon,
+        )  # fmt: skip
+        self.membership = Membership(self.peers, s.suspect_after, s.down_after, now)
+        self.queues = {p: PeerQueue(s.max_peer_queue, s.chunk_subscriptions) for p in self.peers}
+        self.phase = "starting"
+        self.now = now
+        self.links: dict[int, Link] = {}
+        self.out: dict[str, int | None] = dict.fromkeys(self.peers)  # our dialled link per peer
+        self.was_up: dict[str, bool | None] = dict.fromkeys(self.peers)  # for link_up/link_down logs
+        self.next_dial = dict.fromkeys(self.peers, now)
+        self.next_digest = dict.fromkeys(self.peers, math.inf)
+        self.digest_pending: set[str] = set()
+        self._next_link = 1
+        self._streams: dict[int, deque[_Stream]] = {}
+        self.next_heartbeat = now
+        self.next_membership = now + s.heartbeat_interval
+        self.next_gc = now + s.tombstone_horizon / 10
+        self.next_snapshot = now + s.snapshot_interval
+        # PULL
+        self.pull_order: list[str] = []
+        self.pull_peer: str | None = None
+        self.pull_sent = False
+        self.pull_deadline = math.inf
+        self.pull_count = 0
+        self.pull_done = False
+        self.pulled_from: str | None = None
+        self.snapshot_done = False
+        # Snapshots: ``persisted`` is broker.changes as of the last fsynced snapshot.
+        self.persisted = 0
+        self.writing: int | None = None
+        self.final_snapshot = False
+        self._expired: set[str] = set()
+        self._out: list[Action] = []
+
+    # ------------------------------------------------------------ entry points
+
+    def handle(self, ev: Event, now: float) -> list[Action]:
+        self.now = now
+        if isinstance(ev, Datagrams):
+            self._absorb(self.broker.handle_datagrams(ev.batch, now))
+        elif isinstance(ev, LinkBytes):
+            self._on_bytes(ev.link, ev.data)
+        elif isinstance(ev, LinkOpened):
+            link = self.links.get(ev.link)
+            if link is not None and link.outbound:
+                self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN)))
+        elif isinstance(ev, Accepted):
+            self.links[ev.link] = Link(ev.link, False, None, now + self.s.handshake_timeout, ev.remote)
+        elif isinstance(ev, LinkClosed):
+            link = self.links.get(ev.link)
+            if link is not None:
+                self._closed(link, ev.reason)
+        elif isinstance(ev, SnapshotRead):
+            self._on_snapshot(ev.data, ev.reason)
+        elif isinstance(ev, PersistDone):
+            self._on_persisted(ev.token, ev.error)
+        elif isinstance(ev, Start):
+            self._start()
+        elif isinstance(ev, Stop):
+            self._stop()
+        # (Tick: only the timers below)
+        self._due(now)
+        out, self._out = self._out, []
+        return out
+
+    def next_deadline(self) -> float:
+        if self.phase in ("starting", "stopped"):
+            return math.inf
+        d = min(self.next_heartbeat, self.next_membership, self.next_gc, self.next_snapshot, self.pull_deadline)
+        for p in self.peers:
+            if self.out[p] is None:
+                d = min(d, self.next_dial[p])
+            elif p not in self.digest_pending:
+                d = min(d, self.next_digest[p])
+        for link in self.links.values():
+            d = min(d, link.deadline)
+        if self._streams:
+            d = min(d, self.now)
+        b = self.broker.next_deadline()
+        return d if b is None else min(d, b)
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "ready"
+
+    def status(self) -> dict[str, Any]:
+        """The cluster as this member sees it (``roost status``)."""
+        members = []
+        for m in self.cc.members:
+            addr = f"{m.client_addr[0]}:{m.client_addr[1]}"
+            if m.id == self.id:
+                members.append({"id": m.id, "state": self.phase, "subscriptions": self.broker.index.count,
+                                "clients": self.broker.status()["clients"], "queue": 0,
+                                "client_addr": addr})  # fmt: skip
+                continue
+            v = self.membership.peers[m.id]
+            lid = self.out[m.id]
+            members.append({"id": m.id, "state": v.state, "subscriptions": v.subscriptions, "clients": v.clients,
+                            "queue": len(self.queues[m.id]), "link": lid is not None and self.links[lid].up,
+                            "client_addr": addr})  # fmt: skip
+        return {"state": self.phase, "mode": self.s.mode, "members": members}
+
+    # ------------------------------------------------------------ plumbing
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self._out.append(Log(level, event, fields))
+
+    def _frame(self, link: int, data: bytes) -> None:
+        self._out.append(SendFrame(link, data))
+
+    def _absorb(self, actions: list[Any]) -> None:
+        """Pass the broker core's actions on; replicate its changes, answer STATUS."""
+        out = self._out
+        for a in actions:
+            cls = a.__class__
+            if cls is Replicate:
+                self._distribute(a.entries)
+            elif cls is StatusQuery:
+                out.append(Send(a.addr, encode_status_reply({**a.status, **self.status()})))
+            else:
+                out.append(a)
+
+    def _distribute(self, entries: list[Any]) -> None:
+        for peer, q in self.queues.items():
+            q.add(entries)
+            self._pump_pushes(peer)
+
+    def _pump_pushes(self, peer: str) -> None:
+        lid = self.out[peer]
+        if lid is None or not self.links[lid].up:
+            return
+        q = self.queues[peer]
+        while (push := q.next_push()) is not None:
+            self._frame(lid, encode([P.PUSH, push[0], push[1]]))
+
+    # ------------------------------------------------------------ timers
+
+    def _due(self, now: float) -> None:
+        s = self.s
+        if self.phase in ("starting", "stopped"):
+            return
+        if self.phase != "stopping":
+            for p in self.peers:
+                if self.out[p] is None and now >= self.next_dial[p]:
+                    self._dial(p)
+        for link in [x for x in self.links.values() if x.deadline <= now]:
+            self._close(link, "idle timeout" if link.up else "handshake timeout")
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + s.heartbeat_interval
+            beat = encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing",
+                           self.broker.index.count, self.broker.status()["clients"]])  # fmt: skip
+            for p in self.peers:
+                lid = self.out[p]
+                if lid is not None and self.links[lid].up:
+                    self._frame(lid, beat)
+        if now >= self.next_membership:
+            self.next_membership = now + s.heartbeat_interval
+            self._watch_peers(now)
+        if now >= self.pull_deadline:
+            self._pull_failed("timeout", close=True)
+        if self.ready:
+            for p in self.peers:
+                if now >= self.next_digest[p] and p not in self.digest_pending:
+                    self._send_digest(p, now)
+        if now >= self.next_gc:
+            self.next_gc = now + s.tombstone_horizon / 10
+            self._absorb(self.broker.collect_tombstones(now))
+        if now >= self.next_snapshot:
+            self.next_snapshot = now + s.snapshot_interval
+            if self.ready and self.writing is None and self.broker.changes != self.persisted:
+                self._write_snapshot()
+        b = self.broker.next_deadline()
+        if b is not None and b <= now:
+            self._absorb(self.broker.tick(now))
+        if self._streams:
+            self._pump_streams()
+
+    def _watch_peers(self, now: float) -> None:
+        for peer, old, new in self.membership.tick(now):
+            self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
+            lid = self.out[peer]
+            if new == "down" and lid is not None:
+                self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
+        if self.ready:
+            self._expire_lost_homes(now)
+
+    def _expire_lost_homes(self, now: float) -> None:
+        """A member down for longer than subscriber_timeout takes its clients'
+        subscriptions with it; one surviving member (the lowest ready id)
+        writes the tombstones, which replicate like any change."""
+        ready = [self.id] + [p for p, v in self.membership.peers.items() if v.state == "ready"]
+        if min(ready) != self.id:
+            return
+        for peer in self.peers:
+            if peer not in self._expired and self.membership.down_for(peer, now) > self.cfg.subscriber_timeout:
+                self._expired.add(peer)
+                self._absorb(self.broker.expire_home(peer, now))
+
+    # ------------------------------------------------------------ links
+
+    def _dial(self, peer: str) -> None:
+        lid = self._next_link
+        self._next_link += 1
+        self.links[lid] = Link(lid, True, peer, self.now + self.s.handshake_timeout)
+        self.out[peer] = lid
+        self._out.append(Dial(lid, peer, self.peer_addr[peer]))
+
+    def _close(self, link: Link, why: str) -> None:
+        """We end a link: tell the runner, then forget it."""
+        self._out.append(Close(link.id, why))
+        self._closed(link, why)
+
+    def _closed(self, link: Link, why: str) -> None:
+        del self.links[link.id]
+        self._streams.pop(link.id, None)
+        peer = link.peer
+        if not link.outbound or peer is None or self.out.get(peer) != link.id:
+            return
+        self.out[peer] = None
+        self.queues[peer].disconnected()
+        self.digest_pending.discard(peer)
+        self.next_dial[peer] = self.now + self.s.reconnect_interval
+        if self.was_up[peer] is not False:
+            self._log("info", "link_down", peer=peer, reason=why)
+        self.was_up[peer] = False
+        if self.pull_peer == peer:
+            self._pull_failed(why, close=False)
+
+    def _on_bytes(self, lid: int, data: bytes) -> None:
+        link = self.links.get(lid)
+        if link is None:
+            return
+        try:
+            link.decoder.feed(data)
+            while lid in self.links and (f := link.decoder.next_frame()) is not None:
+                if link.up:
+                    if link.outbound:
+                        self._on_reply(link, f)
+                    else:
+                        link.deadline = self.now + self.s.link_idle_timeout
+                        self._on_request(link, f)
+                else:
+                    nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
+                    reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce)
+                    if reply:
+                        self._frame(lid, reply)
+                    if link.up:
+                        self._link_up(link)
+        except PeerProtocolError as exc:
+            self._log("warning", "peer_refused" if not link.up else "peer_protocol_error",
+                      peer=link.peer, remote=link.remote or None, reason=str(exc)[:200])  # fmt: skip
+            self._close(link, str(exc)[:200])
+        except Exception as exc:  # nothing a peer sends may stop this member
+            self._log("error", "peer_error", peer=link.peer, reason=repr(exc)[:200])
+            self._close(link, "error")
+
+    def _link_up(self, link: Link) -> None:
+        link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
+        if not link.outbound:
+            link.deadline = self.now + self.s.link_idle_timeout
+            return
+        peer = link.peer
+        assert peer is not None
+        link.deadline = math.inf
+        self._log("info", "link_up", peer=peer)
+        self.was_up[peer] = True
+        beat = [P.HEARTBEAT, "ready" if self.ready else "syncing", self.broker.index.count,
+                self.broker.status()["clients"]]  # fmt: skip
+        self._frame(link.id, encode(beat))
+        q = self.queues[peer]
+        self.next_digest[peer] = self.now if q.overflowed else self.now + self.s.anti_entropy_interval
+        self._pump_pushes(peer)
+        if self.pull_peer == peer and not self.pull_sent:
+            self._send_pull()
+
+    def _on_request(self, link: Link, f: list[Any]) -> None:
+        """A frame on a link the peer dialled."""
+        kind, n = f[0], len(f)
+        if kind == P.PUSH and n == 3:
+            self._absorb(self.broker.merge(check_entries(f[2]), self.now))
+            self._frame(link.id, encode([P.PUSHACK, f[1]]))
+        elif kind == P.HEARTBEAT and n == 4:
+            state, subs, clients = f[1], f[2], f[3]
+            if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int:
+                raise PeerProtocolError("malformed HEARTBEAT")
+            assert link.peer is not None
+            ch = self.membership.heard(link.peer, self.now, state, subs, clients)
+            if ch:
+                self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
+                self._expired.discard(link.peer)
+        elif kind == P.PULL and n == 1:
+            if not self.ready:
+                self._frame(link.id, encode([P.DUMPEND, -1]))  # "not ready": pull from someone else
+            else:
+                peer = link.peer
+
+                def end(sent: int) -> list[Any]:
+                    self._log("info", "served_pull", peer=peer, subscriptions=sent)
+                    return [P.DUMPEND, sent]
+
+                self._stream(link.id, P.DUMP, self.broker.dump(), end)
+        elif kind == P.DIGEST and n == 2:
+            theirs = check_digest(f[1], DIGEST_BUCKETS)
+            differ = [i for i, d in enumerate(self.broker.digest) if d != theirs[i]]
+            self._stream(link.id, P.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
+                         lambda sent: [P.DIFFEND, differ])  # fmt: skip
+        else:
+            raise PeerProtocolError(f"unexpected frame type {kind}")
+
+    def _on_reply(self, link: Link, f: list[Any]) -> None:
+        """A frame on a link we dialled: answers to our requests."""
+        kind, n = f[0], len(f)
+        peer = link.peer
+        assert peer is not None
+        if kind == P.PUSHACK and n == 2:
+            self.queues[peer].acked(f[1])
+            self._pump_pushes(peer)
+        elif kind == P.DIFF and n == 2:
+            self._absorb(self.broker.merge(check_entries(f[1]), self.now))
+        elif kind == P.DIFFEND and n == 2:
+            buckets = f[1]
+            if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
+                raise PeerProtocolError("malformed DIFFEND")
+            q = self.queues[peer]
+            if buckets:
+                # They sent their side of the differing buckets; ours goes back as pushes.
+                q.add(list(self.broker.dump(set(buckets))))
+                self._log("info", "anti_entropy", peer=peer, buckets=len(buckets))
+            q.repaired()
+            self.digest_pending.discard(peer)
+            self.next_digest[peer] = self.now + self.s.anti_entropy_interval
+            self._pump_pushes(peer)
+        elif kind == P.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
+            entries = check_entries(f[1])
+            self._absorb(self.broker.merge(entries, self.now))
+            self.pull_count += sum(len(e[5]) for e in entries)
+        elif kind == P.DUMPEND and n == 2 and self.pull_peer == peer and self.pull_sent:
+            if f[1] == -1:
+                self._pull_failed("peer is not ready itself", close=False)
+            else:
+                self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
+                self.pulled_from = peer
+                self._pull_finished()
+        else:
+            raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
+
+    def _send_digest(self, peer: str, now: float) -> None:
+        lid = self.out[peer]
+        if lid is None or not self.links[lid].up or self.membership.peers[peer].state != "ready":
+            self.next_digest[peer] = now + self.s.anti_entropy_interval
+            return
+        self.digest_pending.add(peer)
+        self._frame(lid, encode([P.DIGEST, list(self.broker.digest)]))
+
+    def _stream(self, lid: int, kind: P, entries: Any, end: Callable[[int], list[Any]]) -> None:
+        batches = chunked(entries, self.s.chunk_subscriptions)
+        self._streams.setdefault(lid, deque()).append(_Stream(kind, batches, end))
+
+    def _pump_streams(self) -> None:
+        """A few frames of every dump in progress; the rest on later calls."""
+        for lid, streams in list(self._streams.items()):
+            st = streams[0]
+            for _ in range(FRAMES_PER_TURN):
+                batch = next(st.batches, None)
+                if batch is None:
+                    self._frame(lid, encode(st.end(st.sent)))
+                    streams.popleft()
+                    break
+                st.sent += sum(len(e[5]) or 1 for e in batch)
+                self._frame(lid, encode([st.kind, batch]))
+            if not streams:
+                del self._streams[lid]
+
+    # ------------------------------------------------------------ start-up
+
+    def _start(self) -> None:
+        if self.phase != "starting":
+            return
+        self.phase = "syncing"
+        self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
+                  members=len(self.cc.members))  # fmt: skip
+        self._out.append(ReadSnapshot())
+        self.pull_order = list(self.peers)
+        self.rng.shuffle(self.pull_order)
+        self._next_pull()
+
+    def _next_pull(self) -> None:
+        self.pull_sent = False
+        self.pull_count = 0
+        if not self.pull_order:
+            self.pull_peer = None
+            self.pull_deadline = math.inf
+            self._pull_finished()
+            return
+        self.pull_peer = peer = self.pull_order.pop(0)
+        self.pull_deadline = self.now + self.s.pull_timeout
+        lid = self.out[peer]
+        if lid is not None and self.links[lid].up:
+            self._send_pull()
+
+    def _send_pull(self) -> None:
+        assert self.pull_peer is not None
+        lid = self.out[self.pull_peer]
+        assert lid is not None
+        self.pull_sent = True
+        self._frame(lid, encode([P.PULL]))
+
+    def _pull_failed(self, why: str, close: bool) -> None:
+        peer = self.pull_peer
+        if peer is None:
+            return
+        self._log("info", "pull_failed", peer=peer, reason=why)
+        self.pull_peer = None
+        lid = self.out[peer]
+        if close and lid is not None:
+            self._close(self.links[lid], "pull " + why)  # late DUMP frames must not arrive
+        self._next_pull()
+
+    def _pull_finished(self) -> None:
+        self.pull_peer = None
+        self.pull_deadline = math.inf
+        self.pull_done = True
+        self._maybe_ready()
+
+    def _on_snapshot(self, data: bytes | None, reason: str) -> None:
+        if self.snapshot_done:
+            return
+        self.snapshot_done = True
+        if data is None:
+            if reason != "missing":
+                self._log("error", "snapshot_unreadable", reason=reason)
+        else:
+            try:
+                written, chunks = decode_untrusted_snapshot(data)
+            except ValueError as exc:
+                self._log("error", "snapshot_unreadable", reason=str(exc)[:200])
+            else:
+                for entries in chunks:
+                    self._absorb(self.broker.merge(entries, self.now))
+                age = self.now + self.wall_offset - written
+                self._log("info", "loaded_snapshot", subscriptions=self.broker.index.count, age_s=round(age, 1))
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        if self.phase != "syncing" or not (self.pull_done and self.snapshot_done):
+            return
+        if self.pulled_from is None and self.broker.index.count == 0:
+            self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")
+        self.phase = "ready"
+        self._out.append(ServeClients())
+        self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
+        for p in self.peers:
+            self.next_digest[p] = self.now + self.s.anti_entropy_interval
+
+    # ------------------------------------------------------------ snapshots
+
+    def _write_snapshot(self) -> None:
+        self.writing = token = self.broker.changes
+        chunks = snapshot_chunks(self.id, self.now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions)
+        self._out.append(WriteSnapshot(token, chunks))
+
+    def _on_persisted(self, token: int, error: str | None) -> None:
+        if token != self.writing:
+            return
+        self.writing = None
+        if error is not None:
+            self._log("error", "snapshot_failed", reason=error[:200])
+        else:
+            self.persisted = max(self.persisted, token)
+            self._log("debug", "snapshot_written", changes=token)
+        if self.phase == "stopping":
+            if self.final_snapshot or error is not None or self.broker.changes == self.persisted:
+                self._exit()
+            else:
+                self.final_snapshot = True
+                self._write_snapshot()
+
+    def _stop(self) -> None:
+        if self.phase in ("stopping", "stopped"):
+            return
+        was_ready = self.ready
+        self.phase = "stopping"
+        for link in list(self.links.values()):
+            self._close(link, "stopping")
+        if self.writing is not None:
+            return  # PersistDone decides whether one more write is needed
+        if was_ready and self.broker.changes != self.persisted:
+            self.final_snapshot = True
+            self._write_snapshot()
+        else:
+            self._exit()
+
+    def _exit(self) -> None:
+        self.phase = "stopped"
+        self._log("info", "node_stopped", subscriptions=self.broker.index.count)
+        self._out.append(Exit())
