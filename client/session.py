@@ -416,7 +416,7 @@ class ClientSession:
             self.ping_token += 1
             self._out.append((self.node, wire.encode_ping(self.cid, self.cookie, self.ping_token)))
             self.next_ping = now + self.ping_interval
-        if now - self.last_heard > self.cfg.node_timeout:
+        if now >= self.last_heard + self.cfg.node_timeout:  # (the same sum as next_deadline)
             self._node_silent(now)
         if self.inflight is not None and now >= self.inflight_at and self.cookie is not None:
             self._send_batch(now)
@@ -464,9 +464,10 @@ class ClientSession:
     def next_deadline(self) -> float:
         d = [self.last_heard + self.cfg.node_timeout]
         d.append(self.next_hello if self.cookie is None else self.next_ping)
-        if self.inflight is not None:
+        # (only deadlines that tick() acts on: any other would wake it for nothing, forever)
+        if self.inflight is not None and self.cookie is not None:
             d.append(self.inflight_at)
-        if self.pub_retry_at is not None:
+        if self.pub_retry_at is not None and self.unacked:
             d.append(self.pub_retry_at)
         return min(d)
 

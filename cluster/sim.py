@@ -1,0 +1,499 @@
+"""A deterministic simulator of a whole cluster in one process (FoundationDB style).
+
+N member cores (cluster/member.py) and M client sessions (client/session.py)
+run unchanged over a fake network, a fake disk and a fake clock, driven by a
+plain event loop of our own: a heap of timed events. trio is not used: its
+scheduler is not deterministic. Every random choice (network delays, losses,
+the nemesis, each member's own random source) comes from generators seeded by
+the run's seed, so a run is a function of its seed and any failure replays:
+``python scripts/simulate.py --replay SEED``.
+
+The fake world:
+
+* UDP (clients <-> members): each datagram is dropped, duplicated and delayed
+  independently (random delays reorder them).
+* TCP (members <-> members): a link delivers bytes in order and without loss
+  while it is up; a partition or a crash breaks it on both sides. A dial
+  across a partition gets no answer (the dialler's handshake timeout ends it);
+  a dial to a crashed member is refused at once.
+* Disk: a snapshot write reaches the disk only when its ``PersistDone`` is
+  delivered; a crash before that loses it. A crash loses everything else.
+* Nemesis: partitions (halves, one member isolated, a bridge), heals, member
+  crashes and restarts, client restarts, at seeded random times; at the end
+  everything heals and restarts, and a quiet period lets the cluster settle
+  before cluster/simcheck.py judges the run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from client import wire
+from client.session import ClientConfig, ClientSession
+from client.wire import Mode, T
+from cluster.config import ClusterConfig, load_cluster_config
+from cluster.events import (
+    Accepted,
+    Close,
+    Datagrams,
+    Dial,
+    Exit,
+    LinkBytes,
+    LinkClosed,
+    LinkOpened,
+    PersistDone,
+    ReadSnapshot,
+    Send,
+    SendFrame,
+    ServeClients,
+    SnapshotRead,
+    Start,
+    Tick,
+    WriteSnapshot,
+)  # fmt: skip
+from cluster.member import MemberCore
+from cluster.simcheck import Checker, Published
+
+WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
+TOPICS = ("t0", "t1", "t2")
+FAULTS = ("partition", "crash", "client")
+
+
+def sim_config(members: int) -> ClusterConfig:
+    """A cluster config with timeouts sized for short simulated runs."""
+    data = {
+        "cluster": {"secret": "simulated-cluster-secret", "anti_entropy_interval": 1.0, "snapshot_interval": 1.0,
+                    "tombstone_horizon": 60.0, "link_idle_timeout": 3.0},
+        "members": [{"id": f"m{i}", "client_addr": f"127.0.0.1:{7401 + i}", "peer_addr": f"127.0.0.1:{7501 + i}",
+                     "data_dir": f"/sim/m{i}"} for i in range(members)],
+    }  # fmt: skip
+    return load_cluster_config("<simulation>", data)
+
+
+@dataclass
+class SimMember:
+    id: str
+    addr: tuple[str, int]
+    core: MemberCore | None = None
+    serving: bool = False
+    incarnation: int = 0  # bumped by every crash: stale disk writes and timers are ignored
+    disk: bytes | None = None  # the fsynced snapshot
+    tick_at: float = math.inf
+
+
+@dataclass
+class SimClient:
+    index: int
+    cid: bytes
+    addr: tuple[str, int]
+    session: ClientSession
+    number: int = 0  # session number: bumped by a restart
+    publisher: bool = False
+    topics: list[str] = field(default_factory=list)
+    next_msg: int = 1
+    tick_at: float = math.inf
+
+
+@dataclass
+class Conn:
+    """A TCP connection: (member, link id) at each end, a delivery clock per direction."""
+
+    ends: list[tuple[str, int]]
+    last: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    up: bool = True
+
+
+class Simulation:
+    def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
+                 loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
+                 sockets_guard: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.cc = sim_config(members)
+        self.loss, self.dup = loss, dup
+        self.faults = faults
+        self.fault_time = fault_time
+        self.end = fault_time + quiet
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._n = 0
+        self.check = Checker()
+        self.members = {m.id: SimMember(m.id, m.client_addr) for m in self.cc.members}
+        self.member_at = {m.addr: m for m in self.members.values()}
+        self.client_at: dict[tuple[str, int], SimClient] = {}
+        self.conns: dict[tuple[str, int], Conn] = {}
+        self.pending_dials: set[tuple[str, int]] = set()
+        self.cut: set[frozenset[str]] = set()
+        self._inbound = dict.fromkeys(self.members, -1)
+        self.stats = {"crashes": 0, "partitions": 0, "client_restarts": 0, "datagrams": 0, "frames": 0}
+        self.clients: list[SimClient] = []
+        ids = list(self.members)
+        for i in range(clients):
+            cid = self.rng.randbytes(16)
+            c = SimClient(i, cid, ("127.0.0.2", 9001 + i), self._new_session(cid, ids, 1))
+            c.publisher = i % 2 == 1
+            c.topics = self.rng.sample(TOPICS, 2) if not c.publisher else list(TOPICS)
+            self.clients.append(c)
+            self.client_at[c.addr] = c
+        for m in self.members.values():
+            self.at(self.rng.uniform(0, 0.05), self._start_member, m)
+        for c in self.clients:
+            self.at(self.rng.uniform(0.5, 1.5), self._client_begin, c, c.number)
+        self._plan_nemesis()
+
+    # ------------------------------------------------------------ event loop
+
+    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        self._n += 1
+        heapq.heappush(self._heap, (t, self._n, fn, args))
+
+    def run(self) -> Checker:
+        heap = self._heap
+        while heap and heap[0][0] <= self.end:
+            t, _, fn, args = heapq.heappop(heap)
+            self.now = max(self.now, t)
+            fn(*args)
+        self.now = self.end
+        live = {m.id: m.core for m in self.members.values() if m.core is not None}
+        subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
+        self.check.final(self.now, live, subs)  # type: ignore[arg-type]
+        return self.check
+
+    # ------------------------------------------------------------ members
+
+    def _start_member(self, m: SimMember) -> None:
+        now = self.now
+        m.core = MemberCore(self.cc, m.id, rng=random.Random(self.rng.getrandbits(64)), now=now,
+                            wall_offset=WALL + self.rng.uniform(-0.05, 0.05),
+                            incarnation=int((WALL + now) * 1000))  # fmt: skip
+        m.serving = False
+        m.tick_at = math.inf
+        self._feed(m, Start())
+
+    def _feed(self, m: SimMember, ev: Any) -> None:
+        core = m.core
+        if core is None:
+            return
+        for a in core.handle(ev, self.now):
+            self._perform(m, a)
+        self._schedule_tick(m)
+
+    def _schedule_tick(self, m: SimMember) -> None:
+        assert m.core is not None
+        d = m.core.next_deadline()
+        if d < m.tick_at:
+            m.tick_at = d
+            self.at(max(d, self.now), self._tick, m, m.incarnation, d)
+
+    def _tick(self, m: SimMember, inc: int, d: float) -> None:
+        if m.incarnation != inc or m.tick_at != d:
+            return  # a crash or an earlier tick made this one stale
+        m.tick_at = math.inf
+        self._feed(m, Tick())
+
+    def _perform(self, m: SimMember, a: Any) -> None:
+        cls = a.__class__
+        if cls is Send:
+            self._udp(m.addr, a.addr, a.data)
+        elif cls is SendFrame:
+            self._tcp(m.id, a.link, a.data)
+        elif cls is Dial:
+            self._dial(m, a.link, a.peer)
+        elif cls is Close:
+            self._close(m.id, a.link, "closed by peer")
+        elif cls is ServeClients:
+            m.serving = True
+        elif cls is ReadSnapshot:
+            self.at(self.now + 0.001, self._disk_read, m, m.incarnation)
+        elif cls is WriteSnapshot:
+            data = b"".join(a.chunks)
+            self.at(self.now + self.rng.uniform(0.001, 0.02), self._disk_written, m, m.incarnation, a.token, data)
+        elif cls is Exit:
+            m.core = None
+
+    def _disk_read(self, m: SimMember, inc: int) -> None:
+        if m.incarnation == inc:
+            self._feed(m, SnapshotRead(m.disk, "missing") if m.disk is None else SnapshotRead(m.disk, ""))
+
+    def _disk_written(self, m: SimMember, inc: int, token: int, data: bytes) -> None:
+        if m.incarnation == inc:  # a crash first: the write never happened
+            m.disk = data
+            self._feed(m, PersistDone(token, None))
+
+    def crash(self, mid: str) -> None:
+        m = self.members[mid]
+        if m.core is None:
+            return
+        m.core = None
+        m.serving = False
+        m.incarnation += 1
+        self.check.crashes[mid] = self.check.crashes.get(mid, 0) + 1
+        self.stats["crashes"] += 1
+        for key, conn in list(self.conns.items()):
+            if key[0] == mid:
+                self._break(conn, "connection reset")
+        self.pending_dials = {d for d in self.pending_dials if d[0] != mid}
+
+    def restart(self, mid: str) -> None:
+        m = self.members[mid]
+        if m.core is None:
+            self._start_member(m)
+
+    # ------------------------------------------------------------ network
+
+    def _delay(self) -> float:
+        return self.rng.uniform(0.0002, 0.003)
+
+    def _udp(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
+        self.stats["datagrams"] += 1
+        r = self.rng.random()
+        if r < self.loss:
+            return
+        copies = 2 if r > 1 - self.dup else 1
+        for _ in range(copies):
+            self.at(self.now + self._delay(), self._arrive, src, dst, data)
+
+    def _arrive(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
+        m = self.member_at.get(dst)
+        if m is not None:
+            if m.core is not None and m.serving:
+                self._pub_accounting(m, data, src)
+            return
+        c = self.client_at.get(dst)
+        if c is not None:
+            c.session.handle_datagrams([(data, src)], self.now)
+            self._client_io(c)
+
+    def _pub_accounting(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None:
+        """Feed a client datagram to a member; for a PUB, note which reliable
+        subscribers the member owes the messages it accepts."""
+        core = m.core
+        assert core is not None
+        f = None
+        if data[:1] != b"" and data[1:3] == bytes([wire.VERSION, T.PUB]):
+            try:
+                f = wire.decode_untrusted_frame(data)
+            except wire.WireError:
+                f = None
+        before = core.broker.producers.get(f[3], [0])[0] if f is not None else 0
+        owed: list[tuple[Any, list[bytes]]] = []
+        if f is not None and f[6]:
+            for m_ in f[7]:
+                owed.append((m_, self._reliable_subscribers(core, m_[0])))
+        self._feed(m, Datagrams([(data, src)]))
+        if f is None or m.core is None:
+            return
+        after = m.core.broker.producers.get(f[3], [0])[0]
+        for i, (msg, subs) in enumerate(owed):
+            seq = f[4] + i
+            if before < seq <= after:
+                pub, n = _parse_payload(msg[3])
+                self.check.accepted(m.id, (pub, n), subs)
+
+    def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[bytes]:
+        """Subscribers the member would deliver ``topic`` to reliably, at the
+        address of their current session."""
+        out = []
+        for cid, mode in (core.broker.index.match(topic, None) or {}).items():
+            c = core.broker.clients.get(cid)
+            if mode and c is not None and any(s.cid == cid and s.addr == c.addr for s in self.clients):
+                out.append(cid)
+        return out
+
+    def _dial(self, m: SimMember, lid: int, peer: str) -> None:
+        key = (m.id, lid)
+        self.pending_dials.add(key)
+        target = self.members[peer]
+        if frozenset((m.id, peer)) in self.cut:
+            return  # silence: the dialler's handshake timeout ends it
+        self.at(self.now + self._delay(), self._connect, key, peer, target.incarnation)
+
+    def _connect(self, key: tuple[str, int], peer: str, inc: int) -> None:
+        if key not in self.pending_dials:
+            return
+        self.pending_dials.discard(key)
+        dialer = self.members[key[0]]
+        target = self.members[peer]
+        if target.core is None or target.incarnation != inc or frozenset((key[0], peer)) in self.cut:
+            self._feed(dialer, LinkClosed(key[1], "connection refused"))
+            return
+        lid = self._inbound[peer]
+        self._inbound[peer] -= 1
+        conn = Conn([key, (peer, lid)])
+        self.conns[key] = self.conns[(peer, lid)] = conn
+        self._feed(target, Accepted(lid, f"{dialer.addr[0]}:0"))
+        self._feed(dialer, LinkOpened(key[1]))
+
+    def _tcp(self, mid: str, lid: int, data: bytes) -> None:
+        conn = self.conns.get((mid, lid))
+        if conn is None or not conn.up:
+            return
+        self.stats["frames"] += 1
+        d = 0 if conn.ends[0] == (mid, lid) else 1
+        t = max(self.now + self._delay(), conn.last[d])
+        conn.last[d] = t
+        self.at(t, self._tcp_arrive, conn, conn.ends[1 - d], data)
+
+    def _tcp_arrive(self, conn: Conn, end: tuple[str, int], data: bytes) -> None:
+        if conn.up:
+            self._feed(self.members[end[0]], LinkBytes(end[1], data))
+
+    def _close(self, mid: str, lid: int, why: str) -> None:
+        self.pending_dials.discard((mid, lid))
+        conn = self.conns.get((mid, lid))
+        if conn is None:
+            return
+        conn.up = False
+        for end in conn.ends:
+            self.conns.pop(end, None)
+        other = conn.ends[1] if conn.ends[0] == (mid, lid) else conn.ends[0]
+        # the closing side's queued bytes still arrive first (FIN after data)
+        t = max(self.now + self._delay(), conn.last[0], conn.last[1])
+        self.at(t, self._feed_closed, other, why)
+
+    def _break(self, conn: Conn, why: str) -> None:
+        """A cut or a crash: both ends learn it (a crashed end hears nothing)."""
+        if not conn.up:
+            return
+        conn.up = False
+        for end in conn.ends:
+            self.conns.pop(end, None)
+            self.at(self.now + self._delay(), self._feed_closed, end, why)
+
+    def _feed_closed(self, end: tuple[str, int], why: str) -> None:
+        self._feed(self.members[end[0]], LinkClosed(end[1], why))
+
+    def partition(self, groups: list[set[str]]) -> None:
+        """Cut every pair of members that are in no group together."""
+        ids = list(self.members)
+        self.cut = {frozenset((a, b)) for a in ids for b in ids
+                    if a < b and not any(a in g and b in g for g in groups)}  # fmt: skip
+        self.stats["partitions"] += 1
+        for key, conn in list(self.conns.items()):
+            if frozenset((conn.ends[0][0], conn.ends[1][0])) in self.cut and key == conn.ends[0]:
+                self._break(conn, "partition")
+
+    def heal(self) -> None:
+        self.cut = set()
+
+    # ------------------------------------------------------------ clients
+
+    def _new_session(self, cid: bytes, ids: list[str], number: int) -> ClientSession:
+        order = list(ids)
+        self.rng.shuffle(order)
+        addrs = [self.members[i].addr for i in order]
+        cfg = ClientConfig(pub_window=256, max_buffered=100_000)
+        return ClientSession(cid, self.rng.randbytes(16), self.rng.randbytes(16), cfg, self.now, node=addrs[0],
+                             members=addrs[1:], session_epoch=int((WALL + self.now) * 1000) + number)  # fmt: skip
+
+    def _client_begin(self, c: SimClient, number: int) -> None:
+        if c.number != number:
+            return
+        if c.publisher:
+            self.at(self.now + self.rng.uniform(0.01, 0.1), self._publish, c, number)
+        else:
+            for t in c.topics:
+                c.session.subscribe(t, None, Mode.RELIABLE)
+        self._client_io(c)
+
+    def _publish(self, c: SimClient, number: int) -> None:
+        if c.number != number or self.now > self.fault_time + 2:
+            return
+        s = c.session
+        if s.lost:
+            return
+        if not s.window_full:
+            topic = self.rng.choice(c.topics)
+            n = c.next_msg
+            c.next_msg += 1
+            self.check.published[(c.index, n)] = Published(topic, s.failovers)
+            s.publish(topic, None, None, f"{c.index}:{n}".encode(), True)
+            self._client_io(c)
+        self.at(self.now + self.rng.uniform(0.01, 0.08), self._publish, c, number)
+
+    def _client_io(self, c: SimClient) -> None:
+        s = c.session
+        for st_key, st in s.subs.items():
+            while st.queue:
+                msg = st.queue.popleft()
+                s.consumed(st)
+                pub, n = _parse_payload(msg.payload)
+                pub_failovers = self.clients[pub].session.failovers if pub < len(self.clients) else -1
+                self.check.on_delivery(self.now, c.index, c.number, st_key[0], (pub, n), pub_failovers)
+        for dst, data in s.outgoing(self.now):
+            self._udp(c.addr, dst, data)
+        d = s.next_deadline()
+        if d < c.tick_at:
+            c.tick_at = d
+            self.at(max(d, self.now), self._client_tick, c, c.number, d)
+
+    def _client_tick(self, c: SimClient, number: int, d: float) -> None:
+        if c.number != number or c.tick_at != d:
+            return
+        c.tick_at = math.inf
+        c.session.tick(self.now)
+        self._client_io(c)
+
+    def restart_client(self, index: int) -> None:
+        """The client process dies and starts again: same client id, new
+        session, new address; what the old session held is gone."""
+        c = self.clients[index]
+        del self.client_at[c.addr]
+        c.number += 1
+        c.addr = ("127.0.0.2", 9001 + index + 100 * c.number)
+        self.client_at[c.addr] = c
+        c.session = self._new_session(c.cid, list(self.members), c.number)
+        c.tick_at = math.inf
+        self.check.owed = {k: v for k, v in self.check.owed.items() if k[0] != c.cid}
+        self.stats["client_restarts"] += 1
+        self.at(self.now + self.rng.uniform(0.1, 1.0), self._client_begin, c, c.number)
+
+    # ------------------------------------------------------------ nemesis
+
+    def _plan_nemesis(self) -> None:
+        """Faults at seeded random times until fault_time; then heal, restart, settle."""
+        rng = self.rng
+        ids = list(self.members)
+        t = rng.uniform(1.0, 3.0)
+        while t < self.fault_time and self.faults:
+            kind = rng.choice(self.faults)
+            if kind == "partition":
+                shape = rng.choice(("halves", "isolate", "bridge"))
+                order = rng.sample(ids, len(ids))
+                if shape == "halves":
+                    k = rng.randint(1, len(ids) - 1)
+                    groups = [set(order[:k]), set(order[k:])]
+                elif shape == "isolate":
+                    groups = [{order[0]}, set(order[1:])]
+                else:  # a bridge: order[0] talks to both sides, which cannot talk to each other
+                    rest = order[1:]
+                    k = max(1, len(rest) // 2)
+                    groups = [{order[0], *rest[:k]}, {order[0], *rest[k:]}]
+                self.at(t, self.partition, groups)
+                self.at(t + rng.uniform(0.5, 4.0), self.heal)
+            elif kind == "crash":
+                victim = rng.choice(ids)
+                self.at(t, self.crash, victim)
+                self.at(t + rng.uniform(0.3, 4.0), self.restart, victim)
+            else:
+                self.at(t, self.restart_client, rng.randrange(len(self.clients)))
+            t += rng.uniform(0.5, 3.0)
+        self.at(self.fault_time, self.heal)
+        for mid in ids:
+            self.at(self.fault_time, self.restart, mid)
+
+
+def _parse_payload(payload: bytes) -> tuple[int, int]:
+    a, _, b = payload.partition(b":")
+    return int(a), int(b)
+
+
+def run_seed(seed: int, **kw: Any) -> tuple[Checker, dict[str, int]]:
+    sim = Simulation(seed, **kw)
+    check = sim.run()
+    return check, sim.stats

@@ -1,0 +1,114 @@
+"""What the simulator checks: a record of the workload and the cluster's promises.
+
+The simulator (cluster/sim.py) reports to a :class:`Checker` as things
+happen: a message accepted by a member (and which reliable subscribers that
+member knew of at that moment), a message handed to an application, a member
+crashing, a subscriber's session ending. At the end, after the last heal and
+a quiet period, :meth:`Checker.final` compares the members' states. The
+invariants (DESIGN.md, docs/guarantees.md):
+
+* convergence: every live member holds the same subscriptions (equal
+  digests and equal registers);
+* subscriptions: every subscription a live client session holds as
+  confirmed is present, with its mode, on every member;
+* at most once: no application receives one producer's message twice;
+* order: one publisher's messages reach a subscriber in publish order,
+  except across a failover of the publisher or a crash of the member it
+  published through (then a resend may overtake a late original);
+* no loss: a reliable message a member accepted for a subscriber it knew
+  of reaches that subscriber, unless that member crashed afterwards or the
+  subscription ended with a reason the application was told.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from node import versions
+
+# A message: (publisher index, number); numbers count from 1 per publisher.
+Msg = tuple[int, int]
+
+
+@dataclass
+class Published:
+    topic: str
+    failovers: int  # the publisher's failover count when it published
+    member: str | None = None  # the member that accepted it (first acceptance)
+    crashes: int = 0  # that member's crash count then
+
+
+@dataclass
+class Checker:
+    published: dict[Msg, Published] = field(default_factory=dict)
+    # (subscriber cid, topic) -> messages owed (message -> (member, its crash count then))
+    owed: dict[tuple[bytes, str], dict[Msg, tuple[str, int]]] = field(default_factory=dict)
+    # (subscriber index, session number, topic) -> messages delivered, in order
+    delivered: dict[tuple[int, int, str], list[Msg]] = field(default_factory=dict)
+    crashes: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    checked: int = 0
+
+    def violation(self, now: float, text: str) -> None:
+        self.violations.append(f"t={now:.3f} {text}")
+
+    def accepted(self, member: str, msg: Msg, reliable_subscribers: list[bytes]) -> None:
+        p = self.published[msg]
+        if p.member is None:
+            p.member, p.crashes = member, self.crashes.get(member, 0)
+        for cid in reliable_subscribers:
+            self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0)))
+
+    def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg, pub_failovers: int) -> None:
+        """An application took ``msg``; ``pub_failovers`` is its publisher's count now."""
+        self.checked += 1
+        p = self.published.get(msg)
+        if p is None or p.topic != topic:
+            self.violation(now, f"subscriber {sub} got {msg} on {topic!r}, never published there")
+            return
+        got = self.delivered.setdefault((sub, session, topic), [])
+        if msg in got:  # (lists are short in a simulation: a scan is fine)
+            self.violation(now, f"subscriber {sub} got {msg} twice on {topic!r}")
+        later = [m for m in got if m[0] == msg[0] and m[1] > msg[1]]
+        if later and p.failovers == pub_failovers and self.crashes.get(p.member or "", 0) == p.crashes:
+            self.violation(now, f"subscriber {sub} got {msg} after {later[-1]} (publisher order)")
+        got.append(msg)
+
+    def final(self, now: float, members: dict[str, Any], subscribers: list[Any]) -> None:
+        """``members``: id -> live MemberCore; ``subscribers``: (index, session number, ClientSession) or None."""
+        cores = list(members.values())
+        if len({tuple(c.broker.digest) for c in cores}) > 1:
+            self.violation(now, "members' digests differ after the last heal: " + ", ".join(
+                f"{i}={hash(tuple(c.broker.digest)) & 0xFFFF:04x}" for i, c in members.items()))  # fmt: skip
+        states = {i: _registers(c) for i, c in members.items()}
+        if len({repr(s) for s in states.values()}) > 1:
+            self.violation(now, "members' registers differ after the last heal")
+        for sub in subscribers:
+            if sub is None:
+                continue
+            index, number, session = sub
+            if session.lost:
+                continue
+            for (topic, key), st in session.subs.items():
+                if not st.confirmed or st.reason is not None:
+                    continue
+                for mid, core in members.items():
+                    c = core.broker.clients.get(session.cid)
+                    v = c.subs.get((topic, key), 0) if c is not None else 0
+                    if not versions.is_present(v) or versions.mode_of(v) != st.mode:
+                        self.violation(now, f"subscriber {index}'s confirmed subscription {topic!r} "
+                                            f"is missing at {mid}")  # fmt: skip
+                owed = self.owed.get((session.cid, topic), {})
+                got = set(self.delivered.get((index, number, topic), ()))
+                for msg, (mid, crashes) in owed.items():
+                    if msg not in got and self.crashes.get(mid, 0) == crashes:
+                        self.violation(now, f"subscriber {index} never got {msg} on {topic!r}, "
+                                            f"accepted by {mid} which stayed up")  # fmt: skip
+                        break
+
+
+def _registers(core: Any) -> list[Any]:
+    return sorted(
+        (repr(cid), c.cver, sorted(c.subs.items(), key=repr)) for cid, c in core.broker.clients.items() if c.subs
+    )
