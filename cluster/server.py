@@ -188,7 +188,7 @@ class ClusterNode:
             while True:
                 f = await link.receive()
                 if f[0] == P.DUMP and len(f) == 2:
-                    entries = check_entries(f[1], self.member_ids)
+                    entries = check_entries(f[1])
                     self._perform(self.core.merge(entries, trio.current_time()))
                     n += sum(len(e[5]) for e in entries)
                 elif f[0] == P.DUMPEND and len(f) == 2:
@@ -261,7 +261,7 @@ class ClusterNode:
                 f = await link.receive()
             kind = f[0]
             if kind == P.PUSH and len(f) == 3:
-                entries = check_entries(f[2], self.member_ids)
+                entries = check_entries(f[2])
                 self._changes_since_snapshot += 1
                 self._perform(core.merge(entries, trio.current_time()))
                 await link.send([P.PUSHACK, f[1]])
@@ -378,7 +378,7 @@ class ClusterNode:
                 self._wake[link.peer].set()
             elif kind == P.DIFF and len(f) == 2:
                 self._changes_since_snapshot += 1
-                self._perform(core.merge(check_entries(f[1], self.member_ids), trio.current_time()))
+                self._perform(core.merge(check_entries(f[1]), trio.current_time()))
             elif kind == P.DIFFEND and len(f) == 2:
                 buckets = f[1]
                 if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
@@ -536,7 +536,7 @@ class ClusterNode:
                     raise ValueError(f"not a snapshot of format {SNAPSHOT_FORMAT}")
                 written = header[2]
                 for chunk in unpacker:
-                    self._perform(self.core.merge(check_entries(chunk, self.member_ids), now))
+                    self._perform(self.core.merge(check_entries(chunk), now))
         except (OSError, ValueError, TypeError, PeerProtocolError, StopIteration, msgpack.UnpackException) as exc:
             self.log("error", "snapshot_unreadable", path=path, reason=_why(exc))
             return
