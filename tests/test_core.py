@@ -186,7 +186,6 @@ def test_out_of_capacity_cancels_reliable_and_spares_others():
         assert [f[0] for f in frames_to(out, C)] == [T.PUBACK]
     assert [(f[1], f[3]) for f in cancelled] == [("t", Reason.OUT_OF_CAPACITY)]
     assert fast_stream is not None
-    assert ("t", None) not in core.clients[slow.cid].modes()
     assert core.clients[slow.cid].modes() == {("other", None): Mode.FIRE}
     # the cancellation is repeated in PONG until the client confirms it
     (pong,) = frames_to(slow.ping(1.0), A)
@@ -233,22 +232,17 @@ def test_cannot_subscribe_another_address():
     out += core.handle_datagrams([(forged, B)], 0.0)
     assert core.clients == {} and core.index.count == 0
     errors = [*frames_to(out, A), *frames_to(out, B)]
-    assert all(f[0] is T.ERROR and f[1] == E.BAD_COOKIE for f in errors)
+    assert [(f[0], f[1]) for f in errors] == [(T.ERROR, E.BAD_COOKIE)] * 2
     assert delivered(core.handle_datagrams([(b"PUB t\nboom", C)], 0.0), A) == []
 
 
 def test_unvalidated_sources_never_get_more_than_3x():
     core = make_core()
-    total_in = total_out = 0
     probes = [wire.encode_hello(b"x" * 16), b"\x93\x01\x03\x01", b"\x01", b"\x9f" * 7,
               wire.encode_cmds(b"a" * 16, b"b" * 16, 1, [(1, "t", None, 1)])]  # fmt: skip
     for data in probes:
         out = core.handle_datagrams([(data, FAR)], 0.0)
-        total_in += len(data)
-        sent = sum(len(s.data) for s in sends(out))
-        assert sent <= 3 * len(data)
-        total_out += sent
-    assert total_out <= 3 * total_in
+        assert sum(len(s.data) for s in sends(out)) <= 3 * len(data)
     assert core.metrics["dropped_amplification"] >= 2
 
 
@@ -377,7 +371,7 @@ def test_producer_state_expires():
     assert pub.pid not in core.producers
 
 
-def test_parse_matches_reference_split():
+def test_text_parse_splits_verb_topic_and_body():
     assert parse_untrusted_text(b"PUB t1\n  body  ") == ("PUB", "t1", "body  ")
     assert parse_untrusted_text(b"SUB t1\n") == ("SUB", "t1", "")
     assert parse_untrusted_text(b"PUB\t\tt1 a b\n c") == ("PUB", "t1", "a b\n c")

@@ -1,8 +1,9 @@
 """Random and mutated datagrams never crash a core and never change its state.
 
-The only datagrams allowed to change state are those that decode as a valid
-command from a validated source; for those the test checks that the change is
-exactly what the command says (a reference model of one step).
+The only datagrams allowed to change state are those that the real decoders
+accept as a command from a validated source (cookie) or, for text, from a text
+network; for those nothing is checked here: what a command changes is tested in
+test_core.py.
 """
 
 from __future__ import annotations
