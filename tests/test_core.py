@@ -9,7 +9,7 @@ import pytest
 from client import wire
 from client.text import parse_untrusted_text
 from client.wire import E, Mode, Reason, T
-from tests.corekit import FakeClient, connect, delivered, frames_to, make_core, sends
+from tests.corekit import connect, delivered, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
 B = ("127.0.0.1", 5002)
@@ -72,8 +72,7 @@ def test_oversized_datagram_gets_too_large():
     core = make_core(max_datagram=2000)
     (reply,) = sends(text(core, b"PUB t " + b"x" * 2000))
     assert reply.data.startswith(b"ERR too_large")
-    fc = FakeClient(core, B)
-    fc.hello()
+    (fc,) = connect(core, B)
     (f,) = frames_to(fc.send(b"\x93" + b"\x01" * 2100, 0.0), B)
     assert f[0] is T.ERROR and f[1] == E.TOO_LARGE
 
@@ -254,8 +253,7 @@ def test_short_hello_gets_no_welcome():
 
 def test_command_batch_retry_does_not_undo_later_commands():
     core = make_core()
-    fc = FakeClient(core, A)
-    fc.hello()
+    (fc,) = connect(core, A)
     sub_batch = wire.encode_cmds(fc.cid, fc.cookie, 1, [(1, "t", None, 1)])
     unsub_batch = wire.encode_cmds(fc.cid, fc.cookie, 2, [(0, "t", None, 0)])
     fc.send(sub_batch, 0.0)
@@ -267,8 +265,7 @@ def test_command_batch_retry_does_not_undo_later_commands():
 
 def test_commands_in_a_batch_apply_in_order_last_wins():
     core = make_core()
-    fc = FakeClient(core, A)
-    fc.hello()
+    (fc,) = connect(core, A)
     fc.cmds([(1, "t", None, 1), (0, "t", None, 0), (1, "t", None, 0), (1, "t", "k", 1)])
     assert core.clients[fc.cid].modes() == {("t", None): Mode.FIRE, ("t", "k"): Mode.RELIABLE}
 
@@ -328,29 +325,24 @@ def test_client_moving_address_keeps_subscriptions():
 
 def test_text_and_binary_subscribers_share_topics():
     core = make_core()
-    fc = FakeClient(core, A)
-    fc.hello()
+    (fc,) = connect(core, A)
     fc.sub("t", mode=Mode.FIRE)
     text(core, b"SUB t\n", addr=B)
     out = text(core, b"PUB t\nhi there", addr=C)
     assert delivered(out, A) == [(0, 0, b"hi there")]
     assert [s.data for s in sends(out) if s.addr == B] == [b"MSG t\nhi there"]
-    pub = FakeClient(core, C)
-    pub.hello()
+    (pub,) = connect(core, C)
     out = pub.pub([("t", b"bin")])
     assert [s.data for s in sends(out) if s.addr == B] == [b"MSG t\nbin"]
 
 
 def test_limits_answer_overloaded():
     core = make_core(max_subscriptions_per_client=2)
-    fc = FakeClient(core, A)
-    fc.hello()
+    (fc,) = connect(core, A)
     (ack,) = frames_to(fc.cmds([(1, "a", None, 0), (1, "b", None, 0), (1, "c", None, 0)]), A)
     assert ack[2] == [0, 0, E.OVERLOADED]
     core2 = make_core(max_clients=1)
-    x, y = FakeClient(core2, A), FakeClient(core2, B)
-    x.hello()
-    y.hello()
+    x, y = connect(core2, A, B)
     x.sub("t")
     (err,) = frames_to(y.sub("t"), B)
     assert err[0] is T.ERROR and err[1] == E.OVERLOADED
@@ -362,8 +354,7 @@ def test_limits_answer_overloaded():
 
 def test_producer_state_expires():
     core = make_core(producer_timeout=10.0)
-    pub = FakeClient(core, B)
-    pub.hello()
+    (pub,) = connect(core, B)
     pub.pub([("t", b"x")], now=0.0)
     core.tick(5.0)
     assert pub.pid in core.producers
@@ -382,8 +373,7 @@ def _trigger(core, code):
     """A datagram (and source) that must make the node answer with ``code``."""
     import msgpack
 
-    fc = FakeClient(core, B)
-    fc.hello()
+    (fc,) = connect(core, B)
     cid, ck = fc.cid, fc.cookie
     bad_msg = lambda m: wire.pack([1, T.PUB, cid, ck, fc.pid, 1, 1, True, [m]])  # noqa: E731
     return {
@@ -459,16 +449,14 @@ def test_repeated_sack_ranges_cost_no_more_than_one():
 
 def test_one_host_cannot_take_every_producer_slot():
     core = make_core(max_per_host=3)
-    fc = FakeClient(core, FAR)
-    fc.hello()
+    (fc,) = connect(core, FAR)
     codes = []
     for i in range(5):
         msg = wire.pack_message("t", None, None, b"")
         data = wire.encode_pub(fc.cid, fc.cookie, bytes([i]) * 16, 1, 1, False, [msg])
         codes += [f[1] for f in frames_to(fc.send(data, 0.0), FAR) if f[0] is T.ERROR]
     assert codes == [E.OVERLOADED, E.OVERLOADED] and len(core.producers) == 3
-    other = FakeClient(core, B)
-    other.hello()
+    (other,) = connect(core, B)
     other.pub([("t", b"fine")])
     assert len(core.producers) == 4
 
@@ -485,8 +473,7 @@ def test_per_host_count_is_released_when_the_client_goes():
     a, b = connect(core, ("127.0.0.9", 1), ("127.0.0.9", 2))  # one host
     a.sub("t")
     b.sub("t")
-    third = FakeClient(core, ("127.0.0.9", 3))
-    third.hello()
+    (third,) = connect(core, ("127.0.0.9", 3))
     (err,) = frames_to(third.sub("t"), third.addr)
     assert err[1] == E.OVERLOADED
     core.tick(5.0)  # a and b time out

@@ -20,7 +20,7 @@ from cluster.replication import PeerQueue
 from node import versions
 from node.config import ConfigError, NodeConfig
 from node.core import BrokerCore, Log
-from tests.corekit import FakeClient, delivered, make_core, replicated
+from tests.corekit import FakeClient, connect, delivered, make_core, replicated
 
 WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
 
@@ -133,8 +133,7 @@ def test_anti_entropy_heals_a_partition():
 
 def test_a_later_write_wins_over_a_concurrent_one():
     a, b = replica("n1", 0), replica("n2", 1)
-    ca = FakeClient(a, ("127.0.0.1", 5001))
-    ca.hello()
+    (ca,) = connect(a, ("127.0.0.1", 5001))
     ca.sub("t", now=1.0)
     b.merge(check_entries(ca.take_pushes()), 1.0)
     cb = FakeClient(b, ("127.0.0.1", 5001), cid=ca.cid)  # the client moved to n2 and unsubscribed
@@ -148,8 +147,7 @@ def test_a_later_write_wins_over_a_concurrent_one():
 
 def test_tombstones_are_collected_after_the_horizon():
     a = replica(horizon=60.0)
-    fc = FakeClient(a, ("127.0.0.1", 5001))
-    fc.hello()
+    (fc,) = connect(a, ("127.0.0.1", 5001))
     fc.sub("t", now=0.0)
     fc.cmds([(0, "t", None, 0)], now=1.0)
     assert ("t", None) in a.clients[fc.cid].subs  # the tombstone
@@ -161,8 +159,7 @@ def test_tombstones_are_collected_after_the_horizon():
 
 def test_expire_home_tombstones_the_dead_members_clients():
     a, b = replica("n1", 0), replica("n2", 1)
-    cb = FakeClient(b, ("127.0.0.1", 5002))
-    cb.hello()
+    (cb,) = connect(b, ("127.0.0.1", 5002))
     cb.sub("t", now=0.0)
     a.merge(check_entries(cb.take_pushes()), 0.0)
     assert a.index.count == 1
@@ -390,8 +387,7 @@ def test_versions_from_the_future_are_refused():
 
 def test_an_expired_tombstone_does_not_come_back_from_another_replica():
     a, b = replica("n1", 0, horizon=60.0), replica("n2", 1, horizon=60.0)
-    fc = FakeClient(a, ("127.0.0.1", 5001))
-    fc.hello()
+    (fc,) = connect(a, ("127.0.0.1", 5001))
     fc.sub("t", now=0.0)
     fc.cmds([(0, "t", None, 0)], now=1.0)
     b.merge(check_entries(fc.take_pushes()), 1.0)
