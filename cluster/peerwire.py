@@ -139,9 +139,9 @@ def check_auth(f: list[Any]) -> bytes:
     return f[1]  # type: ignore[no-any-return]
 
 
-def _u64(v: Any) -> int:
+def _u64(v: Any, what: str) -> int:
     if v.__class__ is not int or not 0 <= v < 2**64:
-        raise PeerProtocolError("expected an unsigned 64-bit integer")
+        raise PeerProtocolError(f"{what} must be an unsigned 64-bit integer")
     return v  # type: ignore[no-any-return]
 
 
@@ -149,7 +149,8 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
     """Validate replication entries ``[who, cver, host, port, home, [[t, k, v]...]]``.
 
     ``who`` becomes bytes (binary client id) or a (host, port) tuple (text
-    subscriber), the form BrokerCore.merge expects.
+    subscriber), the form BrokerCore.merge expects. Every error names the
+    field it found broken.
     """
     if entries.__class__ is not list:
         raise PeerProtocolError("entries must be an array")
@@ -161,12 +162,14 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
                 raise PeerProtocolError("an entry is [who, cver, host, port, home, subs]")
             who, cver, host, port, home, subs = e
             if who.__class__ is list and len(who) == 2:
-                who = (_ip(who[0]), _port(who[1]))
+                who = (_ip(who[0], "who host"), _port(who[1], "who port"))
             elif who.__class__ is not bytes or len(who) != wire.ID_LEN:
                 raise PeerProtocolError("who must be a client id or [host, port]")
-            _ip(host)
-            _port(port)
-            # (an id this member does not know is fine: members are added one at a time)
+            _u64(cver, "cver")
+            _ip(host, "host")
+            _port(port, "port")
+            # Any member id will do, also one this member's config does not list
+            # yet: members are added one at a time.
             if not isinstance(home, str) or not 0 < len(home) <= 64:
                 raise PeerProtocolError("home must be a member id")
             if subs.__class__ is not list:
@@ -177,8 +180,8 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
                 check_topic(s[0])
                 if s[1] is not None:
                     check_key(s[1])
-                _u64(s[2])
-            out.append((who, _u64(cver), host, port, home, subs))
+                _u64(s[2], "subscription version")
+            out.append((who, cver, host, port, home, subs))
     except WireError as exc:
         raise PeerProtocolError(f"bad subscription: {exc.text}") from None
     return out
@@ -187,27 +190,27 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
 _known_ips: dict[str, None] = {}
 
 
-def _ip(host: Any) -> str:
+def _ip(host: Any, what: str) -> str:
     """An IP address literal (memoised): never a name to resolve, never garbage."""
     if host.__class__ is str and host in _known_ips:
         return host  # type: ignore[no-any-return]
     try:
         ipaddress.ip_address(host)
     except (ValueError, TypeError):
-        raise PeerProtocolError("client address must be an IP literal") from None
+        raise PeerProtocolError(f"{what} must be an IP address literal") from None
     if len(_known_ips) > 100_000:
         _known_ips.clear()
     _known_ips[host] = None
     return host  # type: ignore[no-any-return]
 
 
-def _port(port: Any) -> int:
+def _port(port: Any, what: str) -> int:
     if port.__class__ is not int or not 0 < port <= 65535:
-        raise PeerProtocolError("client port must be 1..65535")
+        raise PeerProtocolError(f"{what} must be a port number 1..65535")
     return port  # type: ignore[no-any-return]
 
 
 def check_digest(d: Any, buckets: int) -> list[int]:
     if d.__class__ is not list or len(d) != buckets:
         raise PeerProtocolError(f"a digest has {buckets} buckets")
-    return [_u64(x) for x in d]
+    return [_u64(x, "a digest bucket") for x in d]

@@ -45,13 +45,18 @@ def roost(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*ROOST, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+def status(node: str) -> dict[str, object] | None:
+    """One member's status map, or None when it does not answer."""
+    r = roost("status", "--node", node, "--json")
+    return json.loads(r.stdout) if r.returncode == 0 else None  # type: ignore[no-any-return]
+
+
 def show_status(node: str) -> dict[str, object] | None:
     """Print one member's view of the cluster; return its status map."""
-    r = roost("status", "--node", node, "--json")
-    if r.returncode != 0:
+    st = status(node)
+    if st is None:
         say(f"  {node}: no answer")
         return None
-    st: dict[str, object] = json.loads(r.stdout)
     view = ", ".join(f"{m['id']}={m['state']}/{m['subscriptions']}" for m in st["members"])  # type: ignore[attr-defined]
     say(f"  {st['node']} says: {view}   (member=state/subscriptions)")
     return st
@@ -71,6 +76,12 @@ async def publish(n: int, kill_after: int) -> int:
         say(f"publisher: all {n} acknowledged, now connected to {c.session.node_id} "
             f"after {c.session.failovers} failover(s)")  # fmt: skip
         return c.session.failovers
+
+
+def agree(views: list[dict[str, object] | None]) -> bool:
+    """Every member answers, is ready and counts the same subscriptions."""
+    ready = [v for v in views if v is not None and v["state"] == "ready"]
+    return len(ready) == len(views) and len({v["subscriptions"] for v in ready}) == 1
 
 
 def cluster_demo() -> int:
@@ -112,10 +123,11 @@ def cluster_demo() -> int:
         say("$ roost cluster start n1   (it PULLs the state from a live member)")
         r = roost("cluster", "start", "n1", "--run-dir", RUN_DIR)
         say("  " + (r.stdout.strip() or r.stderr.strip()))
-        time.sleep(1.0)
-        views = [show_status(f"127.0.0.1:{port}") for port in (7401, 7402, 7403)]
-        own = {v["subscriptions"] for v in views if v is not None and v["state"] == "ready"}
-        same = None not in views and len(own) == 1
+        members = [f"127.0.0.1:{port}" for port in (7401, 7402, 7403)]
+        deadline = time.monotonic() + 15
+        while not agree([status(m) for m in members]) and time.monotonic() < deadline:
+            time.sleep(0.2)  # until every member is ready with the same count, 15 s at most
+        same = agree([show_status(m) for m in members])
         say(f"{'OK' if same else 'FAILED'}: every member reports the same subscriptions after the restart")
         return 0 if ok and same and failovers >= 1 and sub.returncode == 0 else 1
     finally:

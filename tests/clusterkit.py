@@ -1,4 +1,5 @@
-"""A real cluster of `roost node` processes on free loopback ports, for tests."""
+"""Real `roost` processes on free loopback ports, for tests: the CLI, subscriber
+processes and a cluster of `roost node` processes."""
 
 from __future__ import annotations
 
@@ -6,13 +7,49 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from cluster.config import load_cluster_config
 from cluster.launcher import Launcher, write_local_config
+from node.procs import wait_listening
+from tests.polling import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOST = [sys.executable, "-m", "cluster.cli"]
+
+
+def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ROOST, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, **kw)
+
+
+def start_sub(node: str, topic: str, count: int, timeout: float = 60, mode: str = "reliable",
+              key: str | None = None) -> subprocess.Popen[str]:  # fmt: skip
+    """A `roost sub` process, returned once it has subscribed."""
+    args = ["sub", topic, "--node", node, "--count", str(count), "--mode", mode, "--timeout", str(timeout)]
+    if key is not None:
+        args += ["--key", key]
+    p = subprocess.Popen([*ROOST, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    line = p.stderr.readline()
+    assert "subscribed to" in line, line + p.stderr.read()
+    return p
+
+
+def read_lines(p: subprocess.Popen[str], n: int) -> list[str]:
+    """The next ``n`` messages a `roost sub` prints (it exits by its --timeout at the latest)."""
+    assert p.stdout is not None
+    return [p.stdout.readline().rstrip("\n") for _ in range(n)]
+
+
+def sub_lines(p: subprocess.Popen[str], timeout: float = 60) -> list[str]:
+    """The rest of what a `roost sub` prints, once it has exited with 0.
+
+    It reads through the same buffered pipe as ``read_lines`` (``communicate``
+    would skip what that buffer already holds)."""
+    assert p.stdout is not None and p.stderr is not None
+    out = p.stdout.read()  # to EOF: the subscriber exits after --count messages or its --timeout
+    assert p.wait(timeout) == 0, p.stderr.read()
+    return out.splitlines()
 
 
 class LocalCluster:
@@ -36,8 +73,6 @@ class LocalCluster:
 
     def start(self, *members: str) -> None:
         procs = [self.launcher.start(self.cc, str(self.config), m, wait=False) for m in members or self.ids]
-        from node.procs import wait_listening
-
         for p, m in zip(procs, members or self.ids, strict=True):
             wait_listening(p, "127.0.0.1", self.client_ports[m], timeout=60)
 
@@ -55,25 +90,10 @@ class LocalCluster:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
-    def wait_for(self, cond, timeout: float = 15.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+    def subscriptions(self, members: list[str] | None = None) -> list[int]:
+        """Each member's own count of subscriptions, as `roost status` shows it."""
+        return [self.status(m)["subscriptions"] for m in members or self.ids]
 
-
-def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cluster.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, **kw)  # fmt: skip
-
-
-def start_sub(node: str, topic: str, count: int, timeout: float = 60, mode: str = "reliable") -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "sub", topic, "--node", node, "--count", str(count),
-                          "--mode", mode, "--timeout", str(timeout)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert p.stderr is not None
-    line = p.stderr.readline()
-    assert "subscribed to" in line, line + p.stderr.read()
-    return p
+    def wait_subscriptions(self, counts: list[int], members: list[str] | None = None) -> None:
+        wait_until(lambda: self.subscriptions(members) == counts,
+                   what=f"subscriptions {counts} at {members or self.ids}")  # fmt: skip

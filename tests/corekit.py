@@ -95,3 +95,15 @@ def delivered(actions: list[Any], addr: Any) -> list[tuple[int, int, bytes]]:
             for i, m in enumerate(msgs):
                 out.append((stream, first + i if stream else 0, m[3]))
     return out
+
+
+def random_datagram(rng: random.Random, valid: list[bytes], max_len: int, max_flips: int,
+                    random_share: float = 1 / 3) -> bytes:  # fmt: skip
+    """Garbage for fuzzing: random bytes (``random_share`` of the time) or one of
+    the ``valid`` datagrams with 1 to ``max_flips`` bytes overwritten."""
+    if rng.random() < random_share:
+        return rng.randbytes(rng.randint(0, max_len))
+    d = bytearray(rng.choice(valid))
+    for _ in range(rng.randint(1, max_flips)):
+        d[rng.randrange(len(d))] = rng.getrandbits(8)
+    return bytes(d)

@@ -12,8 +12,7 @@ from typing import Any
 
 from client.session import ClientConfig, ClientSession
 from node.core import BrokerCore, Send
-
-NODE = ("127.0.0.1", 7400)
+from tests.corekit import NODE
 
 
 class SimNet:

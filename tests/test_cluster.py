@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
-import time
+import subprocess
+import sys
 
 import msgpack
 import pytest
 
 from cluster.peerwire import NONCE_LEN, PROTOCOL, P, encode
-from tests.clusterkit import LocalCluster, roost, start_sub
+from tests.clusterkit import ROOT, LocalCluster, read_lines, roost, start_sub, sub_lines
+from tests.polling import wait_until
 
 
 @pytest.fixture
@@ -21,40 +23,34 @@ def cluster(tmp_path):
     c.stop()
 
 
-def subs_everywhere(c: LocalCluster, members=None) -> list[int]:
-    return [c.status(m)["subscriptions"] for m in members or c.ids]
-
-
 def test_subscribe_at_n1_publish_at_n3(cluster):
     sub = start_sub(cluster.addr("n1"), "t", 3)
-    cluster.wait_for(lambda: subs_everywhere(cluster) == [1, 1, 1], what="replication")
+    cluster.wait_subscriptions([1, 1, 1])
     r = roost("pub", "t", "m{n}", "--count", "3", "--node", cluster.addr("n3"))
     assert r.returncode == 0, r.stderr
-    out, err = sub.communicate(timeout=30)
-    assert sub.returncode == 0, err
-    assert out.splitlines() == ["m0", "m1", "m2"]
+    assert sub_lines(sub) == ["m0", "m1", "m2"]
 
 
 def test_kill9_restart_pulls_state_and_keeps_subscriptions(cluster):
     s1 = start_sub(cluster.addr("n1"), "a", 2)
     s3 = start_sub(cluster.addr("n3"), "b", 2)
-    cluster.wait_for(lambda: subs_everywhere(cluster) == [2, 2, 2], what="replication")
+    cluster.wait_subscriptions([2, 2, 2])
     cluster.kill("n2")
     # a SUB made while n2 is down
     s_new = start_sub(cluster.addr("n1"), "made_while_down", 1)
-    cluster.wait_for(lambda: subs_everywhere(cluster, ["n1", "n3"]) == [3, 3], what="replication without n2")
+    cluster.wait_subscriptions([3, 3], ["n1", "n3"])
     cluster.start("n2")
     assert "event=pulled" in cluster.log("n2").split("event=node_starting")[-1]
     # every member, the restarted one included, shows the same count
-    cluster.wait_for(lambda: subs_everywhere(cluster) == [3, 3, 3], what="same count everywhere")
+    cluster.wait_subscriptions([3, 3, 3])
     st = cluster.status("n2")
     assert st["state"] == "ready" and all(m["state"] == "ready" for m in st["members"])
     # the restarted node serves the subscriptions it pulled, including the new one
     for topic in ("a", "b", "made_while_down"):
         assert roost("pub", topic, "from n2 {n}", "--count", "2", "--node", cluster.addr("n2")).returncode == 0
-    assert s1.communicate(timeout=30)[0].splitlines() == ["from n2 0", "from n2 1"]
-    assert s3.communicate(timeout=30)[0].splitlines() == ["from n2 0", "from n2 1"]
-    assert s_new.communicate(timeout=30)[0].splitlines() == ["from n2 0"]
+    assert sub_lines(s1) == ["from n2 0", "from n2 1"]
+    assert sub_lines(s3) == ["from n2 0", "from n2 1"]
+    assert sub_lines(s_new) == ["from n2 0"]
 
 
 def _dial(cluster, member="n1"):
@@ -74,7 +70,7 @@ def _closed_by_peer(s) -> bool:
 
 def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     sub = start_sub(cluster.addr("n1"), "t", 1)
-    cluster.wait_for(lambda: subs_everywhere(cluster) == [1, 1, 1], what="replication")
+    cluster.wait_subscriptions([1, 1, 1])
     before = cluster.status("n1")["subscriptions"]
     s = _dial(cluster)
     s.sendall(encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN)]))
@@ -85,7 +81,7 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     # then try to smuggle in a PUSH that would subscribe somebody
     s.sendall(encode([P.PUSH, 1, [[b"x" * 16, 2**60, "127.0.0.1", 9, "n2", [["evil", None, 2**62]]]]]))
     assert _closed_by_peer(s)
-    cluster.wait_for(lambda: "peer_refused" in cluster.log("n1"), what="refusal logged")
+    wait_until(lambda: "peer_refused" in cluster.log("n1"), what="refusal logged")
     line = next(x for x in cluster.log("n1").splitlines() if "peer_refused" in x)
     assert "wrong cluster secret" in line and "node=n1" in line
     assert cluster.status("n1")["subscriptions"] == before
@@ -103,45 +99,45 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     ],
 )
 def test_garbage_and_oversized_peer_streams_are_refused(cluster, payload, reason):
-    before = subs_everywhere(cluster)
+    before = cluster.subscriptions()
     s = _dial(cluster)
     s.sendall(payload)
     assert _closed_by_peer(s)
-    cluster.wait_for(lambda: reason in cluster.log("n1"), what=f"'{reason}' logged")
-    assert subs_everywhere(cluster) == before
+    wait_until(lambda: reason in cluster.log("n1"), what=f"'{reason}' logged")
+    assert cluster.subscriptions() == before
     assert roost("status", "--node", cluster.addr("n1")).returncode == 0  # still serving
 
 
 def test_subscriber_keeps_receiving_when_its_node_is_killed(cluster):
-    """Subscriber and publisher both talk to n1; n1 dies mid-stream."""
-    import subprocess
-    import sys
-
-    n = 400
+    """Subscriber and publisher both talk to n1; n1 dies mid-stream: after the
+    subscriber got the first half through n1 and before the second half is sent."""
+    n, half = 400, 200
     sub = start_sub(cluster.addr("n1"), "stream", n, timeout=60)
-    cluster.wait_for(lambda: subs_everywhere(cluster) == [1, 1, 1], what="replication")
+    cluster.wait_subscriptions([1, 1, 1])
     code = (
         "import sys, trio\n"
         "from client import Client\n"
         "async def main():\n"
         f"    async with Client('{cluster.addr('n1')}') as c:\n"
         f"        for i in range({n}):\n"
+        f"            if i == {half}:\n"
+        "                await trio.to_thread.run_sync(sys.stdin.readline)  # the test kills n1 now\n"
         "            await c.publish('stream', f'm{i}')\n"
-        "            await trio.sleep(0.01)\n"
         "        assert await c.flush(20)\n"
         "        print('failovers', c.session.failovers)\n"
         "trio.run(main)\n"
     )
-    pub = subprocess.Popen([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(1.5)
-    cluster.kill("n1")
-    out, err = sub.communicate(timeout=60)
-    pout, perr = pub.communicate(timeout=60)
+    pub = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert read_lines(sub, half) == [f"m{i}" for i in range(half)]  # through n1
+        cluster.kill("n1")
+        pout, perr = pub.communicate("go\n", timeout=60)
+    finally:
+        pub.kill()
     assert pub.returncode == 0, perr
     assert "failovers 1" in pout
-    assert sub.returncode == 0, err
-    assert out.splitlines() == [f"m{i}" for i in range(n)]  # all, in order, once
+    assert sub_lines(sub) == [f"m{i}" for i in range(half, n)]  # all, in order, once
 
 
 def test_status_lists_members_and_queues(cluster):
@@ -162,7 +158,7 @@ def test_cold_start_of_the_whole_cluster_restores_from_snapshots(tmp_path):
         text = s.socket(s.AF_INET, s.SOCK_DGRAM)
         text.bind(("127.0.0.1", 0))
         text.sendto(b"SUB kept\n", ("127.0.0.1", c.client_ports["n2"]))
-        c.wait_for(lambda: subs_everywhere(c) == [1, 1, 1], what="replication")
+        c.wait_subscriptions([1, 1, 1])
         c.stop()  # SIGTERM: every member writes its snapshot (fsync) on the way out
         for m in c.ids:
             assert (tmp_path / "data" / m / "state.msgpack").stat().st_size > 0
@@ -170,7 +166,7 @@ def test_cold_start_of_the_whole_cluster_restores_from_snapshots(tmp_path):
         runs = [c.log(m).split("event=node_starting")[-1] for m in c.ids]
         assert any("event=loaded_snapshot" in r for r in runs)
         assert all("event=loaded_snapshot" in r or "event=pulled" in r for r in runs)
-        assert subs_everywhere(c) == [1, 1, 1]
+        assert c.subscriptions() == [1, 1, 1]
         assert roost("pub", "kept", "after the restart", "--node", c.addr("n3")).returncode == 0
         text.settimeout(5)
         assert text.recv(1000) == b"MSG kept\nafter the restart"

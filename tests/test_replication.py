@@ -3,8 +3,11 @@ failure detection, the peer codec and cluster config validation."""
 
 from __future__ import annotations
 
+import copy
 import math
 import random
+import re
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -17,9 +20,8 @@ from cluster.replication import PeerQueue
 from node import versions
 from node.config import ConfigError, NodeConfig
 from node.core import BrokerCore, Log
-from tests.corekit import FakeClient, delivered, make_core, replicated
+from tests.corekit import FakeClient, connect, delivered, make_core, replicated
 
-MEMBERS = {"n1", "n2", "n3"}
 WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
 
 
@@ -87,9 +89,11 @@ def test_merge_is_commutative_associative_and_idempotent(writes, rnd):
 @given(st.lists(write, max_size=20))
 def test_newest_version_wins_each_register(writes):
     core = applied([writes])
-    for who_i, (topic, key), node_i, hlc, present, mode in writes:
-        v = core.clients[WHO[who_i]].subs[(topic, key)]
-        assert v >= versions.make(hlc, node_i, present, mode)
+    newest: dict = {}
+    for who_i, tk, node_i, hlc, present, mode in writes:
+        v = versions.make(hlc, node_i, present, mode)
+        newest[WHO[who_i], tk] = max(v, newest.get((WHO[who_i], tk), 0))
+    assert {(w, tk): v for w, c in core.clients.items() for tk, v in c.subs.items()} == newest
     for c in core.clients.values():
         for (topic, key), v in c.subs.items():
             slot = core.index.topics.get(topic, {}).get(key, {})
@@ -129,8 +133,7 @@ def test_anti_entropy_heals_a_partition():
 
 def test_a_later_write_wins_over_a_concurrent_one():
     a, b = replica("n1", 0), replica("n2", 1)
-    ca = FakeClient(a, ("127.0.0.1", 5001))
-    ca.hello()
+    (ca,) = connect(a, ("127.0.0.1", 5001))
     ca.sub("t", now=1.0)
     b.merge(check_entries(ca.take_pushes()), 1.0)
     cb = FakeClient(b, ("127.0.0.1", 5001), cid=ca.cid)  # the client moved to n2 and unsubscribed
@@ -144,8 +147,7 @@ def test_a_later_write_wins_over_a_concurrent_one():
 
 def test_tombstones_are_collected_after_the_horizon():
     a = replica(horizon=60.0)
-    fc = FakeClient(a, ("127.0.0.1", 5001))
-    fc.hello()
+    (fc,) = connect(a, ("127.0.0.1", 5001))
     fc.sub("t", now=0.0)
     fc.cmds([(0, "t", None, 0)], now=1.0)
     assert ("t", None) in a.clients[fc.cid].subs  # the tombstone
@@ -157,8 +159,7 @@ def test_tombstones_are_collected_after_the_horizon():
 
 def test_expire_home_tombstones_the_dead_members_clients():
     a, b = replica("n1", 0), replica("n2", 1)
-    cb = FakeClient(b, ("127.0.0.1", 5002))
-    cb.hello()
+    (cb,) = connect(b, ("127.0.0.1", 5002))
     cb.sub("t", now=0.0)
     a.merge(check_entries(cb.take_pushes()), 0.0)
     assert a.index.count == 1
@@ -265,22 +266,85 @@ def _read_one(data: bytes):
     return dec.next_frame()
 
 
+# A valid entry of each kind of client; every row below breaks one field of the binary one.
+V_RELIABLE, V_FIRE = versions.make(10, 0, True, 1), versions.make(11, 0, True, 0)
+BINARY_ENTRY = [b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", [["t", None, V_RELIABLE], ["t", "k", V_FIRE]]]
+TEXT_ENTRY = [["10.0.0.1", 7001], V_FIRE, "10.0.0.1", 7001, "n2", [["t", None, V_FIRE]]]
+FIELDS = ("who", "cver", "host", "port", "home", "subs")
+SUB_FIELDS = ("topic", "key", "version")
+
+
+def with_field(field: str, value) -> list:
+    """BINARY_ENTRY with one field replaced; ``sub`` and SUB_FIELDS are in its last subscription."""
+    e = copy.deepcopy(BINARY_ENTRY)
+    if field in FIELDS:
+        e[FIELDS.index(field)] = value
+    elif field == "sub":
+        e[5][-1] = value
+    else:
+        e[5][-1][SUB_FIELDS.index(field)] = value
+    return e
+
+
+def test_valid_entries_are_passed_on_in_the_form_merge_expects():
+    assert check_entries([BINARY_ENTRY, TEXT_ENTRY, with_field("subs", [])]) == [
+        (b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", [["t", None, V_RELIABLE], ["t", "k", V_FIRE]]),
+        (("10.0.0.1", 7001), V_FIRE, "10.0.0.1", 7001, "n2", [["t", None, V_FIRE]]),
+        (b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", []),
+    ]
+
+
+# (field, what the error starts with, broken values)
+BROKEN: list[tuple[str, str, list[Any]]] = [
+    ("who", "who must be", [b"short", b"c" * 17, "c" * 16, None, ["10.0.0.1"], ["10.0.0.1", 7001, 0]]),
+    ("who", "who host must be", [["example.com", 7001], [b"10.0.0.1", 7001], [None, 7001]]),
+    ("who", "who port must be", [["10.0.0.1", 0], ["10.0.0.1", 65536], ["10.0.0.1", "7001"]]),
+    ("cver", "cver must be", [-1, 2**64, "5", 5.0, True, None]),
+    ("host", "host must be", ["h", "localhost", "", "127.0.0.1:9000", b"127.0.0.1", None]),
+    ("port", "port must be", [0, -1, 65536, "9000", 9000.0, None]),
+    ("home", "home must be", ["", "n" * 65, b"n1", 1, None]),
+    ("subs", "subs must be", ["t", None, {"t": 1}, ("t", None, 1)]),
+    ("sub", "a subscription is", ["t", None, ["t", None], ["t", None, V_FIRE, 0]]),
+    ("topic", "bad subscription: topic", ["bad topic", "", "t" * 256, 5, None]),
+    ("key", "bad subscription: key", ["", "k" * 256, b"k", 5]),
+    ("version", "subscription version must be", [-1, 2**64, "7", 7.0, None]),
+]
+
+
 @pytest.mark.parametrize(
-    "bad",
+    ("field", "value", "needle"),
+    [pytest.param(f, v, n, id=f"{f}={v!r:.20}") for f, n, vs in BROKEN for v in vs],
+)
+def test_an_entry_with_one_broken_field_is_refused_naming_the_field(field, value, needle):
+    with pytest.raises(PeerProtocolError, match="^" + re.escape(needle)):
+        check_entries([TEXT_ENTRY, with_field(field, value)])  # not only the first entry is checked
+
+
+@pytest.mark.parametrize(
+    ("entries", "needle"),
     [
-        [[b"short", 1, "h", 1, "n1", []]],
-        [[b"c" * 16, -1, "h", 1, "n1", []]],
-        [[b"c" * 16, 1, "h", 70000, "n1", []]],
-        [[b"c" * 16, 1, "h", 1, "stranger", []]],
-        [[b"c" * 16, 1, "h", 1, "n1", [["bad topic", None, 1]]]],
-        [[b"c" * 16, 1, "h", 1, "n1", [["t", None, 2**64]]]],
-        [["h", 1, "h", 1, "n1", []]],
-        "nope",
+        ("nope", "entries must be an array"),
+        (None, "entries must be an array"),
+        ({"a": 1}, "entries must be an array"),
+        (["nope"], "an entry is"),
+        ([BINARY_ENTRY[:5]], "an entry is"),
+        ([[*BINARY_ENTRY, 0]], "an entry is"),
     ],
 )
 def test_bad_entries_are_refused(bad):
     with pytest.raises(PeerProtocolError):
         check_entries(bad)
+def test_entries_that_are_not_entries_are_refused(entries, needle):
+    with pytest.raises(PeerProtocolError, match="^" + re.escape(needle)):
+        check_entries(entries)
+
+
+def test_an_entry_homed_at_a_member_this_config_does_not_list_is_merged():
+    """Members are added one at a time: a peer may already run with a member
+    that this member's config does not list yet."""
+    a = replica("n1", 0)
+    a.merge(check_entries([with_field("home", "n4")]), 0.0)
+    assert a.clients[b"c" * 16].home == "n4" and a.index.count == 2
 
 
 def test_handshake_macs_differ_per_direction():
@@ -345,8 +409,7 @@ def test_versions_from_the_future_are_refused():
 
 def test_an_expired_tombstone_does_not_come_back_from_another_replica():
     a, b = replica("n1", 0, horizon=60.0), replica("n2", 1, horizon=60.0)
-    fc = FakeClient(a, ("127.0.0.1", 5001))
-    fc.hello()
+    (fc,) = connect(a, ("127.0.0.1", 5001))
     fc.sub("t", now=0.0)
     fc.cmds([(0, "t", None, 0)], now=1.0)
     b.merge(check_entries(fc.take_pushes()), 1.0)

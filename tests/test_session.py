@@ -7,14 +7,11 @@ import pytest
 from client import wire
 from client.session import ClientConfig, ClientSession
 from client.wire import Mode, Reason, T
-from tests.corekit import make_core
+from tests.corekit import NODE, make_core
 from tests.simnet import SimNet
 
 SUB = ("127.0.0.1", 6001)
 PUB = ("127.0.0.1", 6002)
-
-
-NODE = ("127.0.0.1", 7400)
 
 
 def wrap(datagrams):
@@ -25,8 +22,8 @@ def out(s, now):
     return [d for _, d in s.outgoing(now)]
 
 
-def connected_session(now: float = 0.0) -> ClientSession:
-    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), now, node=NODE)
+def connected_session(now: float = 0.0, cfg: ClientConfig | None = None) -> ClientSession:
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg or ClientConfig(), now, node=NODE)
     s.tick(now)
     (hello,) = out(s, now)
     assert wire.decode_untrusted_frame(hello)[0] is T.HELLO
@@ -166,9 +163,7 @@ def test_forgotten_client_learns_timed_out():
 
 def test_slow_consumer_and_a_lost_datagram_do_not_stall_the_stream():
     """Messages held behind a full buffer are delivered once the app reads."""
-    cfg = ClientConfig(max_buffered=4)
-    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg, 0.0, node=NODE)
-    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), 0.0)
+    s = connected_session(cfg=ClientConfig(max_buffered=4))
     st = s.subscribe("t", None, Mode.RELIABLE)
     m = [wire.pack_message("t", None, None, b"%d" % i) for i in range(1, 10)]
     s.handle_datagrams(wrap([wire.encode_msgs(5, 5, m[4:9])]), 0.1)  # 1-4 lost
@@ -198,9 +193,7 @@ def test_a_late_pong_cannot_cancel_a_renewed_subscription():
 
 
 def test_an_ended_subscription_does_not_keep_the_buffer_full():
-    cfg = ClientConfig(max_buffered=3)
-    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg, 0.0, node=NODE)
-    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), 0.0)
+    s = connected_session(cfg=ClientConfig(max_buffered=3))
     old = s.subscribe("t", None, Mode.FIRE)
     p = wire.pack_message("t", None, None, b"x")
     s.handle_datagrams(wrap([wire.encode_msgs(0, 0, [p, p, p])]), 0.1)
