@@ -24,7 +24,6 @@ from client import wire
 from client.wire import E, Mode, Op, Reason, T, WireError
 
 Addr = tuple[str, int]
-SESSION_SHIFT = 20  # batch id = session_epoch << 20 | counter (node/core.py agrees)
 MAX_HOLES = 65536  # per producer: sequences skipped by a jump that may still arrive
 
 
@@ -96,9 +95,9 @@ class ClientSession:
         config: ClientConfig, now: float, node: Addr = ("127.0.0.1", 7400),
         members: list[Addr] | None = None, session_epoch: int = 0,
     ) -> None:  # fmt: skip
-        """``session_epoch`` (the shell passes Unix milliseconds) goes into the
-        high bits of command batch ids, so a node can tell a restarted client
-        process that reuses its client id from a retry of the old one."""
+        """``session_epoch`` (the shell passes Unix milliseconds) is the session
+        field of every CMDS, so a node can tell a restarted client process that
+        reuses its client id from a retry of the old one."""
         self.cid = client_id
         self.cfg = config
         self.max_datagram = config.max_datagram
@@ -124,7 +123,8 @@ class ClientSession:
         self.queued: list[tuple[int, str, str | None, int]] = []
         self.inflight: tuple[int, list[tuple[int, str, str | None, int]]] | None = None
         self.inflight_at = 0.0
-        self.next_batch = (session_epoch << SESSION_SHIFT) + 1
+        self.session_epoch = session_epoch
+        self.next_batch = 1
         self.confirmed_token = 0  # ping token current when a CMDACK last arrived
         # reliable receive: one sequence space per delivering node
         self.streams: dict[Addr, RecvStream] = {}
@@ -250,7 +250,8 @@ class ClientSession:
         if ftype is T.PUBACK:
             self._on_puback(f[1], f[2], now)
         elif ftype is T.CMDACK:
-            self._on_cmdack(f[1], f[2])
+            if f[1] == self.session_epoch:
+                self._on_cmdack(f[2], f[3])
         elif ftype is T.PONG:
             self._on_pong(f[1], f[2], f[3], f[4])
         elif ftype is T.WELCOME:
@@ -507,7 +508,7 @@ class ClientSession:
 
     def _send_batch(self, now: float) -> None:
         assert self.inflight is not None and self.cookie is not None
-        self._out.append((self.node, wire.encode_cmds(self.cid, self.cookie, *self.inflight)))
+        self._out.append((self.node, wire.encode_cmds(self.cid, self.cookie, self.session_epoch, *self.inflight)))
         self.inflight_at = now + self.cfg.cmd_retry
 
     def _emit_pubs(self, pid: bytes, first: int, floor: int, reliable: bool, packed: list[bytes]) -> int:

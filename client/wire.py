@@ -74,6 +74,7 @@ class E(IntEnum):
     BAD_KEY = 11
     BAD_MODE = 12
     BAD_TAGS = 13
+    STALE_BATCH = 14
 
 
 ERROR_NAMES = {e: e.name.lower() for e in E}
@@ -155,13 +156,13 @@ def encode_welcome(
 
 
 def encode_cmds(
-    client_id: bytes, cookie: bytes, batch_id: int, cmds: list[tuple[int, str, str | None, int]]
+    client_id: bytes, cookie: bytes, session: int, batch: int, cmds: list[tuple[int, str, str | None, int]]
 ) -> bytes:
-    return pack([VERSION, T.CMDS, client_id, cookie, batch_id, [list(c) for c in cmds]])
+    return pack([VERSION, T.CMDS, client_id, cookie, session, batch, [list(c) for c in cmds]])
 
 
-def encode_cmdack(batch_id: int, results: list[int]) -> bytes:
-    return pack([VERSION, T.CMDACK, batch_id, results])
+def encode_cmdack(session: int, batch: int, results: list[int]) -> bytes:
+    return pack([VERSION, T.CMDACK, session, batch, results])
 
 
 def encode_pub(
@@ -338,7 +339,7 @@ def _cmd(c: Any) -> tuple[int, str, str | None, int]:
 
 # Field count per frame type (after version and type).
 _ARITY = {
-    T.HELLO: 2, T.WELCOME: 4, T.CMDS: 4, T.CMDACK: 2, T.PUB: 7, T.PUBACK: 2,
+    T.HELLO: 2, T.WELCOME: 4, T.CMDS: 5, T.CMDACK: 3, T.PUB: 7, T.PUBACK: 2,
     T.MSGS: 3, T.ACK: 5, T.PING: 3, T.PONG: 4, T.CANCEL: 3, T.REDIRECT: 4, T.ERROR: 2,
     T.STATUS: 2, T.STATUS_REPLY: 1,
 }  # fmt: skip
@@ -412,10 +413,10 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
             raise WireError(E.MALFORMED, "HELLO padding must be bytes")
         return ftype, _bytes(cid, ID_LEN, "client id")
     if ftype is T.CMDS:
-        cid, cookie, batch, cmds = f
+        cid, cookie, session, batch, cmds = f
         return (
             ftype, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-            _uint(batch, "batch id"), [_cmd(c) for c in _list(cmds, "commands")],
+            _uint(session, "session"), _uint(batch, "batch id"), [_cmd(c) for c in _list(cmds, "commands")],
         )  # fmt: skip
     if ftype is T.STATUS:
         cid, cookie = f
@@ -441,11 +442,11 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
             mem.append((_str(m[0], "member id"), _str(m[1], "member host"), _uint(m[2], "port")))
         return ftype, _str(node_id, "node id"), _bytes(cookie, COOKIE_LEN, "cookie"), params, mem
     if ftype is T.CMDACK:
-        batch, results = f
+        session, batch, results = f
         res = _list(results, "results")
         if any(r.__class__ is not int for r in res):
             raise WireError(E.MALFORMED, "results must be integers")
-        return ftype, _uint(batch, "batch id"), res
+        return ftype, _uint(session, "session"), _uint(batch, "batch id"), res
     if ftype is T.PUBACK:
         pid, acked = f
         return ftype, _bytes(pid, ID_LEN, "producer id"), _uint(acked, "acked seq")

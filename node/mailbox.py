@@ -45,10 +45,6 @@ class Mailbox:
     def __len__(self) -> int:
         return len(self.buf) - self.base
 
-    @property
-    def next_seq(self) -> int:
-        return self.acked + len(self) + 1
-
     def push(self, packed: bytes) -> bool:
         if len(self.buf) - self.base >= self.capacity or self.nbytes + len(packed) > self.max_bytes:
             return False

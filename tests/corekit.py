@@ -39,7 +39,8 @@ class FakeClient:
         self.addr = addr
         self.cid = cid or bytes([len(addr[0]) + addr[1] % 251]) * 16
         self.cookie = b""
-        self.batch = 0
+        self.session = 1  # a client process; a restarted one uses a greater session
+        self.batch = 0  # the last batch sent in this session
         self.pid = self.cid[::-1]
         self.seq = 1
         self.pushes: list[list[Any]] = []  # Replicate entries the core emitted for us
@@ -59,8 +60,20 @@ class FakeClient:
         self.cookie = f[2]
 
     def cmds(self, cmds: list[tuple[int, str, str | None, int]], now: float = 0.0) -> list[Any]:
+        """The next batch of this session."""
         self.batch += 1
-        return self.send(wire.encode_cmds(self.cid, self.cookie, self.batch, cmds), now)
+        return self.send(self.cmds_frame(self.batch, cmds), now)
+
+    def cmds_frame(
+        self, batch: int, cmds: list[tuple[int, str, str | None, int]], session: int | None = None
+    ) -> bytes:
+        """A CMDS frame of this client (of its current session unless told)."""
+        return wire.encode_cmds(self.cid, self.cookie, self.session if session is None else session, batch, cmds)
+
+    def restart(self) -> None:
+        """The same client id from a new process: a greater session, batches from 1."""
+        self.session += 1
+        self.batch = 0
 
     def sub(self, topic: str, key: str | None = None, mode: int = 1, now: float = 0.0) -> list[Any]:
         return self.cmds([(1, topic, key, mode)], now)

@@ -98,7 +98,7 @@ def test_welcome_cookie_then_reliable_delivery_in_order():
     core = make_core()
     sub, pub = connect(core, A, B)
     (ack,) = frames_to(sub.sub("t"), A)
-    assert ack[0] is T.CMDACK and ack[2] == [0]
+    assert ack[0] is T.CMDACK and ack[1:] == (1, 1, [0])
     out = pub.pub([("t", f"m{i}".encode()) for i in range(10)])
     got = delivered(out, A)
     assert [p for _, _, p in got] == [f"m{i}".encode() for i in range(10)]
@@ -224,10 +224,10 @@ def test_cannot_subscribe_another_address():
     core = make_core()
     victim, attacker = connect(core, A, B)
     # The attacker reuses its own valid cookie from a spoofed source address...
-    spoofed = wire.encode_cmds(attacker.cid, attacker.cookie, 1, [(1, "t", None, 1)])
+    spoofed = wire.encode_cmds(attacker.cid, attacker.cookie, 1, 1, [(1, "t", None, 1)])
     out = core.handle_datagrams([(spoofed, A)], 0.0)
     # ...or the victim's client id with its own cookie.
-    forged = wire.encode_cmds(victim.cid, attacker.cookie, 1, [(1, "t", None, 1)])
+    forged = wire.encode_cmds(victim.cid, attacker.cookie, 1, 1, [(1, "t", None, 1)])
     out += core.handle_datagrams([(forged, B)], 0.0)
     assert core.clients == {} and core.index.count == 0
     errors = [*frames_to(out, A), *frames_to(out, B)]
@@ -238,7 +238,7 @@ def test_cannot_subscribe_another_address():
 def test_unvalidated_sources_never_get_more_than_3x():
     core = make_core()
     probes = [wire.encode_hello(b"x" * 16), b"\x93\x01\x03\x01", b"\x01", b"\x9f" * 7,
-              wire.encode_cmds(b"a" * 16, b"b" * 16, 1, [(1, "t", None, 1)])]  # fmt: skip
+              wire.encode_cmds(b"a" * 16, b"b" * 16, 1, 1, [(1, "t", None, 1)])]  # fmt: skip
     for data in probes:
         out = core.handle_datagrams([(data, FAR)], 0.0)
         assert sum(len(s.data) for s in sends(out)) <= 3 * len(data)
@@ -254,12 +254,12 @@ def test_short_hello_gets_no_welcome():
 def test_command_batch_retry_does_not_undo_later_commands():
     core = make_core()
     (fc,) = connect(core, A)
-    sub_batch = wire.encode_cmds(fc.cid, fc.cookie, 1, [(1, "t", None, 1)])
-    unsub_batch = wire.encode_cmds(fc.cid, fc.cookie, 2, [(0, "t", None, 0)])
+    sub_batch = fc.cmds_frame(1, [(1, "t", None, 1)])
+    unsub_batch = fc.cmds_frame(2, [(0, "t", None, 0)])
     fc.send(sub_batch, 0.0)
     fc.send(unsub_batch, 0.0)
     (ack,) = frames_to(fc.send(sub_batch, 0.1), A)  # late duplicate of batch 1
-    assert ack[0] is T.CMDACK and ack[1] == 1
+    assert ack[0] is T.CMDACK and ack[1:] == (fc.session, 1, [E.OK])
     assert core.index.count == 0
 
 
@@ -340,7 +340,7 @@ def test_limits_answer_overloaded():
     core = make_core(max_subscriptions_per_client=2)
     (fc,) = connect(core, A)
     (ack,) = frames_to(fc.cmds([(1, "a", None, 0), (1, "b", None, 0), (1, "c", None, 0)]), A)
-    assert ack[2] == [0, 0, E.OVERLOADED]
+    assert ack[3] == [0, 0, E.OVERLOADED]
     core2 = make_core(max_clients=1)
     x, y = connect(core2, A, B)
     x.sub("t")
@@ -386,14 +386,15 @@ def _trigger(core, code):
         E.BAD_UTF8: (b"PUB t \xff", B),
         E.UNKNOWN_VERB: (b"GET t\n", B),
         E.FORBIDDEN: (b"SUB t\n", FAR),
-        E.OVERLOADED: (wire.encode_cmds(cid, ck, 1, [(1, "t", None, 0)]), B),
+        E.OVERLOADED: (wire.encode_cmds(cid, ck, 1, 1, [(1, "t", None, 0)]), B),
         E.BAD_KEY: (bad_msg(["t", "", None, b""]), B),
-        E.BAD_MODE: (wire.pack([1, T.CMDS, cid, ck, 1, [[1, "t", None, 5]]]), B),
+        E.BAD_MODE: (wire.pack([1, T.CMDS, cid, ck, 1, 1, [[1, "t", None, 5]]]), B),
         E.BAD_TAGS: (bad_msg(["t", None, {"a": 1}, b""]), B),
     }[code]
 
 
-@pytest.mark.parametrize("code", [c for c in E if c is not E.OK], ids=lambda c: c.name)
+# STALE_BATCH is never an ERROR frame, only a command's result in CMDACK (tested below).
+@pytest.mark.parametrize("code", [c for c in E if c not in (E.OK, E.STALE_BATCH)], ids=lambda c: c.name)
 def test_every_error_code(code):
     core = make_core(max_clients=0 if code is E.OVERLOADED else 100)
     data, addr = _trigger(core, code)
@@ -415,14 +416,75 @@ def test_every_error_code(code):
 def test_a_restarted_client_with_the_same_id_starts_clean():
     core = make_core()
     old, pub = connect(core, A, B)
-    old.send(wire.encode_cmds(old.cid, old.cookie, (1 << 20) + 1, [(1, "a", None, 1), (1, "b", None, 1)]), 0.0)
+    old.cmds([(1, "a", None, 1), (1, "b", None, 1)])
     first_stream = delivered(pub.pub([("a", b"x")]), A)[0][0]
-    # a new process, same client id, new session epoch, batch counter from 1
-    (ack,) = frames_to(old.send(wire.encode_cmds(old.cid, old.cookie, (2 << 20) + 1, [(1, "x", None, 1)]), 1.0), A)
-    assert ack[0] is T.CMDACK and ack[2] == [0]
+    old.restart()  # a new process, same client id, a greater session, batch counter from 1
+    (ack,) = frames_to(old.cmds([(1, "x", None, 1)], now=1.0), A)
+    assert ack[0] is T.CMDACK and ack[1:] == (2, 1, [0])
     assert core.clients[old.cid].modes() == {("x", None): Mode.RELIABLE}
     got = delivered(pub.pub([("x", b"y"), ("a", b"z")], now=1.1), A)
     assert [(s, p) for _, s, p in got] == [(1, b"y")] and got[0][0] > first_stream
+
+
+def test_a_batch_id_with_high_bits_set_is_just_a_later_batch_of_the_same_session():
+    core = make_core()
+    (fc,) = connect(core, A)
+    fc.cmds([(1, "a", None, 1)])
+    big = (1 << 20) + 5  # once read as "a new session epoch", which dropped "a"
+    (ack,) = frames_to(fc.send(fc.cmds_frame(big, [(1, "b", None, 0)]), 0.1), A)
+    assert ack[1:] == (fc.session, big, [E.OK])
+    assert core.clients[fc.cid].modes() == {("a", None): Mode.RELIABLE, ("b", None): Mode.FIRE}
+    (ack,) = frames_to(fc.send(fc.cmds_frame(2**64 - 1, [(1, "c", None, 0)]), 0.2), A)
+    assert ack[3] == [E.OK] and len(core.clients[fc.cid].modes()) == 3
+
+
+def test_a_late_batch_of_an_older_session_is_answered_stale_and_changes_nothing():
+    core = make_core()
+    (fc,) = connect(core, A)
+    first = fc.cmds_frame(1, [(1, "a", None, 1)])
+    late = fc.cmds_frame(2, [(0, "a", None, 0), (1, "old", None, 1)])  # sent, then delayed in the network
+    fc.send(first, 0.0)
+    fc.restart()  # the process restarted with the same client id, on another port
+    fc.addr = C
+    fc.hello(0.5)
+    fc.cmds([(1, "a", None, 1)], now=0.5)
+    before = core.state_digest()
+    for frame, batch in ((late, 2), (first, 1)):  # (batch 1 is also a batch id of the new session)
+        (ack,) = frames_to(core.handle_datagrams([(frame, A)], 1.0), A)
+        assert ack[0] is T.CMDACK
+        assert ack[1:] == (1, batch, [E.STALE_BATCH] * (2 if frame is late else 1))
+    assert core.state_digest() == before
+    assert core.clients[fc.cid].addr == C  # the old address did not take the client back
+
+
+def test_a_retried_batch_gets_its_own_answer_not_the_latest():
+    core = make_core(max_subscriptions_per_client=1)
+    (fc,) = connect(core, A)
+    fc.cmds([(1, "a", None, 0)])
+    (ack,) = frames_to(fc.cmds([(1, "b", None, 0), (1, "c", None, 0)]), A)
+    assert ack[1:] == (fc.session, 2, [E.OVERLOADED, E.OVERLOADED])
+    (again,) = frames_to(fc.send(fc.cmds_frame(1, [(1, "a", None, 0)]), 0.1), A)  # the CMDACK was lost
+    assert again[1:] == (fc.session, 1, [E.OK])
+
+
+def test_a_batch_older_than_those_remembered_is_answered_stale_and_changes_nothing():
+    from node.clients import REMEMBERED_BATCHES
+
+    core = make_core()
+    (fc,) = connect(core, A)
+    first = fc.cmds_frame(1, [(1, "t", None, 0)])
+    fc.send(first, 0.0)
+    fc.batch = 1
+    for i in range(REMEMBERED_BATCHES):
+        fc.cmds([(0, "t", None, 0), (1, f"u{i}", None, 0)])
+    assert len(core.clients[fc.cid].answers) == REMEMBERED_BATCHES  # bounded
+    before = core.state_digest()
+    (ack,) = frames_to(fc.send(first, 1.0), A)
+    assert ack[1:] == (fc.session, 1, [E.STALE_BATCH])
+    assert core.state_digest() == before  # "t" was not subscribed again
+    oldest = fc.batch - REMEMBERED_BATCHES + 1
+    (ack,) = frames_to(fc.send(fc.cmds_frame(oldest, []), 1.0), A)
+    assert ack[1:] == (fc.session, oldest, [E.OK, E.OK])  # still remembered: its own answer
 
 
 def test_dropping_the_last_reliable_subscription_forgets_the_stream():

@@ -73,16 +73,16 @@ def test_command_batches_one_in_flight_and_retried():
     s.tick(0.3)
     (again,) = [d for d in out(s, 0.3) if wire.decode_untrusted_frame(d)[0] is T.CMDS]
     assert again == first  # the same batch id is retried
-    s.handle_datagrams(wrap([wire.encode_cmdack(1, [0])]), 0.31)
+    s.handle_datagrams(wrap([wire.encode_cmdack(0, 1, [0])]), 0.31)
     (f,) = [f for f in map(wire.decode_untrusted_frame, out(s, 0.31)) if f[0] is T.CMDS]
-    assert f[3] == 2 and f[4] == [(1, "b", None, 0)]
+    assert f[3:] == (0, 2, [(1, "b", None, 0)])
 
 
 def test_refused_subscription_has_a_reason():
     s = connected_session()
     st = s.subscribe("a", None, Mode.FIRE)
     out(s, 0.0)
-    s.handle_datagrams(wrap([wire.encode_cmdack(1, [10])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_cmdack(0, 1, [10])]), 0.1)
     assert st.reason == "refused: overloaded"
 
 
@@ -181,12 +181,12 @@ def test_a_late_pong_cannot_cancel_a_renewed_subscription():
     s = connected_session()
     s.subscribe("t", None, Mode.RELIABLE)
     out(s, 0.0)
-    s.handle_datagrams(wrap([wire.encode_cmdack(1, [0])]), 0.01)
+    s.handle_datagrams(wrap([wire.encode_cmdack(0, 1, [0])]), 0.01)
     # the node cancelled "t"; the client confirmed, then subscribed again (batch 2)
     renewed = s.subscribe("t", None, Mode.RELIABLE)
     out(s, 0.02)
     s.tick(0.6)  # PING token 1 goes out while batch 2 is in flight
-    s.handle_datagrams(wrap([wire.encode_cmdack(2, [0])]), 0.61)  # batch 2 applied
+    s.handle_datagrams(wrap([wire.encode_cmdack(0, 2, [0])]), 0.61)  # batch 2 applied
     # a PONG generated before the node saw batch 2 still lists the old cancellation
     s.handle_datagrams(wrap([wire.encode_pong(1, True, b"k" * 16, [["t", None, "out_of_capacity"]])]), 0.62)
     assert renewed.reason is None and renewed.confirmed
@@ -204,10 +204,16 @@ def test_an_ended_subscription_does_not_keep_the_buffer_full():
     assert len(new.queue) == 1
 
 
-def test_batch_ids_carry_the_session_epoch():
-    a = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=1000)
-    b = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=2000)
-    assert b.next_batch >> 20 == 2000 and a.next_batch >> 20 == 1000
+def test_command_batches_carry_the_session_epoch_and_count_from_1():
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=1000)
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), 0.0)
+    s.subscribe("t", None, Mode.FIRE)
+    (f,) = [f for f in map(wire.decode_untrusted_frame, out(s, 0.0)) if f[0] is T.CMDS]
+    assert f[3:5] == (1000, 1)
+    s.handle_datagrams(wrap([wire.encode_cmdack(999, 1, [0])]), 0.1)  # another session's answer
+    assert s.inflight is not None
+    s.handle_datagrams(wrap([wire.encode_cmdack(1000, 1, [0])]), 0.1)
+    assert s.inflight is None
 
 
 def test_a_late_message_from_another_member_is_not_taken_for_a_duplicate():

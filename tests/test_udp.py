@@ -151,7 +151,7 @@ async def test_a_client_cannot_subscribe_another_address(node):
     await victim.sendto(wire.encode_hello(vid), node.addr)
     cookie = wire.decode_untrusted_frame(await recv(victim))[2]
     # The attacker learned the victim's id and cookie, but sends from its own address.
-    await attacker.sendto(wire.encode_cmds(vid, cookie, 1, [(1, "t", None, 0)]), node.addr)
+    await attacker.sendto(wire.encode_cmds(vid, cookie, 1, 1, [(1, "t", None, 0)]), node.addr)
     f = wire.decode_untrusted_frame(await recv(attacker))
     assert f[0] is T.ERROR and f[1] == E.BAD_COOKIE
     assert node.core.index.count == 0 and node.core.clients == {}

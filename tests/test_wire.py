@@ -21,10 +21,10 @@ EVERY_FRAME = {
         (T.WELCOME, "n1", COOKIE, {"max_datagram": 1500}, [("n1", "127.0.0.1", 7400)]),
     ),
     T.CMDS: (
-        wire.encode_cmds(CID, COOKIE, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
-        (T.CMDS, CID, COOKIE, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
+        wire.encode_cmds(CID, COOKIE, 2**64 - 1, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
+        (T.CMDS, CID, COOKIE, 2**64 - 1, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
     ),
-    T.CMDACK: (wire.encode_cmdack(7, [0, 10]), (T.CMDACK, 7, [0, 10])),
+    T.CMDACK: (wire.encode_cmdack(3, 7, [0, 10, 14]), (T.CMDACK, 3, 7, [0, 10, 14])),
     T.PUB: (
         wire.encode_pub(CID, COOKIE, PID, 5, 3, True, [M]),
         (T.PUB, CID, COOKIE, PID, 5, 3, True, [("t", "k", {"a": "b"}, b"\x00payload")]),
@@ -74,10 +74,14 @@ def test_hello_is_padded_for_the_amplification_budget():
         (msgpack.packb([1, T.HELLO]), E.MALFORMED),
         (msgpack.packb([1, T.PING, b"short", COOKIE, 1]), E.MALFORMED),
         (msgpack.packb([1, T.PING, CID, COOKIE, -1]), E.MALFORMED),
-        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "a b", None, 0]]]), E.BAD_TOPIC),
-        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "", None, 0]]]), E.BAD_TOPIC),
-        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "t", 5, 0]]]), E.BAD_KEY),
-        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "t", None, 7]]]), E.BAD_MODE),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "a b", None, 0]]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "", None, 0]]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "t", 5, 0]]]), E.BAD_KEY),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "t", None, 7]]]), E.BAD_MODE),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, [[1, "t", None, 0]]]), E.MALFORMED),  # no session
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, -1, 1, []]), E.MALFORMED),
+        (msgpack.packb([1, T.CMDACK, 1, [0]]), E.MALFORMED),  # no session
+        (msgpack.packb([1, T.CMDACK, "1", 1, [0]]), E.MALFORMED),
         (msgpack.packb([1, T.PUB, CID, COOKIE, PID, 1, 1, True, [["t", None, {"a": 1}, b""]]]), E.BAD_TAGS),
         (msgpack.packb([1, T.PUB, CID, COOKIE, PID, 1, 1, True, [["t", None, None, "str"]]]), E.MALFORMED),
         (msgpack.packb([1, T.PUB, CID, COOKIE, PID, 1, 1, True, []]), E.MALFORMED),

@@ -1,0 +1,46 @@
+"""What the broker core asks its shell to do: the actions every entry point returns.
+
+The core is sans-IO (DESIGN.md), so it cannot send, log or talk to peers
+itself; it returns these values and the shell (``node/server.py`` or the
+cluster member's shell) performs them in order. They are plain named tuples
+because a batch of datagrams can produce thousands of sends: no per-action
+behaviour, nothing to allocate beyond the tuple.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from node.cookies import Addr
+
+
+class Send(NamedTuple):
+    """One datagram to one address."""
+
+    addr: Addr
+    data: bytes
+
+
+class Log(NamedTuple):
+    """One operator-readable event (node/logs.py formats it)."""
+
+    level: str
+    event: str
+    fields: dict[str, Any]
+
+
+class Replicate(NamedTuple):
+    """Local changes of replicated registers, to be pushed to every peer."""
+
+    entries: list[list[Any]]
+
+
+class StatusQuery(NamedTuple):
+    """A client asked for status: the shell (or member core) answers with
+    ``status`` plus whatever it knows beyond this core (the cluster view)."""
+
+    addr: Addr
+    status: dict[str, Any]
+
+
+Action = Send | Log | Replicate | StatusQuery

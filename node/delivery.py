@@ -1,0 +1,204 @@
+"""Fan-out and delivery: from a published message to MSGS datagrams, and their repair.
+
+Theory of operation. ``_publish`` looks the message up in the subscription
+index and, per subscriber, appends the packed message to the client's
+mailbox (reliable) or fire list, and queues the client in ``_dirty`` once.
+Nothing is sent per message: at the end of the entry point ``_flush`` takes
+each dirty client's new messages (as many as its send window allows) and
+``_emit`` packs them into as few MSGS datagrams as ``max_datagram`` allows;
+PUBACKs are coalesced the same way, one per (address, producer) per batch.
+Text subscribers get their ``MSG`` datagram at once (one per message, as
+FASTPUSS does).
+
+A client has one mailbox while it has a reliable subscription (``_set``
+below); each mailbox is a new stream, numbered from ``_next_stream``, which
+grows across incarnations so clients can ignore stale streams. A mailbox
+that would overflow cancels every reliable subscription of its client
+(``out_of_capacity``). Lost datagrams are repaired from the mailbox:
+selective ACKs resend the holes at once, and one RTO timer per mailbox
+resends everything unacknowledged with back-off (node/mailbox.py).
+"""
+
+from __future__ import annotations
+
+from client import wire
+from client.text import encode_text_msg
+from client.wire import Mode, Reason
+from node import versions
+from node.actions import Send
+from node.base import TIMER_RTO, fmt
+from node.clients import ClientState
+from node.config import NodeConfig
+from node.cookies import Addr
+from node.mailbox import Mailbox
+from node.registers import REASON_OUT_OF_CAPACITY, Registers
+
+_LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
+
+
+class Delivery(Registers):
+    def __init__(
+        self, config: NodeConfig, node_idx: int, wall_offset: float, replicating: bool,
+        tombstone_horizon: float, incarnation: int,
+    ) -> None:  # fmt: skip
+        super().__init__(config, node_idx, wall_offset, replicating, tombstone_horizon)
+        # Stream ids grow within an incarnation and across restarts (the shell
+        # passes wall-clock milliseconds), so a client can ignore stale streams.
+        self._next_stream = incarnation << 16
+        self._dirty: list[ClientState] = []  # clients with messages queued by this batch
+        self._pubacks: dict[tuple[Addr, bytes], int] = {}  # -> cumulative seq, sent by _flush
+        self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
+
+    def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
+        """Install a register version, then keep the client's mailbox in step:
+        one while it has a reliable subscription, none (so the next one starts
+        a fresh stream at sequence 1) once the last one is gone."""
+        old = c.subs.get(tk, 0)
+        super()._set(c, tk, version)
+        if version & _LIVE_RELIABLE == _LIVE_RELIABLE:
+            if c.mailbox is None and c.cid.__class__ is bytes:
+                self._next_stream += 1
+                c.mailbox = Mailbox(
+                    self._next_stream, self.cfg.mailbox_capacity,
+                    self.cfg.retransmit_timeout, self.cfg.retransmit_max, self.cfg.mailbox_max_bytes,
+                )  # fmt: skip
+        elif (
+            c.mailbox is not None
+            and old & _LIVE_RELIABLE == _LIVE_RELIABLE
+            and not any(v & _LIVE_RELIABLE == _LIVE_RELIABLE for v in c.subs.values())
+        ):
+            c.mailbox = None
+
+    # ------------------------------------------------------------ fan-out
+
+    def _publish(
+        self,
+        topic: str,
+        key: str | None,
+        tags: dict[str, str] | None,
+        payload: bytes,
+        packed: bytes | None,
+    ) -> None:
+        """Queue one message for every subscriber that matches (hot path)."""
+        subs = self.index.match(topic, key)
+        if not subs:
+            return
+        clients = self.clients
+        text_msg = None
+        full: list[ClientState] | None = None
+        for who, mode in subs.items():
+            if who.__class__ is bytes:
+                c = clients[who]
+                if packed is None:
+                    packed = wire.pack_message(topic, key, tags, payload)
+                if mode:
+                    mb = c.mailbox
+                    if mb is None or not mb.push(packed):
+                        # cancelling changes ``subs``: do it after the loop
+                        full = [c] if full is None else [*full, c]
+                        continue
+                else:
+                    c.fire.append(packed)
+                if not c.dirty:
+                    c.dirty = True
+                    self._dirty.append(c)
+            else:
+                if text_msg is None:
+                    text_msg = encode_text_msg(topic, payload)
+                self._out.append(Send(who, text_msg))
+                self.metrics["delivered"] += 1
+        if full is not None:
+            for c in full:
+                if c.mailbox is not None:
+                    self._overflow(c)
+
+    def _overflow(self, c: ClientState) -> None:
+        """Mailbox full: cancel every reliable subscription of this client."""
+        self.metrics["cancelled_out_of_capacity"] += 1
+        now = self._now
+        for tk, v in list(c.subs.items()):
+            if v & _LIVE_RELIABLE == _LIVE_RELIABLE:
+                self._write(c, tk, False, Mode.RELIABLE, now, REASON_OUT_OF_CAPACITY)
+                c.cancelled[tk] = Reason.OUT_OF_CAPACITY
+                self._send(c.addr, wire.encode_cancel(tk[0], tk[1], Reason.OUT_OF_CAPACITY))
+        c.mailbox = None
+        self._log("warning", "out_of_capacity", client=c.cid.hex(), addr=fmt(c.addr))
+
+    # ------------------------------------------------------------ acknowledgement and repair
+
+    def _on_ack(
+        self, c: ClientState, stream: int, max_seq: int, sack: list[tuple[int, int]], now: float
+    ) -> None:
+        mb = c.mailbox
+        if mb is None or stream != mb.stream_id:
+            self.metrics["ack_stale"] += 1
+            return
+        mb.on_ack(max_seq, sack, now)
+        self._arm(c, mb)
+        if sack:
+            self._resend(c, mb, mb.fast_retransmit(now))
+        if len(mb) > mb.sent - mb.acked and not c.dirty:
+            c.dirty = True
+            self._dirty.append(c)
+
+    def _arm(self, c: ClientState, mb: Mailbox) -> None:
+        """Keep one timer entry per mailbox; it re-arms itself when it fires early."""
+        if mb.rto_at is not None and not mb.armed:
+            mb.armed = True
+            self._timer(mb.rto_at, TIMER_RTO, c.cid)
+
+    def _on_rto(self, cid: bytes, now: float) -> None:
+        c = self.clients.get(cid)
+        if c is None or c.mailbox is None:
+            return
+        mb = c.mailbox
+        mb.armed = False
+        if mb.rto_at is None:
+            return
+        if mb.rto_at <= now:
+            self._resend(c, mb, mb.on_timeout(now))
+        self._arm(c, mb)
+
+    def _resend(self, c: ClientState, mb: Mailbox, runs: list[tuple[int, list[bytes]]]) -> None:
+        for first, entries in runs:
+            self.metrics["retransmitted"] += len(entries)
+            self._emit(c.addr, mb.stream_id, first, entries)
+
+    # ------------------------------------------------------------ coalesced output
+
+    def _flush(self, now: float) -> None:
+        """Send everything queued by this batch, coalesced per destination."""
+        for (addr, pid), acked in self._pubacks.items():
+            self._send(addr, wire.encode_puback(pid, acked))
+        self._pubacks.clear()
+        window = self.cfg.send_window
+        for c in self._dirty:
+            c.dirty = False
+            if c.fire:
+                self._emit(c.addr, 0, 0, c.fire)
+                c.fire = []
+            mb = c.mailbox
+            if mb is not None:
+                first, entries = mb.take_new(window, now)
+                if entries:
+                    self._emit(c.addr, mb.stream_id, first, entries)
+                    self._arm(c, mb)
+        self._dirty.clear()
+
+    def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:
+        """MSGS datagrams for a run of messages, each up to max_datagram."""
+        budget = self._budget
+        out = self._out
+        encode = wire.encode_msgs
+        start = 0
+        size = 0
+        seq = first
+        for i, e in enumerate(entries):
+            n = len(e)
+            if size + n > budget and i > start:
+                out.append(Send(addr, encode(stream, seq, entries[start:i])))
+                seq += (i - start) if stream else 0
+                start, size = i, 0
+            size += n
+        out.append(Send(addr, encode(stream, seq, entries[start:])))
+        self.metrics["delivered"] += len(entries)

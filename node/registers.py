@@ -1,0 +1,296 @@
+"""The replicated state of a node: every client's registers, and the index they feed.
+
+Theory of operation. Each subscription (client, topic, key) is a
+last-writer-wins register whose value is one int, its version
+(node/versions.py): hybrid logical clock, writer index and flags (present,
+reliable, and for tombstones the reason). Each client also has one register
+for its (address, home node) pair, ``cver``. A local change (``_write``)
+takes a fresh version from the HLC; a replicated one (``merge``) is installed
+only if it is newer. Both go through ``_set``, the one place that changes a
+register, so the subscription index, the counters and the digest always
+follow the registers. Newer-wins per register makes a merge commutative,
+associative and idempotent: replicas converge whatever order, repetition or
+grouping of entries they see.
+
+A single node (``replicating=False``) keeps no tombstones and no digest: an
+unsubscribe just removes the register.
+
+In a cluster, local writes are collected per client (``_mark_changed``) and
+leave as one ``Replicate`` action at the end of the entry point. The digest
+is ``DIGEST_BUCKETS`` 64-bit XOR sums of (key hash, version) mixes, updated
+incrementally by ``_set``; anti-entropy compares digests and ships only the
+buckets that differ (``dump(buckets)``). Tombstones are kept for
+``tombstone_horizon`` seconds so a late "subscribed" cannot win over an
+unsubscribe, then collected; a tombstone older than the horizon that arrives
+from a replica which has not collected it yet stays dead. When a member dies,
+the survivors tombstone the subscriptions of the clients it was home to
+(``expire_home``); a client still talking to its home re-asserts them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mmh3
+
+from client.wire import Reason
+from node import versions
+from node.base import TIMER_LIVENESS, CoreBase
+from node.clients import ClientState
+from node.config import NodeConfig
+from node.cookies import Addr
+from node.subscriptions import SubscriptionIndex
+
+# Replica digests: registers hash into this many buckets; anti-entropy compares
+# bucket digests (XOR of (key hash, version) mixes) and ships differing buckets.
+DIGEST_BUCKETS = 256
+# Why a tombstone was written (bits 2-3 of its version).
+REASON_UNSUBSCRIBED, REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT = 0, 1, 2
+# Replicated versions may be at most this far ahead of our clock (seconds).
+MAX_CLOCK_SKEW = 60.0
+
+_M64 = (1 << 64) - 1
+
+
+def _key_hash(who: Any, tk: tuple[str, str | None] | None) -> tuple[int, int]:
+    """(bucket, 64-bit hash) of a register: a subscription, or the client's own."""
+    raw = who if who.__class__ is bytes else f"{who[0]}|{who[1]}".encode()
+    if tk is not None:
+        raw += b"\0" + tk[0].encode() + b"\0" + (tk[1] or "").encode() + (b"\1" if tk[1] is None else b"")
+    h = mmh3.hash64(raw, signed=False)[0]
+    return h & (DIGEST_BUCKETS - 1), h
+
+
+def _mix(h: int, version: int) -> int:
+    """A register's share of its bucket digest; 0 for "absent". ``h`` is already
+    a uniform 64-bit key hash; odd multipliers spread the version over all bits."""
+    return 0 if version == 0 else ((h * 0x9E3779B97F4A7C15) ^ (version * 0xC2B2AE3D27D4EB4F)) & _M64
+
+
+class Registers(CoreBase):
+    def __init__(
+        self, config: NodeConfig, node_idx: int, wall_offset: float, replicating: bool,
+        tombstone_horizon: float,
+    ) -> None:  # fmt: skip
+        super().__init__(config)
+        self.node_idx = node_idx
+        self.wall_offset = wall_offset  # core time + offset = Unix time (HLC, cookies)
+        self.hlc = versions.HybridClock()
+        self.index = SubscriptionIndex()
+        self.clients: dict[Any, ClientState] = {}
+        self.text_subs = 0  # text-protocol subscriptions in force (max_text_subscribers)
+        self.replicating = replicating
+        self.tombstone_horizon = tombstone_horizon
+        self.digest = [0] * DIGEST_BUCKETS
+        # Registers changed (local writes and merges), ever: a snapshot is due
+        # when this moved since the last one.
+        self.changes = 0
+        self._changed: list[ClientState] = []  # clients with local writes not yet replicated
+
+    # ------------------------------------------------------------ records
+
+    def _new_client(self, cid: Any, addr: Addr, now: float) -> ClientState:
+        """A record for a client that talks to this node (its home)."""
+        c = self.clients[cid] = ClientState(cid, addr, self.node_id, now)
+        c.local = True
+        self._set_cver(c, self._version(now, True, 0))
+        if cid.__class__ is bytes:
+            self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, cid)
+        self._mark_changed(c, None)
+        return c
+
+    def _forget_client(self, c: ClientState) -> None:
+        """Free the record, and its admission count."""
+        self.clients.pop(c.cid, None)
+        if c.counted is not None:
+            self.admission.release(c.counted)
+            c.counted = None
+
+    # ------------------------------------------------------------ writes
+
+    def _version(self, now: float, present: bool, mode: int, reason: int = 0) -> int:
+        hlc = self.hlc.now(now + self.wall_offset)
+        return versions.make(hlc, self.node_idx, present, mode) | (reason << 2)
+
+    def _write(
+        self, c: ClientState, tk: tuple[str, str | None], present: bool, mode: int, now: float,
+        reason: int = 0,
+    ) -> None:  # fmt: skip
+        """A local change of one subscription: a new version, applied and queued."""
+        self._set(c, tk, self._version(now, present, mode, reason))
+        self._mark_changed(c, tk)
+
+    def _set_cver(self, c: ClientState, cver: int) -> None:
+        """Install a version of the client's (address, home) register.
+
+        The register counts in the digest only while the client has
+        subscription registers: an empty record is local bookkeeping that one
+        replica may already have collected and another (its home) keeps.
+        """
+        if self.replicating and c.subs:
+            self._digest_client(c)
+            c.cver = cver
+            self._digest_client(c)
+        else:
+            c.cver = cver
+
+    def _digest_client(self, c: ClientState) -> None:
+        """Toggle the client register's share in its bucket digest."""
+        b, h = _key_hash(c.cid, None)
+        self.digest[b] ^= _mix(h, c.cver)
+
+    def _mark_changed(self, c: ClientState, tk: tuple[str, str | None] | None) -> None:
+        if not self.replicating:
+            return
+        if c.changed is None:
+            c.changed = set()
+            self._changed.append(c)
+        if tk is not None:
+            c.changed.add(tk)
+
+    def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
+        """Install a version (newer than what we hold); update index, counts and digest."""
+        self.changes += 1
+        old = c.subs.get(tk, 0)
+        topic, key = tk
+        if version & versions.PRESENT:
+            topic = self.index.add(topic, key, c.cid, version & versions.RELIABLE)
+            tk = (topic, key)
+            if not old & versions.PRESENT:
+                c.live += 1
+                if c.cid.__class__ is not bytes:
+                    self.text_subs += 1
+        elif old & versions.PRESENT:
+            self.index.remove(topic, key, c.cid)
+            c.live -= 1
+            if c.cid.__class__ is not bytes:
+                self.text_subs -= 1
+                if c.live == 0:
+                    c.local = False  # nothing to watch any more: GC may take the record
+        if self.replicating and not c.subs:
+            self._digest_client(c)  # the first register: the client's own counts now
+        if self.replicating or version & versions.PRESENT:
+            c.subs[tk] = version
+        else:
+            c.subs.pop(tk, None)  # a single node needs no tombstones
+            if not c.subs and c.cid.__class__ is not bytes:
+                self._forget_client(c)  # a text address with nothing left
+        if self.replicating:
+            b, h = _key_hash(c.cid, tk)
+            self.digest[b] ^= _mix(h, old) ^ _mix(h, version)
+
+    # ------------------------------------------------------------ replication
+
+    def _take_changes(self) -> list[list[Any]]:
+        """Replication entries for every local change since the last call."""
+        out = []
+        for c in self._changed:
+            tks = c.changed or ()
+            c.changed = None
+            out.append(self._entry(c, [(tk, c.subs[tk]) for tk in tks]))
+        self._changed.clear()
+        return out
+
+    def _entry(self, c: ClientState, subs: Any) -> list[Any]:
+        """``[who, cver, host, port, home, [[topic, key, version], ...]]``."""
+        who = c.cid if c.cid.__class__ is bytes else list(c.cid)
+        return [who, c.cver, c.addr[0], c.addr[1], c.home, [[t, k, v] for (t, k), v in subs]]
+
+    def _merge(self, entries: list[Any], now: float) -> None:
+        """Apply replicated entries (already validated): newer versions win."""
+        clients = self.clients
+        observe = self.hlc.observe
+        wall = now + self.wall_offset
+        # A version from further ahead than MAX_CLOCK_SKEW is refused: it would
+        # drag every clock forward (and soon overflow 64 bits).
+        too_new = versions.upper_bound(wall + MAX_CLOCK_SKEW)
+        # Tombstones older than the horizon are gone here; one arriving from a
+        # replica that has not collected it yet must not come back to life.
+        expired = versions.upper_bound(wall - self.tombstone_horizon) if self.tombstone_horizon < math.inf else 0
+        for who, cver, host, port, home, subs in entries:
+            if cver > too_new or any(v > too_new for _, _, v in subs):
+                self.metrics["merge_refused_future"] += 1
+                continue
+            c = clients.get(who)
+            if c is None:
+                if cver < expired and all(not v & versions.PRESENT and v < expired for _, _, v in subs):
+                    continue
+                # (an entry of recent tombstones only is kept: forgetting it
+                # would let an older "subscribed" version win later)
+                c = clients[who] = ClientState(who, (host, port), home, now)
+            if cver > c.cver:
+                observe(cver)
+                self._set_cver(c, cver)
+                c.addr = (host, port)
+                c.home = home
+                was_local = c.local
+                c.local = home == self.node_id
+                if c.local and not was_local and who.__class__ is bytes:
+                    c.last_seen = now
+                    self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, who)
+            for topic, key, v in subs:
+                tk = (topic, key)
+                old = c.subs.get(tk, 0)
+                if v > old and (v & versions.PRESENT or v >= expired):
+                    observe(v)
+                    self._set(c, tk, v)
+                    if c.local and not v & versions.PRESENT:
+                        reason = (v >> 2) & 3
+                        if reason == REASON_OUT_OF_CAPACITY:
+                            c.cancelled[tk] = Reason.OUT_OF_CAPACITY  # repeat it in PONG
+                        elif (
+                            reason == REASON_TIMED_OUT and old & versions.PRESENT
+                            and now - c.last_seen < self.cfg.subscriber_timeout
+                        ):
+                            # Another member gave this client up for lost, but it
+                            # talks to us: its subscription stands (a newer write).
+                            self._write(c, tk, True, old & versions.RELIABLE, now)
+                            self.metrics["reasserted"] += 1
+
+    def dump(self, buckets: set[int] | None = None) -> Any:
+        """Every client's entry (or only the registers in ``buckets``)."""
+        for c in list(self.clients.values()):
+            if buckets is None:
+                yield self._entry(c, c.subs.items())
+                continue
+            subs = [(tk, v) for tk, v in c.subs.items() if _key_hash(c.cid, tk)[0] in buckets]
+            if subs or _key_hash(c.cid, None)[0] in buckets:
+                yield self._entry(c, subs)
+
+    def _expire_home(self, home: str, now: float) -> None:
+        """Tombstone the subscriptions of binary clients whose home node is gone.
+
+        Their clients either moved to another node already (and re-subscribed
+        there, which changed ``home``) or are gone too.
+        """
+        n = 0
+        for c in list(self.clients.values()):
+            if c.home == home and c.cid.__class__ is bytes and c.live:
+                for tk, v in list(c.subs.items()):
+                    if v & versions.PRESENT:
+                        self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
+                        n += 1
+        if n:
+            self._log("info", "expired_home", home=home, subscriptions=n)
+
+    def _collect_tombstones(self, now: float) -> None:
+        """Forget tombstones older than ``tombstone_horizon``, and empty records."""
+        if self.tombstone_horizon == math.inf:
+            return
+        limit_ms = int((now + self.wall_offset - self.tombstone_horizon) * 1000)
+        gone = 0
+        for cid, c in list(self.clients.items()):
+            for tk, v in list(c.subs.items()):
+                if not v & versions.PRESENT and versions.millis_of(v) < limit_ms:
+                    b, h = _key_hash(cid, tk)
+                    self.digest[b] ^= _mix(h, v)
+                    del c.subs[tk]
+                    gone += 1
+                    if not c.subs:
+                        self._digest_client(c)  # no registers left: its own stops counting
+            if not c.subs and not c.local and versions.millis_of(c.cver) < limit_ms:
+                self._forget_client(c)
+        if gone:
+            self.metrics["tombstones_collected"] += gone
+            self._log("info", "tombstones_collected", count=gone)

@@ -1,0 +1,154 @@
+"""Binary clients at their home node: command batches within client sessions, PING/PONG, timeouts.
+
+Theory of operation. SUB and UNSUB arrive in ordered CMDS batches, one in
+flight per client, retried with the same ids until the CMDACK arrives. A
+batch names its client *session* (one per client process; a restarted
+process that reuses its client id starts a greater one) and its *batch* id
+(growing within the session). Per client record the node keeps the session,
+the highest batch applied in it, and the answers of the last
+``REMEMBERED_BATCHES`` batches:
+
+- a greater session ends what the old session subscribed, then starts the
+  new one (a restarted process must not inherit subscriptions);
+- a smaller session is a late datagram of an abandoned session: nothing
+  changes, every command is answered ``STALE_BATCH``;
+- a batch above the last applied is applied, its answers remembered;
+- a retry of a remembered batch gets that batch's own answers again
+  (applying it again could undo a later command);
+- an older batch that is no longer remembered changes nothing and is
+  answered ``STALE_BATCH``.
+
+A record made by replication (the client talked to another member) knows no
+session yet: the first batch here adopts its session without ending
+anything. The session is node-local, like the mailbox.
+
+The node this client talks to is its home (``local``): it answers PING, and
+drops the client (tombstoning its subscriptions) after ``subscriber_timeout``
+of silence.
+"""
+
+from __future__ import annotations
+
+from client import wire
+from client.wire import E, Op
+from node import versions
+from node.base import TIMER_LIVENESS, fmt
+from node.clients import REMEMBERED_BATCHES, ClientState
+from node.cookies import Addr
+from node.delivery import Delivery
+from node.registers import REASON_TIMED_OUT
+
+Command = tuple[int, str, str | None, int]  # op, topic, key, mode
+
+
+class Sessions(Delivery):
+    def _on_cmds(
+        self, c: ClientState | None, cid: bytes, addr: Addr, session: int, batch: int, cmds: list[Command],
+        now: float,
+    ) -> None:  # fmt: skip
+        if c is not None and session != c.session and c.session >= 0:
+            if session < c.session:
+                self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
+                self._send(addr, wire.encode_cmdack(session, batch, [E.STALE_BATCH] * len(cmds)))
+                return
+            # The same client id from a new client session (a restarted
+            # process): what the old one subscribed is not this one's.
+            self._log("info", "client_restarted", client=cid.hex())
+            for tk, v in list(c.subs.items()):
+                if v & versions.PRESENT:
+                    self._write(c, tk, False, v & versions.RELIABLE, now)
+            c.mailbox = None
+            c.cancelled.clear()
+            c.session = session
+            c.last_batch = -1
+            c.answers.clear()
+        if c is not None:
+            c.last_seen = now
+            self._adopt(c, addr, now)  # the client talks to this node now: it is ours to watch
+        if c is not None and session == c.session and batch <= c.last_batch:
+            answer = c.answers.get(batch)
+            if answer is None:
+                self.metrics["stale_batch"] += 1  # older than what is remembered: its answer is gone
+                answer = wire.encode_cmdack(session, batch, [E.STALE_BATCH] * len(cmds))
+            self._send(addr, answer)
+            return
+        if c is None:
+            self.admission.admit(addr[0], len(self.clients), self.cfg.max_clients, "clients")
+            c = self._new_client(cid, addr, now)
+            c.counted = addr[0]
+            self._log("info", "client_new", client=cid.hex(), addr=fmt(addr))
+        results = []
+        for op, topic, key, mode in cmds:
+            results.append(self._apply(c, op, topic, key, mode, now))
+        c.session = session
+        c.last_batch = batch
+        answer = wire.encode_cmdack(session, batch, results)
+        answers = c.answers
+        answers[batch] = answer
+        if len(answers) > REMEMBERED_BATCHES:
+            del answers[next(iter(answers))]  # the oldest: batch ids grow within a session
+        self._send(addr, answer)
+
+    def _apply(self, c: ClientState, op: int, topic: str, key: str | None, mode: int, now: float) -> int:
+        tk = (topic, key)
+        c.cancelled.pop(tk, None)
+        present = bool(c.subs.get(tk, 0) & versions.PRESENT)
+        if op == Op.UNSUB:
+            if present:
+                self._write(c, tk, False, mode, now)
+                self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
+            return E.OK
+        if not present and c.live >= self.cfg.max_subscriptions_per_client:
+            return E.OVERLOADED
+        self._write(c, tk, True, mode, now)
+        self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
+        return E.OK
+
+    def _on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes) -> None:
+        """Answer PING with PONG (``cookie`` is the one the client should use now)."""
+        # ``known``: this node holds a subscription in force for the client.
+        # A record of tombstones only (kept in a cluster after a timeout) is
+        # not "known": the client must learn that its subscriptions ended.
+        known = c is not None and c.live > 0
+        cancels = [[t, k, r] for (t, k), r in c.cancelled.items()] if c else []
+        self._send(addr, wire.encode_pong(token, known, cookie, cancels[:64]))
+
+    def _adopt(self, c: ClientState, addr: Addr, now: float) -> None:
+        """Make this node the client's home (and note its address) if it is not yet."""
+        if c.local and c.addr == addr:
+            return
+        if c.addr != addr:
+            self._log("info", "client_moved", client=c.cid.hex(), old=fmt(c.addr), new=fmt(addr))
+        elif not c.local:
+            self._log("info", "client_adopted", client=c.cid.hex(), previous_home=c.home)
+        c.addr = addr
+        if not c.local:
+            c.local = True
+            self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)
+        c.home = self.node_id
+        self._set_cver(c, self._version(now, True, 0))
+        self._mark_changed(c, None)
+
+    def _on_liveness(self, cid: bytes, now: float) -> None:
+        """Liveness timer: drop the client if it was silent for subscriber_timeout."""
+        c = self.clients.get(cid)
+        if c is None or not c.local:
+            return
+        expires = c.last_seen + self.cfg.subscriber_timeout
+        if expires > now:
+            self._timer(expires, TIMER_LIVENESS, cid)
+            return
+        self.metrics["clients_timed_out"] += 1
+        self._log("info", "client_timed_out", client=cid.hex(), addr=fmt(c.addr), subs=c.live)
+        self.drop_client(c, now)
+
+    def drop_client(self, c: ClientState, now: float) -> None:
+        """The client is gone: end its subscriptions everywhere and free its state."""
+        for tk, v in list(c.subs.items()):
+            if v & versions.PRESENT:
+                self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
+        c.mailbox = None
+        c.fire = []
+        c.local = False
+        if not self.replicating:
+            self._forget_client(c)

@@ -1,0 +1,76 @@
+"""The FASTPUSS text protocol on the node: ``PUB``, ``SUB`` and ``UNSUB`` datagrams.
+
+Text has no handshake, so a source address cannot be validated: it is
+accepted only from ``text_networks`` (loopback by default). A text
+subscriber is keyed by its source address and its subscriptions are fire
+registers like a binary client's (node/registers.py), so text and binary
+clients share topics and a cluster replicates both. A text PUB is published
+with no key and no tags; text subscribers get ``MSG <topic>\\n<body>``
+(node/delivery.py).
+
+Text subscriptions have no liveness of their own; with ``text_sub_lease``
+set, each ends that long after its last ``SUB``. ``text_leases`` holds the
+expiry per (address, topic); one timer per lease re-arms itself when a
+renewal moved the expiry.
+"""
+
+from __future__ import annotations
+
+from client import wire
+from client.text import parse_untrusted_text
+from client.wire import E, Mode, WireError
+from node import versions
+from node.base import TIMER_LEASE, fmt
+from node.cookies import Addr
+from node.delivery import Delivery
+
+
+class TextProtocol(Delivery):
+    text_leases: dict[tuple[Addr, str], float]  # -> expiry; built by BrokerCore
+
+    def _on_text(self, data: bytes, addr: Addr, now: float) -> None:
+        if not self._text_allowed(addr[0]):
+            raise WireError(E.FORBIDDEN, "text protocol not allowed from this network")
+        verb, topic, body = parse_untrusted_text(data)
+        wire.check_topic(topic)
+        if verb == "PUB":
+            payload = body.encode()
+            if len(payload) + len(topic) + wire.MSGS_HEADER_MAX + 16 > self._max:
+                raise WireError(E.TOO_LARGE, "body too large to be delivered in one datagram")
+            self.metrics["published"] += 1
+            self._publish(topic, None, None, payload, None)
+            return
+        tk = (topic, None)
+        c = self.clients.get(addr)
+        if verb == "SUB":
+            if c is None or not c.subs.get(tk, 0) & versions.PRESENT:
+                if self.text_subs >= self.cfg.max_text_subscribers:
+                    raise WireError(E.OVERLOADED, "too many text subscriptions on this node")
+                if c is None:
+                    c = self._new_client(addr, addr, now)
+                self._write(c, tk, True, Mode.FIRE, now)
+                self._log("debug", "text_subscribe", addr=fmt(addr), topic=topic)
+            lease = self.cfg.text_sub_lease
+            if lease > 0:
+                key = (addr, topic)
+                if key not in self.text_leases:
+                    self._timer(now + lease, TIMER_LEASE, key)
+                self.text_leases[key] = now + lease
+        elif c is not None and c.subs.get(tk, 0) & versions.PRESENT:  # UNSUB
+            self._write(c, tk, False, Mode.FIRE, now)
+            self.text_leases.pop((addr, topic), None)
+            self._log("debug", "text_unsubscribe", addr=fmt(addr), topic=topic)
+
+    def _on_lease(self, key: tuple[Addr, str], now: float) -> None:
+        """Lease timer: end the text subscription unless a SUB renewed it."""
+        until = self.text_leases.get(key)
+        if until is None:
+            return
+        if until > now:
+            self._timer(until, TIMER_LEASE, key)
+            return
+        del self.text_leases[key]
+        c = self.clients.get(key[0])
+        if c is not None and c.subs.get((key[1], None), 0) & versions.PRESENT:
+            self._write(c, (key[1], None), False, Mode.FIRE, now)
+            self._log("info", "text_lease_expired", addr=fmt(key[0]), topic=key[1])
