@@ -67,7 +67,7 @@ class Client:
         self.session = ClientSession(
             self.client_id, os.urandom(16), os.urandom(16), self.config, trio.current_time(),
             node=self.node, members=[_addr(m) for m in members or []],
-            session_epoch=int(time.time() * 1000),
+            session=int(time.time() * 1000),
         )  # fmt: skip
         self._sock: socket.socket | None = None
         self._nursery: trio.Nursery | None = None
@@ -214,12 +214,10 @@ class Client:
         """Wait until every reliable publish and every command so far is acknowledged."""
         s = self.session
         self._kick()
-        target = s.next_seq - 1
+        target = s.last_seq
 
         def done() -> bool:
-            return s.lost or (
-                s.acked >= target and s.inflight is None and not s.queued and not s.fire_pending
-            )
+            return s.lost or s.flushed(target)
 
         return await self._until(done, trio.current_time() + timeout) and not s.lost
 

@@ -71,8 +71,6 @@ AMPLIFICATION = 3
 DIGEST_BUCKETS = 256
 # Why a tombstone was written (bits 2-3 of its version).
 REASON_UNSUBSCRIBED, REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT = 0, 1, 2
-# Command batch ids are (session start in ms) << SESSION_SHIFT | counter.
-SESSION_SHIFT = 20
 # Replicated versions may be at most this far ahead of our clock (seconds).
 MAX_CLOCK_SKEW = 60.0
 
@@ -118,7 +116,7 @@ class ClientState:
         self.mailbox: Mailbox | None = None
         self.fire: list[bytes] = []
         self.dirty = False
-        self.last_batch = -1
+        self.last_batch: tuple[int, int] | None = None  # (client session, batch id)
         self.last_results: list[int] = []
         # Cancellations the client has not confirmed yet (by UNSUB or SUB);
         # repeated in every PONG so a lost CANCEL datagram cannot hide one.
@@ -355,7 +353,7 @@ class BrokerCore:
             if c is not None:
                 self._on_ack(c, f[3], f[4], f[5], now)
         elif ftype is T.CMDS:
-            self._on_cmds(c, cid, addr, f[3], f[4], now)
+            self._on_cmds(c, cid, addr, f[3], f[4], f[5], now)
         elif ftype is T.PING:
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             new_cookie = cookie if fresh else self.cookies.issue(addr, cid, wall)
@@ -477,14 +475,15 @@ class BrokerCore:
         c: ClientState | None,
         cid: bytes,
         addr: Addr,
+        session: int,
         batch: int,
         cmds: list[tuple[int, str, str | None, int]],
         now: float,
     ) -> None:
-        if c is not None and c.last_batch >= 0 and batch >> SESSION_SHIFT < c.last_batch >> SESSION_SHIFT:
+        if c is not None and c.last_batch is not None and session < c.last_batch[0]:
             self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
             return
-        if c is not None and batch >> SESSION_SHIFT > c.last_batch >> SESSION_SHIFT and c.last_batch >= 0:
+        if c is not None and c.last_batch is not None and session > c.last_batch[0]:
             # The same client id from a new client session (a restarted
             # process): what the old one subscribed is not this one's.
             self._log("info", "client_restarted", client=cid.hex())
@@ -493,11 +492,11 @@ class BrokerCore:
                     self._write(c, tk, False, v & versions.RELIABLE, now)
             c.mailbox = None
             c.cancelled.clear()
-            c.last_batch = -1
-        if c is not None and batch <= c.last_batch:
+            c.last_batch = None
+        if c is not None and c.last_batch is not None and batch <= c.last_batch[1]:
             # A retry of a batch already applied: applying it again could undo
             # a later command, so only repeat the answer.
-            self._send(addr, wire.encode_cmdack(batch, c.last_results))
+            self._send(addr, wire.encode_cmdack(session, batch, c.last_results))
             return
         if c is None:
             self._admit(addr[0], len(self.clients), self.cfg.max_clients, "clients")
@@ -507,9 +506,9 @@ class BrokerCore:
         results = []
         for op, topic, key, mode in cmds:
             results.append(self._apply(c, op, topic, key, mode, now))
-        c.last_batch = batch
+        c.last_batch = (session, batch)
         c.last_results = results
-        self._send(addr, wire.encode_cmdack(batch, results))
+        self._send(addr, wire.encode_cmdack(session, batch, results))
 
     def _new_client(self, cid: Any, addr: Addr, now: float) -> ClientState:
         """A client that talks to this node (its home)."""

@@ -58,9 +58,9 @@ def populate(port: int, clients: int, per_client: int, topics: int) -> float:
             (1, f"topic.{(c * per_client + j) % topics}", None, j % 2) for j in range(per_client)
         ]
         for b in range(0, per_client, 100):
-            s.sendto(wire.encode_cmds(cid, cookie, (1 << 20) + b + 1, cmds[b : b + 100]), node)
+            s.sendto(wire.encode_cmds(cid, cookie, 1, b // 100 + 1, cmds[b : b + 100]), node)
             f = wire.decode_untrusted_frame(s.recv(70000))
-            assert f[0] is T.CMDACK and not any(f[2]), f
+            assert f[0] is T.CMDACK and not any(f[3]), f
             n += len(cmds[b : b + 100])
     s.close()
     return time.monotonic() - t0

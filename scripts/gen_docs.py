@@ -23,6 +23,7 @@ from node.config import config_doc  # noqa: E402
 CID = bytes.fromhex("c1" * 16)
 COOKIE = bytes.fromhex("5e" * 16)
 PID = bytes.fromhex("d0" * 16)
+SESSION = 1767225600000  # a client process started 2026-01-01 00:00 UTC, in Unix ms
 MSG = wire.pack_message("prices", "EUR", {"src": "ecb"}, b"1.08")
 
 EXAMPLES: list[tuple[T, str, bytes]] = [
@@ -30,10 +31,10 @@ EXAMPLES: list[tuple[T, str, bytes]] = [
     (T.WELCOME, "node n1, cookie 5e..5e, params, one member",
      wire.encode_welcome("n1", COOKIE, {"max_datagram": 16384, "ping_interval": 0.5},
                          [["n1", "127.0.0.1", 7400]])),
-    (T.CMDS, "batch 1: SUB prices (reliable), SUB prices/EUR (fire), UNSUB news",
-     wire.encode_cmds(CID, COOKIE, 1, [(1, "prices", None, 1), (1, "prices", "EUR", 0),
-                                       (0, "news", None, 0)])),
-    (T.CMDACK, "batch 1: ok, ok, ok", wire.encode_cmdack(1, [0, 0, 0])),
+    (T.CMDS, f"session {SESSION}, batch 1: SUB prices (reliable), SUB prices/EUR (fire), UNSUB news",
+     wire.encode_cmds(CID, COOKIE, SESSION, 1, [(1, "prices", None, 1), (1, "prices", "EUR", 0),
+                                                (0, "news", None, 0)])),
+    (T.CMDACK, f"session {SESSION}, batch 1: ok, ok, ok", wire.encode_cmdack(SESSION, 1, [0, 0, 0])),
     (T.PUB, "producer d0..d0, sequence 7, floor 7, reliable, one message",
      wire.encode_pub(CID, COOKIE, PID, 7, 7, True, [MSG])),
     (T.PUBACK, "producer d0..d0 acknowledged through 7", wire.encode_puback(PID, 7)),

@@ -39,6 +39,7 @@ class FakeClient:
         self.addr = addr
         self.cid = cid or bytes([len(addr[0]) + addr[1] % 251]) * 16
         self.cookie = b""
+        self.session = 1  # one client process: batch ids count from 1 within it
         self.batch = 0
         self.pid = self.cid[::-1]
         self.seq = 1
@@ -60,7 +61,7 @@ class FakeClient:
 
     def cmds(self, cmds: list[tuple[int, str, str | None, int]], now: float = 0.0) -> list[Any]:
         self.batch += 1
-        return self.send(wire.encode_cmds(self.cid, self.cookie, self.batch, cmds), now)
+        return self.send(wire.encode_cmds(self.cid, self.cookie, self.session, self.batch, cmds), now)
 
     def sub(self, topic: str, key: str | None = None, mode: int = 1, now: float = 0.0) -> list[Any]:
         return self.cmds([(1, topic, key, mode)], now)

@@ -99,7 +99,7 @@ def test_welcome_cookie_then_reliable_delivery_in_order():
     core = make_core()
     sub, pub = connect(core, A, B)
     (ack,) = frames_to(sub.sub("t"), A)
-    assert ack[0] is T.CMDACK and ack[2] == [0]
+    assert ack[0] is T.CMDACK and ack[3] == [0]
     out = pub.pub([("t", f"m{i}".encode()) for i in range(10)])
     got = delivered(out, A)
     assert [p for _, _, p in got] == [f"m{i}".encode() for i in range(10)]
@@ -226,10 +226,10 @@ def test_cannot_subscribe_another_address():
     core = make_core()
     victim, attacker = connect(core, A, B)
     # The attacker reuses its own valid cookie from a spoofed source address...
-    spoofed = wire.encode_cmds(attacker.cid, attacker.cookie, 1, [(1, "t", None, 1)])
+    spoofed = wire.encode_cmds(attacker.cid, attacker.cookie, 1, 1, [(1, "t", None, 1)])
     out = core.handle_datagrams([(spoofed, A)], 0.0)
     # ...or the victim's client id with its own cookie.
-    forged = wire.encode_cmds(victim.cid, attacker.cookie, 1, [(1, "t", None, 1)])
+    forged = wire.encode_cmds(victim.cid, attacker.cookie, 1, 1, [(1, "t", None, 1)])
     out += core.handle_datagrams([(forged, B)], 0.0)
     assert core.clients == {} and core.index.count == 0
     errors = [*frames_to(out, A), *frames_to(out, B)]
@@ -241,7 +241,7 @@ def test_unvalidated_sources_never_get_more_than_3x():
     core = make_core()
     total_in = total_out = 0
     probes = [wire.encode_hello(b"x" * 16), b"\x93\x01\x03\x01", b"\x01", b"\x9f" * 7,
-              wire.encode_cmds(b"a" * 16, b"b" * 16, 1, [(1, "t", None, 1)])]  # fmt: skip
+              wire.encode_cmds(b"a" * 16, b"b" * 16, 1, 1, [(1, "t", None, 1)])]  # fmt: skip
     for data in probes:
         out = core.handle_datagrams([(data, FAR)], 0.0)
         total_in += len(data)
@@ -262,12 +262,12 @@ def test_command_batch_retry_does_not_undo_later_commands():
     core = make_core()
     fc = FakeClient(core, A)
     fc.hello()
-    sub_batch = wire.encode_cmds(fc.cid, fc.cookie, 1, [(1, "t", None, 1)])
-    unsub_batch = wire.encode_cmds(fc.cid, fc.cookie, 2, [(0, "t", None, 0)])
+    sub_batch = wire.encode_cmds(fc.cid, fc.cookie, 1, 1, [(1, "t", None, 1)])
+    unsub_batch = wire.encode_cmds(fc.cid, fc.cookie, 1, 2, [(0, "t", None, 0)])
     fc.send(sub_batch, 0.0)
     fc.send(unsub_batch, 0.0)
     (ack,) = frames_to(fc.send(sub_batch, 0.1), A)  # late duplicate of batch 1
-    assert ack[0] is T.CMDACK and ack[1] == 1
+    assert ack[0] is T.CMDACK and ack[1:3] == (1, 1)
     assert core.index.count == 0
 
 
@@ -352,7 +352,7 @@ def test_limits_answer_overloaded():
     fc = FakeClient(core, A)
     fc.hello()
     (ack,) = frames_to(fc.cmds([(1, "a", None, 0), (1, "b", None, 0), (1, "c", None, 0)]), A)
-    assert ack[2] == [0, 0, E.OVERLOADED]
+    assert ack[3] == [0, 0, E.OVERLOADED]
     core2 = make_core(max_clients=1)
     x, y = FakeClient(core2, A), FakeClient(core2, B)
     x.hello()
@@ -402,14 +402,15 @@ def _trigger(core, code):
         E.BAD_UTF8: (b"PUB t \xff", B),
         E.UNKNOWN_VERB: (b"GET t\n", B),
         E.FORBIDDEN: (b"SUB t\n", FAR),
-        E.OVERLOADED: (wire.encode_cmds(cid, ck, 1, [(1, "t", None, 0)]), B),
+        E.OVERLOADED: (wire.encode_cmds(cid, ck, 1, 1, [(1, "t", None, 0)]), B),
         E.BAD_KEY: (bad_msg(["t", "", None, b""]), B),
-        E.BAD_MODE: (wire.pack([1, T.CMDS, cid, ck, 1, [[1, "t", None, 5]]]), B),
+        E.BAD_MODE: (wire.pack([1, T.CMDS, cid, ck, 1, 1, [[1, "t", None, 5]]]), B),
         E.BAD_TAGS: (bad_msg(["t", None, {"a": 1}, b""]), B),
     }[code]
 
 
-@pytest.mark.parametrize("code", [c for c in E if c is not E.OK], ids=lambda c: c.name)
+# STALE_BATCH is a CMDACK result, never an ERROR reply.
+@pytest.mark.parametrize("code", [c for c in E if c not in (E.OK, E.STALE_BATCH)], ids=lambda c: c.name)
 def test_every_error_code(code):
     core = make_core(max_clients=0 if code is E.OVERLOADED else 100)
     data, addr = _trigger(core, code)
@@ -431,11 +432,11 @@ def test_every_error_code(code):
 def test_a_restarted_client_with_the_same_id_starts_clean():
     core = make_core()
     old, pub = connect(core, A, B)
-    old.send(wire.encode_cmds(old.cid, old.cookie, (1 << 20) + 1, [(1, "a", None, 1), (1, "b", None, 1)]), 0.0)
+    old.send(wire.encode_cmds(old.cid, old.cookie, 1, 1, [(1, "a", None, 1), (1, "b", None, 1)]), 0.0)
     first_stream = delivered(pub.pub([("a", b"x")]), A)[0][0]
-    # a new process, same client id, new session epoch, batch counter from 1
-    (ack,) = frames_to(old.send(wire.encode_cmds(old.cid, old.cookie, (2 << 20) + 1, [(1, "x", None, 1)]), 1.0), A)
-    assert ack[0] is T.CMDACK and ack[2] == [0]
+    # a new process, same client id, new session, batch counter from 1
+    (ack,) = frames_to(old.send(wire.encode_cmds(old.cid, old.cookie, 2, 1, [(1, "x", None, 1)]), 1.0), A)
+    assert ack[0] is T.CMDACK and ack[1:] == (2, 1, [0])
     assert core.clients[old.cid].modes() == {("x", None): Mode.RELIABLE}
     got = delivered(pub.pub([("x", b"y"), ("a", b"z")], now=1.1), A)
     assert [(s, p) for _, s, p in got] == [(1, b"y")] and got[0][0] > first_stream

@@ -102,7 +102,7 @@ def test_100000_random_datagrams_do_not_stop_the_node(node):
     rng = random.Random(2026)
     valid = [
         wire.encode_hello(b"h" * 16),
-        wire.encode_cmds(b"c" * 16, b"k" * 16, 1, [(1, "t", None, 1)]),
+        wire.encode_cmds(b"c" * 16, b"k" * 16, 1, 1, [(1, "t", None, 1)]),
         wire.encode_pub(b"c" * 16, b"k" * 16, b"p" * 16, 1, 1, True, [wire.pack_message("t1", None, None, b"x")]),
         b"SUB t1\n", b"PUB t1\nbody", b"UNSUB t1\n",
         msgpack.packb([1, 3, [[[[[]]]]]]),

@@ -69,7 +69,7 @@ def test_random_datagrams(data, addr):
 
 def _valid_frames(sub, pub):
     return [
-        wire.encode_cmds(sub.cid, sub.cookie, 50, [(1, "t2", None, 1), (0, "t", None, 0)]),
+        wire.encode_cmds(sub.cid, sub.cookie, 1, 50, [(1, "t2", None, 1), (0, "t", None, 0)]),
         wire.encode_pub(pub.cid, pub.cookie, pub.pid, 3, 3, True, [wire.pack_message("t", "k", {"a": "b"}, b"zz")]),
         wire.encode_ack(sub.cid, sub.cookie, 65537, 1, [[3, 4]]),
         wire.encode_ping(sub.cid, sub.cookie, 9),

@@ -152,7 +152,7 @@ async def test_a_client_cannot_subscribe_another_address(node):
     await victim.sendto(wire.encode_hello(vid), node.addr)
     cookie = wire.decode_untrusted_frame(await recv(victim))[2]
     # The attacker learned the victim's id and cookie, but sends from its own address.
-    await attacker.sendto(wire.encode_cmds(vid, cookie, 1, [(1, "t", None, 0)]), node.addr)
+    await attacker.sendto(wire.encode_cmds(vid, cookie, 1, 1, [(1, "t", None, 0)]), node.addr)
     f = wire.decode_untrusted_frame(await recv(attacker))
     assert f[0] is T.ERROR and f[1] == E.BAD_COOKIE
     assert node.core.index.count == 0 and node.core.clients == {}
@@ -174,3 +174,45 @@ async def test_readme_example_runs(node):
     with trio.fail_after(10):
         received = await ns["main"]()
     assert received == [b"hello 0", b"hello 1", b"hello 2"]
+
+
+def client_addr(c: Client) -> tuple[str, int]:
+    return ("127.0.0.1", c._sock.getsockname()[1])
+
+
+async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
+    """Whoever can send from the node's address (a spoofer) gets the client to
+    ignore what it cannot use, or to recover from what it can."""
+    bad = [
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 70000]]]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "evil.example", 7400]]]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1\x00", 7400]]]),
+        wire.pack([1, T.WELCOME, "", b"k" * 16, {}, []]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 1]] * 65]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, [], []]),
+        wire.pack([1, T.WELCOME, "n1"]),
+        b"", b"\xc1", b"\x91", b"\x92\x01\x63", b"MSG t\nhello", b"\xff" * 300,
+    ]  # fmt: skip
+    odd_but_valid = [
+        # a WELCOME with a cookie the node never issued and odd parameters
+        wire.encode_welcome("spoof", b"s" * 16, {"max_datagram": 10**9, "ping_interval": -1.0}, []),
+        wire.encode_cmdack(1, 1, [0]),  # not our session
+        wire.encode_puback(b"x" * 16, 10**9),  # not our producer
+        wire.pack([1, T.ERROR, 2**40, "x" * 1000]),  # an error code nobody defined
+        wire.encode_status_reply({"node": ["?"]}),
+    ]
+    async with Client(addr(node)) as c, Client(addr(node)) as pub:
+        async with c.subscribe("t") as sub:
+            for d in bad + odd_but_valid:
+                node.sock.sendto(d, client_addr(c))
+            with trio.fail_after(5):
+                await c._until(lambda: c.session.bad_datagrams >= len(bad))
+            assert c.session.bad_datagrams == len(bad)
+            assert c.session.candidates == [c.node]  # nothing was added to the cluster map
+            with trio.fail_after(5):
+                await pub.publish("t", b"still here", wait=True)
+                assert (await sub.next()).payload == b"still here"
+                async with c.subscribe("u", mode="fire") as later:
+                    assert later.active
+        assert c.session.connected
+
