@@ -214,5 +214,33 @@ async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
                 assert (await sub.next()).payload == b"still here"
                 async with c.subscribe("u", mode="fire") as later:
                     assert later.active
-        assert c.session.connected
+        assert c.session_errors == 0 and c.session.connected
 
+
+async def test_a_datagram_the_session_fails_on_does_not_stop_the_client(node):
+    async with Client(addr(node)) as c, Client(addr(node)) as pub:
+        async with c.subscribe("t") as sub:
+            handle = c.session._on_frame
+
+            def buggy(f, src, now):  # a bug that a datagram can reach
+                if f[0] is T.STATUS_REPLY and "boom" in f[1]:
+                    raise RuntimeError("boom")
+                handle(f, src, now)
+
+            c.session._on_frame = buggy
+            node.sock.sendto(wire.encode_status_reply({"boom": 1}), client_addr(c))
+            with trio.fail_after(5):
+                await c._until(lambda: c.session_errors == 1)
+            assert isinstance(c.last_session_error, RuntimeError)
+            with trio.fail_after(5):
+                await pub.publish("t", b"after", wait=True)
+                assert (await sub.next()).payload == b"after"
+
+
+async def test_unusable_addresses_do_not_stop_the_client(node):
+    async with Client(addr(node)) as c:
+        c._send([(("127.0.0.1", 70000), b"x"), (("127.0.0.1\x00", 7400), b"x"),
+                 (("::1", 7400), b"x"), ((None, 1), b"x")])  # type: ignore[list-item]  # fmt: skip
+        assert c.send_errors == 4
+        with trio.fail_after(5):
+            assert await c.publish("t", b"x", wait=True) == 1
