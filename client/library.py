@@ -67,7 +67,7 @@ class Client:
         self.session = ClientSession(
             self.client_id, os.urandom(16), os.urandom(16), self.config, trio.current_time(),
             node=self.node, members=[_addr(m) for m in members or []],
-            session_epoch=int(time.time() * 1000),
+            session=int(time.time() * 1000),
         )  # fmt: skip
         self._sock: socket.socket | None = None
         self._nursery: trio.Nursery | None = None
@@ -76,6 +76,8 @@ class Client:
         self._since_yield = 0
         self._closed = False
         self.send_errors = 0
+        self.session_errors = 0  # datagrams the session failed on (a bug; the client carries on)
+        self.last_session_error: Exception | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -127,7 +129,7 @@ class Client:
             batch = drain(sock, 65536)
             now = trio.current_time()
             if batch:
-                s.handle_datagrams(batch, now)
+                self._handle(batch, now)
             if now >= s.next_deadline():
                 s.tick(now)
             out = s.outgoing(now)
@@ -143,14 +145,33 @@ class Client:
                 await trio.lowlevel.wait_readable(sock)
             self._wait_scope = None
 
+    def _handle(self, batch: list[tuple[bytes, Addr]], now: float) -> None:
+        """Feed the session; whatever arrives, the I/O task must live on.
+
+        The session validates every frame and ignores what it cannot use, so an
+        exception here is a bug the datagrams found. Anyone who can send from a
+        node's address could trigger it again and again, so it must not take
+        the client down: the rest of the batch is lost as UDP may lose it, and
+        the protocols' retries repair that.
+        """
+        try:
+            self.session.handle_datagrams(batch, now)
+        except Exception as exc:
+            self.session_errors += 1
+            self.last_session_error = exc
+
     def _send(self, datagrams: list[tuple[Addr, bytes]]) -> None:
         sock = self._sock
         assert sock is not None
         for addr, d in datagrams:
             try:
                 sock.sendto(d, addr)
-            except OSError:
-                self.send_errors += 1  # UDP: the session's retries cover it
+            except (OSError, OverflowError, TypeError, ValueError):
+                # Unreachable, refused, or an address the socket cannot use
+                # (another family; a cluster map is validated, but a member
+                # list from the application is not): UDP gives no promise,
+                # the session's retries and failover cover it.
+                self.send_errors += 1
 
     def _wake(self) -> None:
         self._changed.set()
@@ -214,12 +235,10 @@ class Client:
         """Wait until every reliable publish and every command so far is acknowledged."""
         s = self.session
         self._kick()
-        target = s.next_seq - 1
+        target = s.last_seq
 
         def done() -> bool:
-            return s.lost or (
-                s.acked >= target and s.inflight is None and not s.queued and not s.fire_pending
-            )
+            return s.lost or s.flushed(target)
 
         return await self._until(done, trio.current_time() + timeout) and not s.lost
 

@@ -389,7 +389,7 @@ class Simulation:
         addrs = [self.members[i].addr for i in order]
         cfg = ClientConfig(pub_window=256, max_buffered=100_000)
         return ClientSession(cid, self.rng.randbytes(16), self.rng.randbytes(16), cfg, self.now, node=addrs[0],
-                             members=addrs[1:], session_epoch=int((WALL + self.now) * 1000) + number)  # fmt: skip
+                             members=addrs[1:], session=int((WALL + self.now) * 1000) + number)  # fmt: skip
 
     def _client_begin(self, c: SimClient, number: int) -> None:
         if c.number != number:

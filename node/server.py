@@ -28,14 +28,17 @@ class NodeServer:
     def __init__(self, cfg: NodeConfig, log: EventLog | None = None, core: BrokerCore | None = None) -> None:
         self.cfg = cfg
         self.log = log or EventLog(cfg.id, cfg.log_level)
+        self.sock = open_udp(*cfg.client_addr)
+        self.addr = self.sock.getsockname()[:2]
+        # The cluster map in WELCOME names the port actually bound: with port 0
+        # in the config it is only known now, and clients refuse a map with port 0.
         self.core = core or BrokerCore(
-            cfg, secrets.token_bytes(32), random.Random(), int(time.time() * 1000)
-        )
+            cfg, secrets.token_bytes(32), random.Random(), int(time.time() * 1000),
+            members=[[cfg.id, *self.addr]],
+        )  # fmt: skip
         # Actions beyond Send and Log (a cluster member handles Replicate and
         # adds its view to StatusQuery); returns what to send instead.
         self.on_action: Callable[[Any], list[tuple[Any, bytes]]] | None = None
-        self.sock = open_udp(*cfg.client_addr)
-        self.addr = self.sock.getsockname()[:2]
 
     def perform(self, actions: list[Any]) -> list[tuple[Any, bytes]]:
         """Log the Log actions; return the Sends in order."""

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from client import wire
 from client.session import ClientConfig, ClientSession
-from client.wire import Mode, Reason, T
+from client.wire import E, Mode, Reason, T
 from tests.corekit import NODE, make_core
 from tests.simnet import SimNet
 
 SUB = ("127.0.0.1", 6001)
 PUB = ("127.0.0.1", 6002)
+
+
+SESSION = 1_767_225_600_000  # Unix ms, as the shells pass it
 
 
 def wrap(datagrams):
@@ -23,7 +28,7 @@ def out(s, now):
 
 
 def connected_session(now: float = 0.0, cfg: ClientConfig | None = None) -> ClientSession:
-    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg or ClientConfig(), now, node=NODE)
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg or ClientConfig(), now, node=NODE, session=SESSION)
     s.tick(now)
     (hello,) = out(s, now)
     assert wire.decode_untrusted_frame(hello)[0] is T.HELLO
@@ -73,16 +78,16 @@ def test_command_batches_one_in_flight_and_retried():
     s.tick(0.3)
     (again,) = [d for d in out(s, 0.3) if wire.decode_untrusted_frame(d)[0] is T.CMDS]
     assert again == first  # the same batch id is retried
-    s.handle_datagrams(wrap([wire.encode_cmdack(0, 1, [0])]), 0.31)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.31)
     (f,) = [f for f in map(wire.decode_untrusted_frame, out(s, 0.31)) if f[0] is T.CMDS]
-    assert f[3:] == (0, 2, [(1, "b", None, 0)])
+    assert f[3:] == (SESSION, 2, [(1, "b", None, 0)])
 
 
 def test_refused_subscription_has_a_reason():
     s = connected_session()
     st = s.subscribe("a", None, Mode.FIRE)
     out(s, 0.0)
-    s.handle_datagrams(wrap([wire.encode_cmdack(0, 1, [10])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [10])]), 0.1)
     assert st.reason == "refused: overloaded"
 
 
@@ -181,12 +186,12 @@ def test_a_late_pong_cannot_cancel_a_renewed_subscription():
     s = connected_session()
     s.subscribe("t", None, Mode.RELIABLE)
     out(s, 0.0)
-    s.handle_datagrams(wrap([wire.encode_cmdack(0, 1, [0])]), 0.01)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.01)
     # the node cancelled "t"; the client confirmed, then subscribed again (batch 2)
     renewed = s.subscribe("t", None, Mode.RELIABLE)
     out(s, 0.02)
     s.tick(0.6)  # PING token 1 goes out while batch 2 is in flight
-    s.handle_datagrams(wrap([wire.encode_cmdack(0, 2, [0])]), 0.61)  # batch 2 applied
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 2, [0])]), 0.61)  # batch 2 applied
     # a PONG generated before the node saw batch 2 still lists the old cancellation
     s.handle_datagrams(wrap([wire.encode_pong(1, True, b"k" * 16, [["t", None, "out_of_capacity"]])]), 0.62)
     assert renewed.reason is None and renewed.confirmed
@@ -204,16 +209,54 @@ def test_an_ended_subscription_does_not_keep_the_buffer_full():
     assert len(new.queue) == 1
 
 
-def test_command_batches_carry_the_session_epoch_and_count_from_1():
-    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session_epoch=1000)
-    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), 0.0)
-    s.subscribe("t", None, Mode.FIRE)
-    (f,) = [f for f in map(wire.decode_untrusted_frame, out(s, 0.0)) if f[0] is T.CMDS]
-    assert f[3:5] == (1000, 1)
-    s.handle_datagrams(wrap([wire.encode_cmdack(999, 1, [0])]), 0.1)  # another session's answer
-    assert s.inflight is not None
-    s.handle_datagrams(wrap([wire.encode_cmdack(1000, 1, [0])]), 0.1)
-    assert s.inflight is None
+def cmds_sent(s, now):
+    return [f for f in map(wire.decode_untrusted_frame, out(s, now)) if f[0] is T.CMDS]
+
+
+def test_batches_carry_the_session_and_count_from_1_within_it():
+    for session in (5, 2**64 - 1):
+        s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session=session)
+        s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), 0.0)
+        ids = []
+        for i, topic in enumerate("abc"):
+            s.subscribe(topic, None, Mode.FIRE)
+            (f,) = cmds_sent(s, i)
+            ids.append(f[3:5])
+            s.handle_datagrams(wrap([wire.encode_cmdack(session, f[4], [0])]), i)
+        assert ids == [(session, 1), (session, 2), (session, 3)]
+
+
+@pytest.mark.parametrize(
+    "ack",
+    [
+        wire.encode_cmdack(SESSION - 1, 1, [0]),  # meant for our previous process
+        wire.encode_cmdack(SESSION + 1, 1, [0]),
+        wire.encode_cmdack(SESSION, 2, [0]),  # not the batch in flight
+        wire.encode_cmdack(SESSION, 0, [0]),
+    ],
+    ids=["older session", "newer session", "next batch", "batch 0"],
+)
+def test_a_cmdack_for_another_session_or_batch_is_ignored(ack):
+    s = connected_session()
+    st = s.subscribe("a", None, Mode.FIRE)
+    (first,) = cmds_sent(s, 0.0)
+    s.handle_datagrams(wrap([ack]), 0.1)
+    assert not st.confirmed and st.reason is None
+    s.tick(0.3)
+    assert cmds_sent(s, 0.3) == [first]  # still in flight: retried
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.4)
+    assert st.confirmed
+
+
+def test_stale_batch_refuses_the_commands_it_carried():
+    s = connected_session()
+    st = s.subscribe("a", None, Mode.RELIABLE)
+    kept = s.subscribe("b", None, Mode.RELIABLE)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [wire.E.STALE_BATCH, wire.E.OK])]), 0.1)
+    assert st.reason == "refused: stale_batch" and ("a", None) not in s.subs
+    assert kept.confirmed and kept.reason is None
+    assert s.cmds.idle  # nothing retried: the node answered
 
 
 def test_a_late_message_from_another_member_is_not_taken_for_a_duplicate():
@@ -231,3 +274,48 @@ def test_a_late_message_from_another_member_is_not_taken_for_a_duplicate():
     s.handle_datagrams([(wire.encode_msgs(9, 2, [d[2], d[3]]), n2)], 0.4)  # resends: duplicates
     assert [m.payload for m in st.queue] == [b"m1", b"m2", b"m4", b"m3"]
     assert s.duplicates == 2
+
+
+@pytest.mark.parametrize(
+    "members",
+    [[["n2", "127.0.0.1", 70000]], [["n2", "evil.example", 7400]], [["", "127.0.0.1", 7402]],
+     [[f"n{i}", "127.0.0.1", 1000 + i] for i in range(65)]],
+)  # fmt: skip
+def test_a_welcome_with_a_bad_cluster_map_is_ignored_and_counted(members):
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE)
+    bad = wire.pack([wire.VERSION, T.WELCOME, "n1", b"k" * 16, {}, members])
+    s.handle_datagrams(wrap([bad]), 0.1)
+    assert not s.connected and s.node_id is None
+    assert s.candidates == [NODE]
+    assert s.bad_datagrams == 1 and ("bad_datagram", len(bad)) in s.events
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [["n2", "127.0.0.1", 7402]])]), 0.2)
+    assert s.connected and s.candidates == [NODE, ("127.0.0.1", 7402)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 1e5, allow_nan=False), st.booleans(), st.booleans())
+def test_ticking_at_the_deadline_always_moves_it(t0, welcomed, bad_cookie):
+    """A deadline tick() does not act on would wake a shell for nothing, forever
+    (the simulator found three: a batch retry while the cookie is gone, a
+    publish retry with nothing unacknowledged, and node_timeout compared as a
+    difference while the deadline is a sum)."""
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), t0, node=NODE, session=SESSION)
+    s.subscribe("t", None, Mode.RELIABLE)
+    s.publish("t", None, None, b"x", True)
+    now = t0
+    same = 0
+    for step in range(60):
+        if step == 1 and welcomed:
+            s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), now)
+        if step == 3 and bad_cookie:
+            s.handle_datagrams(wrap([wire.encode_error(E.BAD_COOKIE, "expired")]), now)
+        if step == 4:
+            s.handle_datagrams(wrap([wire.encode_puback(b"p" * 16, 1)]), now)
+        out(s, now)
+        d = s.next_deadline()
+        assert d >= now
+        s.tick(d)
+        out(s, d)
+        same = same + 1 if s.next_deadline() <= d else 0
+        assert same < 2, f"stuck at {d} after step {step}"  # (one immediate follow-up is fine: a failover's HELLO)
+        now = d

@@ -175,3 +175,73 @@ async def test_readme_example_runs(node):
     with trio.fail_after(10):
         received = await ns["main"]()
     assert received == [b"hello 0", b"hello 1", b"hello 2"]
+
+
+def client_addr(c: Client) -> tuple[str, int]:
+    return ("127.0.0.1", c._sock.getsockname()[1])
+
+
+async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
+    """Whoever can send from the node's address (a spoofer) gets the client to
+    ignore what it cannot use, or to recover from what it can."""
+    bad = [
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 70000]]]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "evil.example", 7400]]]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1\x00", 7400]]]),
+        wire.pack([1, T.WELCOME, "", b"k" * 16, {}, []]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 1]] * 65]),
+        wire.pack([1, T.WELCOME, "n1", b"k" * 16, [], []]),
+        wire.pack([1, T.WELCOME, "n1"]),
+        b"", b"\xc1", b"\x91", b"\x92\x01\x63", b"MSG t\nhello", b"\xff" * 300,
+    ]  # fmt: skip
+    odd_but_valid = [
+        # a WELCOME with a cookie the node never issued and odd parameters
+        wire.encode_welcome("spoof", b"s" * 16, {"max_datagram": 10**9, "ping_interval": -1.0}, []),
+        wire.encode_cmdack(1, 1, [0]),  # not our session
+        wire.encode_puback(b"x" * 16, 10**9),  # not our producer
+        wire.pack([1, T.ERROR, 2**40, "x" * 1000]),  # an error code nobody defined
+        wire.encode_status_reply({"node": ["?"]}),
+    ]
+    async with Client(addr(node)) as c, Client(addr(node)) as pub:
+        async with c.subscribe("t") as sub:
+            for d in bad + odd_but_valid:
+                node.sock.sendto(d, client_addr(c))
+            with trio.fail_after(5):
+                await c._until(lambda: c.session.bad_datagrams >= len(bad))
+            assert c.session.bad_datagrams == len(bad)
+            assert c.session.candidates == [c.node]  # nothing was added to the cluster map
+            with trio.fail_after(5):
+                await pub.publish("t", b"still here", wait=True)
+                assert (await sub.next()).payload == b"still here"
+                async with c.subscribe("u", mode="fire") as later:
+                    assert later.active
+        assert c.session_errors == 0 and c.session.connected
+
+
+async def test_a_datagram_the_session_fails_on_does_not_stop_the_client(node):
+    async with Client(addr(node)) as c, Client(addr(node)) as pub:
+        async with c.subscribe("t") as sub:
+            handle = c.session._on_frame
+
+            def buggy(f, src, now):  # a bug that a datagram can reach
+                if f[0] is T.STATUS_REPLY and "boom" in f[1]:
+                    raise RuntimeError("boom")
+                handle(f, src, now)
+
+            c.session._on_frame = buggy
+            node.sock.sendto(wire.encode_status_reply({"boom": 1}), client_addr(c))
+            with trio.fail_after(5):
+                await c._until(lambda: c.session_errors == 1)
+            assert isinstance(c.last_session_error, RuntimeError)
+            with trio.fail_after(5):
+                await pub.publish("t", b"after", wait=True)
+                assert (await sub.next()).payload == b"after"
+
+
+async def test_unusable_addresses_do_not_stop_the_client(node):
+    async with Client(addr(node)) as c:
+        c._send([(("127.0.0.1", 70000), b"x"), (("127.0.0.1\x00", 7400), b"x"),
+                 (("::1", 7400), b"x"), ((None, 1), b"x")])  # type: ignore[list-item]  # fmt: skip
+        assert c.send_errors == 4
+        with trio.fail_after(5):
+            assert await c.publish("t", b"x", wait=True) == 1

@@ -127,3 +127,85 @@ def outcome(fn, data):
 
 def test_text_msg_format():
     assert encode_text_msg("t1", b"hello world  ") == b"MSG t1\nhello world  "
+
+
+def welcome(members, node_id="n1"):
+    return msgpack.packb([1, T.WELCOME, node_id, COOKIE, {}, members])
+
+
+GOOD_MEMBER = ["n1", "127.0.0.1", 7400]
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [["n1", "127.0.0.1"]],  # not [id, host, port]
+        [["n1", "127.0.0.1", 7400, 1]],
+        ["n1"],
+        [["", "127.0.0.1", 7400]],  # empty id
+        [["n" * 65, "127.0.0.1", 7400]],  # id too long
+        [[b"n1", "127.0.0.1", 7400]],  # id not a str
+        [["n1", "example.com", 7400]],  # a host name, not an IP literal
+        [["n1", "127.0.0.1\x00", 7400]],
+        [["n1", "127.0.0.256", 7400]],
+        [["n1", "", 7400]],
+        [["n1", b"127.0.0.1", 7400]],
+        [["n1", "1" * 100, 7400]],
+        [["n1", "127.0.0.1", 0]],  # port out of range
+        [["n1", "127.0.0.1", 65536]],
+        [["n1", "127.0.0.1", -1]],
+        [["n1", "127.0.0.1", True]],
+        [["n1", "127.0.0.1", 7400.0]],
+        [GOOD_MEMBER, ["n2", "127.0.0.1", 70000]],  # one bad member spoils the map
+        [[f"n{i}", "127.0.0.1", 7400 + i] for i in range(65)],  # too many
+        {"n1": 1},
+    ],
+)
+def test_welcome_with_a_bad_cluster_map_is_malformed(members):
+    with pytest.raises(WireError) as exc:
+        wire.decode_untrusted_frame(welcome(members))
+    assert exc.value.code == E.MALFORMED
+
+
+@pytest.mark.parametrize("node_id", ["", "n" * 65, 7, None])
+def test_welcome_with_a_bad_node_id_is_malformed(node_id):
+    with pytest.raises(WireError) as exc:
+        wire.decode_untrusted_frame(welcome([GOOD_MEMBER], node_id))
+    assert exc.value.code == E.MALFORMED
+
+
+def test_welcome_accepts_the_limits():
+    members = [[f"n{i}", "127.0.0.1", 1 + i] for i in range(63)] + [["m" * 64, "::1", 65535]]
+    f = wire.decode_untrusted_frame(welcome(members, "n" * 64))
+    assert f[1] == "n" * 64 and len(f[4]) == 64 and f[4][-1] == ("m" * 64, "::1", 65535)
+    assert wire.decode_untrusted_frame(welcome([]))[4] == []
+
+
+@pytest.mark.parametrize("ftype", [True, 1.0, "1", None, [1]])
+def test_frame_type_must_be_a_plain_integer(ftype):
+    with pytest.raises(WireError) as exc:
+        wire.decode_untrusted_frame(msgpack.packb([1, ftype, CID, b"\0" * 200]))
+    assert exc.value.code == E.UNKNOWN_TYPE
+
+
+def test_field_count_error_names_the_frame():
+    with pytest.raises(WireError) as exc:
+        wire.decode_untrusted_frame(msgpack.packb([1, T.CMDACK, 1, [0]]))  # the old CMDACK, no session
+    assert (exc.value.code, exc.value.text) == (E.MALFORMED, "CMDACK has 3 fields, got 2")
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        [1, T.CMDS, CID, COOKIE, -1, 1, []],
+        [1, T.CMDS, CID, COOKIE, 1, 1.5, []],
+        [1, T.CMDS, CID, COOKIE, "1", 1, []],
+        [1, T.CMDACK, 1, -1, []],
+        [1, T.CMDACK, True, 1, []],
+        [1, T.CMDACK, 1, 1, ["ok"]],
+    ],
+)
+def test_session_and_batch_are_uint64(frame):
+    with pytest.raises(WireError) as exc:
+        wire.decode_untrusted_frame(msgpack.packb(frame))
+    assert exc.value.code == E.MALFORMED

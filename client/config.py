@@ -1,0 +1,42 @@
+"""Client timeouts and limits (:class:`ClientConfig`).
+
+A module of its own because every part of the client session (handshake and
+liveness, command batches, the receive side, the publisher) reads it, and the
+CLI fills it from TOML before any session exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass
+class ClientConfig:
+    """Client timeouts and limits; every one can be set from code or TOML ``[client]``."""
+
+    ping_interval: float = 0.5  # overridden by the node's WELCOME
+    node_timeout: float = 1.5  # node silent this long: node_lost
+    hello_retry: float = 0.25
+    cmd_retry: float = 0.25
+    pub_retry: float = 0.2
+    pub_retry_max: float = 2.0
+    pub_window: int = 8192  # reliable publishes in flight
+    max_buffered: int = 100_000  # messages received but not yet consumed
+    max_datagram: int = 16384  # until the node's WELCOME says otherwise
+
+    @classmethod
+    def from_mapping(cls, source: str, table: dict[str, Any]) -> ClientConfig:
+        cfg = cls()
+        known = {f.name: f for f in fields(cls)}
+        for k, v in table.items():
+            f = known.get(k)
+            if f is None:
+                raise ValueError(f"{source}: [client] {k}: unknown key; known: {', '.join(known)}")
+            kind = int if f.type in ("int", int) else float
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (
+                kind is int and not isinstance(v, int)
+            ):
+                raise ValueError(f"{source}: [client] {k} = {v!r}: must be a positive {kind.__name__}")
+            setattr(cfg, k, kind(v))
+        return cfg

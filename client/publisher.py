@@ -1,0 +1,126 @@
+"""The client's publishing side (:class:`Publisher`).
+
+Two producers per client, each with its own sequence space from 1: one for
+reliable publishes, one for fire. Reliable messages stay in a window
+(``pub_window``) until a cumulative PUBACK covers them; when no PUBACK comes
+within ``pub_retry`` (doubling up to ``pub_retry_max``) everything in flight
+is sent again (go-back-N: the node refuses a batch that would leave a gap, so
+resending from the acknowledged point is what gets FIFO order back). Fire
+messages are sent once. Both are packed into as few PUB datagrams as
+``max_datagram`` allows.
+
+A module of its own because it shares nothing with the receive side or the
+command batches but the node address and the cookie, which the session passes
+in when it is time to send.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import islice
+
+from client import wire
+from client.config import ClientConfig
+from client.wire import E, WireError
+
+Addr = tuple[str, int]
+
+
+class Publisher:
+    def __init__(self, producer_id: bytes, fire_producer_id: bytes, config: ClientConfig) -> None:
+        self.cfg = config
+        self.max_datagram = config.max_datagram  # the session lowers it to the node's
+        self.pid = producer_id
+        self.fire_pid = fire_producer_id
+        self.next_seq = 1
+        self.fire_seq = 1
+        self.acked = 0
+        self.unacked: deque[tuple[int, bytes]] = deque()
+        self.unsent_from = 1  # first reliable sequence not sent to the current node
+        self.fire_pending: list[bytes] = []
+        self.rto = config.pub_retry
+        self.retry_at: float | None = None
+
+    def publish(
+        self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool
+    ) -> int:
+        """Queue a message; returns its producer sequence (0 for fire)."""
+        wire.check_topic(topic)
+        wire.check_key(key)
+        wire.check_tags(tags)
+        packed = wire.pack_message(topic, key, tags, payload)
+        if len(packed) + wire.FRAME_OVERHEAD * 2 > self.max_datagram:
+            raise WireError(E.TOO_LARGE, f"message of {len(packed)} bytes does not fit a datagram")
+        if not reliable:
+            self.fire_pending.append(packed)
+            return 0
+        seq = self.next_seq
+        self.next_seq += 1
+        self.unacked.append((seq, packed))
+        return seq
+
+    @property
+    def window_full(self) -> bool:
+        return len(self.unacked) >= self.cfg.pub_window
+
+    def on_puback(self, pid: bytes, acked: int, now: float) -> bool:
+        """Drop what the node acknowledged; False if the PUBACK told us nothing new."""
+        if pid != self.pid or acked <= self.acked:
+            return False
+        acked = min(acked, self.next_seq - 1)  # a node cannot acknowledge what we never sent
+        self.acked = acked
+        q = self.unacked
+        while q and q[0][0] <= acked:
+            q.popleft()
+        self.rto = self.cfg.pub_retry
+        self.retry_at = now + self.rto if q and self.unsent_from > q[0][0] else None
+        return True
+
+    def tick(self, now: float) -> int:
+        """Go back N when the PUBACK is overdue; returns how many will be resent (0: none)."""
+        if self.retry_at is None or now < self.retry_at or not self.unacked:
+            return 0
+        self.unsent_from = self.unacked[0][0]
+        self.rto = min(self.rto * 2, self.cfg.pub_retry_max)
+        self.retry_at = now + self.rto
+        return len(self.unacked)
+
+    def rewind(self) -> None:
+        """A new node: everything unacknowledged goes to it (its producer
+        sequence keeps it from being delivered twice)."""
+        if self.unacked:
+            self.unsent_from = self.unacked[0][0]
+        self.rto = self.cfg.pub_retry
+
+    def emit(self, node: Addr, cid: bytes, cookie: bytes, now: float, out: list[tuple[Addr, bytes]]) -> None:
+        """Append PUB datagrams for everything not yet sent to ``node``."""
+        if self.fire_pending:
+            self.fire_seq = self._pack(out, node, cid, cookie, self.fire_pid, self.fire_seq, self.fire_seq, False,
+                                       self.fire_pending)  # fmt: skip
+            self.fire_pending = []
+        q = self.unacked
+        if q and self.unsent_from <= q[-1][0]:
+            start = self.unsent_from - q[0][0]
+            todo = [p for _, p in (q if start == 0 else islice(q, start, None))]
+            self._pack(out, node, cid, cookie, self.pid, self.unsent_from, self.acked + 1, True, todo)
+            self.unsent_from = q[-1][0] + 1
+            if self.retry_at is None:
+                self.retry_at = now + self.rto
+
+    def _pack(
+        self, out: list[tuple[Addr, bytes]], node: Addr, cid: bytes, cookie: bytes,
+        pid: bytes, first: int, floor: int, reliable: bool, packed: list[bytes],
+    ) -> int:  # fmt: skip
+        """PUB datagrams for consecutive sequences from ``first``; returns the next one."""
+        budget = self.max_datagram - wire.FRAME_OVERHEAD - 2 * wire.ID_LEN - wire.COOKIE_LEN
+        start = size = 0
+        for i, p in enumerate(packed):
+            if size + len(p) > budget and i > start:
+                out.append((node, wire.encode_pub(cid, cookie, pid, first, floor, reliable, packed[start:i])))
+                first += i - start
+                if not reliable:
+                    floor = first
+                start, size = i, 0
+            size += len(p)
+        out.append((node, wire.encode_pub(cid, cookie, pid, first, floor, reliable, packed[start:])))
+        return first + len(packed) - start

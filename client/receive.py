@@ -1,0 +1,194 @@
+"""The client's receive side: what nodes deliver, into subscription queues.
+
+Holds :class:`Message` and :class:`SubState` (a subscription as the
+application sees it: its queue and, once it ended, why) and the
+:class:`Receiver`, which turns MSGS frames into queued messages:
+
+- reliable streams, one per delivering node: drop duplicates, hold
+  out-of-order messages, acknowledge cumulatively plus SACK ranges;
+- producer de-duplication across nodes: after a failover a publisher resends
+  to another member what the dead one may already have delivered, so a
+  subscriber remembers the highest producer sequence it delivered (and the
+  holes below it, since two members' streams are not ordered with each other);
+- a bound on buffered messages: past ``max_buffered`` a reliable stream stops
+  acknowledging (the node resends later) and fire messages are dropped.
+
+A module of its own because this is the per-message hot path of a subscriber
+and the part with the subtlest invariants; the session only routes frames here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+from client import wire
+from client.config import ClientConfig
+
+Addr = tuple[str, int]
+SubKey = tuple[str, str | None]
+MAX_HOLES = 65536  # per producer: sequences skipped by a jump that may still arrive
+
+
+class Message(NamedTuple):
+    topic: str
+    key: str | None
+    tags: dict[str, str] | None
+    payload: bytes
+    sequence: int | None  # per-subscriber sequence (reliable); None for fire
+
+
+class SubState:
+    __slots__ = ("mode", "confirmed", "reason", "queue", "counted")
+
+    def __init__(self, mode: int) -> None:
+        self.mode = mode
+        self.confirmed = False
+        self.reason: str | None = None  # set once the subscription has ended
+        self.queue: deque[Message] = deque()
+        self.counted = True  # its queue counts towards Receiver.buffered
+
+
+class RecvStream:
+    """Reliable receive state for the messages one node delivers to us."""
+
+    __slots__ = ("stream", "expected", "ooo", "need_ack")
+
+    def __init__(self) -> None:
+        self.stream = 0
+        self.expected = 1
+        self.ooo: dict[int, tuple[Any, ...]] = {}
+        self.need_ack = False
+
+
+class Receiver:
+    def __init__(self, subs: dict[SubKey, SubState], events: list[tuple[Any, ...]], config: ClientConfig) -> None:
+        """``subs`` and ``events`` are the session's own (shared, never rebound):
+        a message is queued only for subscriptions in force right now."""
+        self.subs = subs
+        self.events = events
+        self.cfg = config
+        self.streams: dict[Addr, RecvStream] = {}  # one sequence space per delivering node
+        self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
+        self.holes: dict[bytes, set[int]] = {}  # producer id -> sequences below it not yet seen
+        self.buffered = 0
+        self.held = False  # in-order messages wait in ``ooo`` for buffer room
+        self.duplicates = 0
+
+    def detach(self, st: SubState) -> None:
+        """An ended subscription's queue no longer counts as buffered; what is
+        in it stays readable by the application."""
+        if st.counted:
+            st.counted = False
+            self.buffered -= len(st.queue)
+
+    def consumed(self, st: SubState) -> None:
+        """The application took one message from ``st``'s queue."""
+        if st.counted:
+            self.buffered -= 1
+            if self.held and self.buffered < self.cfg.max_buffered:
+                self.held = False
+                self._drain_held()
+
+    def _drain_held(self) -> None:
+        """Room again: deliver what waited in order behind a full buffer."""
+        limit = self.cfg.max_buffered
+        for rs in self.streams.values():
+            while rs.expected in rs.ooo:
+                if self.buffered >= limit:
+                    self.held = True
+                    return
+                self._deliver(rs.ooo.pop(rs.expected), rs.expected)
+                rs.expected += 1
+                rs.need_ack = True
+
+    def on_msgs(self, src: Addr, stream: int, first: int, msgs: list[tuple[Any, ...]]) -> None:
+        if stream == 0:
+            for m in msgs:
+                if self.buffered >= self.cfg.max_buffered:
+                    self.events.append(("fire_dropped", 1))
+                    continue
+                self._deliver(m, None)
+            return
+        rs = self.streams.get(src)
+        if rs is None:
+            rs = self.streams[src] = RecvStream()
+        if stream < rs.stream:
+            return  # a datagram from a stream the node has abandoned
+        if stream > rs.stream:
+            rs.stream, rs.expected = stream, 1
+            rs.ooo.clear()
+        rs.need_ack = True
+        seq = first
+        limit = self.cfg.max_buffered
+        for m in msgs:
+            if seq == rs.expected and self.buffered < limit:
+                self._deliver(m, seq)
+                rs.expected += 1
+                while rs.expected in rs.ooo and self.buffered < limit:
+                    self._deliver(rs.ooo.pop(rs.expected), rs.expected)
+                    rs.expected += 1
+                if rs.expected in rs.ooo:
+                    self.held = True
+            elif seq == rs.expected:
+                break  # buffer full: not acknowledged, the node resends later
+            elif seq < rs.expected or seq in rs.ooo:
+                self.duplicates += 1
+            elif len(rs.ooo) < self.cfg.pub_window * 4:
+                rs.ooo[seq] = m
+            seq += 1
+
+    def _deliver(self, m: tuple[Any, ...], seq: int | None) -> None:
+        if len(m) == 6:
+            # Reliable messages name their producer: a resend after failover
+            # that the failed node had already delivered is dropped here. Two
+            # members' streams are not ordered with each other, so sequences
+            # skipped by a jump are remembered and still accepted later.
+            pid, pseq = m[4], m[5]
+            high = self.seen.get(pid, 0)
+            if pseq <= high:
+                holes = self.holes.get(pid)
+                if holes is None or pseq not in holes:
+                    self.duplicates += 1
+                    return
+                holes.discard(pseq)
+            else:
+                if pseq > high + 1 and high:
+                    holes = self.holes.setdefault(pid, set())
+                    holes.update(range(max(high + 1, pseq - MAX_HOLES), pseq))
+                    if len(holes) > MAX_HOLES:
+                        for s in sorted(holes)[: len(holes) - MAX_HOLES]:
+                            holes.discard(s)
+                self.seen[pid] = pseq
+        topic, key = m[0], m[1]
+        msg = Message(topic, key, m[2], m[3], seq)
+        st = self.subs.get((topic, None))
+        if st is not None and st.reason is None:
+            st.queue.append(msg)
+            self.buffered += 1
+        if key is not None:
+            st = self.subs.get((topic, key))
+            if st is not None and st.reason is None:
+                st.queue.append(msg)
+                self.buffered += 1
+
+    def acks(self, cid: bytes, cookie: bytes, out: list[tuple[Addr, bytes]]) -> None:
+        """Append one ACK per stream that received something since the last one."""
+        for src, rs in self.streams.items():
+            if rs.need_ack:
+                rs.need_ack = False
+                sack = _ranges(sorted(rs.ooo))
+                out.append((src, wire.encode_ack(cid, cookie, rs.stream, rs.expected - 1, sack)))
+
+
+def _ranges(seqs: list[int]) -> list[list[int]]:
+    """[3,4,5,9] -> [[3,5],[9,9]]: SACK ranges, at most 64 of them."""
+    out: list[list[int]] = []
+    for s in seqs:
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            if len(out) == 64:
+                break
+            out.append([s, s])
+    return out
