@@ -69,6 +69,28 @@ class Delivery(Registers):
         ):
             c.mailbox = None
 
+    def _readdressed(self, c: ClientState) -> None:
+        """The client moved, as another member tells us: most likely a new
+        process (a restart reuses the client id from a new socket), which
+        waits for a stream that starts at sequence 1, never for the middle of
+        ours. So start a new stream to the new address and carry over what
+        was not acknowledged; a receiver that is the same process drops what
+        it already had by producer id and sequence."""
+        old = c.mailbox
+        if old is None:
+            return
+        self._next_stream += 1
+        mb = c.mailbox = Mailbox(
+            self._next_stream, self.cfg.mailbox_capacity,
+            self.cfg.retransmit_timeout, self.cfg.retransmit_max, self.cfg.mailbox_max_bytes,
+        )  # fmt: skip
+        for packed in old.buf[old.base :]:
+            mb.push(packed)
+        self.metrics["streams_restarted"] += 1
+        if len(mb) and not c.dirty:
+            c.dirty = True
+            self._dirty.append(c)
+
     # ------------------------------------------------------------ fan-out
 
     def _publish(

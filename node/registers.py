@@ -197,6 +197,10 @@ class Registers(CoreBase):
         who = c.cid if c.cid.__class__ is bytes else list(c.cid)
         return [who, c.cver, c.addr[0], c.addr[1], c.home, [[t, k, v] for (t, k), v in subs]]
 
+    def _readdressed(self, c: ClientState) -> None:
+        """Another member says the client now lives at a new address (the
+        delivery layer restarts its stream there)."""
+
     def _merge(self, entries: list[Any], now: float) -> None:
         """Apply replicated entries (already validated): newer versions win."""
         clients = self.clients
@@ -222,7 +226,9 @@ class Registers(CoreBase):
             if cver > c.cver:
                 observe(cver)
                 self._set_cver(c, cver)
-                c.addr = (host, port)
+                if c.addr != (host, port):
+                    c.addr = (host, port)
+                    self._readdressed(c)
                 c.home = home
                 was_local = c.local
                 c.local = home == self.node_id
