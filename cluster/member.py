@@ -193,10 +193,13 @@ class MemberCore:
         if self.phase in ("starting", "stopped"):
             return math.inf
         d = min(self.next_heartbeat, self.next_membership, self.next_gc, self.next_snapshot, self.pull_deadline)
+        # (only deadlines _due acts on in this phase: any other would wake us for nothing, forever)
+        dialling = self.phase in ("syncing", "ready")
         for p in self.peers:
             if self.out[p] is None:
-                d = min(d, self.next_dial[p])
-            elif p not in self.digest_pending:
+                if dialling:
+                    d = min(d, self.next_dial[p])
+            elif p not in self.digest_pending and self.ready:
                 d = min(d, self.next_digest[p])
         for link in self.links.values():
             d = min(d, link.deadline)

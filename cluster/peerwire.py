@@ -146,7 +146,7 @@ def _u64(v: Any, what: str) -> int:
 
 
 def check_entries(entries: Any) -> list[tuple[Any, ...]]:
-    """Validate replication entries ``[who, cver, host, port, home, [[t, k, v]...]]``.
+    """Validate replication entries ``[who, cver, host, port, home, [[t, k, v]...], session]``.
 
     ``who`` becomes bytes (binary client id) or a (host, port) tuple (text
     subscriber), the form BrokerCore.merge expects. Every error names the
@@ -158,9 +158,9 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
     check_topic, check_key = wire.check_topic, wire.check_key
     try:
         for e in entries:
-            if e.__class__ is not list or len(e) != 6:
-                raise PeerProtocolError("an entry is [who, cver, host, port, home, subs]")
-            who, cver, host, port, home, subs = e
+            if e.__class__ is not list or len(e) != 7:
+                raise PeerProtocolError("an entry is [who, cver, host, port, home, subs, session]")
+            who, cver, host, port, home, subs, session = e
             if who.__class__ is list and len(who) == 2:
                 who = (_ip(who[0], "who host"), _port(who[1], "who port"))
             elif who.__class__ is not bytes or len(who) != wire.ID_LEN:
@@ -181,7 +181,8 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
                 if s[1] is not None:
                     check_key(s[1])
                 _u64(s[2], "subscription version")
-            out.append((who, cver, host, port, home, subs))
+            _u64(session, "session")
+            out.append((who, cver, host, port, home, subs, session))
     except WireError as exc:
         raise PeerProtocolError(f"bad subscription: {exc.text}") from None
     return out

@@ -152,12 +152,21 @@ class Simulation:
         self._n += 1
         heapq.heappush(self._heap, (t, self._n, fn, args))
 
-    def run(self) -> Checker:
+    def run(self, max_events: int = 2_000_000) -> Checker:
+        """Run to the end and judge; a run that needs more than ``max_events``
+        events is itself a failure (something wakes up without progress)."""
         heap = self._heap
+        n = 0
         while heap and heap[0][0] <= self.end:
             t, _, fn, args = heapq.heappop(heap)
             self.now = max(self.now, t)
             fn(*args)
+            n += 1
+            if n >= max_events:
+                self.check.violation(self.now, f"no progress: {n} events by t={self.now:.3f} "
+                                               f"(next: {fn.__name__})")  # fmt: skip
+                return self.check
+        self.stats["events"] = n
         self.now = self.end
         live = {m.id: m.core for m in self.members.values() if m.core is not None}
         subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
@@ -281,7 +290,7 @@ class Simulation:
             except wire.WireError:
                 f = None
         before = core.broker.producers.get(f[3], [0])[0] if f is not None else 0
-        owed: list[tuple[Any, list[bytes]]] = []
+        owed: list[tuple[Any, list[tuple[bytes, object]]]] = []
         if f is not None and f[6]:
             for m_ in f[7]:
                 owed.append((m_, self._reliable_subscribers(core, m_[0])))
@@ -295,14 +304,18 @@ class Simulation:
                 pub, n = _parse_payload(msg[3])
                 self.check.accepted(m.id, (pub, n), subs)
 
-    def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[bytes]:
-        """Subscribers the member would deliver ``topic`` to reliably, at the
-        address of their current session."""
-        out = []
+    def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[tuple[bytes, object]]:
+        """(client id, its live subscription) for every subscriber the member
+        would deliver ``topic`` to reliably, at the address of its current session."""
+        out: list[tuple[bytes, object]] = []
         for cid, mode in (core.broker.index.match(topic, None) or {}).items():
             c = core.broker.clients.get(cid)
-            if mode and c is not None and any(s.cid == cid and s.addr == c.addr for s in self.clients):
-                out.append(cid)
+            if not mode or c is None:
+                continue
+            for s in self.clients:
+                st = s.session.subs.get((topic, None))
+                if s.cid == cid and s.addr == c.addr and st is not None and st.reason is None:
+                    out.append((cid, st))
         return out
 
     def _dial(self, m: SimMember, lid: int, peer: str) -> None:
@@ -399,7 +412,21 @@ class Simulation:
         else:
             for t in c.topics:
                 c.session.subscribe(t, None, Mode.RELIABLE)
+            self.at(self.now + self.rng.uniform(1.0, 4.0), self._churn, c, number)
         self._client_io(c)
+
+    def _churn(self, c: SimClient, number: int) -> None:
+        """A subscriber drops one of its topics or takes up another (tombstones
+        and re-subscriptions for the replicas to agree on)."""
+        if c.number != number or self.now > self.fault_time or c.session.lost:
+            return
+        topic = self.rng.choice(TOPICS)
+        if (topic, None) in c.session.subs:
+            c.session.unsubscribe(topic, None)
+        else:
+            c.session.subscribe(topic, None, Mode.RELIABLE)
+        self._client_io(c)
+        self.at(self.now + self.rng.uniform(1.0, 4.0), self._churn, c, number)
 
     def _publish(self, c: SimClient, number: int) -> None:
         if c.number != number or self.now > self.fault_time + 2:
@@ -449,7 +476,6 @@ class Simulation:
         self.client_at[c.addr] = c
         c.session = self._new_session(c.cid, list(self.members), c.number)
         c.tick_at = math.inf
-        self.check.owed = {k: v for k, v in self.check.owed.items() if k[0] != c.cid}
         self.stats["client_restarts"] += 1
         self.at(self.now + self.rng.uniform(0.1, 1.0), self._client_begin, c, c.number)
 

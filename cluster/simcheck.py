@@ -42,8 +42,9 @@ class Published:
 @dataclass
 class Checker:
     published: dict[Msg, Published] = field(default_factory=dict)
-    # (subscriber cid, topic) -> messages owed (message -> (member, its crash count then))
-    owed: dict[tuple[bytes, str], dict[Msg, tuple[str, int]]] = field(default_factory=dict)
+    # (subscriber cid, topic) -> messages owed: message -> (member, its crash count then, the
+    # client's subscription object then: a later subscription to the topic is owed nothing older)
+    owed: dict[tuple[bytes, str], dict[Msg, tuple[str, int, object]]] = field(default_factory=dict)
     # (subscriber index, session number, topic) -> messages delivered, in order
     delivered: dict[tuple[int, int, str], list[Msg]] = field(default_factory=dict)
     crashes: dict[str, int] = field(default_factory=dict)
@@ -53,12 +54,14 @@ class Checker:
     def violation(self, now: float, text: str) -> None:
         self.violations.append(f"t={now:.3f} {text}")
 
-    def accepted(self, member: str, msg: Msg, reliable_subscribers: list[bytes]) -> None:
+    def accepted(self, member: str, msg: Msg, reliable_subscribers: list[tuple[bytes, object]]) -> None:
+        """``member`` took ``msg`` while it knew these (client id, the client's
+        subscription object) as reliable subscribers of its topic."""
         p = self.published[msg]
         if p.member is None:
             p.member, p.crashes = member, self.crashes.get(member, 0)
-        for cid in reliable_subscribers:
-            self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0)))
+        for cid, st in reliable_subscribers:
+            self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0), st))
 
     def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg, pub_failovers: int) -> None:
         """An application took ``msg``; ``pub_failovers`` is its publisher's count now."""
@@ -90,6 +93,15 @@ class Checker:
             index, number, session = sub
             if session.lost:
                 continue
+            if session.cmds.idle:
+                # Nothing in flight: every member holds exactly what the client does.
+                held = {tk for tk, st in session.subs.items() if st.reason is None}
+                for mid, core in members.items():
+                    c = core.broker.clients.get(session.cid)
+                    there = {tk for tk, v in c.subs.items() if versions.is_present(v)} if c is not None else set()
+                    if there - held:
+                        self.violation(now, f"subscriber {index} dropped {sorted(there - held)} "
+                                            f"but {mid} still has them")  # fmt: skip
             for (topic, key), st in session.subs.items():
                 if not st.confirmed or st.reason is not None:
                     continue
@@ -101,8 +113,8 @@ class Checker:
                                             f"is missing at {mid}")  # fmt: skip
                 owed = self.owed.get((session.cid, topic), {})
                 got = set(self.delivered.get((index, number, topic), ()))
-                for msg, (mid, crashes) in owed.items():
-                    if msg not in got and self.crashes.get(mid, 0) == crashes:
+                for msg, (mid, crashes, owed_to) in owed.items():
+                    if msg not in got and self.crashes.get(mid, 0) == crashes and owed_to is st:
                         self.violation(now, f"subscriber {index} never got {msg} on {topic!r}, "
                                             f"accepted by {mid} which stayed up")  # fmt: skip
                         break

@@ -70,12 +70,13 @@ class Delivery(Registers):
             c.mailbox = None
 
     def _readdressed(self, c: ClientState) -> None:
-        """The client moved, as another member tells us: most likely a new
-        process (a restart reuses the client id from a new socket), which
-        waits for a stream that starts at sequence 1, never for the middle of
-        ours. So start a new stream to the new address and carry over what
-        was not acknowledged; a receiver that is the same process drops what
-        it already had by producer id and sequence."""
+        """The client is at a new address (it told us, or another member
+        did). That may be a new process (a restart reuses the client id from
+        a new socket, and PING does not name the session), which waits for a
+        stream that starts at sequence 1, never for the middle of ours. So
+        start a new stream to the new address and carry over what was not
+        acknowledged; a receiver that is the same process drops what it
+        already had by producer id and sequence."""
         old = c.mailbox
         if old is None:
             return

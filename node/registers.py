@@ -193,9 +193,10 @@ class Registers(CoreBase):
         return out
 
     def _entry(self, c: ClientState, subs: Any) -> list[Any]:
-        """``[who, cver, host, port, home, [[topic, key, version], ...]]``."""
+        """``[who, cver, host, port, home, [[topic, key, version], ...], session]``: the
+        client register (address, home, command session) and subscription registers."""
         who = c.cid if c.cid.__class__ is bytes else list(c.cid)
-        return [who, c.cver, c.addr[0], c.addr[1], c.home, [[t, k, v] for (t, k), v in subs]]
+        return [who, c.cver, c.addr[0], c.addr[1], c.home, [[t, k, v] for (t, k), v in subs], max(c.session, 0)]
 
     def _readdressed(self, c: ClientState) -> None:
         """Another member says the client now lives at a new address (the
@@ -212,7 +213,7 @@ class Registers(CoreBase):
         # Tombstones older than the horizon are gone here; one arriving from a
         # replica that has not collected it yet must not come back to life.
         expired = versions.upper_bound(wall - self.tombstone_horizon) if self.tombstone_horizon < math.inf else 0
-        for who, cver, host, port, home, subs in entries:
+        for who, cver, host, port, home, subs, session in entries:
             if cver > too_new or any(v > too_new for _, _, v in subs):
                 self.metrics["merge_refused_future"] += 1
                 continue
@@ -230,6 +231,11 @@ class Registers(CoreBase):
                     c.addr = (host, port)
                     self._readdressed(c)
                 c.home = home
+                if session > c.session:
+                    # The client's process started a new session at its home:
+                    # batches of the old one are stale here too from now on.
+                    c.session, c.last_batch = session, -1
+                    c.answers.clear()
                 was_local = c.local
                 c.local = home == self.node_id
                 if c.local and not was_local and who.__class__ is bytes:

@@ -18,9 +18,11 @@ the highest batch applied in it, and the answers of the last
 - an older batch that is no longer remembered changes nothing and is
   answered ``STALE_BATCH``.
 
-A record made by replication (the client talked to another member) knows no
-session yet: the first batch here adopts its session without ending
-anything. The session is node-local, like the mailbox.
+The session is part of the replicated client register (with the address and
+the home), so a member that knows the client only from replication tells a
+restarted process from a failover like its home would. A record that came
+without a session (session 0) adopts the session of its first batch without
+ending anything.
 
 The node this client talks to is its home (``local``): it answers PING, and
 drops the client (tombstoning its subscriptions) after ``subscriber_timeout``
@@ -62,6 +64,8 @@ class Sessions(Delivery):
             c.session = session
             c.last_batch = -1
             c.answers.clear()
+            self._set_cver(c, self._version(now, True, 0))  # the session is part of the client register
+            self._mark_changed(c, None)
         if c is not None:
             c.last_seen = now
             self._adopt(c, addr, now)  # the client talks to this node now: it is ours to watch
@@ -121,7 +125,9 @@ class Sessions(Delivery):
             self._log("info", "client_moved", client=c.cid.hex(), old=fmt(c.addr), new=fmt(addr))
         elif not c.local:
             self._log("info", "client_adopted", client=c.cid.hex(), previous_home=c.home)
-        c.addr = addr
+        if c.addr != addr:
+            c.addr = addr
+            self._readdressed(c)  # a new socket may be a new process: never the middle of a stream
         if not c.local:
             c.local = True
             self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)

@@ -79,7 +79,7 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     assert challenge[0] == P.CHALLENGE
     s.sendall(encode([P.AUTH, b"\0" * 32]))  # a MAC made without the secret
     # then try to smuggle in a PUSH that would subscribe somebody
-    s.sendall(encode([P.PUSH, 1, [[b"x" * 16, 2**60, "127.0.0.1", 9, "n2", [["evil", None, 2**62]]]]]))
+    s.sendall(encode([P.PUSH, 1, [[b"x" * 16, 2**60, "127.0.0.1", 9, "n2", [["evil", None, 2**62]], 0]]]))
     assert _closed_by_peer(s)
     wait_until(lambda: "peer_refused" in cluster.log("n1"), what="refusal logged")
     line = next(x for x in cluster.log("n1").splitlines() if "peer_refused" in x)

@@ -61,7 +61,7 @@ def entry(w) -> list:
     cver = versions.make(hlc, node_i, True, 0)
     # everything about a client-level version follows from the version itself, as in reality
     return [who, cver, "127.0.0.1", 1000 + hlc * 3 + node_i, f"n{node_i + 1}",
-            [[topic, key, versions.make(hlc, node_i, present, mode)]]]  # fmt: skip
+            [[topic, key, versions.make(hlc, node_i, present, mode)]], hlc]  # fmt: skip
 
 
 def applied(groups) -> BrokerCore:
@@ -297,9 +297,9 @@ def _read_one(data: bytes):
 
 # A valid entry of each kind of client; every row below breaks one field of the binary one.
 V_RELIABLE, V_FIRE = versions.make(10, 0, True, 1), versions.make(11, 0, True, 0)
-BINARY_ENTRY = [b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", [["t", None, V_RELIABLE], ["t", "k", V_FIRE]]]
-TEXT_ENTRY = [["10.0.0.1", 7001], V_FIRE, "10.0.0.1", 7001, "n2", [["t", None, V_FIRE]]]
-FIELDS = ("who", "cver", "host", "port", "home", "subs")
+BINARY_ENTRY = [b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", [["t", None, V_RELIABLE], ["t", "k", V_FIRE]], 5]
+TEXT_ENTRY = [["10.0.0.1", 7001], V_FIRE, "10.0.0.1", 7001, "n2", [["t", None, V_FIRE]], 0]
+FIELDS = ("who", "cver", "host", "port", "home", "subs", "session")
 SUB_FIELDS = ("topic", "key", "version")
 
 
@@ -317,9 +317,9 @@ def with_field(field: str, value) -> list:
 
 def test_valid_entries_are_passed_on_in_the_form_merge_expects():
     assert check_entries([BINARY_ENTRY, TEXT_ENTRY, with_field("subs", [])]) == [
-        (b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", [["t", None, V_RELIABLE], ["t", "k", V_FIRE]]),
-        (("10.0.0.1", 7001), V_FIRE, "10.0.0.1", 7001, "n2", [["t", None, V_FIRE]]),
-        (b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", []),
+        (b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", [["t", None, V_RELIABLE], ["t", "k", V_FIRE]], 5),
+        (("10.0.0.1", 7001), V_FIRE, "10.0.0.1", 7001, "n2", [["t", None, V_FIRE]], 0),
+        (b"c" * 16, V_FIRE, "127.0.0.1", 9000, "n1", [], 5),
     ]
 
 
@@ -337,6 +337,7 @@ BROKEN: list[tuple[str, str, list[Any]]] = [
     ("topic", "bad subscription: topic", ["bad topic", "", "t" * 256, 5, None]),
     ("key", "bad subscription: key", ["", "k" * 256, b"k", 5]),
     ("version", "subscription version must be", [-1, 2**64, "7", 7.0, None]),
+    ("session", "session must be", [-1, 2**64, "5", 5.0, None]),
 ]
 
 
@@ -356,7 +357,7 @@ def test_an_entry_with_one_broken_field_is_refused_naming_the_field(field, value
         (None, "entries must be an array"),
         ({"a": 1}, "entries must be an array"),
         (["nope"], "an entry is"),
-        ([BINARY_ENTRY[:5]], "an entry is"),
+        ([BINARY_ENTRY[:6]], "an entry is"),
         ([[*BINARY_ENTRY, 0]], "an entry is"),
     ],
 )
@@ -429,7 +430,7 @@ def test_shipped_cluster3_config():
 def test_versions_from_the_future_are_refused():
     a = replica()
     future = versions.make(versions.HybridClock().now(1_780_000_000.0 + 3600), 1, True, 1)
-    a.merge(check_entries([[b"f" * 16, future, "127.0.0.1", 9, "n2", [["t", None, future]]]]), 0.0)
+    a.merge(check_entries([[b"f" * 16, future, "127.0.0.1", 9, "n2", [["t", None, future]], 0]]), 0.0)
     assert a.index.count == 0 and a.metrics["merge_refused_future"] == 1
 
 
