@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any
 
 from client import wire
-from client.commands import CommandBatches
+from client.commands import MAX_BATCH, CommandBatches
 from client.config import ClientConfig
 from client.publisher import Publisher
 from client.receive import Message, Receiver, SubKey, SubState
@@ -56,6 +56,8 @@ class ClientSession:
         self.next_ping = now
         self.ping_token = 0
         self.confirmed_token = 0  # ping token current when a CMDACK last arrived
+        self.ping_digest = 0  # subs_digest sent with the PING of ``ping_token`` (0: not checking)
+        self.syncs = 0
         self.lost = False
         self.failed_attempts = 0  # nodes tried in a row without an answer
         self.failovers = 0
@@ -179,7 +181,7 @@ class ClientSession:
         elif ftype is T.CMDACK:
             self._on_cmdack(f[1], f[2], f[3])
         elif ftype is T.PONG:
-            self._on_pong(f[1], f[2], f[3], f[4])
+            self._on_pong(f[1], f[2], f[3], f[4], f[5])
         elif ftype is T.WELCOME:
             self._on_welcome(f[1], f[2], f[3], f[4])
         elif ftype is T.ERROR:
@@ -223,7 +225,21 @@ class ClientSession:
                 del self.subs[(topic, key)]
         self.events.append(("cmdack", batch))
 
-    def _on_pong(self, token: int, known: bool, cookie: bytes, cancels: list[tuple[Any, ...]]) -> None:
+    def _digest(self) -> int:
+        """subs_digest of what the node should hold for us, or 0 while that is
+        not settled (commands queued or in flight, a subscription unconfirmed)."""
+        if not self.cmds.idle or len(self.subs) >= MAX_BATCH:
+            return 0
+        held = []
+        for (topic, key), st in self.subs.items():
+            if not st.confirmed:
+                return 0
+            held.append((topic, key, st.mode))
+        return wire.subs_digest(held)
+
+    def _on_pong(
+        self, token: int, known: bool, cookie: bytes, cancels: list[tuple[Any, ...]], digest: int
+    ) -> None:
         self.cookie = cookie
         if token > self.confirmed_token:
             # (a PONG older than our last CMDACK may list a cancellation we
@@ -237,6 +253,18 @@ class ClientSession:
             for (topic, key), st in list(self.subs.items()):
                 if st.confirmed:
                     self._end(topic, key, Reason.TIMED_OUT)
+        elif (
+            digest and token == self.ping_token and token > self.confirmed_token
+            and self.ping_digest and digest != self.ping_digest and self.cmds.idle
+        ):  # fmt: skip
+            # The node holds other subscriptions for us than it confirmed: a
+            # member that acknowledged a SUB or UNSUB died before passing it
+            # on. Send the whole set; the node ends what it does not list.
+            self.syncs += 1
+            self.events.append(("sync", len(self.subs)))
+            self.cmds.add((Op.SYNC, "-", None, Mode.FIRE))
+            for (topic, key), st in self.subs.items():
+                self.cmds.add((Op.SUB, topic, key, st.mode))
 
     def _on_cancel(self, topic: str, key: str | None, reason: str) -> None:
         st = self.subs.get((topic, key))
@@ -260,7 +288,8 @@ class ClientSession:
                 self.next_hello = now + self.cfg.hello_retry
         elif now >= self.next_ping:
             self.ping_token += 1
-            self._out.append((self.node, wire.encode_ping(self.cid, self.cookie, self.ping_token)))
+            self.ping_digest = self._digest()
+            self._out.append((self.node, wire.encode_ping(self.cid, self.cookie, self.ping_token, self.ping_digest)))
             self.next_ping = now + self.ping_interval
         if now >= self.last_heard + self.cfg.node_timeout:  # (the same sum as next_deadline)
             self._node_silent(now)

@@ -18,9 +18,10 @@ docs/protocol.md describes every frame with a byte-level example.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import IntEnum
 from typing import Any
 
@@ -98,6 +99,17 @@ MODE_NAMES = {"fire": Mode.FIRE, "reliable": Mode.RELIABLE}
 class Op(IntEnum):
     UNSUB = 0
     SUB = 1
+    SYNC = 2  # first in a batch: the SUBs that follow are all the client's subscriptions
+
+
+def subs_digest(subs: Iterable[tuple[str, str | None, int]]) -> int:
+    """An order-free 64-bit digest of a client's subscriptions (topic, key, mode),
+    the same on client and node; never 0, which PING uses for "not checking"."""
+    d = 0
+    for topic, key, mode in subs:
+        raw = f"{topic}\0{'' if key is None else key}\0{mode}\0{int(key is None)}".encode()
+        d ^= int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
+    return d or 1
 
 
 class Reason:
@@ -222,12 +234,16 @@ def encode_ack(
     return pack([VERSION, T.ACK, client_id, cookie, stream_id, max_seq, sack])
 
 
-def encode_ping(client_id: bytes, cookie: bytes, token: int) -> bytes:
-    return pack([VERSION, T.PING, client_id, cookie, token])
+def encode_ping(client_id: bytes, cookie: bytes, token: int, digest: int = 0) -> bytes:
+    """``digest``: subs_digest of the subscriptions the client holds as
+    confirmed, or 0 while commands are in flight (nothing to compare)."""
+    return pack([VERSION, T.PING, client_id, cookie, token, digest])
 
 
-def encode_pong(token: int, known: bool, cookie: bytes, cancels: list[list[Any]]) -> bytes:
-    return pack([VERSION, T.PONG, token, known, cookie, cancels])
+def encode_pong(token: int, known: bool, cookie: bytes, cancels: list[list[Any]], digest: int = 0) -> bytes:
+    """``digest``: the node's subs_digest of the client's subscriptions, when
+    the PING carried one; 0 otherwise."""
+    return pack([VERSION, T.PONG, token, known, cookie, cancels, digest])
 
 
 def encode_cancel(topic: str, key: str | None, reason: str) -> bytes:
@@ -340,8 +356,8 @@ def _cmd(c: Any) -> tuple[int, str, str | None, int]:
     if c.__class__ is not list or len(c) != 4:
         raise WireError(E.MALFORMED, "a command is [op, topic, key, mode]")
     op, topic, key, mode = c
-    if op not in (0, 1) or op.__class__ is not int:
-        raise WireError(E.MALFORMED, "op must be 0 (unsub) or 1 (sub)")
+    if op not in (0, 1, 2) or op.__class__ is not int:
+        raise WireError(E.MALFORMED, "op must be 0 (unsub), 1 (sub) or 2 (sync)")
     if mode not in (0, 1) or mode.__class__ is not int:
         raise WireError(E.BAD_MODE, "mode must be 0 (fire) or 1 (reliable)")
     return op, check_topic(topic), check_key(key), mode
@@ -484,15 +500,18 @@ def _puback(f: list[Any]) -> tuple[Any, ...]:
     return T.PUBACK, _bytes(pid, ID_LEN, "producer id"), _uint(acked, "acked seq")
 
 
-@_frame(T.PING, 3)
+@_frame(T.PING, 4)
 def _ping(f: list[Any]) -> tuple[Any, ...]:
-    _, _, cid, cookie, token = f
-    return T.PING, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(token, "token")
+    _, _, cid, cookie, token, digest = f
+    return (
+        T.PING, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(token, "token"),
+        _uint(digest, "digest"),
+    )  # fmt: skip
 
 
-@_frame(T.PONG, 4)
+@_frame(T.PONG, 5)
 def _pong(f: list[Any]) -> tuple[Any, ...]:
-    _, _, token, known, cookie, cancels = f
+    _, _, token, known, cookie, cancels, digest = f
     if known.__class__ is not bool:
         raise WireError(E.MALFORMED, "known must be a boolean")
     cs = []
@@ -500,7 +519,7 @@ def _pong(f: list[Any]) -> tuple[Any, ...]:
         if c.__class__ is not list or len(c) != 3:
             raise WireError(E.MALFORMED, "a cancel is [topic, key, reason]")
         cs.append((check_topic(c[0]), check_key(c[1]), _str(c[2], "reason")))
-    return T.PONG, _uint(token, "token"), known, _bytes(cookie, COOKIE_LEN, "cookie"), cs
+    return T.PONG, _uint(token, "token"), known, _bytes(cookie, COOKIE_LEN, "cookie"), cs, _uint(digest, "digest")
 
 
 @_frame(T.CANCEL, 3)

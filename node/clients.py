@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from client import wire
 from node import versions
 from node.cookies import Addr
 from node.mailbox import Mailbox
@@ -34,7 +35,7 @@ REMEMBERED_BATCHES = 8
 class ClientState:
     __slots__ = (
         "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "mailbox", "fire",
-        "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted",
+        "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
     )  # fmt: skip
 
     def __init__(self, cid: Any, addr: Addr, home: str, now: float) -> None:
@@ -59,6 +60,12 @@ class ClientState:
         self.cancelled: dict[tuple[str, str | None], str] = {}
         self.changed: set[tuple[str, str | None]] | None = None  # not yet replicated
         self.counted: str | None = None  # source host this record counts against (max_per_host)
+        self.sdigest: int | None = None  # wire.subs_digest of modes(), computed when a PING asks
+
+    def subs_digest(self) -> int:
+        if self.sdigest is None:
+            self.sdigest = wire.subs_digest((t, k, m) for (t, k), m in self.modes().items())
+        return self.sdigest
 
     def modes(self) -> dict[tuple[str, str | None], int]:
         """The subscriptions in force, with their delivery modes."""

@@ -184,7 +184,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             if c is not None:
                 self._adopt(c, addr, now)  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
-            self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall))
+            self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])
         else:
             self._out.append(StatusQuery(addr, self.status()))
 

@@ -152,6 +152,7 @@ class Registers(CoreBase):
     def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
         """Install a version (newer than what we hold); update index, counts and digest."""
         self.changes += 1
+        c.sdigest = None
         old = c.subs.get(tk, 0)
         topic, key = tk
         if version & versions.PRESENT:

@@ -82,6 +82,8 @@ class Sessions(Delivery):
             c.counted = addr[0]
             self._log("info", "client_new", client=cid.hex(), addr=fmt(addr))
         results = []
+        if cmds and cmds[0][0] == Op.SYNC:
+            self._sync(c, cmds, now)
         for op, topic, key, mode in cmds:
             results.append(self._apply(c, op, topic, key, mode, now))
         c.session = session
@@ -93,7 +95,18 @@ class Sessions(Delivery):
             del answers[next(iter(answers))]  # the oldest: batch ids grow within a session
         self._send(addr, answer)
 
+    def _sync(self, c: ClientState, cmds: list[Command], now: float) -> None:
+        """A SYNC batch lists every subscription the client holds: end the
+        ones it does not list (an UNSUB lost with a crashed member)."""
+        keep = {(t, k) for op, t, k, _ in cmds if op == Op.SUB}
+        for tk, v in list(c.subs.items()):
+            if v & versions.PRESENT and tk not in keep:
+                self._write(c, tk, False, v & versions.RELIABLE, now)
+        self.metrics["subscriptions_synced"] += 1
+
     def _apply(self, c: ClientState, op: int, topic: str, key: str | None, mode: int, now: float) -> int:
+        if op == Op.SYNC:
+            return E.OK
         tk = (topic, key)
         c.cancelled.pop(tk, None)
         present = bool(c.subs.get(tk, 0) & versions.PRESENT)
@@ -108,14 +121,20 @@ class Sessions(Delivery):
         self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
         return E.OK
 
-    def _on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes) -> None:
-        """Answer PING with PONG (``cookie`` is the one the client should use now)."""
+    def _on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes, digest: int) -> None:
+        """Answer PING with PONG (``cookie`` is the one the client should use now).
+
+        A PING with a digest of the client's subscriptions gets ours back: a
+        SUB or UNSUB this node (or a member that crashed before replicating
+        it) acknowledged can be missing here, and the client then sends its
+        whole set (a SYNC batch)."""
         # ``known``: this node holds a subscription in force for the client.
         # A record of tombstones only (kept in a cluster after a timeout) is
         # not "known": the client must learn that its subscriptions ended.
         known = c is not None and c.live > 0
         cancels = [[t, k, r] for (t, k), r in c.cancelled.items()] if c else []
-        self._send(addr, wire.encode_pong(token, known, cookie, cancels[:64]))
+        ours = (c.subs_digest() if c is not None else wire.subs_digest(())) if digest else 0
+        self._send(addr, wire.encode_pong(token, known, cookie, cancels[:64], ours))
 
     def _adopt(self, c: ClientState, addr: Addr, now: float) -> None:
         """Make this node the client's home (and note its address) if it is not yet."""
