@@ -46,6 +46,7 @@ from cluster.events import (
     LinkBytes,
     LinkClosed,
     LinkOpened,
+    Log,
     PersistDone,
     ReadSnapshot,
     Send,
@@ -130,6 +131,7 @@ class Simulation:
         self.pending_dials: set[tuple[str, int]] = set()
         self.cut: set[frozenset[str]] = set()
         self._inbound = dict.fromkeys(self.members, -1)
+        self.logs: list[tuple[str, str, dict[str, Any]]] | None = None  # (member, event, fields) if wanted
         self.stats = {"crashes": 0, "partitions": 0, "client_restarts": 0, "datagrams": 0, "frames": 0}
         self.clients: list[SimClient] = []
         ids = list(self.members)
@@ -155,9 +157,18 @@ class Simulation:
     def run(self, max_events: int = 2_000_000) -> Checker:
         """Run to the end and judge; a run that needs more than ``max_events``
         events is itself a failure (something wakes up without progress)."""
+        if self.run_until(self.end, max_events):
+            self.now = self.end
+            live = {m.id: m.core for m in self.members.values() if m.core is not None}
+            subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
+            self.check.final(self.now, live, subs)  # type: ignore[arg-type]
+        return self.check
+
+    def run_until(self, until: float, max_events: int = 2_000_000) -> bool:
+        """Process every event up to ``until``; False if the budget ran out."""
         heap = self._heap
         n = 0
-        while heap and heap[0][0] <= self.end:
+        while heap and heap[0][0] <= until:
             t, _, fn, args = heapq.heappop(heap)
             self.now = max(self.now, t)
             fn(*args)
@@ -165,13 +176,10 @@ class Simulation:
             if n >= max_events:
                 self.check.violation(self.now, f"no progress: {n} events by t={self.now:.3f} "
                                                f"(next: {fn.__name__})")  # fmt: skip
-                return self.check
-        self.stats["events"] = n
-        self.now = self.end
-        live = {m.id: m.core for m in self.members.values() if m.core is not None}
-        subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
-        self.check.final(self.now, live, subs)  # type: ignore[arg-type]
-        return self.check
+                return False
+        self.stats["events"] = self.stats.get("events", 0) + n
+        self.now = max(self.now, until)
+        return True
 
     # ------------------------------------------------------------ members
 
@@ -209,6 +217,9 @@ class Simulation:
         cls = a.__class__
         if cls is Send:
             self._udp(m.addr, a.addr, a.data)
+        elif cls is Log:
+            if self.logs is not None:
+                self.logs.append((m.id, a.event, a.fields))
         elif cls is SendFrame:
             self._tcp(m.id, a.link, a.data)
         elif cls is Dial:

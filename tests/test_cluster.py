@@ -172,3 +172,41 @@ def test_cold_start_of_the_whole_cluster_restores_from_snapshots(tmp_path):
         assert text.recv(1000) == b"MSG kept\nafter the restart"
     finally:
         c.stop()
+
+
+async def test_snapshot_writes_and_fsyncs_run_off_the_event_loop(tmp_path, monkeypatch):
+    """A member's file I/O happens in worker threads; the core hears PersistDone only after the fsyncs."""
+    import os
+    import threading
+
+    import trio
+
+    from cluster.config import load_cluster_config
+    from cluster.server import ClusterNode
+    from tests.polling import eventually
+
+    data = {
+        "cluster": {"secret": "x" * 16},
+        "members": [{"id": "n1", "client_addr": "127.0.0.1:0", "peer_addr": "127.0.0.1:0", "data_dir": str(tmp_path)}],
+    }
+    node = ClusterNode(load_cluster_config("<test>", data), "n1")
+    fsynced_in: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        fsynced_in.append(threading.current_thread().name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with trio.open_nursery() as nursery:
+        addr = await nursery.start(node.run)
+        sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+        await sock.sendto(b"SUB t\n", addr)
+        await eventually(lambda: node.member.broker.index.count == 1, what="the text SUB")
+        await node.stop()
+        nursery.cancel_scope.cancel()
+    sock.close()
+    assert len(fsynced_in) == 2  # the file, then its directory
+    assert threading.main_thread().name not in fsynced_in
+    assert node.member.phase == "stopped" and node.member.persisted == node.member.broker.changes
+    assert (tmp_path / "state.msgpack").exists()

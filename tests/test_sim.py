@@ -1,0 +1,168 @@
+"""The member core and the deterministic simulator of the whole cluster (cluster/sim.py)."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from cluster.events import Accepted, Close, Datagrams, LinkBytes, Log, PersistDone, SendFrame, Start, Stop, Tick
+from cluster.member import MemberCore
+from cluster.peerwire import P, encode
+from cluster.sim import Simulation, run_seed, sim_config
+from tests.clusterkit import ROOT
+
+SEEDS = 200
+
+
+def test_seeds_without_violations():
+    """The acceptance campaign's little sibling (scripts/simulate.py --seeds 10000 is the big one)."""
+    failed = {}
+    checked = faults = 0
+    for seed in range(SEEDS):
+        check, stats = run_seed(seed)
+        checked += check.checked
+        faults += stats["crashes"] + stats["partitions"] + stats["client_restarts"]
+        if check.violations:
+            failed[seed] = check.violations[:3]
+    assert failed == {}, f"replay with: python scripts/simulate.py --replay SEED; {failed}"
+    assert checked > 50 * SEEDS and faults > 3 * SEEDS  # the runs did deliver and the nemesis did strike
+
+
+def test_a_run_is_a_function_of_its_seed():
+    def fingerprint(seed: int):
+        sim = Simulation(seed)
+        check = sim.run()
+        digests = {m.id: tuple(m.core.broker.digest) for m in sim.members.values() if m.core}
+        return sim.stats, check.checked, check.violations, digests, sorted(check.delivered.items())
+
+    assert fingerprint(7) == fingerprint(7)
+    assert fingerprint(7) != fingerprint(8)
+
+
+def test_a_whole_cluster_runs_in_one_process_without_a_socket(monkeypatch):
+    def no_sockets(*args, **kwargs):
+        raise AssertionError("the simulator opened a socket")
+
+    monkeypatch.setattr(socket, "socket", no_sockets)
+    monkeypatch.setattr(socket, "create_connection", no_sockets)
+    sim = Simulation(11, members=3, clients=4)
+    sim.at(2.0, sim.partition, [{"m0"}, {"m1", "m2"}])
+    sim.at(3.0, sim.heal)
+    sim.at(3.5, sim.crash, "m1")
+    sim.at(5.0, sim.restart, "m1")
+    check = sim.run()
+    assert check.violations == []
+    assert sim.stats["partitions"] >= 1 and sim.stats["crashes"] >= 1 and check.checked > 100
+
+
+@pytest.mark.parametrize("broken", ["no-tombstones", "no-restream"])
+def test_a_broken_build_is_caught_with_a_seed_that_replays(broken):
+    run = [sys.executable, "scripts/simulate.py", "--jobs", "1", "--break", broken]
+    r = subprocess.run([*run, "--seeds", "20"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    replay = next(line.split("replay: ", 1)[1] for line in r.stdout.splitlines() if "replay: " in line)
+    assert f"--break {broken}" in replay
+    assert replay.startswith("python scripts/simulate.py ")
+    again = subprocess.run([sys.executable, *replay.split()[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "1 seeds" in again.stdout and "violations in 1 seeds" in again.stdout
+
+
+def test_anti_entropy_repairs_what_pushes_lost_over_real_digest_and_diff_frames():
+    """Both sides of a partition change state, the pushes are lost (a queue
+    overflow or a crash would do that): only DIGEST -> DIFF -> DIFFEND and the
+    answering pushes can make the members equal again."""
+    sim = Simulation(3, members=2, clients=2, faults=(), fault_time=3.0, quiet=6.0)
+    sim.logs = []
+    assert sim.run_until(2.0)
+    m0, m1 = sim.members["m0"], sim.members["m1"]
+    sim.partition([{"m0"}, {"m1"}])
+    assert sim.run_until(2.1)  # both ends have seen the link break
+    sim._feed(m0, Datagrams([(b"SUB left\n", ("127.0.0.1", 9500))]))
+    sim._feed(m1, Datagrams([(b"SUB right\n", ("127.0.0.1", 9501))]))
+    for m in (m0, m1):
+        for q in m.core.queues.values():
+            q.pending.clear()
+            q.pending_subs = 0
+            q.inflight.clear()
+    assert m0.core.broker.digest != m1.core.broker.digest
+    sim.heal()
+    assert sim.run_until(2.1 + sim.cc.settings.anti_entropy_interval * 3)
+    assert m0.core.broker.digest == m1.core.broker.digest
+    assert ("127.0.0.1", 9501) in m0.core.broker.clients and ("127.0.0.1", 9500) in m1.core.broker.clients
+    assert any(event == "anti_entropy" for _, event, _ in sim.logs)
+
+
+def member(now: float = 0.0, **settings) -> MemberCore:
+    cc = sim_config(3)
+    for k, v in settings.items():
+        setattr(cc.settings, k, v)
+    return MemberCore(cc, "m0", rng=random.Random(1), now=now, wall_offset=1_780_000_000.0, incarnation=1)
+
+
+def test_a_running_member_collects_tombstones_at_its_configured_horizon():
+    core = member()
+    assert core.broker.tombstone_horizon == core.s.tombstone_horizon == 60.0
+
+
+def test_garbage_from_an_unauthenticated_peer_closes_the_link_and_changes_nothing():
+    core = member()
+    core.handle(Start(), 0.0)
+    before = core.broker.state_digest()
+    for i, junk in enumerate([b"\xff" * 8, encode([P.PUSH, 1, []]), (10_000).to_bytes(4, "big")]):
+        core.handle(Accepted(-1 - i, "127.0.0.9:1"), 0.1)
+        out = core.handle(LinkBytes(-1 - i, junk), 0.2)
+        assert any(isinstance(a, Close) and a.link == -1 - i for a in out)
+        assert any(isinstance(a, Log) and a.event == "peer_refused" for a in out)
+    assert core.broker.state_digest() == before and not [lid for lid in core.links if lid < 0]
+
+
+def test_heartbeats_go_on_their_own_timer_not_on_every_wake():
+    core = member()
+    core.handle(Start(), 0.0)
+    up = [lid for lid, link in core.links.items() if link.outbound]
+    for lid in up:  # pretend the links are up
+        core.links[lid].phase = "up"
+    core.next_heartbeat = 0.05
+    beats = 0
+    for i in range(40):  # many wakes within one heartbeat interval
+        out = core.handle(Datagrams([]), 0.001 * i)
+        beats += sum(1 for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([P.HEARTBEAT]))
+    assert beats == 0
+    out = core.handle(Tick(), 0.05)
+    assert sum(1 for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([P.HEARTBEAT])) == len(up)
+
+
+def test_a_snapshot_counts_as_written_only_when_the_fsync_is_reported():
+    sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(2.5)
+    m = sim.members["m0"]
+    core = m.core
+    assert core.ready and core.writing is None
+    core.broker.changes += 1  # something new to write
+    t = core.next_snapshot
+    writes = [a for a in core.handle(Tick(), t) if a.__class__.__name__ == "WriteSnapshot"]
+    assert len(writes) == 1 and core.persisted != core.broker.changes
+    core.handle(PersistDone(writes[0].token, "disk full"), t)
+    assert core.persisted != writes[0].token and core.writing is None  # a failed write acknowledges nothing
+    # In the simulator a crash between the write and its fsync loses the write:
+    disk = m.disk
+    core.broker.changes += 1
+    sim._perform(m, next(a for a in core.handle(Tick(), core.next_snapshot) if a.__class__.__name__ == "WriteSnapshot"))
+    sim.crash("m0")
+    assert sim.run_until(sim.now + 0.1) and m.disk == disk
+
+
+def test_stop_writes_a_last_snapshot_and_exits_only_after_it_is_on_disk():
+    sim = Simulation(6, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(2.5)
+    core = sim.members["m1"].core
+    core.broker.changes += 1
+    out = core.handle(Stop(), sim.now)
+    (write,) = [a for a in out if a.__class__.__name__ == "WriteSnapshot"]
+    assert not [a for a in out if a.__class__.__name__ == "Exit"]
+    done = core.handle(PersistDone(write.token, None), sim.now)
+    assert [a for a in done if a.__class__.__name__ == "Exit"] and core.phase == "stopped"
