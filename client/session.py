@@ -289,7 +289,8 @@ class ClientSession:
         elif now >= self.next_ping:
             self.ping_token += 1
             self.ping_digest = self._digest()
-            self._out.append((self.node, wire.encode_ping(self.cid, self.cookie, self.ping_token, self.ping_digest)))
+            self._out.append((self.node, wire.encode_ping(
+                self.cid, self.cookie, self.ping_token, self.ping_digest, self.cmds.session)))
             self.next_ping = now + self.ping_interval
         if now >= self.last_heard + self.cfg.node_timeout:  # (the same sum as next_deadline)
             self._node_silent(now)

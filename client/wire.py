@@ -234,10 +234,12 @@ def encode_ack(
     return pack([VERSION, T.ACK, client_id, cookie, stream_id, max_seq, sack])
 
 
-def encode_ping(client_id: bytes, cookie: bytes, token: int, digest: int = 0) -> bytes:
+def encode_ping(client_id: bytes, cookie: bytes, token: int, digest: int = 0, session: int = 0) -> bytes:
     """``digest``: subs_digest of the subscriptions the client holds as
-    confirmed, or 0 while commands are in flight (nothing to compare)."""
-    return pack([VERSION, T.PING, client_id, cookie, token, digest])
+    confirmed, or 0 while commands are in flight (nothing to compare).
+    ``session``: the client's command session, so that a node seeing the
+    client at a new address can tell a moved process from a new one."""
+    return pack([VERSION, T.PING, client_id, cookie, token, digest, session])
 
 
 def encode_pong(token: int, known: bool, cookie: bytes, cancels: list[list[Any]], digest: int = 0) -> bytes:
@@ -500,12 +502,12 @@ def _puback(f: list[Any]) -> tuple[Any, ...]:
     return T.PUBACK, _bytes(pid, ID_LEN, "producer id"), _uint(acked, "acked seq")
 
 
-@_frame(T.PING, 4)
+@_frame(T.PING, 5)
 def _ping(f: list[Any]) -> tuple[Any, ...]:
-    _, _, cid, cookie, token, digest = f
+    _, _, cid, cookie, token, digest, session = f
     return (
         T.PING, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(token, "token"),
-        _uint(digest, "digest"),
+        _uint(digest, "digest"), _uint(session, "session"),
     )  # fmt: skip
 
 

@@ -451,7 +451,7 @@ class Simulation:
             topic = self.rng.choice(c.topics)
             n = c.next_msg
             c.next_msg += 1
-            self.check.published[(c.index, n)] = Published(topic, s.failovers)
+            self.check.published[(c.index, n)] = Published(topic, (c.number, s.failovers))
             s.publish(topic, None, None, f"{c.index}:{n}".encode(), True)
             self._client_io(c)
         self.at(self.now + self.rng.uniform(0.01, 0.08), self._publish, c, number)
@@ -463,8 +463,9 @@ class Simulation:
                 msg = st.queue.popleft()
                 s.consumed(st)
                 pub, n = _parse_payload(msg.payload)
-                pub_failovers = self.clients[pub].session.failovers if pub < len(self.clients) else -1
-                self.check.on_delivery(self.now, c.index, c.number, st_key[0], (pub, n), pub_failovers)
+                p = self.clients[pub]
+                self.check.on_delivery(self.now, c.index, c.number, st_key[0], (pub, n),
+                                       (p.number, p.session.failovers))  # fmt: skip
         for dst, data in s.outgoing(self.now):
             self._udp(c.addr, dst, data)
         d = s.next_deadline()
@@ -552,7 +553,7 @@ def _break_restream() -> None:
     """A member keeps streaming to a client's new address where the old stream left off."""
     from node.delivery import Delivery
 
-    Delivery._readdressed = lambda self, c: None  # type: ignore[method-assign]
+    Delivery._readdressed = lambda self, c, carry: None  # type: ignore[method-assign]
 
 
 # Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.

@@ -13,8 +13,9 @@ invariants (DESIGN.md, docs/guarantees.md):
   confirmed is present, with its mode, on every member;
 * at most once: no application receives one producer's message twice;
 * order: one publisher's messages reach a subscriber in publish order,
-  except across a failover of the publisher or a crash of the member it
-  published through (then a resend may overtake a late original);
+  except across a failover or restart of the publisher or a crash of the
+  member it published through (then a resend, or a new process's message,
+  may overtake a late original);
 * no loss: a reliable message a member accepted for a subscriber it knew
   of reaches that subscriber, unless that member crashed afterwards or the
   subscription ended with a reason the application was told.
@@ -34,7 +35,7 @@ Msg = tuple[int, int]
 @dataclass
 class Published:
     topic: str
-    failovers: int  # the publisher's failover count when it published
+    epoch: tuple[int, int]  # the publisher's (session number, failover count) when it published
     member: str | None = None  # the member that accepted it (first acceptance)
     crashes: int = 0  # that member's crash count then
 
@@ -63,8 +64,8 @@ class Checker:
         for cid, st in reliable_subscribers:
             self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0), st))
 
-    def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg, pub_failovers: int) -> None:
-        """An application took ``msg``; ``pub_failovers`` is its publisher's count now."""
+    def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg, pub_epoch: tuple[int, int]) -> None:
+        """An application took ``msg``; ``pub_epoch`` is its publisher's (session, failovers) now."""
         self.checked += 1
         p = self.published.get(msg)
         if p is None or p.topic != topic:
@@ -74,7 +75,7 @@ class Checker:
         if msg in got:  # (lists are short in a simulation: a scan is fine)
             self.violation(now, f"subscriber {sub} got {msg} twice on {topic!r}")
         later = [m for m in got if m[0] == msg[0] and m[1] > msg[1]]
-        if later and p.failovers == pub_failovers and self.crashes.get(p.member or "", 0) == p.crashes:
+        if later and p.epoch == pub_epoch and self.crashes.get(p.member or "", 0) == p.crashes:
             self.violation(now, f"subscriber {sub} got {msg} after {later[-1]} (publisher order)")
         got.append(msg)
 

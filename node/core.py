@@ -182,7 +182,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
                 self._on_ack(c, f[3], f[4], f[5], now)
         elif ftype is T.PING:
             if c is not None:
-                self._adopt(c, addr, now)  # the client talks to this node now: it is ours to watch
+                self._adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])
         else:

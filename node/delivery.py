@@ -69,14 +69,14 @@ class Delivery(Registers):
         ):
             c.mailbox = None
 
-    def _readdressed(self, c: ClientState) -> None:
+    def _readdressed(self, c: ClientState, carry: bool) -> None:
         """The client is at a new address (it told us, or another member
-        did). That may be a new process (a restart reuses the client id from
-        a new socket, and PING does not name the session), which waits for a
-        stream that starts at sequence 1, never for the middle of ours. So
-        start a new stream to the new address and carry over what was not
-        acknowledged; a receiver that is the same process drops what it
-        already had by producer id and sequence."""
+        did). A receiver there waits for a stream that starts at sequence 1,
+        never for the middle of ours, so a new stream starts. The same
+        session (a process that moved) gets what it had not acknowledged
+        carried over, and drops what it already had by producer id and
+        sequence; a new process (a restart reusing the client id) inherits
+        nothing, not even the backlog."""
         old = c.mailbox
         if old is None:
             return
@@ -85,8 +85,9 @@ class Delivery(Registers):
             self._next_stream, self.cfg.mailbox_capacity,
             self.cfg.retransmit_timeout, self.cfg.retransmit_max, self.cfg.mailbox_max_bytes,
         )  # fmt: skip
-        for packed in old.buf[old.base :]:
-            mb.push(packed)
+        if carry:
+            for packed in old.buf[old.base :]:
+                mb.push(packed)
         self.metrics["streams_restarted"] += 1
         if len(mb) and not c.dirty:
             c.dirty = True

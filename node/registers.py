@@ -199,9 +199,10 @@ class Registers(CoreBase):
         who = c.cid if c.cid.__class__ is bytes else list(c.cid)
         return [who, c.cver, c.addr[0], c.addr[1], c.home, [[t, k, v] for (t, k), v in subs], max(c.session, 0)]
 
-    def _readdressed(self, c: ClientState) -> None:
-        """Another member says the client now lives at a new address (the
-        delivery layer restarts its stream there)."""
+    def _readdressed(self, c: ClientState, carry: bool) -> None:
+        """The client now lives at a new address (the delivery layer restarts
+        its stream there; ``carry``: the same session, so what it had not
+        acknowledged goes along)."""
 
     def _merge(self, entries: list[Any], now: float) -> None:
         """Apply replicated entries (already validated): newer versions win."""
@@ -230,7 +231,7 @@ class Registers(CoreBase):
                 self._set_cver(c, cver)
                 if c.addr != (host, port):
                     c.addr = (host, port)
-                    self._readdressed(c)
+                    self._readdressed(c, carry=session == c.session)
                 c.home = home
                 if session > c.session:
                     # The client's process started a new session at its home:

@@ -68,7 +68,7 @@ class Sessions(Delivery):
             self._mark_changed(c, None)
         if c is not None:
             c.last_seen = now
-            self._adopt(c, addr, now)  # the client talks to this node now: it is ours to watch
+            self._adopt(c, addr, now, session)  # the client talks to this node now: it is ours to watch
         if c is not None and session == c.session and batch <= c.last_batch:
             answer = c.answers.get(batch)
             if answer is None:
@@ -136,7 +136,7 @@ class Sessions(Delivery):
         ours = (c.subs_digest() if c is not None else wire.subs_digest(())) if digest else 0
         self._send(addr, wire.encode_pong(token, known, cookie, cancels[:64], ours))
 
-    def _adopt(self, c: ClientState, addr: Addr, now: float) -> None:
+    def _adopt(self, c: ClientState, addr: Addr, now: float, session: int) -> None:
         """Make this node the client's home (and note its address) if it is not yet."""
         if c.local and c.addr == addr:
             return
@@ -146,7 +146,8 @@ class Sessions(Delivery):
             self._log("info", "client_adopted", client=c.cid.hex(), previous_home=c.home)
         if c.addr != addr:
             c.addr = addr
-            self._readdressed(c)  # a new socket may be a new process: never the middle of a stream
+            # never the middle of a stream to a new socket; the backlog only if it is the same process
+            self._readdressed(c, carry=session == c.session)
         if not c.local:
             c.local = True
             self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)

@@ -88,7 +88,7 @@ class FakeClient:
         return self.send(wire.encode_ack(self.cid, self.cookie, stream, max_seq, sack or []), now)
 
     def ping(self, now: float, token: int = 1) -> list[Any]:
-        return self.send(wire.encode_ping(self.cid, self.cookie, token), now)
+        return self.send(wire.encode_ping(self.cid, self.cookie, token, 0, self.session), now)
 
 
 def connect(core: BrokerCore, *addrs: tuple[str, int]) -> list[FakeClient]:

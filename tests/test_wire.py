@@ -33,10 +33,10 @@ EVERY_FRAME = {
     T.MSGS: (wire.encode_msgs(9, 1, [M, wire.pack_delivery("t", None, None, b"r", PID, 4)]),
              (T.MSGS, 9, 1, [("t", "k", {"a": "b"}, b"\x00payload"), ("t", None, None, b"r", PID, 4)])),
     T.ACK: (wire.encode_ack(CID, COOKIE, 9, 4, [[6, 8]]), (T.ACK, CID, COOKIE, 9, 4, [(6, 8)])),
-    T.PING: (wire.encode_ping(CID, COOKIE, 3), (T.PING, CID, COOKIE, 3)),
+    T.PING: (wire.encode_ping(CID, COOKIE, 3, 2**64 - 1, 17), (T.PING, CID, COOKIE, 3, 2**64 - 1, 17)),
     T.PONG: (
-        wire.encode_pong(3, True, COOKIE, [["t", None, "out_of_capacity"]]),
-        (T.PONG, 3, True, COOKIE, [("t", None, "out_of_capacity")]),
+        wire.encode_pong(3, True, COOKIE, [["t", None, "out_of_capacity"]], 99),
+        (T.PONG, 3, True, COOKIE, [("t", None, "out_of_capacity")], 99),
     ),
     T.CANCEL: (wire.encode_cancel("t", None, "unsubscribed"), (T.CANCEL, "t", None, "unsubscribed")),
     T.REDIRECT: (wire.encode_redirect("n2", "127.0.0.1", 7402, "not_owner"),
@@ -72,8 +72,12 @@ def test_hello_is_padded_for_the_amplification_budget():
         (msgpack.packb([2, 1, CID, b""]), E.UNSUPPORTED_VERSION),
         (msgpack.packb([1, 99]), E.UNKNOWN_TYPE),
         (msgpack.packb([1, T.HELLO]), E.MALFORMED),
-        (msgpack.packb([1, T.PING, b"short", COOKIE, 1]), E.MALFORMED),
-        (msgpack.packb([1, T.PING, CID, COOKIE, -1]), E.MALFORMED),
+        (msgpack.packb([1, T.PING, b"short", COOKIE, 1, 0, 0]), E.MALFORMED),
+        (msgpack.packb([1, T.PING, CID, COOKIE, -1, 0, 0]), E.MALFORMED),
+        (msgpack.packb([1, T.PING, CID, COOKIE, 1, -1, 0]), E.MALFORMED),  # digest
+        (msgpack.packb([1, T.PING, CID, COOKIE, 1, 0, "1"]), E.MALFORMED),  # session
+        (msgpack.packb([1, T.PING, CID, COOKIE, 1]), E.MALFORMED),  # the old PING, without digest and session
+        (msgpack.packb([1, T.PONG, 1, True, COOKIE, [], 1.5]), E.MALFORMED),  # digest
         (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "a b", None, 0]]]), E.BAD_TOPIC),
         (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "", None, 0]]]), E.BAD_TOPIC),
         (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "t", 5, 0]]]), E.BAD_KEY),
