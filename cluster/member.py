@@ -451,11 +451,11 @@ class MemberCore:
             if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
                 raise PeerProtocolError("malformed DIFFEND")
             q = self.queues[peer]
+            q.repaired()  # (first: an overflowed queue would drop what follows)
             if buckets:
                 # They sent their side of the differing buckets; ours goes back as pushes.
                 q.add(list(self.broker.dump(set(buckets))))
                 self._log("info", "anti_entropy", peer=peer, buckets=len(buckets))
-            q.repaired()
             self.digest_pending.discard(peer)
             self.next_digest[peer] = self.now + self.s.anti_entropy_interval
             self._pump_pushes(peer)

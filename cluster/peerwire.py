@@ -5,7 +5,7 @@ The handshake proves both sides know the cluster secret without sending it
 (HMAC-SHA256 over both fresh nonces and both ids, with a different label per
 direction so a reply cannot be reflected):
 
-    dialer   -> HELLO     [1, "roost-peer/1", dialer_id, nonce_d]
+    dialer   -> HELLO     [1, "roost-peer/2", dialer_id, nonce_d]
     listener -> CHALLENGE [2, listener_id, nonce_l, mac("L", nonce_d, nonce_l, listener_id, dialer_id)]
     dialer   -> AUTH      [3, mac("D", nonce_l, nonce_d, dialer_id, listener_id)]
 
@@ -27,7 +27,7 @@ import msgpack
 from client import wire
 from client.wire import WireError
 
-PROTOCOL = "roost-peer/1"
+PROTOCOL = "roost-peer/2"  # 2: entries carry the client session
 NONCE_LEN = 16
 HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is read
 _LEN = struct.Struct(">I")

@@ -104,7 +104,7 @@ class ClusterNode:
     # ------------------------------------------------------------ lifecycle
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled; on cancellation (or ``stop``) write a last snapshot."""
+        """Serve until cancelled or stopped; ``stop`` writes a last snapshot first."""
         now = trio.current_time()
         self.member = MemberCore(
             self.cc, self.id, rng=random.SystemRandom(), now=now, wall_offset=time.time() - now,
@@ -272,30 +272,39 @@ class ClusterNode:
             await self._serve_link(lid, stream, io)
 
     async def _serve_link(self, lid: int, stream: trio.SocketStream, io: _LinkIO) -> None:
-        """Read into the core, write from the queue; either failing ends both."""
-        why = "closed"
+        """Read into the core, write from the queue; either failing ends both.
+        Each half catches its own errors: inside a nursery trio would wrap
+        them in an ExceptionGroup, and a reset by a peer must end the link,
+        never the member."""
+        why: list[str] = []
+
+        async def write(nursery: trio.Nursery) -> None:
+            try:
+                async for data in io.recv:
+                    await stream.send_all(data)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                why.append(_why(exc))
+            nursery.cancel_scope.cancel()
+
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write_link, stream, io)
-                while True:
-                    data = await stream.receive_some(256 * 1024)
-                    if not data:
-                        why = "connection closed"
-                        break
-                    self._feed(LinkBytes(lid, data))
-                    if io.closed_by_core:
-                        break
+                nursery.start_soon(write, nursery)
+                try:
+                    while True:
+                        data = await stream.receive_some(256 * 1024)
+                        if not data:
+                            why.append("connection closed")
+                            break
+                        self._feed(LinkBytes(lid, data))
+                        if io.closed_by_core:
+                            break
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    why.append(_why(exc))
                 nursery.cancel_scope.cancel()
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            why = _why(exc)
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
-            self._link_ended(lid, io, why)
-
-    async def _write_link(self, stream: trio.SocketStream, io: _LinkIO) -> None:
-        async for data in io.recv:
-            await stream.send_all(data)
+            self._link_ended(lid, io, why[0] if why else "closed")
 
     def _link_ended(self, lid: int, io: _LinkIO, why: str) -> None:
         if io.closed_by_core:

@@ -48,7 +48,7 @@ class Sessions(Delivery):
         self, c: ClientState | None, cid: bytes, addr: Addr, session: int, batch: int, cmds: list[Command],
         now: float,
     ) -> None:  # fmt: skip
-        if c is not None and session != c.session and c.session >= 0:
+        if c is not None and session != c.session and c.session > 0:
             if session < c.session:
                 self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
                 self._send(addr, wire.encode_cmdack(session, batch, [E.STALE_BATCH] * len(cmds)))
