@@ -109,7 +109,7 @@ class ServeClients(NamedTuple):
 
 
 class ReadSnapshot(NamedTuple):
-    pass
+    """Read the snapshot file (in a worker thread) and answer ``SnapshotRead``."""
 
 
 class WriteSnapshot(NamedTuple):

@@ -44,12 +44,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from client.wire import encode_status_reply
 from cluster.config import ClusterConfig
+from cluster.dumps import DumpStreams
 from cluster.events import (
     Accepted,
     Action,
@@ -75,25 +74,9 @@ from cluster.events import (
 from cluster.links import Link
 from cluster.membership import Membership
 from cluster.peerwire import NONCE_LEN, P, PeerProtocolError, check_digest, check_entries, encode
-from cluster.replication import PeerQueue, chunked
+from cluster.replication import PeerQueue
 from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
 from node.core import DIGEST_BUCKETS, BrokerCore, Replicate, StatusQuery
-
-# DUMP/DIFF frames produced per link per call: a large dump is streamed over
-# many calls so that client traffic is served in between.
-FRAMES_PER_TURN = 4
-
-
-class _Stream:
-    """A DUMP or DIFF answer in progress on one link."""
-
-    __slots__ = ("kind", "batches", "sent", "end")
-
-    def __init__(self, kind: P, batches: Iterator[list[Any]], end: Callable[[int], list[Any]]) -> None:
-        self.kind = kind
-        self.batches = batches
-        self.sent = 0
-        self.end = end
 
 
 class MemberCore:
@@ -137,7 +120,7 @@ class MemberCore:
         self.next_digest = dict.fromkeys(self.peers, math.inf)
         self.digest_pending: set[str] = set()
         self._next_link = 1
-        self._streams: dict[int, deque[_Stream]] = {}
+        self._streams = DumpStreams(s.chunk_subscriptions)  # DUMP/DIFF answers in progress
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
         self.next_gc = now + s.tombstone_horizon / 10
@@ -301,8 +284,8 @@ class MemberCore:
         b = self.broker.next_deadline()
         if b is not None and b <= now:
             self._absorb(self.broker.tick(now))
-        if self._streams:
-            self._pump_streams()
+        for lid, data in self._streams.turn() if self._streams else ():
+            self._frame(lid, data)
 
     def _watch_peers(self, now: float) -> None:
         for peer, old, new in self.membership.tick(now):
@@ -341,7 +324,7 @@ class MemberCore:
 
     def _closed(self, link: Link, why: str) -> None:
         del self.links[link.id]
-        self._streams.pop(link.id, None)
+        self._streams.drop(link.id)
         peer = link.peer
         if not link.outbound or peer is None or self.out.get(peer) != link.id:
             return
@@ -427,11 +410,11 @@ class MemberCore:
                     self._log("info", "served_pull", peer=peer, subscriptions=sent)
                     return [P.DUMPEND, sent]
 
-                self._stream(link.id, P.DUMP, self.broker.dump(), end)
+                self._streams.start(link.id, P.DUMP, self.broker.dump(), end)
         elif kind == P.DIGEST and n == 2:
             theirs = check_digest(f[1], DIGEST_BUCKETS)
             differ = [i for i, d in enumerate(self.broker.digest) if d != theirs[i]]
-            self._stream(link.id, P.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
+            self._streams.start(link.id, P.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
                          lambda sent: [P.DIFFEND, differ])  # fmt: skip
         else:
             raise PeerProtocolError(f"unexpected frame type {kind}")
@@ -480,25 +463,6 @@ class MemberCore:
             return
         self.digest_pending.add(peer)
         self._frame(lid, encode([P.DIGEST, list(self.broker.digest)]))
-
-    def _stream(self, lid: int, kind: P, entries: Any, end: Callable[[int], list[Any]]) -> None:
-        batches = chunked(entries, self.s.chunk_subscriptions)
-        self._streams.setdefault(lid, deque()).append(_Stream(kind, batches, end))
-
-    def _pump_streams(self) -> None:
-        """A few frames of every dump in progress; the rest on later calls."""
-        for lid, streams in list(self._streams.items()):
-            st = streams[0]
-            for _ in range(FRAMES_PER_TURN):
-                batch = next(st.batches, None)
-                if batch is None:
-                    self._frame(lid, encode(st.end(st.sent)))
-                    streams.popleft()
-                    break
-                st.sent += sum(len(e[5]) or 1 for e in batch)
-                self._frame(lid, encode([st.kind, batch]))
-            if not streams:
-                del self._streams[lid]
 
     # ------------------------------------------------------------ start-up
 

@@ -326,7 +326,7 @@ class Simulation:
             for s in self.clients:
                 st = s.session.subs.get((topic, None))
                 # (a member still holding the previous process's subscription owes the new one nothing)
-                if s.cid == cid and s.addr == c.addr and c.session == s.session.cmds.session and st is not None \
+                if s.cid == cid and s.addr == c.addr and c.session == s.session.session and st is not None \
                         and st.reason is None:  # fmt: skip
                     out.append((cid, st))
         return out
