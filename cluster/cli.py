@@ -89,8 +89,10 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
     node = ClusterNode(cc, args.id, bind_host=args.bind_host, peer_hosts=hosts)
     try:
         trio.run(_run_cluster_node, node)
-    except OSError as exc:
-        print(f"roost node: {args.id}: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # the peer (TCP) port
+        host, port = node.bind_host or node.me.peer_addr[0], node.me.peer_addr[1]
+        print(f"roost node: {args.id}: cannot bind {host}:{port} (peer port): {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
         return 1
     if node.bind_error is not None:
         host, port = node.cfg.client_addr
@@ -100,11 +102,23 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
 
 
 async def _run_cluster_node(node: ClusterNode) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(node.run)
+    """Run until a signal (then stop cleanly) or until the member exits by
+    itself, for example when it cannot bind: then nothing waits for a signal."""
+
+    async def stop_on_signal() -> None:
         await wait_for_signal(node.log)
         await node.stop()
+
+    error: OSError | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_on_signal)
+        try:
+            await node.run()
+        except OSError as exc:  # the peer port (raised here, not inside the nursery's group)
+            error = exc
         nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

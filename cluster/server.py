@@ -98,6 +98,9 @@ class ClusterNode:
         self._exit = trio.Event()
         self._sock: socket.socket | None = None
         self.bind_error: OSError | None = None
+        # Cancelled when sends are left pending by a full buffer outside the
+        # UDP task (a timer or a peer link): the UDP task then sends them.
+        self._udp_idle = trio.CancelScope()
         self._udp_pending: list[tuple[Any, bytes]] = []
         self._nursery: trio.Nursery | None = None
 
@@ -224,7 +227,7 @@ class ClusterNode:
                 sock.sendto(data, addr)
             except BlockingIOError:
                 self._udp_pending = pending[i:]
-                self._wake.set()
+                self._udp_idle.cancel()  # the UDP task sends the rest once the buffer drains
                 return
             except (OSError, OverflowError, TypeError, ValueError):
                 assert self.member is not None
@@ -242,8 +245,10 @@ class ClusterNode:
             if batch:
                 self._feed(Datagrams(batch))
                 await trio.lowlevel.checkpoint()
-            else:
-                await trio.lowlevel.wait_readable(sock)
+            elif not self._udp_pending:
+                with self._udp_idle:
+                    await trio.lowlevel.wait_readable(sock)
+                self._udp_idle = trio.CancelScope()
 
     # ------------------------------------------------------------ peer links (TCP)
 

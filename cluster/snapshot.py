@@ -1,8 +1,12 @@
 """The snapshot file of a member: its whole replicated state, for a cold start.
 
-Format 3: a msgpack header ``[3, member id, unix time written]`` followed by
-msgpack arrays of replication entries (the same entries as PUSH and DUMP
-frames carry), so reading one back is a merge like any other. A member writes
+Format 4: a msgpack header ``[4, member id, unix time written]``, msgpack
+arrays of replication entries (the same entries as PUSH and DUMP frames
+carry), so reading one back is a merge like any other, and a trailer: the
+number of entries, as a msgpack integer. A file is loaded whole or not at all:
+without the trailer, with bytes after it or with another count it is refused,
+so a cut at a chunk boundary cannot pass for a smaller state. Formats 3 (no
+trailer) and 2 (entries without the session) are still read. A member writes
 it every ``snapshot_interval`` when its state changed, and when it stops; the
 runner writes it to a temporary file, fsyncs, renames and fsyncs the
 directory, so a crash leaves the previous snapshot or the new one, never half.
@@ -19,14 +23,18 @@ from cluster.peerwire import PeerProtocolError, check_entries
 from cluster.replication import chunked
 
 SNAPSHOT_FILE = "state.msgpack"
-SNAPSHOT_FORMAT = 3  # 3: entries carry the client session; 2 (without it) is still read
+SNAPSHOT_FORMAT = 4  # 4: a trailer with the entry count; 3: no trailer; 2: entries without the session
+READ_FORMATS = (2, 3, SNAPSHOT_FORMAT)
 
 
 def snapshot_chunks(member: str, wall: float, entries: Iterable[Any], chunk: int) -> Iterator[bytes]:
-    """The file's bytes, lazily: a header, then one msgpack array per chunk."""
+    """The file's bytes, lazily: a header, one msgpack array per chunk, the count."""
     yield msgpack.packb([SNAPSHOT_FORMAT, member, wall], use_bin_type=True)
+    count = 0
     for batch in chunked(entries, chunk):
+        count += len(batch)
         yield msgpack.packb(batch, use_bin_type=True)
+    yield msgpack.packb(count)
 
 
 def decode_untrusted_snapshot(data: bytes) -> tuple[float, list[list[tuple[Any, ...]]]]:
@@ -39,15 +47,28 @@ def decode_untrusted_snapshot(data: bytes) -> tuple[float, list[list[tuple[Any, 
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(len(data), 1024))
         unpacker.feed(data)
         header = next(unpacker)
-        if not isinstance(header, list) or len(header) != 3 or header[0] not in (2, SNAPSHOT_FORMAT):
-            raise ValueError(f"not a snapshot of format 2 or {SNAPSHOT_FORMAT}")
-        written = header[2]
+        if not isinstance(header, list) or len(header) != 3 or header[0] not in READ_FORMATS:
+            raise ValueError(f"not a snapshot of format {', '.join(map(str, READ_FORMATS))}")
+        fmt, written = header[0], header[2]
         if not isinstance(written, (int, float)):
             raise ValueError("malformed snapshot header")
-        if header[0] == 2:
-            return float(written), [check_entries([[*e, 0] if isinstance(e, list) else e for e in c])
-                                    for c in unpacker]  # fmt: skip
-        return float(written), [check_entries(c) for c in unpacker]
+        chunks: list[list[tuple[Any, ...]]] = []
+        count: int | None = None
+        for obj in unpacker:
+            if count is not None:
+                raise ValueError("data after the trailer")
+            if fmt == SNAPSHOT_FORMAT and isinstance(obj, int) and not isinstance(obj, bool):
+                count = obj
+            elif fmt == 2 and isinstance(obj, list):
+                chunks.append(check_entries([[*e, 0] if isinstance(e, list) else e for e in obj]))
+            else:
+                chunks.append(check_entries(obj))
+        if unpacker.tell() != len(data):
+            raise ValueError(f"truncated: {len(data) - unpacker.tell()} bytes of a cut-off record at the end")
+        if fmt == SNAPSHOT_FORMAT and count != sum(map(len, chunks)):
+            raise ValueError("truncated: no trailer" if count is None else
+                             f"the trailer counts {count} entries, the file holds {sum(map(len, chunks))}")
+        return float(written), chunks
     except PeerProtocolError as exc:
         raise ValueError(f"bad entry: {exc}") from None
     except StopIteration:

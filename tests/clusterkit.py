@@ -19,7 +19,8 @@ ROOST = [sys.executable, "-m", "cluster.cli"]
 
 
 def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ROOST, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, **kw)
+    kw.setdefault("timeout", 120)
+    return subprocess.run([*ROOST, *args], cwd=ROOT, capture_output=True, text=True, **kw)
 
 
 def start_sub(node: str, topic: str, count: int, timeout: float = 60, mode: str = "reliable",

@@ -210,3 +210,75 @@ async def test_snapshot_writes_and_fsyncs_run_off_the_event_loop(tmp_path, monke
     assert threading.main_thread().name not in fsynced_in
     assert node.member.phase == "stopped" and node.member.persisted == node.member.broker.changes
     assert (tmp_path / "state.msgpack").exists()
+
+
+@pytest.mark.parametrize("busy", ["client", "peer"])
+def test_member_that_cannot_bind_exits_with_a_one_line_error(tmp_path, busy):
+    """A member whose client (UDP) or peer (TCP) port is taken says so and exits 1, without waiting for a signal."""
+    c = LocalCluster(tmp_path, n=1)
+    if busy == "client":
+        blocker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        port = c.client_ports["n1"]
+    else:
+        blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        port = c.peer_ports["n1"]
+    with blocker:
+        blocker.bind(("127.0.0.1", port))
+        if busy == "peer":
+            blocker.listen()
+        r = roost("node", "--config", str(c.config), "--id", "n1", timeout=30)
+    assert r.returncode == 1, r.stderr
+    assert f"n1: cannot bind 127.0.0.1:{port}" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+async def test_sends_left_by_a_full_buffer_outside_the_udp_task_go_out(tmp_path):
+    """A send that hit a full socket buffer while a timer or a peer link was fed
+    must not wait for the next client datagram to go out."""
+    import trio
+    import trio.testing
+
+    from cluster.config import load_cluster_config
+    from cluster.events import Datagrams
+    from cluster.server import ClusterNode
+    from tests.polling import eventually
+
+    quiet = {"heartbeat_interval": 10.0, "suspect_after": 20.0, "down_after": 40.0, "link_idle_timeout": 30.0,
+             "snapshot_interval": 60.0}  # fmt: skip
+    data = {
+        "cluster": {"secret": "x" * 16, **quiet},  # no timer fires during the test
+        "members": [{"id": "n1", "client_addr": "127.0.0.1:0", "peer_addr": "127.0.0.1:0", "data_dir": str(tmp_path)}],
+    }
+    node = ClusterNode(load_cluster_config("<test>", data), "n1")
+
+    class FullOnce:
+        """The member's socket, with a send buffer full for the first send."""
+
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock, self.full = sock, True
+
+        def sendto(self, data: bytes, addr: tuple[str, int]) -> int:
+            if self.full:
+                self.full = False
+                raise BlockingIOError
+            return self.sock.sendto(data, addr)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.sock, name)
+
+    sub = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    await sub.bind(("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        addr = await nursery.start(node.run)
+        await sub.sendto(b"SUB t\n", addr)
+        await eventually(lambda: node.member.broker.index.count == 1, what="the text SUB")
+        await trio.testing.wait_all_tasks_blocked()  # the UDP task waits for a datagram
+        assert node._sock is not None
+        node._sock = FullOnce(node._sock)  # type: ignore[assignment]
+        node._feed(Datagrams([(b"PUB t\nhello", ("127.0.0.1", 9))]))  # fed from this task, not the UDP task
+        assert node._udp_pending  # left for later by the full buffer
+        with trio.fail_after(3):  # the next timer is 10 s away: only the UDP task can send it
+            assert await sub.recv(1000) == b"MSG t\nhello"
+        await node.stop()
+        nursery.cancel_scope.cancel()
+    sub.close()

@@ -166,3 +166,32 @@ def test_stop_writes_a_last_snapshot_and_exits_only_after_it_is_on_disk():
     assert not [a for a in out if a.__class__.__name__ == "Exit"]
     done = core.handle(PersistDone(write.token, None), sim.now)
     assert [a for a in done if a.__class__.__name__ == "Exit"] and core.phase == "stopped"
+
+
+def test_a_truncated_snapshot_is_refused_whole_never_loaded_in_part():
+    from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
+
+    sim = Simulation(7, members=3, clients=4, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    entries = list(sim.members["m0"].core.broker.dump())
+    assert len(entries) >= 2
+    data = b"".join(snapshot_chunks("m0", 1.0e9, entries, 1))  # one entry per chunk: cuts at chunk ends too
+    written, chunks = decode_untrusted_snapshot(data)
+    assert written == 1.0e9 and [list(e) for c in chunks for e in c] == entries
+    for cut in range(1, len(data)):
+        with pytest.raises(ValueError):
+            decode_untrusted_snapshot(data[:cut])
+
+
+def test_snapshots_of_formats_2_and_3_are_still_read():
+    import msgpack
+
+    from cluster.snapshot import decode_untrusted_snapshot
+
+    sim = Simulation(7, members=3, clients=4, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    entries = list(sim.members["m0"].core.broker.dump())
+    v3 = msgpack.packb([3, "m0", 5.0]) + msgpack.packb(entries, use_bin_type=True)
+    assert [list(e) for c in decode_untrusted_snapshot(v3)[1] for e in c] == entries
+    v2 = msgpack.packb([2, "m0", 5.0]) + msgpack.packb([e[:6] for e in entries], use_bin_type=True)
+    assert [list(e) for c in decode_untrusted_snapshot(v2)[1] for e in c] == [[*e[:6], 0] for e in entries]
