@@ -20,8 +20,10 @@ The fake world:
   delivered; a crash before that loses it. A crash loses everything else.
 * Nemesis: partitions (halves, one member isolated, a bridge), heals, member
   crashes and restarts, client restarts, at seeded random times; at the end
-  everything heals and restarts, and a quiet period lets the cluster settle
-  before cluster/simcheck.py judges the run.
+  everything heals and restarts, and a quiet period lets the cluster settle.
+  Then the clients freeze (a failover in the last instant is a change too)
+  and the members get a few anti-entropy rounds before cluster/simcheck.py
+  judges the run.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from cluster.events import (
 )  # fmt: skip
 from cluster.member import MemberCore
 from cluster.simcheck import Checker, Published
+from node import versions
 
 WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
 TOPICS = ("t0", "t1", "t2")
@@ -98,6 +101,9 @@ class SimClient:
     topics: list[str] = field(default_factory=list)
     next_msg: int = 1
     tick_at: float = math.inf
+    # id(subscription object) -> (it, the first register version a member wrote for it): a
+    # member holding an older version holds an earlier subscription, which this one is not
+    starts: dict[int, tuple[object, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +126,8 @@ class Simulation:
         self.faults = faults
         self.fault_time = fault_time
         self.end = fault_time + quiet
+        self.settle = 2 * self.cc.settings.anti_entropy_interval + 1.0
+        self.frozen = False  # after the end: clients neither send nor receive
         self.now = 0.0
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._n = 0
@@ -156,9 +164,16 @@ class Simulation:
 
     def run(self, max_events: int = 2_000_000) -> Checker:
         """Run to the end and judge; a run that needs more than ``max_events``
-        events is itself a failure (something wakes up without progress)."""
+        events is itself a failure (something wakes up without progress).
+
+        Clients may change the state up to the end (a failover is a change of
+        home), so at the end they freeze (no datagrams in or out, no timers)
+        and the members get ``settle`` seconds more to converge: as Jepsen
+        heals, quiesces, then reads."""
         if self.run_until(self.end, max_events):
-            self.now = self.end
+            self.frozen = True
+            if not self.run_until(self.end + self.settle, max_events):
+                return self.check
             live = {m.id: m.core for m in self.members.values() if m.core is not None}
             subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
             self.check.final(self.now, live, subs)  # type: ignore[arg-type]
@@ -270,6 +285,8 @@ class Simulation:
         return self.rng.uniform(0.0002, 0.003)
 
     def _udp(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
+        if self.frozen and (src in self.client_at or dst in self.client_at):
+            return
         self.stats["datagrams"] += 1
         r = self.rng.random()
         if r < self.loss:
@@ -281,11 +298,11 @@ class Simulation:
     def _arrive(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
         m = self.member_at.get(dst)
         if m is not None:
-            if m.core is not None and m.serving:
+            if m.core is not None and m.serving and not (self.frozen and src in self.client_at):
                 self._pub_accounting(m, data, src)
             return
         c = self.client_at.get(dst)
-        if c is not None:
+        if c is not None and not self.frozen:
             c.session.handle_datagrams([(data, src)], self.now)
             self._client_io(c)
 
@@ -305,7 +322,16 @@ class Simulation:
         if f is not None and f[6]:
             for m_ in f[7]:
                 owed.append((m_, self._reliable_subscribers(core, m_[0])))
+        sender = self.client_at.get(src)
+        held = self._registers_of(core, sender) if sender is not None and not sender.publisher else {}
         self._feed(m, Datagrams([(data, src)]))
+        if sender is not None and m.core is core and not sender.publisher:
+            for tk, v in self._registers_of(core, sender).items():
+                st = sender.session.subs.get(tk)
+                if st is not None and versions.is_present(v) and v != held.get(tk, 0):
+                    first = sender.starts.get(id(st))
+                    if first is None or v < first[1]:
+                        sender.starts[id(st)] = (st, v)
         if f is None or m.core is None:
             return
         after = m.core.broker.producers.get(f[3], [0])[0]
@@ -317,7 +343,8 @@ class Simulation:
 
     def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[tuple[bytes, object]]:
         """(client id, its live subscription) for every subscriber the member
-        would deliver ``topic`` to reliably, at the address of its current session."""
+        would deliver ``topic`` to reliably, at the address of its current session,
+        holding that very subscription (not one the client ended since)."""
         out: list[tuple[bytes, object]] = []
         for cid, mode in (core.broker.index.match(topic, None) or {}).items():
             c = core.broker.clients.get(cid)
@@ -325,11 +352,18 @@ class Simulation:
                 continue
             for s in self.clients:
                 st = s.session.subs.get((topic, None))
-                # (a member still holding the previous process's subscription owes the new one nothing)
-                if s.cid == cid and s.addr == c.addr and c.session == s.session.session and st is not None \
-                        and st.reason is None:  # fmt: skip
+                # (a member still holding the previous process's subscription, or one the
+                # client ended and took again since, owes the new one nothing)
+                if s.cid != cid or s.addr != c.addr or c.session != s.session.session or st is None:
+                    continue
+                if st.reason is None and c.subs.get((topic, None), 0) >= s.starts.get(id(st), (st, 0))[1]:
                     out.append((cid, st))
         return out
+
+    @staticmethod
+    def _registers_of(core: MemberCore, c: SimClient) -> dict[tuple[str, str | None], int]:
+        state = core.broker.clients.get(c.cid)
+        return dict(state.subs) if state is not None else {}
 
     def _dial(self, m: SimMember, lid: int, peer: str) -> None:
         key = (m.id, lid)
@@ -474,7 +508,7 @@ class Simulation:
             self.at(max(d, self.now), self._client_tick, c, c.number, d)
 
     def _client_tick(self, c: SimClient, number: int, d: float) -> None:
-        if c.number != number or c.tick_at != d:
+        if c.number != number or c.tick_at != d or self.frozen:
             return
         c.tick_at = math.inf
         c.session.tick(self.now)
@@ -526,50 +560,6 @@ class Simulation:
         self.at(self.fault_time, self.heal)
         for mid in ids:
             self.at(self.fault_time, self.restart, mid)
-
-
-def _break_dedup() -> None:
-    """Subscribers no longer drop a message they had already (by producer id and sequence)."""
-    from client.receive import Receiver
-
-    deliver = Receiver._deliver
-    Receiver._deliver = lambda self, m, seq: deliver(self, m[:4], seq)  # type: ignore[method-assign]
-
-
-def _break_tombstones() -> None:
-    """Replicas drop the tombstones that reach them: deletions do not replicate."""
-    from node import versions
-    from node.registers import Registers
-
-    merge = Registers._merge
-
-    def without_tombstones(self: Registers, entries: list[Any], now: float) -> None:
-        merge(self, [(*e[:5], [s for s in e[5] if versions.is_present(s[2])], e[6]) for e in entries], now)
-
-    Registers._merge = without_tombstones  # type: ignore[method-assign]
-
-
-def _break_restream() -> None:
-    """A member keeps streaming to a client's new address where the old stream left off."""
-    from node.delivery import Delivery
-
-    Delivery._readdressed = lambda self, c, carry: None  # type: ignore[method-assign]
-
-
-# Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.
-BREAKS: dict[str, Callable[[], None]] = {
-    "no-dedup": _break_dedup,
-    "no-tombstones": _break_tombstones,
-    "no-restream": _break_restream,
-}
-_broken: set[str] = set()
-
-
-def apply_break(name: str | None) -> None:
-    """Break this process's build as ``name`` says (once); None leaves it whole."""
-    if name is not None and name not in _broken:
-        BREAKS[name]()
-        _broken.add(name)
 
 
 def _parse_payload(payload: bytes) -> tuple[int, int]:

@@ -3,8 +3,9 @@
 The simulator (cluster/sim.py) reports to a :class:`Checker` as things
 happen: a message accepted by a member (and which reliable subscribers that
 member knew of at that moment), a message handed to an application, a member
-crashing, a subscriber's session ending. At the end, after the last heal and
-a quiet period, :meth:`Checker.final` compares the members' states. The
+crashing, a subscriber's session ending. At the end, after the last heal, a
+quiet period, and a few anti-entropy rounds with the clients frozen,
+:meth:`Checker.final` compares the members' states. The
 invariants (DESIGN.md, docs/guarantees.md):
 
 * convergence: every live member holds the same subscriptions (equal
@@ -18,7 +19,10 @@ invariants (DESIGN.md, docs/guarantees.md):
   may overtake a late original);
 * no loss: a reliable message a member accepted for a subscriber it knew
   of reaches that subscriber, unless that member crashed afterwards or the
-  subscription ended with a reason the application was told.
+  subscription ended with a reason the application was told. "Knew of" means
+  that very subscription: a member cut off from the client's home may still
+  hold one the client has ended and taken again since; what it accepted for
+  the old one ends with it (the simulator compares register versions).
 """
 
 from __future__ import annotations

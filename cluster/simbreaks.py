@@ -1,0 +1,55 @@
+"""Deliberately broken builds for the simulator (``scripts/simulate.py --break NAME``).
+
+Each one switches off a mechanism a guarantee rests on; a campaign over a
+broken build must report violations with seeds that replay, which shows the
+checker (cluster/simcheck.py) can fail. They patch this process only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _break_dedup() -> None:
+    """Subscribers no longer drop a message they had already (by producer id and sequence)."""
+    from client.receive import Receiver
+
+    deliver = Receiver._deliver
+    Receiver._deliver = lambda self, m, seq: deliver(self, m[:4], seq)  # type: ignore[method-assign]
+
+
+def _break_tombstones() -> None:
+    """Replicas drop the tombstones that reach them: deletions do not replicate."""
+    from node import versions
+    from node.registers import Registers
+
+    merge = Registers._merge
+
+    def without_tombstones(self: Registers, entries: list[Any], now: float) -> None:
+        merge(self, [(*e[:5], [s for s in e[5] if versions.is_present(s[2])], e[6]) for e in entries], now)
+
+    Registers._merge = without_tombstones  # type: ignore[method-assign]
+
+
+def _break_restream() -> None:
+    """A member keeps streaming to a client's new address where the old stream left off."""
+    from node.delivery import Delivery
+
+    Delivery._readdressed = lambda self, c, carry: None  # type: ignore[method-assign]
+
+
+# Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.
+BREAKS: dict[str, Callable[[], None]] = {
+    "no-dedup": _break_dedup,
+    "no-tombstones": _break_tombstones,
+    "no-restream": _break_restream,
+}
+_broken: set[str] = set()
+
+
+def apply_break(name: str | None) -> None:
+    """Break this process's build as ``name`` says (once); None leaves it whole."""
+    if name is not None and name not in _broken:
+        BREAKS[name]()
+        _broken.add(name)
