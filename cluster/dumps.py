@@ -5,6 +5,9 @@ DIGEST with the registers of the buckets that differ (DIFF, then DIFFEND).
 A million subscriptions must not stall a member, so the answer is produced
 lazily: each turn of the member core emits FRAMES_PER_TURN frames per link
 and the rest waits for later turns, with client traffic served in between.
+A link whose runner has not yet sent what it was given (``LinkSent``) gets
+nothing more until it drains: a slow peer holds back its own answer, never
+the member's memory.
 Answers on one link go out in the order they were asked for.
 """
 
@@ -48,19 +51,29 @@ class DumpStreams:
     def drop(self, lid: int) -> None:
         self.by_link.pop(lid, None)
 
-    def turn(self) -> list[tuple[int, bytes]]:
-        """(link, encoded frame) for a few frames of every answer in progress."""
-        out = []
+    def running(self, lid: int, kind: P) -> bool:
+        """Is an answer of this kind in progress on the link?"""
+        return any(st.kind == kind for st in self.by_link.get(lid, ()))
+
+    def ready(self, can_send: Callable[[int], bool]) -> bool:
+        """Has some link with an answer in progress room to send?"""
+        return any(can_send(lid) for lid in self.by_link)
+
+    def turn(self, can_send: Callable[[int], bool]) -> Iterator[tuple[int, bytes]]:
+        """(link, encoded frame) for a few frames of every answer in progress
+        on a link with room. A generator: ``can_send`` is asked again before
+        every frame, after the caller queued (and counted) the previous one."""
         for lid, streams in list(self.by_link.items()):
             st = streams[0]
             for _ in range(FRAMES_PER_TURN):
+                if not can_send(lid):
+                    break
                 batch = next(st.batches, None)
                 if batch is None:
-                    out.append((lid, encode(st.end(st.sent))))
                     streams.popleft()
+                    if not streams and self.by_link.get(lid) is streams:
+                        del self.by_link[lid]
+                    yield lid, encode(st.end(st.sent))
                     break
                 st.sent += sum(subs_in(e) for e in batch)
-                out.append((lid, encode([st.kind, batch])))
-            if not streams:
-                del self.by_link[lid]
-        return out
+                yield lid, encode([st.kind, batch])

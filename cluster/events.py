@@ -54,6 +54,15 @@ class LinkBytes(NamedTuple):
     data: bytes
 
 
+class LinkSent(NamedTuple):
+    """``nbytes`` of the link's ``SendFrame`` data went to the kernel: the
+    core streams a large answer (cluster/dumps.py) only as fast as a link
+    drains, never into an ever-growing queue in the runner."""
+
+    link: int
+    nbytes: int
+
+
 class LinkClosed(NamedTuple):
     """The connection ended (EOF, error, failed dial); the runner has closed it."""
 
@@ -80,7 +89,10 @@ class Stop(NamedTuple):
     """Shut down: write a last snapshot, then ``Exit``."""
 
 
-Event = Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkClosed | SnapshotRead | PersistDone | Stop
+Event = (
+    Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkSent | LinkClosed
+    | SnapshotRead | PersistDone | Stop
+)
 
 
 # ---------------------------------------------------------------- actions
@@ -130,6 +142,6 @@ Action = Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | W
 
 __all__ = [
     "Accepted", "Action", "Addr", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
-    "LinkOpened", "Log", "PersistDone", "ReadSnapshot", "Send", "SendFrame", "ServeClients", "SnapshotRead",
+    "LinkOpened", "LinkSent", "Log", "PersistDone", "ReadSnapshot", "Send", "SendFrame", "ServeClients", "SnapshotRead",
     "Start", "Stop", "Tick", "WriteSnapshot",
 ]  # fmt: skip

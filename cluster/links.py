@@ -44,7 +44,7 @@ OPENING, HELLO_SENT, AWAIT_HELLO, CHALLENGED, UP = "opening", "hello_sent", "awa
 
 
 class Link:
-    __slots__ = ("id", "outbound", "peer", "phase", "decoder", "nonce", "their_nonce", "deadline", "remote")
+    __slots__ = ("id", "outbound", "peer", "phase", "decoder", "nonce", "their_nonce", "deadline", "remote", "unsent")
 
     def __init__(self, link_id: int, outbound: bool, peer: str | None, deadline: float, remote: str = "") -> None:
         self.id = link_id
@@ -56,6 +56,7 @@ class Link:
         self.their_nonce = b""
         self.deadline = deadline
         self.remote = remote
+        self.unsent = 0  # bytes of SendFrame the runner has not yet reported sent (LinkSent)
 
     @property
     def up(self) -> bool:

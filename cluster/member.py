@@ -60,6 +60,7 @@ from cluster.events import (
     LinkBytes,
     LinkClosed,
     LinkOpened,
+    LinkSent,
     Log,
     PersistDone,
     ReadSnapshot,
@@ -154,7 +155,14 @@ class MemberCore:
             if link is not None and link.outbound:
                 self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN)))
         elif isinstance(ev, Accepted):
-            self.links[ev.link] = Link(ev.link, False, None, now + self.s.handshake_timeout, ev.remote)
+            if self.phase in ("stopping", "stopped"):
+                self._out.append(Close(ev.link, "stopping"))
+            else:
+                self.links[ev.link] = Link(ev.link, False, None, now + self.s.handshake_timeout, ev.remote)
+        elif isinstance(ev, LinkSent):
+            link = self.links.get(ev.link)
+            if link is not None:
+                link.unsent -= ev.nbytes
         elif isinstance(ev, LinkClosed):
             link = self.links.get(ev.link)
             if link is not None:
@@ -186,7 +194,7 @@ class MemberCore:
                 d = min(d, self.next_digest[p])
         for link in self.links.values():
             d = min(d, link.deadline)
-        if self._streams:
+        if self._streams and self._streams.ready(self._drained):
             d = min(d, self.now)
         b = self.broker.next_deadline()
         return d if b is None else min(d, b)
@@ -219,6 +227,15 @@ class MemberCore:
 
     def _frame(self, link: int, data: bytes) -> None:
         self._out.append(SendFrame(link, data))
+        lk = self.links.get(link)
+        if lk is not None:
+            lk.unsent += len(data)
+
+    def _drained(self, lid: int) -> bool:
+        """May a dump stream send more on this link? (backpressure: at most
+        about one frame's worth waits in the runner's queue)"""
+        link = self.links.get(lid)
+        return link is not None and link.unsent < self.s.max_frame
 
     def _absorb(self, actions: list[Any]) -> None:
         """Pass the broker core's actions on; replicate its changes, answer STATUS."""
@@ -284,7 +301,7 @@ class MemberCore:
         b = self.broker.next_deadline()
         if b is not None and b <= now:
             self._absorb(self.broker.tick(now))
-        for lid, data in self._streams.turn() if self._streams else ():
+        for lid, data in self._streams.turn(self._drained) if self._streams else ():
             self._frame(lid, data)
 
     def _watch_peers(self, now: float) -> None:
@@ -323,7 +340,7 @@ class MemberCore:
         self._closed(link, why)
 
     def _closed(self, link: Link, why: str) -> None:
-        del self.links[link.id]
+        self.links.pop(link.id, None)
         self._streams.drop(link.id)
         peer = link.peer
         if not link.outbound or peer is None or self.out.get(peer) != link.id:
@@ -401,6 +418,8 @@ class MemberCore:
                 self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
                 self._expired.discard(link.peer)
         elif kind == P.PULL and n == 1:
+            if self._streams.running(link.id, P.DUMP):
+                raise PeerProtocolError("PULL while a dump is in progress on this link")
             if not self.ready:
                 self._frame(link.id, encode([P.DUMPEND, -1]))  # "not ready": pull from someone else
             else:
@@ -412,6 +431,8 @@ class MemberCore:
 
                 self._streams.start(link.id, P.DUMP, self.broker.dump(), end)
         elif kind == P.DIGEST and n == 2:
+            if self._streams.running(link.id, P.DIFF):
+                raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
             theirs = check_digest(f[1], DIGEST_BUCKETS)
             differ = [i for i, d in enumerate(self.broker.digest) if d != theirs[i]]
             self._streams.start(link.id, P.DIFF, self.broker.dump(set(differ)) if differ else iter(()),

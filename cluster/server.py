@@ -44,6 +44,7 @@ from cluster.events import (
     LinkBytes,
     LinkClosed,
     LinkOpened,
+    LinkSent,
     Log,
     PersistDone,
     ReadSnapshot,
@@ -287,6 +288,7 @@ class ClusterNode:
             try:
                 async for data in io.recv:
                     await stream.send_all(data)
+                    self._feed(LinkSent(lid, len(data)))
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 why.append(_why(exc))
             nursery.cancel_scope.cancel()

@@ -19,7 +19,8 @@ The fake world:
 * Disk: a snapshot write reaches the disk only when its ``PersistDone`` is
   delivered; a crash before that loses it. A crash loses everything else.
 * Nemesis: partitions (halves, one member isolated, a bridge), heals, member
-  crashes and restarts, client restarts, at seeded random times; at the end
+  crashes, graceful stops (last snapshot, then exit) and restarts, client
+  restarts, one client cut off from one member, at seeded random times; at the end
   everything heals and restarts, and a quiet period lets the cluster settle.
   Then the clients freeze (a failover in the last instant is a change too)
   and the members get a few anti-entropy rounds before cluster/simcheck.py
@@ -48,6 +49,7 @@ from cluster.events import (
     LinkBytes,
     LinkClosed,
     LinkOpened,
+    LinkSent,
     Log,
     PersistDone,
     ReadSnapshot,
@@ -56,6 +58,7 @@ from cluster.events import (
     ServeClients,
     SnapshotRead,
     Start,
+    Stop,
     Tick,
     WriteSnapshot,
 )  # fmt: skip
@@ -65,7 +68,7 @@ from node import versions
 
 WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
 TOPICS = ("t0", "t1", "t2")
-FAULTS = ("partition", "crash", "client")
+FAULTS = ("partition", "crash", "stop", "client", "cut-client")
 
 
 def sim_config(members: int) -> ClusterConfig:
@@ -138,9 +141,11 @@ class Simulation:
         self.conns: dict[tuple[str, int], Conn] = {}
         self.pending_dials: set[tuple[str, int]] = set()
         self.cut: set[frozenset[str]] = set()
+        self.client_cuts: set[tuple[int, str]] = set()  # (client index, member id)
         self._inbound = dict.fromkeys(self.members, -1)
         self.logs: list[tuple[str, str, dict[str, Any]]] | None = None  # (member, event, fields) if wanted
-        self.stats = {"crashes": 0, "partitions": 0, "client_restarts": 0, "datagrams": 0, "frames": 0}
+        self.stats = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0,
+                      "datagrams": 0, "frames": 0}  # fmt: skip
         self.clients: list[SimClient] = []
         ids = list(self.members)
         for i in range(clients):
@@ -213,7 +218,8 @@ class Simulation:
             return
         for a in core.handle(ev, self.now):
             self._perform(m, a)
-        self._schedule_tick(m)
+        if m.core is core:  # (not gone by an Exit just now)
+            self._schedule_tick(m)
 
     def _schedule_tick(self, m: SimMember) -> None:
         assert m.core is not None
@@ -249,7 +255,7 @@ class Simulation:
             data = b"".join(a.chunks)
             self.at(self.now + self.rng.uniform(0.001, 0.02), self._disk_written, m, m.incarnation, a.token, data)
         elif cls is Exit:
-            m.core = None
+            self._gone(m)
 
     def _disk_read(self, m: SimMember, inc: int) -> None:
         if m.incarnation == inc:
@@ -264,15 +270,27 @@ class Simulation:
         m = self.members[mid]
         if m.core is None:
             return
+        self.stats["crashes"] += 1
+        self._gone(m)
+
+    def stop(self, mid: str) -> None:
+        """SIGTERM: the member writes its last snapshot and exits (``Exit``)."""
+        m = self.members[mid]
+        if m.core is not None and m.core.phase not in ("stopping", "stopped"):
+            self.stats["stops"] += 1
+            self._feed(m, Stop())
+
+    def _gone(self, m: SimMember) -> None:
+        """The process is gone (crashed or exited): its memory with it, so
+        what it held for subscribers is lost as by a crash (the checker's view)."""
         m.core = None
         m.serving = False
         m.incarnation += 1
-        self.check.crashes[mid] = self.check.crashes.get(mid, 0) + 1
-        self.stats["crashes"] += 1
+        self.check.crashes[m.id] = self.check.crashes.get(m.id, 0) + 1
         for key, conn in list(self.conns.items()):
-            if key[0] == mid:
+            if key[0] == m.id:
                 self._break(conn, "connection reset")
-        self.pending_dials = {d for d in self.pending_dials if d[0] != mid}
+        self.pending_dials = {d for d in self.pending_dials if d[0] != m.id}
 
     def restart(self, mid: str) -> None:
         m = self.members[mid]
@@ -287,6 +305,11 @@ class Simulation:
     def _udp(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
         if self.frozen and (src in self.client_at or dst in self.client_at):
             return
+        if self.client_cuts:
+            c = self.client_at.get(src) or self.client_at.get(dst)
+            m = self.member_at.get(dst) or self.member_at.get(src)
+            if c is not None and m is not None and (c.index, m.id) in self.client_cuts:
+                return
         self.stats["datagrams"] += 1
         r = self.rng.random()
         if r < self.loss:
@@ -402,6 +425,9 @@ class Simulation:
     def _tcp_arrive(self, conn: Conn, end: tuple[str, int], data: bytes) -> None:
         if conn.up:
             self._feed(self.members[end[0]], LinkBytes(end[1], data))
+            if conn.up:  # the sender hears its bytes are out only once the receiver has them
+                sender = conn.ends[1] if conn.ends[0] == end else conn.ends[0]
+                self._feed(self.members[sender[0]], LinkSent(sender[1], len(data)))
 
     def _close(self, mid: str, lid: int, why: str) -> None:
         self.pending_dials.discard((mid, lid))
@@ -440,6 +466,14 @@ class Simulation:
 
     def heal(self) -> None:
         self.cut = set()
+
+    def cut_client(self, index: int, mid: str) -> None:
+        """No datagram between this client and this member (both ways), until healed."""
+        self.client_cuts.add((index, mid))
+        self.stats["client_cuts"] += 1
+
+    def heal_client(self, index: int, mid: str) -> None:
+        self.client_cuts.discard((index, mid))
 
     # ------------------------------------------------------------ clients
 
@@ -550,14 +584,19 @@ class Simulation:
                     groups = [{order[0], *rest[:k]}, {order[0], *rest[k:]}]
                 self.at(t, self.partition, groups)
                 self.at(t + rng.uniform(0.5, 4.0), self.heal)
-            elif kind == "crash":
+            elif kind in ("crash", "stop"):
                 victim = rng.choice(ids)
-                self.at(t, self.crash, victim)
+                self.at(t, self.crash if kind == "crash" else self.stop, victim)
                 self.at(t + rng.uniform(0.3, 4.0), self.restart, victim)
+            elif kind == "cut-client":  # one client loses one member (its home, often), for a while
+                index, victim = rng.randrange(len(self.clients)), rng.choice(ids)
+                self.at(t, self.cut_client, index, victim)
+                self.at(t + rng.uniform(0.5, 4.0), self.heal_client, index, victim)
             else:
                 self.at(t, self.restart_client, rng.randrange(len(self.clients)))
             t += rng.uniform(0.5, 3.0)
         self.at(self.fault_time, self.heal)
+        self.at(self.fault_time, self.client_cuts.clear)
         for mid in ids:
             self.at(self.fault_time, self.restart, mid)
 

@@ -178,6 +178,8 @@ def test_stop_writes_a_last_snapshot_and_exits_only_after_it_is_on_disk():
     out = core.handle(Stop(), sim.now)
     (write,) = [a for a in out if a.__class__.__name__ == "WriteSnapshot"]
     assert not [a for a in out if a.__class__.__name__ == "Exit"]
+    late = core.handle(Accepted(-77, "127.0.0.1:3"), sim.now)  # a peer dials while we stop
+    assert Close(-77, "stopping") in late and -77 not in core.links
     done = core.handle(PersistDone(write.token, None), sim.now)
     assert [a for a in done if a.__class__.__name__ == "Exit"] and core.phase == "stopped"
 
@@ -209,3 +211,38 @@ def test_snapshots_of_formats_2_and_3_are_still_read():
     assert [list(e) for c in decode_untrusted_snapshot(v3)[1] for e in c] == entries
     v2 = msgpack.packb([2, "m0", 5.0]) + msgpack.packb([e[:6] for e in entries], use_bin_type=True)
     assert [list(e) for c in decode_untrusted_snapshot(v2)[1] for e in c] == [[*e[:6], 0] for e in entries]
+
+
+def test_a_dump_goes_out_only_as_fast_as_its_link_drains():
+    """A PULL answered on a link whose runner sends nothing: the member queues
+    about one frame's worth, then waits for LinkSent (no growing queue, no
+    busy loop); a second PULL on the same link meanwhile is refused."""
+    from cluster.events import LinkSent
+
+    sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    core = sim.members["m0"].core
+    now = sim.now
+    core.handle(Datagrams([(f"SUB s{i}\n".encode(), ("127.0.0.1", 20000 + i)) for i in range(400)]), now)
+    core._streams.chunk, core.s.max_frame = 10, 2000  # frames of 10 entries; about 2000 bytes may wait
+    core.handle(Accepted(-99, "127.0.0.1:1"), now)
+    link = core.links[-99]
+    link.phase, link.peer = "up", "m1"  # (as if it had shaken hands)
+    frames = [a.data for a in core.handle(LinkBytes(-99, encode([P.PULL])), now) if isinstance(a, SendFrame)]
+    for _ in range(20):  # the runner is stuck: nothing reported sent
+        frames += [a.data for a in core.handle(Tick(), now) if isinstance(a, SendFrame) and a.link == -99]
+    queued = sum(map(len, frames))
+    assert 0 < queued < 2000 + max(map(len, frames)) and core.next_deadline() > now
+    out = core.handle(LinkBytes(-99, encode([P.PULL])), now)
+    assert any(isinstance(a, Close) and a.link == -99 for a in out)  # one dump per link at a time
+    # On a link that drains, the whole dump arrives:
+    core.handle(Accepted(-98, "127.0.0.1:2"), now)
+    link = core.links[-98]
+    link.phase, link.peer = "up", "m1"
+    sent = [a.data for a in core.handle(LinkBytes(-98, encode([P.PULL])), now) if isinstance(a, SendFrame)]
+    for _ in range(1000):
+        if sent and sent[-1][5:6] == bytes([P.DUMPEND]):
+            break
+        out = core.handle(LinkSent(-98, sum(map(len, sent))), now)
+        sent += [a.data for a in out if isinstance(a, SendFrame) and a.link == -98]
+    assert sent[-1][5:6] == bytes([P.DUMPEND]) and len(sent) > 40
