@@ -261,6 +261,7 @@ class MemberCore:
         q = self.queues[peer]
         while (push := q.next_push()) is not None:
             self._frame(lid, encode([P.PUSH, push[0], push[1]]))
+            self._awaiting(lid)
 
     # ------------------------------------------------------------ timers
 
@@ -273,7 +274,7 @@ class MemberCore:
                 if self.out[p] is None and now >= self.next_dial[p]:
                     self._dial(p)
         for link in [x for x in self.links.values() if x.deadline <= now]:
-            self._close(link, "idle timeout" if link.up else "handshake timeout")
+            self._close(link, ("no answer" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
             beat = encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing",
@@ -365,6 +366,7 @@ class MemberCore:
                 if link.up:
                     if link.outbound:
                         self._on_reply(link, f)
+                        self._answered(link)
                     else:
                         link.deadline = self.now + self.s.link_idle_timeout
                         self._on_request(link, f)
@@ -382,6 +384,23 @@ class MemberCore:
         except Exception as exc:  # nothing a peer sends may stop this member
             self._log("error", "peer_error", peer=link.peer, reason=repr(exc)[:200])
             self._close(link, "error")
+
+    def _answered(self, link: Link) -> None:
+        """A dialled link waiting for an answer (PUSHACK, DIFFEND, DUMPEND) is
+        closed after ``link_idle_timeout`` without a frame from the peer: a
+        half-open connection must not hold our pushes and digests for as long
+        as the kernel takes to notice. Sending does not extend the deadline."""
+        peer = link.peer
+        assert peer is not None
+        owed = bool(self.queues[peer].inflight) or peer in self.digest_pending or (
+            self.pull_peer == peer and self.pull_sent)  # fmt: skip
+        link.deadline = self.now + self.s.link_idle_timeout if owed else math.inf
+
+    def _awaiting(self, lid: int) -> None:
+        """We sent a request on this dialled link: an answer is owed from now."""
+        link = self.links[lid]
+        if link.deadline == math.inf:
+            link.deadline = self.now + self.s.link_idle_timeout
 
     def _link_up(self, link: Link) -> None:
         link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
@@ -457,8 +476,9 @@ class MemberCore:
             q = self.queues[peer]
             q.repaired()  # (first: an overflowed queue would drop what follows)
             if buckets:
-                # They sent their side of the differing buckets; ours goes back as pushes.
-                q.add(list(self.broker.dump(set(buckets))))
+                # They sent their side of the differing buckets; ours goes back as
+                # pushes, made as the push window opens (never all in one turn).
+                q.add_repair(self.broker.dump(set(buckets)))
                 self._log("info", "anti_entropy", peer=peer, buckets=len(buckets))
             self.digest_pending.discard(peer)
             self.next_digest[peer] = self.now + self.s.anti_entropy_interval
@@ -484,6 +504,7 @@ class MemberCore:
             return
         self.digest_pending.add(peer)
         self._frame(lid, encode([P.DIGEST, list(self.broker.digest)]))
+        self._awaiting(lid)
 
     # ------------------------------------------------------------ start-up
 
@@ -518,6 +539,7 @@ class MemberCore:
         assert lid is not None
         self.pull_sent = True
         self._frame(lid, encode([P.PULL]))
+        self._awaiting(lid)
 
     def _pull_failed(self, why: str, close: bool) -> None:
         peer = self.pull_peer

@@ -46,6 +46,9 @@ class PeerQueue:
         self.inflight: dict[int, list[Entry]] = {}
         self.next_seq = 1
         self.overflowed = False
+        # Our side of an anti-entropy repair: batches made from live state only
+        # as the window opens (a large repair must not be built in one turn).
+        self.repair: Iterator[list[Entry]] | None = None
 
     def __len__(self) -> int:
         """Subscriptions not yet acknowledged by the peer."""
@@ -61,19 +64,34 @@ class PeerQueue:
             self.pending.clear()
             self.pending_subs = 0
             self.overflowed = True
+            self.repair = None  # (the next digest round repairs everything)
+
+    def add_repair(self, entries: Iterable[Entry]) -> None:
+        """Push ``entries`` after what is queued, taken lazily; replaces a
+        repair still in progress (the new one covers the current difference)."""
+        if not self.overflowed:
+            self.repair = chunked(entries, self.chunk)
 
     def next_push(self) -> tuple[int, list[Entry]] | None:
         """The next PUSH to send, if the window allows one."""
-        if not self.pending or len(self.inflight) >= self.window:
+        if len(self.inflight) >= self.window:
             return None
         batch: list[Entry] = []
-        n = 0
-        while self.pending and n < self.chunk:
-            e = self.pending.popleft()
-            k = subs_in(e)
-            self.pending_subs -= k
-            n += k
-            batch.append(e)
+        if self.pending:
+            n = 0
+            while self.pending and n < self.chunk:
+                e = self.pending.popleft()
+                k = subs_in(e)
+                self.pending_subs -= k
+                n += k
+                batch.append(e)
+        elif self.repair is not None:
+            batch = next(self.repair, [])
+            if not batch:
+                self.repair = None
+                return None
+        else:
+            return None
         seq = self.next_seq
         self.next_seq += 1
         self.inflight[seq] = batch

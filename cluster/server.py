@@ -27,8 +27,8 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import trio
 
@@ -60,6 +60,8 @@ from cluster.events import (
 from cluster.member import MemberCore
 from cluster.snapshot import SNAPSHOT_FILE
 from node.logs import EventLog
+
+T = TypeVar("T")
 
 # Snapshot chunks handed to one worker-thread call.
 _CHUNKS_PER_WRITE = 8
@@ -337,7 +339,7 @@ class ClusterNode:
             except OSError as exc:
                 return SnapshotRead(None, f"{path}: {exc.strerror or exc}")
 
-        self._feed(await trio.to_thread.run_sync(read))
+        self._feed(await _in_thread(read))
 
     async def _write_snapshot(self, token: int, chunks: Iterator[bytes]) -> None:
         """temp file -> fsync -> rename -> fsync of the directory, off the event loop.
@@ -347,21 +349,28 @@ class ClusterNode:
         tmp = path + ".tmp"
         error: str | None = None
         try:
-            await trio.to_thread.run_sync(lambda: os.makedirs(d, exist_ok=True))
-            f = await trio.to_thread.run_sync(open, tmp, "wb")
+            await _in_thread(lambda: os.makedirs(d, exist_ok=True))
+            f = await _in_thread(open, tmp, "wb")
             try:
                 while True:
                     part = b"".join(c for _, c in zip(range(_CHUNKS_PER_WRITE), chunks, strict=False))
                     if not part:
                         break
-                    await trio.to_thread.run_sync(f.write, part)
-                await trio.to_thread.run_sync(_fsync_file, f)
+                    await _in_thread(f.write, part)
+                await _in_thread(_fsync_file, f)
             finally:
                 f.close()
-            await trio.to_thread.run_sync(_replace_and_sync_dir, tmp, path, d)
+            await _in_thread(_replace_and_sync_dir, tmp, path, d)
         except OSError as exc:
             error = f"{tmp}: {exc.strerror or exc}"
         self._feed(PersistDone(token, error))
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """File I/O in a worker thread that a cancel abandons: a disk that hangs
+    must not hold the member past ``stop_timeout`` (the write is then lost,
+    and the previous snapshot stays, as after a crash)."""
+    return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
 
 
 def _fsync_file(f: Any) -> None:

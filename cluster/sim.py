@@ -130,6 +130,8 @@ class Simulation:
         self.fault_time = fault_time
         self.end = fault_time + quiet
         self.settle = 2 * self.cc.settings.anti_entropy_interval + 1.0
+        # (frozen clients do not ping: they must not time out while the members settle)
+        assert self.settle < self.cc.node_config("m0").subscriber_timeout, "settle must be < subscriber_timeout"
         self.frozen = False  # after the end: clients neither send nor receive
         self.now = 0.0
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []

@@ -14,6 +14,7 @@ seed violated an invariant.
 from __future__ import annotations
 
 import argparse
+import shlex
 import os
 import sys
 import time
@@ -36,7 +37,7 @@ def _run(job: tuple[int, dict[str, Any], str | None]) -> tuple[int, list[str], d
 
 def replay_command(seed: int, args: argparse.Namespace) -> str:
     cmd = f"python scripts/simulate.py --replay {seed} --members {args.members} --clients {args.clients}"
-    cmd += f" --faults {','.join(args.faults)}"
+    cmd += f" --faults {shlex.quote(','.join(args.faults))}"  # ('' for none)
     return cmd + (f" --break {args.broken}" if args.broken else "")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import socket
@@ -246,3 +247,57 @@ def test_a_dump_goes_out_only_as_fast_as_its_link_drains():
         out = core.handle(LinkSent(-98, sum(map(len, sent))), now)
         sent += [a.data for a in out if isinstance(a, SendFrame) and a.link == -98]
     assert sent[-1][5:6] == bytes([P.DUMPEND]) and len(sent) > 40
+
+
+def test_our_side_of_a_repair_is_made_as_the_push_window_opens_not_in_one_turn():
+    sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    core = sim.members["m0"].core
+    now = sim.now
+    core.handle(Datagrams([(f"SUB s{i}\n".encode(), ("127.0.0.1", 20000 + i)) for i in range(400)]), now)
+    q = core.queues["m1"]
+    q.pending.clear()  # (as if pushed and acknowledged)
+    q.pending_subs = 0
+    q.inflight.clear()
+    q.chunk = 10
+    lid = core.out["m1"]
+    assert lid is not None
+    core.digest_pending.add("m1")
+    out = core.handle(LinkBytes(lid, encode([P.DIFFEND, list(range(256))])), now)  # every bucket differs
+    pushes = [a.data for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([P.PUSH])]
+    assert len(pushes) == q.window and q.repair is not None and not q.pending
+    entries = 0
+    for _ in range(200):  # the peer acknowledges; the rest follows a window at a time
+        seqs = list(q.inflight)
+        entries += sum(len(b) for b in q.inflight.values())
+        if not seqs:
+            break
+        for seq in seqs:
+            core.handle(LinkBytes(lid, encode([P.PUSHACK, seq])), now)
+    assert q.repair is None and entries >= 400
+
+
+def test_a_dialled_link_that_never_answers_is_closed_after_link_idle_timeout():
+    """Half-open TCP: the peer's heartbeats still reach us on its own link, but
+    our link to it answers nothing. Pushes and the digest must not wait on it
+    forever: it is closed, and what was in flight goes back to the queue."""
+    sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    core = sim.members["m0"].core
+    lid = core.out["m1"]
+    assert lid is not None and core.links[lid].deadline == math.inf  # nothing owed: no deadline
+    now = sim.now
+    out = core.handle(Datagrams([(b"SUB half-open\n", ("127.0.0.1", 20001))]), now)  # a PUSH to m1
+    assert any(isinstance(a, SendFrame) and a.link == lid for a in out) and core.queues["m1"].inflight
+    inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
+    beat = encode([P.HEARTBEAT, "ready", 0, 0])
+    idle = core.s.link_idle_timeout
+    closed: list[tuple[float, str]] = []
+    t = now
+    while t < now + idle + 0.5 and not closed:  # m1 stays alive to the failure detector
+        t += 0.05
+        out = core.handle(LinkBytes(inbound, beat), t) + core.handle(Tick(), t)
+        closed += [(t, a.why) for a in out if isinstance(a, Close) and a.link == lid]
+    assert closed and closed[0][1] == "no answer" and now + idle <= closed[0][0] < now + idle + 0.1
+    assert core.out["m1"] != lid
+    assert not core.queues["m1"].inflight and core.queues["m1"].pending  # to be pushed again on a new link
