@@ -6,34 +6,36 @@ A member is a broker core (node/core.py) plus everything that keeps its
 replica of the subscription state equal to the other members':
 
 * Start-up (FASTPUSS: "pick one of the other nodes randomly and ask for a
-  massive data transfer in pull fashion"). On ``Start`` the member reads its
-  own snapshot (``ReadSnapshot``) and PULLs a full dump from one peer after
-  another, in an order drawn from the random source it was given, until one
-  answers with a complete dump (a peer that is itself syncing answers
-  ``DUMPEND -1``). Merges commute, so snapshot and dump may arrive in any
-  order. With both done (or every peer tried) the member is ``ready``:
-  ``ServeClients``.
+  massive data transfer in pull fashion"): our snapshot and a PULL from one
+  peer after another, then ``ServeClients`` (cluster/lifecycle.py).
 * Changes. Every local SUB/UNSUB comes out of the broker core as a
   ``Replicate`` action; its entries go into one PeerQueue per peer and are
   PUSHed on our link to that peer, a window of frames in flight, each
   acknowledged by PUSHACK. A link that drops requeues what was in flight.
 * Anti-entropy. Every ``anti_entropy_interval``, on each link to a ready peer,
   we send our 256 bucket digests; the peer answers with its entries of the
-  buckets that differ (DIFF ... DIFFEND) and we queue ours of the same
-  buckets for it. A queue that overflowed is repaired this way at once.
+  buckets that differ (DIFF ... DIFFEND) and we push ours of the same
+  buckets, made as the push window opens. A queue that overflowed is
+  repaired this way at once. A DUMP or DIFF answer goes out only as fast as
+  its link drains (``LinkSent``, cluster/dumps.py).
+* Links we dialled carry our requests; one that owes an answer (PUSHACK,
+  DIFFEND, DUMPEND) and stays silent for ``link_idle_timeout`` is closed
+  (half-open TCP), and what was in flight is pushed again on the next.
 * Failure detection. HEARTBEATs go on every link we dialled every
   ``heartbeat_interval`` (their own timer); cluster/membership.py turns
   silence into suspect and down. A peer that goes down has its link closed
   (it may be a dead TCP connection); a peer down for longer than
   ``subscriber_timeout`` loses its clients' subscriptions (one member, the
   lowest ready id, writes the tombstones).
-* Durability. Every ``snapshot_interval``, if registers changed, the state
-  goes out as ``WriteSnapshot``; only ``PersistDone`` moves the persisted
-  mark. ``Stop`` writes a last snapshot and then ``Exit``s.
+* Durability and stopping. Every ``snapshot_interval``, if registers changed,
+  the state goes out as ``WriteSnapshot``; only ``PersistDone`` moves the
+  persisted mark. ``Stop`` drains the pushes we owe, writes a last snapshot
+  and then ``Exit``s (cluster/lifecycle.py).
 
 Phases of the member::
 
-    starting --Start--> syncing --pull done and snapshot read--> ready --Stop--> stopping --PersistDone--> stopped
+    starting --Start--> syncing --pull done and snapshot read--> ready
+    syncing|ready --Stop--> stopping --last snapshot done, pushes drained--> stopped
 
 Each link has its own phase (cluster/links.py). Randomness (PULL order,
 handshake nonces) comes from the ``rng`` argument and time from ``now``: the
@@ -56,31 +58,27 @@ from cluster.events import (
     Datagrams,
     Dial,
     Event,
-    Exit,
     LinkBytes,
     LinkClosed,
     LinkOpened,
     LinkSent,
     Log,
     PersistDone,
-    ReadSnapshot,
     Send,
     SendFrame,
-    ServeClients,
     SnapshotRead,
     Start,
     Stop,
-    WriteSnapshot,
 )  # fmt: skip
+from cluster.lifecycle import Lifecycle
 from cluster.links import Link
 from cluster.membership import Membership
 from cluster.peerwire import NONCE_LEN, P, PeerProtocolError, check_digest, check_entries, encode
 from cluster.replication import PeerQueue
-from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
 from node.core import DIGEST_BUCKETS, BrokerCore, Replicate, StatusQuery
 
 
-class MemberCore:
+class MemberCore(Lifecycle):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -126,19 +124,7 @@ class MemberCore:
         self.next_membership = now + s.heartbeat_interval
         self.next_gc = now + s.tombstone_horizon / 10
         self.next_snapshot = now + s.snapshot_interval
-        # PULL
-        self.pull_order: list[str] = []
-        self.pull_peer: str | None = None
-        self.pull_sent = False
-        self.pull_deadline = math.inf
-        self.pull_count = 0
-        self.pull_done = False
-        self.pulled_from: str | None = None
-        self.snapshot_done = False
-        # Snapshots: ``persisted`` is broker.changes as of the last fsynced snapshot.
-        self.persisted = 0
-        self.writing: int | None = None
-        self.final_snapshot = False
+        self._init_lifecycle()  # PULL and snapshot state (cluster/lifecycle.py)
         self._expired: set[str] = set()
         self._out: list[Action] = []
 
@@ -147,7 +133,8 @@ class MemberCore:
     def handle(self, ev: Event, now: float) -> list[Action]:
         self.now = now
         if isinstance(ev, Datagrams):
-            self._absorb(self.broker.handle_datagrams(ev.batch, now))
+            if self.phase in ("syncing", "ready"):  # (stopping: no answer, the client fails over)
+                self._absorb(self.broker.handle_datagrams(ev.batch, now))
         elif isinstance(ev, LinkBytes):
             self._on_bytes(ev.link, ev.data)
         elif isinstance(ev, LinkOpened):
@@ -304,6 +291,8 @@ class MemberCore:
             self._absorb(self.broker.tick(now))
         for lid, data in self._streams.turn(self._drained) if self._streams else ():
             self._frame(lid, data)
+        if self.phase == "stopping":
+            self._drain()
 
     def _watch_peers(self, now: float) -> None:
         for peer, old, new in self.membership.tick(now):
@@ -505,128 +494,3 @@ class MemberCore:
         self.digest_pending.add(peer)
         self._frame(lid, encode([P.DIGEST, list(self.broker.digest)]))
         self._awaiting(lid)
-
-    # ------------------------------------------------------------ start-up
-
-    def _start(self) -> None:
-        if self.phase != "starting":
-            return
-        self.phase = "syncing"
-        self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
-                  members=len(self.cc.members))  # fmt: skip
-        self._out.append(ReadSnapshot())
-        self.pull_order = list(self.peers)
-        self.rng.shuffle(self.pull_order)
-        self._next_pull()
-
-    def _next_pull(self) -> None:
-        self.pull_sent = False
-        self.pull_count = 0
-        if not self.pull_order:
-            self.pull_peer = None
-            self.pull_deadline = math.inf
-            self._pull_finished()
-            return
-        self.pull_peer = peer = self.pull_order.pop(0)
-        self.pull_deadline = self.now + self.s.pull_timeout
-        lid = self.out[peer]
-        if lid is not None and self.links[lid].up:
-            self._send_pull()
-
-    def _send_pull(self) -> None:
-        assert self.pull_peer is not None
-        lid = self.out[self.pull_peer]
-        assert lid is not None
-        self.pull_sent = True
-        self._frame(lid, encode([P.PULL]))
-        self._awaiting(lid)
-
-    def _pull_failed(self, why: str, close: bool) -> None:
-        peer = self.pull_peer
-        if peer is None:
-            return
-        self._log("info", "pull_failed", peer=peer, reason=why)
-        self.pull_peer = None
-        lid = self.out[peer]
-        if close and lid is not None:
-            self._close(self.links[lid], "pull " + why)  # late DUMP frames must not arrive
-        self._next_pull()
-
-    def _pull_finished(self) -> None:
-        self.pull_peer = None
-        self.pull_deadline = math.inf
-        self.pull_done = True
-        self._maybe_ready()
-
-    def _on_snapshot(self, data: bytes | None, reason: str) -> None:
-        if self.snapshot_done:
-            return
-        self.snapshot_done = True
-        if data is None:
-            if reason != "missing":
-                self._log("error", "snapshot_unreadable", reason=reason)
-        else:
-            try:
-                written, chunks = decode_untrusted_snapshot(data)
-            except ValueError as exc:
-                self._log("error", "snapshot_unreadable", reason=str(exc)[:200])
-            else:
-                for entries in chunks:
-                    self._absorb(self.broker.merge(entries, self.now))
-                age = self.now + self.wall_offset - written
-                self._log("info", "loaded_snapshot", subscriptions=self.broker.index.count, age_s=round(age, 1))
-        self._maybe_ready()
-
-    def _maybe_ready(self) -> None:
-        if self.phase != "syncing" or not (self.pull_done and self.snapshot_done):
-            return
-        if self.pulled_from is None and self.broker.index.count == 0:
-            self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")
-        self.phase = "ready"
-        self._out.append(ServeClients())
-        self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
-        for p in self.peers:
-            self.next_digest[p] = self.now + self.s.anti_entropy_interval
-
-    # ------------------------------------------------------------ snapshots
-
-    def _write_snapshot(self) -> None:
-        self.writing = token = self.broker.changes
-        chunks = snapshot_chunks(self.id, self.now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions)
-        self._out.append(WriteSnapshot(token, chunks))
-
-    def _on_persisted(self, token: int, error: str | None) -> None:
-        if token != self.writing:
-            return
-        self.writing = None
-        if error is not None:
-            self._log("error", "snapshot_failed", reason=error[:200])
-        else:
-            self.persisted = max(self.persisted, token)
-            self._log("debug", "snapshot_written", changes=token)
-        if self.phase == "stopping":
-            if self.final_snapshot or error is not None or self.broker.changes == self.persisted:
-                self._exit()
-            else:
-                self.final_snapshot = True
-                self._write_snapshot()
-
-    def _stop(self) -> None:
-        if self.phase in ("stopping", "stopped"):
-            return
-        was_ready = self.ready
-        self.phase = "stopping"
-        for link in list(self.links.values()):
-            self._close(link, "stopping")
-        if self.writing is not None:
-            return  # PersistDone decides whether one more write is needed
-        if was_ready and self.broker.changes != self.persisted:
-            self.final_snapshot = True
-            self._write_snapshot()
-        else:
-            self._exit()
-
-    def _exit(self) -> None:
-        self.phase = "stopped"
-        self._log("info", "node_stopped", subscriptions=self.broker.index.count)
-        self._out.append(Exit())

@@ -298,6 +298,8 @@ class Simulation:
         m = self.members[mid]
         if m.core is None:
             self._start_member(m)
+        elif m.core.phase == "stopping":  # still draining: start it once it has exited
+            self.at(self.now + 0.5, self.restart, mid)
 
     # ------------------------------------------------------------ network
 

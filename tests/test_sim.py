@@ -11,7 +11,20 @@ import sys
 
 import pytest
 
-from cluster.events import Accepted, Close, Datagrams, LinkBytes, Log, PersistDone, SendFrame, Start, Stop, Tick
+from cluster.events import (
+    Accepted,
+    Close,
+    Datagrams,
+    Exit,
+    LinkBytes,
+    Log,
+    PersistDone,
+    SendFrame,
+    Start,
+    Stop,
+    Tick,
+    WriteSnapshot,
+)  # fmt: skip
 from cluster.member import MemberCore
 from cluster.peerwire import P, encode
 from cluster.sim import Simulation, run_seed, sim_config
@@ -301,3 +314,27 @@ def test_a_dialled_link_that_never_answers_is_closed_after_link_idle_timeout():
     assert closed and closed[0][1] == "no answer" and now + idle <= closed[0][0] < now + idle + 0.1
     assert core.out["m1"] != lid
     assert not core.queues["m1"].inflight and core.queues["m1"].pending  # to be pushed again on a new link
+
+
+def test_stop_drains_the_pushes_it_owes_before_it_exits_and_takes_no_more_client_commands():
+    sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    core = sim.members["m0"].core
+    now = sim.now
+    core.handle(Datagrams([(b"SUB owed\n", ("127.0.0.1", 20001))]), now)  # pushes in flight to m1 and m2
+    to = {p: lid for p in ("m1", "m2") if (lid := core.out[p]) is not None}
+    assert len(to) == 2
+    assert all(core.queues[p].inflight for p in to)
+    out = core.handle(Stop(), now)
+    closed = {a.link for a in out if isinstance(a, Close)}
+    assert not closed & set(to.values()) and not any(isinstance(a, Exit) for a in out)
+    (write,) = [a for a in out if isinstance(a, WriteSnapshot)]
+    assert core.handle(Datagrams([(b"SUB late\n", ("127.0.0.1", 20002))]), now) == []  # no answer: fail over
+    assert ("127.0.0.1", 20002) not in core.broker.clients
+    out = core.handle(PersistDone(write.token, None), now)
+    assert not any(isinstance(a, Exit) for a in out)  # the pushes are not acknowledged yet
+    for p, lid in to.items():
+        for seq in list(core.queues[p].inflight):
+            out = core.handle(LinkBytes(lid, encode([P.PUSHACK, seq])), now)
+        assert Close(lid, "stopping") in out
+    assert any(isinstance(a, Exit) for a in out) and core.phase == "stopped"

@@ -1,0 +1,222 @@
+"""A member's life: start-up (snapshot and PULL, then ready), snapshots, and stopping (sans-IO).
+
+Theory of operation
+-------------------
+``Start`` reads our own snapshot (``ReadSnapshot``) and PULLs a full dump from
+one peer after another, in an order drawn from the member's random source,
+until one answers with a complete dump; a peer that is syncing itself answers
+``DUMPEND -1`` and the next is tried; ``pull_timeout`` or a dropped link moves
+on too. Merges commute, so the snapshot and the dump may arrive in either
+order. With both done (or every peer tried) the member is ready and the
+runner binds the client port (``ServeClients``).
+
+Snapshots: every ``snapshot_interval``, if the registers changed since the
+last fsynced snapshot, the state goes out as one ``WriteSnapshot``; only its
+``PersistDone`` moves ``persisted``. One write at a time.
+
+``Stop`` (SIGTERM) drains before it exits: the member stops taking client
+datagrams (a client that gets no answer fails over) and closes the links
+peers dialled, but keeps each link it dialled until its push queue is empty,
+so changes it acknowledged reach the peers; a link that stops answering is
+closed by its deadline (``link_idle_timeout``), and the runner's
+``stop_timeout`` bounds the whole. It writes a last snapshot, and ``Exit``s
+when that is on disk (or failed) and no dialled link is left::
+
+    starting --Start--> syncing --pull done and snapshot read--> ready
+    syncing|ready --Stop--> stopping --last snapshot done, pushes drained--> stopped
+
+This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING, Any
+
+from cluster.events import Action, Exit, ReadSnapshot, ServeClients, WriteSnapshot
+from cluster.peerwire import P, encode
+from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
+
+if TYPE_CHECKING:
+    from cluster.config import ClusterConfig, ClusterSettings
+    from cluster.links import Link
+    from cluster.replication import PeerQueue
+    from node.core import BrokerCore
+
+
+class Lifecycle:
+    if TYPE_CHECKING:  # what MemberCore provides
+        cc: ClusterConfig
+        s: ClusterSettings
+        id: str
+        rng: random.Random
+        now: float
+        wall_offset: float
+        phase: str
+        peers: list[str]
+        peer_addr: dict[str, tuple[str, int]]
+        broker: BrokerCore
+        links: dict[int, Link]
+        out: dict[str, int | None]
+        queues: dict[str, PeerQueue]
+        next_digest: dict[str, float]
+        _out: list[Action]
+
+        @property
+        def ready(self) -> bool: ...
+        def _log(self, level: str, event: str, **fields: Any) -> None: ...
+        def _frame(self, link: int, data: bytes) -> None: ...
+        def _close(self, link: Link, why: str) -> None: ...
+        def _absorb(self, actions: list[Any]) -> None: ...
+        def _awaiting(self, lid: int) -> None: ...
+
+    def _init_lifecycle(self) -> None:
+        # PULL
+        self.pull_order: list[str] = []
+        self.pull_peer: str | None = None
+        self.pull_sent = False
+        self.pull_deadline = math.inf
+        self.pull_count = 0
+        self.pull_done = False
+        self.pulled_from: str | None = None
+        self.snapshot_done = False
+        # Snapshots: ``persisted`` is broker.changes as of the last fsynced snapshot.
+        self.persisted = 0
+        self.writing: int | None = None
+        self.final_snapshot = False
+        self.final_done = False  # stopping: the last snapshot is written (or failed, or not needed)
+
+    # ------------------------------------------------------------ start-up
+
+    def _start(self) -> None:
+        if self.phase != "starting":
+            return
+        self.phase = "syncing"
+        self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
+                  members=len(self.cc.members))  # fmt: skip
+        self._out.append(ReadSnapshot())
+        self.pull_order = list(self.peers)
+        self.rng.shuffle(self.pull_order)
+        self._next_pull()
+
+    def _next_pull(self) -> None:
+        self.pull_sent = False
+        self.pull_count = 0
+        if not self.pull_order:
+            self.pull_peer = None
+            self.pull_deadline = math.inf
+            self._pull_finished()
+            return
+        self.pull_peer = peer = self.pull_order.pop(0)
+        self.pull_deadline = self.now + self.s.pull_timeout
+        lid = self.out[peer]
+        if lid is not None and self.links[lid].up:
+            self._send_pull()
+
+    def _send_pull(self) -> None:
+        assert self.pull_peer is not None
+        lid = self.out[self.pull_peer]
+        assert lid is not None
+        self.pull_sent = True
+        self._frame(lid, encode([P.PULL]))
+        self._awaiting(lid)
+
+    def _pull_failed(self, why: str, close: bool) -> None:
+        peer = self.pull_peer
+        if peer is None:
+            return
+        self._log("info", "pull_failed", peer=peer, reason=why)
+        self.pull_peer = None
+        lid = self.out[peer]
+        if close and lid is not None:
+            self._close(self.links[lid], "pull " + why)  # late DUMP frames must not arrive
+        self._next_pull()
+
+    def _pull_finished(self) -> None:
+        self.pull_peer = None
+        self.pull_deadline = math.inf
+        self.pull_done = True
+        self._maybe_ready()
+
+    def _on_snapshot(self, data: bytes | None, reason: str) -> None:
+        if self.snapshot_done:
+            return
+        self.snapshot_done = True
+        if data is None:
+            if reason != "missing":
+                self._log("error", "snapshot_unreadable", reason=reason)
+        else:
+            try:
+                written, chunks = decode_untrusted_snapshot(data)
+            except ValueError as exc:
+                self._log("error", "snapshot_unreadable", reason=str(exc)[:200])
+            else:
+                for entries in chunks:
+                    self._absorb(self.broker.merge(entries, self.now))
+                age = self.now + self.wall_offset - written
+                self._log("info", "loaded_snapshot", subscriptions=self.broker.index.count, age_s=round(age, 1))
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        if self.phase != "syncing" or not (self.pull_done and self.snapshot_done):
+            return
+        if self.pulled_from is None and self.broker.index.count == 0:
+            self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")
+        self.phase = "ready"
+        self._out.append(ServeClients())
+        self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
+        for p in self.peers:
+            self.next_digest[p] = self.now + self.s.anti_entropy_interval
+
+    # ------------------------------------------------------------ snapshots
+
+    def _write_snapshot(self) -> None:
+        self.writing = token = self.broker.changes
+        chunks = snapshot_chunks(self.id, self.now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions)
+        self._out.append(WriteSnapshot(token, chunks))
+
+    def _on_persisted(self, token: int, error: str | None) -> None:
+        if token != self.writing:
+            return
+        self.writing = None
+        if error is not None:
+            self._log("error", "snapshot_failed", reason=error[:200])
+        else:
+            self.persisted = max(self.persisted, token)
+            self._log("debug", "snapshot_written", changes=token)
+        if self.phase == "stopping":
+            if self.final_snapshot or error is not None or self.broker.changes == self.persisted:
+                self.final_done = True
+            else:
+                self.final_snapshot = True
+                self._write_snapshot()
+
+    # ------------------------------------------------------------ stopping
+
+    def _stop(self) -> None:
+        if self.phase in ("stopping", "stopped"):
+            return
+        was_ready = self.ready
+        self.phase = "stopping"
+        for link in [x for x in self.links.values() if not x.outbound or not x.up]:
+            self._close(link, "stopping")
+        if self.writing is not None:
+            return  # PersistDone decides whether one more write is needed
+        if was_ready and self.broker.changes != self.persisted:
+            self.final_snapshot = True
+            self._write_snapshot()
+        else:
+            self.final_done = True
+
+    def _drain(self) -> None:
+        """Stopping: close each dialled link whose pushes are all acknowledged;
+        exit once none is left and the last snapshot is done."""
+        for peer, lid in self.out.items():
+            q = self.queues[peer]
+            if lid is not None and not q.pending and not q.inflight and q.repair is None:
+                self._close(self.links[lid], "stopping")
+        if self.final_done and not self.links:
+            self.phase = "stopped"
+            self._log("info", "node_stopped", subscriptions=self.broker.index.count)
+            self._out.append(Exit())
