@@ -14,8 +14,8 @@ seed violated an invariant.
 from __future__ import annotations
 
 import argparse
-import shlex
 import os
+import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
