@@ -17,8 +17,8 @@ last fsynced snapshot, the state goes out as one ``WriteSnapshot``; only its
 ``Stop`` (SIGTERM) drains before it exits: the member stops taking client
 datagrams (a client that gets no answer fails over) and closes the links
 peers dialled, but keeps each link it dialled until its push queue is empty,
-so changes it acknowledged reach the peers; a link that stops answering is
-closed by its deadline (``link_idle_timeout``), and the runner's
+so changes it acknowledged reach the peers; a link that goes silent is
+closed by its deadline (``down_after``), and the runner's
 ``stop_timeout`` bounds the whole. It writes a last snapshot, and ``Exit``s
 when that is on disk (or failed) and no dialled link is left::
 
@@ -69,7 +69,6 @@ class Lifecycle:
         def _frame(self, link: int, data: bytes) -> None: ...
         def _close(self, link: Link, why: str) -> None: ...
         def _absorb(self, actions: list[Any]) -> None: ...
-        def _awaiting(self, lid: int) -> None: ...
 
     def _init_lifecycle(self) -> None:
         # PULL
@@ -120,7 +119,6 @@ class Lifecycle:
         assert lid is not None
         self.pull_sent = True
         self._frame(lid, encode([P.PULL]))
-        self._awaiting(lid)
 
     def _pull_failed(self, why: str, close: bool) -> None:
         peer = self.pull_peer

@@ -18,8 +18,9 @@ Phases (the dialler on the left, the listener on the right)::
 Until UP a link accepts only frames of HANDSHAKE_MAX_FRAME bytes, and only the
 next handshake frame; its deadline is the handshake deadline. Once UP, the
 deadline of an accepted link is its idle deadline (the dialler sends a
-heartbeat at least every heartbeat_interval); a dialled link has none (it
-learns of a dead peer from the failure detector, which closes it).
+heartbeat at least every heartbeat_interval); that of a dialled link is
+``down_after`` past the last frame from the peer (who answers each heartbeat
+with a BEAT), so a link dead in either direction is closed and dialled again.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ replica of the subscription state equal to the other members':
   buckets, made as the push window opens. A queue that overflowed is
   repaired this way at once. A DUMP or DIFF answer goes out only as fast as
   its link drains (``LinkSent``, cluster/dumps.py).
-* Links we dialled carry our requests; one that owes an answer (PUSHACK,
-  DIFFEND, DUMPEND) and stays silent for ``link_idle_timeout`` is closed
-  (half-open TCP), and what was in flight is pushed again on the next.
+* Links we dialled carry our requests and heartbeats; the peer answers each
+  HEARTBEAT with a BEAT, and a dialled link silent for ``down_after`` is
+  closed (half-open TCP, a one-way cut) and dialled again; what was in
+  flight is pushed again on the next link.
 * Failure detection. HEARTBEATs go on every link we dialled every
   ``heartbeat_interval`` (their own timer); cluster/membership.py turns
   silence into suspect and down. A peer that goes down has its link closed
@@ -44,6 +45,7 @@ simulator (cluster/sim.py) runs a whole cluster of these, seeded.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from typing import Any
@@ -76,6 +78,8 @@ from cluster.membership import Membership
 from cluster.peerwire import NONCE_LEN, P, PeerProtocolError, check_digest, check_entries, encode
 from cluster.replication import PeerQueue
 from node.core import DIGEST_BUCKETS, BrokerCore, Replicate, StatusQuery
+
+_BEAT = encode([P.BEAT])
 
 
 class MemberCore(Lifecycle):
@@ -205,7 +209,9 @@ class MemberCore(Lifecycle):
             members.append({"id": m.id, "state": v.state, "subscriptions": v.subscriptions, "clients": v.clients,
                             "queue": len(self.queues[m.id]), "link": lid is not None and self.links[lid].up,
                             "client_addr": addr})  # fmt: skip
-        return {"state": self.phase, "mode": self.s.mode, "members": members}
+        # (one hash of the 256 bucket digests: members that agree on every register show the same)
+        digest = hashlib.blake2b(b"".join(d.to_bytes(8, "big") for d in self.broker.digest), digest_size=8)
+        return {"state": self.phase, "mode": self.s.mode, "digest": digest.hexdigest(), "members": members}
 
     # ------------------------------------------------------------ plumbing
 
@@ -248,7 +254,6 @@ class MemberCore(Lifecycle):
         q = self.queues[peer]
         while (push := q.next_push()) is not None:
             self._frame(lid, encode([P.PUSH, push[0], push[1]]))
-            self._awaiting(lid)
 
     # ------------------------------------------------------------ timers
 
@@ -261,7 +266,7 @@ class MemberCore(Lifecycle):
                 if self.out[p] is None and now >= self.next_dial[p]:
                     self._dial(p)
         for link in [x for x in self.links.values() if x.deadline <= now]:
-            self._close(link, ("no answer" if link.outbound else "idle timeout") if link.up else "handshake timeout")
+            self._close(link, ("silent" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
             beat = encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing",
@@ -354,8 +359,8 @@ class MemberCore(Lifecycle):
             while lid in self.links and (f := link.decoder.next_frame()) is not None:
                 if link.up:
                     if link.outbound:
+                        self._heard(link)
                         self._on_reply(link, f)
-                        self._answered(link)
                     else:
                         link.deadline = self.now + self.s.link_idle_timeout
                         self._on_request(link, f)
@@ -374,22 +379,13 @@ class MemberCore(Lifecycle):
             self._log("error", "peer_error", peer=link.peer, reason=repr(exc)[:200])
             self._close(link, "error")
 
-    def _answered(self, link: Link) -> None:
-        """A dialled link waiting for an answer (PUSHACK, DIFFEND, DUMPEND) is
-        closed after ``link_idle_timeout`` without a frame from the peer: a
-        half-open connection must not hold our pushes and digests for as long
-        as the kernel takes to notice. Sending does not extend the deadline."""
-        peer = link.peer
-        assert peer is not None
-        owed = bool(self.queues[peer].inflight) or peer in self.digest_pending or (
-            self.pull_peer == peer and self.pull_sent)  # fmt: skip
-        link.deadline = self.now + self.s.link_idle_timeout if owed else math.inf
-
-    def _awaiting(self, lid: int) -> None:
-        """We sent a request on this dialled link: an answer is owed from now."""
-        link = self.links[lid]
-        if link.deadline == math.inf:
-            link.deadline = self.now + self.s.link_idle_timeout
+    def _heard(self, link: Link) -> None:
+        """A frame came on a link we dialled. The peer answers every HEARTBEAT
+        there with a BEAT, so a link that stays silent for ``down_after`` is
+        dead one way or another (half-open TCP, a one-way partition, a cut
+        that TCP has not noticed): it is closed and dialled again, and what
+        was in flight is pushed again on the new link."""
+        link.deadline = self.now + self.s.down_after
 
     def _link_up(self, link: Link) -> None:
         link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
@@ -398,7 +394,7 @@ class MemberCore(Lifecycle):
             return
         peer = link.peer
         assert peer is not None
-        link.deadline = math.inf
+        self._heard(link)
         self._log("info", "link_up", peer=peer)
         self.was_up[peer] = True
         beat = [P.HEARTBEAT, "ready" if self.ready else "syncing", self.broker.index.count,
@@ -421,6 +417,7 @@ class MemberCore(Lifecycle):
             if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int:
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
+            self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)
             ch = self.membership.heard(link.peer, self.now, state, subs, clients)
             if ch:
                 self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
@@ -453,7 +450,9 @@ class MemberCore(Lifecycle):
         kind, n = f[0], len(f)
         peer = link.peer
         assert peer is not None
-        if kind == P.PUSHACK and n == 2:
+        if kind == P.BEAT and n == 1:
+            pass  # (_heard did what it is for)
+        elif kind == P.PUSHACK and n == 2:
             self.queues[peer].acked(f[1])
             self._pump_pushes(peer)
         elif kind == P.DIFF and n == 2:
@@ -493,4 +492,3 @@ class MemberCore(Lifecycle):
             return
         self.digest_pending.add(peer)
         self._frame(lid, encode([P.DIGEST, list(self.broker.digest)]))
-        self._awaiting(lid)

@@ -27,7 +27,7 @@ import msgpack
 from client import wire
 from client.wire import WireError
 
-PROTOCOL = "roost-peer/2"  # 2: entries carry the client session
+PROTOCOL = "roost-peer/3"  # 3: HEARTBEAT is answered by BEAT; 2: entries carry the client session
 NONCE_LEN = 16
 HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is read
 _LEN = struct.Struct(">I")
@@ -46,6 +46,7 @@ class P(IntEnum):
     DIFF = 16  # [entries of buckets that differ]
     DIFFEND = 17  # [buckets that differ]
     HEARTBEAT = 18  # [state, subscriptions, clients]
+    BEAT = 19  # []: the answer to a HEARTBEAT, on the dialler's link (its liveness)
 
 
 class PeerProtocolError(Exception):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import socket
@@ -285,30 +284,41 @@ def test_our_side_of_a_repair_is_made_as_the_push_window_opens_not_in_one_turn()
     assert q.repair is None and entries >= 400
 
 
-def test_a_dialled_link_that_never_answers_is_closed_after_link_idle_timeout():
-    """Half-open TCP: the peer's heartbeats still reach us on its own link, but
-    our link to it answers nothing. Pushes and the digest must not wait on it
-    forever: it is closed, and what was in flight goes back to the queue."""
+def test_a_dialled_link_that_goes_silent_is_closed_after_down_after():
+    """Half-open TCP or a one-way cut: the peer's heartbeats still reach us on
+    its own link, but our link to it carries nothing back (not even the BEAT
+    that answers our heartbeats). Pushes must not wait on it for as long as TCP
+    takes to notice: it is closed, and what was in flight goes back to the queue."""
     sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
     assert sim.run_until(3.0)
     core = sim.members["m0"].core
     lid = core.out["m1"]
-    assert lid is not None and core.links[lid].deadline == math.inf  # nothing owed: no deadline
+    assert lid is not None
     now = sim.now
     out = core.handle(Datagrams([(b"SUB half-open\n", ("127.0.0.1", 20001))]), now)  # a PUSH to m1
     assert any(isinstance(a, SendFrame) and a.link == lid for a in out) and core.queues["m1"].inflight
+    core.handle(LinkBytes(lid, encode([P.BEAT])), now)  # the last frame m1 gets through to us
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
     beat = encode([P.HEARTBEAT, "ready", 0, 0])
-    idle = core.s.link_idle_timeout
+    silence = core.s.down_after
     closed: list[tuple[float, str]] = []
     t = now
-    while t < now + idle + 0.5 and not closed:  # m1 stays alive to the failure detector
+    while t < now + silence + 0.5 and not closed:  # m1 stays alive to the failure detector
         t += 0.05
         out = core.handle(LinkBytes(inbound, beat), t) + core.handle(Tick(), t)
         closed += [(t, a.why) for a in out if isinstance(a, Close) and a.link == lid]
-    assert closed and closed[0][1] == "no answer" and now + idle <= closed[0][0] < now + idle + 0.1
+    assert closed and closed[0][1] == "silent" and now + silence <= closed[0][0] < now + silence + 0.1
     assert core.out["m1"] != lid
     assert not core.queues["m1"].inflight and core.queues["m1"].pending  # to be pushed again on a new link
+
+
+def test_heartbeats_on_a_peers_link_are_answered_with_a_beat():
+    sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    core = sim.members["m0"].core
+    inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
+    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0])), sim.now)
+    assert SendFrame(inbound, encode([P.BEAT])) in out
 
 
 def test_stop_drains_the_pushes_it_owes_before_it_exits_and_takes_no_more_client_commands():
