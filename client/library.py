@@ -17,7 +17,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -55,7 +55,7 @@ class Client:
         self,
         node: Addr | str = ("127.0.0.1", 7400),
         *,
-        members: list[Addr | str] | None = None,
+        members: Sequence[Addr | str] | None = None,
         client_id: bytes | None = None,
         config: ClientConfig | None = None,
     ) -> None:

@@ -26,9 +26,12 @@ DEFAULT_RUN_DIR = "run/cluster"
 
 
 def write_local_config(
-    path: Path, n: int = 3, secret: str = "local-secret-0123456789", cluster_extra: str = "", node_extra: str = ""
+    path: Path, n: int = 3, secret: str = "local-secret-0123456789", cluster_extra: str = "", node_extra: str = "",
+    hosts: list[str] | None = None,
 ) -> dict[str, tuple[int, int]]:
-    """A cluster config for ``n`` members on free loopback ports (tests, scripts).
+    """A cluster config for ``n`` members on free loopback ports (tests, scripts);
+    ``hosts``: one loopback address per member (chaos runs tell members apart by
+    address), 127.0.0.1 for all by default.
 
     Returns {member id: (client UDP port, peer TCP port)}.
     """
@@ -36,16 +39,17 @@ def write_local_config(
 
     from node.procs import free_udp_port
 
-    def free_tcp() -> int:
+    def free_tcp(host: str) -> int:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             return int(s.getsockname()[1])
 
-    ports = {f"n{i + 1}": (free_udp_port(), free_tcp()) for i in range(n)}
+    where = hosts or ["127.0.0.1"] * n
+    ports = {f"n{i + 1}": (free_udp_port(where[i]), free_tcp(where[i])) for i in range(n)}
     parts = [f'[cluster]\nsecret = "{secret}"\n{cluster_extra}']
-    for mid, (udp, tcp) in ports.items():
-        parts.append(f'[[members]]\nid = "{mid}"\nclient_addr = "127.0.0.1:{udp}"\n'
-                     f'peer_addr = "127.0.0.1:{tcp}"\ndata_dir = "{path.parent}/data/{mid}"\n')  # fmt: skip
+    for (mid, (udp, tcp)), host in zip(ports.items(), where, strict=True):
+        parts.append(f'[[members]]\nid = "{mid}"\nclient_addr = "{host}:{udp}"\n'
+                     f'peer_addr = "{host}:{tcp}"\ndata_dir = "{path.parent}/data/{mid}"\n')  # fmt: skip
     parts.append(node_extra)
     path.write_text("\n".join(parts))
     return ports

@@ -22,6 +22,7 @@ survived is collected and frozen out of the collector's sight.
 from __future__ import annotations
 
 import gc
+import ipaddress
 import math
 import os
 import random
@@ -101,6 +102,9 @@ class ClusterNode:
         self._exit = trio.Event()
         self._sock: socket.socket | None = None
         self.bind_error: OSError | None = None
+        # Links we dial leave from our own peer address when it is a specific IP,
+        # so that a peer (and a firewall rule) can tell members on one host apart.
+        self._local_address = _specific_ip(bind_host or self.me.peer_addr[0])
         # Cancelled when sends are left pending by a full buffer outside the
         # UDP task (a timer or a peer link): the UDP task then sends them.
         self._udp_idle = trio.CancelScope()
@@ -259,7 +263,7 @@ class ClusterNode:
         with io.scope:
             try:
                 with trio.fail_after(self.cc.settings.handshake_timeout):
-                    stream = await trio.open_tcp_stream(*addr)
+                    stream = await trio.open_tcp_stream(*addr, local_address=self._local_address)
             except (OSError, trio.TooSlowError) as exc:
                 self._link_ended(lid, io, _why(exc))
                 return
@@ -364,6 +368,14 @@ class ClusterNode:
         except OSError as exc:
             error = f"{tmp}: {exc.strerror or exc}"
         self._feed(PersistDone(token, error))
+
+
+def _specific_ip(host: str) -> str | None:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name (resolved by the OS): let the OS choose the source too
+    return None if ip.is_unspecified else host
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -1,105 +1,105 @@
-"""Failover as a subscriber sees it, with default timeouts.
+"""Failover as a subscriber sees it, on real processes, from the run's event logs.
 
-A 3-member cluster runs as local processes on free loopback ports (default
-settings). A subscriber and a publisher both talk to n1; the publisher sends
-a numbered message every 5 ms. n1 is killed with SIGKILL; both clients fail
-over to another member. The gap is the longest silence between two
-consecutive messages at the subscriber after the kill was ordered (the last
-message before the outage to the first after it). Each run
-also counts lost, duplicated and out-of-order messages.
+    python scripts/failover.py              # 3 runs, medians
+    python scripts/failover.py --runs 5 --out run/failover
 
-    python scripts/failover.py            # 3 runs, median gap
-    python scripts/failover.py --runs 5
+Each run starts a 3-member cluster on free loopback ports (default settings)
+with the chaos tooling (scripts/chaos.py): a subscriber talks to n1, a
+reliable publisher to n2 (about --rate messages a second). n1 is killed with
+SIGKILL and started again --down seconds later. From the event logs
+(docs/eventlog.md): the gap is the subscriber's silence across the kill (its
+last delivery before the kill to its first after it), the messages the
+publisher had acknowledged and the subscriber never received or received
+twice, and whether the restarted n1 pulled its state from a peer (its log).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import os
+import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-import trio  # noqa: E402
-
-from client import Client  # noqa: E402
-from cluster.config import load_cluster_config  # noqa: E402
-from cluster.launcher import Launcher, write_local_config  # noqa: E402
-from node.procs import wait_listening  # noqa: E402
+from scripts import chaos  # noqa: E402
 
 
-async def one_run(node: str, launcher: Launcher, n: int, kill_at: int) -> dict[str, float]:
-    arrivals: list[tuple[float, int]] = []
-    killed_at = 0.0
-    async with Client(node) as sub_c, Client(node) as pub_c:
-        async with sub_c.subscribe("failover", mode="reliable") as sub:
+def one_run(i: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    ns = argparse.Namespace(out=str(out), seed=i + 1, netns=False, config=None, loss=10.0, dup=5.0, delay=50.0,
+                            rate=args.rate, duration=args.duration, settle=3.0)  # fmt: skip
+    (out / "events").mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    run = chaos.Run(ns)
+    try:
+        ids = chaos.start_cluster(run, ["kill"])
+        run.start_worker("sub-0", ["sub", "--first", "n1", "--subs", "chaos.a:reliable", "--seed", str(i)])
+        time.sleep(1.5)  # (subscribed before the first publish)
+        run.start_worker("pub-0", ["pub", "--first", "n2", "--mode", "reliable", "--rate", str(args.rate),
+                                   "--duration", str(args.duration), "--seed", str(i)])  # fmt: skip
+        kill_at = args.duration / 3
+        chaos.run_plan(run, [(kill_at, kill_at + args.down, "kill", "n1")], args.duration)
+        chaos.finish(run, ids)
+    finally:
+        run.cleanup()
+    return analyse(out)
 
-            async def publish() -> None:
-                nonlocal killed_at
-                for i in range(n):
-                    await pub_c.publish("failover", b"%d" % i)
-                    if i == kill_at:
-                        killed_at = time.monotonic()
-                        await trio.to_thread.run_sync(launcher.kill, "n1")
-                    await trio.sleep(0.005)
-                await pub_c.flush(30)
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(publish)
-                with trio.move_on_after(60):
-                    async for m in sub:
-                        arrivals.append((time.monotonic(), int(m.payload)))
-                        if int(m.payload) == n - 1:
-                            break
-    seqs = [s for _, s in arrivals]
-    times = [t for t, _ in arrivals]
-    # the longest silence the subscriber lived through once the kill was ordered
-    gaps = [b - a for a, b in itertools.pairwise(times) if b > killed_at]
-    gap = max(gaps) if gaps else float("nan")
+def analyse(out: Path) -> dict[str, Any]:
+    events = [json.loads(line) for f in sorted((out / "events").glob("*.jsonl")) for line in f.open()]
+    kill = min(e["t"] for e in events if e["ev"] == "fault" and e["fault"] == "kill")
+    sub = next(e for e in events if e["ev"] == "subscribe")
+    times = sorted(e["t"] for e in events if e["ev"] == "deliver")
+    before = [t for t in times if t <= kill]
+    after = [t for t in times if t > kill]
+    gap = (after[0] - before[-1]) if before and after else float("nan")
+    published = {(e["pid"], e["seq"]): e for e in events if e["ev"] == "publish"}
+    acked = {(e["pid"], e["seq"]) for e in events if e["ev"] == "puback"}
+    expected = {m for m in acked if published[m]["topic"] == "chaos.a" and published[m]["t"] > sub["t"]}
+    got: dict[tuple[str, int], int] = {}
+    for e in events:
+        if e["ev"] == "deliver":
+            got[(e["pid"], e["seq"])] = got.get((e["pid"], e["seq"]), 0) + 1
+    log = (out / "logs" / "n1.log").read_text(errors="replace").rsplit("event=node_starting", 1)[-1]
     return {
         "gap_s": gap,
-        "lost": n - len(set(seqs)),
-        "duplicated": len(seqs) - len(set(seqs)),
-        "out_of_order": sum(1 for a, b in itertools.pairwise(seqs) if b < a),
-        "sub_failovers": sub_c.session.failovers,
-        "pub_failovers": pub_c.session.failovers,
+        "expected": len(expected),
+        "lost": len(expected - got.keys()),
+        "duplicated": sum(1 for m in expected if got.get(m, 0) > 1),
+        "failovers": sum(1 for e in events if e["ev"] == "failover"),
+        "pulled": "event=pulled" in log,
     }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("-n", type=int, default=600)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3, help="runs (default 3); medians are printed")
+    ap.add_argument("--duration", type=float, default=12.0, help="seconds of publishing per run (default 12)")
+    ap.add_argument("--down", type=float, default=4.0, help="seconds n1 stays dead (default 4)")
+    ap.add_argument("--rate", type=float, default=200.0, help="publishes per second (default 200)")
+    ap.add_argument("--out", help="keep the run directories here (default: a temporary directory)")
     a = ap.parse_args()
+    if a.runs < 1 or a.duration < 6 or a.down <= 0 or a.down > a.duration / 2:
+        ap.error("--runs >= 1, --duration >= 6 and 0 < --down <= duration / 2")
+    base = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="roost-failover-"))
     results = []
-    for run in range(a.runs):
-        tmp = Path(tempfile.mkdtemp(prefix="roost-failover-"))
-        cfg = tmp / "cluster.toml"
-        ports = write_local_config(cfg, 3, node_extra='[node]\nlog_level = "info"\n')
-        launcher = Launcher(str(tmp / "run"))
-        cc = load_cluster_config(cfg)
-        procs = [launcher.start(cc, str(cfg), m, wait=False) for m in ports]
-        try:
-            for p, (udp, _) in zip(procs, ports.values(), strict=True):
-                wait_listening(p, "127.0.0.1", udp, timeout=60)
-            r = trio.run(one_run, f"127.0.0.1:{ports['n1'][0]}", launcher, a.n, a.n // 3)
-        finally:
-            launcher.down()
+    for i in range(a.runs):
+        r = one_run(i, base / f"run{i + 1}", a)
         results.append(r)
-        print(f"run {run + 1}: gap {r['gap_s'] * 1000:.0f} ms, lost {r['lost']}, duplicated {r['duplicated']}, "
-              f"out of order {r['out_of_order']}, failovers sub {r['sub_failovers']} pub {r['pub_failovers']}",
-              flush=True)  # fmt: skip
+        print(f"run {i + 1}: gap {r['gap_s'] * 1000:.0f} ms, acknowledged {r['expected']}, lost {r['lost']}, "
+              f"duplicated {r['duplicated']}, failovers {r['failovers']}, "
+              f"restarted n1 pulled its state: {'yes' if r['pulled'] else 'NO'}", flush=True)  # fmt: skip
     gaps = [r["gap_s"] for r in results]
-    print(f"# failover gap as the subscriber sees it (default timeouts, node_timeout 1.5 s): "
-          f"median {statistics.median(gaps) * 1000:.0f} ms, max {max(gaps) * 1000:.0f} ms over {len(gaps)} runs; "
-          f"lost {sum(r['lost'] for r in results)}, duplicated {sum(r['duplicated'] for r in results)}")  # fmt: skip
-    return 0
+    print(f"# failover gap at the subscriber (default timeouts, node_timeout 1.5 s): median "
+          f"{statistics.median(gaps) * 1000:.0f} ms, max {max(gaps) * 1000:.0f} ms over {len(gaps)} runs; "
+          f"lost {sum(r['lost'] for r in results)}, duplicated {sum(r['duplicated'] for r in results)}; "
+          f"run directories: {base}")  # fmt: skip
+    return 0 if all(r["pulled"] for r in results) else 1
 
 
 if __name__ == "__main__":

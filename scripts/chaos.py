@@ -1,0 +1,397 @@
+"""Chaos runs on real processes: a cluster, a workload, a seeded nemesis, an event log.
+
+    python scripts/chaos.py --duration 120 --faults kill,pause,partition,loss --seed 1 --out run/chaos1
+    python scripts/check.py run/chaos1
+    python scripts/chaos.py --netns --duration 120 --faults kill,pause,partition,loss --out run/chaos2
+
+Jepsen's shape: real `roost node` processes (on loopback ports, or one per
+network namespace with --netns, clients in a namespace of their own),
+publisher and subscriber processes (scripts/chaos_worker.py: reliable and
+fire, whole-topic and keyed subscriptions) that log everything they do and
+see, and a nemesis that injects faults from a seeded schedule and logs them:
+
+* kill: SIGKILL a member, start it again 2-5 s later (it PULLs its state);
+* pause: SIGSTOP a member, SIGCONT 1-4 s later;
+* partition: cut one member off from everyone (nft drop rules on its ports,
+  or inside its namespace) for 2-5 s;
+* loss / dup: drop / duplicate a share (--loss, --dup percent) of the
+  cluster's packets for 3-8 s;
+* delay: hold packets --delay ms (needs NFQUEUE, see scripts/faults.py).
+
+At most one member is down (killed, paused or cut off) at a time, so a
+majority stays up. After --duration everything is healed, the publishers
+flush, the subscribers get --settle seconds, each member's status (with a
+digest of its subscriptions) is recorded, and everything is stopped. The run
+directory holds run.json, events/*.jsonl (docs/eventlog.md) and the members'
+logs; scripts/check.py judges it. Every rule lives in one nft table that is
+deleted on exit; processes, rules and namespaces are cleaned up even on
+Ctrl-C. A progress line shows what is going on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cluster.config import ClusterConfig, load_cluster_config  # noqa: E402
+from cluster.launcher import node_command, write_local_config  # noqa: E402
+
+FAULTS = ("kill", "pause", "partition", "loss", "dup", "delay")
+MEMBER_FAULTS = ("kill", "pause", "partition")  # one member down at a time
+# Without --netns each member has a loopback address of its own (and dials its peers from
+# it), so a fault can single a member out by address; the workers use 127.0.0.1.
+LOOPBACK_HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
+CLIENT_HOST = 4  # with --netns: members in namespaces 1..3, the workers in the 4th
+
+
+class Run:
+    """Everything a run started, so that one ``cleanup`` undoes it."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.rng = random.Random(args.seed)
+        self.members: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.paused: set[str] = set()
+        self.table: Any = None  # scripts/faults.FaultTable, once a network fault is wanted
+        self.netns: list[str] = []
+        self.events = 0
+        self.nemesis = open(self.out / "events" / "nemesis.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.cc: ClusterConfig
+        self.config = ""
+        self.info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ logging
+
+    def fault(self, fault: str, target: str, phase: str, **params: Any) -> None:
+        ev = {"t": time.time(), "proc": "nemesis", "ev": "fault", "fault": fault, "target": target, "phase": phase}
+        if params:
+            ev["params"] = params
+        self.nemesis.write(json.dumps(ev) + "\n")
+        self.nemesis.flush()
+
+    # ------------------------------------------------------------ processes
+
+    def ns_of(self, mid: str) -> str | None:
+        return self.netns[self.cc.index_of(mid)] if self.netns else None
+
+    @property
+    def client_ns(self) -> str | None:
+        return self.netns[CLIENT_HOST - 1] if self.netns else None
+
+    def prefix(self, ns: str | None) -> list[str]:
+        return ["ip", "netns", "exec", ns] if ns else []
+
+    def start_member(self, mid: str) -> None:
+        log = open(self.out / "logs" / f"{mid}.log", "ab")  # noqa: SIM115 (the child holds it)
+        self.members[mid] = subprocess.Popen(
+            [*self.prefix(self.ns_of(mid)), *node_command(self.config, mid)], cwd=ROOT, stdout=log, stderr=log,
+        )  # fmt: skip
+        log.close()
+
+    def wait_serving(self, mid: str, timeout: float = 30.0) -> None:
+        """A member serves once its log says so (its UDP port may be in another namespace)."""
+        path = self.out / "logs" / f"{mid}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = path.read_text(errors="replace")
+            if "event=serving" in text.rsplit("event=node_starting", 1)[-1]:
+                return
+            if self.members[mid].poll() is not None:
+                raise RuntimeError(f"member {mid} exited ({self.members[mid].returncode}); see {path}")
+            time.sleep(0.05)
+        raise RuntimeError(f"member {mid} not serving after {timeout} s; see {path}")
+
+    def start_worker(self, name: str, argv: list[str]) -> None:
+        """``argv``: the role and its options; name, members and event file are added."""
+        err = open(self.out / "logs" / f"{name}.err", "ab")  # noqa: SIM115
+        members = ",".join(f"{m.id}={m.client_addr[0]}:{m.client_addr[1]}" for m in self.cc.members)
+        cmd = [sys.executable, str(ROOT / "scripts" / "chaos_worker.py"), *argv, "--name", name,
+               "--members", members, "--out", str(self.out / "events" / f"{name}.jsonl")]  # fmt: skip
+        self.workers[name] = subprocess.Popen([*self.prefix(self.client_ns), *cmd],
+                                              cwd=ROOT, stdout=err, stderr=err)  # fmt: skip
+        err.close()
+
+    def signal_member(self, mid: str, sig: int) -> None:
+        p = self.members.get(mid)
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, sig)
+
+    def cleanup(self) -> None:
+        """Stop every process, delete every rule and namespace of this run."""
+        for mid in list(self.paused):
+            self.signal_member(mid, signal.SIGCONT)
+        procs = [*self.workers.values(), *self.members.values()]
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self.table is not None:
+            self.table.clear()
+            self.table = None
+        if self.netns:
+            from scripts import netns
+
+            netns.down()
+            self.netns = []
+        self.nemesis.close()
+
+    # ------------------------------------------------------------ faults
+
+    def host_of(self, mid: str) -> str:
+        host = self.cc.member(mid).peer_addr[0]
+        if host == "127.0.0.1" or self.cc.member(mid).client_addr[0] != host:
+            raise RuntimeError(f"{mid}: network faults on loopback need one address per member "
+                               f"(as the generated config has), not {host}")  # fmt: skip
+        return host
+
+    def all_hosts(self) -> list[str]:
+        return [self.host_of(m.id) for m in self.cc.members]
+
+    def faults(self) -> Any:
+        if self.table is None:
+            from scripts.faults import FaultTable
+
+            self.table = FaultTable(netns=self.netns or None)
+            self.table.__enter__()
+        return self.table
+
+
+def build_config(args: argparse.Namespace, out: Path) -> str:
+    """The cluster config of the run: --config as given, or 3 members on free loopback ports."""
+    if args.config:
+        return str(Path(args.config).resolve())
+    path = out / "cluster.toml"
+    write_local_config(path, 3, "chaos-secret-" + os.urandom(8).hex(), node_extra='[node]\nlog_level = "info"\n',
+                       hosts=list(LOOPBACK_HOSTS))  # fmt: skip
+    return str(path)
+
+
+Plan = list[tuple[float, float, str, str]]  # (start, end, fault, target), seconds from the start
+
+
+def schedule(rng: random.Random, kinds: list[str], members: list[str], duration: float) -> Plan:
+    """(start, end, fault, target): member faults one at a time with gaps; network faults between."""
+    plan: Plan = []
+    t = 3.0
+    while t < duration - 6.0:
+        kind = rng.choice(kinds)
+        if kind in MEMBER_FAULTS:
+            length = {"kill": rng.uniform(2, 5), "pause": rng.uniform(1, 4), "partition": rng.uniform(2, 5)}[kind]
+            target = rng.choice(members)
+        else:
+            length, target = rng.uniform(3, 8), "all"
+        end = min(t + length, duration - 3.0)
+        plan.append((t, end, kind, target))
+        t = end + rng.uniform(2.0, 5.0)
+    return plan
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="cluster config (default: 3 members on free loopback ports)")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of workload and faults (default 60)")
+    ap.add_argument("--faults", default="kill,pause,partition,loss",
+                    help=f"comma-separated, from {','.join(FAULTS)} ('' for none)")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", required=True, help="run directory (created; must not hold a previous run)")
+    ap.add_argument("--netns", action="store_true", help="one network namespace per member (scripts/netns.py)")
+    ap.add_argument("--loss", type=float, default=10.0, help="percent of packets a loss fault drops (default 10)")
+    ap.add_argument("--dup", type=float, default=5.0, help="percent a dup fault duplicates (default 5)")
+    ap.add_argument("--delay", type=float, default=50.0, help="milliseconds a delay fault holds packets")
+    ap.add_argument("--rate", type=float, default=100.0, help="publishes per second per publisher (default 100)")
+    ap.add_argument("--settle", type=float, default=8.0, help="seconds after the last heal before the end")
+    args = ap.parse_args()
+    kinds = [f for f in args.faults.split(",") if f]
+    bad = [f for f in kinds if f not in FAULTS]
+    if bad:
+        ap.error(f"unknown fault {bad[0]!r}; known: {', '.join(FAULTS)}")
+    if args.duration < 10 or args.duration > 3600:
+        ap.error("--duration must be from 10 to 3600 seconds")
+    if not 0 < args.loss <= 50 or not 0 < args.dup <= 50:
+        ap.error("--loss and --dup must be percentages from 0 to 50")
+    out = Path(args.out)
+    if (out / "run.json").exists():
+        ap.error(f"{out} holds a previous run: choose another --out")
+    if args.netns and not args.config:
+        args.config = str(ROOT / "configs" / "netns3.toml")
+    for d in ("events", "logs"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    run = Run(args)
+    interrupted = False
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, stop)
+    try:
+        return drive(run, kinds)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        run.cleanup()
+        signal.signal(signal.SIGTERM, old_term)
+        if not interrupted:
+            print(f"run directory: {out}")
+
+
+def drive(run: Run, kinds: list[str]) -> int:
+    args = run.args
+    ids = start_cluster(run, kinds)
+    subs = [("sub-0", "chaos.a:reliable,chaos.b/k1:reliable"), ("sub-1", "chaos.b:reliable,chaos.a:fire"),
+            ("sub-2", "chaos.a/k2:reliable,chaos.b:fire")]  # fmt: skip
+    for i, (name, spec) in enumerate(subs):
+        run.start_worker(name, ["sub", "--seed", str(args.seed * 100 + i), "--subs", spec])
+    time.sleep(2.0)  # (the subscribers confirm; messages before that are not expected anyway)
+    for i, mode in enumerate(("reliable", "reliable", "fire")):
+        run.start_worker(f"pub-{i}", ["pub", "--seed", str(args.seed * 100 + 50 + i), "--mode", mode,
+                                      "--rate", str(args.rate), "--duration", str(args.duration)])  # fmt: skip
+    run_plan(run, schedule(run.rng, kinds, ids, args.duration), args.duration)
+    finish(run, ids)
+    return 0
+
+
+def start_cluster(run: Run, kinds: list[str]) -> list[str]:
+    """Hosts, config, run.json, the members (serving); returns the member ids."""
+    args, out = run.args, run.out
+    if args.netns:
+        from scripts import netns
+
+        netns.ensure_tools()
+        run.netns = netns.up(CLIENT_HOST)
+    run.config = build_config(args, out)
+    if args.netns:
+        shutil.rmtree(ROOT / "run" / "netns", ignore_errors=True)  # (the members' data dirs: a fresh cluster)
+    run.cc = cc = load_cluster_config(run.config)
+    ids = [m.id for m in cc.members]
+    run.info = {"version": 1, "seed": args.seed, "config": run.config, "config_text": Path(run.config).read_text(),
+                "duration": args.duration, "faults": kinds, "netns": bool(args.netns), "started": time.time(),
+                "members": {m.id: {"client": "{}:{}".format(*m.client_addr), "peer": "{}:{}".format(*m.peer_addr)}
+                            for m in cc.members}}  # fmt: skip
+    (out / "run.json").write_text(json.dumps(run.info, indent=2))
+    for mid in ids:
+        run.start_member(mid)
+    for mid in ids:
+        run.wait_serving(mid)
+    return ids
+
+
+def run_plan(run: Run, plan: Plan, duration: float) -> None:
+    """Inject and heal the planned faults until ``duration``, with a progress line."""
+    ev = run.out / "events"
+    t0 = time.monotonic()
+    active: list[tuple[float, str, str, Any]] = []  # (end, fault, target, handle)
+    done = 0
+    plan = sorted(plan)
+    while True:
+        now = time.monotonic() - t0
+        while plan and plan[0][0] <= now:
+            _, end, kind, target = plan.pop(0)
+            active.append((end, kind, target, inject(run, kind, target)))
+        for item in [a for a in active if a[0] <= now]:
+            active.remove(item)
+            heal(run, item[1], item[2], item[3])
+            done += 1
+        if now >= duration and not active:
+            break
+        size = sum(f.stat().st_size for f in ev.glob("*.jsonl"))
+        doing = ", ".join(f"{k} {t}" for _, k, t, _ in active) or "no fault"
+        print(f"\r[{now:5.0f}/{duration:.0f} s] {doing:<28} faults done {done:3d}  events ~{size // 110:,}",
+              end="", file=sys.stderr, flush=True)  # fmt: skip
+        time.sleep(0.2)
+    print(file=sys.stderr)
+
+
+def finish(run: Run, ids: list[str]) -> None:
+    """Everything is healed: publishers flush, subscribers settle, members report."""
+    for name, p in run.workers.items():
+        if name.startswith("pub-"):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+    time.sleep(run.args.settle)
+    for name, p in run.workers.items():
+        if name.startswith("sub-") and p.poll() is None:
+            p.terminate()
+    for p in run.workers.values():
+        p.wait(15)
+    record_status(run, ids)
+    run.info["ended"] = time.time()
+    (run.out / "run.json").write_text(json.dumps(run.info, indent=2))
+
+
+def inject(run: Run, kind: str, target: str) -> Any:
+    args = run.args
+    run.fault(kind, target, "start")
+    if kind == "kill":
+        run.signal_member(target, signal.SIGKILL)
+        run.members[target].wait(10)
+        return None
+    if kind == "pause":
+        run.signal_member(target, signal.SIGSTOP)
+        run.paused.add(target)
+        return None
+    ft = run.faults()
+    if kind == "partition":  # (a member's own namespace, or its own address on loopback)
+        return ft.isolate(ns=run.ns_of(target)) if run.netns else ft.isolate(addrs=[run.host_of(target)])
+    where: dict[str, Any] = {"ns": run.netns[:CLIENT_HOST - 1]} if run.netns else {"addrs": run.all_hosts()}
+    if kind == "loss":
+        return ft.loss(args.loss, **where)
+    if kind == "dup":
+        return ft.dup(args.dup, **where)
+    return ft.delay(args.delay, args.delay / 2, **where)
+
+
+def heal(run: Run, kind: str, target: str, handle: Any) -> None:
+    if kind == "kill":
+        run.fault("restart", target, "start")
+        run.start_member(target)
+    elif kind == "pause":
+        run.signal_member(target, signal.SIGCONT)
+        run.paused.discard(target)
+    elif handle is not None:
+        run.table.heal(handle)
+    run.fault(kind, target, "end")
+
+
+def record_status(run: Run, ids: list[str]) -> None:
+    """Each member's view (with its subscriptions' digest), through `roost status --json`."""
+    with open(run.out / "events" / "status.jsonl", "a", encoding="utf-8") as f:
+        for mid in ids:
+            m = run.cc.member(mid)
+            cmd = [sys.executable, "-m", "cluster.cli", "status", "--json", "--node", "{}:{}".format(*m.client_addr)]
+            r = subprocess.run([*run.prefix(run.client_ns), *cmd], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30)  # fmt: skip
+            try:
+                st = json.loads(r.stdout)
+            except json.JSONDecodeError:
+                st = {"state": "unreachable", "digest": None, "subscriptions": None, "error": r.stderr[-300:]}
+            f.write(json.dumps({"t": time.time(), "proc": "status", "ev": "status", "member": mid,
+                                "digest": st.get("digest"), "subscriptions": st.get("subscriptions"),
+                                "state": st.get("state")}) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
