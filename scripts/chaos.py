@@ -304,6 +304,7 @@ def run_plan(run: Run, plan: Plan, duration: float) -> None:
     active: list[tuple[float, str, str, Any]] = []  # (end, fault, target, handle)
     done = 0
     plan = sorted(plan)
+    tty, next_line = sys.stderr.isatty(), 0.0
     while True:
         now = time.monotonic() - t0
         while plan and plan[0][0] <= now:
@@ -315,12 +316,15 @@ def run_plan(run: Run, plan: Plan, duration: float) -> None:
             done += 1
         if now >= duration and not active:
             break
-        size = sum(f.stat().st_size for f in ev.glob("*.jsonl"))
-        doing = ", ".join(f"{k} {t}" for _, k, t, _ in active) or "no fault"
-        print(f"\r[{now:5.0f}/{duration:.0f} s] {doing:<28} faults done {done:3d}  events ~{size // 110:,}",
-              end="", file=sys.stderr, flush=True)  # fmt: skip
+        if tty or now >= next_line:  # (a line every 5 s into a log file, one line redrawn on a terminal)
+            next_line = now + 5.0
+            size = sum(f.stat().st_size for f in ev.glob("*.jsonl"))
+            doing = ", ".join(f"{k} {t}" for _, k, t, _ in active) or "no fault"
+            line = f"[{now:5.0f}/{duration:.0f} s] {doing:<28} faults done {done:3d}  events ~{size // 110:,}"
+            print("\r" + line if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
         time.sleep(0.2)
-    print(file=sys.stderr)
+    if tty:
+        print(file=sys.stderr)
 
 
 def finish(run: Run, ids: list[str]) -> None:
