@@ -370,8 +370,9 @@ def inject(run: Run, kind: str, target: str) -> Any:
 
 def heal(run: Run, kind: str, target: str, handle: Any) -> None:
     if kind == "kill":
-        run.fault("restart", target, "start")
         run.start_member(target)
+        run.fault("restart", target, "start")
+        run.fault("restart", target, "end")  # (an instant: the process is started again)
     elif kind == "pause":
         run.signal_member(target, signal.SIGCONT)
         run.paused.discard(target)

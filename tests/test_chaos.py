@@ -1,0 +1,34 @@
+"""A short chaos run on real processes, judged by the checker (the long ones are scripts/chaos.py runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.clusterkit import ROOT
+
+
+def test_a_short_chaos_run_breaks_no_promise(tmp_path):
+    """3 members, 3 publishers (2 reliable, 1 fire), 3 subscribers, 20 s of kills, pauses,
+    partitions and 10% loss: nothing acknowledged is lost while its member lives, nothing is
+    duplicated, the members agree at the end, and fire mode is counted."""
+    out = tmp_path / "run"
+    chaos = subprocess.run(
+        [sys.executable, "scripts/chaos.py", "--duration", "20", "--faults", "kill,pause,partition,loss",
+         "--seed", "7", "--rate", "50", "--settle", "5", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert chaos.returncode == 0, chaos.stderr[-2000:]
+    faults = [json.loads(line) for line in (out / "events" / "nemesis.jsonl").open()]
+    assert len({f["fault"] for f in faults if f["phase"] == "start"}) >= 2  # the nemesis did strike
+    check = subprocess.run([sys.executable, "scripts/check.py", str(out), "--json"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    report = json.loads(check.stdout)
+    reliable, fire = report["modes"]["reliable"]["totals"], report["modes"]["fire"]["totals"]
+    assert report["violations"] == [] and check.returncode == 0, report["violations"][:5]
+    assert reliable["acknowledged"] > 1000 and reliable["duplicated"] == 0
+    assert report["modes"]["reliable"]["lost_by_class"]["violation"] == 0
+    assert fire["expected"] > 500 and fire["duplicated"] == 0  # (fire may lose, never duplicate)
+    assert report["agreement"]["agreed"] is True
+    assert subprocess.run(["nft", "list", "table", "inet", "roost_chaos"], capture_output=True).returncode != 0
