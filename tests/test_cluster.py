@@ -314,3 +314,47 @@ async def test_a_hung_disk_does_not_hold_a_stopping_member_past_stop_timeout(tmp
         disk.set()
         sock.close()
     assert node.member.phase == "stopping"  # it never heard PersistDone, and exited anyway
+
+
+def test_a_subscription_taken_while_members_are_cut_apart_is_live_everywhere_soon_after_the_heal(tmp_path):
+    """Issue 7: a subscription confirmed by n1 while n1's peer links were cut must reach the
+    others promptly after the heal (their dead links noticed by the silence on them, closed
+    and dialled again), not after TCP's retransmit back-off. Clients still reach every member."""
+    import time
+
+    from cluster.config import load_cluster_config
+    from cluster.launcher import Launcher, write_local_config
+    from node.procs import wait_listening
+    from scripts.faults import FaultTable
+
+    hosts = ["127.0.0.21", "127.0.0.22", "127.0.0.23"]
+    cfg = tmp_path / "cluster.toml"
+    ports = write_local_config(cfg, 3, "cut-test-secret-0123456789", hosts=hosts,
+                               node_extra='[node]\nlog_level = "info"\n')  # fmt: skip
+    cc = load_cluster_config(cfg)
+    launcher = Launcher(str(tmp_path / "run"))
+    procs = [launcher.start(cc, str(cfg), m, wait=False) for m in ports]
+    sub = None
+    try:
+        for p, host, (udp, _) in zip(procs, hosts, ports.values(), strict=True):
+            wait_listening(p, host, udp, timeout=60)
+        n1, n2 = f"{hosts[0]}:{ports['n1'][0]}", f"{hosts[1]}:{ports['n2'][0]}"
+        log = tmp_path / "run" / "n1.log"
+        with FaultTable() as ft:
+            cut = ft.cut([hosts[0]], hosts[1:])
+            wait_until(lambda: log.read_text().count("event=link_down") >= 2, timeout=15, what="dead links")
+            sub = start_sub(n1, "after-cut", 1, timeout=30)  # confirmed by n1 alone
+            ft.heal(cut)
+            healed = time.monotonic()
+            got = None
+            while got is None and time.monotonic() - healed < 10:
+                roost("pub", "after-cut", "hello", "--node", n2, timeout=30)  # published at n2 only
+                if sub.poll() is not None:
+                    got = time.monotonic()
+            assert got is not None, "the subscription never reached n2"
+            assert got - healed < 4.0, f"live at n2 only {got - healed:.1f} s after the heal"
+        assert sub.stdout is not None and sub.stdout.read().strip() == "hello"
+    finally:
+        if sub is not None and sub.poll() is None:
+            sub.kill()
+        launcher.down()
