@@ -131,7 +131,29 @@ class Run:
             os.kill(p.pid, sig)
 
     def cleanup(self) -> None:
-        """Stop every process, delete every rule and namespace of this run."""
+        """Stop every process, delete every rule and namespace of this run. Signals
+        wait until it is done (a second Ctrl-C must not leave hosts behind), and
+        each step runs even if the one before failed."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            try:
+                self._stop_processes()
+            finally:
+                try:
+                    if self.table is not None:
+                        self.table.__exit__(None, None, None)  # (clears the table, drops its handlers)
+                        self.table = None
+                finally:
+                    if self.netns:
+                        from scripts import netns
+
+                        netns.down()
+                        self.netns = []
+                    self.nemesis.close()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def _stop_processes(self) -> None:
         for mid in list(self.paused):
             self.signal_member(mid, signal.SIGCONT)
         procs = [*self.workers.values(), *self.members.values()]
@@ -145,15 +167,6 @@ class Run:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        if self.table is not None:
-            self.table.clear()
-            self.table = None
-        if self.netns:
-            from scripts import netns
-
-            netns.down()
-            self.netns = []
-        self.nemesis.close()
 
     # ------------------------------------------------------------ faults
 
@@ -249,6 +262,9 @@ def main() -> int:
         interrupted = True
         print("\ninterrupted: cleaning up", file=sys.stderr)
         return 130
+    except RuntimeError as exc:
+        print(f"\nchaos: {exc}", file=sys.stderr)
+        return 1
     finally:
         run.cleanup()
         signal.signal(signal.SIGTERM, old_term)
@@ -287,6 +303,7 @@ def start_cluster(run: Run, kinds: list[str]) -> list[str]:
     ids = [m.id for m in cc.members]
     run.info = {"version": 1, "seed": args.seed, "config": run.config, "config_text": Path(run.config).read_text(),
                 "duration": args.duration, "faults": kinds, "netns": bool(args.netns), "started": time.time(),
+                "loss": args.loss, "dup": args.dup, "delay": args.delay, "rate": args.rate, "settle": args.settle,
                 "members": {m.id: {"client": "{}:{}".format(*m.client_addr), "peer": "{}:{}".format(*m.peer_addr)}
                             for m in cc.members}}  # fmt: skip
     (out / "run.json").write_text(json.dumps(run.info, indent=2))
@@ -343,12 +360,19 @@ def finish(run: Run, ids: list[str]) -> None:
         p.wait(15)
     record_status(run, ids)
     run.info["ended"] = time.time()
+    # A worker that died is not the broker's fault: the run says so and fails, and the
+    # checker would otherwise blame the broker for everything the worker missed since.
+    run.info["workers_failed"] = failed = {n: p.returncode for n, p in run.workers.items() if p.returncode}
     (run.out / "run.json").write_text(json.dumps(run.info, indent=2))
+    if failed:
+        raise RuntimeError(f"worker(s) exited with an error: {failed}; see {run.out / 'logs'}/*.err")
 
 
 def inject(run: Run, kind: str, target: str) -> Any:
     args = run.args
-    run.fault(kind, target, "start")
+    params = {"loss": {"percent": args.loss}, "dup": {"percent": args.dup}, "delay": {"ms": args.delay},
+              "kill": {"signal": "SIGKILL"}, "pause": {"signal": "SIGSTOP"}}.get(kind, {})  # fmt: skip
+    run.fault(kind, target, "start", **params)
     if kind == "kill":
         run.signal_member(target, signal.SIGKILL)
         run.members[target].wait(10)
@@ -371,6 +395,7 @@ def inject(run: Run, kind: str, target: str) -> Any:
 def heal(run: Run, kind: str, target: str, handle: Any) -> None:
     if kind == "kill":
         run.start_member(target)
+        run.wait_serving(target)  # (a member that cannot come back must not go unnoticed)
         run.fault("restart", target, "start")
         run.fault("restart", target, "end")  # (an instant: the process is started again)
     elif kind == "pause":

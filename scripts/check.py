@@ -87,7 +87,7 @@ def render(report: dict[str, Any], out: TextIO, limit: int = 50) -> None:
               f"recover {_s(f['recover'])}  ({f['deliveries']} deliveries)", file=out)
 
     ag = report["agreement"]
-    digests = " ".join(f"{k}={v[:12]}" for k, v in ag["digests"].items())
+    digests = " ".join(f"{k}={(v or 'unreachable')[:12]}" for k, v in ag["digests"].items())
     state = {True: "agreed", False: "DISAGREE", None: "unknown (no status events)"}[ag["agreed"]]
     missing = f"; no status from {' '.join(ag['missing'])}" if ag["missing"] else ""
     print(f"\nmembers after the last heal: {state} {digests}{missing}", file=out)
@@ -119,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds (default: run.json's config, else 10)")
     ap.add_argument("--fault-tail", type=float, default=checklib.DEFAULT_FAULT_TAIL,
                     help="seconds after a fault's end still searched for its delivery gap (default %(default)s)")
+    ap.add_argument("--horizon", type=float, default=checklib.DEFAULT_HORIZON,
+                    help="seconds after a publish within which a member's death, a cancel or a cut-off can "
+                         "explain its loss (default %(default)s)")  # fmt: skip
     ap.add_argument("--limit", type=int, default=50, help="lines per list in the report (default %(default)s)")
     a = ap.parse_args(argv)
     try:
-        report = checklib.check_run(a.run_dir, a.grace, a.subscriber_timeout, a.fault_tail)
+        report = checklib.check_run(a.run_dir, a.grace, a.subscriber_timeout, a.fault_tail, a.horizon)
     except checklib.InputError as e:
         print(f"check: {e}", file=sys.stderr)
         return 2

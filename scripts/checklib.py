@@ -69,17 +69,23 @@ Classification
 --------------
 Every lost message gets the first class that applies (X = the member in its ``puback``):
 
-1. ``allowed: serving member died``: a ``fault`` ``kill`` or ``restart`` with phase ``start``
-   targeting X (or ``all``) at a time in [publish.t, run end] (docs/guarantees.md: messages a
-   member accepted and acknowledged but had not delivered are lost when it dies).
-2. ``allowed: subscription ended``: the window it was expected in ended with a ``cancel`` (the
-   application was told, docs/guarantees.md "while ... the subscription is not cancelled").
+1. ``allowed: serving member died``: a ``fault`` ``kill`` with phase ``start`` targeting X (or
+   ``all``) at a time in [publish.t, publish.t + horizon] (horizon 5 s: how long a message is in
+   its member's hands at most; docs/guarantees.md: messages a member accepted and acknowledged
+   but had not delivered are lost when it dies). A ``restart`` is the member coming back.
+2. ``allowed: subscription ended``: the window it was expected in ended with a ``cancel`` at
+   most ``horizon`` after the publish (the application was told, docs/guarantees.md "while ...
+   the subscription is not cancelled").
 3. ``allowed: subscriber paused or cut off past subscriber_timeout``: a ``pause`` or
    ``partition`` fault targeting X (or ``all``), from its ``start`` to its ``end`` (or to the run
-   end if it never ended) lasting at least ``subscriber_timeout`` and not over before the publish
-   (end >= publish.t): X then drops the client's mailbox. ``subscriber_timeout`` is run.json
-   ``config_text`` ``[timeouts] subscriber_timeout``, else 10 s.
-4. ``violation``.
+   end if it never ended) lasting at least ``subscriber_timeout``, not over before the publish
+   and begun by publish.t + horizon: X then drops the client's mailbox. ``subscriber_timeout`` is
+   run.json ``config_text`` ``[timeouts] subscriber_timeout``, else 10 s.
+4. ``allowed: subscription not yet at the member (confirmed while members were apart)``: the
+   window opened while X or the subscriber's member (its ``subscribe.member``) was under a
+   ``kill``, ``pause`` or ``partition`` fault, and the message was published before that fault
+   ended plus ``grace`` (docs/guarantees.md: what CMDACK means).
+5. ``violation``.
 
 A duplicated message is a violation in either mode (reliable: no duplicates; fire: at most
 once). A reordered message of a reliable pair (message M, first delivered after M' of the same
@@ -98,12 +104,22 @@ Latency, faults and agreement
   max, in seconds.
 - **faults**: ``fault`` events are paired per (fault, target): an ``end`` closes the earliest
   open ``start``; a start never ended lasts to the run end (``healed`` false); an end without a
-  start is counted in ``unpaired_fault_ends``. For each fault, over all ``deliver`` events of all
-  subscribers: ``gap`` is the longest interval without a delivery in [start, end + tail] (tail 5 s,
-  cut at the last delivery of the run but not before the end), with the interval's ends counting
-  as bounds; ``recover`` is from the end to the first delivery after it (null if none).
+  start is counted in ``unpaired_fault_ends``. For each fault, per path (publisher ->
+  subscriber, every path with a delivery before the fault began; all deliveries together would
+  hide a stalled path, since every member delivers straight to subscribers): ``gap`` is the
+  longest interval without a delivery in [start, end + tail] (tail 5 s, cut at the path's last
+  delivery but not before the end), with the interval's ends counting as bounds; ``recover`` is
+  from the end to the path's first delivery after it (null if none); the report gives the
+  maximum of each over the paths.
+- **lost, classified**: a loss is allowed when the acking member was killed within ``horizon``
+  (5 s) after the publish, when the subscription was cancelled within ``horizon`` after it, when
+  the acking member was paused or cut off for at least ``subscriber_timeout`` starting before
+  publish + ``horizon``, or when the subscription was confirmed while the acking member or the
+  subscriber's member was apart (killed, paused, cut off) and the message was published before
+  that ended plus ``grace`` (docs/guarantees.md: CMDACK). Anything else is a violation.
 - **agreement**: the last ``status`` event per member; ``agreed`` is true when every digest is
-  equal, false otherwise (a violation), null when there is no ``status`` event. Members listed
+  equal and known, false otherwise (a violation; a member that could not be asked has a null
+  digest), null when there is no ``status`` event. Members listed
   in run.json without a status are reported in ``missing``.
 
 JSON report (``check.py --json``)
@@ -151,18 +167,23 @@ from typing import Any
 
 MODES = ("reliable", "fire")
 FAULT_KINDS = frozenset({"kill", "restart", "pause", "resume", "partition", "heal", "loss", "dup", "delay"})
-DEATH_FAULTS = frozenset({"kill", "restart"})
+DEATH_FAULTS = frozenset({"kill"})  # (a restart is the member coming back, not dying)
+MEMBER_FAULTS = frozenset({"kill", "pause", "partition"})
 CUT_FAULTS = frozenset({"pause", "partition"})
 
 DEFAULT_GRACE = 0.5
 DEFAULT_SUBSCRIBER_TIMEOUT = 10.0
 DEFAULT_FAULT_TAIL = 5.0
+# How long a message is in its member's hands at most before it is delivered (retransmissions,
+# the subscriber's failover): a fault or cancel later than this after the publish explains no loss.
+DEFAULT_HORIZON = 5.0
 
 ALLOWED_DIED = "allowed: serving member died"
 ALLOWED_ENDED = "allowed: subscription ended"
 ALLOWED_CUT = "allowed: subscriber paused or cut off past subscriber_timeout"
+ALLOWED_UNREPLICATED = "allowed: subscription not yet at the member (confirmed while members were apart)"
 VIOLATION = "violation"
-LOSS_CLASSES = (ALLOWED_DIED, ALLOWED_ENDED, ALLOWED_CUT, VIOLATION)
+LOSS_CLASSES = (ALLOWED_DIED, ALLOWED_ENDED, ALLOWED_CUT, ALLOWED_UNREPLICATED, VIOLATION)
 
 REORDER_MEMBERS = "allowed: published through different members"
 REORDER_FAILOVER = "allowed: publisher failed over"
@@ -408,8 +429,9 @@ class Checker:
     """Collects events (add) and judges them (result). Memory is a few tuples per event."""
 
     def __init__(self, grace: float = DEFAULT_GRACE, subscriber_timeout: float | None = None,
-                 fault_tail: float = DEFAULT_FAULT_TAIL) -> None:
+                 fault_tail: float = DEFAULT_FAULT_TAIL, horizon: float = DEFAULT_HORIZON) -> None:
         self.grace = grace
+        self.horizon = horizon
         self.subscriber_timeout = subscriber_timeout
         self.fault_tail = fault_tail
         self.files = 0
@@ -519,10 +541,14 @@ class Checker:
             intervals.extend((start, None, kind, target, p) for start, p in q)
         intervals.sort(key=lambda iv: (iv[0], iv[2], iv[3]))
         cuts: dict[str, list[tuple[float, float]]] = {}
+        apart: dict[str, list[tuple[float, float]]] = {}  # member -> (start, stop) of its faults
         for start, end, kind, target, _ in intervals:
             stop = end if end is not None else max(run_end, start)
             if kind in CUT_FAULTS and stop - start >= sub_timeout:
                 cuts.setdefault(target, []).append((start, stop))
+            if kind in MEMBER_FAULTS:
+                apart.setdefault(target, []).append((start, stop))
+        horizon = self.horizon
 
         def died(member: str, lo: float, hi: float) -> bool:
             for target in (member, "all"):
@@ -534,8 +560,14 @@ class Checker:
             return False
 
         def cut_off(member: str, t: float) -> bool:
-            return any(stop >= t and start <= run_end
+            return any(stop >= t and start <= t + horizon
                        for target in (member, "all") for start, stop in cuts.get(target, ()))
+
+        def unreplicated(members: tuple[str, str], confirmed: float, t: float) -> bool:
+            """Confirmed while the acking member or the subscriber's home was apart from the
+            others, published before that ended (plus a grace): docs/guarantees.md, CMDACK."""
+            return any(start <= confirmed <= stop and t <= stop + grace
+                       for m in members for target in (m, "all") for start, stop in apart.get(target, ()))
 
         def row(s: Subscription, mode: str, pid: str) -> list[int]:
             r = s.rows.get((mode, pid))
@@ -663,12 +695,14 @@ class Checker:
                     if ack is None:
                         continue
                     r[_LOST] += 1
-                    if died(ack, pt, run_end):
+                    if died(ack, pt, pt + horizon):
                         cls = ALLOWED_DIED
-                    elif w.end == "cancel":
+                    elif w.end == "cancel" and w.close <= pt + horizon:
                         cls = ALLOWED_ENDED
                     elif cut_off(ack, pt):
                         cls = ALLOWED_CUT
+                    elif unreplicated((ack, w.member), w.open, pt):
+                        cls = ALLOWED_UNREPLICATED
                     else:
                         cls = VIOLATION
                         violation("lost", mk[0], mk[1], s.sub, ack,
@@ -694,34 +728,42 @@ class Checker:
         for mode in MODES:
             modes_out[mode]["paths"].sort(key=lambda p: (p["pid"], p["sub"], p["topic"], p["key"] or ""))
 
-        # Delivery gap and recovery around each fault.
-        dtimes = [d[0] for d in self.delivs]
-        last_delivery = dtimes[-1] if dtimes else None
+        # Delivery gap and recovery around each fault, per path (publisher -> subscriber): any
+        # member delivers straight to subscribers, so all deliveries together hide a stalled path.
+        per_path: dict[tuple[str, str], list[float]] = {}
+        for d in self.delivs:
+            per_path.setdefault((d[2], d[3]), []).append(d[0])
         faults_out = []
         for start, end, kind, target, params in intervals:
             stop = end if end is not None else max(run_end, start)
-            hi = stop + self.fault_tail
-            if last_delivery is not None:
-                hi = min(hi, max(last_delivery, stop))
-            i, j = bisect_right(dtimes, start), bisect_left(dtimes, hi)
-            prev, gap = start, 0.0
-            for x in dtimes[i:j]:
-                if x - prev > gap:
-                    gap = x - prev
-                prev = x
-            gap = max(gap, hi - prev)
-            after = bisect_right(dtimes, stop)
-            recover = dtimes[after] - stop if after < len(dtimes) else None
+            gap, recover, count = 0.0, None, 0
+            for times in per_path.values():
+                if times[0] > start:
+                    continue  # (a path that began after the fault did)
+                hi = min(stop + self.fault_tail, max(times[-1], stop))
+                i, j = bisect_right(times, start), bisect_left(times, hi)
+                count += j - i
+                prev = start
+                for x in times[i:j]:
+                    if x - prev > gap:
+                        gap = x - prev
+                    prev = x
+                gap = max(gap, hi - prev)
+                after = bisect_right(times, stop)
+                if after < len(times):
+                    r = times[after] - stop
+                    recover = r if recover is None or r > recover else recover
             faults_out.append({"fault": kind, "target": target, "start": start, "end": end, "healed": end is not None,
                                "params": params, "gap": gap, "recover": recover,
-                               "deliveries": j - i})
+                               "deliveries": count})
 
         digests = {member: st[2] for member, st in sorted(self.status.items())}
-        agreed = None if not digests else len(set(digests.values())) == 1
+        # (a member whose status could not be read agrees with nobody)
+        agreed = None if not digests else len(set(digests.values())) == 1 and None not in digests.values()
         if agreed is False:
             violation("disagreement", None, None, None, ",".join(digests),
                       "members disagree after the last heal: "
-                      + ", ".join(f"{mm}={d[:12]}" for mm, d in digests.items()), None)
+                      + ", ".join(f"{mm}={(d or 'unreachable')[:12]}" for mm, d in digests.items()), None)
         violations.sort(key=lambda v: (v["kind"], v["pid"] or "", v["seq"] or 0, v["sub"] or ""))
         lost.sort(key=lambda x: (x["pid"], x["seq"], x["sub"]))
         duplicated.sort(key=lambda x: (x["pid"], x["seq"], x["sub"]))
@@ -748,22 +790,23 @@ class Checker:
 
 
 def check_events(events: Iterable[Mapping[str, Any]], run: RunInfo, grace: float = DEFAULT_GRACE,
-                 subscriber_timeout: float | None = None, fault_tail: float = DEFAULT_FAULT_TAIL) -> dict[str, Any]:
+                 subscriber_timeout: float | None = None, fault_tail: float = DEFAULT_FAULT_TAIL,
+                 horizon: float = DEFAULT_HORIZON) -> dict[str, Any]:
     """Judge already parsed events (each must pass validate()); the pure entry point."""
-    checker = Checker(grace, subscriber_timeout, fault_tail)
+    checker = Checker(grace, subscriber_timeout, fault_tail, horizon)
     for e in events:
         checker.add(e)
     return checker.result(run)
 
 
 def check_run(run_dir: str | Path, grace: float = DEFAULT_GRACE, subscriber_timeout: float | None = None,
-              fault_tail: float = DEFAULT_FAULT_TAIL) -> dict[str, Any]:
+              fault_tail: float = DEFAULT_FAULT_TAIL, horizon: float = DEFAULT_HORIZON) -> dict[str, Any]:
     """Judge a run directory; InputError when there is no run.json or no event at all."""
     run = load_run(run_dir)
     paths = event_files(run_dir)
     if not paths:
         raise InputError(f"{Path(run_dir) / 'events'}: no *.jsonl event files")
-    checker = Checker(grace, subscriber_timeout, fault_tail)
+    checker = Checker(grace, subscriber_timeout, fault_tail, horizon)
     # Millions of long-lived tuples and no cycles: the cyclic collector would only rescan them.
     was_enabled = gc.isenabled()
     gc.disable()

@@ -31,4 +31,10 @@ def test_a_short_chaos_run_breaks_no_promise(tmp_path):
     assert report["modes"]["reliable"]["lost_by_class"]["violation"] == 0
     assert fire["expected"] > 500 and fire["duplicated"] == 0  # (fire may lose, never duplicate)
     assert report["agreement"]["agreed"] is True
-    assert subprocess.run(["nft", "list", "table", "inet", "roost_chaos"], capture_output=True).returncode != 0
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
+    assert "roost_chaos" not in tables  # every rule of the run is gone (inet, ip and netdev tables)
+    config = json.loads((out / "run.json").read_text())["config_text"]
+    for host in ("127.0.0.11", "127.0.0.12", "127.0.0.13"):  # and every member process
+        assert host in config
+    leftover = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert leftover == []

@@ -308,7 +308,9 @@ def test_unacknowledged_reliable_message_is_missing_but_not_lost():
 
 @pytest.mark.parametrize(("fault", "target", "at", "cls"), [
     ("kill", "n1", 5, ALLOWED_DIED),
-    ("restart", "all", 5, ALLOWED_DIED),
+    ("kill", "all", 5, ALLOWED_DIED),
+    ("restart", "n1", 5, VIOLATION),  # a restart is the member coming back, not dying
+    ("kill", "n1", 30, VIOLATION),  # a kill long after the publish explains nothing
     ("kill", "n1", 0.5, VIOLATION),  # killed before the publish: the restarted member acked it
     ("kill", "n2", 5, VIOLATION),  # another member died
     ("pause", "n1", 5, VIOLATION),  # a pause shorter than subscriber_timeout loses nothing
@@ -487,3 +489,54 @@ def test_script_runs_standalone(tmp_path):
                        timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK: no promise broken" in r.stdout
+
+
+def test_a_cancel_long_after_the_publish_explains_no_loss():
+    h = History()
+    h.subscribe(0, "s")
+    h.publish(1, 1)  # never delivered
+    h.cancel(60, "s")  # far past the horizon
+    r = h.check(end=100)
+    assert [(x["seq"], x["class"]) for x in r["lost"]] == [(1, VIOLATION)]
+
+
+def test_a_cut_that_starts_long_after_the_publish_explains_no_loss(tmp_path, capsys):
+    h = History()
+    h.subscribe(0, "s")
+    h.publish(1, 1)
+    h.fault(60, "partition", "n1", "start")
+    h.fault(72, "partition", "n1", "end")  # longer than subscriber_timeout, but far too late
+    code, r = run_json(capsys, h.write(tmp_path / "run", end=100))
+    assert [x["class"] for x in r["lost"]] == [VIOLATION] and code == 1
+
+
+@pytest.mark.parametrize(("published", "cls"), [
+    (3.0, "allowed: subscription not yet at the member (confirmed while members were apart)"),
+    (9.0, VIOLATION),  # well after the heal: the subscription had reached n1
+])
+def test_a_subscription_confirmed_while_a_member_was_apart_misses_what_that_member_took_until_the_heal(
+        published, cls):  # fmt: skip
+    h = History()
+    h.fault(1, "partition", "n1", "start")
+    h.subscribe(2, "s", member="n2")  # confirmed by n2 while n1 is cut off
+    h.fault(5, "partition", "n1", "end")
+    h.publish(published, 1)  # at n1
+    r = h.check(end=30)
+    assert [x["class"] for x in r["lost"]] == [cls]
+
+
+def test_a_member_whose_status_could_not_be_read_is_a_disagreement():
+    h = History()
+    h.add(50, "status", "status", member="n1", digest="abc", subscriptions=1, state="ready")
+    h.add(50, "status", "status", member="n2", digest=None, subscriptions=None, state="unreachable")
+    r = h.check(end=60)
+    assert r["agreement"]["agreed"] is False and not r["ok"]
+    assert [v["kind"] for v in r["violations"]] == ["disagreement"]
+
+
+def test_the_text_report_names_an_unreachable_member(tmp_path, capsys):
+    h = History()
+    h.add(50, "status", "status", member="n1", digest="abc", subscriptions=1, state="ready")
+    h.add(50, "status", "status", member="n2", digest=None, subscriptions=None, state="unreachable")
+    code, text = run_cli(capsys, h.write(tmp_path / "run", end=60))
+    assert code == 1 and "n2=unreachable" in text
