@@ -71,6 +71,8 @@ class Receiver:
         self.streams: dict[Addr, RecvStream] = {}  # one sequence space per delivering node
         self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
         self.holes: dict[bytes, set[int]] = {}  # producer id -> sequences below it not yet seen
+        # producer id -> (the first sequence heard from it, those below it delivered since)
+        self.early: dict[bytes, tuple[int, set[int]]] = {}
         self.buffered = 0
         self.held = False  # in-order messages wait in ``ooo`` for buffer room
         self.duplicates = 0
@@ -139,38 +141,55 @@ class Receiver:
             seq += 1
 
     def _deliver(self, m: tuple[Any, ...], seq: int | None) -> None:
-        if len(m) == 6:
-            # Reliable messages name their producer: a resend after failover
-            # that the failed node had already delivered is dropped here. Two
-            # members' streams are not ordered with each other, so sequences
-            # skipped by a jump are remembered and still accepted later.
-            pid, pseq = m[4], m[5]
-            high = self.seen.get(pid, 0)
-            if pseq <= high:
-                holes = self.holes.get(pid)
-                if holes is None or pseq not in holes:
-                    self.duplicates += 1
-                    return
-                holes.discard(pseq)
-            else:
-                if pseq > high + 1 and high:
-                    holes = self.holes.setdefault(pid, set())
-                    holes.update(range(max(high + 1, pseq - MAX_HOLES), pseq))
-                    if len(holes) > MAX_HOLES:
-                        for s in sorted(holes)[: len(holes) - MAX_HOLES]:
-                            holes.discard(s)
-                self.seen[pid] = pseq
         topic, key = m[0], m[1]
+        whole = self.subs.get((topic, None))
+        if whole is not None and whole.reason is not None:
+            whole = None
+        keyed = self.subs.get((topic, key)) if key is not None else None
+        if keyed is not None and keyed.reason is not None:
+            keyed = None
+        if whole is None and keyed is None:
+            return  # no subscription in force: not seen by the application, so not "seen" below
+        if len(m) == 6 and self._duplicate(m[4], m[5]):
+            return
         msg = Message(topic, key, m[2], m[3], seq)
-        st = self.subs.get((topic, None))
-        if st is not None and st.reason is None:
-            st.queue.append(msg)
-            self.buffered += 1
-        if key is not None:
-            st = self.subs.get((topic, key))
-            if st is not None and st.reason is None:
+        for st in (whole, keyed):
+            if st is not None:
                 st.queue.append(msg)
                 self.buffered += 1
+
+    def _duplicate(self, pid: bytes, pseq: int) -> bool:
+        """Reliable messages name their producer: a resend after failover that
+        the failed node had already delivered is dropped here. Two members'
+        streams are not ordered with each other, so sequences skipped by a jump
+        are remembered and still accepted later; below the first sequence heard
+        from a producer nothing was seen, so such a message is new (another
+        member had it first) and only its repeats are duplicates (``early``)."""
+        high = self.seen.get(pid, 0)
+        if pseq <= high:
+            holes = self.holes.get(pid)
+            if holes is not None and pseq in holes:
+                holes.discard(pseq)
+                return False
+            early = self.early.get(pid)
+            if early is None or pseq >= early[0] or pseq in early[1]:
+                self.duplicates += 1
+                return True
+            early[1].add(pseq)
+            if len(early[1]) > MAX_HOLES:  # (bounded: the oldest are forgotten)
+                early[1].discard(min(early[1]))
+            return False
+        if not high:
+            if pseq > 1:
+                self.early[pid] = (pseq, set())
+        elif pseq > high + 1:
+            holes = self.holes.setdefault(pid, set())
+            holes.update(range(max(high + 1, pseq - MAX_HOLES), pseq))
+            if len(holes) > MAX_HOLES:
+                for s in sorted(holes)[: len(holes) - MAX_HOLES]:
+                    holes.discard(s)
+        self.seen[pid] = pseq
+        return False
 
     def acks(self, cid: bytes, cookie: bytes, out: list[tuple[Addr, bytes]]) -> None:
         """Append one ACK per stream that received something since the last one."""

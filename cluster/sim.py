@@ -108,6 +108,7 @@ class SimClient:
     topics: list[str] = field(default_factory=list)
     next_msg: int = 1
     tick_at: float = math.inf
+    last_reached: float = 0.0  # when a datagram of this client last reached a member
     # id(subscription object) -> (it, the first register version a member wrote for it): a
     # member holding an older version holds an earlier subscription, which this one is not
     starts: dict[int, tuple[object, int]] = field(default_factory=dict)
@@ -137,6 +138,7 @@ class Simulation:
         # (frozen clients do not ping: they must not time out while the members settle)
         assert self.settle < self.cc.node_config("m0").subscriber_timeout, "settle must be < subscriber_timeout"
         self.frozen = False  # after the end: clients neither send nor receive
+        self.timeout = self.cc.node_config("m0").subscriber_timeout
         self.now = 0.0
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._n = 0
@@ -186,6 +188,9 @@ class Simulation:
             if not self.run_until(self.end + self.settle, max_events):
                 return self.check
             live = {m.id: m.core for m in self.members.values() if m.core is not None}
+            for c in self.clients:  # (a silence still going on at the end counts too)
+                if self.end - c.last_reached >= self.timeout:
+                    self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.end))
             subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
             st = self.cc.settings  # (two collection rounds of margin, and the members' clock spread)
             collecting = WALL + self.now - st.tombstone_horizon + 2 * st.tombstone_horizon / 10 + 0.1
@@ -333,6 +338,9 @@ class Simulation:
     def _arrive(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
         m = self.member_at.get(dst)
         if m is not None:
+            sender = self.client_at.get(src)
+            if sender is not None and m.core is not None and m.serving:
+                self._reached(sender)
             if m.core is not None and m.serving and not (self.frozen and src in self.client_at):
                 self._pub_accounting(m, data, src)
             return
@@ -374,7 +382,7 @@ class Simulation:
             seq = f[4] + i
             if before < seq <= after:
                 pub, n = _parse_payload(msg[3])
-                self.check.accepted(m.id, (pub, n), subs)
+                self.check.accepted(m.id, (pub, n), subs, self.now)
 
     def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[tuple[bytes, object]]:
         """(client id, its live subscription) for every subscriber the member
@@ -396,6 +404,12 @@ class Simulation:
                 if st.reason is None and start is not None and c.subs.get((topic, None), 0) >= start[1]:
                     out.append((cid, st))
         return out
+
+    def _reached(self, c: SimClient) -> None:
+        """A datagram of ``c`` reached a member: note a silence long enough to be given up."""
+        if self.now - c.last_reached >= self.timeout:
+            self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.now))
+        c.last_reached = self.now
 
     @staticmethod
     def _registers_of(core: MemberCore, c: SimClient) -> dict[tuple[str, str | None], int]:

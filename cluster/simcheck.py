@@ -18,8 +18,10 @@ invariants (DESIGN.md, docs/guarantees.md):
   member it published through (then a resend, or a new process's message,
   may overtake a late original);
 * no loss: a reliable message a member accepted for a subscriber it knew
-  of reaches that subscriber, unless that member crashed afterwards or the
-  subscription ended with a reason the application was told. "Knew of" means
+  of reaches that subscriber, unless that member crashed afterwards, the
+  subscription ended with a reason the application was told, or no datagram
+  of the client reached any member for subscriber_timeout afterwards (the
+  cluster may then give it up for gone, docs/guarantees.md). "Knew of" means
   that very subscription: a member cut off from the client's home may still
   hold one the client has ended and taken again since; what it accepted for
   the old one ends with it (the simulator compares register versions).
@@ -48,8 +50,12 @@ class Published:
 class Checker:
     published: dict[Msg, Published] = field(default_factory=dict)
     # (subscriber cid, topic) -> messages owed: message -> (member, its crash count then, the
-    # client's subscription object then: a later subscription to the topic is owed nothing older)
-    owed: dict[tuple[bytes, str], dict[Msg, tuple[str, int, object]]] = field(default_factory=dict)
+    # client's subscription object then: a later subscription to the topic is owed nothing older,
+    # the time it was accepted)
+    owed: dict[tuple[bytes, str], dict[Msg, tuple[str, int, object, float]]] = field(default_factory=dict)
+    # subscriber cid -> (from, to): stretches of at least subscriber_timeout in which no datagram
+    # of the client reached any member: the cluster may end its subscriptions then
+    silences: dict[bytes, list[tuple[float, float]]] = field(default_factory=dict)
     # (subscriber index, session number, topic) -> messages delivered, in order
     delivered: dict[tuple[int, int, str], list[Msg]] = field(default_factory=dict)
     crashes: dict[str, int] = field(default_factory=dict)
@@ -59,14 +65,14 @@ class Checker:
     def violation(self, now: float, text: str) -> None:
         self.violations.append(f"t={now:.3f} {text}")
 
-    def accepted(self, member: str, msg: Msg, reliable_subscribers: list[tuple[bytes, object]]) -> None:
+    def accepted(self, member: str, msg: Msg, reliable_subscribers: list[tuple[bytes, object]], now: float) -> None:
         """``member`` took ``msg`` while it knew these (client id, the client's
         subscription object) as reliable subscribers of its topic."""
         p = self.published[msg]
         if p.member is None:
             p.member, p.crashes = member, self.crashes.get(member, 0)
         for cid, st in reliable_subscribers:
-            self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0), st))
+            self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0), st, now))
 
     def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg, pub_epoch: tuple[int, int]) -> None:
         """An application took ``msg``; ``pub_epoch`` is its publisher's (session, failovers) now."""
@@ -122,7 +128,10 @@ class Checker:
                                             f"is missing at {mid}")  # fmt: skip
                 owed = self.owed.get((session.cid, topic), {})
                 got = set(self.delivered.get((index, number, topic), ()))
-                for msg, (mid, crashes, owed_to) in owed.items():
+                gone = self.silences.get(session.cid, ())
+                for msg, (mid, crashes, owed_to, at) in owed.items():
+                    if any(b > at for _, b in gone):
+                        continue  # the client was gone past subscriber_timeout after it was accepted
                     if msg not in got and self.crashes.get(mid, 0) == crashes and owed_to is st:
                         self.violation(now, f"subscriber {index} never got {msg} on {topic!r}, "
                                             f"accepted by {mid} which stayed up")  # fmt: skip

@@ -20,6 +20,7 @@ tells them apart by the key's type. One record serves three purposes:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from client import wire
@@ -34,7 +35,7 @@ REMEMBERED_BATCHES = 8
 
 class ClientState:
     __slots__ = (
-        "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "mailbox", "fire",
+        "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "heard", "mailbox", "parked", "fire",
         "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
     )  # fmt: skip
 
@@ -47,7 +48,12 @@ class ClientState:
         self.subs: dict[tuple[str, str | None], int] = {}  # -> version (tombstones too)
         self.live = 0  # subscriptions present (not tombstones)
         self.last_seen = now
+        self.heard = -math.inf  # when the client itself last sent this node a datagram
         self.mailbox: Mailbox | None = None
+        # The mailbox of subscriptions another member timed out, with the time (Unix ms) of
+        # that tombstone, the session and the address then: the client may still be alive
+        # behind a partition (node/delivery.py).
+        self.parked: tuple[Mailbox, int, int, Addr] | None = None
         self.fire: list[bytes] = []
         self.dirty = False  # queued for this batch's flush
         # Command session: -1 until this node applies a batch of the client

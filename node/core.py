@@ -174,7 +174,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             self._on_cmds(c, cid, addr, f[3], f[4], f[5], now)  # (a stale session must not touch c)
             return
         if c is not None:
-            c.last_seen = now
+            c.last_seen = c.heard = now
         if ftype is T.PUB:
             self._on_pub(addr, f, now)
         elif ftype is T.ACK:
@@ -182,6 +182,11 @@ class BrokerCore(Sessions, TextProtocol, Producers):
                 self._on_ack(c, f[3], f[4], f[5], now)
         elif ftype is T.PING:
             if c is not None:
+                if 0 < f[5] < c.session:
+                    # A late PING of a process the client id has since been restarted in: its
+                    # address must not take the client back to a dead socket.
+                    self.metrics["stale_pings"] += 1
+                    return
                 self._adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])

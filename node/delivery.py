@@ -31,7 +31,7 @@ from node.clients import ClientState
 from node.config import NodeConfig
 from node.cookies import Addr
 from node.mailbox import Mailbox
-from node.registers import REASON_OUT_OF_CAPACITY, Registers
+from node.registers import REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT, Registers
 
 _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
 
@@ -48,6 +48,7 @@ class Delivery(Registers):
         self._dirty: list[ClientState] = []  # clients with messages queued by this batch
         self._pubacks: dict[tuple[Addr, bytes], int] = {}  # -> cumulative seq, sent by _flush
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
+        self._park_ms = int(config.subscriber_timeout * 1000)
 
     def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
         """Install a register version, then keep the client's mailbox in step:
@@ -57,6 +58,17 @@ class Delivery(Registers):
         super()._set(c, tk, version)
         if version & _LIVE_RELIABLE == _LIVE_RELIABLE:
             if c.mailbox is None and c.cid.__class__ is bytes:
+                parked, c.parked = c.parked, None
+                if (parked is not None and versions.millis_of(version) - parked[1] < self._park_ms
+                        and parked[2] == c.session and parked[3] == c.addr):  # fmt: skip
+                    # Back within subscriber_timeout of being given up, the same process
+                    # at the same address: it was alive after all, and its stream goes on
+                    # where it stopped.
+                    mb = c.mailbox = parked[0]
+                    mb.armed = False
+                    self._arm(c, mb)
+                    self.metrics["mailboxes_resumed"] += 1
+                    return
                 self._next_stream += 1
                 c.mailbox = Mailbox(
                     self._next_stream, self.cfg.mailbox_capacity,
@@ -67,6 +79,10 @@ class Delivery(Registers):
             and old & _LIVE_RELIABLE == _LIVE_RELIABLE
             and not any(v & _LIVE_RELIABLE == _LIVE_RELIABLE for v in c.subs.values())
         ):
+            if (version >> 2) & 3 == REASON_TIMED_OUT and not c.local:
+                # Given up by another member (its home looked dead to it): kept a while,
+                # in case the client lives behind a partition and takes it up again.
+                c.parked = (c.mailbox, versions.millis_of(version), c.session, c.addr)
             c.mailbox = None
 
     def _readdressed(self, c: ClientState, carry: bool) -> None:
@@ -77,6 +93,7 @@ class Delivery(Registers):
         carried over, and drops what it already had by producer id and
         sequence; a new process (a restart reusing the client id) inherits
         nothing, not even the backlog."""
+        c.parked = None  # (a stream is never taken up at another address)
         old = c.mailbox
         if old is None:
             return

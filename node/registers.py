@@ -276,11 +276,15 @@ class Registers(CoreBase):
         """Tombstone the subscriptions of binary clients whose home node is gone.
 
         Their clients either moved to another node already (and re-subscribed
-        there, which changed ``home``) or are gone too.
+        there, which changed ``home``) or are gone too. A client that talked to
+        this node within ``subscriber_timeout`` (an ACK of our stream, say) is
+        alive: it moved to a member whose news has not reached us yet (a
+        partition), so its subscriptions, and what we hold for it, stay.
         """
         n = 0
+        alive_since = now - self.cfg.subscriber_timeout
         for c in list(self.clients.values()):
-            if c.home == home and c.cid.__class__ is bytes and c.live:
+            if c.home == home and c.cid.__class__ is bytes and c.live and c.heard < alive_since:
                 for tk, v in list(c.subs.items()):
                     if v & versions.PRESENT:
                         self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)

@@ -20,7 +20,7 @@ from cluster.replication import PeerQueue
 from node import versions
 from node.config import ConfigError, NodeConfig
 from node.core import BrokerCore, Log
-from tests.corekit import FakeClient, connect, frames_to, make_core, replicated
+from tests.corekit import FakeClient, connect, delivered, frames_to, make_core, replicated
 
 WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
 
@@ -429,3 +429,62 @@ def test_text_records_go_with_their_last_subscription():
     a = replica(horizon=60.0)
     a.handle_datagrams([(b"SUB t\n", ("127.0.0.1", 7001)), (b"UNSUB t\n", ("127.0.0.1", 7001))], 0.0)
     assert collected(a.collect_tombstones(100.0)) == 1 and a.clients == {}
+
+
+def test_a_late_ping_of_a_replaced_process_does_not_take_the_client_back_to_its_old_address():
+    """Simulator seed 7111: a PING of the old process, delayed in the network, arrived after the
+    restarted process (same client id, greater session) had moved the client to its address."""
+    core = replica()
+    old = FakeClient(core, ("127.0.0.1", 5001))
+    old.hello()
+    old.sub("t", now=1.0)
+    new = FakeClient(core, ("127.0.0.1", 5002), cid=old.cid)
+    new.hello()
+    new.session = old.session + 1
+    new.sub("t", now=2.0)
+    assert core.clients[old.cid].addr == new.addr
+    old.ping(now=2.5)  # the old process's last PING, late
+    assert core.clients[old.cid].addr == new.addr and core.metrics["stale_pings"] == 1
+
+
+def test_a_member_does_not_give_up_a_client_that_is_talking_to_it():
+    """n2 believes the client's home is n1 (news of its move was cut off) and n1 has been
+    down for subscriber_timeout; but the client acknowledges n2's stream: it is alive, and
+    keeps its subscriptions (and what n2 holds for it) there."""
+    _, b, ca, cb = moved_client()  # subscribed at n1, replicated to n2 (home n1 there)
+    cb.ack(1, 0, now=5.0)  # it talks to n2
+    b.expire_home("n1", 6.0)
+    assert b.clients[ca.cid].modes() == {("t", None): 1}
+    b.expire_home("n1", 20.0)  # silent for longer than subscriber_timeout (10 s) now: given up
+    assert b.clients[ca.cid].modes() == {}
+
+
+def test_a_stream_given_up_by_another_member_goes_on_when_the_client_takes_it_up_again():
+    """Simulator seed 5685: a member's expiry of a client that was alive behind a partition
+    dropped what it held for it; the mailbox is now kept for subscriber_timeout, and the
+    stream resumes where it stopped when the client subscribes again."""
+    _, b, ca, cb = moved_client()
+    (pub,) = connect(b, ("127.0.0.1", 5009))
+    pub.pub([("t", b"m1")], now=1.5)  # n2 holds m1 for the client, unacknowledged
+    stream = b.clients[ca.cid].mailbox.stream_id
+    b.expire_home("n1", 15.0)  # n1 down past subscriber_timeout, as n2 sees it
+    assert b.clients[ca.cid].mailbox is None
+    out = cb.sub("t", now=16.0)  # the client, alive, fails over to n2 and subscribes again
+    assert b.clients[ca.cid].mailbox.stream_id == stream and b.metrics["mailboxes_resumed"] == 1
+    out += b.tick(16.0 + b.cfg.retransmit_max)
+    assert (stream, 1, b"m1") in delivered(out, cb.addr)
+
+
+def test_a_restarted_process_never_takes_up_the_stream_its_predecessor_was_given_up_with():
+    """Simulator seed 45: a new process (greater session, new address) was handed the old
+    process's parked stream in the middle; its receiver waits for sequence 1 and got nothing."""
+    _, b, ca, cb = moved_client()
+    (pub,) = connect(b, ("127.0.0.1", 5009))
+    pub.pub([("t", b"m1")], now=1.5)
+    old_stream = b.clients[ca.cid].mailbox.stream_id
+    b.expire_home("n1", 15.0)
+    new = FakeClient(b, ("127.0.0.1", 5010), cid=ca.cid)
+    new.hello(16.0)
+    new.session = cb.session + 1
+    new.sub("t", now=16.0)
+    assert b.clients[ca.cid].mailbox.stream_id != old_stream and b.metrics["mailboxes_resumed"] == 0

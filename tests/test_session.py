@@ -319,3 +319,36 @@ def test_ticking_at_the_deadline_always_moves_it(t0, welcomed, bad_cookie):
         same = same + 1 if s.next_deadline() <= d else 0
         assert same < 2, f"stuck at {d} after step {step}"  # (one immediate follow-up is fine: a failover's HELLO)
         now = d
+
+
+def test_a_producers_earlier_messages_arriving_after_its_first_one_heard_are_delivered_once():
+    """Simulator seed 949: a subscriber's first message from a producer came through one member
+    (seq 144) before an earlier one (seq 133) it had accepted through another. Nothing below
+    the first sequence heard had been seen: it is new, and delivered, once."""
+    from client.receive import Receiver
+    from client.session import SubState
+
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
+    r = Receiver(subs, [], ClientConfig())
+    pid = b"p" * 16
+    for pseq in (144, 133, 150, 133, 144, 140):
+        r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1)
+    assert [int(m.payload) for m in subs[("t", None)].queue] == [144, 133, 150, 140]
+    assert r.duplicates == 2  # the second 133 and the second 144
+
+
+def test_a_message_that_arrived_while_no_subscription_was_in_force_is_delivered_when_it_comes_again():
+    """Simulator seed 949: a copy reached the client between an unsubscribe and a new
+    subscribe to the topic (no application saw it); the copy another member delivered to
+    the new subscription was then dropped as a duplicate."""
+    from client.receive import Receiver
+    from client.session import SubState
+
+    subs: dict[tuple[str, str | None], SubState] = {}
+    r = Receiver(subs, [], ClientConfig())
+    pid = b"p" * 16
+    r._deliver(("t", None, None, b"1", pid, 1), 1)  # nobody subscribed to t right now
+    subs[("t", None)] = SubState(Mode.RELIABLE)
+    r._deliver(("t", None, None, b"1", pid, 1), 1)  # the same message, from another member
+    r._deliver(("t", None, None, b"1", pid, 1), 2)  # and a true duplicate
+    assert [m.payload for m in subs[("t", None)].queue] == [b"1"] and r.duplicates == 1
