@@ -124,7 +124,7 @@ Latency, faults and agreement
 
 JSON report (``check.py --json``)
 ---------------------------------
-One object (:data:`REPORT_SCHEMA` is its JSON Schema, used by the tests)::
+One object (scripts/checkschema.py holds its JSON Schema, used by the tests)::
 
     {"version": 1,
      "ok": bool,                       # no violation
@@ -155,18 +155,23 @@ Times are Unix seconds; ``kind`` is ``lost``, ``duplicated``, ``reordered``, ``p
 from __future__ import annotations
 
 import gc
-import json
 import math
-import tomllib
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODES = ("reliable", "fire")
-FAULT_KINDS = frozenset({"kill", "restart", "pause", "resume", "partition", "heal", "loss", "dup", "delay"})
+from scripts.checkinput import FAULT_KINDS as FAULT_KINDS
+from scripts.checkinput import MODES as MODES
+from scripts.checkinput import InputError as InputError
+from scripts.checkinput import RunInfo as RunInfo
+from scripts.checkinput import event_files as event_files
+from scripts.checkinput import load_run as load_run
+from scripts.checkinput import read_events as read_events
+from scripts.checkinput import validate as validate
+
 DEATH_FAULTS = frozenset({"kill"})  # (a restart is the member coming back, not dying)
 MEMBER_FAULTS = frozenset({"kill", "pause", "partition"})
 CUT_FAULTS = frozenset({"pause", "partition"})
@@ -194,186 +199,6 @@ COUNT_FIELDS = (
     "expected", "acknowledged", "delivered", "missing", "lost", "received", "unexpected", "duplicated", "reordered",
 )
 _EXP, _ACK, _DEL, _MISS, _LOST, _RECV, _UNEXP, _DUP, _REORD = range(len(COUNT_FIELDS))
-
-_STR: tuple[type, ...] = (str,)
-_STR_NULL: tuple[type, ...] = (str, type(None))
-_INT: tuple[type, ...] = (int,)
-_NUM: tuple[type, ...] = (float, int)
-
-# Per event kind, its fields beyond t/proc/ev and the exact types accepted (type(), so a bool is
-# not an int).
-FIELDS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    "publish": (("pid", _STR), ("seq", _INT), ("topic", _STR), ("key", _STR_NULL), ("mode", _STR),
-                ("member", _STR_NULL)),
-    "puback": (("pid", _STR), ("seq", _INT), ("member", _STR_NULL)),
-    "subscribe": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL), ("mode", _STR), ("member", _STR_NULL)),
-    "unsubscribe": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL)),
-    "cancel": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL), ("reason", _STR)),
-    "deliver": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL), ("mode", _STR), ("pid", _STR),
-                ("seq", _INT), ("member", _STR_NULL)),
-    "failover": (("client", _STR), ("from", _STR_NULL), ("to", _STR_NULL)),
-    "fault": (("fault", _STR), ("target", _STR), ("phase", _STR)),
-    "status": (("member", _STR), ("digest", _STR_NULL), ("subscriptions", (int, type(None))), ("state", _STR)),
-}
-_ENUMS: dict[str, frozenset[str]] = {
-    "mode": frozenset(MODES), "phase": frozenset({"start", "end"}), "fault": FAULT_KINDS,
-}
-_TYPE_NAMES = {_STR: "a string", _STR_NULL: "a string or null", _INT: "an integer", _NUM: "a number"}
-_MISSING = object()
-
-
-class InputError(Exception):
-    """The run directory cannot be judged at all (exit status 2)."""
-
-
-def _type_name(v: object) -> str:
-    return "null" if v is None else type(v).__name__
-
-
-def _field_error(ev: str, name: str, v: object, types: tuple[type, ...], allowed: frozenset[str] | None) -> str:
-    where = f"{ev}: " if ev else ""
-    if v is _MISSING:
-        return f"{where}missing field {name!r}"
-    if type(v) not in types:
-        return f"{where}field {name!r} is {_type_name(v)}, expected {_TYPE_NAMES[types]}"
-    return f"{where}field {name!r} is {v!r}, expected one of {', '.join(sorted(allowed or ()))}"
-
-
-# FIELDS with each field's allowed values, checked in one pass by validate().
-_SPECS = {ev: tuple((name, types, _ENUMS.get(name)) for name, types in spec) for ev, spec in FIELDS.items()}
-
-
-def validate(obj: object) -> str | None:
-    """Why `obj` is not an event of docs/eventlog.md, or None when it is one.
-
-    Runs once per line, so it is written for speed: one dict lookup and one exact type test
-    (a bool is not an int) per field; the messages are built only for the lines that fail.
-    """
-    if type(obj) is not dict:
-        return f"not a JSON object ({_type_name(obj)})"
-    get = obj.get
-    t = get("t", _MISSING)
-    if type(t) not in _NUM:
-        return _field_error("", "t", t, _NUM, None)
-    if t - t != 0:  # inf or nan (json.loads accepts Infinity and NaN)
-        return "field 't' is not finite"
-    proc = get("proc", _MISSING)
-    if type(proc) is not str:
-        return _field_error("", "proc", proc, _STR, None)
-    ev = get("ev", _MISSING)
-    if type(ev) is not str:
-        return _field_error("", "ev", ev, _STR, None)
-    spec = _SPECS.get(ev)
-    if spec is None:
-        return f"unknown ev {ev!r}"
-    for name, types, allowed in spec:
-        v = get(name, _MISSING)
-        if type(v) not in types or (allowed is not None and v not in allowed):
-            return _field_error(ev, name, v, types, allowed)
-    if ev == "fault" and type(get("params", {})) is not dict:
-        return "fault: field 'params' is not an object"
-    return None
-
-
-@dataclass
-class RunInfo:
-    """What run.json says (only what the checker uses; everything is optional but the file)."""
-
-    dir: str
-    seed: Any = None
-    started: float | None = None
-    ended: float | None = None
-    members: list[str] = field(default_factory=list)
-    config: str | None = None
-    subscriber_timeout: float | None = None
-
-
-def load_run(run_dir: str | Path) -> RunInfo:
-    """Read RUN_DIR/run.json; InputError when it is missing or not a JSON object."""
-    path = Path(run_dir) / "run.json"
-    try:
-        raw = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: {e}") from None
-    if type(raw) is not dict:
-        raise InputError(f"{path}: not a JSON object")
-
-    def num(name: str) -> float | None:
-        v = raw.get(name)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-    members = raw.get("members")
-    info = RunInfo(dir=str(run_dir), seed=raw.get("seed"), started=num("started"), ended=num("ended"),
-                   members=sorted(members) if isinstance(members, dict) else [],
-                   config=raw.get("config") if isinstance(raw.get("config"), str) else None)
-    text = raw.get("config_text")
-    if isinstance(text, str):
-        try:
-            timeouts = tomllib.loads(text).get("timeouts", {})
-            v = timeouts.get("subscriber_timeout") if isinstance(timeouts, dict) else None
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                info.subscriber_timeout = float(v)
-        except tomllib.TOMLDecodeError:
-            pass
-    return info
-
-
-def event_files(run_dir: str | Path) -> list[Path]:
-    """RUN_DIR/events/*.jsonl in name order (the order ties in time are broken in)."""
-    d = Path(run_dir) / "events"
-    return sorted(p for p in d.glob("*.jsonl") if p.is_file()) if d.is_dir() else []
-
-
-def _json_error(line: str) -> str:
-    """Why a line is not one JSON value, with the column counted within the line."""
-    try:
-        json.loads(line.rstrip("\r\n"))
-    except json.JSONDecodeError as e:
-        return f"bad JSON: {e.msg} at column {e.colno}"
-    except (ValueError, RecursionError) as e:
-        return f"bad JSON: {e}"
-    return "bad JSON"
-
-
-def read_events(paths: Iterable[Path], checker: Checker) -> None:
-    """Feed every line of `paths` to `checker`: events to add(), the rest to malformed().
-
-    The JSON parser's scanner is called directly (twice as fast as json.loads, which scans
-    whitespace and checks the end with regular expressions); a line it does not take whole goes
-    through json.loads, so what is accepted is exactly what json.loads accepts.
-    """
-    decoder = json.JSONDecoder()
-    scan: Callable[[str, int], tuple[Any, int]] = getattr(decoder, "scan_once", decoder.raw_decode)
-    loads = json.loads
-    add = checker.add
-    for path in paths:
-        checker.files += 1
-        name = path.name
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode()
-                except UnicodeDecodeError as e:
-                    checker.malformed(name, lineno, f"not UTF-8: {e.reason} at byte {e.start}")
-                    continue
-                try:
-                    obj, end = scan(line, 0)
-                    if end != len(line) - 1 and line[end:].strip():
-                        raise ValueError("extra data")
-                except (StopIteration, ValueError, RecursionError):
-                    try:
-                        obj = loads(line)
-                    except (ValueError, RecursionError):
-                        checker.malformed(name, lineno, _json_error(line))
-                        continue
-                err = validate(obj)
-                if err is None:
-                    add(obj)
-                else:
-                    checker.malformed(name, lineno, err)
-
 
 @dataclass
 class Window:
@@ -818,57 +643,3 @@ def check_run(run_dir: str | Path, grace: float = DEFAULT_GRACE, subscriber_time
     finally:
         if was_enabled:
             gc.enable()
-
-
-_N = {"type": ["number", "null"]}
-_NUM_S = {"type": "number"}
-_INT_S = {"type": "integer", "minimum": 0}
-_STR_S = {"type": "string"}
-_STRN = {"type": ["string", "null"]}
-_COUNTS = {f: _INT_S for f in COUNT_FIELDS}
-
-
-def _obj(props: dict[str, Any], extra: bool = False) -> dict[str, Any]:
-    return {"type": "object", "required": list(props), "properties": props, "additionalProperties": extra}
-
-
-REPORT_SCHEMA: dict[str, Any] = _obj({
-    "version": {"const": 1},
-    "ok": {"type": "boolean"},
-    "run": _obj({"dir": _STR_S, "seed": {}, "started": _N, "ended": _N, "members": {"type": "array", "items": _STR_S},
-                 "config": _STRN}),
-    "options": _obj({"grace": _NUM_S, "subscriber_timeout": _NUM_S, "fault_tail": _NUM_S}),
-    "input": _obj({
-        "files": _INT_S, "events": _INT_S, "malformed": _INT_S,
-        "malformed_lines": {"type": "array", "items": _obj({"file": _STR_S, "line": {"type": "integer", "minimum": 1},
-                                                             "error": _STR_S})},
-        "duplicate_publishes": _INT_S, "unpaired_fault_ends": _INT_S, "phantom_deliveries": _INT_S,
-        "stray_deliveries": _INT_S, "by_kind": {"type": "object", "additionalProperties": _INT_S}}),
-    "modes": _obj({mode: _obj({
-        "totals": _obj(_COUNTS),
-        "lost_by_class": _obj({c: _INT_S for c in LOSS_CLASSES}),
-        "latency": _obj({"n": _INT_S, "p50": _N, "p90": _N, "p99": _N, "max": _N}),
-        "paths": {"type": "array", "items": _obj({"pid": _STR_S, "sub": _STR_S, "topic": _STR_S, "key": _STRN,
-                                                  **_COUNTS})},
-    }) for mode in MODES}),
-    "lost": {"type": "array", "items": _obj({"pid": _STR_S, "seq": {"type": "integer"}, "sub": _STR_S, "topic": _STR_S,
-                                             "key": _STRN, "member": _STR_S, "t": _NUM_S,
-                                             "class": {"enum": list(LOSS_CLASSES)}})},
-    "duplicated": {"type": "array", "items": _obj({"pid": _STR_S, "seq": {"type": "integer"}, "sub": _STR_S,
-                                                   "mode": {"enum": list(MODES)}, "count": {"type": "integer",
-                                                                                             "minimum": 2},
-                                                   "members": {"type": "array", "items": _STRN}})},
-    "reordered": {"type": "array", "items": _obj({"pid": _STR_S, "seq": {"type": "integer"}, "sub": _STR_S,
-                                                  "mode": {"enum": list(MODES)}, "after_seq": {"type": "integer"},
-                                                  "class": _STR_S})},
-    "faults": {"type": "array", "items": _obj({"fault": _STR_S, "target": _STR_S, "start": _NUM_S, "end": _N,
-                                               "healed": {"type": "boolean"}, "params": {"type": ["object", "null"]},
-                                               "gap": _NUM_S, "recover": _N, "deliveries": _INT_S})},
-    "agreement": _obj({"agreed": {"type": ["boolean", "null"]}, "digests": {"type": "object",
-                                                                             "additionalProperties": _STR_S},
-                       "missing": {"type": "array", "items": _STR_S}}),
-    "violations": {"type": "array", "items": _obj({
-        "kind": {"enum": ["lost", "duplicated", "reordered", "phantom", "disagreement"]},
-        "pid": _STRN, "seq": {"type": ["integer", "null"]}, "sub": _STRN, "member": _STRN, "reason": _STR_S,
-        "t": _N})},
-})

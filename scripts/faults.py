@@ -68,14 +68,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import heapq
 import ipaddress
 import itertools
 import json
 import os
-import random
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -91,13 +88,13 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from scripts import netns as _netns  # noqa: E402
+from scripts.delayqueue import start_handler, stop_handler  # noqa: E402
 
 TABLE = "roost_chaos"
 IPT_TABLE = "mangle"
 IPT_PREFIX = "ROOST_CHAOS_"
 QUEUE_BASE = 47000  # NFQUEUE numbers QUEUE_BASE + fault id
 INSTALL_NFQ = "apt-get install -y libnetfilter-queue-dev && .venv/bin/pip install netfilterqueue"
-MAX_HELD = 100_000  # packets a delay handler holds at most; beyond, they pass at once
 
 _JUMP_RE = re.compile(r"\bjump (f\d+) # handle (\d+)")
 
@@ -259,93 +256,11 @@ def _percent(percent: float) -> int:
     return round(percent * 100)
 
 
-class _DelayHandler:
-    """Holds each queued packet ``ms`` +- ``jitter_ms`` (uniform), then accepts it.
-
-    Runs in a process of its own (``faults.py _delay-handler``), not a thread
-    of the caller: sharing the GIL with a busy driver delayed packets by
-    hundreds of ms more than asked. Packets are released in due-time order,
-    so jitter reorders them. On SIGTERM/SIGINT, or when its parent dies, it
-    accepts everything it holds before exiting (a queue that closes drops what
-    it holds), so healing never loses a packet.
-    """
-
-    def __init__(self, qnum: int, ms: float, jitter_ms: float, seed: int | None) -> None:
-        import netfilterqueue
-
-        self.ms, self.jitter = ms, jitter_ms
-        self.rng = random.Random(seed)
-        self.held: list[tuple[float, int, Any]] = []
-        self.seq = itertools.count()
-        self.halt = False
-        self.nfq = netfilterqueue.NetfilterQueue()
-        self.nfq.bind(qnum, self._queued, max_len=65536, mode=netfilterqueue.COPY_META)
-
-    def _queued(self, pkt: Any) -> None:
-        if len(self.held) >= MAX_HELD:
-            pkt.accept()
-            return
-        hold = max(0.0, self.rng.uniform(self.ms - self.jitter, self.ms + self.jitter)) / 1000
-        heapq.heappush(self.held, (time.monotonic() + hold, next(self.seq), pkt))
-
-    def _stop(self, signum: int, frame: FrameType | None) -> None:
-        self.halt = True
-
-    def run(self, parent: int) -> None:
-        """Until SIGTERM/SIGINT or the parent's death (checked every 50 ms at most)."""
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        fd = self.nfq.get_fd()
-        print("ready", flush=True)
-        try:
-            while not self.halt and os.getppid() == parent:
-                wait = 0.05 if not self.held else min(0.05, max(0.0, self.held[0][0] - time.monotonic()))
-                try:
-                    readable, _, _ = select.select([fd], [], [], wait)
-                except InterruptedError:
-                    continue
-                if readable:
-                    self.nfq.run(block=False)
-                self._release(time.monotonic())
-        finally:
-            self._release(float("inf"))
-            self.nfq.unbind()
-
-    def _release(self, until: float) -> None:
-        while self.held and self.held[0][0] <= until:
-            heapq.heappop(self.held)[2].accept()
-
-
-def _start_handler(qnum: int, ms: float, jitter_ms: float, seed: int | None) -> subprocess.Popen[str]:
-    """Start a delay handler process; return once its queue is bound (or raise with its error)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "_delay-handler", str(qnum), str(ms), str(jitter_ms),
-           str(seed if seed is not None else "")]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stderr is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 10.0)
-    line = proc.stdout.readline() if ready else ""
-    if line.strip() != "ready":
-        proc.kill()
-        err = proc.communicate(timeout=5)[1].strip()
-        raise FaultError(f"delay handler did not start: {err or 'no answer in 10 s'}")
-    return proc
-
-
-def _stop_handler(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM (the handler releases what it holds), SIGKILL after 5 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                print(f"faults: delay handler {proc.pid} did not exit after SIGKILL", file=sys.stderr)
-    for f in (proc.stdout, proc.stderr):
-        if f is not None:
-            f.close()
+def _start_delay(qnum: int, ms: float, jitter_ms: float, seed: int | None) -> Any:
+    try:
+        return start_handler(qnum, ms, jitter_ms, seed)
+    except RuntimeError as exc:
+        raise FaultError(str(exc)) from None
 
 
 # ------------------------------------------------------------------ the table
@@ -413,7 +328,7 @@ class FaultTable:
             clear_all()
             for f in self.faults.values():
                 if f.handler is not None:
-                    _stop_handler(f.handler)
+                    stop_handler(f.handler)
             if self._made_mangle and "-A " not in _ipt("-S", check=False).stdout:
                 subprocess.run(["nft", "delete", "table", "ip", IPT_TABLE], capture_output=True, check=False)
             self._made_mangle = False
@@ -647,7 +562,7 @@ class FaultTable:
                 ["FORWARD", "-i", _netns.BRIDGE, "-j", chain]  # fmt: skip
             fault = Fault(fid, "delay", f"{ms}+-{jitter_ms} ms {' '.join(hosts)} {','.join(map(str, plist))}".strip(),
                           ipt_chain=chain, ipt_jumps=[jump])  # fmt: skip
-            fault.handler = _start_handler(qnum, ms, jitter_ms, seed)
+            fault.handler = _start_delay(qnum, ms, jitter_ms, seed)
             self.faults[fid] = fault
             try:
                 _ipt("-N", chain)
@@ -673,7 +588,7 @@ class FaultTable:
                 _ipt("-X", fault.ipt_chain, check=False)
             if fault.handler is not None:
                 code = fault.handler.poll()
-                _stop_handler(fault.handler)
+                stop_handler(fault.handler)
                 if code is not None:
                     raise FaultError(f"delay handler of {fault} had died (exit {code}): packets passed undelayed")
             live = set(tables())
@@ -719,10 +634,6 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("clear", help="delete every rule of ours")
     if argv is None:
         argv = sys.argv[1:]
-    if argv[:1] == ["_delay-handler"]:  # (internal: the process FaultTable.delay starts)
-        qnum, ms, jitter, seed = argv[1:5]
-        _DelayHandler(int(qnum), float(ms), float(jitter), int(seed) if seed else None).run(os.getppid())
-        return 0
     args = ap.parse_args(argv)
 
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from scripts import check, checklib, gen_events
+from scripts import check, checklib, checkschema, gen_events
 from scripts.checklib import ALLOWED_CUT, ALLOWED_DIED, ALLOWED_ENDED, VIOLATION
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -463,12 +463,12 @@ def test_json_report_matches_its_schema_and_out_writes_the_same(tmp_path, capsys
     code, stdout = run_cli(capsys, run_dir, "--json", "--out", str(out))
     assert code == 1
     report = json.loads(stdout)
-    jsonschema.validate(report, checklib.REPORT_SCHEMA)
+    jsonschema.validate(report, checkschema.REPORT_SCHEMA)
     assert json.loads(out.read_text()) == report
     assert {v["kind"] for v in report["violations"]} == {"lost", "duplicated", "reordered", "disagreement"}
     broken = dict(report, modes={"reliable": report["modes"]["reliable"]})
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, checklib.REPORT_SCHEMA)
+        jsonschema.validate(broken, checkschema.REPORT_SCHEMA)
 
 
 def test_text_report_has_a_table_per_mode_and_lists_violations(tmp_path, capsys):

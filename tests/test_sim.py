@@ -26,7 +26,8 @@ from cluster.events import (
 )  # fmt: skip
 from cluster.member import MemberCore
 from cluster.peerwire import P, encode
-from cluster.sim import Simulation, run_seed, sim_config
+from cluster.sim import Simulation, run_seed
+from cluster.simworld import sim_config
 from tests.clusterkit import ROOT
 
 SEEDS = 200
