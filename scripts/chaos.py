@@ -25,7 +25,8 @@ digest of its subscriptions) is recorded, and everything is stopped. The run
 directory holds run.json, events/*.jsonl (docs/eventlog.md) and the members'
 logs; scripts/check.py judges it. Every rule lives in one nft table that is
 deleted on exit; processes, rules and namespaces are cleaned up even on
-Ctrl-C. A progress line shows what is going on.
+Ctrl-C. A progress line shows what is going on. One run at a time per
+machine: runs share the loopback addresses, the namespaces and the table.
 """
 
 from __future__ import annotations
