@@ -71,8 +71,9 @@ class Receiver:
         self.streams: dict[Addr, RecvStream] = {}  # one sequence space per delivering node
         self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
         self.holes: dict[bytes, set[int]] = {}  # producer id -> sequences below it not yet seen
-        # producer id -> (the first sequence heard from it, those below it delivered since)
-        self.early: dict[bytes, tuple[int, set[int]]] = {}
+        # producer id -> [the first sequence heard from it, those below it delivered since,
+        # the highest of them forgotten (bounded memory): it and all below count as seen]
+        self.early: dict[bytes, list[Any]] = {}
         self.buffered = 0
         self.held = False  # in-order messages wait in ``ooo`` for buffer room
         self.duplicates = 0
@@ -172,16 +173,17 @@ class Receiver:
                 holes.discard(pseq)
                 return False
             early = self.early.get(pid)
-            if early is None or pseq >= early[0] or pseq in early[1]:
+            if early is None or pseq >= early[0] or pseq <= early[2] or pseq in early[1]:
                 self.duplicates += 1
                 return True
             early[1].add(pseq)
-            if len(early[1]) > MAX_HOLES:  # (bounded: the oldest are forgotten)
-                early[1].discard(min(early[1]))
+            if len(early[1]) > MAX_HOLES:  # (bounded: the oldest are forgotten, and all below
+                early[2] = min(early[1])  # them count as seen: a miss, never a duplicate)
+                early[1].discard(early[2])
             return False
         if not high:
             if pseq > 1:
-                self.early[pid] = (pseq, set())
+                self.early[pid] = [pseq, set(), 0]
         elif pseq > high + 1:
             holes = self.holes.setdefault(pid, set())
             holes.update(range(max(high + 1, pseq - MAX_HOLES), pseq))

@@ -130,6 +130,7 @@ class MemberCore(Lifecycle):
         self.next_snapshot = now + s.snapshot_interval
         self._init_lifecycle()  # PULL and snapshot state (cluster/lifecycle.py)
         self._expired: set[str] = set()
+        self._expire_again: dict[str, float] = {}
         self._out: list[Action] = []
 
     # ------------------------------------------------------------ entry points
@@ -316,9 +317,13 @@ class MemberCore(Lifecycle):
         if min(ready) != self.id:
             return
         for peer in self.peers:
-            if peer not in self._expired and self.membership.down_for(peer, now) > self.cfg.subscriber_timeout:
-                self._expired.add(peer)
+            if peer not in self._expired and self.membership.down_for(peer, now) > self.cfg.subscriber_timeout \
+                    and now >= self._expire_again.get(peer, 0.0):  # fmt: skip
                 self._absorb(self.broker.expire_home(peer, now))
+                if self.broker.expire_skipped:  # clients alive elsewhere: look again in a while
+                    self._expire_again[peer] = now + self.cfg.subscriber_timeout / 2
+                else:
+                    self._expired.add(peer)
 
     # ------------------------------------------------------------ links
 

@@ -173,7 +173,10 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         if ftype is T.CMDS:
             self._on_cmds(c, cid, addr, f[3], f[4], f[5], now)  # (a stale session must not touch c)
             return
-        if c is not None:
+        # A PING of a process the client id has since been restarted in (a lower session) is
+        # answered, but is neither liveness nor a reason to move the client to its address.
+        stale = ftype is T.PING and c is not None and 0 < f[5] < c.session
+        if c is not None and not stale:
             c.last_seen = c.heard = now
         if ftype is T.PUB:
             self._on_pub(addr, f, now)
@@ -181,12 +184,9 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             if c is not None:
                 self._on_ack(c, f[3], f[4], f[5], now)
         elif ftype is T.PING:
-            if c is not None:
-                if 0 < f[5] < c.session:
-                    # A late PING of a process the client id has since been restarted in: its
-                    # address must not take the client back to a dead socket.
-                    self.metrics["stale_pings"] += 1
-                    return
+            if stale:
+                self.metrics["stale_pings"] += 1
+            elif c is not None:
                 self._adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])

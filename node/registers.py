@@ -82,6 +82,7 @@ class Registers(CoreBase):
         self.text_subs = 0  # text-protocol subscriptions in force (max_text_subscribers)
         self.replicating = replicating
         self.tombstone_horizon = tombstone_horizon
+        self.expire_skipped = 0  # clients the last expire_home left alone: heard from lately
         self.digest = [0] * DIGEST_BUCKETS
         # Registers changed (local writes and merges), ever: a snapshot is due
         # when this moved since the last one.
@@ -283,8 +284,11 @@ class Registers(CoreBase):
         """
         n = 0
         alive_since = now - self.cfg.subscriber_timeout
+        self.expire_skipped = 0
         for c in list(self.clients.values()):
-            if c.home == home and c.cid.__class__ is bytes and c.live and c.heard < alive_since:
+            if c.home == home and c.cid.__class__ is bytes and c.live and c.heard >= alive_since:
+                self.expire_skipped += 1  # (the member asks again later: it may die yet)
+            elif c.home == home and c.cid.__class__ is bytes and c.live:
                 for tk, v in list(c.subs.items()):
                     if v & versions.PRESENT:
                         self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
@@ -297,8 +301,11 @@ class Registers(CoreBase):
         if self.tombstone_horizon == math.inf:
             return
         limit_ms = int((now + self.wall_offset - self.tombstone_horizon) * 1000)
+        park_limit_ms = int((now + self.wall_offset - self.cfg.subscriber_timeout) * 1000)
         gone = 0
         for cid, c in list(self.clients.items()):
+            if c.parked is not None and c.parked[1] < park_limit_ms:
+                c.parked = None  # (a mailbox kept for a client given up: its time is over)
             for tk, v in list(c.subs.items()):
                 if not v & versions.PRESENT and versions.millis_of(v) < limit_ms:
                     b, h = _key_hash(cid, tk)

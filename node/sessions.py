@@ -67,7 +67,7 @@ class Sessions(Delivery):
             self._set_cver(c, self._version(now, True, 0))  # the session is part of the client register
             self._mark_changed(c, None)
         if c is not None:
-            c.last_seen = now
+            c.last_seen = c.heard = now
             self._adopt(c, addr, now, session)  # the client talks to this node now: it is ours to watch
         if c is not None and session == c.session and batch <= c.last_batch:
             answer = c.answers.get(batch)

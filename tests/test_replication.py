@@ -488,3 +488,37 @@ def test_a_restarted_process_never_takes_up_the_stream_its_predecessor_was_given
     new.session = cb.session + 1
     new.sub("t", now=16.0)
     assert b.clients[ca.cid].mailbox.stream_id != old_stream and b.metrics["mailboxes_resumed"] == 0
+
+
+def test_a_kept_mailbox_is_dropped_once_subscriber_timeout_has_passed():
+    _, b, ca, _ = moved_client()
+    (pub,) = connect(b, ("127.0.0.1", 5009))
+    pub.pub([("t", b"m1")], now=1.5)
+    b.expire_home("n1", 15.0)
+    assert b.clients[ca.cid].parked is not None
+    b.tombstone_horizon = 3600.0
+    b.collect_tombstones(15.0 + b.cfg.subscriber_timeout + 1)  # the sweep that goes with tombstone collection
+    assert b.clients[ca.cid].parked is None
+
+
+def test_a_client_left_alone_because_it_talked_to_us_is_given_up_once_it_falls_silent():
+    _, b, ca, cb = moved_client()
+    cb.ack(1, 0, now=5.0)
+    b.expire_home("n1", 6.0)
+    assert b.expire_skipped == 1 and b.clients[ca.cid].modes() == {("t", None): 1}
+    b.expire_home("n1", 16.0)  # asked again later (cluster/member.py), silent since 5.0
+    assert b.expire_skipped == 0 and b.clients[ca.cid].modes() == {}
+
+
+def test_a_stale_ping_is_answered_but_is_no_sign_of_life():
+    core = replica()
+    old = FakeClient(core, ("127.0.0.1", 5001))
+    old.hello()
+    old.sub("t", now=1.0)
+    new = FakeClient(core, ("127.0.0.1", 5002), cid=old.cid)
+    new.hello()
+    new.session = old.session + 1
+    new.sub("t", now=2.0)
+    out = old.ping(now=3.0)
+    assert [f[0].name for f in frames_to(out, old.addr)] == ["PONG"]
+    assert core.clients[old.cid].last_seen == 2.0

@@ -352,3 +352,17 @@ def test_a_message_that_arrived_while_no_subscription_was_in_force_is_delivered_
     r._deliver(("t", None, None, b"1", pid, 1), 1)  # the same message, from another member
     r._deliver(("t", None, None, b"1", pid, 1), 2)  # and a true duplicate
     assert [m.payload for m in subs[("t", None)].queue] == [b"1"] and r.duplicates == 1
+
+
+def test_forgetting_early_sequences_past_the_bound_misses_rather_than_duplicates(monkeypatch):
+    import client.receive as receive
+    from client.receive import Receiver
+    from client.session import SubState
+
+    monkeypatch.setattr(receive, "MAX_HOLES", 4)
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
+    r = Receiver(subs, [], ClientConfig())
+    pid = b"p" * 16
+    for pseq in (100, 1, 2, 3, 4, 5, 1):  # 6 early ones: the oldest is forgotten, then repeated
+        r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1)
+    assert [int(m.payload) for m in subs[("t", None)].queue] == [100, 1, 2, 3, 4, 5]
