@@ -28,6 +28,7 @@ from client.config import ClientConfig
 Addr = tuple[str, int]
 SubKey = tuple[str, str | None]
 MAX_HOLES = 65536  # per producer: sequences skipped by a jump that may still arrive
+FIRE_WINDOW = 4096  # fire datagrams remembered to drop network duplicates
 
 
 class Message(NamedTuple):
@@ -74,6 +75,8 @@ class Receiver:
         # producer id -> [the first sequence heard from it, those below it delivered since,
         # the highest of them forgotten (bounded memory): it and all below count as seen]
         self.early: dict[bytes, list[Any]] = {}
+        # (source, number) of the last FIRE_WINDOW fire datagrams, oldest first
+        self.fire_seen: dict[tuple[Addr, int], None] = {}
         self.buffered = 0
         self.held = False  # in-order messages wait in ``ooo`` for buffer room
         self.duplicates = 0
@@ -107,6 +110,13 @@ class Receiver:
 
     def on_msgs(self, src: Addr, stream: int, first: int, msgs: list[tuple[Any, ...]]) -> None:
         if stream == 0:
+            if first:  # a numbered fire datagram: one the network duplicated is dropped whole
+                if (src, first) in self.fire_seen:
+                    self.duplicates += len(msgs)
+                    return
+                self.fire_seen[(src, first)] = None
+                if len(self.fire_seen) > FIRE_WINDOW:
+                    del self.fire_seen[next(iter(self.fire_seen))]
             for m in msgs:
                 if self.buffered >= self.cfg.max_buffered:
                     self.events.append(("fire_dropped", 1))

@@ -45,6 +45,9 @@ class Delivery(Registers):
         # Stream ids grow within an incarnation and across restarts (the shell
         # passes wall-clock milliseconds), so a client can ignore stale streams.
         self._next_stream = incarnation << 16
+        # Fire datagrams are numbered per member incarnation (MSGS first_seq of stream 0), so a
+        # client drops one the network duplicated; a restarted member numbers far above.
+        self._next_fire = incarnation << 16
         self._dirty: list[ClientState] = []  # clients with messages queued by this batch
         self._pubacks: dict[tuple[Addr, bytes], int] = {}  # -> cumulative seq, sent by _flush
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
@@ -226,6 +229,10 @@ class Delivery(Registers):
                     self._arm(c, mb)
         self._dirty.clear()
 
+    def _fire_number(self) -> int:
+        self._next_fire += 1
+        return self._next_fire
+
     def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:
         """MSGS datagrams for a run of messages, each up to max_datagram."""
         budget = self._budget
@@ -237,9 +244,9 @@ class Delivery(Registers):
         for i, e in enumerate(entries):
             n = len(e)
             if size + n > budget and i > start:
-                out.append(Send(addr, encode(stream, seq, entries[start:i])))
+                out.append(Send(addr, encode(stream, seq if stream else self._fire_number(), entries[start:i])))
                 seq += (i - start) if stream else 0
                 start, size = i, 0
             size += n
-        out.append(Send(addr, encode(stream, seq, entries[start:])))
+        out.append(Send(addr, encode(stream, seq if stream else self._fire_number(), entries[start:])))
         self.metrics["delivered"] += len(entries)

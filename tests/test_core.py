@@ -541,3 +541,14 @@ def test_per_host_count_is_released_when_the_client_goes():
     core.tick(5.0)  # a and b time out
     (ack,) = frames_to(third.sub("t", now=5.1), third.addr)
     assert ack[0] is T.CMDACK
+
+
+def test_fire_datagrams_are_numbered_so_a_network_duplicate_can_be_told_apart():
+    core = make_core()
+    pub, sub = connect(core, ("127.0.0.1", 5001), ("127.0.0.1", 5002))
+    sub.sub("t", mode=Mode.FIRE)
+    firsts = []
+    for i in range(3):
+        out = pub.pub([("t", b"same")], now=1.0 + i, reliable=False)  # identical messages
+        firsts += [f[2] for f in frames_to(out, sub.addr) if f[0] is T.MSGS and f[1] == 0]
+    assert len(firsts) == 3 and len(set(firsts)) == 3 and all(firsts)

@@ -366,3 +366,18 @@ def test_forgetting_early_sequences_past_the_bound_misses_rather_than_duplicates
     for pseq in (100, 1, 2, 3, 4, 5, 1):  # 6 early ones: the oldest is forgotten, then repeated
         r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1)
     assert [int(m.payload) for m in subs[("t", None)].queue] == [100, 1, 2, 3, 4, 5]
+
+
+def test_a_fire_datagram_the_network_duplicated_is_delivered_once_and_equal_messages_twice():
+    from client.receive import Receiver
+    from client.session import SubState
+
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.FIRE)}
+    r = Receiver(subs, [], ClientConfig())
+    node = ("127.0.0.1", 7400)
+    r.on_msgs(node, 0, 41, [("t", None, None, b"x")])
+    r.on_msgs(node, 0, 41, [("t", None, None, b"x")])  # the same datagram again (network dup)
+    r.on_msgs(node, 0, 42, [("t", None, None, b"x")])  # a new datagram with an equal message
+    r.on_msgs(node, 0, 0, [("t", None, None, b"y")])  # unnumbered (an older member): never dropped
+    r.on_msgs(node, 0, 0, [("t", None, None, b"y")])
+    assert [m.payload for m in subs[("t", None)].queue] == [b"x", b"x", b"y", b"y"] and r.duplicates == 1
