@@ -145,7 +145,7 @@ def load_run(run_dir: str | Path) -> RunInfo:
             if isinstance(v, int | float) and not isinstance(v, bool):
                 info.subscriber_timeout = float(v)
         except tomllib.TOMLDecodeError:
-            pass
+            info.subscriber_timeout = None  # (unreadable: the checker's default applies)
     return info
 
 

@@ -431,9 +431,9 @@ def test_text_records_go_with_their_last_subscription():
     assert collected(a.collect_tombstones(100.0)) == 1 and a.clients == {}
 
 
-def test_a_late_ping_of_a_replaced_process_does_not_take_the_client_back_to_its_old_address():
-    """Simulator seed 7111: a PING of the old process, delayed in the network, arrived after the
-    restarted process (same client id, greater session) had moved the client to its address."""
+def replaced_process() -> tuple[BrokerCore, FakeClient, FakeClient]:
+    """A client subscribed to "t" from one process (at 1.0), then from a restarted one: same
+    client id, greater session, another address (at 2.0)."""
     core = replica()
     old = FakeClient(core, ("127.0.0.1", 5001))
     old.hello()
@@ -442,6 +442,13 @@ def test_a_late_ping_of_a_replaced_process_does_not_take_the_client_back_to_its_
     new.hello()
     new.session = old.session + 1
     new.sub("t", now=2.0)
+    return core, old, new
+
+
+def test_a_late_ping_of_a_replaced_process_does_not_take_the_client_back_to_its_old_address():
+    """Simulator seed 7111: a PING of the old process, delayed in the network, arrived after the
+    restarted process (same client id, greater session) had moved the client to its address."""
+    core, old, new = replaced_process()
     assert core.clients[old.cid].addr == new.addr
     old.ping(now=2.5)  # the old process's last PING, late
     assert core.clients[old.cid].addr == new.addr and core.metrics["stale_pings"] == 1
@@ -511,14 +518,7 @@ def test_a_client_left_alone_because_it_talked_to_us_is_given_up_once_it_falls_s
 
 
 def test_a_stale_ping_is_answered_but_is_no_sign_of_life():
-    core = replica()
-    old = FakeClient(core, ("127.0.0.1", 5001))
-    old.hello()
-    old.sub("t", now=1.0)
-    new = FakeClient(core, ("127.0.0.1", 5002), cid=old.cid)
-    new.hello()
-    new.session = old.session + 1
-    new.sub("t", now=2.0)
+    core, old, _ = replaced_process()
     out = old.ping(now=3.0)
     assert [f[0].name for f in frames_to(out, old.addr)] == ["PONG"]
     assert core.clients[old.cid].last_seen == 2.0
