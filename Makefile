@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check client node cluster scripts tests
+	$(BIN)/ruff check client node cluster pipeline scripts tests
 	$(BIN)/mypy
 	$(BIN)/pytest
 

@@ -1,8 +1,8 @@
 """Judge a chaos or failover run from its event logs: what was lost, duplicated or reordered,
-against what each delivery mode promises. The definitions live in scripts/checklib.py.
+against what each delivery mode promises. The definitions live in pipeline/rules.py.
 
     python scripts/check.py RUN_DIR                 # a report for people
-    python scripts/check.py RUN_DIR --json          # one JSON object (schema: checklib docstring)
+    python scripts/check.py RUN_DIR --json          # one JSON object (schema: pipeline/rules.py docstring)
     python scripts/check.py RUN_DIR --out report.json
 
 Exit status: 0 when no promise is broken, 1 when there is a violation, 2 when the run cannot be
@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts import checklib
+from pipeline import checker, rules
 
 
 def _ms(v: float | None) -> str:
@@ -112,21 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     ap.add_argument("--out", metavar="FILE", help="also write the JSON object to FILE")
-    ap.add_argument("--grace", type=float, default=checklib.DEFAULT_GRACE,
+    ap.add_argument("--grace", type=float, default=rules.DEFAULT_GRACE,
                     help="seconds after a subscription's confirmation before messages are expected: in a cluster "
                          "it reaches the other members within a push round-trip (default %(default)s)")
     ap.add_argument("--subscriber-timeout", type=float, default=None,
                     help="seconds (default: run.json's config, else 10)")
-    ap.add_argument("--fault-tail", type=float, default=checklib.DEFAULT_FAULT_TAIL,
+    ap.add_argument("--fault-tail", type=float, default=rules.DEFAULT_FAULT_TAIL,
                     help="seconds after a fault's end still searched for its delivery gap (default %(default)s)")
-    ap.add_argument("--horizon", type=float, default=checklib.DEFAULT_HORIZON,
+    ap.add_argument("--horizon", type=float, default=rules.DEFAULT_HORIZON,
                     help="seconds after a publish within which a member's death, a cancel or a cut-off can "
                          "explain its loss (default %(default)s)")  # fmt: skip
     ap.add_argument("--limit", type=int, default=50, help="lines per list in the report (default %(default)s)")
     a = ap.parse_args(argv)
     try:
-        report = checklib.check_run(a.run_dir, a.grace, a.subscriber_timeout, a.fault_tail, a.horizon)
-    except checklib.InputError as e:
+        report = checker.check_run(a.run_dir, a.grace, a.subscriber_timeout, a.fault_tail, a.horizon)
+    except checker.InputError as e:
         print(f"check: {e}", file=sys.stderr)
         return 2
     if a.out:

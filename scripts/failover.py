@@ -31,7 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts import chaos, checklib  # noqa: E402
+from pipeline import checker, rules  # noqa: E402
+from scripts import chaos  # noqa: E402
 
 
 def one_run(i: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -62,14 +63,14 @@ def analyse(out: Path) -> dict[str, Any]:
     before = [t for t in times if t <= kill]
     after = [t for t in times if t > kill]
     gap = (after[0] - before[-1]) if before and after else float("nan")
-    report = checklib.check_run(out)
+    report = checker.check_run(out)
     totals = report["modes"]["reliable"]["totals"]
     log = (out / "logs" / "n1.log").read_text(errors="replace").rsplit("event=node_starting", 1)[-1]
     return {
         "gap_s": gap,
         "expected": totals["acknowledged"],
         "lost": totals["lost"],
-        "allowed": totals["lost"] - report["modes"]["reliable"]["lost_by_class"][checklib.VIOLATION],
+        "allowed": totals["lost"] - report["modes"]["reliable"]["lost_by_class"][rules.VIOLATION],
         "duplicated": totals["duplicated"],
         "violations": len(report["violations"]),
         "failovers": sum(1 for e in events if e["ev"] == "failover"),

@@ -1,4 +1,4 @@
-"""scripts/check.py and scripts/checklib.py: the checker finds exactly the flaws planted in a
+"""scripts/check.py and pipeline/rules.py: the checker finds exactly the flaws planted in a
 log, classifies each loss against docs/guarantees.md, and reports bad input without crashing.
 
 Two kinds of input: runs from scripts/gen_events.py, whose truth.json says what was planted, and
@@ -16,8 +16,9 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from scripts import check, checklib, checkschema, gen_events
-from scripts.checklib import ALLOWED_CUT, ALLOWED_DIED, ALLOWED_ENDED, VIOLATION
+from pipeline import checker, eventlog, reportschema, rules
+from pipeline.rules import ALLOWED_CUT, ALLOWED_DIED, ALLOWED_ENDED, VIOLATION
+from scripts import check, gen_events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +51,7 @@ class History:
 
     def add(self, t: float, proc: str, ev: str, **fields: Any) -> None:
         e = {"t": T0 + t, "proc": proc, "ev": ev, **fields}
-        assert checklib.validate(e) is None, (checklib.validate(e), e)
+        assert eventlog.validate(e) is None, (eventlog.validate(e), e)
         self.events.append(e)
 
     def subscribe(self, t: float, sub: str, topic: str = "t", key: str | None = None, mode: str = "reliable",
@@ -75,8 +76,8 @@ class History:
         self.add(t, "nemesis", "fault", fault=fault, target=target, phase=phase)
 
     def check(self, end: float = 100.0, **kw: Any) -> dict[str, Any]:
-        run = checklib.RunInfo(dir="mem", started=T0, ended=T0 + end, members=["n1", "n2", "n3"])
-        return checklib.check_events(self.events, run, **kw)
+        run = eventlog.RunInfo(dir="mem", started=T0, ended=T0 + end, members=["n1", "n2", "n3"])
+        return checker.check_events(self.events, run, **kw)
 
     def write(self, run_dir: Path, end: float = 100.0, config_text: str = "") -> Path:
         (run_dir / "events").mkdir(parents=True)
@@ -404,7 +405,7 @@ def test_latency_percentiles_by_nearest_rank_over_first_deliveries():
     lat = h.check()["modes"]["reliable"]["latency"]
     assert lat["n"] == 10
     assert [round(lat[k] * 1000, 6) for k in ("p50", "p90", "p99", "max")] == [5, 9, 10, 10]
-    assert checklib.percentile([1.0, 2.0, 3.0], 50) == 2.0
+    assert rules.percentile([1.0, 2.0, 3.0], 50) == 2.0
 
 
 def test_fault_delivery_gap_and_time_to_recover():
@@ -463,12 +464,12 @@ def test_json_report_matches_its_schema_and_out_writes_the_same(tmp_path, capsys
     code, stdout = run_cli(capsys, run_dir, "--json", "--out", str(out))
     assert code == 1
     report = json.loads(stdout)
-    jsonschema.validate(report, checkschema.REPORT_SCHEMA)
+    jsonschema.validate(report, reportschema.REPORT_SCHEMA)
     assert json.loads(out.read_text()) == report
     assert {v["kind"] for v in report["violations"]} == {"lost", "duplicated", "reordered", "disagreement"}
     broken = dict(report, modes={"reliable": report["modes"]["reliable"]})
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, checkschema.REPORT_SCHEMA)
+        jsonschema.validate(broken, reportschema.REPORT_SCHEMA)
 
 
 def test_text_report_has_a_table_per_mode_and_lists_violations(tmp_path, capsys):

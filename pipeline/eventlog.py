@@ -1,4 +1,4 @@
-"""Reading a run for the checker (scripts/checklib.py): run.json, the event files, and the
+"""Reading a run for the checker (pipeline/rules.py): run.json, the event files, and the
 validation of every line against docs/eventlog.md. Untrusted input: a bad line is reported
 with its file and line number and never stops the reading."""
 
@@ -16,7 +16,7 @@ FAULT_KINDS = frozenset({"kill", "restart", "pause", "resume", "partition", "hea
 
 
 class Sink(Protocol):
-    """What read_events feeds (checklib.Checker)."""
+    """What read_events feeds (pipeline.checker.Checker)."""
 
     files: int
 

@@ -1,11 +1,11 @@
-"""The JSON Schema of scripts/check.py's ``--json`` report (checklib's docstring describes it in
+"""The JSON Schema of scripts/check.py's ``--json`` report (pipeline/rules.py's docstring describes it in
 words); the tests validate every report against it, so the two cannot drift apart."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from scripts.checklib import COUNT_FIELDS, LOSS_CLASSES, MODES
+from pipeline.rules import COUNT_FIELDS, LOSS_CLASSES, MODES
 
 _N = {"type": ["number", "null"]}
 _NUM_S = {"type": "number"}

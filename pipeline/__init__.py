@@ -1,0 +1,3 @@
+"""Roost's data pipeline: the rules that judge a run's event logs (rules.py), the reference
+checker (checker.py), and the Spark side: `roost audit` over the logs and the `roost` data
+source that publishes rows to topics (docs/pipeline.md)."""
