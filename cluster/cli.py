@@ -19,6 +19,7 @@ from cluster.launcher import DEFAULT_RUN_DIR, Launcher
 from cluster.server import ClusterNode
 from node.config import ConfigError, config_doc, load_node_config, read_toml
 from node.server import NodeServer, run_until_signal, wait_for_signal
+from pipeline import audit
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (up, down, kill, start):
         p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR")
     c.set_defaults(func=cmd_cluster)
+    au = sub.add_parser("audit", help="audit run event logs with Spark (report, summary, plots)",
+                        description=audit.DESCRIPTION)
+    audit.add_arguments(au)
+    au.set_defaults(func=audit.run)
     d = sub.add_parser("config-doc", help="print the table of every setting (markdown)")
     d.set_defaults(func=lambda a: print(config_doc() + config_doc(CLUSTER_SETTINGS), end="") or 0)
     return parser

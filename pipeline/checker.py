@@ -272,6 +272,13 @@ class Checker:
                                "params": params, "gap": gap, "recover": recover,
                                "deliveries": count})
 
+        published = {mode: {"messages": 0, "acknowledged": 0} for mode in MODES}
+        for mk, m in pubs.items():
+            p = published[m[3]]
+            p["messages"] += 1
+            if acks_get(mk) is not None:
+                p["acknowledged"] += 1
+
         digests = {member: st[2] for member, st in sorted(self.status.items())}
         # (a member whose status could not be read agrees with nobody)
         agreed = None if not digests else len(set(digests.values())) == 1 and None not in digests.values()
@@ -293,6 +300,7 @@ class Checker:
                       "malformed_lines": self.malformed_lines, "duplicate_publishes": self.duplicate_publishes,
                       "unpaired_fault_ends": faults.unpaired_ends, "phantom_deliveries": phantoms,
                       "stray_deliveries": stray, "by_kind": dict(sorted(self.by_kind.items()))},
+            "published": published,
             "modes": modes_out,
             "lost": lost,
             "duplicated": duplicated,

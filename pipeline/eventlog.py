@@ -49,6 +49,8 @@ _ENUMS: dict[str, frozenset[str]] = {
 }
 _TYPE_NAMES = {_STR: "a string", _STR_NULL: "a string or null", _INT: "an integer", _NUM: "a number"}
 _MISSING = object()
+_INT_FIELDS = ("seq", "subscriptions")
+_INT64 = 1 << 63
 
 
 class InputError(Exception):
@@ -101,6 +103,10 @@ def validate(obj: object) -> str | None:
             return _field_error(ev, name, v, types, allowed)
     if ev == "fault" and type(get("params", {})) is not dict:
         return "fault: field 'params' is not an object"
+    for name in _INT_FIELDS:  # (stored as 64-bit integers, by Parquet as by anyone)
+        v = get(name)
+        if type(v) is int and not -_INT64 <= v < _INT64:
+            return f"{ev}: field {name!r} is out of the 64-bit range"
     return None
 
 
@@ -166,8 +172,23 @@ def _json_error(line: str) -> str:
     return "bad JSON"
 
 
-def read_events(paths: Iterable[Path], checker: Sink) -> None:
-    """Feed every line of `paths` to `checker`: events to add(), the rest to malformed().
+def _surrogate_error(obj: object) -> str | None:
+    """A string with a lone surrogate (json.loads takes "\\ud800") cannot be stored as UTF-8:
+    such a line is malformed for every reader of the logs alike."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode()
+    except UnicodeEncodeError as e:
+        return f"a string holds a lone surrogate ({e.object[e.start:e.end]!a})"
+    return None
+
+
+Parsed = tuple[Any, str | None]
+
+
+def line_parser() -> Callable[[bytes], Parsed]:
+    """A function from one raw line (with or without its newline) to (event, None) for a valid
+    event, or (None, why) for a malformed line. The one parser every reader of the logs uses:
+    the reference checker and the Spark audit's event source (pipeline/eventsource.py).
 
     The JSON parser's scanner is called directly (twice as fast as json.loads, which scans
     whitespace and checks the end with regular expressions); a line it does not take whole goes
@@ -176,28 +197,39 @@ def read_events(paths: Iterable[Path], checker: Sink) -> None:
     decoder = json.JSONDecoder()
     scan: Callable[[str, int], tuple[Any, int]] = getattr(decoder, "scan_once", decoder.raw_decode)
     loads = json.loads
+
+    def parse(raw: bytes) -> Parsed:
+        try:
+            line = raw.decode()
+        except UnicodeDecodeError as e:
+            return None, f"not UTF-8: {e.reason} at byte {e.start}"
+        try:
+            obj, end = scan(line, 0)
+            if end != len(line) - 1 and line[end:].strip():
+                raise ValueError("extra data")
+        except (StopIteration, ValueError, RecursionError):
+            try:
+                obj = loads(line)
+            except (ValueError, RecursionError):
+                return None, _json_error(line)
+        err = validate(obj)
+        if err is None and "\\u" in line:
+            err = _surrogate_error(obj)
+        return (obj, None) if err is None else (None, err)
+
+    return parse
+
+
+def read_events(paths: Iterable[Path], checker: Sink) -> None:
+    """Feed every line of `paths` to `checker`: events to add(), the rest to malformed()."""
+    parse = line_parser()
     add = checker.add
     for path in paths:
         checker.files += 1
         name = path.name
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode()
-                except UnicodeDecodeError as e:
-                    checker.malformed(name, lineno, f"not UTF-8: {e.reason} at byte {e.start}")
-                    continue
-                try:
-                    obj, end = scan(line, 0)
-                    if end != len(line) - 1 and line[end:].strip():
-                        raise ValueError("extra data")
-                except (StopIteration, ValueError, RecursionError):
-                    try:
-                        obj = loads(line)
-                    except (ValueError, RecursionError):
-                        checker.malformed(name, lineno, _json_error(line))
-                        continue
-                err = validate(obj)
+                obj, err = parse(raw)
                 if err is None:
                     add(obj)
                 else:

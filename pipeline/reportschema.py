@@ -31,6 +31,7 @@ REPORT_SCHEMA: dict[str, Any] = _obj({
                                                              "error": _STR_S})},
         "duplicate_publishes": _INT_S, "unpaired_fault_ends": _INT_S, "phantom_deliveries": _INT_S,
         "stray_deliveries": _INT_S, "by_kind": {"type": "object", "additionalProperties": _INT_S}}),
+    "published": _obj({mode: _obj({"messages": _INT_S, "acknowledged": _INT_S}) for mode in MODES}),
     "modes": _obj({mode: _obj({
         "totals": _obj(_COUNTS),
         "lost_by_class": _obj({c: _INT_S for c in LOSS_CLASSES}),

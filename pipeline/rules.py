@@ -136,6 +136,7 @@ One object (scripts/checkschema.py holds its JSON Schema, used by the tests)::
                "malformed_lines": [{"file", "line", "error"}], "duplicate_publishes": int,
                "unpaired_fault_ends": int, "phantom_deliveries": int, "stray_deliveries": int,
                "by_kind": {ev: int}},
+     "published": {"reliable"|"fire": {"messages": int, "acknowledged": int}},  # by publish mode
      "modes": {"reliable"|"fire": {
          "totals": {expected, acknowledged, delivered, missing, lost, received, unexpected,
                     duplicated, reordered: int},

@@ -1,0 +1,92 @@
+"""The audit's Parquet store: every run's events written once, partitioned by run and event
+kind, and reused while the run's files are unchanged.
+
+    OUT/parquet/events/run=<id>/ev=<kind>/part-*.parquet   the rows of pipeline/eventsource.py
+    OUT/parquet/runs/<id>.json                             the manifest: the run's directory,
+                                                           its files' names, sizes and mtimes,
+                                                           and what run.json said
+
+A run's id is its directory's name and a hash of its absolute path, so two runs called `run`
+in different places do not collide. The manifest is written after the run's Parquet, and a
+run is converted again (its partition deleted first) when its manifest is missing or its files
+changed: a conversion cut short is never taken for a finished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.analysis import RunMeta
+from pipeline.eventlog import RunInfo, event_files, load_run
+from pipeline.eventsource import EVENT_SCHEMA
+
+MANIFEST_VERSION = 1
+
+
+def run_id(run_dir: str | Path) -> str:
+    path = Path(run_dir).resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", path.name)[:40] or "run"
+    return f"{name}-{hashlib.blake2b(str(path).encode(), digest_size=4).hexdigest()}"
+
+
+def fingerprint(run_dir: str | Path) -> dict[str, Any]:
+    """What must not change for the Parquet of a run to stand: each event file and run.json."""
+    files = [[p.name, st.st_size, st.st_mtime_ns] for p in event_files(run_dir) for st in [p.stat()]]
+    rj = Path(run_dir) / "run.json"
+    st = rj.stat()
+    return {"dir": str(Path(run_dir).resolve()), "files": files, "run_json": [st.st_size, st.st_mtime_ns]}
+
+
+class Store:
+    def __init__(self, out: str | Path) -> None:
+        self.root = Path(out) / "parquet"
+        self.events = self.root / "events"
+        self.manifests = self.root / "runs"
+
+    def manifest(self, rid: str) -> dict[str, Any] | None:
+        try:
+            m = json.loads((self.manifests / f"{rid}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return m if isinstance(m, dict) and m.get("version") == MANIFEST_VERSION else None
+
+    def fresh(self, run_dir: str | Path) -> bool:
+        """Whether the Parquet of this run is complete and its files unchanged since."""
+        m = self.manifest(run_id(run_dir))
+        return m is not None and m.get("fingerprint") == fingerprint(run_dir)
+
+    def convert(self, spark: Any, run_dirs: list[str | Path]) -> None:
+        """Write the events of `run_dirs` to Parquet (one Spark job for all of them)."""
+        if not run_dirs:
+            return
+        prints = {run_id(d): (d, fingerprint(d), load_run(d)) for d in run_dirs}
+        for rid in prints:
+            (self.manifests / f"{rid}.json").unlink(missing_ok=True)
+            shutil.rmtree(self.events / f"run={rid}", ignore_errors=True)
+        runs = json.dumps([[rid, str(Path(d).resolve())] for rid, (d, _, _) in prints.items()])
+        df = spark.read.format("roost_events").option("runs", runs).load()
+        df.write.mode("append").partitionBy("run", "ev").parquet(str(self.events))
+        self.manifests.mkdir(parents=True, exist_ok=True)
+        for rid, (d, fp, info) in prints.items():
+            m = {"version": MANIFEST_VERSION, "id": rid, "fingerprint": fp, "files": len(fp["files"]),
+                 "info": asdict(info)}
+            tmp = self.manifests / f".{rid}.json.tmp"
+            tmp.write_text(json.dumps(m, indent=1))
+            os.replace(tmp, self.manifests / f"{rid}.json")
+
+    def meta(self, run_dir: str | Path) -> RunMeta:
+        m = self.manifest(run_id(run_dir))
+        assert m is not None, run_dir
+        return RunMeta(m["id"], RunInfo(**m["info"]), m["files"])
+
+    def read(self, spark: Any) -> Any:
+        """All stored events, typed by the explicit schema (no partition type inference: a run id
+        of digits stays a string)."""
+        return spark.read.schema(EVENT_SCHEMA).parquet(str(self.events))
