@@ -75,7 +75,8 @@ def _run(r: dict[str, Any]) -> list[str]:
     out += ["", f"Violations: {v['total']}" + (f" ({kinds})" if kinds else "") + ".", ""]
     base = run["started"] or 0.0
     if r["faults"]:
-        out += ["| fault | target | start | length | gap (s) | recover (s) | deliveries |", "|---|---|---|---|---|---|---|"]
+        out += ["| fault | target | start | length | gap (s) | recover (s) | deliveries |",
+                "|---|---|---|---|---|---|---|"]
         for f in r["faults"]:
             length = "not healed" if f["end"] is None else f"{f['end'] - f['start']:.2f} s"
             out.append(f"| {f['fault']} | {f['target']} | +{f['start'] - base:.2f} s | {length} | {_s(f['gap'])} | "

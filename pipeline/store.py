@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ class Store:
         m = self.manifest(run_id(run_dir))
         return m is not None and m.get("fingerprint") == fingerprint(run_dir)
 
-    def convert(self, spark: Any, run_dirs: list[str | Path]) -> None:
+    def convert(self, spark: Any, run_dirs: Sequence[str | Path]) -> None:
         """Write the events of `run_dirs` to Parquet (one Spark job for all of them)."""
         if not run_dirs:
             return
@@ -74,7 +75,7 @@ class Store:
         df = spark.read.format("roost_events").option("runs", runs).load()
         df.write.mode("append").partitionBy("run", "ev").parquet(str(self.events))
         self.manifests.mkdir(parents=True, exist_ok=True)
-        for rid, (d, fp, info) in prints.items():
+        for rid, (_, fp, info) in prints.items():
             m = {"version": MANIFEST_VERSION, "id": rid, "fingerprint": fp, "files": len(fp["files"]),
                  "info": asdict(info)}
             tmp = self.manifests / f".{rid}.json.tmp"
