@@ -58,14 +58,20 @@ class Client:
         members: Sequence[Addr | str] | None = None,
         client_id: bytes | None = None,
         config: ClientConfig | None = None,
+        producer_id: bytes | None = None,
     ) -> None:
         """``node`` is the node to talk to first; ``members`` (optional) the other
-        nodes to fail over to; the cluster map in WELCOME adds the rest."""
+        nodes to fail over to; the cluster map in WELCOME adds the rest.
+        ``producer_id`` (16 bytes, default random) names this client's reliable
+        publishes: a client that publishes the same sequence of messages again
+        under the same producer id (a retried Spark task) has them delivered once."""
+        if producer_id is not None and len(producer_id) != 16:
+            raise ValueError(f"producer_id must be 16 bytes, not {len(producer_id)}")
         self.node: Addr = _addr(node)
         self.config = config or ClientConfig()
         self.client_id = client_id or os.urandom(16)
         self.session = ClientSession(
-            self.client_id, os.urandom(16), os.urandom(16), self.config, trio.current_time(),
+            self.client_id, producer_id or os.urandom(16), os.urandom(16), self.config, trio.current_time(),
             node=self.node, members=[_addr(m) for m in members or []],
             session=int(time.time() * 1000),
         )  # fmt: skip

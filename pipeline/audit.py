@@ -83,9 +83,10 @@ def _check_input(run_dirs: list[str]) -> None:
 
 
 def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, opts: Options | None = None,
-          quiet: bool = False, spark: Any = None) -> dict[str, Any]:
+          quiet: bool = False, spark: Any = None, chunk_bytes: int | None = None) -> dict[str, Any]:
     """Run the audit; returns the summary (also written to OUT/summary.json). `spark`: an existing
-    session to use (the tests share one), else one is started for `master`."""
+    session to use (the tests share one), else one is started for `master`; `chunk_bytes`: how
+    the event files are split for reading (default 64 MiB)."""
     from pipeline.analysis import Options, analyze
     from pipeline.spark import session
     from pipeline.store import Store, run_id
@@ -104,7 +105,7 @@ def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, op
         t0 = time.monotonic()
         if stale:
             progress.step(f"converting {len(stale)} run(s) to Parquet")
-            store.convert(spark, stale)
+            store.convert(spark, stale, chunk_bytes)
         t1 = time.monotonic()
         metas = [store.meta(d) for d in run_dirs]
         reports = analyze(spark, store.read(spark), metas, opts, progress.step)

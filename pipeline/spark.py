@@ -79,8 +79,8 @@ def session(master: str = DEFAULT_MASTER, app: str = "roost", **conf: Any) -> An
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from pipeline.eventsource import EventLogSource
-    # from pipeline.sink import RoostSink  # SINKTMP
+    from pipeline.sink import RoostSink
 
     spark.dataSource.register(EventLogSource)
-    # spark.dataSource.register(RoostSink)  # SINKTMP
+    spark.dataSource.register(RoostSink)
     return spark

@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.analysis import RunMeta
 from pipeline.eventlog import RunInfo, event_files, load_run
-from pipeline.eventsource import EVENT_SCHEMA
+from pipeline.eventsource import EVENT_SCHEMA  # (explicit: partition values are not typed by guess)
 
 MANIFEST_VERSION = 1
 
@@ -63,7 +63,7 @@ class Store:
         m = self.manifest(run_id(run_dir))
         return m is not None and m.get("fingerprint") == fingerprint(run_dir)
 
-    def convert(self, spark: Any, run_dirs: Sequence[str | Path]) -> None:
+    def convert(self, spark: Any, run_dirs: Sequence[str | Path], chunk_bytes: int | None = None) -> None:
         """Write the events of `run_dirs` to Parquet (one Spark job for all of them)."""
         if not run_dirs:
             return
@@ -72,7 +72,10 @@ class Store:
             (self.manifests / f"{rid}.json").unlink(missing_ok=True)
             shutil.rmtree(self.events / f"run={rid}", ignore_errors=True)
         runs = json.dumps([[rid, str(Path(d).resolve())] for rid, (d, _, _) in prints.items()])
-        df = spark.read.format("roost_events").option("runs", runs).load()
+        reader = spark.read.format("roost_events").option("runs", runs)
+        if chunk_bytes is not None:
+            reader = reader.option("chunk_bytes", str(chunk_bytes))
+        df = reader.load()
         df.write.mode("append").partitionBy("run", "ev").parquet(str(self.events))
         self.manifests.mkdir(parents=True, exist_ok=True)
         for rid, (_, fp, info) in prints.items():

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -8,6 +12,7 @@ import trio
 from node.config import NodeConfig
 from node.logs import EventLog
 from node.server import NodeServer
+from tests.clusterkit import ROOT
 
 
 @pytest.fixture
@@ -20,3 +25,28 @@ async def node(request: pytest.FixtureRequest) -> AsyncIterator[NodeServer]:
         await nursery.start(server.run)
         yield server
         nursery.cancel_scope.cancel()
+
+
+@pytest.fixture(scope="session")
+def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One short chaos run on real processes (scripts/chaos.py), shared by the tests that judge
+    it: the checker's (test_chaos.py) and the Spark audit's (test_pipeline.py)."""
+    out = tmp_path_factory.mktemp("chaos") / "run"
+    proc = subprocess.run(
+        [sys.executable, "scripts/chaos.py", "--duration", "20", "--faults", "kill,pause,partition,loss",
+         "--seed", "7", "--rate", "50", "--settle", "5", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    return out, proc
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """One local Spark session for the whole test run (starting one costs 5-10 s). `local[2,4]`:
+    two cores, and a failed task is tried up to 4 times, as on a cluster (local mode's default
+    is once), so the data source's retry test can fail a task on purpose."""
+    from pipeline.spark import session
+
+    s = session("local[2,4]", "roost-tests", **{"spark.sql.shuffle.partitions": "2"})
+    yield s
+    s.stop()

@@ -9,16 +9,11 @@ import sys
 from tests.clusterkit import ROOT
 
 
-def test_a_short_chaos_run_breaks_no_promise(tmp_path):
+def test_a_short_chaos_run_breaks_no_promise(chaos_run):
     """3 members, 3 publishers (2 reliable, 1 fire), 3 subscribers, 20 s of kills, pauses,
     partitions and 10% loss: nothing acknowledged is lost while its member lives, nothing is
     duplicated, the members agree at the end, and fire mode is counted."""
-    out = tmp_path / "run"
-    chaos = subprocess.run(
-        [sys.executable, "scripts/chaos.py", "--duration", "20", "--faults", "kill,pause,partition,loss",
-         "--seed", "7", "--rate", "50", "--settle", "5", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    out, chaos = chaos_run
     assert chaos.returncode == 0, chaos.stderr[-2000:]
     faults = [json.loads(line) for line in (out / "events" / "nemesis.jsonl").open()]
     assert len({f["fault"] for f in faults if f["phase"] == "start"}) >= 2  # the nemesis did strike

@@ -1,0 +1,145 @@
+"""`roost audit` on a real Spark (local mode): it agrees with scripts/check.py on every count, on
+generated logs with known flaws and on a real chaos run, reuses its Parquet, and writes the
+report, the summary and the plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import audit, checker
+from pipeline.rules import COUNT_FIELDS, VIOLATION
+from scripts import gen_events
+from tests.clusterkit import ROOT
+
+RUN_FIELDS = ("files", "events", "malformed", "duplicate_publishes", "unpaired_fault_ends", "phantom_deliveries",
+              "stray_deliveries", "by_kind", "malformed_lines")
+
+
+def assert_agrees(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """The audit's report of `run_dir` equals the reference checker's on every count; returns it."""
+    ref = checker.check_run(run_dir)
+    [aud] = [r for r in summary["runs"] if os.path.samefile(r["run"]["dir"], run_dir)]
+    for k in RUN_FIELDS:
+        assert aud["input"][k] == ref["input"][k], k
+    assert aud["published"] == ref["published"]
+    for mode in ("reliable", "fire"):
+        for k in ("totals", "lost_by_class", "latency", "paths"):
+            assert aud["modes"][mode][k] == ref["modes"][mode][k], (mode, k)
+    assert aud["faults"] == ref["faults"]
+    assert aud["agreement"] == ref["agreement"]
+    kinds = {k: sum(v["kind"] == k for v in ref["violations"]) for k in aud["violations"]["by_kind"]}
+    assert aud["violations"]["by_kind"] == kinds
+    assert aud["ok"] == ref["ok"]
+    for name in ("lost", "duplicated", "reordered"):  # (the samples: the checker's first items, in its order)
+        keep = ("pid", "seq", "sub")
+        assert [tuple(x[k] for k in keep) for x in aud[name]] == [tuple(x[k] for k in keep) for x in ref[name][:100]]
+    return aud
+
+
+def test_audit_agrees_with_the_checker_on_planted_flaws_and_reuses_its_parquet(tmp_path, spark):
+    run = tmp_path / "gen"
+    truth = gen_events.generate(run, events=30000, seed=5, lose=4, dup=3, reorder=3, kill_lose=2, malformed=5,
+                                disagree=True)
+    out = tmp_path / "audit"
+    # Small chunks: every file is read in several parallel pieces, and line numbers still match.
+    summary = audit.audit([str(run)], out, spark=spark, quiet=True, chunk_bytes=50_000)
+    assert summary["audit"]["converted"] == 1 and summary["audit"]["reused"] == 0
+    aud = assert_agrees(run, summary)
+    totals = {f: sum(aud["modes"][m]["totals"][f] for m in aud["modes"]) for f in COUNT_FIELDS}
+    # The planted flaws, found exactly (truth.json of scripts/gen_events.py):
+    assert aud["modes"]["reliable"]["lost_by_class"][VIOLATION] == len(truth["lost"]) == 4
+    assert totals["duplicated"] == len(truth["duplicated"]) == 3
+    assert aud["violations"]["by_kind"]["reordered"] == len(truth["reordered"]) == 3
+    assert aud["modes"]["reliable"]["totals"]["lost"] == 4 + 2  # (+ the 2 allowed: n3 was killed)
+    assert sorted((m["file"], m["line"]) for m in aud["input"]["malformed_lines"]) == \
+        sorted((m[0], m[1]) for m in truth["malformed"])
+    assert aud["agreement"]["agreed"] is False and not summary["ok"]
+    stored = sorted(p.name for p in (out / "parquet" / "events" / f"run={aud['run']['id']}").iterdir())
+    assert stored == ["ev=deliver", "ev=fault", "ev=malformed", "ev=puback", "ev=publish", "ev=status",
+                      "ev=subscribe", "ev=unsubscribe"]
+
+    again = audit.audit([str(run)], out, spark=spark, quiet=True)  # the Parquet is reused, same answer
+    assert again["audit"]["converted"] == 0 and again["audit"]["reused"] == 1
+    assert again["runs"][0]["modes"] == aud["modes"] and again["runs"][0]["input"] == aud["input"]
+
+    with (run / "events" / "sub-0.jsonl").open("a") as f:  # a changed run is converted again
+        f.write('{"t": 1, "proc": "sub-0"}\n')
+    third = audit.audit([str(run)], out, spark=spark, quiet=True)
+    assert third["audit"]["converted"] == 1
+    assert third["runs"][0]["input"]["malformed"] == aud["input"]["malformed"] + 1
+    assert_agrees(run, third)
+
+
+def test_every_kind_of_bad_line_is_counted_with_its_file_and_line_as_the_checker_does(tmp_path, spark):
+    run = tmp_path / "bad"
+    gen_events.generate(run, events=2000, seed=9)
+    bad = [b"not json\n", b"\n", b'{"t": 1}\n', b'[1, 2]\n', b'{"t": 1, "proc": "x", "ev": "nope"}\n',
+           b'{"t": 1, "proc": "x", "ev": "publish", "pid": "a", "seq": 1.0, "topic": "o", "key": null, '
+           b'"mode": "reliable", "member": null}\n',
+           b'{"t": 1, "proc": "x", "ev": "publish", "pid": "a", "seq": 99999999999999999999, "topic": "o", '
+           b'"key": null, "mode": "reliable", "member": null}\n',
+           b'{"t": 1, "proc": "x", "ev": "deliver", "sub": "\\ud800", "topic": "o", "key": null, "mode": "fire", '
+           b'"pid": "a", "seq": 1, "member": null}\n',
+           b'\xff\xfe{"t": 1}\n', b'{"t": NaN, "proc": "x", "ev": "status"}\n', b'{"t": 1, "proc": "x"} {}\n',
+           b'{"t": 1, "proc": "x", "ev": "fault", "fault": "kill", "target": "n1", "phase": "start", '
+           b'"params": 3}\n', struct.pack("B", 0) * 3 + b"\n"]
+    with (run / "events" / "pub-0.jsonl").open("ab") as f:
+        for b in bad:
+            f.write(b)
+        f.write(b'{"t": 1, "proc": "x", "ev": "failover", "client": "pub-0", "from": null, "to": "n1"}')  # (no \n)
+    summary = audit.audit([str(run)], tmp_path / "out", spark=spark, quiet=True, chunk_bytes=4096)
+    aud = assert_agrees(run, summary)
+    assert aud["input"]["malformed"] == len(bad)
+    assert aud["input"]["by_kind"]["failover"] == 1  # (the last line, without its newline)
+
+
+def test_audit_of_a_real_chaos_run_writes_report_summary_and_plots(tmp_path, spark, chaos_run):
+    run, proc = chaos_run
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "audit"
+    summary = audit.audit([str(run)], out, spark=spark, quiet=True)
+    aud = assert_agrees(run, summary)
+    assert aud["modes"]["reliable"]["totals"]["acknowledged"] > 1000 and aud["faults"]
+    assert all(f["gap"] > 0 for f in aud["faults"])
+    assert json.loads((out / "summary.json").read_text())["runs"][0]["modes"] == aud["modes"]
+    report = (out / "report.md").read_text()
+    assert aud["run"]["id"] in report and "| reliable |" in report and "| fault |" in report
+    for png in aud["plot_files"]:
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, png
+        assert f"]({png})" in report
+
+
+def test_roost_audit_command_exits_2_on_a_missing_run_and_names_it(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(tmp_path / "nope"), "--out",
+                        str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "nope/run.json: no such file" in r.stderr
+    (tmp_path / "empty" / "events").mkdir(parents=True)
+    (tmp_path / "empty" / "run.json").write_text("{}")
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(tmp_path / "empty"), "--grace", "-1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--grace must be a finite number >= 0" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(tmp_path / "empty")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no *.jsonl event files" in r.stderr
+
+
+@pytest.mark.slow
+def test_roost_audit_command_end_to_end(tmp_path):
+    """The command as a user runs it: its own Spark session, a progress bar, exit 1 on a violation."""
+    run = tmp_path / "gen"
+    gen_events.generate(run, events=3000, seed=2, lose=1)
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(run), "--out", str(tmp_path / "o"),
+                        "--master", "local[1]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAIL" in r.stdout and "1 violations" in r.stdout
+    assert "audit: done" in r.stderr and "13/13" in r.stderr  # the progress bar reached its end
+    assert (tmp_path / "o" / "report.md").exists()
