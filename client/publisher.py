@@ -72,6 +72,10 @@ class Publisher:
         q = self.unacked
         while q and q[0][0] <= acked:
             q.popleft()
+        # The node may acknowledge what we queued but never sent: it has those sequences of this
+        # producer id already (a retried Spark task publishing the same rows under it).
+        if self.unsent_from <= acked:
+            self.unsent_from = acked + 1
         self.rto = self.cfg.pub_retry
         self.retry_at = now + self.rto if q and self.unsent_from > q[0][0] else None
         return True

@@ -81,7 +81,8 @@ def parse_options(options: dict[str, str], schema: StructType) -> SinkOptions:
     try:
         timeout = float(options.get("timeout", DEFAULT_TIMEOUT))
     except ValueError:
-        raise SinkError(f"roost sink: option 'timeout' must be a number of seconds, not {options['timeout']!r}") from None
+        raise SinkError(f"roost sink: option 'timeout' must be a number of seconds, "
+                        f"not {options['timeout']!r}") from None
     if not 0 < timeout < math.inf:
         raise SinkError(f"roost sink: option 'timeout' must be a number of seconds above 0, not {timeout}")
     fields = {f.name: f.dataType for f in schema.fields}
@@ -137,6 +138,7 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
     import trio
 
     from client.library import Client, NodeLost
+    from client.wire import WireError
 
     nodes = opts.nodes
 
@@ -147,7 +149,7 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
                 for n, topic, payload, key, tags in _rows(opts, batches):
                     try:
                         await c.publish(topic, payload, key, tags)
-                    except ValueError as e:
+                    except (ValueError, WireError) as e:
                         raise SinkError(f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes "
                                         f"payload): {e}") from None
                     count = n
@@ -197,10 +199,10 @@ class RoostStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
                                  f"batch {batch} partition {partition} (attempt {attempt})")
         return Published(partition, rows)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every row of the batch is acknowledged already (write() waited for it)."""
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Published rows cannot be taken back; a re-run of the batch publishes them under the
         same producer ids, so a subscriber still gets each once."""
 
@@ -213,5 +215,5 @@ class RoostSink(DataSource):  # type: ignore[misc]
     def writer(self, schema: StructType, overwrite: bool) -> RoostBatchWriter:
         return RoostBatchWriter(parse_options(dict(self.options), schema), os.urandom(16).hex())
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> RoostStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> RoostStreamWriter:
         return RoostStreamWriter(parse_options(dict(self.options), schema))

@@ -381,3 +381,27 @@ def test_a_fire_datagram_the_network_duplicated_is_delivered_once_and_equal_mess
     r.on_msgs(node, 0, 0, [("t", None, None, b"y")])  # unnumbered (an older member): never dropped
     r.on_msgs(node, 0, 0, [("t", None, None, b"y")])
     assert [m.payload for m in subs[("t", None)].queue] == [b"x", b"x", b"y", b"y"] and r.duplicates == 1
+
+
+def test_a_publisher_reusing_a_producer_id_the_node_acknowledged_further_sends_only_what_is_new():
+    """A retried Spark task publishes under the producer id of the failed attempt: the node's
+    PUBACK covers sequences this publisher queued but had not sent yet. They count as delivered
+    (the node has them), and what comes after goes out from the next sequence; this used to
+    crash emit() with a negative index."""
+    from client.publisher import Publisher
+
+    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig())
+    for i in range(3):
+        pub.publish("t", None, None, b"%d" % i, True)
+    out: list = []
+    pub.emit(NODE, b"c" * 16, b"k" * 16, 0.0, out)  # sends 1..3
+    for i in range(3, 6):
+        pub.publish("t", None, None, b"%d" % i, True)  # 4..6 queued, not sent yet
+    assert pub.on_puback(b"p" * 16, 50, 0.1)  # the first attempt got as far as 50
+    assert pub.acked == 6 and not pub.unacked
+    pub.publish("t", None, None, b"new", True)  # 7
+    out = []
+    pub.emit(NODE, b"c" * 16, b"k" * 16, 0.2, out)
+    [(_, dgram)] = out
+    frame = wire.decode_untrusted_frame(dgram)
+    assert frame[0] == T.PUB and frame[4] == 7 and len(frame[7]) == 1  # only the new message, from 7

@@ -1,0 +1,164 @@
+"""The `roost` Spark data source on a real Spark (local mode) and real `roost node` processes:
+every row reaches a reliable subscriber once, in batch and streaming queries, also when Spark
+retries a task it failed on purpose; mistakes fail the job with a message that names them."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.sink import producer_id
+from tests.clusterkit import LocalCluster, start_sub, sub_lines
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    # A `roost sub` prints slower than four Spark tasks publish: its mailbox holds the whole
+    # burst (at the default 50,000 the member would cancel it, out_of_capacity, as documented).
+    c = LocalCluster(tmp_path_factory.mktemp("sink"), n=2, limits="mailbox_capacity = 250000")
+    c.start()
+    yield c
+    c.stop()
+
+
+def nodes(c: LocalCluster) -> str:
+    return ",".join(c.addr(m) for m in c.ids)
+
+
+def counter(c: LocalCluster, name: str) -> int:
+    return sum(c.status(m)["metrics"].get(name, 0) for m in c.ids)
+
+
+def test_a_batch_job_writes_100000_rows_and_a_reliable_subscriber_gets_each_once(spark, cluster):
+    sub = start_sub(cluster.addr("n2"), "sink.batch", count=100_000, timeout=120)
+    df = spark.range(100_000).selectExpr("concat('row-', id) AS payload", "cast(id % 7 AS string) AS key",
+                                         "map('n', cast(id AS string)) AS tags").repartition(4)
+    df.write.format("roost").option("nodes", nodes(cluster)).option("topic", "sink.batch").mode("append").save()
+    got = sub_lines(sub, timeout=120)
+    assert len(got) == 100_000 and set(got) == {f"row-{i}" for i in range(100_000)}
+
+
+def test_a_task_failed_on_purpose_is_retried_and_no_row_is_delivered_twice(spark, cluster, tmp_path):
+    """Partition 0's first attempt fails after 30,000 of its 50,000 rows have gone through the
+    writer; Spark runs it again, and the member drops what the first attempt published."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    marker = tmp_path / "failed-once"
+
+    def fail_once(v):  # (no annotations: Spark would read them as a pandas UDF)
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and v == 30_000:
+            Path(marker).write_text("boom")
+            raise RuntimeError("a task failed on purpose")
+        return f"r{v}"
+
+    before = counter(cluster, "pub_duplicates")
+    sub = start_sub(cluster.addr("n1"), "sink.retry", count=100_000, timeout=120)
+    df = spark.range(0, 100_000, numPartitions=2).select(F.udf(fail_once, StringType())("id").alias("payload"))
+    df.write.format("roost").option("nodes", nodes(cluster)).option("topic", "sink.retry").mode("append").save()
+    got = sub_lines(sub, timeout=120)
+    assert marker.exists()  # the first attempt did fail
+    assert len(got) == 100_000 and set(got) == {f"r{i}" for i in range(100_000)}
+    assert counter(cluster, "pub_duplicates") > before  # its rows were published again, and dropped
+
+
+def test_a_streaming_query_of_a_rate_source_for_30_s_delivers_every_row_once(spark, cluster, tmp_path):
+    sub = start_sub(cluster.addr("n1"), "sink.stream", count=10**9, timeout=60)
+    stream = spark.readStream.format("rate").option("rowsPerSecond", 500).option("numPartitions", 2).load()
+    query = (stream.selectExpr("cast(value AS string) AS payload", "'sink.stream' AS topic")
+             .writeStream.format("roost").option("nodes", nodes(cluster))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="1 second").start())
+    time.sleep(30)  # (the length of the run the acceptance asks for, not a wait for correctness)
+    query.stop()
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    written = sum(p["numInputRows"] for p in progress)
+    assert written > 5_000 and query.exception() is None
+    deadline = time.monotonic() + 60
+    got: list[str] = []
+    assert sub.stdout is not None
+    while len(got) < written and time.monotonic() < deadline:  # bounded polling of a real process
+        line = sub.stdout.readline()
+        if not line:
+            break
+        got.append(line.rstrip("\n"))
+    sub.kill()
+    assert len(got) == written == len(set(got))
+    assert set(got) == {str(i) for i in range(written)}  # the rate source counts from 0, every value once
+
+
+def test_a_restarted_stream_resumes_from_its_checkpoint_without_repeating_a_row(spark, cluster, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    sub = start_sub(cluster.addr("n2"), "sink.restart", count=10**9, timeout=60)
+    for _ in range(2):
+        q = (spark.readStream.format("rate").option("rowsPerSecond", 200).load()
+             .selectExpr("cast(value AS string) AS payload").writeStream.format("roost")
+             .option("nodes", nodes(cluster)).option("topic", "sink.restart").option("checkpointLocation", ckpt)
+             .trigger(processingTime="500 milliseconds").start())
+        q.processAllAvailable()
+        deadline = time.monotonic() + 30
+        while sum(p["numInputRows"] for p in q.recentProgress) < 300 and time.monotonic() < deadline:
+            q.awaitTermination(0.5)
+        q.stop()
+    assert sub.stdout is not None
+    got: list[str] = []
+    expected_max = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = sub.stdout.readline()
+        if not line:
+            break
+        got.append(line.rstrip("\n"))
+        values = sorted(int(g) for g in got)
+        if values == list(range(len(values))) and len(values) >= 600:
+            expected_max = values[-1]
+            break
+    sub.kill()
+    assert expected_max is not None and len(got) == len(set(got)), got[:20]
+
+
+def test_the_producer_id_is_the_same_for_every_attempt_of_a_task_and_differs_between_tasks():
+    assert producer_id("q", 3, 1) == producer_id("q", 3, 1)
+    assert len({producer_id("q", 3, 1), producer_id("q", 3, 2), producer_id("q", 4, 1), producer_id("w", 3, 1)}) == 4
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(("options", "columns", "message"), [
+    ({}, "cast(id AS string) AS payload", "option 'nodes' is required"),
+    ({"nodes": "127.0.0.1"}, "cast(id AS string) AS payload", "option 'nodes': '127.0.0.1' is not host:port"),
+    ({"nodes": "NODES", "timeout": "-1"}, "cast(id AS string) AS payload", "option 'timeout' must be"),
+    ({"nodes": "NODES"}, "cast(id AS string) AS body", "has no 'payload' column"),
+    ({"nodes": "NODES"}, "id AS payload", "column 'payload' must be string or binary, not bigint"),
+    ({"nodes": "NODES", "topic": "t"}, "cast(id AS string) AS payload, id AS key", "column 'key' must be string"),
+    ({"nodes": "NODES"}, "cast(id AS string) AS payload", "no topic: set option 'topic'"),
+])  # fmt: skip
+def test_a_bad_option_or_column_fails_the_job_before_a_row_is_sent(spark, cluster, options, columns, message):
+    w = spark.range(3).selectExpr(*columns.split(", ")).write.format("roost").mode("append")
+    for k, v in options.items():
+        w = w.option(k, nodes(cluster) if v == "NODES" else v)
+    with pytest.raises(Exception, match=message):
+        w.save()
+
+
+def test_no_node_answering_fails_the_job_naming_the_option(spark):
+    addr = f"127.0.0.1:{_free_port()}"
+    w = spark.range(2).selectExpr("'x' AS payload").write.format("roost").mode("append")
+    with pytest.raises(Exception, match=f"no node answered \\(option 'nodes' = {addr}\\)"):
+        w.option("nodes", addr).option("topic", "t").save()
+
+
+def test_a_row_too_large_fails_the_job_naming_the_row(spark, cluster):
+    df = spark.range(3).selectExpr("IF(id = 2, repeat('x', 100000), 'small') AS payload").coalesce(1)
+    with pytest.raises(Exception, match=r"row 3 of partition 0 \(attempt \d\) \(key None, 100000 bytes payload\)"):
+        df.write.format("roost").option("nodes", nodes(cluster)).option("topic", "t").mode("append").save()
