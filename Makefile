@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine with Python 3.11:
 #   make demo   - a local node with a subscriber and a publisher
-#   make test   - ruff, mypy and pytest
+#   make test   - ruff, mypy and pytest (installs Java 17 for Spark if it is missing)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,6 +15,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python scripts/netns.py ensure-tools --best-effort
+	@# Spark (the audit, the roost data source) needs Java 17 or later.
+	@$(BIN)/python -c 'import sys; from pipeline.spark import java_major; sys.exit((java_major() or 0) < 17)' || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Java 17 for Spark: apt-get install openjdk-17-jre-headless"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+		else echo "Spark needs Java 17: install openjdk-17-jre-headless (as root: apt-get install -y" \
+			"openjdk-17-jre-headless) and run make again"; exit 1; fi; }
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -162,3 +162,19 @@ def test_a_row_too_large_fails_the_job_naming_the_row(spark, cluster):
     df = spark.range(3).selectExpr("IF(id = 2, repeat('x', 100000), 'small') AS payload").coalesce(1)
     with pytest.raises(Exception, match=r"row 3 of partition 0 \(attempt \d\) \(key None, 100000 bytes payload\)"):
         df.write.format("roost").option("nodes", nodes(cluster)).option("topic", "t").mode("append").save()
+
+
+def test_the_documented_example_script_publishes_its_rows(cluster):
+    """scripts/spark_publish.py, as docs/pipeline.md runs it (its own Spark session)."""
+    import subprocess
+    import sys
+
+    from tests.clusterkit import ROOT
+
+    sub = start_sub(cluster.addr("n1"), "sink.example", count=500, timeout=120)
+    r = subprocess.run([sys.executable, "scripts/spark_publish.py", "--rows", "500", "--topic", "sink.example",
+                        "--nodes", nodes(cluster), "--master", "local[1]"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "published 500 rows to sink.example" in r.stdout
+    assert sorted(sub_lines(sub, timeout=120)) == sorted(f"row-{i}" for i in range(500))
