@@ -96,29 +96,20 @@ def plan_chunks(run: str, run_dir: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) 
     return chunks
 
 
-def _row_columns() -> list[str]:
-    return [f.name for f in EVENT_SCHEMA.fields]
+_ARROW_TYPES = {"StringType()": "string", "LongType()": "int64", "IntegerType()": "int32", "DoubleType()": "float64"}
+_NONE: dict[str, Any] = {}  # what a malformed line's row reads its event fields from
 
 
 def read_chunk(chunk: Chunk, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
-    """The rows of one chunk as pyarrow record batches."""
+    """The rows of one chunk as pyarrow record batches. Per line only the parse and a list
+    append; the columns are built per batch, one comprehension each."""
     import pyarrow as pa
 
-    arrow_schema = pa.schema([
-        pa.field(f.name, {"StringType()": pa.string(), "LongType()": pa.int64(), "IntegerType()": pa.int32(),
-                          "DoubleType()": pa.float64()}[repr(f.dataType)], f.nullable)
-        for f in EVENT_SCHEMA.fields
-    ])  # fmt: skip
-    names = _row_columns()
+    schema = pa.schema([pa.field(f.name, getattr(pa, _ARROW_TYPES[repr(f.dataType)])(), f.nullable)
+                        for f in EVENT_SCHEMA.fields])
     parse = line_parser()
-    fields = [(key, col) for key, col, _ in _FIELD_COLUMNS]
-    dumps = json.dumps
-
-    def fresh() -> dict[str, list[Any]]:
-        return {n: [] for n in names}
-
-    cols = fresh()
-    n = 0
+    objs: list[dict[str, Any]] = []
+    errors: list[str | None] = []
     line = chunk.first_line
     with open(chunk.path, "rb") as f:
         f.seek(chunk.start)
@@ -129,37 +120,36 @@ def read_chunk(chunk: Chunk, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
                 break
             remaining -= len(raw)
             obj, err = parse(raw)
-            cols["line"].append(line)
-            line += 1
-            if err is not None:
-                cols["ev"].append(MALFORMED)
-                cols["t"].append(None)
-                cols["proc"].append(None)
-                for _, col in fields:
-                    cols[col].append(None)
-                cols["error"].append(err[:200])
+            if err is None:
+                objs.append(obj)
+                errors.append(None)
             else:
-                get = obj.get
-                cols["ev"].append(obj["ev"])
-                cols["t"].append(float(obj["t"]))
-                cols["proc"].append(obj["proc"])
-                for key, col in fields:
-                    v = get(key)
-                    cols[col].append(dumps(v, sort_keys=True) if key == "params" and v is not None else v)
-                cols["error"].append(None)
-            n += 1
-            if n == batch_rows:
-                yield _batch(pa, arrow_schema, cols, chunk, n)
-                cols, n = fresh(), 0
-    if n:
-        yield _batch(pa, arrow_schema, cols, chunk, n)
+                objs.append(_NONE)
+                errors.append(err[:200])
+            if len(objs) == batch_rows:
+                yield _batch(pa, schema, objs, errors, chunk, line)
+                line += len(objs)
+                objs, errors = [], []
+    if objs:
+        yield _batch(pa, schema, objs, errors, chunk, line)
 
 
-def _batch(pa: Any, schema: Any, cols: dict[str, list[Any]], chunk: Chunk, n: int) -> Any:
-    cols["run"] = [chunk.run] * n
-    cols["file"] = [chunk.file] * n
-    cols["file_rank"] = [chunk.file_rank] * n
-    return pa.RecordBatch.from_pydict(cols, schema=schema)
+def _batch(pa: Any, schema: Any, objs: list[dict[str, Any]], errors: list[str | None], chunk: Chunk,
+           first_line: int) -> Any:
+    n = len(objs)
+    dumps = json.dumps
+    cols: dict[str, Any] = {
+        "run": [chunk.run] * n, "file": [chunk.file] * n, "file_rank": [chunk.file_rank] * n,
+        "line": range(first_line, first_line + n), "ev": [o.get("ev", MALFORMED) for o in objs],
+        "t": [o.get("t") for o in objs], "proc": [o.get("proc") for o in objs],
+    }
+    for key, col, _ in _FIELD_COLUMNS:
+        if key == "params":
+            cols[col] = [None if (p := o.get("params")) is None else dumps(p, sort_keys=True) for o in objs]
+        else:
+            cols[col] = [o.get(key) for o in objs]
+    cols["error"] = errors
+    return pa.RecordBatch.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
 
 
 class EventLogReader(DataSourceReader):  # type: ignore[misc]
