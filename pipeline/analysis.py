@@ -126,13 +126,15 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
                  F.col("p.key").alias("pkey"), F.col("p.mode").alias("pmode"), F.col("p.member").alias("pmember"),
                  F.col("p.proc").alias("pproc"))
          .persist())  # fmt: skip
-    acks = ev.where(F.col("ev") == "puback").groupBy("run", "pid", "seq").agg(F.min_by("member", "ord").alias("ack"))
+    # (a puback with a null member acknowledges all the same: `acked`, not the member, says so)
+    acks = ev.where(F.col("ev") == "puback").groupBy("run", "pid", "seq").agg(
+        F.min_by("member", "ord").alias("ack"), F.lit(True).alias("acked"))
     dels = ev.where(F.col("ev") == "deliver").select("run", "sub", "pid", "seq", "t", "ord", "member", "mode")
     published: dict[str, dict[str, dict[str, int]]] = {
         i: {mode: {"messages": 0, "acknowledged": 0} for mode in MODES} for i in ids}
     dup_pubs = dict.fromkeys(ids, 0)
     for r in _rows(p.join(acks, ["run", "pid", "seq"], "left").groupBy("run", "pmode").agg(
-            F.count("*").alias("n"), F.count("ack").alias("acked"), F.sum(F.col("copies") - 1).alias("dups"))):
+            F.count("*").alias("n"), F.count("acked").alias("acked"), F.sum(F.col("copies") - 1).alias("dups"))):
         published[r.run][r.pmode] = {"messages": r.n, "acknowledged": r.acked}
         dup_pubs[r.run] += r.dups
 
@@ -187,11 +189,11 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
                     .otherwise("reliable"))
         .select("run", "sidx", "widx", "pid", "seq", "pt", "mode"))  # fmt: skip
     exp = (exp.join(acks, ["run", "pid", "seq"], "left")
-           .withColumn("ack", F.when(F.col("mode") == "reliable", F.col("ack")))
+           .withColumn("acked", F.when(F.col("mode") == "reliable", F.col("acked")))
            .join(got.select("run", "sidx", "pid", "seq", F.lit(True).alias("got")), ["run", "sidx", "pid", "seq"],
                  "left")
            .persist())  # fmt: skip
-    lost = (exp.where(F.col("ack").isNotNull() & F.col("got").isNull())
+    lost = (exp.where(F.col("acked").isNotNull() & F.col("got").isNull())
             .select("run", "sidx", "widx", "pid", "seq", "pt", "ack", "mode")
             .mapInPandas(_loss_classifier(judged), _CLASSIFIED_LOSS).persist())  # fmt: skip
 
@@ -200,8 +202,8 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
     recv = got.groupBy(*keys).agg(F.count("*").alias("received"),
                                   F.count(F.when(F.col("cnt") > 1, 1)).alias("duplicated"))
     expd = exp.groupBy(*keys).agg(
-        F.count("*").alias("expected"), F.count("ack").alias("acknowledged"), F.count("got").alias("delivered"),
-        F.count(F.when(F.col("ack").isNotNull() & F.col("got").isNull(), 1)).alias("lost"))
+        F.count("*").alias("expected"), F.count("acked").alias("acknowledged"), F.count("got").alias("delivered"),
+        F.count(F.when(F.col("acked").isNotNull() & F.col("got").isNull(), 1)).alias("lost"))
     reor = reord.groupBy(*keys).agg(F.count("*").alias("reordered"))
     paths = recv.join(expd, keys, "full").join(reor, keys, "full").fillna(0)
     reports = {m.id: _empty_report(m, judged[m.id], opts) for m in metas}
@@ -461,19 +463,24 @@ def _violations(spark: SparkSession, reports: dict[str, Any], judged: dict[str, 
         out[run] = {"lost": [], "duplicated": [], "reordered": [], "counts": {
             "lost": 0, "duplicated": 0, "reordered": 0, "phantom": 0, "disagreement": 0}}
 
-    def first(df: DataFrame, order: list[str]) -> list[Any]:
-        ranked = df.withColumn("i", F.row_number().over(W.partitionBy("run").orderBy(*order)))
+    names = spark.createDataFrame([(run, s.idx, s.sub) for run, j in judged.items() for s in j.subs],
+                                  "run string, sidx int, sub_name string")
+
+    def first(df: DataFrame) -> list[Any]:
+        """The first `sample` rows per run in the checker's order: (pid, seq, subscriber name)."""
+        named = df.join(F.broadcast(names), ["run", "sidx"])
+        ranked = named.withColumn("i", F.row_number().over(W.partitionBy("run").orderBy("pid", "seq", "sub_name")))
         return _rows(ranked.where(F.col("i") <= n).orderBy("run", "i"))
 
-    for r in first(lost, ["pid", "seq", "sidx"]):
+    for r in first(lost):
         s = judged[r.run].subs[r.sidx]
         out[r.run]["lost"].append({"pid": r.pid, "seq": r.seq, "sub": s.sub, "topic": s.topic, "key": s.key,
                                    "member": r.ack, "t": r.pt, "class": r.cls})
     dup = got.where(F.col("cnt") > 1)
-    for r in first(dup, ["pid", "seq", "sidx"]):
+    for r in first(dup):
         out[r.run]["duplicated"].append({"pid": r.pid, "seq": r.seq, "sub": judged[r.run].subs[r.sidx].sub,
                                          "mode": r.mode, "count": r.cnt})
-    for r in first(reord, ["pid", "seq", "sidx"]):
+    for r in first(reord):
         out[r.run]["reordered"].append({"pid": r.pid, "seq": r.seq, "sub": judged[r.run].subs[r.sidx].sub,
                                         "mode": r.mode, "after_seq": r.after, "class": r.cls})
     for r in _rows(lost.where(F.col("cls") == VIOLATION).groupBy("run").count()):

@@ -108,12 +108,13 @@ def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, op
             store.convert(spark, stale, chunk_bytes)
         t1 = time.monotonic()
         metas = [store.meta(d) for d in run_dirs]
+        valid = store.valid_events(spark, [m.id for m in metas])
+        for m in metas:
+            if not valid.get(m.id):
+                raise InputError(f"{Path(m.info.dir) / 'events'}: no valid event in {m.files} file(s)")
         reports = analyze(spark, store.read(spark), metas, opts, progress.step)
         t2 = time.monotonic()
         progress.step("plots")
-        for m in metas:
-            if reports[m.id]["input"]["events"] == 0:
-                raise InputError(f"{Path(m.info.dir) / 'events'}: no valid event in {m.files} file(s)")
         out.mkdir(parents=True, exist_ok=True)
         for r in reports.values():
             r["plot_files"] = [p.name for p in plots.draw_all(r, out)]

@@ -49,7 +49,7 @@ class Checker:
         self.duplicate_publishes = 0
         self.max_t = -math.inf
         self.pubs: dict[tuple[str, int], Msg] = {}
-        self.acks: dict[tuple[str, int], str] = {}
+        self.acks: dict[tuple[str, int], str | None] = {}  # (a null member acknowledges too)
         self.subevs: list[tuple[float, int, str, str, str, str | None, str | None, str | None]] = []
         self.delivs: list[tuple[float, int, str, str, int, str | None]] = []
         self.failovers: dict[str, list[float]] = {}
@@ -216,16 +216,17 @@ class Checker:
                     mode = "fire" if wfire or m[3] == "fire" else "reliable"
                     r = rows.get((mode, mk[0])) or row(s, mode, mk[0])
                     r[_EXP] += 1
-                    ack = acks_get(mk) if mode == "reliable" else None
-                    if ack is not None:
+                    acked = mode == "reliable" and mk in acks
+                    if acked:
                         r[_ACK] += 1
                     if mk in got:
                         r[_DEL] += 1
                         continue
                     r[_MISS] += 1
-                    if ack is None:
+                    if not acked:
                         continue
                     r[_LOST] += 1
+                    ack = acks_get(mk)
                     cls = faults.classify_loss(ack, pt, w)
                     if cls == VIOLATION:
                         violation("lost", mk[0], mk[1], s.sub, ack,
@@ -276,7 +277,7 @@ class Checker:
         for mk, m in pubs.items():
             p = published[m[3]]
             p["messages"] += 1
-            if acks_get(mk) is not None:
+            if mk in acks:
                 p["acknowledged"] += 1
 
         digests = {member: st[2] for member, st in sorted(self.status.items())}

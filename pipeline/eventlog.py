@@ -51,6 +51,7 @@ _TYPE_NAMES = {_STR: "a string", _STR_NULL: "a string or null", _INT: "an intege
 _MISSING = object()
 _INT_FIELDS = ("seq", "subscriptions")
 _INT64 = 1 << 63
+_FLOAT_MAX = 1 << 1023  # (an int this large has no float: float() would raise OverflowError)
 
 
 class InputError(Exception):
@@ -86,7 +87,8 @@ def validate(obj: object) -> str | None:
     t = get("t", _MISSING)
     if type(t) not in _NUM:
         return _field_error("", "t", t, _NUM, None)
-    if t - t != 0:  # inf or nan (json.loads accepts Infinity and NaN)
+    # inf or nan (json.loads accepts Infinity and NaN), or an integer too large for a float
+    if t - t != 0 or (type(t) is int and not -_FLOAT_MAX < t < _FLOAT_MAX):
         return "field 't' is not finite"
     proc = get("proc", _MISSING)
     if type(proc) is not str:

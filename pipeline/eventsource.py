@@ -28,7 +28,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
 
-from pipeline.eventlog import event_files, line_parser
+from pipeline.eventlog import FIELDS, event_files, line_parser
 
 MALFORMED = "malformed"  # the `ev` of a malformed line's row (never an event kind)
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -98,6 +98,10 @@ def plan_chunks(run: str, run_dir: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) 
 
 _ARROW_TYPES = {"StringType()": "string", "LongType()": "int64", "IntegerType()": "int32", "DoubleType()": "float64"}
 _NONE: dict[str, Any] = {}  # what a malformed line's row reads its event fields from
+# Per event kind, the fields that go to columns: those it defines. Any other field is allowed in
+# the logs and ignored (as by the checker), whatever its type.
+_KEEP = {ev: ("t", "proc", "ev", *(name for name, _ in spec), *(("params",) if ev == "fault" else ()))
+         for ev, spec in FIELDS.items()}
 
 
 def read_chunk(chunk: Chunk, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
@@ -121,7 +125,7 @@ def read_chunk(chunk: Chunk, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
             remaining -= len(raw)
             obj, err = parse(raw)
             if err is None:
-                objs.append(obj)
+                objs.append({k: obj[k] for k in _KEEP[obj["ev"]] if k in obj})
                 errors.append(None)
             else:
                 objs.append(_NONE)

@@ -40,7 +40,7 @@ REPORT_SCHEMA: dict[str, Any] = _obj({
                                                   **_COUNTS})},
     }) for mode in MODES}),
     "lost": {"type": "array", "items": _obj({"pid": _STR_S, "seq": {"type": "integer"}, "sub": _STR_S, "topic": _STR_S,
-                                             "key": _STRN, "member": _STR_S, "t": _NUM_S,
+                                             "key": _STRN, "member": _STRN, "t": _NUM_S,
                                              "class": {"enum": list(LOSS_CLASSES)}})},
     "duplicated": {"type": "array", "items": _obj({"pid": _STR_S, "seq": {"type": "integer"}, "sub": _STR_S,
                                                    "mode": {"enum": list(MODES)}, "count": {"type": "integer",

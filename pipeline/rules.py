@@ -69,7 +69,8 @@ subscription matching the message is *stray* (counted only).
 
 Classification
 --------------
-Every lost message gets the first class that applies (X = the member in its ``puback``):
+Every lost message gets the first class that applies (X = the member in its ``puback``; a
+``puback`` with a null member acknowledges all the same, and then only faults on ``all`` apply):
 
 1. ``allowed: serving member died``: a ``fault`` ``kill`` with phase ``start`` targeting X (or
    ``all``) at a time in [publish.t, publish.t + horizon] (horizon 5 s: how long a message is in
@@ -199,7 +200,7 @@ class Window:
 
     open: float
     mode: str
-    member: str
+    member: str | None  # the subscriber's member at the confirmation (null: not known)
     close: float = math.inf
     end: str = "run_end"
     reason: str | None = None
@@ -244,7 +245,7 @@ def build_subscriptions(subevs: Iterable[SubEvent], run_end: float) -> list[Subs
                 s = subs[(sub, topic, key)] = Subscription(len(subs), sub, topic, key)
             if s.windows and s.windows[-1].close == math.inf:
                 s.windows[-1].close, s.windows[-1].end = t, "resubscribe"
-            assert mode is not None and extra is not None
+            assert mode is not None
             s.windows.append(Window(open=t, mode=mode, member=extra))
             s.opens.append(t)
         elif s is not None and s.windows and s.windows[-1].close == math.inf:
@@ -270,7 +271,8 @@ class FaultIndex:
     def __init__(self, faults: Iterable[FaultEvent], run_end: float, subscriber_timeout: float,
                  grace: float = DEFAULT_GRACE, horizon: float = DEFAULT_HORIZON) -> None:
         self.run_end, self.grace, self.horizon = run_end, grace, horizon
-        self.deaths: dict[str, list[float]] = {}
+        # (keyed by member id; a null member, a lookup of None, finds nothing but faults on "all")
+        self.deaths: dict[str | None, list[float]] = {}
         open_faults: dict[tuple[str, str], deque[tuple[float, dict[str, Any] | None]]] = {}
         intervals: list[Interval] = []
         self.unpaired_ends = 0
@@ -290,8 +292,8 @@ class FaultIndex:
             intervals.extend((start, None, kind, target, p) for start, p in q)
         intervals.sort(key=lambda iv: (iv[0], iv[2], iv[3]))
         self.intervals = intervals
-        self.cuts: dict[str, list[tuple[float, float]]] = {}
-        self.apart: dict[str, list[tuple[float, float]]] = {}  # member -> (start, stop) of its faults
+        self.cuts: dict[str | None, list[tuple[float, float]]] = {}
+        self.apart: dict[str | None, list[tuple[float, float]]] = {}  # member -> (start, stop) of its faults
         for start, end, kind, target, _ in intervals:
             stop = self.stop(start, end)
             if kind in CUT_FAULTS and stop - start >= subscriber_timeout:
@@ -303,7 +305,7 @@ class FaultIndex:
         """When a fault stopped acting: its end, or the run's end if it was never healed."""
         return end if end is not None else max(self.run_end, start)
 
-    def died(self, member: str, lo: float, hi: float) -> bool:
+    def died(self, member: str | None, lo: float, hi: float) -> bool:
         for target in (member, "all"):
             times = self.deaths.get(target)
             if times:
@@ -312,19 +314,19 @@ class FaultIndex:
                     return True
         return False
 
-    def cut_off(self, member: str, t: float) -> bool:
+    def cut_off(self, member: str | None, t: float) -> bool:
         horizon = self.horizon
         return any(stop >= t and start <= t + horizon
                    for target in (member, "all") for start, stop in self.cuts.get(target, ()))
 
-    def unreplicated(self, members: tuple[str, str], confirmed: float, t: float) -> bool:
+    def unreplicated(self, members: tuple[str | None, str | None], confirmed: float, t: float) -> bool:
         """Confirmed while the acking member or the subscriber's home was apart from the
         others, published before that ended (plus a grace): docs/guarantees.md, CMDACK."""
         grace = self.grace
         return any(start <= confirmed <= stop and t <= stop + grace
                    for m in members for target in (m, "all") for start, stop in self.apart.get(target, ()))
 
-    def classify_loss(self, ack: str, t: float, w: Window) -> str:
+    def classify_loss(self, ack: str | None, t: float, w: Window) -> str:
         """The class of a lost message published at `t`, acknowledged by `ack`, expected in `w`."""
         if self.died(ack, t, t + self.horizon):
             return ALLOWED_DIED

@@ -110,7 +110,7 @@ class Published(WriterCommitMessage):  # type: ignore[misc]
     rows: int
 
 
-def _rows(opts: SinkOptions, batches: Iterator[Any]) -> Iterator[tuple[int, str, bytes, str | None, Any]]:
+def _rows(opts: SinkOptions, batches: Iterator[Any], where: str) -> Iterator[tuple[int, str, bytes, str | None, Any]]:
     """(row number, topic, payload, key, tags) for every row, checked one by one."""
     n = 0
     for batch in batches:
@@ -124,10 +124,10 @@ def _rows(opts: SinkOptions, batches: Iterator[Any]) -> Iterator[tuple[int, str,
             n += 1
             payload = payloads[i]
             if payload is None:
-                raise SinkError(f"roost sink: row {n} of the partition has a null payload")
+                raise SinkError(f"roost sink: row {n} of {where} has a null payload")
             topic = topics[i] or opts.topic
             if not topic:
-                raise SinkError(f"roost sink: row {n} of the partition has no topic (null 'topic', no option)")
+                raise SinkError(f"roost sink: row {n} of {where} has no topic (null 'topic', no option)")
             t = tags[i]
             yield n, topic, payload.encode() if isinstance(payload, str) else bytes(payload), keys[i], \
                 (dict(t) if t is not None else None)
@@ -141,23 +141,29 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
     from client.wire import WireError
 
     nodes = opts.nodes
+    names = ",".join(f"{h}:{p}" for h, p in nodes)
+    stalled = SinkError(f"roost sink: {where}: no acknowledgement for {opts.timeout:g} s (option 'timeout')")
 
     async def run() -> int:
         count = 0
         try:
             async with Client(nodes[0], members=nodes[1:], producer_id=pid) as c:
-                for n, topic, payload, key, tags in _rows(opts, batches):
-                    try:
-                        await c.publish(topic, payload, key, tags)
-                    except (ValueError, WireError) as e:
-                        raise SinkError(f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes "
-                                        f"payload): {e}") from None
+                for n, topic, payload, key, tags in _rows(opts, batches, where):
+                    # (publish waits only while the window of unacknowledged rows is full)
+                    with trio.move_on_after(opts.timeout) as scope:
+                        try:
+                            await c.publish(topic, payload, key, tags)
+                        except (ValueError, WireError) as e:
+                            raise SinkError(f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes "
+                                            f"payload): {e}") from None
+                    if scope.cancelled_caught:
+                        raise stalled
                     count = n
                 if not await c.flush(opts.timeout):
-                    raise SinkError(f"roost sink: {where}: not every row was acknowledged within {opts.timeout:g} s "
-                                    "(option 'timeout')")
+                    if c.session.lost:
+                        raise NodeLost("every node stopped answering")
+                    raise stalled
         except NodeLost as e:
-            names = ",".join(f"{h}:{p}" for h, p in nodes)
             raise SinkError(f"roost sink: {where}: no node answered (option 'nodes' = {names}): {e}") from None
         return count
 

@@ -58,12 +58,12 @@ def session(master: str = DEFAULT_MASTER, app: str = "roost", **conf: Any) -> An
     # Spark reports a misleading DATA_SOURCE_NOT_FOUND.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if master.startswith("local"):
+    local = master.startswith("local")
+    if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings: dict[str, Any] = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "4",
         "spark.driver.memory": "1g",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
@@ -73,6 +73,8 @@ def session(master: str = DEFAULT_MASTER, app: str = "roost", **conf: Any) -> An
         "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J}",
         **conf,
     }
+    if local:  # (a few cores: few shuffle partitions; a cluster keeps its own defaults, and AQE)
+        settings.setdefault("spark.sql.shuffle.partitions", "4")
     builder = SparkSession.builder.master(master).appName(app)
     for k, v in settings.items():
         builder = builder.config(k, v)

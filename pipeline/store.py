@@ -8,8 +8,10 @@ kind, and reused while the run's files are unchanged.
 
 A run's id is its directory's name and a hash of its absolute path, so two runs called `run`
 in different places do not collide. The manifest is written after the run's Parquet, and a
-run is converted again (its partition deleted first) when its manifest is missing or its files
-changed: a conversion cut short is never taken for a finished one.
+run is converted again when its manifest is missing or its files
+changed: a conversion cut short is never taken for a finished one. Each conversion writes to a
+staging directory and moves the runs' partitions into place, so that what a killed conversion
+left behind is never read.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -64,31 +67,53 @@ class Store:
         return m is not None and m.get("fingerprint") == fingerprint(run_dir)
 
     def convert(self, spark: Any, run_dirs: Sequence[str | Path], chunk_bytes: int | None = None) -> None:
-        """Write the events of `run_dirs` to Parquet (one Spark job for all of them)."""
+        """Write the events of `run_dirs` to Parquet (one Spark job for all of them).
+
+        The job writes to a staging directory of its own; each run's partition then replaces the
+        old one by a rename, and its manifest follows. So files left by a conversion that was
+        killed (Spark's _temporary, a half-moved run) are never read as events."""
         if not run_dirs:
             return
-        prints = {run_id(d): (d, fingerprint(d), load_run(d)) for d in run_dirs}
+        prints = {run_id(d): (fingerprint(d), load_run(d)) for d in run_dirs}
         for rid in prints:
             (self.manifests / f"{rid}.json").unlink(missing_ok=True)
-            shutil.rmtree(self.events / f"run={rid}", ignore_errors=True)
-        runs = json.dumps([[rid, str(Path(d).resolve())] for rid, (d, _, _) in prints.items()])
+        for old in self.root.glob(".staging-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        staging = self.root / f".staging-{uuid.uuid4().hex}"
+        runs = json.dumps([[rid, str(Path(d).resolve())] for rid, d in zip(prints, run_dirs, strict=True)])
         reader = spark.read.format("roost_events").option("runs", runs)
         if chunk_bytes is not None:
             reader = reader.option("chunk_bytes", str(chunk_bytes))
-        df = reader.load()
-        df.write.mode("append").partitionBy("run", "ev").parquet(str(self.events))
+        reader.load().write.partitionBy("run", "ev").parquet(str(staging))
+        self.events.mkdir(parents=True, exist_ok=True)
         self.manifests.mkdir(parents=True, exist_ok=True)
-        for rid, (_, fp, info) in prints.items():
+        for rid, (fp, info) in prints.items():
+            target = self.events / f"run={rid}"
+            shutil.rmtree(target, ignore_errors=True)
+            if (staging / f"run={rid}").is_dir():  # (none for a run whose files are all empty)
+                os.replace(staging / f"run={rid}", target)
             m = {"version": MANIFEST_VERSION, "id": rid, "fingerprint": fp, "files": len(fp["files"]),
                  "info": asdict(info)}
             tmp = self.manifests / f".{rid}.json.tmp"
             tmp.write_text(json.dumps(m, indent=1))
             os.replace(tmp, self.manifests / f"{rid}.json")
+        shutil.rmtree(staging, ignore_errors=True)
 
     def meta(self, run_dir: str | Path) -> RunMeta:
+        """The stored run, named as the caller names it now (a reused run may have been converted
+        from another working directory)."""
         m = self.manifest(run_id(run_dir))
         assert m is not None, run_dir
-        return RunMeta(m["id"], RunInfo(**m["info"]), m["files"])
+        return RunMeta(m["id"], RunInfo(**{**m["info"], "dir": str(run_dir)}), m["files"])
+
+    def valid_events(self, spark: Any, ids: list[str]) -> dict[str, int]:
+        """How many valid events each run has (a query of the partition directories' files)."""
+        from pyspark.sql import functions as F
+
+        if not self.events.is_dir():
+            return {}
+        df = self.read(spark).where(F.col("run").isin(ids) & (F.col("ev") != "malformed"))
+        return {r.run: r["count"] for r in df.groupBy("run").count().collect()}
 
     def read(self, spark: Any) -> Any:
         """All stored events, typed by the explicit schema (no partition type inference: a run id

@@ -55,7 +55,7 @@ class History:
         self.events.append(e)
 
     def subscribe(self, t: float, sub: str, topic: str = "t", key: str | None = None, mode: str = "reliable",
-                  member: str = "n1") -> None:
+                  member: str | None = "n1") -> None:
         self.add(t, sub, "subscribe", sub=sub, topic=topic, key=key, mode=mode, member=member)
 
     def cancel(self, t: float, sub: str, topic: str = "t", key: str | None = None,
@@ -541,3 +541,20 @@ def test_the_text_report_names_an_unreachable_member(tmp_path, capsys):
     h.add(50, "status", "status", member="n2", digest=None, subscriptions=None, state="unreachable")
     code, text = run_cli(capsys, h.write(tmp_path / "run", end=60))
     assert code == 1 and "n2=unreachable" in text
+
+
+def test_a_puback_without_a_member_still_acknowledges_and_its_loss_counts():
+    """chaos_worker.py writes a null member while the publisher has none; the message was
+    acknowledged all the same, so never delivering it is a loss (once taken for unacknowledged,
+    which hid such losses). Only a fault on every member can explain it."""
+    h = History()
+    h.subscribe(0, "s", member=None)  # (a subscription confirmed before the member was known)
+    h.add(1, "pub-0", "publish", pid="p1", seq=1, topic="t", key=None, mode="reliable", member=None)
+    h.add(1.001, "pub-0", "puback", pid="p1", seq=1, member=None)
+    r = h.check()
+    row = path_row(r, "reliable", "s")
+    assert (row["expected"], row["acknowledged"], row["lost"]) == (1, 1, 1)
+    assert r["lost"][0]["member"] is None and r["lost"][0]["class"] == VIOLATION
+    assert r["published"]["reliable"] == {"messages": 1, "acknowledged": 1}
+    h.fault(2, "kill", "all", "start")
+    assert h.check()["lost"][0]["class"] == ALLOWED_DIED

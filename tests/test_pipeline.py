@@ -18,6 +18,7 @@ from pipeline import audit, checker
 from pipeline.rules import COUNT_FIELDS, VIOLATION
 from scripts import gen_events
 from tests.clusterkit import ROOT
+from tests.test_check import History
 
 RUN_FIELDS = ("files", "events", "malformed", "duplicate_publishes", "unpaired_fault_ends", "phantom_deliveries",
               "stray_deliveries", "by_kind", "malformed_lines")
@@ -70,11 +71,18 @@ def test_audit_agrees_with_the_checker_on_planted_flaws_and_reuses_its_parquet(t
     assert again["audit"]["converted"] == 0 and again["audit"]["reused"] == 1
     assert again["runs"][0]["modes"] == aud["modes"] and again["runs"][0]["input"] == aud["input"]
 
+    # What a killed conversion leaves (Spark's _temporary, an old staging directory) is never read.
+    part = next((out / "parquet" / "events" / f"run={aud['run']['id']}" / "ev=publish").glob("*.parquet"))
+    for left in (out / "parquet" / "events" / "_temporary" / "0" / "task_0" / f"run={aud['run']['id']}" / "ev=publish",
+                 out / "parquet" / ".staging-old" / f"run={aud['run']['id']}" / "ev=publish"):
+        left.mkdir(parents=True)
+        (left / part.name).write_bytes(part.read_bytes())
     with (run / "events" / "sub-0.jsonl").open("a") as f:  # a changed run is converted again
         f.write('{"t": 1, "proc": "sub-0"}\n')
     third = audit.audit([str(run)], out, spark=spark, quiet=True)
     assert third["audit"]["converted"] == 1
     assert third["runs"][0]["input"]["malformed"] == aud["input"]["malformed"] + 1
+    assert third["runs"][0]["input"]["duplicate_publishes"] == 0
     assert_agrees(run, third)
 
 
@@ -90,22 +98,49 @@ def test_every_kind_of_bad_line_is_counted_with_its_file_and_line_as_the_checker
            b'"pid": "a", "seq": 1, "member": null}\n',
            b'\xff\xfe{"t": 1}\n', b'{"t": NaN, "proc": "x", "ev": "status"}\n', b'{"t": 1, "proc": "x"} {}\n',
            b'{"t": 1, "proc": "x", "ev": "fault", "fault": "kill", "target": "n1", "phase": "start", '
-           b'"params": 3}\n', struct.pack("B", 0) * 3 + b"\n"]
+           b'"params": 3}\n', struct.pack("B", 0) * 3 + b"\n",
+           b'{"t": 1' + b"0" * 400 + b', "proc": "x", "ev": "status", "member": "n1", "digest": null, '
+           b'"subscriptions": null, "state": "s"}\n']
     with (run / "events" / "pub-0.jsonl").open("ab") as f:
         for b in bad:
             f.write(b)
+        # valid lines: a field no event defines, of a type no column has; a subscribe with a null member
+        f.write(b'{"t": 1, "proc": "x", "ev": "failover", "client": "x", "from": null, "to": "n1", "seq": "x"}\n')
+        f.write(b'{"t": 1, "proc": "x", "ev": "subscribe", "sub": "s9", "topic": "o", "key": null, "mode": "fire", '
+                b'"member": null}\n')
         f.write(b'{"t": 1, "proc": "x", "ev": "failover", "client": "pub-0", "from": null, "to": "n1"}')  # (no \n)
     summary = audit.audit([str(run)], tmp_path / "out", spark=spark, quiet=True, chunk_bytes=4096)
     aud = assert_agrees(run, summary)
     assert aud["input"]["malformed"] == len(bad)
-    assert aud["input"]["by_kind"]["failover"] == 1  # (the last line, without its newline)
+    assert aud["input"]["by_kind"]["failover"] == 2  # (the last line, without its newline, is one)
 
 
-def test_audit_of_a_real_chaos_run_writes_report_summary_and_plots(tmp_path, spark, chaos_run):
+def null_member_run(run_dir: Path) -> Path:
+    """A hand-written run without faults: null members (a puback, a subscribe, a deliver), a keyed
+    and a whole-topic subscription of one subscriber, a loss, a duplicate and a phantom."""
+    h = History()
+    h.subscribe(0, "s", member=None)
+    h.subscribe(0, "s", key="k")
+    h.add(1, "pub-0", "publish", pid="p1", seq=1, topic="t", key="k", mode="reliable", member=None)
+    h.add(1.001, "pub-0", "puback", pid="p1", seq=1, member=None)  # acknowledged, never delivered
+    h.publish(2, 2, key="k")
+    h.deliver(2.1, "s", 2, key="k", member=None)
+    h.deliver(2.2, "s", 2, key="k")  # twice
+    h.deliver(2.3, "s", 9)  # never published
+    return h.write(run_dir)
+
+
+def test_audit_of_a_real_chaos_run_and_others_in_one_job_writes_report_summary_and_plots(tmp_path, spark,
+                                                                                          chaos_run):
     run, proc = chaos_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "audit"
-    summary = audit.audit([str(run)], out, spark=spark, quiet=True)
+    other = null_member_run(tmp_path / "hand")
+    summary = audit.audit([str(run), str(other)], out, spark=spark, quiet=True)
+    hand = assert_agrees(other, summary)
+    # (one message on two subscriptions of "s": the keyed and the whole-topic one count it each)
+    assert hand["modes"]["reliable"]["totals"]["lost"] == 2 and hand["violations"]["by_kind"] == {
+        "lost": 2, "duplicated": 2, "reordered": 0, "phantom": 1, "disagreement": 0}
     aud = assert_agrees(run, summary)
     assert aud["modes"]["reliable"]["totals"]["acknowledged"] > 1000 and aud["faults"]
     assert all(f["gap"] > 0 for f in aud["faults"])
