@@ -221,9 +221,7 @@ class Client:
         s = self.session
         if reliable and s.window_full:
             self._kick()
-            await self._until(lambda: not s.window_full or s.lost)
-            if s.lost:
-                raise NodeLost("node lost while the publish window was full")
+            await self._until(lambda: not s.window_full)
         seq = s.publish(topic, key, tags, payload, reliable)
         self._since_yield += 1
         if wait and reliable:

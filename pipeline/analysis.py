@@ -467,9 +467,11 @@ def _violations(spark: SparkSession, reports: dict[str, Any], judged: dict[str, 
                                   "run string, sidx int, sub_name string")
 
     def first(df: DataFrame) -> list[Any]:
-        """The first `sample` rows per run in the checker's order: (pid, seq, subscriber name)."""
+        """The first `sample` rows per run in the checker's order: (pid, seq, subscriber name, and
+        the subscription's index for a keyed and a whole-topic subscription of one subscriber)."""
         named = df.join(F.broadcast(names), ["run", "sidx"])
-        ranked = named.withColumn("i", F.row_number().over(W.partitionBy("run").orderBy("pid", "seq", "sub_name")))
+        order = W.partitionBy("run").orderBy("pid", "seq", "sub_name", "sidx")
+        ranked = named.withColumn("i", F.row_number().over(order))
         return _rows(ranked.where(F.col("i") <= n).orderBy("run", "i"))
 
     for r in first(lost):

@@ -87,8 +87,7 @@ def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, op
     """Run the audit; returns the summary (also written to OUT/summary.json). `spark`: an existing
     session to use (the tests share one), else one is started for `master`; `chunk_bytes`: how
     the event files are split for reading (default 64 MiB)."""
-    from pipeline.analysis import Options, analyze
-    from pipeline.spark import session
+    from pipeline.analysis import Options
     from pipeline.store import Store, run_id
 
     opts = opts or Options()
@@ -97,6 +96,15 @@ def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, op
     if len({run_id(d) for d in run_dirs}) != len(run_dirs):
         raise InputError("a run directory is given twice")
     store = Store(out)
+    with store.lock():
+        return _audit(run_dirs, out, store, master, opts, quiet, spark, chunk_bytes)
+
+
+def _audit(run_dirs: list[str], out: Path, store: Any, master: str, opts: Any, quiet: bool, spark: Any,
+           chunk_bytes: int | None) -> dict[str, Any]:
+    from pipeline.analysis import analyze
+    from pipeline.spark import session
+
     stale = [d for d in run_dirs if not store.fresh(d)]
     progress = Progress(STEPS + (1 if stale else 0), quiet)
     try:

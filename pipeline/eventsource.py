@@ -145,7 +145,8 @@ def _batch(pa: Any, schema: Any, objs: list[dict[str, Any]], errors: list[str | 
     cols: dict[str, Any] = {
         "run": [chunk.run] * n, "file": [chunk.file] * n, "file_rank": [chunk.file_rank] * n,
         "line": range(first_line, first_line + n), "ev": [o.get("ev", MALFORMED) for o in objs],
-        "t": [o.get("t") for o in objs], "proc": [o.get("proc") for o in objs],
+        "t": [None if (t := o.get("t")) is None else float(t) for o in objs],  # (float: an int past 2**53 too)
+        "proc": [o.get("proc") for o in objs],
     }
     for key, col, _ in _FIELD_COLUMNS:
         if key == "params":

@@ -53,7 +53,7 @@ REPORT_SCHEMA: dict[str, Any] = _obj({
                                                "healed": {"type": "boolean"}, "params": {"type": ["object", "null"]},
                                                "gap": _NUM_S, "recover": _N, "deliveries": _INT_S})},
     "agreement": _obj({"agreed": {"type": ["boolean", "null"]}, "digests": {"type": "object",
-                                                                             "additionalProperties": _STR_S},
+                                                                             "additionalProperties": _STRN},
                        "missing": {"type": "array", "items": _STR_S}}),
     "violations": {"type": "array", "items": _obj({
         "kind": {"enum": ["lost", "duplicated", "reordered", "phantom", "disagreement"]},

@@ -142,27 +142,32 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
 
     nodes = opts.nodes
     names = ",".join(f"{h}:{p}" for h, p in nodes)
-    stalled = SinkError(f"roost sink: {where}: no acknowledgement for {opts.timeout:g} s (option 'timeout')")
+    stalled = SinkError(f"roost sink: {where}: the publish window stayed full for {opts.timeout:g} s: no "
+                        "acknowledgement (option 'timeout')")
 
     async def run() -> int:
         count = 0
         try:
             async with Client(nodes[0], members=nodes[1:], producer_id=pid) as c:
                 for n, topic, payload, key, tags in _rows(opts, batches, where):
-                    # (publish waits only while the window of unacknowledged rows is full)
-                    with trio.move_on_after(opts.timeout) as scope:
-                        try:
+                    scope = None
+                    try:
+                        if c.session.window_full:  # publish waits for room: for `timeout` at most
+                            with trio.move_on_after(opts.timeout) as scope:
+                                await c.publish(topic, payload, key, tags)
+                        else:
                             await c.publish(topic, payload, key, tags)
-                        except (ValueError, WireError) as e:
-                            raise SinkError(f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes "
-                                            f"payload): {e}") from None
-                    if scope.cancelled_caught:
-                        raise stalled
+                    except (ValueError, WireError) as e:
+                        raise SinkError(f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes "
+                                        f"payload): {e}") from None
+                    if scope is not None and scope.cancelled_caught:
+                        raise NodeLost("no node answered") if c.session.lost else stalled
                     count = n
                 if not await c.flush(opts.timeout):
                     if c.session.lost:
                         raise NodeLost("every node stopped answering")
-                    raise stalled
+                    raise SinkError(f"roost sink: {where}: not every row was acknowledged within {opts.timeout:g} s "
+                                    "(option 'timeout')")
         except NodeLost as e:
             raise SinkError(f"roost sink: {where}: no node answered (option 'nodes' = {names}): {e}") from None
         return count

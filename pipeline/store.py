@@ -16,13 +16,16 @@ left behind is never read.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,22 @@ class Store:
         self.root = Path(out) / "parquet"
         self.events = self.root / "events"
         self.manifests = self.root / "runs"
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One audit at a time per store: another one's conversion would delete what this one
+        reads (a flock on OUT/parquet/.lock, released when the process ends)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"roost audit: waiting for another audit using {self.root}", file=sys.stderr)
+                fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def manifest(self, rid: str) -> dict[str, Any] | None:
         try:
@@ -90,8 +109,10 @@ class Store:
         for rid, (fp, info) in prints.items():
             target = self.events / f"run={rid}"
             shutil.rmtree(target, ignore_errors=True)
-            if (staging / f"run={rid}").is_dir():  # (none for a run whose files are all empty)
+            if (staging / f"run={rid}").is_dir():
                 os.replace(staging / f"run={rid}", target)
+            elif any(size for _, size, _ in fp["files"]):  # (only a run of empty files has no rows)
+                raise RuntimeError(f"conversion of {rid} wrote nothing to {staging}")
             m = {"version": MANIFEST_VERSION, "id": rid, "fingerprint": fp, "files": len(fp["files"]),
                  "info": asdict(info)}
             tmp = self.manifests / f".{rid}.json.tmp"

@@ -108,11 +108,15 @@ def test_every_kind_of_bad_line_is_counted_with_its_file_and_line_as_the_checker
         f.write(b'{"t": 1, "proc": "x", "ev": "failover", "client": "x", "from": null, "to": "n1", "seq": "x"}\n')
         f.write(b'{"t": 1, "proc": "x", "ev": "subscribe", "sub": "s9", "topic": "o", "key": null, "mode": "fire", '
                 b'"member": null}\n')
+        for t in (b"100000000000000000000", b"9007199254740993"):  # (past int64; past a double's 2**53)
+            f.write(b'{"t": ' + t + b', "proc": "x", "ev": "status", "member": "n9", "digest": null, '
+                    b'"subscriptions": null, "state": "s"}\n')
         f.write(b'{"t": 1, "proc": "x", "ev": "failover", "client": "pub-0", "from": null, "to": "n1"}')  # (no \n)
     summary = audit.audit([str(run)], tmp_path / "out", spark=spark, quiet=True, chunk_bytes=4096)
     aud = assert_agrees(run, summary)
     assert aud["input"]["malformed"] == len(bad)
     assert aud["input"]["by_kind"]["failover"] == 2  # (the last line, without its newline, is one)
+    assert aud["input"]["by_kind"]["status"] == 2 + 3  # (2 here and the 3 members' of the run)
 
 
 def null_member_run(run_dir: Path) -> Path:

@@ -193,7 +193,7 @@ def test_a_node_that_dies_mid_write_fails_the_job_instead_of_hanging(spark, tmp_
     df = spark.range(0, 200_000, numPartitions=1).select(F.udf(kill_at, StringType())("id").alias("payload"))
     started = time.monotonic()
     try:
-        with pytest.raises(Exception, match=r"no node answered \(option 'nodes' = |no acknowledgement for 5 s"):
+        with pytest.raises(Exception, match=r"no node answered \(option 'nodes' = |window stayed full for 5 s"):
             df.write.format("roost").option("nodes", lone.addr("n1")).option("topic", "t").option("timeout", "5") \
                 .mode("append").save()
     finally:
