@@ -64,7 +64,7 @@ class ClusterMap:
 def preference(placed: tuple[tuple[str, ...], ...], members: Iterable[str], p: int) -> list[str]:
     """Partition p's placed owners, then every other member by rendezvous rank."""
     first = list(placed[p])
-    return first + [m for m in ring._ranked(sorted(members), p) if m not in first]
+    return first + [m for m in ring.ranked(sorted(members), p) if m not in first]
 
 
 def compute(epoch: int, members: Mapping[str, tuple[Addr, Addr]], live: Iterable[str], partitions: int,

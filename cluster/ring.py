@@ -59,13 +59,13 @@ def assign(members: Sequence[str], partitions: int, replicas: int = 2, placement
     if placement == "ring":
         return _ring(ids, partitions, k, vnodes)
     if placement == "rendezvous":
-        return tuple(tuple(_ranked(ids, p)[:k]) for p in range(partitions))
+        return tuple(tuple(ranked(ids, p)[:k]) for p in range(partitions))
     if placement == "bounded":
         return _bounded(ids, partitions, k, load)
     raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
 
 
-def _ranked(ids: list[str], p: int) -> list[str]:
+def ranked(ids: list[str], p: int) -> list[str]:
     """Members by decreasing rendezvous weight for partition p (ties, if any, by id)."""
     return sorted(ids, key=lambda m: (-_h(f"{p}:{m}"), m))
 
@@ -91,12 +91,12 @@ def _bounded(ids: list[str], partitions: int, k: int, load: float) -> Assignment
     """Replica level by level, partitions in order: the best-ranked member that is not already
     an owner of the partition and is under the level's cap."""
     cap = math.ceil(load * partitions / len(ids))
-    ranked = [_ranked(ids, p) for p in range(partitions)]
+    order = [ranked(ids, p) for p in range(partitions)]
     owners: list[list[str]] = [[] for _ in range(partitions)]
     for _ in range(k):
         held = dict.fromkeys(ids, 0)
         for p in range(partitions):
-            for m in ranked[p]:
+            for m in order[p]:
                 if m not in owners[p] and held[m] < cap:
                     owners[p].append(m)
                     held[m] += 1

@@ -128,7 +128,7 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
          .persist())  # fmt: skip
     # (a puback with a null member acknowledges all the same: `acked`, not the member, says so)
     acks = ev.where(F.col("ev") == "puback").groupBy("run", "pid", "seq").agg(
-        F.min_by("member", "ord").alias("ack"), F.lit(True).alias("acked"))
+        F.min_by("member", "ord").alias("ack"), F.lit(True).alias("acked")).persist()  # (joined twice)
     dels = ev.where(F.col("ev") == "deliver").select("run", "sub", "pid", "seq", "t", "ord", "member", "mode")
     published: dict[str, dict[str, dict[str, int]]] = {
         i: {mode: {"messages": 0, "acknowledged": 0} for mode in MODES} for i in ids}
@@ -242,7 +242,7 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
             rep["modes"][mode]["latency"] = latency[i][mode]
         rep["plots"] = {"latency_cdf": cdf[i], "rate": rates[i]}
         rep.update(samples[i])
-    for df in (p, got, reord, exp, lost):
+    for df in (p, acks, got, reord, exp, lost):
         df.unpersist()
     return reports
 

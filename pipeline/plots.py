@@ -21,6 +21,13 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def latency_cdf(report: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -36,10 +43,7 @@ def latency_cdf(report: dict[str, Any], path: Path) -> Path:
     ax.set_title(f"Latency CDF per delivery mode: {report['run']['id']}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def delivery_rate(report: dict[str, Any], path: Path) -> Path:
@@ -68,10 +72,7 @@ def delivery_rate(report: dict[str, Any], path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper right", fontsize="small", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def fault_gaps(report: dict[str, Any], path: Path) -> Path:
@@ -94,10 +95,7 @@ def fault_gaps(report: dict[str, Any], path: Path) -> Path:
         ax.legend(loc="upper right", fontsize="small")
     else:
         ax.text(0.5, 0.5, "no faults in this run", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def draw_all(report: dict[str, Any], out: Path) -> list[Path]:
