@@ -34,8 +34,21 @@ CLUSTER_SETTINGS: list[Setting] = [
             "Shared by every member; peers prove they know it (HMAC over fresh nonces). "
             "It also keys the address-validation cookies, so a cookie from one member is "
             "valid at all of them."),
-    Setting("cluster", "mode", "replicated", str, "replicated",
-            lambda v: v == "replicated", "Every member holds every subscription."),
+    Setting("cluster", "mode", "replicated", str, '"replicated" or "partitioned"',
+            lambda v: v in ("replicated", "partitioned"),
+            "replicated: every member holds every subscription. partitioned: each topic's "
+            "partition lives on `replicas` members, a primary and its secondaries "
+            "(docs/cluster.md)."),
+    Setting("cluster", "partitions", 256, int, "an integer from 1 to 65536",
+            _num(1, 65536),
+            "Partitioned mode: topics hash into this many partitions; fixed for the life of a "
+            "cluster (every member must agree)."),
+    Setting("cluster", "replicas", 2, int, "an integer from 1 to 8",
+            _num(1, 8), "Partitioned mode: owners per partition, the primary included."),
+    Setting("cluster", "max_forward_queue", 100_000, int, "an integer from 100 to 10000000",
+            _num(100, 10_000_000),
+            "Partitioned mode: reliable messages queued for another partition's primary while "
+            "its link is down; beyond it new ones are dropped (counted as forward_overflow)."),
     Setting("cluster", "heartbeat_interval", 0.2, float, "a number of seconds from 0.01 to 10",
             _num(0.01, 10), "Heartbeats on every peer link."),
     Setting("cluster", "suspect_after", 0.6, float, "a number of seconds from 0.02 to 60",
@@ -88,6 +101,9 @@ class Member:
 class ClusterSettings:
     secret: str
     mode: str
+    partitions: int
+    replicas: int
+    max_forward_queue: int
     heartbeat_interval: float
     suspect_after: float
     down_after: float

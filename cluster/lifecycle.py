@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 ``Start`` reads our own snapshot (``ReadSnapshot``) and PULLs a full dump from
 one peer after another, in an order drawn from the member's random source,
-until one answers with a complete dump; a peer that is syncing itself answers
+until one answers with a complete dump (in partitioned mode: the partitions
+we own, from every peer in turn, since each holds only its own); a peer that is syncing itself answers
 ``DUMPEND -1`` and the next is tried; ``pull_timeout`` or a dropped link moves
 on too. Merges commute, so the snapshot and the dump may arrive in either
 order. With both done (or every peer tried) the member is ready and the
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from cluster.links import Link
     from cluster.replication import PeerQueue
     from node.core import BrokerCore
+    from node.ownership import Ownership
 
 
 class Lifecycle:
@@ -62,6 +64,8 @@ class Lifecycle:
         queues: dict[str, PeerQueue]
         next_digest: dict[str, float]
         _out: list[Action]
+        partitioned: bool
+        own: Ownership
 
         @property
         def ready(self) -> bool: ...
@@ -69,6 +73,7 @@ class Lifecycle:
         def _frame(self, link: int, data: bytes) -> None: ...
         def _close(self, link: Link, why: str) -> None: ...
         def _absorb(self, actions: list[Any]) -> None: ...
+        def _distribute(self, entries: list[Any]) -> None: ...
 
     def _init_lifecycle(self) -> None:
         # PULL
@@ -118,7 +123,10 @@ class Lifecycle:
         lid = self.out[self.pull_peer]
         assert lid is not None
         self.pull_sent = True
-        self._frame(lid, encode([P.PULL]))
+        if self.partitioned:  # only the partitions we own, from every peer in turn
+            self._frame(lid, encode([P.PULL, [p for p, mine in enumerate(self.own.owned) if mine]]))
+        else:
+            self._frame(lid, encode([P.PULL]))
 
     def _pull_failed(self, why: str, close: bool) -> None:
         peer = self.pull_peer
@@ -162,6 +170,12 @@ class Lifecycle:
         if self.pulled_from is None and self.broker.index.count == 0:
             self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")
         self.phase = "ready"
+        if self.partitioned:
+            # What we hold of partitions we do not own (our clients' registers, from the
+            # snapshot) may never have reached the owners before we went down: hand it off.
+            theirs = {p for p, mine in enumerate(self.own.owned) if not mine}
+            if theirs:
+                self._distribute(list(self.broker.dump(theirs)))
         self._out.append(ServeClients())
         self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
         for p in self.peers:

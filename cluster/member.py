@@ -75,14 +75,15 @@ from cluster.events import (
 from cluster.lifecycle import Lifecycle
 from cluster.links import Link
 from cluster.membership import Membership
-from cluster.peerwire import NONCE_LEN, P, PeerProtocolError, check_digest, check_entries, encode
+from cluster.partitioned import Partitioned
+from cluster.peerwire import NONCE_LEN, P, PeerProtocolError, check_digest, check_entries, check_partitions, encode
 from cluster.replication import PeerQueue
-from node.core import DIGEST_BUCKETS, BrokerCore, Replicate, StatusQuery
+from node.core import BrokerCore, Confirm, Forward, Relay, Replicate, StatusQuery
 
 _BEAT = encode([P.BEAT])
 
 
-class MemberCore(Lifecycle):
+class MemberCore(Lifecycle, Partitioned):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -132,6 +133,7 @@ class MemberCore(Lifecycle):
         self._expired: set[str] = set()
         self._expire_again: dict[str, float] = {}
         self._out: list[Action] = []
+        self._init_partitioned()  # the map, forwarding, held CMDACKs (cluster/partitioned.py)
 
     # ------------------------------------------------------------ entry points
 
@@ -186,6 +188,8 @@ class MemberCore(Lifecycle):
                 d = min(d, self.next_digest[p])
         for link in self.links.values():
             d = min(d, link.deadline)
+        for held in self.held:
+            d = min(d, held[0])
         if self._streams and self._streams.ready(self._drained):
             d = min(d, self.now)
         b = self.broker.next_deadline()
@@ -212,7 +216,11 @@ class MemberCore(Lifecycle):
                             "client_addr": addr})  # fmt: skip
         # (one hash of the 256 bucket digests: members that agree on every register show the same)
         digest = hashlib.blake2b(b"".join(d.to_bytes(8, "big") for d in self.broker.digest), digest_size=8)
-        return {"state": self.phase, "mode": self.s.mode, "digest": digest.hexdigest(), "members": members}
+        out: dict[str, Any] = {"state": self.phase, "mode": self.s.mode, "digest": digest.hexdigest(),
+                               "members": members}
+        if self.partitioned:
+            out["map"] = self.map_status()
+        return out
 
     # ------------------------------------------------------------ plumbing
 
@@ -234,16 +242,30 @@ class MemberCore(Lifecycle):
     def _absorb(self, actions: list[Any]) -> None:
         """Pass the broker core's actions on; replicate its changes, answer STATUS."""
         out = self._out
+        confirms = None
         for a in actions:
             cls = a.__class__
             if cls is Replicate:
                 self._distribute(a.entries)
             elif cls is StatusQuery:
                 out.append(Send(a.addr, encode_status_reply({**a.status, **self.status()})))
+            elif cls is Forward:
+                self._forward(a.member, a.msgs)
+            elif cls is Confirm:
+                confirms = [Send(a.addr, a.data)] if confirms is None else [*confirms, Send(a.addr, a.data)]
+            elif cls is Relay:
+                self._relay(a.member, a.sends)
             else:
                 out.append(a)
+        if confirms is not None:  # (after the Replicate: it comes last)
+            self._hold(confirms)
 
     def _distribute(self, entries: list[Any]) -> None:
+        if self.partitioned:
+            for peer, mine in self._route_entries(entries).items():
+                self.queues[peer].add(mine)
+                self._pump_pushes(peer)
+            return
         for peer, q in self.queues.items():
             q.add(entries)
             self._pump_pushes(peer)
@@ -271,7 +293,7 @@ class MemberCore(Lifecycle):
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
             beat = encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing",
-                           self.broker.index.count, self.broker.status()["clients"]])  # fmt: skip
+                           self.broker.index.count, self.broker.status()["clients"], self.own.epoch])  # fmt: skip
             for p in self.peers:
                 lid = self.out[p]
                 if lid is not None and self.links[lid].up:
@@ -297,15 +319,19 @@ class MemberCore(Lifecycle):
             self._absorb(self.broker.tick(now))
         for lid, data in self._streams.turn(self._drained) if self._streams else ():
             self._frame(lid, data)
+        self._release_held()
         if self.phase == "stopping":
             self._drain()
 
     def _watch_peers(self, now: float) -> None:
-        for peer, old, new in self.membership.tick(now):
+        changes = self.membership.tick(now)
+        for peer, old, new in changes:
             self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
             lid = self.out[peer]
             if new == "down" and lid is not None:
                 self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
+        if changes and self.partitioned:
+            self._remap()
         if self.ready:
             self._expire_lost_homes(now)
 
@@ -314,7 +340,7 @@ class MemberCore(Lifecycle):
         subscriptions with it; one surviving member (the lowest ready id)
         writes the tombstones, which replicate like any change."""
         ready = [self.id] + [p for p, v in self.membership.peers.items() if v.state == "ready"]
-        if min(ready) != self.id:
+        if min(ready) != self.id and not self.partitioned:  # (partitioned: each primary its own)
             return
         for peer in self.peers:
             if peer not in self._expired and self.membership.down_for(peer, now) > self.cfg.subscriber_timeout \
@@ -347,6 +373,7 @@ class MemberCore(Lifecycle):
             return
         self.out[peer] = None
         self.queues[peer].disconnected()
+        self.fwd[peer].disconnected()
         self.digest_pending.discard(peer)
         self.next_dial[peer] = self.now + self.s.reconnect_interval
         if self.was_up[peer] is not False:
@@ -403,8 +430,9 @@ class MemberCore(Lifecycle):
         self._log("info", "link_up", peer=peer)
         self.was_up[peer] = True
         beat = [P.HEARTBEAT, "ready" if self.ready else "syncing", self.broker.index.count,
-                self.broker.status()["clients"]]  # fmt: skip
+                self.broker.status()["clients"], self.own.epoch]  # fmt: skip
         self._frame(link.id, encode(beat))
+        self._pump_forwards(peer)
         q = self.queues[peer]
         self.next_digest[peer] = self.now if q.overflowed else self.now + self.s.anti_entropy_interval
         self._pump_pushes(peer)
@@ -417,17 +445,27 @@ class MemberCore(Lifecycle):
         if kind == P.PUSH and n == 3:
             self._absorb(self.broker.merge(check_entries(f[2]), self.now))
             self._frame(link.id, encode([P.PUSHACK, f[1]]))
-        elif kind == P.HEARTBEAT and n == 4:
-            state, subs, clients = f[1], f[2], f[3]
-            if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int:
+        elif kind == P.HEARTBEAT and n == 5:
+            state, subs, clients, epoch = f[1], f[2], f[3], f[4]
+            if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int \
+                    or epoch.__class__ is not int:  # fmt: skip
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
             self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)
+            reported = self.membership.peers[link.peer].reported
             ch = self.membership.heard(link.peer, self.now, state, subs, clients)
             if ch:
                 self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
                 self._expired.discard(link.peer)
-        elif kind == P.PULL and n == 1:
+            if self.partitioned:
+                self.heard_epoch(epoch)
+                if ch or reported != state:
+                    self._remap()
+        elif kind == P.FORWARD and n == 3:
+            self._on_forward_frame(link, f[1], f[2])
+        elif kind == P.RELAY and n == 2:
+            self._on_relay_frame(f[1])
+        elif kind == P.PULL and (n == 1 or n == 2):
             if self._streams.running(link.id, P.DUMP):
                 raise PeerProtocolError("PULL while a dump is in progress on this link")
             if not self.ready:
@@ -439,12 +477,16 @@ class MemberCore(Lifecycle):
                     self._log("info", "served_pull", peer=peer, subscriptions=sent)
                     return [P.DUMPEND, sent]
 
-                self._streams.start(link.id, P.DUMP, self.broker.dump(), end)
+                parts = check_partitions(f[1], len(self.broker.digest)) if n == 2 else None
+                self._streams.start(link.id, P.DUMP, self.broker.dump(parts), end)
         elif kind == P.DIGEST and n == 2:
             if self._streams.running(link.id, P.DIFF):
                 raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
-            theirs = check_digest(f[1], DIGEST_BUCKETS)
-            differ = [i for i, d in enumerate(self.broker.digest) if d != theirs[i]]
+            ours = self.broker.digest
+            theirs = check_digest(f[1], len(ours))
+            assert link.peer is not None
+            among = self.shared(link.peer) if self.partitioned else range(len(ours))
+            differ = [i for i in among if ours[i] != theirs[i]]
             self._streams.start(link.id, P.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
                          lambda sent: [P.DIFFEND, differ])  # fmt: skip
         else:
@@ -460,6 +502,9 @@ class MemberCore(Lifecycle):
         elif kind == P.PUSHACK and n == 2:
             self.queues[peer].acked(f[1])
             self._pump_pushes(peer)
+        elif kind == P.FWDACK and n == 2:
+            self.fwd[peer].acked(f[1])
+            self._pump_forwards(peer)
         elif kind == P.DIFF and n == 2:
             self._absorb(self.broker.merge(check_entries(f[1]), self.now))
         elif kind == P.DIFFEND and n == 2:
@@ -486,7 +531,10 @@ class MemberCore(Lifecycle):
             else:
                 self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
                 self.pulled_from = peer
-                self._pull_finished()
+                if self.partitioned:
+                    self._next_pull()  # (each peer holds only its own partitions: ask them all)
+                else:
+                    self._pull_finished()
         else:
             raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
 

@@ -27,7 +27,7 @@ import msgpack
 from client import wire
 from client.wire import WireError
 
-PROTOCOL = "roost-peer/3"  # 3: HEARTBEAT is answered by BEAT; 2: entries carry the client session
+PROTOCOL = "roost-peer/4"  # 4: partitioned mode (FORWARD, RELAY, map epoch in HEARTBEAT); 3: BEAT
 NONCE_LEN = 16
 HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is read
 _LEN = struct.Struct(">I")
@@ -39,14 +39,17 @@ class P(IntEnum):
     AUTH = 3
     PUSH = 10  # [seq, entries]: changes to merge; answered by PUSHACK
     PUSHACK = 11  # [seq]
-    PULL = 12  # []: send me everything (answered by DUMP..., DUMPEND)
+    PULL = 12  # [] or [partitions]: send me everything, or these partitions (answered by DUMP..., DUMPEND)
     DUMP = 13  # [entries]
     DUMPEND = 14  # [subscriptions sent]
     DIGEST = 15  # [bucket digests]: answered by DIFF..., DIFFEND
     DIFF = 16  # [entries of buckets that differ]
     DIFFEND = 17  # [buckets that differ]
-    HEARTBEAT = 18  # [state, subscriptions, clients]
+    HEARTBEAT = 18  # [state, subscriptions, clients, map epoch]
     BEAT = 19  # []: the answer to a HEARTBEAT, on the dialler's link (its liveness)
+    FORWARD = 20  # [id, msgs]: messages for partitions the receiver is primary of; id 0: fire, no answer
+    FWDACK = 21  # [id]
+    RELAY = 22  # [[host, port, datagram], ...]: send these to our text clients (fire, no answer)
 
 
 class PeerProtocolError(Exception):
@@ -210,6 +213,50 @@ def _port(port: Any, what: str) -> int:
     if port.__class__ is not int or not 0 < port <= 65535:
         raise PeerProtocolError(f"{what} must be a port number 1..65535")
     return port  # type: ignore[no-any-return]
+
+
+def check_forwarded(msgs: Any) -> list[list[Any]]:
+    """Validate FORWARD messages ``[topic, key, tags, payload, producer id, sequence, hops]``."""
+    if msgs.__class__ is not list:
+        raise PeerProtocolError("forwarded messages must be an array")
+    try:
+        for m in msgs:
+            if m.__class__ is not list or len(m) != 7:
+                raise PeerProtocolError("a forwarded message is [topic, key, tags, payload, pid, seq, hops]")
+            wire.check_topic(m[0])
+            wire.check_key(m[1])
+            wire.check_tags(m[2])
+            if m[3].__class__ is not bytes:
+                raise PeerProtocolError("a forwarded payload must be bytes")
+            if m[4] is None:
+                if m[5] is not None:
+                    raise PeerProtocolError("a fire message has no sequence")
+            elif m[4].__class__ is not bytes or len(m[4]) != wire.ID_LEN or m[5].__class__ is not int \
+                    or not 0 < m[5] < 2**63:  # fmt: skip
+                raise PeerProtocolError("a reliable message has a producer id and a sequence")
+            if m[6].__class__ is not int or not 0 <= m[6] <= 8:
+                raise PeerProtocolError("hops must be 0..8")
+    except WireError as exc:
+        raise PeerProtocolError(f"bad forwarded message: {exc.text}") from None
+    return msgs  # type: ignore[no-any-return]
+
+
+def check_relay(sends: Any) -> list[tuple[tuple[str, int], bytes]]:
+    """Validate RELAY datagrams ``[[host, port, datagram], ...]``."""
+    if sends.__class__ is not list:
+        raise PeerProtocolError("relayed datagrams must be an array")
+    out = []
+    for s in sends:
+        if s.__class__ is not list or len(s) != 3 or s[2].__class__ is not bytes:
+            raise PeerProtocolError("a relayed datagram is [host, port, bytes]")
+        out.append(((_ip(s[0], "relay host"), _port(s[1], "relay port")), s[2]))
+    return out
+
+
+def check_partitions(parts: Any, partitions: int) -> set[int]:
+    if parts.__class__ is not list or any(p.__class__ is not int or not 0 <= p < partitions for p in parts):
+        raise PeerProtocolError(f"partitions must be an array of integers 0..{partitions - 1}")
+    return set(parts)
 
 
 def check_digest(d: Any, buckets: int) -> list[int]:

@@ -6,6 +6,12 @@ time, each acknowledged by PUSHACK. While a peer is away its queue grows; on
 reconnect what was in flight is sent again (merging is idempotent, so a
 duplicate costs nothing). A queue that outgrows ``max_queue`` subscriptions is
 dropped and marked: anti-entropy (digest comparison) repairs that peer.
+
+Entries are numbered as they are added (``added``); ``acked_through`` is the
+highest number the peer has acknowledged with everything before it. Pushes go
+out in order and one link acknowledges them in order, so that is the number
+of the last entry of the last acknowledged push. Partitioned mode holds a
+CMDACK until the owners' queues have acknowledged the entries of its batch.
 """
 
 from __future__ import annotations
@@ -49,12 +55,17 @@ class PeerQueue:
         # Our side of an anti-entropy repair: batches made from live state only
         # as the window opens (a large repair must not be built in one turn).
         self.repair: Iterator[list[Entry]] | None = None
+        self.added = 0  # entries ever added (their numbers: 1..added)
+        self.taken = 0  # entries taken from ``pending`` into pushes (requeued ones given back)
+        self.acked_through = 0
+        self._numbered: dict[int, tuple[int, int]] = {}  # push seq -> (entries from pending, last number)
 
     def __len__(self) -> int:
         """Subscriptions not yet acknowledged by the peer."""
         return self.pending_subs + sum(subs_in(e) for es in self.inflight.values() for e in es)
 
     def add(self, entries: list[Entry]) -> None:
+        self.added += len(entries)
         if self.overflowed:
             return
         for e in entries:
@@ -63,6 +74,7 @@ class PeerQueue:
         if self.pending_subs > self.max_queue:
             self.pending.clear()
             self.pending_subs = 0
+            self.taken = self.added  # (never acknowledged one by one: anti-entropy repairs)
             self.overflowed = True
             self.repair = None  # (the next digest round repairs everything)
 
@@ -77,6 +89,7 @@ class PeerQueue:
         if len(self.inflight) >= self.window:
             return None
         batch: list[Entry] = []
+        seq = self.next_seq
         if self.pending:
             n = 0
             while self.pending and n < self.chunk:
@@ -85,6 +98,8 @@ class PeerQueue:
                 self.pending_subs -= k
                 n += k
                 batch.append(e)
+            self.taken += len(batch)
+            self._numbered[seq] = (len(batch), self.taken)
         elif self.repair is not None:
             batch = next(self.repair, [])
             if not batch:
@@ -92,20 +107,27 @@ class PeerQueue:
                 return None
         else:
             return None
-        seq = self.next_seq
         self.next_seq += 1
         self.inflight[seq] = batch
         return seq, batch
 
     def acked(self, seq: int) -> None:
         self.inflight.pop(seq, None)
+        n = self._numbered.pop(seq, None)
+        if n is not None and n[1] > self.acked_through:
+            self.acked_through = n[1]
 
     def disconnected(self) -> None:
-        """The link dropped: what was in flight goes back to the front, in order."""
-        for seq in sorted(self.inflight, reverse=True):
+        """The link dropped: the changes in flight go back to the front, in order.
+        A repair in flight is dropped instead: the next digest round redoes it."""
+        if len(self._numbered) < len(self.inflight):
+            self.repair = None
+        for seq in sorted(self._numbered, reverse=True):
             for e in reversed(self.inflight[seq]):
                 self.pending.appendleft(e)
                 self.pending_subs += subs_in(e)
+        self.taken -= sum(k for k, _ in self._numbered.values())
+        self._numbered.clear()
         self.inflight.clear()
 
     def repaired(self) -> None:

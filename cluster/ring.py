@@ -29,17 +29,16 @@ from collections.abc import Sequence
 
 import mmh3
 
+from node.ownership import partition_of
+
+__all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "Assignment", "assign", "loads", "moved", "partition_of", "ranked"]
+
 PLACEMENTS = ("ring", "rendezvous", "bounded")
 DEFAULT_PLACEMENT = "bounded"
 DEFAULT_VNODES = 128
 DEFAULT_LOAD = 1.1  # bounded: the most loaded member holds at most this times the average (rounded up)
 
 Assignment = tuple[tuple[str, ...], ...]  # partition -> owners, primary first
-
-
-def partition_of(topic: str, partitions: int) -> int:
-    """The partition of a topic: mmh3 (32-bit, seed 0, unsigned) of its UTF-8 bytes, mod P."""
-    return mmh3.hash(topic.encode(), 0, signed=False) % partitions
 
 
 def _h(text: str) -> int:

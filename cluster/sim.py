@@ -69,10 +69,14 @@ from node import versions
 class Simulation:
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
                  loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
-                 sockets_guard: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 sockets_guard: Callable[[], None] | None = None, mode: str = "replicated") -> None:  # fmt: skip
         self.seed = seed
         self.rng = random.Random(seed)
-        self.cc = sim_config(members, short=self.rng.random() < 0.35)
+        self.partitioned = mode == "partitioned"
+        short = self.rng.random() < 0.35
+        self.cc = sim_config(members, short=short, mode=mode,
+                             partitions=self.rng.choice((4, 16, 64)) if self.partitioned else 16)  # fmt: skip
+        self.map_changes = 0  # partitioned: maps installed by any member (a change of primary may reorder)
         self.loss, self.dup = loss, dup
         self.faults = faults
         self.fault_time = fault_time
@@ -137,7 +141,7 @@ class Simulation:
             subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
             st = self.cc.settings  # (two collection rounds of margin, and the members' clock spread)
             collecting = WALL + self.now - st.tombstone_horizon + 2 * st.tombstone_horizon / 10 + 0.1
-            self.check.final(self.now, live, subs, int(collecting * 1000))  # type: ignore[arg-type]
+            self.check.final(self.now, live, subs, int(collecting * 1000), self.partitioned)  # type: ignore[arg-type]
         return self.check
 
     def run_until(self, until: float, max_events: int = 2_000_000) -> bool:
@@ -166,7 +170,23 @@ class Simulation:
                             incarnation=int((WALL + now) * 1000))  # fmt: skip
         m.serving = False
         m.tick_at = math.inf
+        if self.partitioned:
+            self._watch_publish(m, m.core)
         self._feed(m, Start())
+
+    def _watch_publish(self, m: SimMember, core: MemberCore) -> None:
+        """Partitioned mode: a message is accepted where it is delivered from (its
+        partition's primary, perhaps after a forward), so note what that member owes
+        there, at the moment its broker core publishes it."""
+        broker = core.broker
+        inner = broker._publish
+
+        def publish(topic: str, key: str | None, tags: Any, payload: bytes, packed: bytes | None) -> None:
+            subs = self._reliable_subscribers(core, topic)
+            inner(topic, key, tags, payload, packed)
+            self.check.accepted(m.id, parse_payload(payload), subs, self.now)
+
+        broker._publish = publish  # type: ignore[method-assign]
 
     def _feed(self, m: SimMember, ev: Any) -> None:
         core = m.core
@@ -195,6 +215,8 @@ class Simulation:
         if cls is Send:
             self._udp(m.addr, a.addr, a.data)
         elif cls is Log:
+            if a.event == "map_changed":
+                self.map_changes += 1
             if self.logs is not None:
                 self.logs.append((m.id, a.event, a.fields))
         elif cls is SendFrame:
@@ -305,7 +327,7 @@ class Simulation:
                 f = None
         before = core.broker.producers.get(f[3], [0])[0] if f is not None else 0
         owed: list[tuple[Any, list[tuple[bytes, object]]]] = []
-        if f is not None and f[6]:
+        if f is not None and f[6] and not self.partitioned:  # (partitioned: _watch_publish)
             for m_ in f[7]:
                 owed.append((m_, self._reliable_subscribers(core, m_[0])))
         sender = self.client_at.get(src)
@@ -490,7 +512,7 @@ class Simulation:
             topic = self.rng.choice(c.topics)
             n = c.next_msg
             c.next_msg += 1
-            self.check.published[(c.index, n)] = Published(topic, (c.number, s.failovers))
+            self.check.published[(c.index, n)] = Published(topic, self._pub_epoch(c))
             s.publish(topic, None, None, f"{c.index}:{n}".encode(), True)
             self._client_io(c)
         self.at(self.now + self.rng.uniform(0.01, 0.08), self._publish, c, number)
@@ -503,14 +525,18 @@ class Simulation:
                 s.consumed(st)
                 pub, n = parse_payload(msg.payload)
                 p = self.clients[pub]
-                self.check.on_delivery(self.now, c.index, c.number, st_key[0], (pub, n),
-                                       (p.number, p.session.failovers))  # fmt: skip
+                self.check.on_delivery(self.now, c.index, c.number, st_key[0], (pub, n), self._pub_epoch(p))
         for dst, data in s.outgoing(self.now):
             self._udp(c.addr, dst, data)
         d = s.next_deadline()
         if d < c.tick_at:
             c.tick_at = d
             self.at(max(d, self.now), self._client_tick, c, c.number, d)
+
+    def _pub_epoch(self, c: SimClient) -> tuple[int, ...]:
+        """What a publisher's order is promised within: its process and its failovers
+        (and in partitioned mode the maps: a new primary may overtake the old one)."""
+        return (c.number, c.session.failovers, self.map_changes)
 
     def _client_tick(self, c: SimClient, number: int, d: float) -> None:
         if c.number != number or c.tick_at != d or self.frozen:

@@ -41,7 +41,7 @@ Msg = tuple[int, int]
 @dataclass
 class Published:
     topic: str
-    epoch: tuple[int, int]  # the publisher's (session number, failover count) when it published
+    epoch: tuple[int, ...]  # the publisher's (session number, failover count, maps seen) when it published
     member: str | None = None  # the member that accepted it (first acceptance)
     crashes: int = 0  # that member's crash count then
 
@@ -74,7 +74,8 @@ class Checker:
         for cid, st in reliable_subscribers:
             self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0), st, now))
 
-    def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg, pub_epoch: tuple[int, int]) -> None:
+    def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg,
+                    pub_epoch: tuple[int, ...]) -> None:  # fmt: skip
         """An application took ``msg``; ``pub_epoch`` is its publisher's (session, failovers) now."""
         self.checked += 1
         p = self.published.get(msg)
@@ -89,19 +90,27 @@ class Checker:
             self.violation(now, f"subscriber {sub} got {msg} after {later[-1]} (publisher order)")
         got.append(msg)
 
-    def final(self, now: float, members: dict[str, Any], subscribers: list[Any], collecting_ms: int = 0) -> None:
+    def final(self, now: float, members: dict[str, Any], subscribers: list[Any], collecting_ms: int = 0,
+              partitioned: bool = False) -> None:  # fmt: skip
         """``members``: id -> live MemberCore; ``subscribers``: (index, session number, ClientSession) or None.
         ``collecting_ms``: tombstones older than this (Unix ms) may be collected by some
-        members and not yet by others (each collects on its own timer): they do not count."""
+        members and not yet by others (each collects on its own timer): they do not count.
+        ``partitioned``: each partition's registers are compared among its owners only."""
         cores = list(members.values())
         in_flux = any(not versions.is_present(v) and versions.millis_of(v) < collecting_ms
                       for c in cores for cl in c.broker.clients.values() for v in cl.subs.values())  # fmt: skip
-        if not in_flux and len({tuple(c.broker.digest) for c in cores}) > 1:
-            self.violation(now, "members' digests differ after the last heal: " + ", ".join(
-                f"{i}={hash(tuple(c.broker.digest)) & 0xFFFF:04x}" for i, c in members.items()))  # fmt: skip
-        states = {i: _registers(c, collecting_ms) for i, c in members.items()}
-        if len({repr(s) for s in states.values()}) > 1:
-            self.violation(now, "members' registers differ after the last heal")
+        holders: Any = lambda topic: list(members)  # noqa: E731  (who must hold a topic's registers)
+        if partitioned:
+            holders = self._final_partitioned(now, members, collecting_ms, in_flux)
+            if holders is None:
+                return
+        else:
+            if not in_flux and len({tuple(c.broker.digest) for c in cores}) > 1:
+                self.violation(now, "members' digests differ after the last heal: " + ", ".join(
+                    f"{i}={hash(tuple(c.broker.digest)) & 0xFFFF:04x}" for i, c in members.items()))  # fmt: skip
+            states = {i: _registers(c, collecting_ms) for i, c in members.items()}
+            if len({repr(s) for s in states.values()}) > 1:
+                self.violation(now, "members' registers differ after the last heal")
         for sub in subscribers:
             if sub is None:
                 continue
@@ -113,15 +122,16 @@ class Checker:
                 held = {tk for tk, st in session.subs.items() if st.reason is None}
                 for mid, core in members.items():
                     c = core.broker.clients.get(session.cid)
-                    there = {tk for tk, v in c.subs.items() if versions.is_present(v)} if c is not None else set()
+                    there = {tk for tk, v in c.subs.items() if versions.is_present(v) and mid in holders(tk[0])} \
+                        if c is not None else set()  # fmt: skip
                     if there - held:
                         self.violation(now, f"subscriber {index} dropped {sorted(there - held)} "
                                             f"but {mid} still has them")  # fmt: skip
             for (topic, key), st in session.subs.items():
                 if not st.confirmed or st.reason is not None:
                     continue
-                for mid, core in members.items():
-                    c = core.broker.clients.get(session.cid)
+                for mid in holders(topic):
+                    c = members[mid].broker.clients.get(session.cid)
                     v = c.subs.get((topic, key), 0) if c is not None else 0
                     if not versions.is_present(v) or versions.mode_of(v) != st.mode:
                         self.violation(now, f"subscriber {index}'s confirmed subscription {topic!r} "
@@ -138,11 +148,35 @@ class Checker:
                         break
 
 
-def _registers(core: Any, collecting_ms: int) -> list[Any]:
+    def _final_partitioned(self, now: float, members: dict[str, Any], collecting_ms: int, in_flux: bool) -> Any:
+        """Partitioned mode: every member has the same map with an owner for every
+        partition, and each partition's owners hold the same registers of it.
+        Returns who must hold a topic's registers, or None if the maps differ."""
+        maps = {i: c.cmap.owners for i, c in members.items()}
+        if len(set(maps.values())) > 1:
+            self.violation(now, "members' maps differ after the last heal: " + ", ".join(
+                f"{i}={hash(o) & 0xFFFF:04x}" for i, o in maps.items()))  # fmt: skip
+            return None
+        owners = next(iter(maps.values()))
+        if any(not o for o in owners):
+            self.violation(now, "a partition has no owner after the last heal")
+        own = next(iter(members.values())).own
+        for p, who in enumerate(owners):
+            live = [i for i in who if i in members]
+            if not in_flux and len({members[i].broker.digest[p] for i in live}) > 1:
+                self.violation(now, f"partition {p}: its owners' digests differ after the last heal")
+            states = {i: _registers(members[i], collecting_ms, lambda t, p=p: own.partition(t) == p) for i in live}
+            if len({repr(s) for s in states.values()}) > 1:
+                self.violation(now, f"partition {p}: its owners' registers differ after the last heal")
+        return lambda topic: list(owners[own.partition(topic)])
+
+
+def _registers(core: Any, collecting_ms: int, keep: Any = None) -> list[Any]:
     out = []
     for cid, c in core.broker.clients.items():
         subs = sorted(((tk, v) for tk, v in c.subs.items()
-                       if versions.is_present(v) or versions.millis_of(v) >= collecting_ms), key=repr)  # fmt: skip
+                       if (versions.is_present(v) or versions.millis_of(v) >= collecting_ms)
+                       and (keep is None or keep(tk[0]))), key=repr)  # fmt: skip
         if subs:
             out.append((repr(cid), c.cver, subs))
     return sorted(out)

@@ -11,17 +11,18 @@ from cluster.config import ClusterConfig, load_cluster_config
 from cluster.member import MemberCore
 
 WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
-TOPICS = ("t0", "t1", "t2")
+TOPICS = ("t0", "t1", "t2", "t3", "t4")
 FAULTS = ("partition", "crash", "stop", "client", "cut-client")
 
 
-def sim_config(members: int, short: bool = False) -> ClusterConfig:
+def sim_config(members: int, short: bool = False, mode: str = "replicated", partitions: int = 16) -> ClusterConfig:
     """A cluster config with timeouts sized for short simulated runs. ``short``
     (drawn for about a third of the seeds): tombstones are collected and silent
     clients time out within a run, so those paths are under fire too."""
     data: dict[str, Any] = {
         "cluster": {"secret": "simulated-cluster-secret", "anti_entropy_interval": 1.0, "snapshot_interval": 1.0,
-                    "tombstone_horizon": 10.0 if short else 60.0, "link_idle_timeout": 3.0},
+                    "tombstone_horizon": 10.0 if short else 60.0, "link_idle_timeout": 3.0, "mode": mode,
+                    "partitions": partitions},
         "members": [{"id": f"m{i}", "client_addr": f"127.0.0.1:{7401 + i}", "peer_addr": f"127.0.0.1:{7501 + i}",
                      "data_dir": f"/sim/m{i}"} for i in range(members)],
     }  # fmt: skip

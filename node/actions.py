@@ -43,4 +43,30 @@ class StatusQuery(NamedTuple):
     status: dict[str, Any]
 
 
-Action = Send | Log | Replicate | StatusQuery
+class Forward(NamedTuple):
+    """Partitioned mode: messages whose partition another member is primary of,
+    each ``[topic, key, tags, payload, producer id, sequence]`` (producer id and
+    sequence None for fire), to be sent over the peer link to that member."""
+
+    member: str
+    msgs: list[list[Any]]
+
+
+class Relay(NamedTuple):
+    """Partitioned mode: text-protocol datagrams for clients whose home is another
+    member, to be sent from that member's socket (a text client may only hear
+    the address it sent to), each ``[host, port, datagram]``."""
+
+    member: str
+    sends: list[list[Any]]
+
+
+class Confirm(NamedTuple):
+    """Partitioned mode: a CMDACK that waits until the subscription changes of the
+    same entry point are acknowledged by their partitions' owners."""
+
+    addr: Addr
+    data: bytes
+
+
+Action = Send | Log | Replicate | StatusQuery | Forward | Relay | Confirm

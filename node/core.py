@@ -35,7 +35,7 @@ from typing import Any
 
 from client import wire
 from client.wire import E, T, WireError
-from node.actions import Action, Log, Replicate, Send, StatusQuery
+from node.actions import Action, Confirm, Forward, Log, Relay, Replicate, Send, StatusQuery
 from node.base import TIMER_LEASE, TIMER_LIVENESS, TIMER_RTO
 from node.config import NodeConfig
 from node.cookies import Addr, CookieJar
@@ -44,7 +44,8 @@ from node.registers import DIGEST_BUCKETS
 from node.sessions import Sessions
 from node.textproto import TextProtocol
 
-__all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Log", "Replicate", "Send", "StatusQuery"]
+__all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "Forward", "Log", "Relay", "Replicate", "Send",
+           "StatusQuery"]
 
 _CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS)
 
@@ -133,6 +134,13 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self._merge(entries, now)
         return self._finish(now)
 
+    def forwarded(self, msgs: list[Any], now: float, ours: bool = False) -> list[Action]:
+        """Partitioned mode: messages another member forwarded to us (validated by
+        the caller), or (``ours``) our own forwards to route again by a new map."""
+        self._now = now
+        self._deliver_forwarded(msgs, ours)
+        return self._finish(now)
+
     def expire_home(self, home: str, now: float) -> list[Action]:
         """Tombstone the subscriptions of binary clients whose home node ``home`` is gone."""
         self._now = now
@@ -148,6 +156,12 @@ class BrokerCore(Sessions, TextProtocol, Producers):
     def _finish(self, now: float) -> list[Action]:
         """End of an entry point: coalesced sends, then the changes to replicate."""
         self._flush(now)
+        if self._forwards:
+            self._out.extend(Forward(m, msgs) for m, msgs in self._forwards.items())
+            self._forwards = {}
+        if self._relays:
+            self._out.extend(Relay(m, sends) for m, sends in self._relays.items())
+            self._relays = {}
         if self._changed:
             self._out.append(Replicate(self._take_changes()))
         out, self._out = self._out, []

@@ -21,6 +21,8 @@ resends everything unacknowledged with back-off (node/mailbox.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 from client import wire
 from client.text import encode_text_msg
 from client.wire import Mode, Reason
@@ -50,6 +52,9 @@ class Delivery(Registers):
         self._next_fire = incarnation << 16
         self._dirty: list[ClientState] = []  # clients with messages queued by this batch
         self._pubacks: dict[tuple[Addr, bytes], int] = {}  # -> cumulative seq, sent by _flush
+        # Partitioned mode: messages for other primaries, and text datagrams for other homes.
+        self._forwards: dict[str, list[list[Any]]] = {}
+        self._relays: dict[str, list[list[Any]]] = {}
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
         self._park_ms = int(config.subscriber_timeout * 1000)
 
@@ -149,12 +154,44 @@ class Delivery(Registers):
             else:
                 if text_msg is None:
                     text_msg = encode_text_msg(topic, payload)
-                self._out.append(Send(who, text_msg))
+                home = clients[who].home if self.own is not None else self.node_id
+                if home == self.node_id:
+                    self._out.append(Send(who, text_msg))
+                else:  # (a text client hears only the member it sent its SUB to)
+                    self._relays.setdefault(home, []).append([who[0], who[1], text_msg])
                 self.metrics["delivered"] += 1
         if full is not None:
             for c in full:
                 if c.mailbox is not None:
                     self._overflow(c)
+
+    def _forward(self, member: str, msg: list[Any]) -> None:
+        self._forwards.setdefault(member, []).append(msg)
+        self.metrics["forwarded_out"] += 1
+
+    def _deliver_forwarded(self, msgs: list[Any], ours: bool) -> None:
+        """Messages another member forwarded (or, ``ours``, our own to route again
+        after the map changed): deliver each here if this member is its
+        partition's primary, else send it on to the primary our map names. A
+        message gets one hop past the first: after that an owner delivers it and
+        anyone else drops it (the maps are in flux; the publisher's retry or the
+        next map settles it)."""
+        own = self.own
+        if own is None:
+            self.metrics["forward_unexpected"] += len(msgs)
+            return
+        for m in msgs:
+            topic, key, tags, payload, pid, seq, hops = m
+            dest = own.forward_to(topic)
+            if dest is None or (hops >= 2 and own.owns(topic)):
+                packed = (wire.pack_message(topic, key, tags, payload) if pid is None
+                          else wire.pack_delivery(topic, key, tags, payload, pid, seq))  # fmt: skip
+                self._publish(topic, key, tags, payload, packed)
+                self.metrics["forwarded_in" if not ours else "rerouted_here"] += 1
+            elif hops >= 2:
+                self.metrics["forward_dropped"] += 1
+            else:
+                self._forward(dest, m if ours else [topic, key, tags, payload, pid, seq, hops + 1])
 
     def _overflow(self, c: ClientState) -> None:
         """Mailbox full: cancel every reliable subscription of this client."""

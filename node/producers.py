@@ -54,6 +54,11 @@ class Producers(Delivery):
         self.metrics["pub_duplicates"] += skip
         self.metrics["published"] += len(msgs) - skip
         publish = self._publish
+        if self.own is not None:
+            self._route_pub(pid, first + skip, reliable, msgs[skip:])
+            if reliable:
+                self._pubacks[(addr, pid)] = acked
+            return
         if reliable:
             pack = wire.pack_delivery
             seq = first + skip
@@ -67,6 +72,21 @@ class Producers(Delivery):
             for m in msgs[skip:]:
                 topic, key, tags, payload = m[0], m[1], m[2], m[3]
                 publish(topic, key, tags, payload, pack4(topic, key, tags, payload))
+
+    def _route_pub(self, pid: bytes, seq: int, reliable: bool, msgs: list[Any]) -> None:
+        """Partitioned mode: each message to its partition's primary, here or over a peer link."""
+        forward_to = self.own.forward_to  # type: ignore[union-attr]
+        for m in msgs:
+            topic, key, tags, payload = m[0], m[1], m[2], m[3]
+            dest = forward_to(topic)
+            if dest is not None:
+                self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None,
+                                     0])
+            elif reliable:
+                self._publish(topic, key, tags, payload, wire.pack_delivery(topic, key, tags, payload, pid, seq))
+            else:
+                self._publish(topic, key, tags, payload, wire.pack_message(topic, key, tags, payload))
+            seq += 1
 
     def _on_producer(self, pid: bytes, now: float) -> None:
         """Producer timer: forget the producer if it was silent long enough."""

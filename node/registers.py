@@ -40,6 +40,7 @@ from node.base import TIMER_LIVENESS, CoreBase
 from node.clients import ClientState
 from node.config import NodeConfig
 from node.cookies import Addr
+from node.ownership import Ownership
 from node.subscriptions import SubscriptionIndex
 
 # Replica digests: registers hash into this many buckets; anti-entropy compares
@@ -51,6 +52,7 @@ REASON_UNSUBSCRIBED, REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT = 0, 1, 2
 MAX_CLOCK_SKEW = 60.0
 
 _M64 = (1 << 64) - 1
+_CVER_SALT = 0x5BD1E9955BD1E995  # partitioned mode: a register's share also covers its client's cver
 
 
 def _key_hash(who: Any, tk: tuple[str, str | None] | None) -> tuple[int, int]:
@@ -84,6 +86,9 @@ class Registers(CoreBase):
         self.tombstone_horizon = tombstone_horizon
         self.expire_skipped = 0  # clients the last expire_home left alone: heard from lately
         self.digest = [0] * DIGEST_BUCKETS
+        # Partitioned mode (node/ownership.py): the index holds owned partitions only, and the
+        # digest has one bucket per partition; None in replicated mode and on a single node.
+        self.own: Ownership | None = None
         # Registers changed (local writes and merges), ever: a snapshot is due
         # when this moved since the last one.
         self.changes = 0
@@ -130,14 +135,47 @@ class Registers(CoreBase):
         replica may already have collected and another (its home) keeps.
         """
         if self.replicating and c.subs:
-            self._digest_client(c)
-            c.cver = cver
-            self._digest_client(c)
+            if self.own is None:
+                self._digest_client(c)
+                c.cver = cver
+                self._digest_client(c)
+                return
+            # Partitioned: the client register has no partition of its own; each of
+            # its subscription registers' shares covers it instead (see _share).
+            old, c.cver = c.cver, cver
+            digest = self.digest
+            for tk in c.subs:
+                b, h = self._bucket(c.cid, tk)
+                digest[b] ^= _mix(h ^ _CVER_SALT, old) ^ _mix(h ^ _CVER_SALT, cver)
         else:
             c.cver = cver
 
+    def _bucket(self, who: Any, tk: tuple[str, str | None]) -> tuple[int, int]:
+        """(digest bucket, 64-bit hash) of a subscription register: in partitioned
+        mode the bucket is the partition of its topic."""
+        b, h = _key_hash(who, tk)
+        own = self.own
+        return (b if own is None else own.partition(tk[0])), h
+
+    def _share(self, h: int, version: int, cver: int) -> int:
+        """A subscription register's share of its bucket digest."""
+        if self.own is None or version == 0:
+            return _mix(h, version)
+        return _mix(h, version) ^ _mix(h ^ _CVER_SALT, cver)
+
+    def _reset_cver(self, c: ClientState, now: float, dropped: bool = False) -> None:
+        """A new version of the client register that voids every subscription
+        register older than it (flag RELIABLE on a client register; PRESENT off:
+        the client was dropped). The home writes one when the client starts a new
+        session, syncs or times out; in partitioned mode each partition's primary
+        ends what it holds of the client that the home may not know of (_merge)."""
+        self._set_cver(c, self._version(now, not dropped, versions.RELIABLE))
+        self._mark_changed(c, None)
+
     def _digest_client(self, c: ClientState) -> None:
-        """Toggle the client register's share in its bucket digest."""
+        """Toggle the client register's share in its bucket digest (replicated mode)."""
+        if self.own is not None:
+            return
         b, h = _key_hash(c.cid, None)
         self.digest[b] ^= _mix(h, c.cver)
 
@@ -156,9 +194,11 @@ class Registers(CoreBase):
         c.sdigest = None
         old = c.subs.get(tk, 0)
         topic, key = tk
+        own = self.own
         if version & versions.PRESENT:
-            topic = self.index.add(topic, key, c.cid, version & versions.RELIABLE)
-            tk = (topic, key)
+            if own is None or own.owned[own.partition(topic)]:
+                topic = self.index.add(topic, key, c.cid, version & versions.RELIABLE)
+                tk = (topic, key)
             if not old & versions.PRESENT:
                 c.live += 1
                 if c.cid.__class__ is not bytes:
@@ -179,8 +219,8 @@ class Registers(CoreBase):
             if not c.subs and c.cid.__class__ is not bytes:
                 self._forget_client(c)  # a text address with nothing left
         if self.replicating:
-            b, h = _key_hash(c.cid, tk)
-            self.digest[b] ^= _mix(h, old) ^ _mix(h, version)
+            b, h = self._bucket(c.cid, tk)
+            self.digest[b] ^= self._share(h, old, c.cver) ^ self._share(h, version, c.cver)
 
     # ------------------------------------------------------------ replication
 
@@ -216,20 +256,29 @@ class Registers(CoreBase):
         # Tombstones older than the horizon are gone here; one arriving from a
         # replica that has not collected it yet must not come back to life.
         expired = versions.upper_bound(wall - self.tombstone_horizon) if self.tombstone_horizon < math.inf else 0
+        own = self.own
         for who, cver, host, port, home, subs, session in entries:
             if cver > too_new or any(v > too_new for _, _, v in subs):
                 self.metrics["merge_refused_future"] += 1
                 continue
             c = clients.get(who)
+            if own is not None and home != self.node_id:
+                # Partitioned: registers of partitions we do not own are not ours to keep
+                # (unless we are the client's home: its session needs them all).
+                subs = [s for s in subs if own.owned[own.partition(s[0])]]
+                if not subs and (c is None or not c.subs):
+                    continue
             if c is None:
                 if cver < expired and all(not v & versions.PRESENT and v < expired for _, _, v in subs):
                     continue
                 # (an entry of recent tombstones only is kept: forgetting it
                 # would let an older "subscribed" version win later)
                 c = clients[who] = ClientState(who, (host, port), home, now)
+            reset = False
             if cver > c.cver:
                 observe(cver)
                 self._set_cver(c, cver)
+                reset = own is not None and bool(cver & versions.RELIABLE)
                 if c.addr != (host, port):
                     c.addr = (host, port)
                     self._readdressed(c, carry=session == c.session)
@@ -237,6 +286,10 @@ class Registers(CoreBase):
                 if session > c.session:
                     # The client's process started a new session at its home:
                     # batches of the old one are stale here too from now on.
+                    # (Partitioned: and what the old one subscribed ends, also
+                    # where its new home did not know of it.)
+                    if own is not None and c.session > 0:
+                        reset = True
                     c.session, c.last_batch = session, -1
                     c.answers.clear()
                 was_local = c.local
@@ -262,6 +315,39 @@ class Registers(CoreBase):
                             # talks to us: its subscription stands (a newer write).
                             self._write(c, tk, True, old & versions.RELIABLE, now)
                             self.metrics["reasserted"] += 1
+            if reset:  # (after the entry's own registers: those it renews are newer than the reset)
+                self._void_older(c, cver, now)
+
+    def _void_older(self, c: ClientState, cver: int, now: float) -> None:
+        """Partitioned: the client's home reset it (``_reset_cver``); as primary of a
+        partition, end the client's subscriptions there that are older than the reset."""
+        own = self.own
+        assert own is not None
+        reason = REASON_UNSUBSCRIBED if cver & versions.PRESENT else REASON_TIMED_OUT
+        for tk, v in list(c.subs.items()):
+            if v & versions.PRESENT and v < cver and own.primaries[own.partition(tk[0])] == own.me:
+                self._write(c, tk, False, v & versions.RELIABLE, now, reason)
+                self.metrics["voided_by_reset"] += 1
+
+    def set_ownership(self, own: Ownership) -> None:
+        """Partitioned mode, from the start (before any register): one digest bucket per partition."""
+        self.own = own
+        self.digest = [0] * own.partitions
+
+    def reindex(self, gained: set[int], lost: set[int]) -> None:
+        """The map changed: index the registers of partitions gained, unindex those lost."""
+        own = self.own
+        if own is None or not (gained or lost):
+            return
+        index = self.index
+        for c in self.clients.values():
+            for (topic, key), v in c.subs.items():
+                if v & versions.PRESENT:
+                    p = own.partition(topic)
+                    if p in gained:
+                        index.add(topic, key, c.cid, v & versions.RELIABLE)
+                    elif p in lost:
+                        index.remove(topic, key, c.cid)
 
     def dump(self, buckets: set[int] | None = None) -> Any:
         """Every client's entry (or only the registers in ``buckets``)."""
@@ -269,8 +355,8 @@ class Registers(CoreBase):
             if buckets is None:
                 yield self._entry(c, c.subs.items())
                 continue
-            subs = [(tk, v) for tk, v in c.subs.items() if _key_hash(c.cid, tk)[0] in buckets]
-            if subs or _key_hash(c.cid, None)[0] in buckets:
+            subs = [(tk, v) for tk, v in c.subs.items() if self._bucket(c.cid, tk)[0] in buckets]
+            if subs or (self.own is None and _key_hash(c.cid, None)[0] in buckets):
                 yield self._entry(c, subs)
 
     def _expire_home(self, home: str, now: float) -> None:
@@ -285,12 +371,14 @@ class Registers(CoreBase):
         n = 0
         alive_since = now - self.cfg.subscriber_timeout
         self.expire_skipped = 0
+        own = self.own
         for c in list(self.clients.values()):
             if c.home == home and c.cid.__class__ is bytes and c.live and c.heard >= alive_since:
                 self.expire_skipped += 1  # (the member asks again later: it may die yet)
             elif c.home == home and c.cid.__class__ is bytes and c.live:
                 for tk, v in list(c.subs.items()):
-                    if v & versions.PRESENT:
+                    # (partitioned: each partition's primary expires its own registers)
+                    if v & versions.PRESENT and (own is None or own.primaries[own.partition(tk[0])] == own.me):
                         self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
                         n += 1
         if n:
@@ -303,18 +391,27 @@ class Registers(CoreBase):
         limit_ms = int((now + self.wall_offset - self.tombstone_horizon) * 1000)
         park_limit_ms = int((now + self.wall_offset - self.cfg.subscriber_timeout) * 1000)
         gone = 0
+        own = self.own
         for cid, c in list(self.clients.items()):
             if c.parked is not None and c.parked[1] < park_limit_ms:
                 c.parked = None  # (a mailbox kept for a client given up: its time is over)
             for tk, v in list(c.subs.items()):
-                if not v & versions.PRESENT and versions.millis_of(v) < limit_ms:
-                    b, h = _key_hash(cid, tk)
-                    self.digest[b] ^= _mix(h, v)
+                # Partitioned: registers of a partition this member no longer owns go too
+                # (kept until now in case the partition came straight back).
+                foreign = own is not None and not c.local and not own.owned[own.partition(tk[0])]
+                if foreign or (not v & versions.PRESENT and versions.millis_of(v) < limit_ms):
+                    b, h = self._bucket(cid, tk)
+                    self.digest[b] ^= self._share(h, v, c.cver)
                     del c.subs[tk]
                     gone += 1
+                    if v & versions.PRESENT:
+                        c.live -= 1
+                        if cid.__class__ is not bytes:
+                            self.text_subs -= 1
                     if not c.subs:
                         self._digest_client(c)  # no registers left: its own stops counting
-            if not c.subs and not c.local and versions.millis_of(c.cver) < limit_ms:
+            if not c.subs and not c.local and versions.millis_of(c.cver) < limit_ms \
+                    and (c.mailbox is None or not len(c.mailbox)):  # (what it still owes goes on)  # fmt: skip
                 self._forget_client(c)
         if gone:
             self.metrics["tombstones_collected"] += gone

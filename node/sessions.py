@@ -34,6 +34,7 @@ from __future__ import annotations
 from client import wire
 from client.wire import E, Op
 from node import versions
+from node.actions import Confirm, Send
 from node.base import TIMER_LIVENESS, fmt
 from node.clients import REMEMBERED_BATCHES, ClientState
 from node.cookies import Addr
@@ -64,7 +65,7 @@ class Sessions(Delivery):
             c.session = session
             c.last_batch = -1
             c.answers.clear()
-            self._set_cver(c, self._version(now, True, 0))  # the session is part of the client register
+            self._reset_cver(c, now)  # the session is part of the client register
             self._mark_changed(c, None)
         if c is not None:
             c.last_seen = c.heard = now
@@ -74,7 +75,7 @@ class Sessions(Delivery):
             if answer is None:
                 self.metrics["stale_batch"] += 1  # older than what is remembered: its answer is gone
                 answer = wire.encode_cmdack(session, batch, [E.STALE_BATCH] * len(cmds))
-            self._send(addr, answer)
+            self._confirm(addr, answer)
             return
         if c is None:
             self.admission.admit(addr[0], len(self.clients), self.cfg.max_clients, "clients")
@@ -93,12 +94,19 @@ class Sessions(Delivery):
         answers[batch] = answer
         if len(answers) > REMEMBERED_BATCHES:
             del answers[next(iter(answers))]  # the oldest: batch ids grow within a session
-        self._send(addr, answer)
+        self._confirm(addr, answer)
+
+    def _confirm(self, addr: Addr, answer: bytes) -> None:
+        """Send a CMDACK; in partitioned mode only once the partitions' owners
+        hold what the batch changed (the member core holds a ``Confirm``)."""
+        self._out.append(Send(addr, answer) if self.own is None else Confirm(addr, answer))
 
     def _sync(self, c: ClientState, cmds: list[Command], now: float) -> None:
         """A SYNC batch lists every subscription the client holds: end the
         ones it does not list (an UNSUB lost with a crashed member)."""
         keep = {(t, k) for op, t, k, _ in cmds if op == Op.SUB}
+        if self.own is not None:
+            self._reset_cver(c, now)  # (the owners end what they hold and this batch does not renew)
         for tk, v in list(c.subs.items()):
             if v & versions.PRESENT and tk not in keep:
                 self._write(c, tk, False, v & versions.RELIABLE, now)
@@ -111,7 +119,9 @@ class Sessions(Delivery):
         c.cancelled.pop(tk, None)
         present = bool(c.subs.get(tk, 0) & versions.PRESENT)
         if op == Op.UNSUB:
-            if present:
+            # (partitioned: the owners may hold it although this home does not, the client
+            # having subscribed through another member: the tombstone goes to them anyway)
+            if present or self.own is not None:
                 self._write(c, tk, False, mode, now)
                 self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
             return E.OK
@@ -173,6 +183,8 @@ class Sessions(Delivery):
         for tk, v in list(c.subs.items()):
             if v & versions.PRESENT:
                 self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
+        if self.own is not None and self.replicating:
+            self._reset_cver(c, now, dropped=True)  # (and the owners end what this home does not know of)
         c.mailbox = None
         c.fire = []
         c.local = False

@@ -38,7 +38,11 @@ class TextProtocol(Delivery):
             if len(payload) + len(topic) + wire.MSGS_HEADER_MAX + 16 > self._max:
                 raise WireError(E.TOO_LARGE, "body too large to be delivered in one datagram")
             self.metrics["published"] += 1
-            self._publish(topic, None, None, payload, None)
+            dest = None if self.own is None else self.own.forward_to(topic)
+            if dest is None:
+                self._publish(topic, None, None, payload, None)
+            else:
+                self._forward(dest, [topic, None, None, payload, None, None, 0])
             return
         tk = (topic, None)
         c = self.clients.get(addr)

@@ -39,6 +39,7 @@ def _run(job: tuple[int, dict[str, Any], str | None]) -> tuple[int, list[str], d
 def replay_command(seed: int, args: argparse.Namespace) -> str:
     cmd = f"python scripts/simulate.py --replay {seed} --members {args.members} --clients {args.clients}"
     cmd += f" --faults {shlex.quote(','.join(args.faults))}"  # ('' for none)
+    cmd += f" --mode {args.mode}" if args.mode != "replicated" else ""
     return cmd + (f" --break {args.broken}" if args.broken else "")
 
 
@@ -60,13 +61,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="client sessions, half subscribers, half publishers (default 4)")  # fmt: skip
     ap.add_argument("--faults", type=parse_faults, default=list(FAULTS),
                     help=f"comma-separated, from {','.join(FAULTS)} (default all; '' for none)")
+    ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated",
+                    help="cluster mode (default replicated)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     ap.add_argument("--replay", type=int, metavar="SEED", help="run this one seed and print its violations")
     ap.add_argument("--break", dest="broken", choices=sorted(BREAKS),
                     help="run a deliberately broken build, to see the simulator catch it")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every violation, not the first 3")
     args = ap.parse_args(argv)
-    kw = {"members": args.members, "clients": args.clients, "faults": tuple(args.faults)}
+    kw = {"members": args.members, "clients": args.clients, "faults": tuple(args.faults), "mode": args.mode}
     seeds = [args.replay] if args.replay is not None else list(range(args.start, args.start + args.seeds))
     jobs = [(s, kw, args.broken) for s in seeds]
     t0 = time.perf_counter()

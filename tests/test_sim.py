@@ -306,7 +306,7 @@ def test_a_dialled_link_that_goes_silent_is_closed_after_down_after():
     assert any(isinstance(a, SendFrame) and a.link == lid for a in out) and core.queues["m1"].inflight
     core.handle(LinkBytes(lid, encode([P.BEAT])), now)  # the last frame m1 gets through to us
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
-    beat = encode([P.HEARTBEAT, "ready", 0, 0])
+    beat = encode([P.HEARTBEAT, "ready", 0, 0, 0])
     silence = core.s.down_after
     closed: list[tuple[float, str]] = []
     t = now
@@ -324,7 +324,7 @@ def test_heartbeats_on_a_peers_link_are_answered_with_a_beat():
     assert sim.run_until(3.0)
     core = sim.members["m0"].core
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
-    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0])), sim.now)
+    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 0])), sim.now)
     assert SendFrame(inbound, encode([P.BEAT])) in out
 
 

@@ -1,0 +1,79 @@
+"""Messages a member forwards to another partition's primary (partitioned mode; sans-IO).
+
+Theory of operation. A member that accepts a publish for a partition it is not
+primary of (a text client, or a binary client whose home it is) forwards the
+message over its peer link to the primary (docs/cluster.md, "Routing"). One
+:class:`ForwardQueue` per destination member holds them:
+
+* reliable messages wait in ``pending`` and go out in FORWARD frames, a window
+  of frames in flight, each acknowledged by FWDACK; a link that drops puts what
+  was in flight back in front, in order (the primary may have delivered it
+  already: subscribers drop the duplicate by producer id and sequence);
+* fire messages go out at once if the link is up and are dropped otherwise
+  (fire is at most once: they are never sent twice);
+* when the map changes, :meth:`take` hands the member everything not yet
+  acknowledged (all of it if the destination is gone, the unsent part
+  otherwise) to route again by the new map.
+
+A queue holds at most ``max_queue`` reliable messages; beyond that new ones are
+dropped and counted: the publisher already has its PUBACK, so this is a loss
+the member logs (``forward_overflow``) rather than blocks on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+Msg = list[Any]  # [topic, key, tags, payload, producer id | None, sequence | None]
+
+
+class ForwardQueue:
+    def __init__(self, max_queue: int, chunk: int = 256, window: int = 8) -> None:
+        self.max_queue = max_queue
+        self.chunk = chunk
+        self.window = window
+        self.pending: deque[Msg] = deque()
+        self.inflight: dict[int, list[Msg]] = {}
+        self.next_id = 1
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.pending) + sum(len(b) for b in self.inflight.values())
+
+    def add(self, msgs: list[Msg]) -> None:
+        """Queue reliable messages (a caller sends fire ones itself, once)."""
+        room = self.max_queue - len(self)
+        if room < len(msgs):
+            self.dropped += len(msgs) - max(room, 0)
+            msgs = msgs[: max(room, 0)]
+        self.pending.extend(msgs)
+
+    def next_frame(self) -> tuple[int, list[Msg]] | None:
+        """The next FORWARD to send, if the window allows one."""
+        if not self.pending or len(self.inflight) >= self.window:
+            return None
+        n = min(self.chunk, len(self.pending))
+        batch = [self.pending.popleft() for _ in range(n)]
+        fid = self.next_id
+        self.next_id += 1
+        self.inflight[fid] = batch
+        return fid, batch
+
+    def acked(self, fid: int) -> None:
+        self.inflight.pop(fid, None)
+
+    def disconnected(self) -> None:
+        """The link dropped: what was in flight goes back to the front, in order."""
+        for fid in sorted(self.inflight, reverse=True):
+            self.pending.extendleft(reversed(self.inflight[fid]))
+        self.inflight.clear()
+
+    def take(self, everything: bool) -> list[Msg]:
+        """Messages to route again: the unsent ones, and those in flight too if
+        ``everything`` (the destination is no longer live)."""
+        if everything:
+            self.disconnected()
+        out = list(self.pending)
+        self.pending.clear()
+        return out

@@ -1,0 +1,272 @@
+"""A member in partitioned mode: its map, who gets which change, forwarding, held CMDACKs (sans-IO).
+
+Theory of operation (docs/cluster.md, "Partitioned mode")
+---------------------------------------------------------
+Each member computes the cluster map (cluster/clustermap.py) from its own view:
+the configured members, live unless its failure detector holds them ``down``
+or they report ``syncing``; a member always counts itself live (while it syncs
+it must accept the state of the partitions it is about to own). When the
+owners change, the map gets a new epoch (past every epoch heard in
+heartbeats), the broker core re-indexes (node/ownership.py) and:
+
+* forwarded messages not yet acknowledged are routed again by the new map
+  (everything, for a destination that is gone);
+* what we hold of every partition with a new owner is pushed to its owners
+  (hand-off: as its old owner, or as the home of clients with registers
+  there), so no change stays behind on members that no longer own it;
+* anti-entropy with the co-owners of every partition gained runs at once, so
+  a new secondary is filled from the primary within one round.
+
+Who gets a change: a subscription register goes to the owners of its
+topic's partition, and the whole entry to the client's home (the member its
+session talks to keeps all of its registers); a client register alone goes
+to the owners of every partition the client has registers in.
+
+Routing: a message for a partition another member is primary of leaves the
+broker core as ``Forward`` and goes over our link to that member in FORWARD
+frames (cluster/forwarding.py), acknowledged by FWDACK; fire messages are
+sent once. Text datagrams for a text client whose home is another member go
+there in a RELAY frame, to be sent from the address the client knows.
+
+Held CMDACKs: a CMDACK (``Confirm``) leaves only once every peer link that
+had pushes outstanding when it was made has acknowledged them, so the owners
+hold the change before the client hears it is done; a peer whose link is
+down does not hold it up, and ``down_after`` bounds the wait.
+
+This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from cluster import clustermap
+from cluster.events import Action, Send
+from cluster.forwarding import ForwardQueue
+from cluster.peerwire import P, PeerProtocolError, check_forwarded, check_relay, encode
+from node.ownership import Ownership
+
+if TYPE_CHECKING:
+    from cluster.config import ClusterConfig, ClusterSettings
+    from cluster.links import Link
+    from cluster.membership import Membership
+    from cluster.replication import PeerQueue
+    from node.core import BrokerCore
+
+
+class Partitioned:
+    if TYPE_CHECKING:  # what MemberCore provides
+        cc: ClusterConfig
+        s: ClusterSettings
+        id: str
+        now: float
+        peers: list[str]
+        broker: BrokerCore
+        membership: Membership
+        links: dict[int, Link]
+        out: dict[str, int | None]
+        queues: dict[str, PeerQueue]
+        next_digest: dict[str, float]
+        _out: list[Action]
+
+        @property
+        def ready(self) -> bool: ...
+        def _log(self, level: str, event: str, **fields: Any) -> None: ...
+        def _frame(self, link: int, data: bytes) -> None: ...
+        def _absorb(self, actions: list[Any]) -> None: ...
+        def _distribute(self, entries: list[Any]) -> None: ...
+        def _pump_pushes(self, peer: str) -> None: ...
+
+    def _init_partitioned(self) -> None:
+        s = self.s
+        self.partitioned = s.mode == "partitioned"
+        self.own = Ownership(self.id, s.partitions)
+        self.cmap: clustermap.ClusterMap | None = None
+        self.epoch_seen = 0
+        self.fwd = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
+        self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
+        self._placed = {m.id: (m.client_addr, m.peer_addr) for m in self.cc.members}
+        if self.partitioned:
+            self.broker.set_ownership(self.own)
+            self._remap()
+
+    # ------------------------------------------------------------ the map
+
+    def live_view(self) -> set[str]:
+        """Members this one counts live: itself, and every peer neither down nor syncing."""
+        live = {self.id}
+        for p, v in self.membership.peers.items():
+            if v.state != "down" and v.reported != "syncing":
+                live.add(p)
+        return live
+
+    def _remap(self) -> None:
+        """Compute the map of our current view; install it if its owners changed."""
+        new = clustermap.compute(0, self._placed, self.live_view(), self.s.partitions, self.s.replicas)
+        old = self.cmap
+        if old is not None and new.owners == old.owners:
+            if new.live != old.live:
+                self.cmap = dataclasses.replace(new, epoch=old.epoch)
+            return
+        epoch = max(self.epoch_seen, old.epoch if old is not None else 0) + 1
+        self.epoch_seen = epoch
+        self.cmap = cmap = dataclasses.replace(new, epoch=epoch)
+        gained, lost = self.own.update(epoch, cmap.owners)
+        self.broker.reindex(gained, lost)
+        primaries = sum(1 for o in cmap.owners if o and o[0] == self.id)
+        self._log("info", "map_changed", epoch=epoch, live=len(cmap.live), primary=primaries,
+                  owned=sum(self.own.owned), gained=len(gained), lost=len(lost))  # fmt: skip
+        if old is None:
+            return
+        # Hand-off: a partition with a new owner gets what we hold of it (as its old
+        # owner, or as the home of clients with registers there), so no change is left
+        # behind on members that no longer own it; merging is idempotent.
+        fresh = {p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}
+        if fresh:
+            self._distribute(list(self.broker.dump(fresh)))
+        for peer, q in self.fwd.items():
+            again = q.take(everything=peer not in cmap.live)
+            if again:
+                self._absorb(self.broker.forwarded(again, self.now, ours=True))
+        if gained and self.ready:
+            for peer in self.peers:
+                if any(peer in cmap.owners[p] for p in gained):
+                    self.next_digest[peer] = self.now
+
+    def heard_epoch(self, epoch: int) -> None:
+        if epoch > self.epoch_seen:
+            self.epoch_seen = epoch
+
+    def shared(self, peer: str) -> list[int]:
+        """Partitions both this member and ``peer`` own in our map."""
+        assert self.cmap is not None
+        return [p for p, o in enumerate(self.cmap.owners) if self.id in o and peer in o]
+
+    def map_status(self) -> dict[str, Any]:
+        cmap = self.cmap
+        if cmap is None:
+            return {}
+        return {"epoch": cmap.epoch, "partitions": cmap.partitions, "replicas": cmap.replicas,
+                "live": sorted(cmap.live), "owned": sum(self.own.owned),
+                "primary": sum(1 for o in cmap.owners if o and o[0] == self.id),
+                "unowned": sum(1 for o in cmap.owners if not o)}  # fmt: skip
+
+    # ------------------------------------------------------------ who gets a change
+
+    def _route_entries(self, entries: list[Any]) -> dict[str, list[Any]]:
+        """Per peer, the part of each replication entry it keeps."""
+        assert self.cmap is not None
+        owners, part, me = self.cmap.owners, self.own.partition, self.id
+        clients = self.broker.clients
+        per: dict[str, list[Any]] = {}
+        for e in entries:
+            home, subs = e[4], e[5]
+            if subs:
+                targets: dict[str, list[Any]] = {}
+                for sub in subs:
+                    for m in owners[part(sub[0])]:
+                        if m != me:
+                            targets.setdefault(m, []).append(sub)
+                for m, mine in targets.items():
+                    if m != home:
+                        per.setdefault(m, []).append(e if len(mine) == len(subs) else [*e[:5], mine, e[6]])
+            else:  # the client register alone: wherever its registers are
+                who = e[0] if e[0].__class__ is bytes else tuple(e[0])
+                c = clients.get(who)
+                for m in {m for tk in (c.subs if c is not None else ()) for m in owners[part(tk[0])]}:
+                    if m != me and m != home:
+                        per.setdefault(m, []).append(e)
+            if home != me and home in self.queues:
+                per.setdefault(home, []).append(e)
+            # The client register goes to everyone else: a member may hold registers of the
+            # client that this one does not know of (subscribed through another home), and
+            # needs its address, home and resets (node/registers.py, _void_older).
+            bare = None
+            for m in self.peers:
+                got = per.get(m)
+                if not got or (got[-1] is not e and got[-1][0] is not e[0]):
+                    if bare is None:
+                        bare = [*e[:5], [], e[6]]
+                    per.setdefault(m, []).append(bare)
+        return per
+
+    # ------------------------------------------------------------ held CMDACKs
+
+    def _hold(self, confirms: list[Send]) -> None:
+        waits = {p: q.added for p, q in self.queues.items() if q.acked_through < q.added and self._peer_link_up(p)}
+        if not waits:
+            self._out.extend(confirms)
+            return
+        until = self.now + self.s.down_after
+        self.held.extend((until, waits, c) for c in confirms)
+
+    def _release_held(self) -> None:
+        if not self.held:
+            return
+        keep = []
+        for until, waits, send in self.held:
+            if self.now >= until or all(self.queues[p].acked_through >= n or not self._peer_link_up(p)
+                                        for p, n in waits.items()):  # fmt: skip
+                self._out.append(send)
+            else:
+                keep.append((until, waits, send))
+        self.held = keep
+
+    def _peer_link_up(self, peer: str) -> bool:
+        lid = self.out[peer]
+        return lid is not None and self.links[lid].up
+
+    # ------------------------------------------------------------ forwarding and relaying
+
+    def _forward(self, member: str, msgs: list[Any]) -> None:
+        q = self.fwd.get(member)
+        if q is None:
+            self.broker.metrics["forward_dropped"] += len(msgs)
+            return
+        fire = [m for m in msgs if m[4] is None]
+        if fire:
+            lid = self.out[member]
+            if lid is not None and self.links[lid].up:
+                self._frame(lid, encode([P.FORWARD, 0, fire]))
+            else:
+                self.broker.metrics["forward_dropped"] += len(fire)
+        if len(fire) < len(msgs):
+            before = q.dropped
+            q.add([m for m in msgs if m[4] is not None])
+            if q.dropped > before:
+                self.broker.metrics["forward_overflow"] += q.dropped - before
+                self._log("warning", "forward_overflow", peer=member, dropped=q.dropped - before)
+            self._pump_forwards(member)
+
+    def _pump_forwards(self, peer: str) -> None:
+        if not self._peer_link_up(peer):
+            return
+        lid = self.out[peer]
+        assert lid is not None
+        q = self.fwd[peer]
+        while (f := q.next_frame()) is not None:
+            self._frame(lid, encode([P.FORWARD, f[0], f[1]]))
+
+    def _relay(self, member: str, sends: list[Any]) -> None:
+        lid = self.out.get(member)
+        if lid is not None and self.links[lid].up:
+            self._frame(lid, encode([P.RELAY, sends]))
+        else:
+            self.broker.metrics["relay_dropped"] += len(sends)
+
+    def _on_forward_frame(self, link: Link, fid: Any, msgs: Any) -> None:
+        if fid.__class__ is not int or not 0 <= fid < 2**63:
+            raise PeerProtocolError("malformed FORWARD")
+        self._absorb(self.broker.forwarded(check_forwarded(msgs), self.now))
+        if fid:
+            self._frame(link.id, encode([P.FWDACK, fid]))
+
+    def _on_relay_frame(self, sends: Any) -> None:
+        clients = self.broker.clients
+        for addr, data in check_relay(sends):
+            c = clients.get(addr)
+            if c is not None and c.local:
+                self._out.append(Send(addr, data))
+            else:
+                self.broker.metrics["relay_refused"] += 1

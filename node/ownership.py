@@ -1,0 +1,81 @@
+"""Which partitions this member owns in partitioned mode, as the broker core sees it.
+
+Theory of operation. In partitioned mode (docs/cluster.md) a topic belongs to
+partition ``mmh3(topic) mod P``; the cluster map names each partition's owners,
+primary first. The member core (cluster/member.py) computes the map and hands
+the broker core this table; the broker consults it on three paths:
+
+* the subscription index holds only registers of partitions this member owns
+  (the registers of the clients it is home to are kept for their sessions in
+  any partition, but are not indexed: delivery is the owners' job);
+* a published message whose partition has another primary is not delivered
+  here but forwarded to that primary (``forward_to``);
+* anti-entropy digests are per partition (the bucket of a register is the
+  partition of its topic), so two owners compare exactly what they share.
+
+The table is replaced as a whole when the map changes (``update``); the
+partition of a topic is memoised, since the same few topics come again and
+again on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mmh3
+
+_MEMO_MAX = 100_000
+
+
+def partition_of(topic: str, partitions: int) -> int:
+    """The partition of a topic: mmh3 (32-bit, seed 0, unsigned) of its UTF-8 bytes, mod P."""
+    return mmh3.hash(topic.encode(), 0, signed=False) % partitions
+
+
+class Ownership:
+    __slots__ = ("me", "partitions", "owned", "primaries", "epoch", "_memo")
+
+    def __init__(self, me: str, partitions: int) -> None:
+        self.me = me
+        self.partitions = partitions
+        self.owned = bytearray(partitions)  # 1 where this member is primary or a replica
+        self.primaries: list[str | None] = [None] * partitions
+        self.epoch = 0
+        self._memo: dict[str, int] = {}
+
+    def partition(self, topic: str) -> int:
+        p = self._memo.get(topic)
+        if p is None:
+            p = partition_of(topic, self.partitions)
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            self._memo[topic] = p
+        return p
+
+    def owns(self, topic: str) -> bool:
+        return bool(self.owned[self.partition(topic)])
+
+    def forward_to(self, topic: str) -> str | None:
+        """The primary to forward a message of ``topic`` to; None: deliver here.
+
+        A member that owns the partition as a replica delivers too when it
+        has no live primary in its view (it is about to become primary)."""
+        p = self.partition(topic)
+        primary = self.primaries[p]
+        if primary is None or primary == self.me:
+            return None
+        return primary
+
+    def update(self, epoch: int, owners: Sequence[Sequence[str]]) -> tuple[set[int], set[int]]:
+        """Install a new map's owners; returns (partitions gained, partitions lost)."""
+        gained, lost = set(), set()
+        for p, who in enumerate(owners):
+            mine = self.me in who
+            if mine and not self.owned[p]:
+                gained.add(p)
+            elif not mine and self.owned[p]:
+                lost.add(p)
+            self.owned[p] = mine
+            self.primaries[p] = who[0] if who else None
+        self.epoch = epoch
+        return gained, lost
