@@ -54,13 +54,14 @@ def sub_lines(p: subprocess.Popen[str], timeout: float = 60) -> list[str]:
 
 
 class LocalCluster:
-    def __init__(self, tmp: Path, n: int = 3, secret: str = "test-secret-0123456789", limits: str = "") -> None:
+    def __init__(self, tmp: Path, n: int = 3, secret: str = "test-secret-0123456789", limits: str = "",
+                 cluster_extra: str = "") -> None:  # fmt: skip
         self.tmp = tmp
         self.config = tmp / "cluster.toml"
         ports = write_local_config(
             self.config, n, secret,
             cluster_extra="heartbeat_interval = 0.1\nsuspect_after = 0.3\ndown_after = 0.8\n"
-            "anti_entropy_interval = 1.0\nsnapshot_interval = 1.0\n",
+            "anti_entropy_interval = 1.0\nsnapshot_interval = 1.0\n" + cluster_extra,
             node_extra='[node]\nlog_level = "info"\n[timeouts]\nsubscriber_timeout = 5.0\n'
             + (f"[limits]\n{limits}\n" if limits else ""),
         )  # fmt: skip
