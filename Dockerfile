@@ -28,8 +28,8 @@ WORKDIR /var/lib/roost
 USER roost
 
 # Client ports (UDP) and peer ports (TCP) of configs/cluster3.toml.
-EXPOSE 7401/udp 7402/udp 7403/udp
-EXPOSE 7501/tcp 7502/tcp 7503/tcp
+EXPOSE 7401/udp 7402/udp 7403/udp 7411/udp 7412/udp 7413/udp 7414/udp 7415/udp
+EXPOSE 7501/tcp 7502/tcp 7503/tcp 7511/tcp 7512/tcp 7513/tcp 7514/tcp 7515/tcp
 
 # The node exits cleanly on SIGTERM (the compose file's stop_signal).
 STOPSIGNAL SIGTERM

@@ -62,7 +62,7 @@ from cluster.events import (
 )  # fmt: skip
 from cluster.member import MemberCore
 from cluster.simcheck import Checker, Published
-from cluster.simworld import FAULTS, TOPICS, WALL, Conn, SimClient, SimMember, parse_payload, sim_config
+from cluster.simworld import FAULTS, PARTITIONED_TOPICS, TOPICS, WALL, Conn, SimClient, SimMember, parse_payload, sim_config
 from node import versions
 
 
@@ -76,6 +76,7 @@ class Simulation:
         short = self.rng.random() < 0.35
         self.cc = sim_config(members, short=short, mode=mode,
                              partitions=self.rng.choice((4, 16, 64)) if self.partitioned else 16)  # fmt: skip
+        self.topics = PARTITIONED_TOPICS if self.partitioned else TOPICS
         self.map_changes = 0  # partitioned: maps installed by any member (a change of primary may reorder)
         self.loss, self.dup = loss, dup
         self.faults = faults
@@ -107,7 +108,7 @@ class Simulation:
             cid = self.rng.randbytes(16)
             c = SimClient(i, cid, ("127.0.0.2", 9001 + i), self._new_session(cid, ids, 1))
             c.publisher = i % 2 == 1
-            c.topics = self.rng.sample(TOPICS, 2) if not c.publisher else list(TOPICS)
+            c.topics = self.rng.sample(self.topics, 2) if not c.publisher else list(self.topics)
             self.clients.append(c)
             self.client_at[c.addr] = c
         for m in self.members.values():
@@ -494,7 +495,7 @@ class Simulation:
         and re-subscriptions for the replicas to agree on)."""
         if c.number != number or self.now > self.fault_time or c.session.lost:
             return
-        topic = self.rng.choice(TOPICS)
+        topic = self.rng.choice(self.topics)
         if (topic, None) in c.session.subs:
             c.session.unsubscribe(topic, None)
         else:

@@ -39,11 +39,37 @@ def _break_restream() -> None:
     Delivery._readdressed = lambda self, c, carry: None  # type: ignore[method-assign]
 
 
+def _break_handoff() -> None:
+    """Partitioned mode: a member whose view gives a partition a new owner hands it nothing."""
+    from cluster.partitioned import Partitioned
+
+    remap = Partitioned._remap
+
+    def without_handoff(self: Partitioned) -> None:
+        distribute = self._distribute
+        self._distribute = lambda entries: None  # type: ignore[method-assign]
+        try:
+            remap(self)
+        finally:
+            self._distribute = distribute  # type: ignore[method-assign]
+
+    Partitioned._remap = without_handoff  # type: ignore[method-assign]
+
+
+def _break_void() -> None:
+    """Partitioned mode: a client's reset (new session, sync, timeout) ends nothing at the owners."""
+    from node.registers import Registers
+
+    Registers._void_older = lambda self, c, cver, now: None  # type: ignore[method-assign]
+
+
 # Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.
 BREAKS: dict[str, Callable[[], None]] = {
     "no-dedup": _break_dedup,
     "no-tombstones": _break_tombstones,
     "no-restream": _break_restream,
+    "no-handoff": _break_handoff,  # (partitioned mode)
+    "no-void": _break_void,  # (partitioned mode)
 }
 _broken: set[str] = set()
 

@@ -11,7 +11,8 @@ from cluster.config import ClusterConfig, load_cluster_config
 from cluster.member import MemberCore
 
 WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
-TOPICS = ("t0", "t1", "t2", "t3", "t4")
+TOPICS = ("t0", "t1", "t2")
+PARTITIONED_TOPICS = (*TOPICS, "t3", "t4")  # (more topics: more partitions, so more owners, under fire)
 FAULTS = ("partition", "crash", "stop", "client", "cut-client")
 
 

@@ -1,4 +1,6 @@
-"""docker-compose.yml and Dockerfile against the compose-spec schema and configs/cluster3.toml.
+"""The compose files and Dockerfile against the compose-spec schema and the cluster configs they run:
+docker-compose.yml (configs/cluster3.toml, replicated) and docker-compose.partitioned.yml
+(configs/cluster5-partitioned.toml).
 
 There is no Docker engine where these tests run, so the compose file is checked, not started:
 it must be valid Compose and agree with the cluster config it runs (names, ports, data dirs).
@@ -14,34 +16,43 @@ import shlex
 import tomllib
 from typing import Any
 
+import pytest
 import yaml
 from jsonschema import Draft7Validator  # type: ignore[import-untyped]  # no stubs in the dev extras
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMPOSE = os.path.join(ROOT, "docker-compose.yml")
 DOCKERFILE = os.path.join(ROOT, "Dockerfile")
-CLUSTER_CONFIG = os.path.join(ROOT, "configs", "cluster3.toml")
 # In-repo copy (CI runs on a clean clone); provenance in docs/docker.md.
 SCHEMA = os.path.join(ROOT, "tests", "data", "compose-spec.json")
 SHARED_SCHEMA = os.path.join(ROOT, "..", "shared", "schemas", "compose-spec.json")
 
-CONFIG_IN_CONTAINER = "/etc/roost/cluster3.toml"
-CONFIG_ON_HOST = "./configs/cluster3.toml"
+# (compose file, the cluster config its services run)
+SETUPS = [("docker-compose.yml", "configs/cluster3.toml"),
+          ("docker-compose.partitioned.yml", "configs/cluster5-partitioned.toml")]
+setups = pytest.mark.parametrize("setup", SETUPS, ids=[c for c, _ in SETUPS])
 WORKDIR = "/var/lib/roost"
 HOST_IP = "127.0.0.1"
 
 
-def load_compose() -> dict[str, Any]:
-    with open(COMPOSE, encoding="utf-8") as f:
+def in_container(setup: tuple[str, str]) -> str:
+    return "/etc/roost/" + posixpath.basename(setup[1])
+
+
+def on_host(setup: tuple[str, str]) -> str:
+    return "./" + setup[1]
+
+
+def load_compose(setup: tuple[str, str]) -> dict[str, Any]:
+    with open(os.path.join(ROOT, setup[0]), encoding="utf-8") as f:
         doc = yaml.safe_load(f)
     assert isinstance(doc, dict), "docker-compose.yml is not a mapping"
     return doc
 
 
-def load_members() -> list[dict[str, Any]]:
-    with open(CLUSTER_CONFIG, "rb") as f:
+def load_members(setup: tuple[str, str]) -> list[dict[str, Any]]:
+    with open(os.path.join(ROOT, setup[1]), "rb") as f:
         members = tomllib.load(f)["members"]
-    assert members, "configs/cluster3.toml has no [[members]]"
+    assert members, f"{setup[1]} has no [[members]]"
     return list(members)
 
 
@@ -109,18 +120,20 @@ def parse_expose(text: str) -> set[tuple[int, str]]:
 # --- (a) schema -------------------------------------------------------------------------------
 
 
-def test_compose_file_validates_against_compose_spec_schema() -> None:
+@setups
+def test_compose_file_validates_against_compose_spec_schema(setup: tuple[str, str]) -> None:
     with open(SCHEMA, encoding="utf-8") as f:
         schema = json.load(f)
     Draft7Validator.check_schema(schema)
-    errors = sorted(Draft7Validator(schema).iter_errors(load_compose()), key=lambda e: list(e.absolute_path))
+    errors = sorted(Draft7Validator(schema).iter_errors(load_compose(setup)), key=lambda e: list(e.absolute_path))
     for err in errors:
         print(f"{'/'.join(map(str, err.absolute_path)) or '<root>'}: {err.message}")
-    assert not errors, f"{len(errors)} schema error(s) in docker-compose.yml (printed above)"
+    assert not errors, f"{len(errors)} schema error(s) in {setup[0]} (printed above)"
 
 
-def test_compose_file_has_no_obsolete_version_key() -> None:
-    assert "version" not in load_compose()
+@setups
+def test_compose_file_has_no_obsolete_version_key(setup: tuple[str, str]) -> None:
+    assert "version" not in load_compose(setup)
 
 
 # SHA-256 of compose-spec.json at commit 170098ba07d9f53c383a41bfd4c5166b0a4529a6 (docs/docker.md).
@@ -137,23 +150,25 @@ def test_in_repo_schema_is_the_recorded_upstream_file() -> None:
             assert hashlib.sha256(b.read()).hexdigest() == SCHEMA_SHA256
 
 
-# --- (b) agreement with configs/cluster3.toml ------------------------------------------------
+# --- (b) agreement with the cluster config it runs ----------------------------------------------
 
 
-def test_services_are_exactly_the_members() -> None:
-    services = load_compose()["services"]
-    assert set(services) == {m["id"] for m in load_members()}
+@setups
+def test_services_are_exactly_the_members(setup: tuple[str, str]) -> None:
+    services = load_compose(setup)["services"]
+    assert set(services) == {m["id"] for m in load_members(setup)}
 
 
-def test_each_service_runs_its_member() -> None:
-    services = load_compose()["services"]
-    ids = [m["id"] for m in load_members()]
+@setups
+def test_each_service_runs_its_member(setup: tuple[str, str]) -> None:
+    services = load_compose(setup)["services"]
+    ids = [m["id"] for m in load_members(setup)]
     for mid in ids:
         service = services[mid]
         args = command_args(service)
         assert args[0] == "node", f"{mid}: command must start with `node`: {args}"
         assert option_values(args, "--id") == [mid], f"{mid}: wrong --id in {args}"
-        assert option_values(args, "--config") == [CONFIG_IN_CONTAINER], f"{mid}: wrong --config in {args}"
+        assert option_values(args, "--config") == [in_container(setup)], f"{mid}: wrong --config in {args}"
         assert option_values(args, "--bind-host") == ["0.0.0.0"], f"{mid}: wrong --bind-host in {args}"
         peer_hosts = dict(v.split("=", 1) for v in option_values(args, "--peer-host"))
         assert peer_hosts == {i: i for i in ids}, f"{mid}: --peer-host must map every member to its service"
@@ -165,9 +180,10 @@ def test_each_service_runs_its_member() -> None:
         assert service.get("image") == "roost:latest", f"{mid}: image"
 
 
-def test_published_ports_match_member_ports() -> None:
-    services = load_compose()["services"]
-    for member in load_members():
+@setups
+def test_published_ports_match_member_ports(setup: tuple[str, str]) -> None:
+    services = load_compose(setup)["services"]
+    for member in load_members(setup):
         mid = member["id"]
         parsed = [parse_port(p) for p in services[mid].get("ports", [])]
         for host_ip, published, target, _proto in parsed:
@@ -178,11 +194,12 @@ def test_published_ports_match_member_ports() -> None:
         assert published_set == expected_ports(member), f"{mid}: ports {published_set} != {expected_ports(member)}"
 
 
-def test_each_data_dir_has_its_own_named_volume() -> None:
-    compose = load_compose()
+@setups
+def test_each_data_dir_has_its_own_named_volume(setup: tuple[str, str]) -> None:
+    compose = load_compose(setup)
     declared = set(compose.get("volumes") or {})
     used: dict[str, str] = {}
-    for member in load_members():
+    for member in load_members(setup):
         mid = member["id"]
         target = posixpath.join(WORKDIR, member["data_dir"])
         mounts = {t: s for s, t, _ro in map(parse_volume, compose["services"][mid].get("volumes", []))}
@@ -193,24 +210,26 @@ def test_each_data_dir_has_its_own_named_volume() -> None:
         used[source] = mid
 
 
-def test_config_is_mounted_read_only() -> None:
-    assert os.path.isfile(os.path.join(ROOT, CONFIG_ON_HOST))
-    services = load_compose()["services"]
-    for member in load_members():
+@setups
+def test_config_is_mounted_read_only(setup: tuple[str, str]) -> None:
+    assert os.path.isfile(os.path.join(ROOT, on_host(setup)))
+    services = load_compose(setup)["services"]
+    for member in load_members(setup):
         mid = member["id"]
         mounts = {t: (s, ro) for s, t, ro in map(parse_volume, services[mid].get("volumes", []))}
-        assert mounts.get(CONFIG_IN_CONTAINER) == (CONFIG_ON_HOST, True), (
-            f"{mid}: want {CONFIG_ON_HOST}:{CONFIG_IN_CONTAINER}:ro, got {mounts.get(CONFIG_IN_CONTAINER)}"
+        assert mounts.get(in_container(setup)) == (on_host(setup), True), (
+            f"{mid}: want {on_host(setup)}:{in_container(setup)}:ro, got {mounts.get(in_container(setup))}"
         )
 
 
 # --- (c) Dockerfile ---------------------------------------------------------------------------
 
 
-def test_dockerfile_exposes_every_member_port() -> None:
+@setups
+def test_dockerfile_exposes_every_member_port(setup: tuple[str, str]) -> None:
     with open(DOCKERFILE, encoding="utf-8") as f:
         exposed = parse_expose(f.read())
-    wanted = set().union(*(expected_ports(m) for m in load_members()))
+    wanted = set().union(*(expected_ports(m) for m in load_members(setup)))
     assert wanted <= exposed, f"Dockerfile EXPOSE misses {sorted(wanted - exposed)}"
 
 

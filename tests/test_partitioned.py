@@ -1,0 +1,128 @@
+"""Partitioned mode with real `roost node` processes: where subscriptions live, routing, takeover."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+
+import pytest
+import trio
+
+from client import Client
+from cluster import clustermap
+from tests.clusterkit import LocalCluster
+from tests.polling import wait_until
+
+R = 2  # replicas (the default)
+
+
+@pytest.fixture(scope="module")
+def five(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("p5"), n=5, cluster_extra='mode = "partitioned"\n')
+    c.start()
+    wait_until(lambda: c.status("n1")["map"]["live"] == c.ids, what="every member live in n1's map")
+    yield c
+    c.stop()
+
+
+def owners_of(c: LocalCluster, topic: str) -> tuple[str, ...]:
+    members = {m.id: (m.client_addr, m.peer_addr) for m in c.cc.members}
+    cmap = clustermap.compute(0, members, members, 256, R)
+    return cmap.owners[cmap.partition(topic)]
+
+
+async def test_subscriptions_live_on_their_owners_and_a_publish_anywhere_reaches_them(five):
+    c = five
+    topics = [f"spread.{i}" for i in range(200)]
+    before = sum(c.subscriptions())
+    async with trio.open_nursery() as n:
+        clients = [await n.start(_client, c.addr(m)) for m in c.ids]
+        subs = [clients[i % 5].subscribe(t) for i, t in enumerate(topics)]
+        for s in subs:
+            await s.start()
+        counts = await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: sum(c.subscriptions()) - before == R * len(topics),
+                               what="every subscription on its two owners") or c.subscriptions())  # fmt: skip
+        share = R * len(topics) / 5
+        print(f"subscriptions per member {counts} for {len(topics)} subscriptions: "
+              f"{[round(x / len(topics), 2) for x in counts]} of the total (replicas/5 = {R / 5})")
+        assert all(0.6 * share <= x - before / 5 <= 1.4 * share for x in counts), counts
+        # a publish at every member, for topics owned elsewhere, reaches the subscriber
+        for i, t in enumerate(topics):
+            await clients[(i + 2) % 5].publish(t, f"m{i}")
+        for i, s in enumerate(subs):
+            with trio.fail_after(20):
+                msg = await s.next()
+            assert msg.payload == f"m{i}".encode()
+        for s in subs:
+            await s.unsubscribe()
+        n.cancel_scope.cancel()
+
+
+async def _client(addr: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async with Client(addr) as cl:
+        task_status.started(cl)
+        await trio.sleep_forever()
+
+
+def test_text_clients_work_against_any_member(five):
+    """A text client cannot follow a redirect: its SUB and PUB go to members that own
+    nothing of the topic, and it hears the messages from the member it talks to."""
+    c = five
+    topic = next(f"text.{i}" for i in range(1000) if not {"n1", "n2"} & set(owners_of(c, f"text.{i}")))
+    sub = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    pub = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sub.connect(("127.0.0.1", c.client_ports["n1"]))  # (hears only n1, as `nc -u` does)
+        sub.settimeout(5)
+        sub.send(f"SUB {topic}\n".encode())
+        wait_until(lambda: sum(c.subscriptions(list(owners_of(c, topic)))) >= 2, what="the text SUB at its owners")
+        pub.sendto(f"PUB {topic}\nhello from n2".encode(), ("127.0.0.1", c.client_ports["n2"]))
+        assert sub.recv(2048) == f"MSG {topic}\nhello from n2".encode()
+    finally:
+        sub.close()
+        pub.close()
+
+
+async def test_killing_a_primary_keeps_the_reliable_subscription_with_a_short_gap(tmp_path):
+    c = LocalCluster(tmp_path, n=5, cluster_extra='mode = "partitioned"\n')
+    c.start()
+    try:
+        await trio.to_thread.run_sync(lambda: wait_until(lambda: c.status("n1")["map"]["live"] == c.ids,
+                                                         what="every member live"))  # fmt: skip
+        topic = next(f"gap.{i}" for i in range(1000) if not {"n1", "n2"} & set(owners_of(c, f"gap.{i}")))
+        primary = owners_of(c, topic)[0]
+        total, rate, kill_at = 800, 200.0, 200
+        arrivals: list[tuple[float, int]] = []
+        async with Client(c.addr("n1")) as sc, Client(c.addr("n2")) as pc, sc.subscribe(topic) as sub:
+
+            async def receive() -> None:
+                async for msg in sub:
+                    arrivals.append((time.monotonic(), int(msg.payload)))
+                    if arrivals[-1][1] == total - 1:
+                        return
+
+            async with trio.open_nursery() as n:
+                n.start_soon(receive)
+                for i in range(total):
+                    if i == kill_at:
+                        await trio.to_thread.run_sync(c.kill, primary)
+                    await pc.publish(topic, str(i))
+                    await trio.sleep(1 / rate)
+                with trio.fail_after(30):
+                    assert await pc.flush(20)
+                    while not arrivals or arrivals[-1][1] != total - 1:
+                        await trio.sleep(0.05)
+                n.cancel_scope.cancel()
+        got = [x for _, x in arrivals]
+        gap = max(b - a for (a, _), (b, _) in itertools.pairwise(arrivals))
+        lost = sorted(set(range(total)) - set(got))
+        print(f"killed the primary {primary} of {topic!r}: longest gap {gap * 1000:.0f} ms, "
+              f"{len(lost)} of {total} lost (in the dead primary's mailbox), {len(got) - len(set(got))} duplicates")
+        assert len(got) == len(set(got))  # no duplicates
+        assert gap < 2.0
+        assert all(kill_at - 100 <= x < kill_at + 100 for x in lost), lost  # only around the kill
+        assert set(range(kill_at + 100, total)) <= set(got)  # the subscription lives on
+    finally:
+        c.stop()
