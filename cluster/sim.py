@@ -62,7 +62,17 @@ from cluster.events import (
 )  # fmt: skip
 from cluster.member import MemberCore
 from cluster.simcheck import Checker, Published
-from cluster.simworld import FAULTS, PARTITIONED_TOPICS, TOPICS, WALL, Conn, SimClient, SimMember, parse_payload, sim_config
+from cluster.simworld import (
+    FAULTS,
+    PARTITIONED_TOPICS,
+    TOPICS,
+    WALL,
+    Conn,
+    SimClient,
+    SimMember,
+    parse_payload,
+    sim_config,
+)
 from node import versions
 
 
