@@ -41,9 +41,9 @@ async def test_subscriptions_live_on_their_owners_and_a_publish_anywhere_reaches
         subs = [clients[i % 5].subscribe(t) for i, t in enumerate(topics)]
         for s in subs:
             await s.start()
-        counts = await trio.to_thread.run_sync(
-            lambda: wait_until(lambda: sum(c.subscriptions()) - before == R * len(topics),
-                               what="every subscription on its two owners") or c.subscriptions())  # fmt: skip
+        await trio.to_thread.run_sync(lambda: wait_until(lambda: sum(c.subscriptions()) - before == R * len(topics),
+                                                         what="every subscription on its two owners"))  # fmt: skip
+        counts = await trio.to_thread.run_sync(c.subscriptions)
         share = R * len(topics) / 5
         print(f"subscriptions per member {counts} for {len(topics)} subscriptions: "
               f"{[round(x / len(topics), 2) for x in counts]} of the total (replicas/5 = {R / 5})")

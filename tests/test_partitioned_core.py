@@ -126,6 +126,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
     owners = [m for m in core.cmap.owners[core.own.partition(topic)] if m != "m0"]
     for peer in owners:  # the owners acknowledge our push
         lid = core.out[peer]
+        assert lid is not None
         q = core.queues[peer]
         for seq in list(q.inflight):
             out = core.handle(LinkBytes(lid, encode([P.PUSHACK, seq])), sim.now)
