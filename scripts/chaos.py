@@ -196,7 +196,7 @@ def build_config(args: argparse.Namespace, out: Path) -> str:
         return str(Path(args.config).resolve())
     path = out / "cluster.toml"
     write_local_config(path, 3, "chaos-secret-" + os.urandom(8).hex(), node_extra='[node]\nlog_level = "info"\n',
-                       hosts=list(LOOPBACK_HOSTS))  # fmt: skip
+                       cluster_extra=f'mode = "{args.mode}"\n', hosts=list(LOOPBACK_HOSTS))  # fmt: skip
     return str(path)
 
 
@@ -233,6 +233,8 @@ def main() -> int:
     ap.add_argument("--dup", type=float, default=5.0, help="percent a dup fault duplicates (default 5)")
     ap.add_argument("--delay", type=float, default=50.0, help="milliseconds a delay fault holds packets")
     ap.add_argument("--rate", type=float, default=100.0, help="publishes per second per publisher (default 100)")
+    ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated",
+                    help="cluster mode of the default config (default replicated)")
     ap.add_argument("--settle", type=float, default=8.0, help="seconds after the last heal before the end")
     args = ap.parse_args()
     kinds = [f for f in args.faults.split(",") if f]
