@@ -448,7 +448,7 @@ class MemberCore(Lifecycle, Partitioned):
         elif kind == P.HEARTBEAT and n == 5:
             state, subs, clients, epoch = f[1], f[2], f[3], f[4]
             if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int \
-                    or epoch.__class__ is not int:  # fmt: skip
+                    or epoch.__class__ is not int or not 0 <= epoch < 2**62:  # fmt: skip
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
             self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)

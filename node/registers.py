@@ -266,8 +266,8 @@ class Registers(CoreBase):
                 # Partitioned: registers of partitions we do not own are not ours to keep
                 # (unless we are the client's home: its session needs them all).
                 subs = [s for s in subs if own.owned[own.partition(s[0])]]
-                if not subs and (c is None or not c.subs):
-                    continue
+                if not subs and c is None:  # (a record we have, maybe as the client's old home, must
+                    continue  # learn where the client went: review finding, simulator seed 1128)
             if c is None:
                 if cver < expired and all(not v & versions.PRESENT and v < expired for _, _, v in subs):
                     continue

@@ -131,3 +131,14 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
         for seq in list(q.inflight):
             out = core.handle(LinkBytes(lid, encode([P.PUSHACK, seq])), sim.now)
     assert any(isinstance(a, Send) and a.addr == addr for a in out) and not core.held  # the CMDACK
+
+
+def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
+    """An epoch near 2**64 would overflow msgpack at our next map change (review finding)."""
+    sim = _ready_sim()
+    core = sim.members["m0"].core
+    assert core is not None
+    inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
+    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 2**64 - 1])), sim.now)
+    assert any(isinstance(a, Close) and a.link == inbound for a in out)
+    assert core.epoch_seen < 2**62

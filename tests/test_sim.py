@@ -65,7 +65,8 @@ def test_partitioned_seeds_without_violations():
 
 @pytest.mark.parametrize("seed", [15, 26, 233, 344])
 def test_partitioned_seeds_that_once_failed_the_campaign(seed):
-    """15: a home that never knew a client's subscription (made through another home) could not
+    """(Seed 1128 with --members 5 --clients 6: test_a_moved_client_is_not_timed_out_by_its_old_home.)
+    15: a home that never knew a client's subscription (made through another home) could not
     end it on the client's restart (the owners now void what is older than the reset); also a
     void that beat the renewal in its own entry. 26: a restarted client's new home had forgotten
     it, so nothing said "new session" (a greater session now voids too). 233: a tombstone on a
@@ -400,3 +401,11 @@ def test_a_running_member_collects_its_tombstones_once_past_the_horizon():
         core.handle(Tick(), t)
     c = core.broker.clients.get(addr)
     assert c is None or ("gone", None) not in c.subs
+
+
+def test_a_moved_client_is_not_timed_out_by_its_old_home():
+    """Seed 1128, 5 members: a member that held only the client's record (its old home) threw
+    away the client register saying it had moved, timed it out, and the reset voided every live
+    subscription of the client (review finding)."""
+    check, _ = run_seed(1128, members=5, clients=6, mode="partitioned")
+    assert check.violations == []
