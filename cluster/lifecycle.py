@@ -32,49 +32,14 @@ This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
 from __future__ import annotations
 
 import math
-import random
-from typing import TYPE_CHECKING, Any
 
-from cluster.events import Action, Exit, ReadSnapshot, ServeClients, WriteSnapshot
+from cluster.events import Exit, ReadSnapshot, ServeClients, WriteSnapshot
+from cluster.memberparts import MemberParts
 from cluster.peerwire import P, encode
 from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
 
-if TYPE_CHECKING:
-    from cluster.config import ClusterConfig, ClusterSettings
-    from cluster.links import Link
-    from cluster.replication import PeerQueue
-    from node.core import BrokerCore
-    from node.ownership import Ownership
 
-
-class Lifecycle:
-    if TYPE_CHECKING:  # what MemberCore provides
-        cc: ClusterConfig
-        s: ClusterSettings
-        id: str
-        rng: random.Random
-        now: float
-        wall_offset: float
-        phase: str
-        peers: list[str]
-        peer_addr: dict[str, tuple[str, int]]
-        broker: BrokerCore
-        links: dict[int, Link]
-        out: dict[str, int | None]
-        queues: dict[str, PeerQueue]
-        next_digest: dict[str, float]
-        _out: list[Action]
-        partitioned: bool
-        own: Ownership
-
-        @property
-        def ready(self) -> bool: ...
-        def _log(self, level: str, event: str, **fields: Any) -> None: ...
-        def _frame(self, link: int, data: bytes) -> None: ...
-        def _close(self, link: Link, why: str) -> None: ...
-        def _absorb(self, actions: list[Any]) -> None: ...
-        def _distribute(self, entries: list[Any]) -> None: ...
-
+class Lifecycle(MemberParts):
     def _init_lifecycle(self) -> None:
         # PULL
         self.pull_order: list[str] = []

@@ -42,42 +42,17 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from cluster import clustermap
-from cluster.events import Action, Send
+from cluster.events import Send
 from cluster.forwarding import ForwardQueue
+from cluster.memberparts import MemberParts
 from cluster.peerwire import P, PeerProtocolError, check_forwarded, check_relay, encode
 from node.ownership import Ownership
 
 if TYPE_CHECKING:
-    from cluster.config import ClusterConfig, ClusterSettings
     from cluster.links import Link
-    from cluster.membership import Membership
-    from cluster.replication import PeerQueue
-    from node.core import BrokerCore
 
 
-class Partitioned:
-    if TYPE_CHECKING:  # what MemberCore provides
-        cc: ClusterConfig
-        s: ClusterSettings
-        id: str
-        now: float
-        peers: list[str]
-        broker: BrokerCore
-        membership: Membership
-        links: dict[int, Link]
-        out: dict[str, int | None]
-        queues: dict[str, PeerQueue]
-        next_digest: dict[str, float]
-        _out: list[Action]
-
-        @property
-        def ready(self) -> bool: ...
-        def _log(self, level: str, event: str, **fields: Any) -> None: ...
-        def _frame(self, link: int, data: bytes) -> None: ...
-        def _absorb(self, actions: list[Any]) -> None: ...
-        def _distribute(self, entries: list[Any]) -> None: ...
-        def _pump_pushes(self, peer: str) -> None: ...
-
+class Partitioned(MemberParts):
     def _init_partitioned(self) -> None:
         s = self.s
         self.partitioned = s.mode == "partitioned"

@@ -35,13 +35,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from client import wire
 from client.session import ClientConfig, ClientSession
-from client.wire import Mode, T
+from client.wire import Mode
 from cluster.events import (
     Accepted,
     Close,
-    Datagrams,
     Dial,
     Exit,
     LinkBytes,
@@ -61,6 +59,7 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
+from cluster.simaccounting import SimAccounting
 from cluster.simcheck import Checker, Published
 from cluster.simworld import (
     FAULTS,
@@ -73,10 +72,9 @@ from cluster.simworld import (
     parse_payload,
     sim_config,
 )
-from node import versions
 
 
-class Simulation:
+class Simulation(SimAccounting):
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
                  loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
                  sockets_guard: Callable[[], None] | None = None, mode: str = "replicated") -> None:  # fmt: skip
@@ -184,20 +182,6 @@ class Simulation:
         if self.partitioned:
             self._watch_publish(m, m.core)
         self._feed(m, Start())
-
-    def _watch_publish(self, m: SimMember, core: MemberCore) -> None:
-        """Partitioned mode: a message is accepted where it is delivered from (its
-        partition's primary, perhaps after a forward), so note what that member owes
-        there, at the moment its broker core publishes it."""
-        broker = core.broker
-        inner = broker._publish
-
-        def publish(topic: str, key: str | None, tags: Any, payload: bytes, packed: bytes | None) -> None:
-            subs = self._reliable_subscribers(core, topic)
-            inner(topic, key, tags, payload, packed)
-            self.check.accepted(m.id, parse_payload(payload), subs, self.now)
-
-        broker._publish = publish  # type: ignore[method-assign]
 
     def _feed(self, m: SimMember, ev: Any) -> None:
         core = m.core
@@ -324,73 +308,6 @@ class Simulation:
         if c is not None and not self.frozen:
             c.session.handle_datagrams([(data, src)], self.now)
             self._client_io(c)
-
-    def _pub_accounting(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None:
-        """Feed a client datagram to a member; for a PUB, note which reliable
-        subscribers the member owes the messages it accepts."""
-        core = m.core
-        assert core is not None
-        f = None
-        if data[:1] != b"" and data[1:3] == bytes([wire.VERSION, T.PUB]):
-            try:
-                f = wire.decode_untrusted_frame(data)
-            except wire.WireError:
-                f = None
-        before = core.broker.producers.get(f[3], [0])[0] if f is not None else 0
-        owed: list[tuple[Any, list[tuple[bytes, object]]]] = []
-        if f is not None and f[6] and not self.partitioned:  # (partitioned: _watch_publish)
-            for m_ in f[7]:
-                owed.append((m_, self._reliable_subscribers(core, m_[0])))
-        sender = self.client_at.get(src)
-        held = self._registers_of(core, sender) if sender is not None and not sender.publisher else {}
-        self._feed(m, Datagrams([(data, src)]))
-        if sender is not None and m.core is core and not sender.publisher:
-            for tk, v in self._registers_of(core, sender).items():
-                st = sender.session.subs.get(tk)
-                if st is not None and versions.is_present(v) and v != held.get(tk, 0):
-                    first = sender.starts.get(id(st))
-                    if first is None or v < first[1]:
-                        sender.starts[id(st)] = (st, v)
-        if f is None or m.core is None:
-            return
-        after = m.core.broker.producers.get(f[3], [0])[0]
-        for i, (msg, subs) in enumerate(owed):
-            seq = f[4] + i
-            if before < seq <= after:
-                pub, n = parse_payload(msg[3])
-                self.check.accepted(m.id, (pub, n), subs, self.now)
-
-    def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[tuple[bytes, object]]:
-        """(client id, its live subscription) for every subscriber the member
-        would deliver ``topic`` to reliably, at the address of its current session,
-        holding that very subscription (not one the client ended since)."""
-        out: list[tuple[bytes, object]] = []
-        for cid, mode in (core.broker.index.match(topic, None) or {}).items():
-            c = core.broker.clients.get(cid)
-            if not mode or c is None:
-                continue
-            for s in self.clients:
-                st = s.session.subs.get((topic, None))
-                # (a member still holding the previous process's subscription, or one the
-                # client ended and took again since, owes the new one nothing)
-                if s.cid != cid or s.addr != c.addr or c.session != s.session.session or st is None:
-                    continue
-                # (and none is owed for a subscription no member has seen yet)
-                start = s.starts.get(id(st))
-                if st.reason is None and start is not None and c.subs.get((topic, None), 0) >= start[1]:
-                    out.append((cid, st))
-        return out
-
-    def _reached(self, c: SimClient) -> None:
-        """A datagram of ``c`` reached a member: note a silence long enough to be given up."""
-        if self.now - c.last_reached >= self.timeout:
-            self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.now))
-        c.last_reached = self.now
-
-    @staticmethod
-    def _registers_of(core: MemberCore, c: SimClient) -> dict[tuple[str, str | None], int]:
-        state = core.broker.clients.get(c.cid)
-        return dict(state.subs) if state is not None else {}
 
     def _dial(self, m: SimMember, lid: int, peer: str) -> None:
         key = (m.id, lid)
@@ -543,11 +460,6 @@ class Simulation:
         if d < c.tick_at:
             c.tick_at = d
             self.at(max(d, self.now), self._client_tick, c, c.number, d)
-
-    def _pub_epoch(self, c: SimClient) -> tuple[int, ...]:
-        """What a publisher's order is promised within: its process and its failovers
-        (and in partitioned mode the maps: a new primary may overtake the old one)."""
-        return (c.number, c.session.failovers, self.map_changes)
 
     def _client_tick(self, c: SimClient, number: int, d: float) -> None:
         if c.number != number or c.tick_at != d or self.frozen:

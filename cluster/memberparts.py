@@ -1,0 +1,47 @@
+"""What :class:`cluster.member.MemberCore` provides to its mixins (cluster/lifecycle.py,
+cluster/partitioned.py), declared once for the type checker; nothing at run time."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cluster.config import ClusterConfig, ClusterSettings
+    from cluster.events import Action
+    from cluster.links import Link
+    from cluster.membership import Membership
+    from cluster.replication import PeerQueue
+    from node.core import BrokerCore
+    from node.ownership import Ownership
+
+
+class MemberParts:
+    if TYPE_CHECKING:
+        cc: ClusterConfig
+        s: ClusterSettings
+        id: str
+        rng: random.Random
+        now: float
+        wall_offset: float
+        phase: str
+        peers: list[str]
+        peer_addr: dict[str, tuple[str, int]]
+        broker: BrokerCore
+        membership: Membership
+        links: dict[int, Link]
+        out: dict[str, int | None]
+        queues: dict[str, PeerQueue]
+        next_digest: dict[str, float]
+        _out: list[Action]
+        partitioned: bool
+        own: Ownership
+
+        @property
+        def ready(self) -> bool: ...
+        def _log(self, level: str, event: str, **fields: Any) -> None: ...
+        def _frame(self, link: int, data: bytes) -> None: ...
+        def _close(self, link: Link, why: str) -> None: ...
+        def _absorb(self, actions: list[Any]) -> None: ...
+        def _distribute(self, entries: list[Any]) -> None: ...
+        def _pump_pushes(self, peer: str) -> None: ...

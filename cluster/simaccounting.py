@@ -1,0 +1,115 @@
+"""What the simulator tells its checker about messages and subscriptions (a mixin of
+cluster/sim.py's Simulation): which reliable subscribers a member owed a message it accepted,
+when a subscription's first register was written, a client's silences, and the publisher epoch
+its order is promised within."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from client import wire
+from client.wire import T
+from cluster.events import Datagrams
+from cluster.member import MemberCore
+from cluster.simcheck import Checker
+from cluster.simworld import SimClient, SimMember, parse_payload
+from node import versions
+
+
+class SimAccounting:
+    if TYPE_CHECKING:  # what Simulation provides
+        check: Checker
+        clients: list[SimClient]
+        client_at: dict[tuple[str, int], SimClient]
+        now: float
+        timeout: float
+        partitioned: bool
+        map_changes: int
+
+        def _feed(self, m: SimMember, ev: Any) -> None: ...
+
+    def _watch_publish(self, m: SimMember, core: MemberCore) -> None:
+        """Partitioned mode: a message is accepted where it is delivered from (its
+        partition's primary, perhaps after a forward), so note what that member owes
+        there, at the moment its broker core publishes it."""
+        broker = core.broker
+        inner = broker._publish
+
+        def publish(topic: str, key: str | None, tags: Any, payload: bytes, packed: bytes | None) -> None:
+            subs = self._reliable_subscribers(core, topic)
+            inner(topic, key, tags, payload, packed)
+            self.check.accepted(m.id, parse_payload(payload), subs, self.now)
+
+        broker._publish = publish  # type: ignore[method-assign]
+
+    def _pub_accounting(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None:
+        """Feed a client datagram to a member; for a PUB, note which reliable
+        subscribers the member owes the messages it accepts."""
+        core = m.core
+        assert core is not None
+        f = None
+        if data[:1] != b"" and data[1:3] == bytes([wire.VERSION, T.PUB]):
+            try:
+                f = wire.decode_untrusted_frame(data)
+            except wire.WireError:
+                f = None
+        before = core.broker.producers.get(f[3], [0])[0] if f is not None else 0
+        owed: list[tuple[Any, list[tuple[bytes, object]]]] = []
+        if f is not None and f[6] and not self.partitioned:  # (partitioned: _watch_publish)
+            for m_ in f[7]:
+                owed.append((m_, self._reliable_subscribers(core, m_[0])))
+        sender = self.client_at.get(src)
+        held = self._registers_of(core, sender) if sender is not None and not sender.publisher else {}
+        self._feed(m, Datagrams([(data, src)]))
+        if sender is not None and m.core is core and not sender.publisher:
+            for tk, v in self._registers_of(core, sender).items():
+                st = sender.session.subs.get(tk)
+                if st is not None and versions.is_present(v) and v != held.get(tk, 0):
+                    first = sender.starts.get(id(st))
+                    if first is None or v < first[1]:
+                        sender.starts[id(st)] = (st, v)
+        if f is None or m.core is None:
+            return
+        after = m.core.broker.producers.get(f[3], [0])[0]
+        for i, (msg, subs) in enumerate(owed):
+            seq = f[4] + i
+            if before < seq <= after:
+                pub, n = parse_payload(msg[3])
+                self.check.accepted(m.id, (pub, n), subs, self.now)
+
+    def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[tuple[bytes, object]]:
+        """(client id, its live subscription) for every subscriber the member
+        would deliver ``topic`` to reliably, at the address of its current session,
+        holding that very subscription (not one the client ended since)."""
+        out: list[tuple[bytes, object]] = []
+        for cid, mode in (core.broker.index.match(topic, None) or {}).items():
+            c = core.broker.clients.get(cid)
+            if not mode or c is None:
+                continue
+            for s in self.clients:
+                st = s.session.subs.get((topic, None))
+                # (a member still holding the previous process's subscription, or one the
+                # client ended and took again since, owes the new one nothing)
+                if s.cid != cid or s.addr != c.addr or c.session != s.session.session or st is None:
+                    continue
+                # (and none is owed for a subscription no member has seen yet)
+                start = s.starts.get(id(st))
+                if st.reason is None and start is not None and c.subs.get((topic, None), 0) >= start[1]:
+                    out.append((cid, st))
+        return out
+
+    def _reached(self, c: SimClient) -> None:
+        """A datagram of ``c`` reached a member: note a silence long enough to be given up."""
+        if self.now - c.last_reached >= self.timeout:
+            self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.now))
+        c.last_reached = self.now
+
+    @staticmethod
+    def _registers_of(core: MemberCore, c: SimClient) -> dict[tuple[str, str | None], int]:
+        state = core.broker.clients.get(c.cid)
+        return dict(state.subs) if state is not None else {}
+
+    def _pub_epoch(self, c: SimClient) -> tuple[int, ...]:
+        """What a publisher's order is promised within: its process and its failovers
+        (and in partitioned mode the maps: a new primary may overtake the old one)."""
+        return (c.number, c.session.failovers, self.map_changes)
