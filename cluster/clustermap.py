@@ -18,8 +18,13 @@ functions, so two members with the same view have the same map. ``epoch`` orders
 raises it past every epoch it has seen when its own view changes, and adopts a higher one it hears
 of; a client keeps the map of the highest epoch it has been given.
 
-The wire form, in WELCOME and REDIRECT, is a msgpack list; :func:`decode_untrusted_map` checks
-every field of one received from the network.
+The wire form, in WELCOME and REDIRECT (docs/protocol.md, "The cluster map"), is a msgpack list
+``[version, epoch, partitions, replicas, [[id, host, port, peer host, peer port, live], ...]]``:
+the view, not the owners. Placement is deterministic, so the receiver computes the owners with
+the same :func:`compute` the members use; the owner table (one entry per partition) would make
+the map too big for a WELCOME within the 3x anti-amplification budget of a 256-byte HELLO.
+:func:`decode_untrusted_map` checks every field of a map received from the network and bounds
+the work of recomputing it (``MAX_WORK``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ Addr = tuple[str, int]
 MAP_VERSION = 1
 MAX_PARTITIONS = 65536
 MAX_MEMBERS = 1024
+#: partitions x members a received map may ask us to place: computing the owners costs about
+#: that many hashes (65,536 take ~0.1 s), and a map comes from the network.
+MAX_WORK = 2**18
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,10 @@ class ClusterMap:
         """The member a client sends a topic's PUB and SUB to; None when no owner is live."""
         owners = self.owners[self.partition(topic)]
         return owners[0] if owners else None
+
+    def address(self, member: str) -> Addr:
+        """The client (UDP) address of a member of the map."""
+        return self.members[member][0]
 
     def owns(self, member: str, topic: str) -> bool:
         return member in self.owners[self.partition(topic)]
@@ -79,20 +91,20 @@ def compute(epoch: int, members: Mapping[str, tuple[Addr, Addr]], live: Iterable
 
 
 def encode(cmap: ClusterMap) -> list[Any]:
-    """The msgpack-ready wire form: the owners go as indexes into the sorted member list."""
+    """The msgpack-ready wire form: the view (members in sorted order, with liveness); the
+    receiver computes the owners from it (:func:`decode_untrusted_map`)."""
     ids = sorted(cmap.members)
-    index = {m: i for i, m in enumerate(ids)}
     return [MAP_VERSION, cmap.epoch, cmap.partitions, cmap.replicas,
-            [[m, *cmap.members[m][0], *cmap.members[m][1], m in cmap.live] for m in ids],
-            [[index[m] for m in owners] for owners in cmap.owners]]
+            [[m, *cmap.members[m][0], *cmap.members[m][1], m in cmap.live] for m in ids]]
 
 
 def decode_untrusted_map(v: Any) -> ClusterMap:
-    """A map received from the network, every field checked; WireError names the first bad one."""
+    """A map received from the network, every field checked, its owners computed as the members
+    compute them; WireError names the first bad field."""
     f = _list(v, "map")
-    if len(f) != 6:
-        raise WireError(E.MALFORMED, f"map has {len(f)} fields, expected 6")
-    if f[0] != MAP_VERSION:
+    if len(f) != 5:
+        raise WireError(E.MALFORMED, f"map has {len(f)} fields, expected 5")
+    if f[0] != MAP_VERSION or f[0].__class__ is not int:
         raise WireError(E.MALFORMED, f"map version {f[0]!r}, expected {MAP_VERSION}")
     epoch = _uint(f[1], "map epoch")
     partitions = _uint(f[2], "map partitions")
@@ -102,6 +114,8 @@ def decode_untrusted_map(v: Any) -> ClusterMap:
     rows = _list(f[4], "map members")
     if not 1 <= len(rows) <= MAX_MEMBERS:
         raise WireError(E.MALFORMED, f"map has {len(rows)} members")
+    if partitions * len(rows) > MAX_WORK:
+        raise WireError(E.MALFORMED, f"map of {partitions} partitions on {len(rows)} members is too big to place")
     members: dict[str, tuple[Addr, Addr]] = {}
     live = set()
     for row in rows:
@@ -115,20 +129,6 @@ def decode_untrusted_map(v: Any) -> ClusterMap:
                         (_ip(r[3], "map peer host"), _port(r[4], "map peer port")))
         if r[5]:
             live.add(mid)
-    ids = sorted(members)
-    if ids != [str(x[0]) for x in rows]:
+    if sorted(members) != [str(x[0]) for x in rows]:
         raise WireError(E.MALFORMED, "map members are not in sorted order")
-    table = _list(f[5], "map owners")
-    if len(table) != partitions:
-        raise WireError(E.MALFORMED, f"map owners has {len(table)} partitions, expected {partitions}")
-    owners = []
-    for entry in table:
-        idx = _list(entry, "map partition owners")
-        if len(idx) > replicas or any(type(i) is not int or not 0 <= i < len(ids) for i in idx):
-            raise WireError(E.MALFORMED, "map partition owners must be up to `replicas` member indexes")
-        names = tuple(ids[i] for i in idx)
-        if len(set(names)) != len(names) or any(n not in live for n in names):
-            raise WireError(E.MALFORMED, "map partition owners must be distinct live members")
-        owners.append(names)
-    return ClusterMap(epoch, partitions, replicas, members, frozenset(live), tuple(owners))
-
+    return compute(epoch, members, live, partitions, replicas)

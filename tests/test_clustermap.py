@@ -44,11 +44,18 @@ def test_one_live_member_owns_everything_and_none_owns_nothing():
     assert full(live=set()).primary("orders") is None
 
 
-def test_the_map_round_trips_through_msgpack_and_knows_which_is_newer():
-    m = full(7, set(FIVE) - {"n2"})
+@pytest.mark.parametrize("live", [set(FIVE), set(FIVE) - {"n2"}, {"n4"}, set()])
+def test_the_map_round_trips_through_msgpack_and_knows_which_is_newer(live):
+    """The wire form carries the view; the receiver computes the same owners the members did."""
+    m = full(7, live)
     back = clustermap.decode_untrusted_map(msgpack.unpackb(msgpack.packb(clustermap.encode(m))))
     assert back == m
     assert back.newer_than(full(6)) and not back.newer_than(full(7)) and back.newer_than(None)
+
+
+def test_the_wire_form_of_five_members_fits_a_welcome():
+    """Small enough to ride in a WELCOME to a 256-byte HELLO (3x budget) with room to spare."""
+    assert len(msgpack.packb(clustermap.encode(full(2**40)))) < 256
 
 
 def _wire() -> list:
@@ -56,19 +63,28 @@ def _wire() -> list:
 
 
 @pytest.mark.parametrize(("mangle", "message"), [
-    (lambda w: w[:5], "map has 5 fields"),
+    (lambda w: w[:4], "map has 4 fields"),
+    (lambda w: [*w, []], "map has 6 fields"),
     (lambda w: [2, *w[1:]], "map version 2"),
+    (lambda w: [True, *w[1:]], "map version True"),
     (lambda w: [w[0], -1, *w[2:]], "map epoch must be an unsigned"),
+    (lambda w: [w[0], 2**64, *w[2:]], "map epoch must be an unsigned"),
     (lambda w: [*w[:2], 0, *w[3:]], "out of range"),
-    (lambda w: [*w[:4], [], w[5]], "map has 0 members"),
-    (lambda w: [*w[:4], [[*w[4][0][:1], "example.com", *w[4][0][2:]], *w[4][1:]], w[5]], "must be an IP address"),
-    (lambda w: [*w[:4], [w[4][1], w[4][0], *w[4][2:]], w[5]], "not in sorted order"),
-    (lambda w: [*w[:4], [w[4][0], w[4][0], *w[4][2:]], w[5]], "twice"),
-    (lambda w: [*w[:5], w[5][:-1]], "has 255 partitions, expected 256"),
-    (lambda w: [*w[:5], [[0, 0], *w[5][1:]]], "distinct live members"),
-    (lambda w: [*w[:5], [[9], *w[5][1:]]], "member indexes"),
-    (lambda w: [*w[:5], [[0, 1, 2], *w[5][1:]]], "member indexes"),
-    (lambda w: [*w[:4], [[*r[:5], r[0] != "n1"] for r in w[4]], [[0]] * 256], "distinct live members"),
+    (lambda w: [*w[:2], 65537, *w[3:]], "out of range"),
+    (lambda w: [*w[:3], 9, w[4]], "out of range"),
+    (lambda w: [*w[:3], "2", w[4]], "map replicas must be an unsigned"),
+    (lambda w: [*w[:2], 65536, w[3], w[4]], "too big to place"),
+    (lambda w: [*w[:4], []], "map has 0 members"),
+    (lambda w: [*w[:4], "rows"], "map members must be an array"),
+    (lambda w: [*w[:4], [w[4][0][:5], *w[4][1:]]], r"\[id, host, port, peer host, peer port, live\]"),
+    (lambda w: [*w[:4], [[*w[4][0][:5], 1], *w[4][1:]]], "live"),
+    (lambda w: [*w[:4], [["", *w[4][0][1:]], *w[4][1:]]], "map member id"),
+    (lambda w: [*w[:4], [[*w[4][0][:1], "example.com", *w[4][0][2:]], *w[4][1:]]], "must be an IP address"),
+    (lambda w: [*w[:4], [[*w[4][0][:3], "::g", *w[4][0][4:]], *w[4][1:]]], "map peer host must be an IP"),
+    (lambda w: [*w[:4], [[*w[4][0][:2], 0, *w[4][0][3:]], *w[4][1:]]], "map member port must be 1..65535"),
+    (lambda w: [*w[:4], [[*w[4][0][:4], 70000, w[4][0][5]], *w[4][1:]]], "map peer port must be 1..65535"),
+    (lambda w: [*w[:4], [w[4][1], w[4][0], *w[4][2:]]], "not in sorted order"),
+    (lambda w: [*w[:4], [w[4][0], w[4][0], *w[4][2:]]], "twice"),
     (lambda w: "map", "map must be an array"),
 ])  # fmt: skip
 def test_a_malformed_map_is_refused_with_the_field_named(mangle, message):
