@@ -63,6 +63,7 @@ class T(IntEnum):
     ERROR = 13
     STATUS = 14
     STATUS_REPLY = 15
+    MAP = 16  # c -> n: send me your cluster map (answered with REDIRECT)
 
 
 class E(IntEnum):
@@ -169,6 +170,9 @@ def encode_hello(client_id: bytes) -> bytes:
 def encode_welcome(
     node_id: str, cookie: bytes, params: dict[str, Any], members: list[list[Any]]
 ) -> bytes:
+    """``params`` of a member of a partitioned cluster carry ``map_epoch`` and, when it fits
+    the anti-amplification budget, ``map`` (the cluster map's wire form, cluster/clustermap.py).
+    In params rather than a field of its own: a client that does not route ignores them."""
     return pack([VERSION, T.WELCOME, node_id, cookie, params, members])
 
 
@@ -252,8 +256,16 @@ def encode_cancel(topic: str, key: str | None, reason: str) -> bytes:
     return pack([VERSION, T.CANCEL, topic, key, reason])
 
 
-def encode_redirect(node_id: str, host: str, port: int, reason: str) -> bytes:
-    return pack([VERSION, T.REDIRECT, node_id, host, port, reason])
+def encode_redirect(node_id: str, cmap: list[Any]) -> bytes:
+    """A newer cluster map (its wire form, cluster/clustermap.py) from member ``node_id``: sent
+    to a client whose PUB or SUB reached a member that is not its partition's primary, and
+    as the answer to MAP."""
+    return pack([VERSION, T.REDIRECT, node_id, cmap])
+
+
+def encode_map_request(client_id: bytes, cookie: bytes) -> bytes:
+    """Ask for the cluster map (when WELCOME announced one by ``map_epoch`` but had no room for it)."""
+    return pack([VERSION, T.MAP, client_id, cookie])
 
 
 def encode_error(code: E, text: str) -> bytes:
@@ -462,11 +474,25 @@ def _hello(f: list[Any]) -> tuple[Any, ...]:
     return T.HELLO, _bytes(cid, ID_LEN, "client id")
 
 
+def _cluster_map(v: Any) -> Any:
+    """A cluster map's wire form, checked and placed (cluster/clustermap.py; imported here,
+    not at the top: the cluster package builds on this module)."""
+    from cluster.clustermap import decode_untrusted_map
+
+    return decode_untrusted_map(v)
+
+
 @_frame(T.WELCOME, 4)
 def _welcome(f: list[Any]) -> tuple[Any, ...]:
+    """Returns the cluster map (params' ``map``, checked and placed) as a field of its own,
+    None when there is none."""
     _, _, node_id, cookie, params, members = f
     if not isinstance(params, dict):
         raise WireError(E.MALFORMED, "WELCOME params must be a map")
+    raw_map = params.pop("map", None)
+    cmap = None if raw_map is None else _cluster_map(raw_map)
+    if "map_epoch" in params:
+        _uint(params["map_epoch"], "map_epoch")
     members = _list(members, "members")
     if len(members) > MAX_MEMBERS:
         raise WireError(E.MALFORMED, f"a cluster map has at most {MAX_MEMBERS} members")
@@ -475,7 +501,7 @@ def _welcome(f: list[Any]) -> tuple[Any, ...]:
         if m.__class__ is not list or len(m) != 3:
             raise WireError(E.MALFORMED, "a member is [id, host, port]")
         mem.append((_node_id(m[0], "member id"), _ip(m[1], "member host"), _port(m[2], "member port")))
-    return T.WELCOME, _node_id(node_id, "node id"), _bytes(cookie, COOKIE_LEN, "cookie"), params, mem
+    return T.WELCOME, _node_id(node_id, "node id"), _bytes(cookie, COOKIE_LEN, "cookie"), params, mem, cmap
 
 
 @_frame(T.CMDS, 5)
@@ -530,13 +556,16 @@ def _cancel(f: list[Any]) -> tuple[Any, ...]:
     return T.CANCEL, check_topic(topic), check_key(key), _str(reason, "reason")
 
 
-@_frame(T.REDIRECT, 4)
+@_frame(T.REDIRECT, 2)
 def _redirect(f: list[Any]) -> tuple[Any, ...]:
-    _, _, node_id, host, port, reason = f
-    return (
-        T.REDIRECT, _str(node_id, "node id"), _str(host, "host"), _uint(port, "port"),
-        _str(reason, "reason"),
-    )  # fmt: skip
+    _, _, node_id, cmap = f
+    return T.REDIRECT, _node_id(node_id, "node id"), _cluster_map(cmap)
+
+
+@_frame(T.MAP, 2)
+def _map(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie = f
+    return T.MAP, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
 
 
 @_frame(T.ERROR, 2)

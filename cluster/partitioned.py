@@ -83,10 +83,12 @@ class Partitioned(MemberParts):
         if old is not None and new.owners == old.owners:
             if new.live != old.live:
                 self.cmap = dataclasses.replace(new, epoch=old.epoch)
+                self.broker.set_cluster_map(clustermap.encode(self.cmap), self.cmap.epoch)  # (issue 9: clients)
             return
         epoch = max(self.epoch_seen, old.epoch if old is not None else 0) + 1
         self.epoch_seen = epoch
         self.cmap = cmap = dataclasses.replace(new, epoch=epoch)
+        self.broker.set_cluster_map(clustermap.encode(cmap), epoch)  # (issue 9: WELCOME, REDIRECT)
         gained, lost = self.own.update(epoch, cmap.owners)
         self.broker.reindex(gained, lost)
         primaries = sum(1 for o in cmap.owners if o and o[0] == self.id)

@@ -45,6 +45,10 @@ class CoreBase:
         self._max = config.max_datagram
         self._text_ok: dict[str, bool] = {}
         self._text_nets = [ipaddress.ip_network(n) for n in config.text_networks]
+        # Partitioned mode: the epoch of the cluster map the member installed (0: no map) and
+        # the REDIRECT frame that carries it (node/core.py, ``set_cluster_map``).
+        self.map_epoch = 0
+        self.redirect_frame: bytes | None = None
 
     def _send(self, addr: Addr, data: bytes) -> None:
         self._out.append(Send(addr, data))

@@ -37,6 +37,7 @@ class ClientState:
     __slots__ = (
         "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "heard", "mailbox", "parked", "fire",
         "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
+        "redirected",
     )  # fmt: skip
 
     def __init__(self, cid: Any, addr: Addr, home: str, now: float) -> None:
@@ -67,6 +68,7 @@ class ClientState:
         self.changed: set[tuple[str, str | None]] | None = None  # not yet replicated
         self.counted: str | None = None  # source host this record counts against (max_per_host)
         self.sdigest: int | None = None  # wire.subs_digest of modes(), computed when a PING asks
+        self.redirected = 0  # partitioned mode: the map epoch last sent to the client in a REDIRECT
 
     def subs_digest(self) -> int:
         if self.sdigest is None:

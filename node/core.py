@@ -36,7 +36,7 @@ from typing import Any
 from client import wire
 from client.wire import E, T, WireError
 from node.actions import Action, Confirm, Forward, Log, Relay, Replicate, Send, StatusQuery
-from node.base import TIMER_LEASE, TIMER_LIVENESS, TIMER_RTO
+from node.base import AMPLIFICATION, TIMER_LEASE, TIMER_LIVENESS, TIMER_RTO
 from node.config import NodeConfig
 from node.cookies import Addr, CookieJar
 from node.producers import Producers
@@ -47,7 +47,7 @@ from node.textproto import TextProtocol
 __all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "Forward", "Log", "Relay", "Replicate", "Send",
            "StatusQuery"]
 
-_CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS)
+_CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP)
 
 
 class BrokerCore(Sessions, TextProtocol, Producers):
@@ -77,6 +77,23 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             "ping_interval": config.ping_interval,
             "subscriber_timeout": config.subscriber_timeout,
         }
+        self._lean_params = self.params  # WELCOME params without the map (when it would not fit)
+
+    def set_cluster_map(self, cmap: list[Any] | None, epoch: int) -> None:
+        """Partitioned mode: the cluster map the member core installed, in its wire form
+        (cluster/clustermap.py, ``encode``; the node package does not interpret it), and its
+        epoch. WELCOME carries it from now on (or, where it would break the anti-amplification
+        budget, only its epoch, and the client asks with MAP); a binary client whose PUB or SUB
+        reaches us for a partition we are not primary of gets it in a REDIRECT, once per epoch."""
+        base = {k: v for k, v in self.params.items() if k not in ("map", "map_epoch")}
+        if cmap is None:
+            self.params = self._lean_params = base
+            self.map_epoch, self.redirect_frame = 0, None
+            return
+        self._lean_params = {**base, "map_epoch": epoch}
+        self.params = {**self._lean_params, "map": cmap}
+        self.map_epoch = epoch
+        self.redirect_frame = wire.encode_redirect(self.node_id, cmap)
 
     # ------------------------------------------------------------ entry points
 
@@ -176,6 +193,9 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         if ftype is T.HELLO:
             cookie = self.cookies.issue(addr, f[1], wall)
             welcome = wire.encode_welcome(self.node_id, cookie, self.params, self.members)
+            if len(welcome) > AMPLIFICATION * len(data) and self.params is not self._lean_params:
+                self.metrics["welcome_without_map"] += 1  # (the client asks for it with MAP)
+                welcome = wire.encode_welcome(self.node_id, cookie, self._lean_params, self.members)
             self._bounded(addr, welcome, len(data))
             return
         if ftype not in _CLIENT_FRAMES:
@@ -204,6 +224,10 @@ class BrokerCore(Sessions, TextProtocol, Producers):
                 self._adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])
+        elif ftype is T.MAP:
+            if self.redirect_frame is None:
+                raise WireError(E.UNKNOWN_TYPE, "no cluster map: this node is not a member of a partitioned cluster")
+            self._send(addr, self.redirect_frame)
         else:
             self._out.append(StatusQuery(addr, self.status()))
 

@@ -12,6 +12,13 @@ accept gaps. The cumulative PUBACK is coalesced per (address, producer) and
 sent by ``_flush`` at the end of the batch. An entry is forgotten after
 ``producer_timeout`` without a PUB.
 
+In partitioned mode a message whose partition has another primary is
+forwarded there (``_route_pub``); the client's library routes by the cluster
+map, so the producer is sent a REDIRECT with our map, once per map epoch
+(the entry remembers the epoch it was sent): a stream of publishes gives
+one REDIRECT, not a stream of them, and a client that ignores it (text
+clients cannot get one; an older library) is still served by forwarding.
+
 The PUB loop is the hot path: one decode per datagram, then per message
 one pack and one ``_publish`` call.
 """
@@ -27,14 +34,14 @@ from node.delivery import Delivery
 
 
 class Producers(Delivery):
-    producers: dict[bytes, list[Any]]  # pid -> [acked_seq, last_seen, host]; built by BrokerCore
+    producers: dict[bytes, list[Any]]  # pid -> [acked_seq, last_seen, host, redirected epoch]; built by BrokerCore
 
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
         st = self.producers.get(pid)
         if st is None:
             self.admission.admit(addr[0], len(self.producers), self.cfg.max_producers, "producers")
-            st = self.producers[pid] = [0, now, addr[0]]
+            st = self.producers[pid] = [0, now, addr[0], 0]
             self._timer(now + self.cfg.producer_timeout, TIMER_PRODUCER, pid)
         st[1] = now
         acked = int(st[0])
@@ -55,7 +62,11 @@ class Producers(Delivery):
         self.metrics["published"] += len(msgs) - skip
         publish = self._publish
         if self.own is not None:
-            self._route_pub(pid, first + skip, reliable, msgs[skip:])
+            if self._route_pub(pid, first + skip, reliable, msgs[skip:]) and st[3] < self.map_epoch:
+                st[3] = self.map_epoch
+                assert self.redirect_frame is not None
+                self.metrics["redirects"] += 1
+                self._send(addr, self.redirect_frame)
             if reliable:
                 self._pubacks[(addr, pid)] = acked
             return
@@ -73,13 +84,16 @@ class Producers(Delivery):
                 topic, key, tags, payload = m[0], m[1], m[2], m[3]
                 publish(topic, key, tags, payload, pack4(topic, key, tags, payload))
 
-    def _route_pub(self, pid: bytes, seq: int, reliable: bool, msgs: list[Any]) -> None:
-        """Partitioned mode: each message to its partition's primary, here or over a peer link."""
+    def _route_pub(self, pid: bytes, seq: int, reliable: bool, msgs: list[Any]) -> bool:
+        """Partitioned mode: each message to its partition's primary, here or over a peer link;
+        True when one went to another member (the producer should learn our map)."""
         forward_to = self.own.forward_to  # type: ignore[union-attr]
+        misrouted = False
         for m in msgs:
             topic, key, tags, payload = m[0], m[1], m[2], m[3]
             dest = forward_to(topic)
             if dest is not None:
+                misrouted = True
                 self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None,
                                      0])
             elif reliable:
@@ -87,6 +101,7 @@ class Producers(Delivery):
             else:
                 self._publish(topic, key, tags, payload, wire.pack_message(topic, key, tags, payload))
             seq += 1
+        return misrouted
 
     def _on_producer(self, pid: bytes, now: float) -> None:
         """Producer timer: forget the producer if it was silent long enough."""

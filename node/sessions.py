@@ -87,6 +87,15 @@ class Sessions(Delivery):
             self._sync(c, cmds, now)
         for op, topic, key, mode in cmds:
             results.append(self._apply(c, op, topic, key, mode, now))
+        if self.own is not None and c.redirected < self.map_epoch:
+            forward_to = self.own.forward_to
+            if any(op == Op.SUB and forward_to(topic) is not None for op, topic, _, _ in cmds):
+                # A SUB for a partition another member leads: the client should learn our map
+                # (once per epoch); the subscription itself is served from here all the same.
+                c.redirected = self.map_epoch
+                assert self.redirect_frame is not None
+                self.metrics["redirects"] += 1
+                self._send(addr, self.redirect_frame)
         c.session = session
         c.last_batch = batch
         answer = wire.encode_cmdack(session, batch, results)

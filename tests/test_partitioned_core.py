@@ -3,16 +3,22 @@ peer frame validation, and a member core in the simulator (held CMDACKs, bad FOR
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from client import wire
-from cluster import ring
+from client.wire import E, T
+from cluster import clustermap, ring
 from cluster.events import Close, Datagrams, LinkBytes, Log, Send
 from cluster.forwarding import ForwardQueue
 from cluster.peerwire import P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
 from cluster.replication import PeerQueue
 from cluster.sim import Simulation
+from node.core import Forward
 from node.ownership import Ownership, partition_of
+from tests.corekit import connect, frames_to, make_core, sends
 
 PID = b"p" * 16
 
@@ -121,7 +127,8 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
     cookie = core.broker.cookies.issue(addr, cid, sim.now + core.wall_offset)
     cmds = wire.encode_cmds(cid, cookie, 1, 1, [(wire.Op.SUB, topic, None, wire.Mode.RELIABLE)])
     out = core.handle(Datagrams([(cmds, addr)]), sim.now)
-    assert not any(isinstance(a, Send) and a.addr == addr for a in out)  # held: the owners have not acknowledged
+    to_client = [wire.decode_untrusted_frame(a.data)[0] for a in out if isinstance(a, Send) and a.addr == addr]
+    assert to_client == [wire.T.REDIRECT]  # no CMDACK yet: held, the owners have not acknowledged
     assert core.held
     owners = [m for m in core.cmap.owners[core.own.partition(topic)] if m != "m0"]
     for peer in owners:  # the owners acknowledge our push
@@ -142,3 +149,77 @@ def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
     out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 2**64 - 1])), sim.now)
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
     assert core.epoch_seen < 2**62
+
+
+# ------------------------------------------------------------ the map for clients: WELCOME, MAP, REDIRECT
+
+TWO = {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}
+
+
+def _member_core(members: dict = TWO, partitions: int = 16) -> tuple[Any, clustermap.ClusterMap]:
+    """A broker core as a member of a partitioned cluster runs it, with the map of epoch 1."""
+    core = make_core(id="n1", client_addr=TWO["n1"][0])
+    own = Ownership("n1", partitions)
+    core.set_ownership(own)
+    cmap = clustermap.compute(1, members, members, partitions, 2)
+    core.reindex(*own.update(1, cmap.owners))
+    core.set_cluster_map(clustermap.encode(cmap), 1)
+    return core, cmap
+
+
+def _topic(cmap: clustermap.ClusterMap, primary: str, prefix: str = "t") -> str:
+    return next(f"{prefix}{i}" for i in range(1000) if cmap.primary(f"{prefix}{i}") == primary)
+
+
+def test_a_welcome_carries_the_map_and_a_plain_node_has_none():
+    core, cmap = _member_core()
+    (c,) = connect(core, ("127.0.0.9", 5000))
+    (f,) = frames_to(core.handle_datagrams([(wire.encode_hello(c.cid), c.addr)], 0.0), c.addr)
+    assert f[0] is T.WELCOME and f[5] == cmap and f[3]["map_epoch"] == 1
+    plain = make_core()
+    (f,) = frames_to(plain.handle_datagrams([(wire.encode_hello(c.cid), c.addr)], 0.0), c.addr)
+    assert f[5] is None and "map_epoch" not in f[3]
+    (pc,) = connect(plain, ("127.0.0.9", 5001))
+    (err,) = frames_to(pc.send(wire.encode_map_request(pc.cid, pc.cookie), 0.0), pc.addr)
+    assert err[0] is T.ERROR and err[1] == E.UNKNOWN_TYPE
+
+
+def test_a_map_too_big_for_the_welcome_is_left_out_and_sent_on_request():
+    many = {f"m{i:02d}": ((f"10.0.0.{i + 1}", 7400), (f"10.0.0.{i + 1}", 7500)) for i in range(40)}
+    core, cmap = _member_core({**many, "n1": TWO["n1"]}, partitions=256)
+    (c,) = connect(core, ("127.0.0.9", 5000))
+    hello = wire.encode_hello(c.cid)
+    (s,) = sends(core.handle_datagrams([(hello, c.addr)], 0.0))
+    assert len(s.data) <= 3 * len(hello)  # the anti-amplification budget holds
+    f = wire.decode_untrusted_frame(s.data)
+    assert f[0] is T.WELCOME and f[5] is None and f[3]["map_epoch"] == 1
+    (r,) = frames_to(c.send(wire.encode_map_request(c.cid, c.cookie), 0.0), c.addr)
+    assert r == (T.REDIRECT, "n1", cmap)
+
+
+def test_a_misrouted_pub_is_forwarded_and_redirected_once_per_epoch():
+    core, cmap = _member_core()
+    (c,) = connect(core, ("127.0.0.9", 5000))
+    elsewhere, here = _topic(cmap, "n2"), _topic(cmap, "n1")
+    out = c.pub([(elsewhere, b"1")])
+    assert [a.member for a in out if isinstance(a, Forward)] == ["n2"]
+    assert [f for f in frames_to(out, c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", cmap)]
+    out = c.pub([(elsewhere, b"2"), (here, b"3")])  # the same epoch: forwarded, not redirected again
+    assert [a.member for a in out if isinstance(a, Forward)] == ["n2"]
+    assert [f[0] for f in frames_to(out, c.addr)] == [T.PUBACK]
+    assert [f[0] for f in frames_to(c.pub([(here, b"4")]), c.addr)] == [T.PUBACK]  # ours: nothing to say
+    newer = dataclasses.replace(cmap, epoch=2)
+    core.set_cluster_map(clustermap.encode(newer), 2)
+    out = c.pub([(elsewhere, b"5")])
+    assert [f for f in frames_to(out, c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", newer)]
+    assert not [f for f in frames_to(c.pub([(elsewhere, b"6")]), c.addr) if f[0] is T.REDIRECT]
+    assert core.metrics["redirects"] == 2
+
+
+def test_a_sub_for_a_partition_led_elsewhere_is_redirected_once_per_epoch():
+    core, cmap = _member_core()
+    (c,) = connect(core, ("127.0.0.9", 5000))
+    elsewhere, here = _topic(cmap, "n2"), _topic(cmap, "n1")
+    assert not [f for f in frames_to(c.sub(here), c.addr) if f[0] is T.REDIRECT]
+    assert [f for f in frames_to(c.sub(elsewhere), c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", cmap)]
+    assert not [f for f in frames_to(c.sub(_topic(cmap, "n2", "u")), c.addr) if f[0] is T.REDIRECT]

@@ -10,15 +10,18 @@ from hypothesis import strategies as st
 from client import wire
 from client.text import encode_text_msg, parse_untrusted_text
 from client.wire import E, T, WireError
+from cluster import clustermap
 
 CID, COOKIE, PID = b"c" * 16, b"k" * 16, b"p" * 16
 M = wire.pack_message("t", "k", {"a": "b"}, b"\x00payload")
+CMAP = clustermap.compute(4, {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)),
+                              "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}, {"n1", "n2"}, 16, 2)
 
 EVERY_FRAME = {
     T.HELLO: (wire.encode_hello(CID), (T.HELLO, CID)),
     T.WELCOME: (
         wire.encode_welcome("n1", COOKIE, {"max_datagram": 1500}, [["n1", "127.0.0.1", 7400]]),
-        (T.WELCOME, "n1", COOKIE, {"max_datagram": 1500}, [("n1", "127.0.0.1", 7400)]),
+        (T.WELCOME, "n1", COOKIE, {"max_datagram": 1500}, [("n1", "127.0.0.1", 7400)], None),
     ),
     T.CMDS: (
         wire.encode_cmds(CID, COOKIE, 2**64 - 1, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
@@ -39,12 +42,12 @@ EVERY_FRAME = {
         (T.PONG, 3, True, COOKIE, [("t", None, "out_of_capacity")], 99),
     ),
     T.CANCEL: (wire.encode_cancel("t", None, "unsubscribed"), (T.CANCEL, "t", None, "unsubscribed")),
-    T.REDIRECT: (wire.encode_redirect("n2", "127.0.0.1", 7402, "not_owner"),
-                 (T.REDIRECT, "n2", "127.0.0.1", 7402, "not_owner")),
+    T.REDIRECT: (wire.encode_redirect("n2", clustermap.encode(CMAP)), (T.REDIRECT, "n2", CMAP)),
     T.ERROR: (wire.encode_error(E.BAD_COOKIE, "send HELLO"), (T.ERROR, E.BAD_COOKIE, "send HELLO")),
     T.STATUS: (wire.encode_status(CID, COOKIE), (T.STATUS, CID, COOKIE)),
     T.STATUS_REPLY: (wire.encode_status_reply({"node": "n1", "subscriptions": 3}),
                      (T.STATUS_REPLY, {"node": "n1", "subscriptions": 3})),
+    T.MAP: (wire.encode_map_request(CID, COOKIE), (T.MAP, CID, COOKIE)),
 }  # fmt: skip
 
 
@@ -169,6 +172,33 @@ def test_welcome_with_a_bad_cluster_map_is_malformed(members):
     with pytest.raises(WireError) as exc:
         wire.decode_untrusted_frame(welcome(members))
     assert exc.value.code == E.MALFORMED
+
+
+def test_a_welcome_carries_the_cluster_map_in_params_and_the_decoder_places_it():
+    params = {"max_datagram": 1500, "map_epoch": 4, "map": clustermap.encode(CMAP)}
+    f = wire.decode_untrusted_frame(wire.encode_welcome("n1", COOKIE, params, [["n1", "127.0.0.1", 7401]]))
+    assert f[3] == {"max_datagram": 1500, "map_epoch": 4} and f[5] == CMAP
+
+
+@pytest.mark.parametrize("params", [
+    {"map": clustermap.encode(CMAP)[:4]},  # one bad map spoils the WELCOME
+    {"map": "n1"},
+    {"map_epoch": -1},
+    {"map_epoch": "4"},
+])  # fmt: skip
+def test_a_welcome_with_a_bad_map_is_malformed(params):
+    with pytest.raises(WireError) as exc:
+        wire.decode_untrusted_frame(msgpack.packb([1, T.WELCOME, "n1", COOKIE, params, []]))
+    assert exc.value.code == E.MALFORMED
+
+
+@pytest.mark.parametrize("fields", [
+    ["n2"], ["n2", clustermap.encode(CMAP), 1], ["", clustermap.encode(CMAP)], ["n2", [1, 4, 16, 2, []]],
+    ["n2", None], [7, clustermap.encode(CMAP)],
+])  # fmt: skip
+def test_a_malformed_redirect_is_refused(fields):
+    with pytest.raises(WireError):
+        wire.decode_untrusted_frame(msgpack.packb([1, T.REDIRECT, *fields]))
 
 
 @pytest.mark.parametrize("node_id", ["", "n" * 65, 7, None])
