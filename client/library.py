@@ -1,9 +1,13 @@
 """The trio client library: :class:`Client` and :class:`Subscription`.
 
-A thin shell around :class:`client.session.ClientSession`: one UDP socket
-connected to the node, one background task that drains it, feeds the session,
-fires its timers and sends what it produces. API calls change the session and
-wake that task; awaiting callers sleep on a single "something changed" event.
+A thin shell around :class:`client.router.Router`, which routes publishes and
+subscriptions to the sessions of a partitioned cluster's primaries (one
+session, like a plain :class:`client.session.ClientSession`, when the cluster
+sends no map). Per session: one UDP socket (its own source port, so MSGS for a
+session's client id reach that session alone) and one background task that
+drains it, feeds the router, fires the session's timers and sends what it
+produces. API calls change the router and wake those tasks; awaiting callers
+sleep on a single "something changed" event.
 
     async with Client(("127.0.0.1", 7400)) as c:
         async with c.subscribe("prices", mode="reliable") as sub:
@@ -23,6 +27,7 @@ from typing import Any
 
 import trio
 
+from client.router import Router
 from client.session import ClientConfig, ClientSession, Message, SubState
 from client.udp import drain
 from client.wire import MODE_NAMES, Reason
@@ -70,34 +75,34 @@ class Client:
         self.node: Addr = _addr(node)
         self.config = config or ClientConfig()
         self.client_id = client_id or os.urandom(16)
-        self.session = ClientSession(
+        self.router = Router(
             self.client_id, producer_id or os.urandom(16), os.urandom(16), self.config, trio.current_time(),
             node=self.node, members=[_addr(m) for m in members or []],
             session=int(time.time() * 1000),
         )  # fmt: skip
-        self._sock: socket.socket | None = None
+        self._socks: dict[int, socket.socket] = {}  # id(session) -> its socket
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
-        self._wait_scope: trio.CancelScope | None = None
+        self._wait_scopes: dict[int, trio.CancelScope] = {}
         self._since_yield = 0
         self._closed = False
         self.send_errors = 0
         self.session_errors = 0  # datagrams the session failed on (a bug; the client carries on)
         self.last_session_error: Exception | None = None
 
+    @property
+    def session(self) -> ClientSession:
+        """The first session: the user's client id, talking to ``node`` (the only one
+        unless a partitioned cluster sent its map)."""
+        return self.router.first
+
     # ------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Client:
-        family = socket.AF_INET6 if ":" in self.node[0] else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        sock.setblocking(False)
-        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
-        self._sock = sock
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
-        self._nursery.start_soon(self._run)
         try:
+            self._spawn()
             await self._until(lambda: self.session.connected or self.session.lost)
             if not self.session.connected:
                 tried = ", ".join(f"{h}:{p}" for h, p in self.session.candidates)
@@ -116,30 +121,44 @@ class Client:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
-        """Stop the I/O task; the caller's own exception, if any, propagates unwrapped."""
+        """Stop the I/O tasks; the caller's own exception, if any, propagates unwrapped."""
         self._closed = True
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
         try:
             await self._nursery_cm.__aexit__(None, None, None)
         finally:
-            if self._sock is not None:
-                self._sock.close()
+            for sock in self._socks.values():
+                sock.close()
+
+    def _spawn(self) -> None:
+        """A socket and an I/O task for every session the router opened since we last looked."""
+        if self._nursery is None or self._closed:
+            return
+        for s in self.router.sessions:
+            if id(s) in self._socks:
+                continue
+            family = socket.AF_INET6 if ":" in s.node[0] else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+            sock.setblocking(False)
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+            self._socks[id(s)] = sock
+            self._nursery.start_soon(self._run, s, sock)
 
     # ------------------------------------------------------------ the I/O loop
 
-    async def _run(self) -> None:
-        s, sock = self.session, self._sock
-        assert sock is not None
+    async def _run(self, s: ClientSession, sock: socket.socket) -> None:
+        r, key = self.router, id(s)
         while True:
             batch = drain(sock, 65536)
             now = trio.current_time()
             if batch:
-                self._handle(batch, now)
+                self._handle(s, batch, now)
             if now >= s.next_deadline():
-                s.tick(now)
+                r.tick(s, now)
             out = s.outgoing(now)
-            self._send(out)
+            self._send(sock, out)
             if batch or s.events or out:
                 s.events.clear()
                 self._wake()
@@ -147,11 +166,11 @@ class Client:
                 await trio.lowlevel.checkpoint()
                 continue
             with trio.CancelScope(deadline=s.next_deadline()) as scope:
-                self._wait_scope = scope
+                self._wait_scopes[key] = scope
                 await trio.lowlevel.wait_readable(sock)
-            self._wait_scope = None
+            self._wait_scopes.pop(key, None)
 
-    def _handle(self, batch: list[tuple[bytes, Addr]], now: float) -> None:
+    def _handle(self, s: ClientSession, batch: list[tuple[bytes, Addr]], now: float) -> None:
         """Feed the session; whatever arrives, the I/O task must live on.
 
         The session validates every frame and ignores what it cannot use, so an
@@ -161,14 +180,12 @@ class Client:
         the protocols' retries repair that.
         """
         try:
-            self.session.handle_datagrams(batch, now)
+            self.router.handle_datagrams(s, batch, now)
         except Exception as exc:
             self.session_errors += 1
             self.last_session_error = exc
 
-    def _send(self, datagrams: list[tuple[Addr, bytes]]) -> None:
-        sock = self._sock
-        assert sock is not None
+    def _send(self, sock: socket.socket, datagrams: list[tuple[Addr, bytes]]) -> None:
         for addr, d in datagrams:
             try:
                 sock.sendto(d, addr)
@@ -184,9 +201,11 @@ class Client:
         self._changed = trio.Event()
 
     def _kick(self) -> None:
-        """Make the I/O loop flush now instead of at its next deadline."""
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
+        """Make the I/O loops flush now instead of at their next deadline (and start the
+        loop of any session the router just opened)."""
+        self._spawn()
+        for scope in self._wait_scopes.values():
+            scope.cancel()
 
     async def _until(self, cond: Any, deadline: float = math.inf) -> bool:
         with trio.move_on_at(deadline):
@@ -218,16 +237,16 @@ class Client:
         if isinstance(payload, str):
             payload = payload.encode()
         reliable = _mode(mode) == MODE_NAMES["reliable"]
-        s = self.session
-        if reliable and s.window_full:
+        r = self.router
+        if reliable and r.window_full(topic):
             self._kick()
-            await self._until(lambda: not s.window_full)
-        seq = s.publish(topic, key, tags, payload, reliable)
+            await self._until(lambda: not r.window_full(topic))
+        seq = r.publish(topic, key, tags, payload, reliable)
         self._since_yield += 1
         if wait and reliable:
             self._kick()
-            await self._until(lambda: s.acked >= seq or s.lost)
-            if s.acked < seq:
+            await self._until(lambda: r.acked >= seq or r.lost)
+            if r.acked < seq:
                 raise NodeLost("node lost before acknowledging the publish")
         elif self._since_yield >= 64:
             self._since_yield = 0
@@ -238,18 +257,19 @@ class Client:
         return seq
 
     async def flush(self, timeout: float = math.inf) -> bool:
-        """Wait until every reliable publish and every command so far is acknowledged."""
-        s = self.session
+        """Wait until every reliable publish and every command so far is acknowledged, on
+        every session."""
+        r = self.router
         self._kick()
-        target = s.last_seq
+        marks = r.flush_marks()
 
         def done() -> bool:
-            return s.lost or s.flushed(target)
+            return r.lost or r.flushed(marks)
 
-        return await self._until(done, trio.current_time() + timeout) and not s.lost
+        return await self._until(done, trio.current_time() + timeout) and not r.lost
 
     async def status(self, timeout: float = 3.0) -> dict[str, Any]:
-        """The node's status map (what ``roost status`` prints)."""
+        """The status map of the node this client was given (what ``roost status`` prints)."""
         s = self.session
         s.last_status = None
         s.status_request()
@@ -279,6 +299,7 @@ class Subscription:
         self.key = key
         self.mode = mode
         self._st: SubState | None = None
+        self._session: ClientSession | None = None  # the session it was made on (client/router.py)
 
     async def __aenter__(self) -> Subscription:
         await self.start()
@@ -291,14 +312,15 @@ class Subscription:
     async def start(self) -> None:
         """Subscribe and wait until the node confirms (or refuses)."""
         c = self.client
-        self._st = st = c.session.subscribe(self.topic, self.key, self.mode)
+        self._session, self._st = c.router.subscribe(self.topic, self.key, self.mode)
+        st = self._st
         c._kick()
         await c._until(lambda: st.confirmed or st.reason is not None)
 
     async def unsubscribe(self) -> None:
         st = self._st
         if st is not None and st.reason is None:
-            self.client.session.unsubscribe(self.topic, self.key)
+            self.client.router.unsubscribe(self.topic, self.key)
             self.client._kick()
 
     @property
@@ -317,14 +339,14 @@ class Subscription:
         return self._st is not None and self._st.confirmed and self._st.reason is None
 
     async def next(self) -> Message:
-        st = self._st
-        assert st is not None, "use 'async with' or await start() first"
+        st, s = self._st, self._session
+        assert st is not None and s is not None, "use 'async with' or await start() first"
         c = self.client
         if not st.queue:
             await c._until(lambda: bool(st.queue) or st.reason is not None)
             if not st.queue:
                 raise StopAsyncIteration
-        c.session.consumed(st)
+        s.consumed(st)
         c._since_yield += 1
         if c._since_yield >= 64:  # let the I/O loop run during long bursts
             c._since_yield = 0

@@ -19,7 +19,7 @@ Inputs: API calls, datagrams and ticks, each with ``now``. Outputs:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client import wire
 from client.commands import MAX_BATCH, CommandBatches
@@ -27,6 +27,9 @@ from client.config import ClientConfig
 from client.publisher import Publisher
 from client.receive import Message, Receiver, SubKey, SubState
 from client.wire import E, Mode, Op, Reason, T, WireError
+
+if TYPE_CHECKING:
+    from cluster.clustermap import ClusterMap
 
 __all__ = ["Addr", "ClientConfig", "ClientSession", "Message", "SubState"]
 
@@ -64,6 +67,9 @@ class ClientSession:
         self.bad_datagrams = 0  # from our nodes' addresses but not a valid frame
         self.events: list[tuple[Any, ...]] = []
         self.last_status: dict[str, Any] | None = None
+        # Partitioned clusters: the newest cluster map our members gave us (WELCOME, REDIRECT);
+        # client/router.py routes by it. A session itself always talks to one member.
+        self.cmap: ClusterMap | None = None
         self._out: list[tuple[Addr, bytes]] = []
         self.subs: dict[SubKey, SubState] = {}
         self.cmds = CommandBatches(session, config.cmd_retry)
@@ -184,6 +190,9 @@ class ClientSession:
             self._on_pong(f[1], f[2], f[3], f[4], f[5])
         elif ftype is T.WELCOME:
             self._on_welcome(f[1], f[2], f[3], f[4])
+            self._on_map(f[5], f[3].get("map_epoch"))
+        elif ftype is T.REDIRECT:
+            self._on_map(f[2], None)
         elif ftype is T.ERROR:
             if f[1] == E.BAD_COOKIE:
                 self.cookie = None
@@ -206,6 +215,18 @@ class ClientSession:
         self.lost = False
         self.failed_attempts = 0
         self.events.append(("connected", node_id))
+
+    def _on_map(self, cmap: ClusterMap | None, announced: Any) -> None:
+        """Keep the newest map (by epoch; an older one is a late datagram). A WELCOME that
+        announced a newer map than ours without room for it (``map_epoch`` only, see
+        docs/protocol.md) makes us ask with MAP, answered by REDIRECT."""
+        have = self.cmap.epoch if self.cmap is not None else 0
+        if cmap is not None:
+            if cmap.epoch > have:
+                self.cmap = cmap
+                self.events.append(("map", cmap.epoch))
+        elif announced.__class__ is int and announced > have and self.cookie is not None:
+            self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
 
     def _on_cmdack(self, session: int, batch: int, results: list[int]) -> None:
         cmds = self.cmds.acked(session, batch)

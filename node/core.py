@@ -72,7 +72,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self.members = members or [[config.id, *config.client_addr]]
         self.producers = {}
         self.text_leases = {}
-        self.params = {
+        self.params: dict[str, Any] = {
             "max_datagram": config.max_datagram,
             "ping_interval": config.ping_interval,
             "subscriber_timeout": config.subscriber_timeout,

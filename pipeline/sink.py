@@ -152,7 +152,7 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
                 for n, topic, payload, key, tags in _rows(opts, batches, where):
                     scope = None
                     try:
-                        if c.session.window_full:  # publish waits for room: for `timeout` at most
+                        if c.router.window_full(topic):  # publish waits for room: for `timeout` at most
                             with trio.move_on_after(opts.timeout) as scope:
                                 await c.publish(topic, payload, key, tags)
                         else:
@@ -161,10 +161,10 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
                         raise SinkError(f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes "
                                         f"payload): {e}") from None
                     if scope is not None and scope.cancelled_caught:
-                        raise NodeLost("no node answered") if c.session.lost else stalled
+                        raise NodeLost("no node answered") if c.router.lost else stalled
                     count = n
                 if not await c.flush(opts.timeout):
-                    if c.session.lost:
+                    if c.router.lost:
                         raise NodeLost("every node stopped answering")
                     raise SinkError(f"roost sink: {where}: not every row was acknowledged within {opts.timeout:g} s "
                                     "(option 'timeout')")

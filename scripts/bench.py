@@ -70,7 +70,7 @@ async def run_sub(node: str, topic: str, mode: str, n: int, idle: float) -> dict
     return {
         "received": got, "lost": n - got, "duplicates": dups, "out_of_order": ooo,
         "first": first_t, "last": last_t, "latencies": lat, "reason": reason,
-        "client_dups_dropped": c.session.duplicates,
+        "client_dups_dropped": c.router.duplicates,
     }  # fmt: skip
 
 

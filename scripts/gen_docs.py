@@ -17,6 +17,7 @@ sys.path.insert(0, ROOT)
 
 from client import wire  # noqa: E402
 from client.wire import E, T  # noqa: E402
+from cluster import clustermap  # noqa: E402
 from cluster.config import CLUSTER_SETTINGS  # noqa: E402
 from node.config import config_doc  # noqa: E402
 
@@ -25,6 +26,8 @@ COOKIE = bytes.fromhex("5e" * 16)
 PID = bytes.fromhex("d0" * 16)
 SESSION = 1_767_225_600_000  # a client session: the Unix milliseconds the client process started
 MSG = wire.pack_message("prices", "EUR", {"src": "ecb"}, b"1.08")
+TWO = {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}
+CMAP = clustermap.compute(3, TWO, {"n2"}, 256, 2)  # n1 down: n2 leads every partition
 
 EXAMPLES: list[tuple[T, str, bytes]] = [
     (T.HELLO, "client id c1..c1, padded to 256 bytes", wire.encode_hello(CID)),
@@ -47,12 +50,13 @@ EXAMPLES: list[tuple[T, str, bytes]] = [
      wire.encode_pong(42, True, COOKIE, [])),
     (T.CANCEL, "prices cancelled: out_of_capacity",
      wire.encode_cancel("prices", None, "out_of_capacity")),
-    (T.REDIRECT, "go to n2 at 127.0.0.1:7402 (partitioned clusters)",
-     wire.encode_redirect("n2", "127.0.0.1", 7402, "not_owner")),
+    (T.REDIRECT, "from n2: the map of epoch 3, 256 partitions, 2 replicas, members n1 (down) and n2",
+     wire.encode_redirect("n2", clustermap.encode(CMAP))),
     (T.ERROR, "bad_cookie", wire.encode_error(E.BAD_COOKIE, "send HELLO")),
     (T.STATUS, "what does this node know?", wire.encode_status(CID, COOKIE)),
     (T.STATUS_REPLY, "a (shortened) status map",
      wire.encode_status_reply({"node": "n1", "state": "ready", "subscriptions": 3})),
+    (T.MAP, "send me your cluster map", wire.encode_map_request(CID, COOKIE)),
 ]  # fmt: skip
 
 

@@ -178,7 +178,7 @@ async def test_readme_example_runs(node):
 
 
 def client_addr(c: Client) -> tuple[str, int]:
-    return ("127.0.0.1", c._sock.getsockname()[1])
+    return ("127.0.0.1", c._socks[id(c.session)].getsockname()[1])
 
 
 async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
@@ -240,7 +240,7 @@ async def test_a_datagram_the_session_fails_on_does_not_stop_the_client(node):
 
 async def test_unusable_addresses_do_not_stop_the_client(node):
     async with Client(addr(node)) as c:
-        c._send([(("127.0.0.1", 70000), b"x"), (("127.0.0.1\x00", 7400), b"x"),
+        c._send(c._socks[id(c.session)], [(("127.0.0.1", 70000), b"x"), (("127.0.0.1\x00", 7400), b"x"),
                  (("::1", 7400), b"x"), ((None, 1), b"x")])  # type: ignore[list-item]  # fmt: skip
         assert c.send_errors == 4
         with trio.fail_after(5):

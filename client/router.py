@@ -1,0 +1,232 @@
+"""Routing a client's publishes and subscriptions by the cluster map, sans-IO (:class:`Router`).
+
+Theory of operation (docs/cluster.md, "Clients and the map")
+------------------------------------------------------------
+A partitioned cluster (issue 9) keeps a topic's subscriptions on its
+partition's owners and delivers from the primary. Any member serves any
+client (a PUB for a partition it does not lead is forwarded over a peer
+link), but a client that sends each PUB and SUB straight to the primary
+saves that hop and the forwarding queue. The members tell the client their
+cluster map: in WELCOME (or, when it does not fit, on request with MAP) and
+in a REDIRECT when a PUB or SUB reaches a member that is not the primary.
+The router keeps the map of the highest epoch any of its sessions was given.
+
+One :class:`ClientSession` talks to one member, and one client id has one
+home member, so the router keeps one session per member it needs, opened
+lazily, each with its own client id and producer ids derived from the
+user's (:func:`derive_id`: BLAKE2b of the user's id and the member id, so a
+restarted process with the same client id finds its own records again).
+The first session is the user's: the user's ids, the node the user named.
+
+Rules:
+
+- **No map** (a single node, a replicated cluster, a member that has not
+  sent one): everything goes to the first session, exactly as a plain
+  :class:`ClientSession` would; nothing else is ever opened.
+- **SUB** goes to the session of the topic's primary and stays there for
+  the subscription's life: moving a live reliable subscription would lose or
+  duplicate messages, and it need not move: members deliver from the
+  partition's primary straight to the subscriber's address, whatever member
+  the session talks to, and each session fails over on its own.
+- **PUB** goes to the session of the topic's primary, but a producer's
+  order must hold: a topic is bound to one session, and the binding moves to
+  the new primary's session only once the old one has every message of that
+  topic acknowledged (``flushed(last seq of the topic)``). Until then the old
+  session carries on (its member forwards).
+
+Reliable publishes get a router-wide sequence (the first session's own
+sequence when there is no map), and ``acked`` is cumulative over them, so
+callers see one producer whatever the number of sessions.
+
+The shell (client/library.py) opens a socket for every session in
+:attr:`Router.sessions` (it grows when a route needs a new member), feeds
+each session its own datagrams through :meth:`Router.handle_datagrams` and
+ticks it; MSGS for a session's client id come to that session's socket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from typing import TYPE_CHECKING
+
+from client.session import Addr, ClientConfig, ClientSession, SubState
+
+if TYPE_CHECKING:
+    from cluster.clustermap import ClusterMap
+
+__all__ = ["Router", "derive_id"]
+
+SubKey = tuple[str, str | None]
+#: Bindings of topics to sessions beyond this many are pruned where nothing is in flight.
+MAX_BINDINGS = 65536
+
+
+def derive_id(base: bytes, member: str) -> bytes:
+    """The 16-byte id a session to ``member`` uses in place of ``base`` (a client or producer id)."""
+    return hashlib.blake2b(base + b"\0" + member.encode(), digest_size=16, person=b"roost.route").digest()
+
+
+class Router:
+    def __init__(
+        self, client_id: bytes, producer_id: bytes, fire_producer_id: bytes, config: ClientConfig, now: float,
+        node: Addr = ("127.0.0.1", 7400), members: list[Addr] | None = None, session: int = 0,
+    ) -> None:  # fmt: skip
+        self.ids = (client_id, producer_id, fire_producer_id)
+        self.cfg = config
+        self.session_number = session
+        self.first = ClientSession(client_id, producer_id, fire_producer_id, config, now, node=node,
+                                   members=members, session=session)  # fmt: skip
+        self.sessions: list[ClientSession] = [self.first]
+        self.by_member: dict[str, ClientSession] = {}  # member -> the session opened for it
+        self.cmap: ClusterMap | None = None
+        self._now = now
+        self._bind: dict[str, tuple[ClientSession, int]] = {}  # topic -> (session, its last reliable seq of it)
+        self._sub_at: dict[SubKey, ClientSession] = {}
+        self._pending: deque[tuple[int, ClientSession, int]] = deque()  # (router seq, session, its seq)
+        self._next = 1  # the next router-wide reliable sequence
+        self._acked = 0
+
+    # ------------------------------------------------------------ routes
+
+    def session_for(self, topic: str) -> ClientSession:
+        """The session of the topic's primary by the current map (the first one without a map)."""
+        cmap = self.cmap
+        if cmap is None:
+            return self.first
+        primary = cmap.primary(topic)
+        if primary is None:
+            return self.first  # no live owner: any member will do (it counts the drop)
+        s = self.by_member.get(primary)
+        if s is None:
+            s = self._open(primary, cmap)
+        return s
+
+    def _open(self, member: str, cmap: ClusterMap) -> ClientSession:
+        cid, pid, fpid = (derive_id(x, member) for x in self.ids)
+        others = [cmap.address(m) for m in sorted(cmap.members) if m != member]
+        s = ClientSession(cid, pid, fpid, self.cfg, self._now, node=cmap.address(member), members=others,
+                          session=self.session_number)  # fmt: skip
+        self.by_member[member] = s
+        self.sessions.append(s)
+        return s
+
+    def _learn(self, s: ClientSession) -> None:
+        """Adopt a session's map if it is newer than ours; note which member the first one is."""
+        if s is self.first and s.node_id is not None and not self.by_member:
+            self.by_member[s.node_id] = s
+        m = s.cmap
+        if m is not None and (self.cmap is None or m.epoch > self.cmap.epoch):
+            self.cmap = m
+
+    # ------------------------------------------------------------ publishing
+
+    def pub_session(self, topic: str) -> ClientSession:
+        """The session a publish of ``topic`` goes to now: its bound session until that one has
+        every message of the topic acknowledged, then the primary's."""
+        target = self.session_for(topic)
+        b = self._bind.get(topic)
+        if b is None:
+            if len(self._bind) >= MAX_BINDINGS:
+                self._prune()
+            self._bind[topic] = (target, 0)
+            return target
+        s, last = b
+        if s is not target and s.flushed(last):
+            self._bind[topic] = (target, 0)
+            return target
+        return s
+
+    def _prune(self) -> None:
+        for topic, (s, last) in list(self._bind.items()):
+            if s.flushed(last):
+                del self._bind[topic]
+
+    def window_full(self, topic: str) -> bool:
+        """Would a reliable publish of ``topic`` have to wait for room?"""
+        return self.pub_session(topic).window_full
+
+    def publish(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
+                reliable: bool) -> int:  # fmt: skip
+        """Queue a message; returns its router-wide reliable sequence (0 for fire)."""
+        s = self.pub_session(topic)
+        seq = s.publish(topic, key, tags, payload, reliable)
+        if not reliable:
+            return 0
+        self._bind[topic] = (s, seq)
+        g = self._next
+        self._next += 1
+        self._pending.append((g, s, seq))
+        return g
+
+    @property
+    def last_seq(self) -> int:
+        """The router-wide sequence of the last reliable publish (0: none yet)."""
+        return self._next - 1
+
+    @property
+    def acked(self) -> int:
+        """Every reliable publish through this router-wide sequence is acknowledged."""
+        self._advance()
+        return self._acked
+
+    def _advance(self) -> None:
+        p = self._pending
+        while p and p[0][1].acked >= p[0][2]:
+            self._acked = p.popleft()[0]
+
+    def flush_marks(self) -> list[tuple[ClientSession, int]]:
+        """What ``flushed`` waits for: each session's last reliable sequence now."""
+        return [(s, s.last_seq) for s in self.sessions]
+
+    @staticmethod
+    def flushed(marks: list[tuple[ClientSession, int]]) -> bool:
+        return all(s.flushed(seq) for s, seq in marks)
+
+    # ------------------------------------------------------------ subscribing
+
+    def subscribe(self, topic: str, key: str | None, mode: int) -> tuple[ClientSession, SubState]:
+        """Subscribe at the topic's primary; a subscription in force stays where it is (a new
+        mode replaces it there)."""
+        old = self._sub_at.get((topic, key))
+        s = old if old is not None and (topic, key) in old.subs else self.session_for(topic)
+        st = s.subscribe(topic, key, mode)
+        self._sub_at[(topic, key)] = s
+        return s, st
+
+    def unsubscribe(self, topic: str, key: str | None) -> None:
+        s = self._sub_at.pop((topic, key), None)
+        (s or self.first).unsubscribe(topic, key)
+
+    # ------------------------------------------------------------ input and time
+
+    def handle_datagrams(self, s: ClientSession, datagrams: list[tuple[bytes, Addr]], now: float) -> None:
+        """Datagrams that arrived at session ``s``'s socket."""
+        self._now = now
+        s.handle_datagrams(datagrams, now)
+        self._learn(s)
+        self._advance()
+
+    def tick(self, s: ClientSession, now: float) -> None:
+        self._now = now
+        s.tick(now)
+        self._advance()
+
+    # ------------------------------------------------------------ over every session
+
+    @property
+    def connected(self) -> bool:
+        return self.first.connected
+
+    @property
+    def lost(self) -> bool:
+        """A session tried every member it knows without an answer."""
+        return any(s.lost for s in self.sessions)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(s.duplicates for s in self.sessions)
+
+    @property
+    def failovers(self) -> int:
+        return sum(s.failovers for s in self.sessions)
