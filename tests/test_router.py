@@ -1,0 +1,162 @@
+"""client/router.py alone, with fake time: PUB and SUB go to the session of the topic's primary,
+a topic's publishes change session only once the old one acknowledged them all, no map means
+one session exactly as before, and only a newer map changes the routes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from client import wire
+from client.router import Router, derive_id
+from client.session import ClientConfig, ClientSession
+from client.wire import T
+from cluster import clustermap
+
+CID, PID, FPID = b"c" * 16, b"p" * 16, b"f" * 16
+COOKIE = b"k" * 16
+THREE = {f"n{i}": (("127.0.0.1", 7400 + i), ("127.0.0.1", 7500 + i)) for i in (1, 2, 3)}
+MAP1 = clustermap.compute(1, THREE, set(THREE), 16, 2)
+
+
+def addr(member: str) -> tuple[str, int]:
+    return THREE[member][0]
+
+
+def router() -> Router:
+    return Router(CID, PID, FPID, ClientConfig(), 0.0, node=addr("n1"), session=5)
+
+
+def welcome(member: str, cmap: clustermap.ClusterMap | None, with_map: bool = True) -> bytes:
+    params: dict = {"ping_interval": 0.5}
+    if cmap is not None:
+        params["map_epoch"] = cmap.epoch
+        if with_map:
+            params["map"] = clustermap.encode(cmap)
+    return wire.encode_welcome(member, COOKIE, params, [[m, *a[0]] for m, a in THREE.items()])
+
+
+def connect(r: Router, s: ClientSession, member: str, cmap: clustermap.ClusterMap | None, now: float = 0.0) -> None:
+    r.tick(s, now)
+    assert [wire.decode_untrusted_frame(d)[0] for _, d in s.outgoing(now)] == [T.HELLO]
+    r.handle_datagrams(s, [(welcome(member, cmap), s.node)], now)
+    assert s.connected
+
+
+def frames(s: ClientSession, now: float = 0.0) -> list[tuple]:
+    """(destination, decoded frame) of what the session sends now."""
+    return [(a, wire.decode_untrusted_frame(d)) for a, d in s.outgoing(now)]
+
+
+def topic_led_by(cmap: clustermap.ClusterMap, member: str, prefix: str = "t") -> str:
+    return next(f"{prefix}{i}" for i in range(1000) if cmap.primary(f"{prefix}{i}") == member)
+
+
+def test_without_a_map_everything_goes_to_one_session_with_the_users_ids():
+    r = router()
+    connect(r, r.first, "n1", None)
+    for i in range(20):
+        assert r.publish(f"t{i}", None, None, b"x", True) == i + 1  # the session's own sequence
+        r.subscribe(f"s{i}", None, 1)
+    assert r.sessions == [r.first] and r.cmap is None
+    sent = frames(r.first)
+    assert {a for a, _ in sent} == {addr("n1")}
+    assert {f[1] for _, f in sent} == {CID} and {f[3] for _, f in sent if f[0] is T.PUB} == {PID}
+
+
+def test_pub_and_sub_go_to_the_session_of_the_topics_primary():
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    assert r.cmap == MAP1 and r.by_member == {"n1": r.first}
+    t1, t2, t3 = (topic_led_by(MAP1, m) for m in ("n1", "n2", "n3"))
+    r.publish(t1, None, None, b"1", True)
+    assert r.sessions == [r.first]  # the first member leads t1: nothing else opened
+    r.publish(t2, None, None, b"2", True)
+    s2 = r.by_member["n2"]
+    assert s2.node == addr("n2") and s2.cid == derive_id(CID, "n2") and s2.pub.pid == derive_id(PID, "n2")
+    s3, _ = r.subscribe(t3, None, 1)
+    assert s3 is r.by_member["n3"] and s3.node == addr("n3") and s3.cid == derive_id(CID, "n3")
+    assert len({s.cid for s in r.sessions}) == 3
+    connect(r, s2, "n2", MAP1)
+    connect(r, s3, "n3", MAP1)
+    assert [(a, f[0], f[7][0][0]) for a, f in frames(s2) if f[0] is T.PUB] == [(addr("n2"), T.PUB, t2)]
+    assert [(a, f[5][0][1]) for a, f in frames(s3) if f[0] is T.CMDS] == [(addr("n3"), t3)]
+    assert [f[7][0][0] for _, f in frames(r.first) if f[0] is T.PUB] == [t1]
+
+
+def test_a_topic_moves_to_its_new_primary_only_once_the_old_session_acknowledged_it():
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    topic = next(f"o{i}" for i in range(1000) if MAP1.primary(f"o{i}") == "n2"
+                 and clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2).primary(f"o{i}") == "n3")  # fmt: skip
+    seqs = [r.publish(topic, None, None, b"%d" % i, True) for i in range(3)]
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", MAP1)
+    assert [f[4] for _, f in frames(s2) if f[0] is T.PUB] == [1]  # (first seq) the three in one PUB
+    map2 = clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2)  # n2 down: n3 leads the topic now
+    r.handle_datagrams(s2, [(wire.encode_redirect("n2", clustermap.encode(map2)), addr("n2"))], 0.1)
+    assert r.cmap == map2 and r.session_for(topic) is r.by_member["n3"]
+    r.handle_datagrams(s2, [(wire.encode_puback(s2.pub.pid, 2), addr("n2"))], 0.2)
+    assert r.acked == seqs[1]
+    r.publish(topic, None, None, b"3", True)  # seq 3 is not acknowledged yet: stays on s2
+    assert r.pub_session(topic) is s2 and s2.last_seq == 4
+    r.handle_datagrams(s2, [(wire.encode_puback(s2.pub.pid, 3), addr("n2"))], 0.3)
+    assert r.pub_session(topic) is s2  # seq 4 is still out
+    r.handle_datagrams(s2, [(wire.encode_puback(s2.pub.pid, 4), addr("n2"))], 0.4)
+    assert r.acked == 4
+    r.publish(topic, None, None, b"4", True)
+    s3 = r.by_member["n3"]
+    assert s2.last_seq == 4 and s3.last_seq == 1  # moved: everything before it was acknowledged
+
+
+def test_a_newer_redirect_moves_routing_and_an_older_one_is_ignored():
+    r = router()
+    connect(r, r.first, "n1", dataclasses.replace(MAP1, epoch=5))
+    map2 = clustermap.compute(3, THREE, {"n1", "n3"}, 16, 2)  # (epoch 3 < 5: older)
+    topic = next(f"r{i}" for i in range(1000) if MAP1.primary(f"r{i}") == "n2"
+                 and map2.primary(f"r{i}") != "n2")  # fmt: skip
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(map2)), addr("n1"))], 0.1)
+    assert r.cmap is not None and r.cmap.epoch == 5 and r.session_for(topic) is r.by_member["n2"]
+    newer = dataclasses.replace(map2, epoch=6)
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(newer)), addr("n1"))], 0.2)
+    assert r.cmap == newer and r.session_for(topic).node == addr(newer.primary(topic) or "")
+
+
+def test_a_subscription_stays_on_its_session_when_the_map_changes():
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    topic = topic_led_by(MAP1, "n2", "sub")
+    s, st = r.subscribe(topic, None, 1)
+    newer = clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2)
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(newer)), addr("n1"))], 0.1)
+    assert r.session_for(topic) is not s
+    s_again, _ = r.subscribe(topic, None, 0)  # a new mode for the subscription in force: the same session
+    assert s_again is s
+    r.unsubscribe(topic, None)
+    s_new, _ = r.subscribe(topic, None, 1)  # a new subscription: at the primary of now
+    assert s_new is r.session_for(topic)
+
+
+def test_a_welcome_without_room_for_the_map_makes_the_session_ask_for_it():
+    r = router()
+    r.tick(r.first, 0.0)
+    r.first.outgoing(0.0)
+    r.handle_datagrams(r.first, [(welcome("n1", MAP1, with_map=False), addr("n1"))], 0.0)
+    assert r.cmap is None
+    assert [f for _, f in frames(r.first) if f[0] is T.MAP] == [(T.MAP, CID, COOKIE)]
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(MAP1)), addr("n1"))], 0.1)
+    assert r.cmap == MAP1
+
+
+def test_acked_and_flush_cover_every_session():
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    t1, t2 = topic_led_by(MAP1, "n1"), topic_led_by(MAP1, "n2")
+    g = [r.publish(t, None, None, b"x", True) for t in (t1, t2, t1)]
+    assert g == [1, 2, 3]
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", MAP1)
+    marks = r.flush_marks()
+    r.handle_datagrams(r.first, [(wire.encode_puback(PID, 2), addr("n1"))], 0.1)
+    assert r.acked == 1 and not r.flushed(marks)  # n2 has not acknowledged the second
+    r.handle_datagrams(s2, [(wire.encode_puback(s2.pub.pid, 1), addr("n2"))], 0.2)
+    assert r.acked == 3 and r.flushed(marks)
