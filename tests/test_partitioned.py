@@ -126,3 +126,50 @@ async def test_killing_a_primary_keeps_the_reliable_subscription_with_a_short_ga
         assert set(range(kill_at + 100, total)) <= set(got)  # the subscription lives on
     finally:
         c.stop()
+
+
+def forwarded(c: LocalCluster) -> int:
+    """Messages the members forwarded to another member, in total."""
+    return sum(c.status(m)["metrics"].get("forwarded_out", 0) for m in c.ids)
+
+
+async def test_a_client_learns_the_map_and_publishes_straight_to_the_primaries(five):
+    """The client library routes by the map from WELCOME: a publisher connected to one member
+    sends each topic to its primary (nothing forwarded), a subscriber connected to another
+    subscribes at the primaries, and everything arrives; a text PUB through a member that is
+    not the primary is still forwarded."""
+    c = five
+    primaries = {owners_of(c, f"route.{i}")[0]: f"route.{i}" for i in range(200)}
+    assert set(primaries) == set(c.ids)
+    topics = sorted(primaries.values())
+    per_topic = 5
+    before = await trio.to_thread.run_sync(forwarded, c)
+    async with Client(c.addr("n1")) as pub, Client(c.addr("n2")) as sub:
+        assert pub.router.cmap is not None and pub.router.cmap.live == frozenset(c.ids)  # from WELCOME
+        subs = [sub.subscribe(t) for t in topics]
+        for s in subs:
+            await s.start()
+            assert s.active
+        # a session per member (each leads one of the topics), the first one (n2's) among them
+        assert sorted(s.node for s in sub.router.sessions) == sorted(c.cc.member(m).client_addr for m in c.ids)
+        for i in range(per_topic):
+            for t in topics:
+                await pub.publish(t, f"{t}:{i}")
+        assert await pub.flush(20)
+        for t, s in zip(topics, subs, strict=True):
+            with trio.fail_after(20):
+                got = [(await s.next()).payload for _ in range(per_topic)]
+            assert got == [f"{t}:{i}".encode() for i in range(per_topic)]
+        assert len(pub.router.sessions) == len(c.ids)  # one per member: each leads one of the topics
+        after = await trio.to_thread.run_sync(forwarded, c)
+        print(f"forwarded by the members while a routing client published {per_topic * len(topics)} "
+              f"messages: {after - before}")
+        assert after - before == 0
+        # A text client cannot be redirected: its PUB through a non-primary is forwarded.
+        topic = next(t for t in topics if owners_of(c, t)[0] != "n1")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as text:
+            text.sendto(f"PUB {topic}\nby text".encode(), ("127.0.0.1", c.client_ports["n1"]))
+        s = subs[topics.index(topic)]
+        with trio.fail_after(20):
+            assert (await s.next()).payload == b"by text"
+        assert await trio.to_thread.run_sync(forwarded, c) == after + 1
