@@ -125,7 +125,7 @@ def test_a_subscription_stays_on_its_session_when_the_map_changes():
     r = router()
     connect(r, r.first, "n1", MAP1)
     topic = topic_led_by(MAP1, "n2", "sub")
-    s, st = r.subscribe(topic, None, 1)
+    s, _ = r.subscribe(topic, None, 1)
     newer = clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2)
     r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(newer)), addr("n1"))], 0.1)
     assert r.session_for(topic) is not s
