@@ -131,4 +131,16 @@ def decode_untrusted_map(v: Any) -> ClusterMap:
             live.add(mid)
     if sorted(members) != [str(x[0]) for x in rows]:
         raise WireError(E.MALFORMED, "map members are not in sorted order")
-    return compute(epoch, members, live, partitions, replicas)
+    key = (epoch, partitions, replicas, tuple(members.items()), frozenset(live))
+    cmap = _placed.get(key)
+    if cmap is None:
+        cmap = compute(epoch, members, live, partitions, replicas)
+        if len(_placed) >= 16:
+            del _placed[next(iter(_placed))]
+        _placed[key] = cmap
+    return cmap
+
+
+# The last few maps decoded: every session of a client (and every client of the simulator) gets
+# the same map from WELCOMEs and REDIRECTs again and again; placing it once is enough.
+_placed: dict[tuple[Any, ...], ClusterMap] = {}
