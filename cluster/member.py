@@ -478,7 +478,8 @@ class MemberCore(Lifecycle, Partitioned):
                     return [P.DUMPEND, sent]
 
                 parts = check_partitions(f[1], len(self.broker.digest)) if n == 2 else None
-                self._streams.start(link.id, P.DUMP, self.broker.dump(parts), end)
+                dump = self.broker.dump(parts, home=peer if parts is not None else None)
+                self._streams.start(link.id, P.DUMP, dump, end)
         elif kind == P.DIGEST and n == 2:
             if self._streams.running(link.id, P.DIFF):
                 raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")

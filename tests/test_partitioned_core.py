@@ -3,6 +3,10 @@ peer frame validation, and a member core in the simulator (held CMDACKs, bad FOR
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
 from client import wire
@@ -12,7 +16,11 @@ from cluster.forwarding import ForwardQueue
 from cluster.peerwire import P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
 from cluster.replication import PeerQueue
 from cluster.sim import Simulation
+from node import versions
+from node.config import NodeConfig
+from node.core import BrokerCore
 from node.ownership import Ownership, partition_of
+from tests.corekit import replicated
 
 PID = b"p" * 16
 
@@ -142,3 +150,78 @@ def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
     out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 2**64 - 1])), sim.now)
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
     assert core.epoch_seen < 2**62
+
+
+# ---------------------------------------------------------------- client resets and homes (registers)
+
+WALL = 1_800_000_000.0  # core time 0 is this Unix time: versions are ordinary HLC values
+TOPIC_OF = {partition_of(f"t{i}", 4): f"t{i}" for i in range(50)}
+CID = b"c" * 16
+OWNERS = [("b", "c"), ("c", "b"), ("b", "c"), ("c", "b")]
+
+
+def _pcore(me: str, idx: int, owners: Sequence[tuple[str, ...]]) -> BrokerCore:
+    core = BrokerCore(NodeConfig(id=me), b"k" * 32, random.Random(idx), incarnation=1,
+                      members=[[m, "127.0.0.1", 7400 + i] for i, m in enumerate("abc")], node_idx=idx,
+                      wall_offset=WALL, replicating=True, tombstone_horizon=600.0)  # fmt: skip
+    own = Ownership(me, 4)
+    core.set_ownership(own)
+    core.reindex(*own.update(1, owners))
+    return core
+
+
+def _v(t: float, idx: int, present: bool = True, flag: int = versions.RELIABLE) -> int:
+    """A version written at core time ``t`` by member ``idx``."""
+    return versions.make(int((WALL + t) * 1000 - versions.EPOCH_MS) << 12, idx, present, flag)
+
+
+def _entry(cver: int, home: str, subs: list[list[Any]], session: int = 1) -> list[Any]:
+    return [CID, cver, "127.0.0.9", 9000, home, subs, session]
+
+
+def test_a_reset_voids_older_registers_identically_everywhere_and_a_renewal_wins():
+    t0, t1 = TOPIC_OF[0], TOPIC_OF[2]
+    b, c = _pcore("b", 1, OWNERS), _pcore("c", 2, OWNERS)
+    first = _entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])
+    reset = _v(5, 0)  # the home's reset (RELIABLE flag on a client register)
+    renewed = [t0, None, _v(5.001, 0)]  # the SYNC renews t0 right after the reset; t1 not
+    for core in (b, c):
+        core.merge([first], 6.0)
+    voids = replicated(b.merge([_entry(reset, "a", [])], 6.0))  # b hears the reset before the renewal
+    c.merge([_entry(reset, "a", [renewed])], 6.0)  # c hears both at once
+    vb, vc = b.clients[CID].subs, c.clients[CID].subs
+    assert not versions.is_present(vb[(t1, None)]) and vb[(t1, None)] == vc[(t1, None)]  # the same tombstone
+    assert vb[(t1, None)] >> versions.FLAG_BITS == reset >> versions.FLAG_BITS
+    assert not versions.is_present(vb[(t0, None)]) and versions.is_present(vc[(t0, None)])
+    # The void b wrote travels to c and loses there to the renewal; the renewal wins at b.
+    assert [s[0] for e in voids for s in e[5]] and all(e[0] == CID for e in voids)
+    c.merge(voids, 6.1)
+    b.merge([_entry(reset, "a", [renewed])], 6.1)
+    assert vb[(t0, None)] == vc[(t0, None)] == renewed[2]
+
+
+def test_a_home_that_hears_a_client_is_dropped_elsewhere_takes_it_back():
+    t0 = TOPIC_OF[0]
+    b = _pcore("b", 1, OWNERS)  # b is the client's home (it talks to b) and t0's primary
+    b.merge([_entry(_v(1, 1, flag=0), "b", [[t0, None, _v(1.001, 1)]])], 1.5)
+    assert b.clients[CID].local
+    drop = _v(2, 0, present=False)  # a (the old home, behind a partition) timed it out
+    out = b.merge([_entry(drop, "a", [[t0, None, _v(2.001, 0, present=False) | (2 << 2)]])], 2.5)
+    cl = b.clients[CID]
+    assert cl.home == "b" and cl.local and cl.cver > drop and versions.is_present(cl.cver)
+    assert versions.is_present(cl.subs[(t0, None)]) and cl.subs[(t0, None)] > drop
+    assert any(e[0] == CID and e[4] == "b" and e[1] == cl.cver for e in replicated(out))  # told to all
+
+
+def test_a_pull_gets_every_register_of_the_pullers_clients_and_a_new_home_gets_them_pushed():
+    t0, t1 = TOPIC_OF[0], TOPIC_OF[1]
+    b = _pcore("b", 1, [("b", "c"), ("b", "c"), ("c", "a"), ("c", "a")])
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])], 1.5)
+    only_p0 = [e for e in b.dump({partition_of(t0, 4)}) if e[0] == CID]
+    assert [s[0] for s in only_p0[0][5]] == [t0]
+    whole = [e for e in b.dump({partition_of(t0, 4)}, home="a") if e[0] == CID]
+    assert sorted(s[0] for s in whole[0][5]) == sorted([t0, t1])
+    # The client moves its home to c: b pushes what it holds of the client (c's copy must be whole).
+    out = b.merge([_entry(_v(3, 2, flag=0), "c", [])], 3.5)
+    pushed = [e for e in replicated(out) if e[0] == CID]
+    assert pushed and pushed[0][4] == "c" and sorted(s[0] for s in pushed[0][5]) == sorted([t0, t1])
