@@ -191,7 +191,7 @@ class Lifecycle(MemberParts):
         exit once none is left and the last snapshot is done."""
         for peer, lid in self.out.items():
             q = self.queues[peer]
-            if lid is not None and not q.pending and not q.inflight and q.repair is None:
+            if lid is not None and not q.pending and not q.inflight and q.repair is None and not self.fwd[peer]:
                 self._close(self.links[lid], "stopping")
         if self.final_done and not self.links:
             self.phase = "stopped"

@@ -298,6 +298,8 @@ class MemberCore(Lifecycle, Partitioned):
                 lid = self.out[p]
                 if lid is not None and self.links[lid].up:
                     self._frame(lid, beat)
+            if self.partitioned:
+                self._retry_refused()
         if now >= self.next_membership:
             self.next_membership = now + s.heartbeat_interval
             self._watch_peers(now)
@@ -381,6 +383,8 @@ class MemberCore(Lifecycle, Partitioned):
         self.was_up[peer] = False
         if self.pull_peer == peer:
             self._pull_failed(why, close=False)
+        if not link.up:
+            self.dial_failed(peer)
 
     def _on_bytes(self, lid: int, data: bytes) -> None:
         link = self.links.get(lid)
@@ -459,6 +463,7 @@ class MemberCore(Lifecycle, Partitioned):
                 self._expired.discard(link.peer)
             if self.partitioned:
                 self.heard_epoch(epoch)
+                self.unreached.discard(link.peer)
                 if ch or reported != state:
                     self._remap()
         elif kind == P.FORWARD and n == 3:
@@ -503,9 +508,8 @@ class MemberCore(Lifecycle, Partitioned):
         elif kind == P.PUSHACK and n == 2:
             self.queues[peer].acked(f[1])
             self._pump_pushes(peer)
-        elif kind == P.FWDACK and n == 2:
-            self.fwd[peer].acked(f[1])
-            self._pump_forwards(peer)
+        elif kind == P.FWDACK and n == 3:
+            self._on_fwdack(peer, f[1], f[2])
         elif kind == P.DIFF and n == 2:
             self._absorb(self.broker.merge(check_entries(f[1]), self.now))
         elif kind == P.DIFFEND and n == 2:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cluster.config import ClusterConfig, ClusterSettings
     from cluster.events import Action
+    from cluster.forwarding import ForwardQueue
     from cluster.links import Link
     from cluster.membership import Membership
     from cluster.replication import PeerQueue
@@ -32,6 +33,7 @@ class MemberParts:
         links: dict[int, Link]
         out: dict[str, int | None]
         queues: dict[str, PeerQueue]
+        fwd: dict[str, ForwardQueue]
         next_digest: dict[str, float]
         _out: list[Action]
         partitioned: bool

@@ -59,9 +59,11 @@ class Partitioned(MemberParts):
         self.own = Ownership(self.id, s.partitions)
         self.cmap: clustermap.ClusterMap | None = None
         self.epoch_seen = 0
-        self.fwd = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
+        self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         self._placed = {m.id: (m.client_addr, m.peer_addr) for m in self.cc.members}
+        # Peers never heard from since we started whose dial failed: not live (review finding #4)
+        self.unreached: set[str] = set()
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
@@ -69,12 +71,24 @@ class Partitioned(MemberParts):
     # ------------------------------------------------------------ the map
 
     def live_view(self) -> set[str]:
-        """Members this one counts live: itself, and every peer neither down nor syncing."""
+        """Members this one counts live: itself, and every peer neither down nor syncing.
+
+        A peer not heard from since we started counts live (so a cluster that starts
+        together has its full map at once) until a dial to it fails: a member that
+        restarts while another is down must not take the dead one for an owner for
+        ``down_after`` (it would PULL the wrong partitions, refuse the hand-offs meant
+        for it and forward to the dead one)."""
         live = {self.id}
         for p, v in self.membership.peers.items():
-            if v.state != "down" and v.reported != "syncing":
+            if v.state != "down" and v.reported != "syncing" and p not in self.unreached:
                 live.add(p)
         return live
+
+    def dial_failed(self, peer: str) -> None:
+        """A link we dialled closed before its handshake completed."""
+        if self.partitioned and self.membership.peers[peer].state == "unknown" and peer not in self.unreached:
+            self.unreached.add(peer)
+            self._remap()
 
     def _remap(self) -> None:
         """Compute the map of our current view; install it if its owners changed."""
@@ -101,9 +115,7 @@ class Partitioned(MemberParts):
         if fresh:
             self._distribute(list(self.broker.dump(fresh)))
         for peer, q in self.fwd.items():
-            again = q.take(everything=peer not in cmap.live)
-            if again:
-                self._absorb(self.broker.forwarded(again, self.now, ours=True))
+            self._reroute(q.take(everything=peer not in cmap.live))
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
@@ -223,6 +235,17 @@ class Partitioned(MemberParts):
         while (f := q.next_frame()) is not None:
             self._frame(lid, encode([P.FORWARD, f[0], f[1]]))
 
+    def _reroute(self, msgs: list[Any]) -> None:
+        """Our own forwards, routed again by the current map."""
+        if msgs:
+            self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
+
+    def _retry_refused(self) -> None:
+        """Every heartbeat: messages a peer refused (its map differed) are routed again."""
+        for q in self.fwd.values():
+            if q.parked:
+                self._reroute(q.unpark())
+
     def _relay(self, member: str, sends: list[Any]) -> None:
         lid = self.out.get(member)
         if lid is not None and self.links[lid].up:
@@ -233,9 +256,17 @@ class Partitioned(MemberParts):
     def _on_forward_frame(self, link: Link, fid: Any, msgs: Any) -> None:
         if fid.__class__ is not int or not 0 <= fid < 2**63:
             raise PeerProtocolError("malformed FORWARD")
-        self._absorb(self.broker.forwarded(check_forwarded(msgs), self.now))
-        if fid:
-            self._frame(link.id, encode([P.FWDACK, fid]))
+        actions, refused = self.broker.forwarded(check_forwarded(msgs), self.now)
+        self._absorb(actions)
+        if fid:  # (fire messages refused are dropped: at most once)
+            self._frame(link.id, encode([P.FWDACK, fid, refused]))
+
+    def _on_fwdack(self, peer: str, fid: Any, refused: Any) -> None:
+        if fid.__class__ is not int or refused.__class__ is not list \
+                or not all(i.__class__ is int and 0 <= i < 65536 for i in refused):  # fmt: skip
+            raise PeerProtocolError("malformed FWDACK")
+        self.fwd[peer].acked(fid, refused)
+        self._pump_forwards(peer)
 
     def _on_relay_frame(self, sends: Any) -> None:
         clients = self.broker.clients

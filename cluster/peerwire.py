@@ -27,7 +27,7 @@ import msgpack
 from client import wire
 from client.wire import WireError
 
-PROTOCOL = "roost-peer/4"  # 4: partitioned mode (FORWARD, RELAY, map epoch in HEARTBEAT); 3: BEAT
+PROTOCOL = "roost-peer/5"  # 5: FWDACK lists refusals; 4: partitioned mode (FORWARD, RELAY, map epoch); 3: BEAT
 NONCE_LEN = 16
 HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is read
 _LEN = struct.Struct(">I")
@@ -48,7 +48,7 @@ class P(IntEnum):
     HEARTBEAT = 18  # [state, subscriptions, clients, map epoch]
     BEAT = 19  # []: the answer to a HEARTBEAT, on the dialler's link (its liveness)
     FORWARD = 20  # [id, msgs]: messages for partitions the receiver is primary of; id 0: fire, no answer
-    FWDACK = 21  # [id]
+    FWDACK = 21  # [id, refused]: indexes of the frame's messages the receiver does not own
     RELAY = 22  # [[host, port, datagram], ...]: send these to our text clients (fire, no answer)
 
 
@@ -216,13 +216,13 @@ def _port(port: Any, what: str) -> int:
 
 
 def check_forwarded(msgs: Any) -> list[list[Any]]:
-    """Validate FORWARD messages ``[topic, key, tags, payload, producer id, sequence, hops]``."""
+    """Validate FORWARD messages ``[topic, key, tags, payload, producer id, sequence]``."""
     if msgs.__class__ is not list:
         raise PeerProtocolError("forwarded messages must be an array")
     try:
         for m in msgs:
-            if m.__class__ is not list or len(m) != 7:
-                raise PeerProtocolError("a forwarded message is [topic, key, tags, payload, pid, seq, hops]")
+            if m.__class__ is not list or len(m) != 6:
+                raise PeerProtocolError("a forwarded message is [topic, key, tags, payload, pid, seq]")
             wire.check_topic(m[0])
             wire.check_key(m[1])
             wire.check_tags(m[2])
@@ -234,8 +234,6 @@ def check_forwarded(msgs: Any) -> list[list[Any]]:
             elif m[4].__class__ is not bytes or len(m[4]) != wire.ID_LEN or m[5].__class__ is not int \
                     or not 0 < m[5] < 2**63:  # fmt: skip
                 raise PeerProtocolError("a reliable message has a producer id and a sequence")
-            if m[6].__class__ is not int or not 0 <= m[6] <= 8:
-                raise PeerProtocolError("hops must be 0..8")
     except WireError as exc:
         raise PeerProtocolError(f"bad forwarded message: {exc.text}") from None
     return msgs  # type: ignore[no-any-return]

@@ -80,8 +80,7 @@ class Producers(Delivery):
             topic, key, tags, payload = m[0], m[1], m[2], m[3]
             dest = forward_to(topic)
             if dest is not None:
-                self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None,
-                                     0])
+                self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None])
             elif reliable:
                 self._publish(topic, key, tags, payload, wire.pack_delivery(topic, key, tags, payload, pid, seq))
             else:

@@ -11,11 +11,12 @@ import pytest
 
 from client import wire
 from cluster import ring
-from cluster.events import Close, Datagrams, LinkBytes, Log, Send
+from cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame
 from cluster.forwarding import ForwardQueue
-from cluster.peerwire import P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
+from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
 from cluster.replication import PeerQueue
 from cluster.sim import Simulation
+from cluster.simcheck import Published
 from node import versions
 from node.config import NodeConfig
 from node.core import BrokerCore
@@ -48,7 +49,7 @@ def test_forward_queue_windows_requeues_in_order_and_bounds_memory():
     assert q.dropped == 2 and len(q) == 5
     f1, f2 = q.next_frame(), q.next_frame()
     assert f1 is not None and f2 is not None and q.next_frame() is None  # window of 2
-    q.acked(f1[0])
+    q.acked(f1[0], [])
     q.disconnected()  # f2 was in flight: back in front, in order
     assert [m[0] for m in q.pending] == ["m2", "m3", "m4"]
     f3 = q.next_frame()
@@ -78,10 +79,11 @@ def test_peer_queue_numbers_entries_and_acknowledges_through_the_last_push():
 
 
 @pytest.mark.parametrize("msgs", [
-    "x", [["t", None, None, b"p", PID, 1]], [["bad topic\n", None, None, b"p", None, None, 0]],
-    [["t", None, None, "str", None, None, 0]], [["t", None, None, b"p", None, 5, 0]],
-    [["t", None, None, b"p", b"short", 1, 0]], [["t", None, None, b"p", PID, 0, 0]],
-    [["t", None, None, b"p", PID, 1, 9]], [["t", None, {"k": 1}, b"p", PID, 1, 0]],
+    "x", [["t", None, None, b"p", PID]], [["t", None, None, b"p", PID, 1, 0]],
+    [["bad topic\n", None, None, b"p", None, None]],
+    [["t", None, None, "str", None, None]], [["t", None, None, b"p", None, 5]],
+    [["t", None, None, b"p", b"short", 1]], [["t", None, None, b"p", PID, 0]],
+    [["t", None, {"k": 1}, b"p", PID, 1]],
 ])  # fmt: skip
 def test_malformed_forwarded_messages_are_refused(msgs):
     with pytest.raises(PeerProtocolError):
@@ -89,7 +91,7 @@ def test_malformed_forwarded_messages_are_refused(msgs):
 
 
 def test_well_formed_forwards_relays_and_partitions_pass():
-    ok = [["t", "k", {"a": "b"}, b"p", PID, 7, 1], ["t", None, None, b"", None, None, 0]]
+    ok = [["t", "k", {"a": "b"}, b"p", PID, 7], ["t", None, None, b"", None, None]]
     assert check_forwarded(ok) == ok
     assert check_relay([["127.0.0.1", 9, b"MSG t\nx"]]) == [(("127.0.0.1", 9), b"MSG t\nx")]
     assert check_partitions([0, 3], 4) == {0, 3}
@@ -113,7 +115,7 @@ def test_a_malformed_forward_closes_the_link_and_changes_nothing():
     assert core is not None
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
     before = core.broker.state_digest()
-    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 1, [["t", None, None, "not bytes", None, None, 0]]])),
+    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 1, [["t", None, None, "not bytes", None, None]]])),
                       sim.now)  # fmt: skip
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
     assert any(isinstance(a, Log) and a.event == "peer_protocol_error" for a in out)
@@ -225,3 +227,53 @@ def test_a_pull_gets_every_register_of_the_pullers_clients_and_a_new_home_gets_t
     out = b.merge([_entry(_v(3, 2, flag=0), "c", [])], 3.5)
     pushed = [e for e in replicated(out) if e[0] == CID]
     assert pushed and pushed[0][4] == "c" and sorted(s[0] for s in pushed[0][5]) == sorted([t0, t1])
+
+
+def test_a_member_restarted_while_another_is_down_leaves_it_out_of_its_map_at_once():
+    """Review finding #4: a never-heard peer counted live for down_after after a restart."""
+    sim = _ready_sim()
+    sim.crash("m2")
+    down_after = sim.cc.settings.down_after
+    assert sim.run_until(sim.now + down_after + 1.0)
+    sim.crash("m0")
+    sim.restart("m0")
+    t0 = sim.now
+    core = sim.members["m0"].core
+    assert core is not None and core.membership.peers["m2"].state == "unknown"
+    assert sim.run_until(t0 + down_after / 3)  # well before m2 could be "down" to the new m0
+    assert core.membership.peers["m2"].state == "unknown" and "m2" in core.unreached
+    assert core.cmap is not None and core.cmap.live == {"m0", "m1"}
+    assert core.cmap.owners == sim.members["m1"].core.cmap.owners  # the same map as the survivor's
+
+
+def test_a_forward_queue_parks_what_the_receiver_refused_until_routed_again():
+    q = ForwardQueue(max_queue=10, chunk=3, window=2)
+    q.add([["a"], ["b"], ["c"]])
+    fid = (q.next_frame() or (0, []))[0]
+    q.acked(fid, [0, 2, 99])  # (an index past the frame is ignored)
+    assert q.parked == [["a"], ["c"]] and len(q) == 2 and not q.inflight
+    assert q.unpark() == [["a"], ["c"]] and len(q) == 0
+    q.add([["d"]])
+    q.acked(q.next_frame()[0], [0])  # type: ignore[index]
+    assert q.take(everything=False) == [["d"]] and len(q) == 0
+
+
+def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():
+    """Review finding #6: a member that forwarded again and acknowledged lost messages when it stopped."""
+    sim = _ready_sim()
+    core = sim.members["m0"].core
+    assert core is not None and core.cmap is not None
+    topics = [f"w{i}" for i in range(500)]
+    mine = next(t for t in topics if core.cmap.owners[core.own.partition(t)][0] == "m0")
+    theirs = next(t for t in topics if "m0" not in core.cmap.owners[core.own.partition(t)])
+    inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
+    before = core.broker.metrics["forwarded_in"]
+    sim.check.published[(9, 2)] = Published(mine, ())  # (the simulator's accounting parses payloads)
+    msgs = [[theirs, None, None, b"9:1", PID, 1], [mine, None, None, b"9:2", PID, 2]]
+    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 5, msgs])), sim.now)
+    dec = FrameDecoder(1 << 20)
+    for a in out:
+        if isinstance(a, SendFrame) and a.link == inbound:
+            dec.feed(a.data)
+    assert dec.next_frame() == [P.FWDACK, 5, [0]]  # the first refused: m0 does not own it
+    assert core.broker.metrics["forwarded_in"] == before + 1
