@@ -108,6 +108,7 @@ class MemberCore(Lifecycle, Partitioned):
         hosts = peer_hosts or {}
         self.peer_addr = {m.id: (hosts.get(m.id, m.peer_addr[0]), m.peer_addr[1]) for m in cc.members}
         self.member_ids = {m.id for m in cc.members}
+        self.shape = f"partitioned/{s.partitions}/{s.replicas}" if s.mode == "partitioned" else s.mode
         self.broker = BrokerCore(
             self.cfg, self.secret, random.Random(rng.getrandbits(64)), incarnation,
             members=[[m.id, *m.client_addr] for m in cc.members], node_idx=cc.index_of(member_id),
@@ -147,7 +148,7 @@ class MemberCore(Lifecycle, Partitioned):
         elif isinstance(ev, LinkOpened):
             link = self.links.get(ev.link)
             if link is not None and link.outbound:
-                self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN)))
+                self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
         elif isinstance(ev, Accepted):
             if self.phase in ("stopping", "stopped"):
                 self._out.append(Close(ev.link, "stopping"))
@@ -402,7 +403,7 @@ class MemberCore(Lifecycle, Partitioned):
                         self._on_request(link, f)
                 else:
                     nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
-                    reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce)
+                    reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce, self.shape)
                     if reply:
                         self._frame(lid, reply)
                     if link.up:

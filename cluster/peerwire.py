@@ -117,9 +117,18 @@ def mac(secret: bytes, label: bytes, n1: bytes, n2: bytes, id1: str, id2: str) -
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def check_hello(f: list[Any], members: set[str], me: str) -> tuple[str, bytes]:
-    if len(f) != 4 or f[0] != P.HELLO or f[1] != PROTOCOL:
+def _check_shape(theirs: Any, ours: str) -> None:
+    """Both ends must run the same mode, partition count and replicas (a cluster
+    whose members disagree would compute different maps, for ever)."""
+    if theirs != ours:
+        raise PeerProtocolError(f"peer runs {str(theirs)[:64]!r}, this member {ours!r}: "
+                                "[cluster] mode, partitions and replicas must be the same on every member")  # fmt: skip
+
+
+def check_hello(f: list[Any], members: set[str], me: str, shape: str) -> tuple[str, bytes]:
+    if len(f) != 5 or f[0] != P.HELLO or f[1] != PROTOCOL:
         raise PeerProtocolError("expected HELLO " + PROTOCOL)
+    _check_shape(f[4], shape)
     peer, nonce = f[2], f[3]
     if not isinstance(peer, str) or peer not in members or peer == me:
         raise PeerProtocolError(f"unknown peer id {str(peer)[:64]!r}")
@@ -128,9 +137,10 @@ def check_hello(f: list[Any], members: set[str], me: str) -> tuple[str, bytes]:
     return peer, nonce
 
 
-def check_challenge(f: list[Any]) -> tuple[str, bytes, bytes]:
-    if len(f) != 4 or f[0] != P.CHALLENGE:
+def check_challenge(f: list[Any], shape: str) -> tuple[str, bytes, bytes]:
+    if len(f) != 5 or f[0] != P.CHALLENGE:
         raise PeerProtocolError("expected CHALLENGE")
+    _check_shape(f[4], shape)
     peer, nonce, m = f[1], f[2], f[3]
     if not (isinstance(peer, str) and isinstance(nonce, bytes) and isinstance(m, bytes)):
         raise PeerProtocolError("malformed CHALLENGE")
