@@ -89,6 +89,7 @@ class Registers(CoreBase):
         # Partitioned mode (node/ownership.py): the index holds owned partitions only, and the
         # digest has one bucket per partition; None in replicated mode and on a single node.
         self.own: Ownership | None = None
+        self._voiding = False  # inside _void_older (the delivery layer parks the mailbox)
         # Registers changed (local writes and merges), ever: a snapshot is due
         # when this moved since the last one.
         self.changes = 0
@@ -352,11 +353,15 @@ class Registers(CoreBase):
         finding #7; simulator seed 652, 5 members)."""
         reason = REASON_UNSUBSCRIBED if cver & versions.PRESENT else REASON_TIMED_OUT
         stamp = (cver >> versions.FLAG_BITS << versions.FLAG_BITS) | (reason << 2)
-        for tk, v in list(c.subs.items()):
-            if v & versions.PRESENT and v < cver:
-                self._set(c, tk, stamp | (v & versions.RELIABLE))
-                self._mark_changed(c, tk)
-                self.metrics["voided_by_reset"] += 1
+        self._voiding = True
+        try:
+            for tk, v in list(c.subs.items()):
+                if v & versions.PRESENT and v < cver:
+                    self._set(c, tk, stamp | (v & versions.RELIABLE))
+                    self._mark_changed(c, tk)
+                    self.metrics["voided_by_reset"] += 1
+        finally:
+            self._voiding = False
 
     def set_ownership(self, own: Ownership) -> None:
         """Partitioned mode, from the start (before any register): one digest bucket per partition."""

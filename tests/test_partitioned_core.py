@@ -277,3 +277,19 @@ def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():
             dec.feed(a.data)
     assert dec.next_frame() == [P.FWDACK, 5, [0]]  # the first refused: m0 does not own it
     assert core.broker.metrics["forwarded_in"] == before + 1
+
+
+def test_a_mailbox_voided_by_a_reset_waits_for_the_renewal_and_its_stream_goes_on():
+    """Seed 6388: the reset reached an owner before the renewal (which came by another map),
+    and the messages waiting for the subscriber went with the voided subscription."""
+    t1 = TOPIC_OF[2]
+    b = _pcore("b", 1, OWNERS)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t1, None, _v(1.001, 0)]])], 1.5)
+    b.forwarded([[t1, None, None, b"waiting", PID, 1]], 1.6)  # b is t1's primary: into the mailbox
+    cl = b.clients[CID]
+    mailbox = cl.mailbox
+    assert mailbox is not None and len(mailbox) == 1
+    b.merge([_entry(_v(5, 0), "a", [])], 6.0)  # the reset alone
+    assert cl.mailbox is None and cl.parked is not None and not versions.is_present(cl.subs[(t1, None)])
+    b.merge([_entry(_v(5, 0), "a", [[t1, None, _v(5.001, 0)]])], 6.1)  # the renewal, same session and address
+    assert cl.mailbox is mailbox and len(mailbox) == 1 and b.metrics["mailboxes_resumed"] == 1
