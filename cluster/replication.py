@@ -67,6 +67,7 @@ class PeerQueue:
     def add(self, entries: list[Entry]) -> None:
         self.added += len(entries)
         if self.overflowed:
+            self.taken = self.acked_through = self.added  # (see below)
             return
         for e in entries:
             self.pending.append(e)
@@ -75,6 +76,9 @@ class PeerQueue:
             self.pending.clear()
             self.pending_subs = 0
             self.taken = self.added  # (never acknowledged one by one: anti-entropy repairs)
+            # Nothing dropped will be acknowledged: a CMDACK held for this peer would
+            # wait for down_after; anti-entropy repairs it instead (review finding #8).
+            self.acked_through = self.added
             self.overflowed = True
             self.repair = None  # (the next digest round repairs everything)
 

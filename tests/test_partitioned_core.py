@@ -293,3 +293,19 @@ def test_a_mailbox_voided_by_a_reset_waits_for_the_renewal_and_its_stream_goes_o
     assert cl.mailbox is None and cl.parked is not None and not versions.is_present(cl.subs[(t1, None)])
     b.merge([_entry(_v(5, 0), "a", [[t1, None, _v(5.001, 0)]])], 6.1)  # the renewal, same session and address
     assert cl.mailbox is mailbox and len(mailbox) == 1 and b.metrics["mailboxes_resumed"] == 1
+
+
+def test_an_overflowed_peer_queue_holds_no_cmdack():
+    """Review finding #8: entries dropped on overflow were never acknowledged, so every CMDACK
+    waited down_after while anti-entropy repaired the peer."""
+    q = PeerQueue(max_queue=3, chunk=2, window=8)
+    q.add([[b"a", 0, "h", 1, "n", [["t", None, 1]], 0]] * 4)  # over max_queue: dropped
+    assert q.overflowed and q.acked_through == q.added == 4
+    q.add([[b"a", 0, "h", 1, "n", [["t", None, 1]], 0]])  # (while overflowed: nothing queued)
+    assert q.acked_through == q.added == 5 and len(q) == 0
+    q.repaired()
+    q.add([[b"b", 0, "h", 1, "n", [["t", None, 1]], 0]])
+    push = q.next_push()
+    assert push is not None and q.acked_through == 5 < q.added
+    q.acked(push[0])
+    assert q.acked_through == q.added == 6
