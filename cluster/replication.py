@@ -16,6 +16,7 @@ CMDACK until the owners' queues have acknowledged the entries of its batch.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -122,10 +123,12 @@ class PeerQueue:
             self.acked_through = n[1]
 
     def disconnected(self) -> None:
-        """The link dropped: the changes in flight go back to the front, in order.
-        A repair in flight is dropped instead: the next digest round redoes it."""
-        if len(self._numbered) < len(self.inflight):
-            self.repair = None
+        """The link dropped: the changes in flight go back to the front, in order,
+        and repair batches in flight to the front of the repair (unnumbered: they
+        hold no CMDACK)."""
+        again = [self.inflight[s] for s in sorted(self.inflight) if s not in self._numbered]
+        if again:
+            self.repair = itertools.chain(again, self.repair or ())
         for seq in sorted(self._numbered, reverse=True):
             for e in reversed(self.inflight[seq]):
                 self.pending.appendleft(e)

@@ -309,3 +309,18 @@ def test_an_overflowed_peer_queue_holds_no_cmdack():
     assert push is not None and q.acked_through == 5 < q.added
     q.acked(push[0])
     assert q.acked_through == q.added == 6
+
+
+def test_a_repair_in_flight_is_pushed_again_after_a_link_drop():
+    """Review finding #12: it was dropped, and the peer waited a whole anti-entropy round."""
+    q = PeerQueue(max_queue=100, chunk=1, window=2)
+    e1, e2, e3 = ([bytes([i]) * 16, 0, "h", 1, "n", [["t", None, i]], 0] for i in (1, 2, 3))
+    q.add_repair([e1, e2, e3])
+    sent = [q.next_push(), q.next_push()]
+    assert [p[1] for p in sent if p] == [[e1], [e2]] and q.next_push() is None  # window of 2
+    q.disconnected()
+    again = [q.next_push(), q.next_push()]
+    assert [p[1] for p in again if p] == [[e1], [e2]]
+    q.acked(again[0][0])  # type: ignore[index]
+    third = q.next_push()
+    assert third is not None and third[1] == [e3] and q.acked_through == 0 == q.added
