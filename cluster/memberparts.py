@@ -7,6 +7,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cluster.clustermap import ClusterMap
     from cluster.config import ClusterConfig, ClusterSettings
     from cluster.events import Action
     from cluster.forwarding import ForwardQueue
@@ -38,6 +39,7 @@ class MemberParts:
         _out: list[Action]
         partitioned: bool
         own: Ownership
+        cmap: ClusterMap | None
 
         @property
         def ready(self) -> bool: ...
@@ -47,3 +49,4 @@ class MemberParts:
         def _absorb(self, actions: list[Any]) -> None: ...
         def _distribute(self, entries: list[Any]) -> None: ...
         def _pump_pushes(self, peer: str) -> None: ...
+        def _hand_off(self, parts: set[int], old: ClusterMap | None) -> None: ...

@@ -108,18 +108,30 @@ class Partitioned(MemberParts):
                   owned=sum(self.own.owned), gained=len(gained), lost=len(lost))  # fmt: skip
         if old is None:
             return
-        # Hand-off: a partition with a new owner gets what we hold of it (as its old
-        # owner, or as the home of clients with registers there), so no change is left
-        # behind on members that no longer own it; merging is idempotent.
-        fresh = {p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}
-        if fresh:
-            self._distribute(list(self.broker.dump(fresh)))
+        self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
         for peer, q in self.fwd.items():
             self._reroute(q.take(everything=peer not in cmap.live))
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
                     self.next_digest[peer] = self.now
+
+    def _hand_off(self, parts: set[int], old: clustermap.ClusterMap | None) -> None:
+        """Each new owner of these partitions gets what we hold of them (as their old
+        owner, or as the home of clients with registers there), so no change is left
+        behind on a member that no longer owns it; merging is idempotent. Queued as
+        a lazy dump per peer, taken as its push window opens (never built in one
+        turn: review finding #9). ``old``: the map before (None: every owner is new)."""
+        assert self.cmap is not None
+        owners = self.cmap.owners
+        per: dict[str, set[int]] = {}
+        for p in parts:
+            for m in owners[p]:
+                if m != self.id and (old is None or m not in old.owners[p]):
+                    per.setdefault(m, set()).add(p)
+        for peer, mine in per.items():
+            self.queues[peer].add_handoff(self.broker.dump(mine))
+            self._pump_pushes(peer)
 
     def heard_epoch(self, epoch: int) -> None:
         if epoch > self.epoch_seen:
