@@ -11,9 +11,13 @@ message over its peer link to the primary (docs/cluster.md, "Routing"). One
   already: subscribers drop the duplicate by producer id and sequence);
 * fire messages go out at once if the link is up and are dropped otherwise
   (fire is at most once: they are never sent twice);
+* the receiver delivers what it owns and refuses the rest (FWDACK lists them:
+  its map differs from ours for a moment); refused messages are ``parked`` and
+  routed again at the next heartbeat or map change, so a message stays with
+  the member that acknowledged it to its publisher until an owner has it;
 * when the map changes, :meth:`take` hands the member everything not yet
-  acknowledged (all of it if the destination is gone, the unsent part
-  otherwise) to route again by the new map.
+  acknowledged (all of it if the destination is gone, the unsent and parked
+  part otherwise) to route again by the new map.
 
 A queue holds at most ``max_queue`` reliable messages; beyond that new ones are
 dropped and counted: the publisher already has its PUBACK, so this is a loss
@@ -35,11 +39,12 @@ class ForwardQueue:
         self.window = window
         self.pending: deque[Msg] = deque()
         self.inflight: dict[int, list[Msg]] = {}
+        self.parked: list[Msg] = []  # refused by the receiver: to route again
         self.next_id = 1
         self.dropped = 0
 
     def __len__(self) -> int:
-        return len(self.pending) + sum(len(b) for b in self.inflight.values())
+        return len(self.pending) + len(self.parked) + sum(len(b) for b in self.inflight.values())
 
     def add(self, msgs: list[Msg]) -> None:
         """Queue reliable messages (a caller sends fire ones itself, once)."""
@@ -60,8 +65,16 @@ class ForwardQueue:
         self.inflight[fid] = batch
         return fid, batch
 
-    def acked(self, fid: int) -> None:
-        self.inflight.pop(fid, None)
+    def acked(self, fid: int, refused: list[int]) -> None:
+        """FWDACK: the receiver delivered the frame's messages but those it ``refused``."""
+        batch = self.inflight.pop(fid, None)
+        if batch is not None:
+            self.parked.extend(batch[i] for i in refused if i < len(batch))
+
+    def unpark(self) -> list[Msg]:
+        """Refused messages, to route again (the maps may agree by now)."""
+        out, self.parked = self.parked, []
+        return out
 
     def disconnected(self) -> None:
         """The link dropped: what was in flight goes back to the front, in order."""
@@ -74,6 +87,7 @@ class ForwardQueue:
         ``everything`` (the destination is no longer live)."""
         if everything:
             self.disconnected()
-        out = list(self.pending)
+        out = list(self.pending) + self.parked
         self.pending.clear()
+        self.parked = []
         return out

@@ -138,9 +138,7 @@ class Lifecycle(MemberParts):
         if self.partitioned:
             # What we hold of partitions we do not own (our clients' registers, from the
             # snapshot) may never have reached the owners before we went down: hand it off.
-            theirs = {p for p, mine in enumerate(self.own.owned) if not mine}
-            if theirs:
-                self._distribute(list(self.broker.dump(theirs)))
+            self._hand_off({p for p, mine in enumerate(self.own.owned) if not mine}, None)
         self._out.append(ServeClients())
         self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
         for p in self.peers:
@@ -191,7 +189,8 @@ class Lifecycle(MemberParts):
         exit once none is left and the last snapshot is done."""
         for peer, lid in self.out.items():
             q = self.queues[peer]
-            if lid is not None and not q.pending and not q.inflight and q.repair is None:
+            if lid is not None and not q.pending and not q.inflight and q.repair is None and q.handoff is None \
+                    and not self.fwd[peer]:  # fmt: skip
                 self._close(self.links[lid], "stopping")
         if self.final_done and not self.links:
             self.phase = "stopped"

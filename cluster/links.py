@@ -63,17 +63,18 @@ class Link:
     def up(self) -> bool:
         return self.phase == UP
 
-    def hello(self, me: str, nonce: bytes) -> bytes:
-        """The connection is open: the dialler speaks first."""
+    def hello(self, me: str, nonce: bytes, shape: str) -> bytes:
+        """The connection is open: the dialler speaks first. ``shape`` (mode,
+        partitions, replicas) must be the same at both ends."""
         self.nonce = nonce
         self.phase = HELLO_SENT
-        return encode([P.HELLO, PROTOCOL, me, nonce])
+        return encode([P.HELLO, PROTOCOL, me, nonce, shape])
 
-    def handshake(self, f: list[Any], secret: bytes, me: str, members: set[str], nonce: bytes) -> bytes:
+    def handshake(self, f: list[Any], secret: bytes, me: str, members: set[str], nonce: bytes, shape: str) -> bytes:
         """Take one handshake frame; returns what to answer (maybe nothing).
         Raises PeerProtocolError for anything but the expected, correct frame."""
         if self.phase == HELLO_SENT:
-            pid, their_nonce, their_mac = check_challenge(f)
+            pid, their_nonce, their_mac = check_challenge(f, shape)
             assert self.peer is not None
             want = mac(secret, b"L", self.nonce, their_nonce, self.peer, me)
             if pid != self.peer or not hmac.compare_digest(their_mac, want):
@@ -81,10 +82,10 @@ class Link:
             self.phase = UP
             return encode([P.AUTH, mac(secret, b"D", their_nonce, self.nonce, me, self.peer)])
         if self.phase == AWAIT_HELLO:
-            self.peer, self.their_nonce = check_hello(f, members, me)
+            self.peer, self.their_nonce = check_hello(f, members, me, shape)
             self.nonce = nonce
             self.phase = CHALLENGED
-            return encode([P.CHALLENGE, me, nonce, mac(secret, b"L", self.their_nonce, nonce, me, self.peer)])
+            return encode([P.CHALLENGE, me, nonce, mac(secret, b"L", self.their_nonce, nonce, me, self.peer), shape])
         if self.phase == CHALLENGED:
             assert self.peer is not None
             got = check_auth(f)

@@ -108,6 +108,7 @@ class MemberCore(Lifecycle, Partitioned):
         hosts = peer_hosts or {}
         self.peer_addr = {m.id: (hosts.get(m.id, m.peer_addr[0]), m.peer_addr[1]) for m in cc.members}
         self.member_ids = {m.id for m in cc.members}
+        self.shape = f"partitioned/{s.partitions}/{s.replicas}" if s.mode == "partitioned" else s.mode
         self.broker = BrokerCore(
             self.cfg, self.secret, random.Random(rng.getrandbits(64)), incarnation,
             members=[[m.id, *m.client_addr] for m in cc.members], node_idx=cc.index_of(member_id),
@@ -147,7 +148,7 @@ class MemberCore(Lifecycle, Partitioned):
         elif isinstance(ev, LinkOpened):
             link = self.links.get(ev.link)
             if link is not None and link.outbound:
-                self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN)))
+                self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
         elif isinstance(ev, Accepted):
             if self.phase in ("stopping", "stopped"):
                 self._out.append(Close(ev.link, "stopping"))
@@ -298,6 +299,8 @@ class MemberCore(Lifecycle, Partitioned):
                 lid = self.out[p]
                 if lid is not None and self.links[lid].up:
                     self._frame(lid, beat)
+            if self.partitioned:
+                self._retry_refused()
         if now >= self.next_membership:
             self.next_membership = now + s.heartbeat_interval
             self._watch_peers(now)
@@ -381,6 +384,8 @@ class MemberCore(Lifecycle, Partitioned):
         self.was_up[peer] = False
         if self.pull_peer == peer:
             self._pull_failed(why, close=False)
+        if not link.up:
+            self.dial_failed(peer)
 
     def _on_bytes(self, lid: int, data: bytes) -> None:
         link = self.links.get(lid)
@@ -398,7 +403,7 @@ class MemberCore(Lifecycle, Partitioned):
                         self._on_request(link, f)
                 else:
                     nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
-                    reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce)
+                    reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce, self.shape)
                     if reply:
                         self._frame(lid, reply)
                     if link.up:
@@ -459,6 +464,7 @@ class MemberCore(Lifecycle, Partitioned):
                 self._expired.discard(link.peer)
             if self.partitioned:
                 self.heard_epoch(epoch)
+                self.unreached.discard(link.peer)
                 if ch or reported != state:
                     self._remap()
         elif kind == P.FORWARD and n == 3:
@@ -478,7 +484,8 @@ class MemberCore(Lifecycle, Partitioned):
                     return [P.DUMPEND, sent]
 
                 parts = check_partitions(f[1], len(self.broker.digest)) if n == 2 else None
-                self._streams.start(link.id, P.DUMP, self.broker.dump(parts), end)
+                dump = self.broker.dump(parts, home=peer if parts is not None else None)
+                self._streams.start(link.id, P.DUMP, dump, end)
         elif kind == P.DIGEST and n == 2:
             if self._streams.running(link.id, P.DIFF):
                 raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
@@ -502,9 +509,8 @@ class MemberCore(Lifecycle, Partitioned):
         elif kind == P.PUSHACK and n == 2:
             self.queues[peer].acked(f[1])
             self._pump_pushes(peer)
-        elif kind == P.FWDACK and n == 2:
-            self.fwd[peer].acked(f[1])
-            self._pump_forwards(peer)
+        elif kind == P.FWDACK and n == 3:
+            self._on_fwdack(peer, f[1], f[2])
         elif kind == P.DIFF and n == 2:
             self._absorb(self.broker.merge(check_entries(f[1]), self.now))
         elif kind == P.DIFFEND and n == 2:

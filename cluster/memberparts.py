@@ -7,8 +7,10 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cluster.clustermap import ClusterMap
     from cluster.config import ClusterConfig, ClusterSettings
     from cluster.events import Action
+    from cluster.forwarding import ForwardQueue
     from cluster.links import Link
     from cluster.membership import Membership
     from cluster.replication import PeerQueue
@@ -32,10 +34,12 @@ class MemberParts:
         links: dict[int, Link]
         out: dict[str, int | None]
         queues: dict[str, PeerQueue]
+        fwd: dict[str, ForwardQueue]
         next_digest: dict[str, float]
         _out: list[Action]
         partitioned: bool
         own: Ownership
+        cmap: ClusterMap | None
 
         @property
         def ready(self) -> bool: ...
@@ -45,3 +49,4 @@ class MemberParts:
         def _absorb(self, actions: list[Any]) -> None: ...
         def _distribute(self, entries: list[Any]) -> None: ...
         def _pump_pushes(self, peer: str) -> None: ...
+        def _hand_off(self, parts: set[int], old: ClusterMap | None) -> None: ...

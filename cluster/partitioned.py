@@ -59,9 +59,11 @@ class Partitioned(MemberParts):
         self.own = Ownership(self.id, s.partitions)
         self.cmap: clustermap.ClusterMap | None = None
         self.epoch_seen = 0
-        self.fwd = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
+        self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         self._placed = {m.id: (m.client_addr, m.peer_addr) for m in self.cc.members}
+        # Peers never heard from since we started whose dial failed: not live (review finding #4)
+        self.unreached: set[str] = set()
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
@@ -69,12 +71,24 @@ class Partitioned(MemberParts):
     # ------------------------------------------------------------ the map
 
     def live_view(self) -> set[str]:
-        """Members this one counts live: itself, and every peer neither down nor syncing."""
+        """Members this one counts live: itself, and every peer neither down nor syncing.
+
+        A peer not heard from since we started counts live (so a cluster that starts
+        together has its full map at once) until a dial to it fails: a member that
+        restarts while another is down must not take the dead one for an owner for
+        ``down_after`` (it would PULL the wrong partitions, refuse the hand-offs meant
+        for it and forward to the dead one)."""
         live = {self.id}
         for p, v in self.membership.peers.items():
-            if v.state != "down" and v.reported != "syncing":
+            if v.state != "down" and v.reported != "syncing" and p not in self.unreached:
                 live.add(p)
         return live
+
+    def dial_failed(self, peer: str) -> None:
+        """A link we dialled closed before its handshake completed."""
+        if self.partitioned and self.membership.peers[peer].state == "unknown" and peer not in self.unreached:
+            self.unreached.add(peer)
+            self._remap()
 
     def _remap(self) -> None:
         """Compute the map of our current view; install it if its owners changed."""
@@ -96,20 +110,30 @@ class Partitioned(MemberParts):
                   owned=sum(self.own.owned), gained=len(gained), lost=len(lost))  # fmt: skip
         if old is None:
             return
-        # Hand-off: a partition with a new owner gets what we hold of it (as its old
-        # owner, or as the home of clients with registers there), so no change is left
-        # behind on members that no longer own it; merging is idempotent.
-        fresh = {p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}
-        if fresh:
-            self._distribute(list(self.broker.dump(fresh)))
+        self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
         for peer, q in self.fwd.items():
-            again = q.take(everything=peer not in cmap.live)
-            if again:
-                self._absorb(self.broker.forwarded(again, self.now, ours=True))
+            self._reroute(q.take(everything=peer not in cmap.live))
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
                     self.next_digest[peer] = self.now
+
+    def _hand_off(self, parts: set[int], old: clustermap.ClusterMap | None) -> None:
+        """Each new owner of these partitions gets what we hold of them (as their old
+        owner, or as the home of clients with registers there), so no change is left
+        behind on a member that no longer owns it; merging is idempotent. Queued as
+        a lazy dump per peer, taken as its push window opens (never built in one
+        turn: review finding #9). ``old``: the map before (None: every owner is new)."""
+        assert self.cmap is not None
+        owners = self.cmap.owners
+        per: dict[str, set[int]] = {}
+        for p in parts:
+            for m in owners[p]:
+                if m != self.id and (old is None or m not in old.owners[p]):
+                    per.setdefault(m, set()).add(p)
+        for peer, mine in per.items():
+            self.queues[peer].add_handoff(self.broker.dump(mine))
+            self._pump_pushes(peer)
 
     def heard_epoch(self, epoch: int) -> None:
         if epoch > self.epoch_seen:
@@ -225,6 +249,17 @@ class Partitioned(MemberParts):
         while (f := q.next_frame()) is not None:
             self._frame(lid, encode([P.FORWARD, f[0], f[1]]))
 
+    def _reroute(self, msgs: list[Any]) -> None:
+        """Our own forwards, routed again by the current map."""
+        if msgs:
+            self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
+
+    def _retry_refused(self) -> None:
+        """Every heartbeat: messages a peer refused (its map differed) are routed again."""
+        for q in self.fwd.values():
+            if q.parked:
+                self._reroute(q.unpark())
+
     def _relay(self, member: str, sends: list[Any]) -> None:
         lid = self.out.get(member)
         if lid is not None and self.links[lid].up:
@@ -235,9 +270,17 @@ class Partitioned(MemberParts):
     def _on_forward_frame(self, link: Link, fid: Any, msgs: Any) -> None:
         if fid.__class__ is not int or not 0 <= fid < 2**63:
             raise PeerProtocolError("malformed FORWARD")
-        self._absorb(self.broker.forwarded(check_forwarded(msgs), self.now))
-        if fid:
-            self._frame(link.id, encode([P.FWDACK, fid]))
+        actions, refused = self.broker.forwarded(check_forwarded(msgs), self.now)
+        self._absorb(actions)
+        if fid:  # (fire messages refused are dropped: at most once)
+            self._frame(link.id, encode([P.FWDACK, fid, refused]))
+
+    def _on_fwdack(self, peer: str, fid: Any, refused: Any) -> None:
+        if fid.__class__ is not int or refused.__class__ is not list \
+                or not all(i.__class__ is int and 0 <= i < 65536 for i in refused):  # fmt: skip
+            raise PeerProtocolError("malformed FWDACK")
+        self.fwd[peer].acked(fid, refused)
+        self._pump_forwards(peer)
 
     def _on_relay_frame(self, sends: Any) -> None:
         clients = self.broker.clients

@@ -27,7 +27,7 @@ import msgpack
 from client import wire
 from client.wire import WireError
 
-PROTOCOL = "roost-peer/4"  # 4: partitioned mode (FORWARD, RELAY, map epoch in HEARTBEAT); 3: BEAT
+PROTOCOL = "roost-peer/5"  # 5: FWDACK lists refusals; 4: partitioned mode (FORWARD, RELAY, map epoch); 3: BEAT
 NONCE_LEN = 16
 HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is read
 _LEN = struct.Struct(">I")
@@ -48,7 +48,7 @@ class P(IntEnum):
     HEARTBEAT = 18  # [state, subscriptions, clients, map epoch]
     BEAT = 19  # []: the answer to a HEARTBEAT, on the dialler's link (its liveness)
     FORWARD = 20  # [id, msgs]: messages for partitions the receiver is primary of; id 0: fire, no answer
-    FWDACK = 21  # [id]
+    FWDACK = 21  # [id, refused]: indexes of the frame's messages the receiver does not own
     RELAY = 22  # [[host, port, datagram], ...]: send these to our text clients (fire, no answer)
 
 
@@ -117,9 +117,18 @@ def mac(secret: bytes, label: bytes, n1: bytes, n2: bytes, id1: str, id2: str) -
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def check_hello(f: list[Any], members: set[str], me: str) -> tuple[str, bytes]:
-    if len(f) != 4 or f[0] != P.HELLO or f[1] != PROTOCOL:
+def _check_shape(theirs: Any, ours: str) -> None:
+    """Both ends must run the same mode, partition count and replicas (a cluster
+    whose members disagree would compute different maps, for ever)."""
+    if theirs != ours:
+        raise PeerProtocolError(f"peer runs {str(theirs)[:64]!r}, this member {ours!r}: "
+                                "[cluster] mode, partitions and replicas must be the same on every member")  # fmt: skip
+
+
+def check_hello(f: list[Any], members: set[str], me: str, shape: str) -> tuple[str, bytes]:
+    if len(f) != 5 or f[0] != P.HELLO or f[1] != PROTOCOL:
         raise PeerProtocolError("expected HELLO " + PROTOCOL)
+    _check_shape(f[4], shape)
     peer, nonce = f[2], f[3]
     if not isinstance(peer, str) or peer not in members or peer == me:
         raise PeerProtocolError(f"unknown peer id {str(peer)[:64]!r}")
@@ -128,9 +137,10 @@ def check_hello(f: list[Any], members: set[str], me: str) -> tuple[str, bytes]:
     return peer, nonce
 
 
-def check_challenge(f: list[Any]) -> tuple[str, bytes, bytes]:
-    if len(f) != 4 or f[0] != P.CHALLENGE:
+def check_challenge(f: list[Any], shape: str) -> tuple[str, bytes, bytes]:
+    if len(f) != 5 or f[0] != P.CHALLENGE:
         raise PeerProtocolError("expected CHALLENGE")
+    _check_shape(f[4], shape)
     peer, nonce, m = f[1], f[2], f[3]
     if not (isinstance(peer, str) and isinstance(nonce, bytes) and isinstance(m, bytes)):
         raise PeerProtocolError("malformed CHALLENGE")
@@ -216,13 +226,13 @@ def _port(port: Any, what: str) -> int:
 
 
 def check_forwarded(msgs: Any) -> list[list[Any]]:
-    """Validate FORWARD messages ``[topic, key, tags, payload, producer id, sequence, hops]``."""
+    """Validate FORWARD messages ``[topic, key, tags, payload, producer id, sequence]``."""
     if msgs.__class__ is not list:
         raise PeerProtocolError("forwarded messages must be an array")
     try:
         for m in msgs:
-            if m.__class__ is not list or len(m) != 7:
-                raise PeerProtocolError("a forwarded message is [topic, key, tags, payload, pid, seq, hops]")
+            if m.__class__ is not list or len(m) != 6:
+                raise PeerProtocolError("a forwarded message is [topic, key, tags, payload, pid, seq]")
             wire.check_topic(m[0])
             wire.check_key(m[1])
             wire.check_tags(m[2])
@@ -234,8 +244,6 @@ def check_forwarded(msgs: Any) -> list[list[Any]]:
             elif m[4].__class__ is not bytes or len(m[4]) != wire.ID_LEN or m[5].__class__ is not int \
                     or not 0 < m[5] < 2**63:  # fmt: skip
                 raise PeerProtocolError("a reliable message has a producer id and a sequence")
-            if m[6].__class__ is not int or not 0 <= m[6] <= 8:
-                raise PeerProtocolError("hops must be 0..8")
     except WireError as exc:
         raise PeerProtocolError(f"bad forwarded message: {exc.text}") from None
     return msgs  # type: ignore[no-any-return]

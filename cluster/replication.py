@@ -16,6 +16,7 @@ CMDACK until the owners' queues have acknowledged the entries of its batch.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -55,6 +56,10 @@ class PeerQueue:
         # Our side of an anti-entropy repair: batches made from live state only
         # as the window opens (a large repair must not be built in one turn).
         self.repair: Iterator[list[Entry]] | None = None
+        # Partitioned: partitions this peer newly owns, handed off to it the same way
+        # (after the repair; an anti-entropy round does not replace it).
+        self.handoff: Iterator[list[Entry]] | None = None
+        self._handing: set[int] = set()  # push seqs in flight that are hand-off batches
         self.added = 0  # entries ever added (their numbers: 1..added)
         self.taken = 0  # entries taken from ``pending`` into pushes (requeued ones given back)
         self.acked_through = 0
@@ -67,6 +72,7 @@ class PeerQueue:
     def add(self, entries: list[Entry]) -> None:
         self.added += len(entries)
         if self.overflowed:
+            self.taken = self.acked_through = self.added  # (see below)
             return
         for e in entries:
             self.pending.append(e)
@@ -75,6 +81,9 @@ class PeerQueue:
             self.pending.clear()
             self.pending_subs = 0
             self.taken = self.added  # (never acknowledged one by one: anti-entropy repairs)
+            # Nothing dropped will be acknowledged: a CMDACK held for this peer would
+            # wait for down_after; anti-entropy repairs it instead (review finding #8).
+            self.acked_through = self.added
             self.overflowed = True
             self.repair = None  # (the next digest round repairs everything)
 
@@ -83,6 +92,26 @@ class PeerQueue:
         repair still in progress (the new one covers the current difference)."""
         if not self.overflowed:
             self.repair = chunked(entries, self.chunk)
+
+    def add_handoff(self, entries: Iterable[Entry]) -> None:
+        """Push ``entries`` (taken lazily) after the repair and any hand-off before."""
+        more = chunked(entries, self.chunk)
+        self.handoff = more if self.handoff is None else itertools.chain(self.handoff, more)
+
+    def _unnumbered(self) -> list[Entry]:
+        """The next batch of the repair, else of the hand-off ([] when both are done)."""
+        if self.repair is not None:
+            batch = next(self.repair, [])
+            if batch:
+                return batch
+            self.repair = None
+        if self.handoff is not None:
+            batch = next(self.handoff, [])
+            if batch:
+                self._handing.add(self.next_seq)
+                return batch
+            self.handoff = None
+        return []
 
     def next_push(self) -> tuple[int, list[Entry]] | None:
         """The next PUSH to send, if the window allows one."""
@@ -100,28 +129,33 @@ class PeerQueue:
                 batch.append(e)
             self.taken += len(batch)
             self._numbered[seq] = (len(batch), self.taken)
-        elif self.repair is not None:
-            batch = next(self.repair, [])
-            if not batch:
-                self.repair = None
-                return None
         else:
-            return None
+            batch = self._unnumbered()
+            if not batch:
+                return None
         self.next_seq += 1
         self.inflight[seq] = batch
         return seq, batch
 
     def acked(self, seq: int) -> None:
         self.inflight.pop(seq, None)
+        self._handing.discard(seq)
         n = self._numbered.pop(seq, None)
         if n is not None and n[1] > self.acked_through:
             self.acked_through = n[1]
 
     def disconnected(self) -> None:
-        """The link dropped: the changes in flight go back to the front, in order.
-        A repair in flight is dropped instead: the next digest round redoes it."""
-        if len(self._numbered) < len(self.inflight):
-            self.repair = None
+        """The link dropped: the changes in flight go back to the front, in order,
+        and repair and hand-off batches in flight to the front of theirs
+        (unnumbered: they hold no CMDACK)."""
+        unnumbered = sorted(s for s in self.inflight if s not in self._numbered)
+        repair = [self.inflight[s] for s in unnumbered if s not in self._handing]
+        handing = [self.inflight[s] for s in unnumbered if s in self._handing]
+        if repair:
+            self.repair = itertools.chain(repair, self.repair or ())
+        if handing:
+            self.handoff = itertools.chain(handing, self.handoff or ())
+        self._handing.clear()
         for seq in sorted(self._numbered, reverse=True):
             for e in reversed(self.inflight[seq]):
                 self.pending.appendleft(e)

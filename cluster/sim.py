@@ -293,9 +293,13 @@ class Simulation(SimAccounting):
         for _ in range(copies):
             # a long tail: 3% of datagrams wait 50-800 ms (a queue somewhere), far behind later ones
             late = self.rng.uniform(0.05, 0.8) if self.rng.random() < 0.03 else 0.0
-            self.at(self.now + self._delay() + late, self._arrive, src, dst, data)
+            self.at(self.now + self._delay() + late, self._arrive, src, dst, data, self._crashes_of(src))
 
-    def _arrive(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
+    def _crashes_of(self, addr: tuple[str, int]) -> int:
+        m = self.member_at.get(addr)
+        return self.check.crashes.get(m.id, 0) if m is not None else 0
+
+    def _arrive(self, src: tuple[str, int], dst: tuple[str, int], data: bytes, crashes: int = 0) -> None:
         m = self.member_at.get(dst)
         if m is not None:
             sender = self.client_at.get(src)
@@ -307,6 +311,8 @@ class Simulation(SimAccounting):
         c = self.client_at.get(dst)
         if c is not None and not self.frozen:
             c.session.handle_datagrams([(data, src)], self.now)
+            if c.seqs:
+                self._acked_by(c, self.member_at[src].id if src in self.member_at else None, crashes)
             self._client_io(c)
 
     def _dial(self, m: SimMember, lid: int, peer: str) -> None:
@@ -442,6 +448,8 @@ class Simulation(SimAccounting):
             c.next_msg += 1
             self.check.published[(c.index, n)] = Published(topic, self._pub_epoch(c))
             s.publish(topic, None, None, f"{c.index}:{n}".encode(), True)
+            if self.partitioned:
+                c.seqs[s.last_seq] = n
             self._client_io(c)
         self.at(self.now + self.rng.uniform(0.01, 0.08), self._publish, c, number)
 
@@ -477,6 +485,7 @@ class Simulation(SimAccounting):
         c.addr = ("127.0.0.2", 9001 + index + 100 * c.number)
         self.client_at[c.addr] = c
         c.session = self._new_session(c.cid, list(self.members), c.number)
+        c.seqs.clear()  # (what the old process never had acknowledged is not promised)
         c.tick_at = math.inf
         self.stats["client_restarts"] += 1
         # (sometimes the new process comes late: past subscriber_timeout, the members time the old one out)

@@ -77,6 +77,17 @@ class SimAccounting:
                 pub, n = parse_payload(msg[3])
                 self.check.accepted(m.id, (pub, n), subs, self.now)
 
+    def _acked_by(self, c: SimClient, member: str | None, crashes: int) -> None:
+        """Partitioned: the member ``c`` talks to acknowledged its publishes through
+        ``c.session.acked`` (forwarded to their primaries or taken itself) when its
+        crash count was ``crashes`` (the PUBACK left before any crash since)."""
+        acked = c.session.acked
+        done = [q for q in c.seqs if q <= acked]
+        for q in done:
+            n = c.seqs.pop(q)
+            if member is not None:
+                self.check.acked((c.index, n), member, crashes, self.now)
+
     def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[tuple[bytes, object]]:
         """(client id, its live subscription) for every subscriber the member
         would deliver ``topic`` to reliably, at the address of its current session,

@@ -43,17 +43,7 @@ def _break_handoff() -> None:
     """Partitioned mode: a member whose view gives a partition a new owner hands it nothing."""
     from cluster.partitioned import Partitioned
 
-    remap = Partitioned._remap
-
-    def without_handoff(self: Partitioned) -> None:
-        distribute = self._distribute
-        self._distribute = lambda entries: None  # type: ignore[method-assign]
-        try:
-            remap(self)
-        finally:
-            self._distribute = distribute  # type: ignore[method-assign]
-
-    Partitioned._remap = without_handoff  # type: ignore[method-assign]
+    Partitioned._hand_off = lambda self, parts, old: None  # type: ignore[method-assign]
 
 
 def _break_void() -> None:

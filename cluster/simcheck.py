@@ -59,6 +59,9 @@ class Checker:
     # (subscriber index, session number, topic) -> messages delivered, in order
     delivered: dict[tuple[int, int, str], list[Msg]] = field(default_factory=dict)
     crashes: dict[str, int] = field(default_factory=dict)
+    # partitioned: message -> (member that acknowledged it to its publisher, that member's
+    # crash count then, when): it forwards what it does not own, and must see it delivered
+    acked_at: dict[Msg, tuple[str, int, float]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     checked: int = 0
 
@@ -73,6 +76,10 @@ class Checker:
             p.member, p.crashes = member, self.crashes.get(member, 0)
         for cid, st in reliable_subscribers:
             self.owed.setdefault((cid, p.topic), {}).setdefault(msg, (member, self.crashes.get(member, 0), st, now))
+
+    def acked(self, msg: Msg, member: str, crashes: int, now: float) -> None:
+        """A PUBACK from ``member``, sent when its crash count was ``crashes``, covered ``msg``."""
+        self.acked_at.setdefault(msg, (member, crashes, now))
 
     def on_delivery(self, now: float, sub: int, session: int, topic: str, msg: Msg,
                     pub_epoch: tuple[int, ...]) -> None:  # fmt: skip
@@ -146,6 +153,12 @@ class Checker:
                         self.violation(now, f"subscriber {index} never got {msg} on {topic!r}, "
                                             f"accepted by {mid} which stayed up")  # fmt: skip
                         break
+        # Partitioned: a member that acknowledged a publish and stayed up saw it taken by a
+        # primary (forwarded, perhaps rerouted): none is lost between members.
+        for msg, (mid, crashes, at) in self.acked_at.items():
+            if self.published[msg].member is None and self.crashes.get(mid, 0) == crashes:
+                self.violation(now, f"{msg} acknowledged by {mid} at t={at:.3f}, which stayed up, "
+                                    "never reached a primary")  # fmt: skip
 
 
     def _final_partitioned(self, now: float, members: dict[str, Any], collecting_ms: int, in_flux: bool) -> Any:

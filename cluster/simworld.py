@@ -58,6 +58,8 @@ class SimClient:
     # id(subscription object) -> (it, the first register version a member wrote for it): a
     # member holding an older version holds an earlier subscription, which this one is not
     starts: dict[int, tuple[object, int]] = field(default_factory=dict)
+    # partitioned: reliable producer sequence of this process -> message number, until acknowledged
+    seqs: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -151,12 +151,13 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self._merge(entries, now)
         return self._finish(now)
 
-    def forwarded(self, msgs: list[Any], now: float, ours: bool = False) -> list[Action]:
+    def forwarded(self, msgs: list[Any], now: float, ours: bool = False) -> tuple[list[Action], list[int]]:
         """Partitioned mode: messages another member forwarded to us (validated by
-        the caller), or (``ours``) our own forwards to route again by a new map."""
+        the caller), or (``ours``) our own forwards to route again by a new map.
+        Also returns the indexes of the messages refused (not ours to deliver)."""
         self._now = now
-        self._deliver_forwarded(msgs, ours)
-        return self._finish(now)
+        refused = self._deliver_forwarded(msgs, ours)
+        return self._finish(now), refused
 
     def expire_home(self, home: str, now: float) -> list[Action]:
         """Tombstone the subscriptions of binary clients whose home node ``home`` is gone."""

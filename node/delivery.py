@@ -87,9 +87,11 @@ class Delivery(Registers):
             and old & _LIVE_RELIABLE == _LIVE_RELIABLE
             and not any(v & _LIVE_RELIABLE == _LIVE_RELIABLE for v in c.subs.values())
         ):
-            if (version >> 2) & 3 == REASON_TIMED_OUT and not c.local:
+            if ((version >> 2) & 3 == REASON_TIMED_OUT and not c.local) or self._voiding:
                 # Given up by another member (its home looked dead to it): kept a while,
                 # in case the client lives behind a partition and takes it up again.
+                # Voided by a reset (partitioned) whose renewal has not reached us yet
+                # (it may come by another owner's map): kept for it (seed 6388).
                 c.parked = (c.mailbox, versions.millis_of(version), c.session, c.addr)
             c.mailbox = None
 
@@ -169,29 +171,35 @@ class Delivery(Registers):
         self._forwards.setdefault(member, []).append(msg)
         self.metrics["forwarded_out"] += 1
 
-    def _deliver_forwarded(self, msgs: list[Any], ours: bool) -> None:
-        """Messages another member forwarded (or, ``ours``, our own to route again
-        after the map changed): deliver each here if this member is its
-        partition's primary, else send it on to the primary our map names. A
-        message gets one hop past the first: after that an owner delivers it and
-        anyone else drops it (the maps are in flux; the publisher's retry or the
-        next map settles it)."""
+    def _deliver_forwarded(self, msgs: list[Any], ours: bool) -> list[int]:
+        """Messages another member forwarded to us, or (``ours``) our own to route
+        again after the map changed. Ours go to the primary of the new map (or
+        are delivered here if that is us, or if no owner is live). Another
+        member's are delivered here if we own the partition (its primary or, when
+        the maps differ for a moment, its secondary); the others are refused, by
+        index, and stay with the sender until its map or ours changes: a member
+        takes responsibility (FWDACK) only for what it delivered, so no message
+        rests with a member that is neither its acceptor nor its owner (review
+        finding #6)."""
         own = self.own
         if own is None:
             self.metrics["forward_unexpected"] += len(msgs)
-            return
-        for m in msgs:
-            topic, key, tags, payload, pid, seq, hops = m
+            return list(range(len(msgs)))
+        refused = []
+        for i, m in enumerate(msgs):
+            topic, key, tags, payload, pid, seq = m
             dest = own.forward_to(topic)
-            if dest is None or (hops >= 2 and own.owns(topic)):
+            if dest is not None and ours:
+                self._forward(dest, m)
+            elif dest is None or own.owns(topic):
                 packed = (wire.pack_message(topic, key, tags, payload) if pid is None
                           else wire.pack_delivery(topic, key, tags, payload, pid, seq))  # fmt: skip
                 self._publish(topic, key, tags, payload, packed)
                 self.metrics["forwarded_in" if not ours else "rerouted_here"] += 1
-            elif hops >= 2:
-                self.metrics["forward_dropped"] += 1
             else:
-                self._forward(dest, m if ours else [topic, key, tags, payload, pid, seq, hops + 1])
+                refused.append(i)
+                self.metrics["forward_refused"] += 1
+        return refused
 
     def _overflow(self, c: ClientState) -> None:
         """Mailbox full: cancel every reliable subscription of this client."""

@@ -94,8 +94,7 @@ class Producers(Delivery):
             dest = forward_to(topic)
             if dest is not None:
                 misrouted = True
-                self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None,
-                                     0])
+                self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None])
             elif reliable:
                 self._publish(topic, key, tags, payload, wire.pack_delivery(topic, key, tags, payload, pid, seq))
             else:

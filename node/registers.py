@@ -89,6 +89,7 @@ class Registers(CoreBase):
         # Partitioned mode (node/ownership.py): the index holds owned partitions only, and the
         # digest has one bucket per partition; None in replicated mode and on a single node.
         self.own: Ownership | None = None
+        self._voiding = False  # inside _void_older (the delivery layer parks the mailbox)
         # Registers changed (local writes and merges), ever: a snapshot is due
         # when this moved since the last one.
         self.changes = 0
@@ -274,14 +275,31 @@ class Registers(CoreBase):
                 # (an entry of recent tombstones only is kept: forgetting it
                 # would let an older "subscribed" version win later)
                 c = clients[who] = ClientState(who, (host, port), home, now)
-            reset = False
-            if cver > c.cver:
+            reset = reclaim = False
+            talks_to_us = c.local and who.__class__ is bytes and now - c.last_seen < self.cfg.subscriber_timeout
+            if cver > c.cver and own is not None and not cver & versions.PRESENT and home != self.node_id \
+                    and talks_to_us:  # fmt: skip
+                # Partitioned: an old home gave the client up (a drop), but it talks to us,
+                # its home now: we take it back with a newer client register and renew its
+                # subscriptions below, newer than the tombstones the drop makes elsewhere
+                # (replicated mode re-asserts the same way; review finding #2).
+                observe(cver)
+                self._set_cver(c, self._version(now, True, 0))
+                self._mark_changed(c, None)
+                self.metrics["reclaimed"] += 1
+                reclaim = True
+            elif cver > c.cver:
                 observe(cver)
                 self._set_cver(c, cver)
                 reset = own is not None and bool(cver & versions.RELIABLE)
                 if c.addr != (host, port):
                     c.addr = (host, port)
                     self._readdressed(c, carry=session == c.session)
+                if own is not None and home != c.home and home != self.node_id and c.subs:
+                    # Partitioned: the client's new home gets what we hold of it, so
+                    # that its copy is whole (its PONGs say whether it is known).
+                    for tk in c.subs:
+                        self._mark_changed(c, tk)
                 c.home = home
                 if session > c.session:
                     # The client's process started a new session at its home:
@@ -317,17 +335,33 @@ class Registers(CoreBase):
                             self.metrics["reasserted"] += 1
             if reset:  # (after the entry's own registers: those it renews are newer than the reset)
                 self._void_older(c, cver, now)
+            elif reclaim:
+                for tk, v in list(c.subs.items()):
+                    if v & versions.PRESENT and v < cver:
+                        self._write(c, tk, True, v & versions.RELIABLE, now)
+                        self.metrics["reasserted"] += 1
 
     def _void_older(self, c: ClientState, cver: int, now: float) -> None:
-        """Partitioned: the client's home reset it (``_reset_cver``); as primary of a
-        partition, end the client's subscriptions there that are older than the reset."""
-        own = self.own
-        assert own is not None
+        """Partitioned: the client's home reset it (``_reset_cver``); end what we hold
+        of the client that is older than the reset (the home may not know of it).
+
+        The tombstone's version is the reset's own clock and writer (flags: absent,
+        the reason), not a fresh one: every member that learns of the reset writes
+        the same tombstone, and a subscription the client renewed after the reset
+        (a SYNC renews its whole set right after it) is newer and wins wherever the
+        two meet, even at a member that saw the reset but not the renewal (review
+        finding #7; simulator seed 652, 5 members)."""
         reason = REASON_UNSUBSCRIBED if cver & versions.PRESENT else REASON_TIMED_OUT
-        for tk, v in list(c.subs.items()):
-            if v & versions.PRESENT and v < cver and own.primaries[own.partition(tk[0])] == own.me:
-                self._write(c, tk, False, v & versions.RELIABLE, now, reason)
-                self.metrics["voided_by_reset"] += 1
+        stamp = (cver >> versions.FLAG_BITS << versions.FLAG_BITS) | (reason << 2)
+        self._voiding = True
+        try:
+            for tk, v in list(c.subs.items()):
+                if v & versions.PRESENT and v < cver:
+                    self._set(c, tk, stamp | (v & versions.RELIABLE))
+                    self._mark_changed(c, tk)
+                    self.metrics["voided_by_reset"] += 1
+        finally:
+            self._voiding = False
 
     def set_ownership(self, own: Ownership) -> None:
         """Partitioned mode, from the start (before any register): one digest bucket per partition."""
@@ -349,10 +383,13 @@ class Registers(CoreBase):
                     elif p in lost:
                         index.remove(topic, key, c.cid)
 
-    def dump(self, buckets: set[int] | None = None) -> Any:
-        """Every client's entry (or only the registers in ``buckets``)."""
+    def dump(self, buckets: set[int] | None = None, home: str | None = None) -> Any:
+        """Every client's entry (or only the registers in ``buckets``). ``home``
+        (partitioned: a member's PULL) adds every register of the clients whose
+        home that member is: their sessions need them all, and a restarted home
+        has only what its snapshot held (simulator seed 427, 5 members)."""
         for c in list(self.clients.values()):
-            if buckets is None:
+            if buckets is None or (home is not None and c.home == home and c.cid.__class__ is bytes):
                 yield self._entry(c, c.subs.items())
                 continue
             subs = [(tk, v) for tk, v in c.subs.items() if self._bucket(c.cid, tk)[0] in buckets]

@@ -42,7 +42,7 @@ class TextProtocol(Delivery):
             if dest is None:
                 self._publish(topic, None, None, payload, None)
             else:
-                self._forward(dest, [topic, None, None, payload, None, None, 0])
+                self._forward(dest, [topic, None, None, payload, None, None])
             return
         tk = (topic, None)
         c = self.clients.get(addr)

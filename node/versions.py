@@ -21,12 +21,12 @@ PRESENT = 0b10
 RELIABLE = 0b01
 _COUNTER_BITS = 12
 _NODE_BITS = 8
-_FLAG_BITS = 4
-_LOW = _NODE_BITS + _FLAG_BITS
+FLAG_BITS = 4
+_LOW = _NODE_BITS + FLAG_BITS
 
 
 def make(hlc: int, node_idx: int, present: bool, mode: int) -> int:
-    return (hlc << _LOW) | (node_idx << _FLAG_BITS) | (PRESENT if present else 0) | (mode & RELIABLE)
+    return (hlc << _LOW) | (node_idx << FLAG_BITS) | (PRESENT if present else 0) | (mode & RELIABLE)
 
 
 def is_present(version: int) -> bool:

@@ -73,7 +73,7 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     cluster.wait_subscriptions([1, 1, 1])
     before = cluster.status("n1")["subscriptions"]
     s = _dial(cluster)
-    s.sendall(encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN)]))
+    s.sendall(encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "replicated"]))
     s.settimeout(5)
     challenge = msgpack.unpackb(s.recv(65536)[4:])
     assert challenge[0] == P.CHALLENGE
@@ -93,8 +93,10 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     [
         (b"\x00\x00\x00\x05" + b"\xc1" * 5, "undecodable frame"),
         ((1 << 31).to_bytes(4, "big") + b"x" * 10, "exceeds max_frame"),
-        (encode([P.HELLO, "something-else/9", "n2", os.urandom(NONCE_LEN)]), "expected HELLO"),
-        (encode([P.HELLO, PROTOCOL, "stranger", os.urandom(NONCE_LEN)]), "unknown peer id"),
+        (encode([P.HELLO, "something-else/9", "n2", os.urandom(NONCE_LEN), "replicated"]), "expected HELLO"),
+        (encode([P.HELLO, PROTOCOL, "stranger", os.urandom(NONCE_LEN), "replicated"]), "unknown peer id"),
+        (encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/256/2"]),
+         "mode, partitions and replicas must be the same"),
         (encode([P.PULL]), "expected HELLO"),
     ],
 )

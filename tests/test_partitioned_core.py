@@ -4,6 +4,8 @@ peer frame validation, and a member core in the simulator (held CMDACKs, bad FOR
 from __future__ import annotations
 
 import dataclasses
+import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -11,14 +13,17 @@ import pytest
 from client import wire
 from client.wire import E, T
 from cluster import clustermap, ring
-from cluster.events import Close, Datagrams, LinkBytes, Log, Send
+from cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame
 from cluster.forwarding import ForwardQueue
-from cluster.peerwire import P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
+from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
 from cluster.replication import PeerQueue
 from cluster.sim import Simulation
-from node.core import Forward
+from cluster.simcheck import Published
+from node import versions
+from node.config import NodeConfig
+from node.core import BrokerCore, Forward
 from node.ownership import Ownership, partition_of
-from tests.corekit import connect, frames_to, make_core, sends
+from tests.corekit import connect, frames_to, make_core, replicated, sends
 
 PID = b"p" * 16
 
@@ -46,7 +51,7 @@ def test_forward_queue_windows_requeues_in_order_and_bounds_memory():
     assert q.dropped == 2 and len(q) == 5
     f1, f2 = q.next_frame(), q.next_frame()
     assert f1 is not None and f2 is not None and q.next_frame() is None  # window of 2
-    q.acked(f1[0])
+    q.acked(f1[0], [])
     q.disconnected()  # f2 was in flight: back in front, in order
     assert [m[0] for m in q.pending] == ["m2", "m3", "m4"]
     f3 = q.next_frame()
@@ -76,10 +81,11 @@ def test_peer_queue_numbers_entries_and_acknowledges_through_the_last_push():
 
 
 @pytest.mark.parametrize("msgs", [
-    "x", [["t", None, None, b"p", PID, 1]], [["bad topic\n", None, None, b"p", None, None, 0]],
-    [["t", None, None, "str", None, None, 0]], [["t", None, None, b"p", None, 5, 0]],
-    [["t", None, None, b"p", b"short", 1, 0]], [["t", None, None, b"p", PID, 0, 0]],
-    [["t", None, None, b"p", PID, 1, 9]], [["t", None, {"k": 1}, b"p", PID, 1, 0]],
+    "x", [["t", None, None, b"p", PID]], [["t", None, None, b"p", PID, 1, 0]],
+    [["bad topic\n", None, None, b"p", None, None]],
+    [["t", None, None, "str", None, None]], [["t", None, None, b"p", None, 5]],
+    [["t", None, None, b"p", b"short", 1]], [["t", None, None, b"p", PID, 0]],
+    [["t", None, {"k": 1}, b"p", PID, 1]],
 ])  # fmt: skip
 def test_malformed_forwarded_messages_are_refused(msgs):
     with pytest.raises(PeerProtocolError):
@@ -87,7 +93,7 @@ def test_malformed_forwarded_messages_are_refused(msgs):
 
 
 def test_well_formed_forwards_relays_and_partitions_pass():
-    ok = [["t", "k", {"a": "b"}, b"p", PID, 7, 1], ["t", None, None, b"", None, None, 0]]
+    ok = [["t", "k", {"a": "b"}, b"p", PID, 7], ["t", None, None, b"", None, None]]
     assert check_forwarded(ok) == ok
     assert check_relay([["127.0.0.1", 9, b"MSG t\nx"]]) == [(("127.0.0.1", 9), b"MSG t\nx")]
     assert check_partitions([0, 3], 4) == {0, 3}
@@ -111,7 +117,7 @@ def test_a_malformed_forward_closes_the_link_and_changes_nothing():
     assert core is not None
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
     before = core.broker.state_digest()
-    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 1, [["t", None, None, "not bytes", None, None, 0]]])),
+    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 1, [["t", None, None, "not bytes", None, None]]])),
                       sim.now)  # fmt: skip
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
     assert any(isinstance(a, Log) and a.event == "peer_protocol_error" for a in out)
@@ -223,3 +229,193 @@ def test_a_sub_for_a_partition_led_elsewhere_is_redirected_once_per_epoch():
     assert not [f for f in frames_to(c.sub(here), c.addr) if f[0] is T.REDIRECT]
     assert [f for f in frames_to(c.sub(elsewhere), c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", cmap)]
     assert not [f for f in frames_to(c.sub(_topic(cmap, "n2", "u")), c.addr) if f[0] is T.REDIRECT]
+
+
+# ---------------------------------------------------------------- client resets and homes (registers)
+
+WALL = 1_800_000_000.0  # core time 0 is this Unix time: versions are ordinary HLC values
+TOPIC_OF = {partition_of(f"t{i}", 4): f"t{i}" for i in range(50)}
+CID = b"c" * 16
+OWNERS = [("b", "c"), ("c", "b"), ("b", "c"), ("c", "b")]
+
+
+def _pcore(me: str, idx: int, owners: Sequence[tuple[str, ...]]) -> BrokerCore:
+    core = BrokerCore(NodeConfig(id=me), b"k" * 32, random.Random(idx), incarnation=1,
+                      members=[[m, "127.0.0.1", 7400 + i] for i, m in enumerate("abc")], node_idx=idx,
+                      wall_offset=WALL, replicating=True, tombstone_horizon=600.0)  # fmt: skip
+    own = Ownership(me, 4)
+    core.set_ownership(own)
+    core.reindex(*own.update(1, owners))
+    return core
+
+
+def _v(t: float, idx: int, present: bool = True, flag: int = versions.RELIABLE) -> int:
+    """A version written at core time ``t`` by member ``idx``."""
+    return versions.make(int((WALL + t) * 1000 - versions.EPOCH_MS) << 12, idx, present, flag)
+
+
+def _entry(cver: int, home: str, subs: list[list[Any]], session: int = 1) -> list[Any]:
+    return [CID, cver, "127.0.0.9", 9000, home, subs, session]
+
+
+def test_a_reset_voids_older_registers_identically_everywhere_and_a_renewal_wins():
+    t0, t1 = TOPIC_OF[0], TOPIC_OF[2]
+    b, c = _pcore("b", 1, OWNERS), _pcore("c", 2, OWNERS)
+    first = _entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])
+    reset = _v(5, 0)  # the home's reset (RELIABLE flag on a client register)
+    renewed = [t0, None, _v(5.001, 0)]  # the SYNC renews t0 right after the reset; t1 not
+    for core in (b, c):
+        core.merge([first], 6.0)
+    voids = replicated(b.merge([_entry(reset, "a", [])], 6.0))  # b hears the reset before the renewal
+    c.merge([_entry(reset, "a", [renewed])], 6.0)  # c hears both at once
+    vb, vc = b.clients[CID].subs, c.clients[CID].subs
+    assert not versions.is_present(vb[(t1, None)]) and vb[(t1, None)] == vc[(t1, None)]  # the same tombstone
+    assert vb[(t1, None)] >> versions.FLAG_BITS == reset >> versions.FLAG_BITS
+    assert not versions.is_present(vb[(t0, None)]) and versions.is_present(vc[(t0, None)])
+    # The void b wrote travels to c and loses there to the renewal; the renewal wins at b.
+    assert [s[0] for e in voids for s in e[5]] and all(e[0] == CID for e in voids)
+    c.merge(voids, 6.1)
+    b.merge([_entry(reset, "a", [renewed])], 6.1)
+    assert vb[(t0, None)] == vc[(t0, None)] == renewed[2]
+
+
+def test_a_home_that_hears_a_client_is_dropped_elsewhere_takes_it_back():
+    t0 = TOPIC_OF[0]
+    b = _pcore("b", 1, OWNERS)  # b is the client's home (it talks to b) and t0's primary
+    b.merge([_entry(_v(1, 1, flag=0), "b", [[t0, None, _v(1.001, 1)]])], 1.5)
+    assert b.clients[CID].local
+    drop = _v(2, 0, present=False)  # a (the old home, behind a partition) timed it out
+    out = b.merge([_entry(drop, "a", [[t0, None, _v(2.001, 0, present=False) | (2 << 2)]])], 2.5)
+    cl = b.clients[CID]
+    assert cl.home == "b" and cl.local and cl.cver > drop and versions.is_present(cl.cver)
+    assert versions.is_present(cl.subs[(t0, None)]) and cl.subs[(t0, None)] > drop
+    assert any(e[0] == CID and e[4] == "b" and e[1] == cl.cver for e in replicated(out))  # told to all
+
+
+def test_a_pull_gets_every_register_of_the_pullers_clients_and_a_new_home_gets_them_pushed():
+    t0, t1 = TOPIC_OF[0], TOPIC_OF[1]
+    b = _pcore("b", 1, [("b", "c"), ("b", "c"), ("c", "a"), ("c", "a")])
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])], 1.5)
+    only_p0 = [e for e in b.dump({partition_of(t0, 4)}) if e[0] == CID]
+    assert [s[0] for s in only_p0[0][5]] == [t0]
+    whole = [e for e in b.dump({partition_of(t0, 4)}, home="a") if e[0] == CID]
+    assert sorted(s[0] for s in whole[0][5]) == sorted([t0, t1])
+    # The client moves its home to c: b pushes what it holds of the client (c's copy must be whole).
+    out = b.merge([_entry(_v(3, 2, flag=0), "c", [])], 3.5)
+    pushed = [e for e in replicated(out) if e[0] == CID]
+    assert pushed and pushed[0][4] == "c" and sorted(s[0] for s in pushed[0][5]) == sorted([t0, t1])
+
+
+def test_a_member_restarted_while_another_is_down_leaves_it_out_of_its_map_at_once():
+    """Review finding #4: a never-heard peer counted live for down_after after a restart."""
+    sim = _ready_sim()
+    sim.crash("m2")
+    down_after = sim.cc.settings.down_after
+    assert sim.run_until(sim.now + down_after + 1.0)
+    sim.crash("m0")
+    sim.restart("m0")
+    t0 = sim.now
+    core = sim.members["m0"].core
+    assert core is not None and core.membership.peers["m2"].state == "unknown"
+    assert sim.run_until(t0 + down_after / 3)  # well before m2 could be "down" to the new m0
+    assert core.membership.peers["m2"].state == "unknown" and "m2" in core.unreached
+    assert core.cmap is not None and core.cmap.live == {"m0", "m1"}
+    assert core.cmap.owners == sim.members["m1"].core.cmap.owners  # the same map as the survivor's
+
+
+def test_a_forward_queue_parks_what_the_receiver_refused_until_routed_again():
+    q = ForwardQueue(max_queue=10, chunk=3, window=2)
+    q.add([["a"], ["b"], ["c"]])
+    fid = (q.next_frame() or (0, []))[0]
+    q.acked(fid, [0, 2, 99])  # (an index past the frame is ignored)
+    assert q.parked == [["a"], ["c"]] and len(q) == 2 and not q.inflight
+    assert q.unpark() == [["a"], ["c"]] and len(q) == 0
+    q.add([["d"]])
+    q.acked(q.next_frame()[0], [0])  # type: ignore[index]
+    assert q.take(everything=False) == [["d"]] and len(q) == 0
+
+
+def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():
+    """Review finding #6: a member that forwarded again and acknowledged lost messages when it stopped."""
+    sim = _ready_sim()
+    core = sim.members["m0"].core
+    assert core is not None and core.cmap is not None
+    topics = [f"w{i}" for i in range(500)]
+    mine = next(t for t in topics if core.cmap.owners[core.own.partition(t)][0] == "m0")
+    theirs = next(t for t in topics if "m0" not in core.cmap.owners[core.own.partition(t)])
+    inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
+    before = core.broker.metrics["forwarded_in"]
+    sim.check.published[(9, 2)] = Published(mine, ())  # (the simulator's accounting parses payloads)
+    msgs = [[theirs, None, None, b"9:1", PID, 1], [mine, None, None, b"9:2", PID, 2]]
+    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 5, msgs])), sim.now)
+    dec = FrameDecoder(1 << 20)
+    for a in out:
+        if isinstance(a, SendFrame) and a.link == inbound:
+            dec.feed(a.data)
+    assert dec.next_frame() == [P.FWDACK, 5, [0]]  # the first refused: m0 does not own it
+    assert core.broker.metrics["forwarded_in"] == before + 1
+
+
+def test_a_mailbox_voided_by_a_reset_waits_for_the_renewal_and_its_stream_goes_on():
+    """Seed 6388: the reset reached an owner before the renewal (which came by another map),
+    and the messages waiting for the subscriber went with the voided subscription."""
+    t1 = TOPIC_OF[2]
+    b = _pcore("b", 1, OWNERS)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t1, None, _v(1.001, 0)]])], 1.5)
+    b.forwarded([[t1, None, None, b"waiting", PID, 1]], 1.6)  # b is t1's primary: into the mailbox
+    cl = b.clients[CID]
+    mailbox = cl.mailbox
+    assert mailbox is not None and len(mailbox) == 1
+    b.merge([_entry(_v(5, 0), "a", [])], 6.0)  # the reset alone
+    assert cl.mailbox is None and cl.parked is not None and not versions.is_present(cl.subs[(t1, None)])
+    b.merge([_entry(_v(5, 0), "a", [[t1, None, _v(5.001, 0)]])], 6.1)  # the renewal, same session and address
+    assert cl.mailbox is mailbox and len(mailbox) == 1 and b.metrics["mailboxes_resumed"] == 1
+
+
+def test_an_overflowed_peer_queue_holds_no_cmdack():
+    """Review finding #8: entries dropped on overflow were never acknowledged, so every CMDACK
+    waited down_after while anti-entropy repaired the peer."""
+    q = PeerQueue(max_queue=3, chunk=2, window=8)
+    q.add([[b"a", 0, "h", 1, "n", [["t", None, 1]], 0]] * 4)  # over max_queue: dropped
+    assert q.overflowed and q.acked_through == q.added == 4
+    q.add([[b"a", 0, "h", 1, "n", [["t", None, 1]], 0]])  # (while overflowed: nothing queued)
+    assert q.acked_through == q.added == 5 and len(q) == 0
+    q.repaired()
+    q.add([[b"b", 0, "h", 1, "n", [["t", None, 1]], 0]])
+    push = q.next_push()
+    assert push is not None and q.acked_through == 5 < q.added
+    q.acked(push[0])
+    assert q.acked_through == q.added == 6
+
+
+def test_a_repair_in_flight_is_pushed_again_after_a_link_drop():
+    """Review finding #12: it was dropped, and the peer waited a whole anti-entropy round."""
+    q = PeerQueue(max_queue=100, chunk=1, window=2)
+    e1, e2, e3 = ([bytes([i]) * 16, 0, "h", 1, "n", [["t", None, i]], 0] for i in (1, 2, 3))
+    q.add_repair([e1, e2, e3])
+    sent = [q.next_push(), q.next_push()]
+    assert [p[1] for p in sent if p] == [[e1], [e2]] and q.next_push() is None  # window of 2
+    q.disconnected()
+    again = [q.next_push(), q.next_push()]
+    assert [p[1] for p in again if p] == [[e1], [e2]]
+    q.acked(again[0][0])  # type: ignore[index]
+    third = q.next_push()
+    assert third is not None and third[1] == [e3] and q.acked_through == 0 == q.added
+
+
+def test_a_hand_off_is_taken_lazily_after_the_repair_and_no_repair_replaces_it():
+    """Review finding #9: the hand-off was built in one turn (1.4 s for 200,000 subscriptions)."""
+    q = PeerQueue(max_queue=100, chunk=1, window=8)
+    made: list[int] = []
+
+    def entries(tag: int):
+        for i in range(3):
+            made.append(tag)
+            yield [bytes([tag, i]) * 8, 0, "h", 1, "n", [["t", None, i + 1]], 0]
+
+    q.add_handoff(entries(1))
+    assert made == []  # nothing built yet
+    q.add_repair(entries(2))
+    q.add_repair(entries(3))  # (a newer repair replaces the first, not the hand-off)
+    got = [push[1][0][0][0] for push in iter(q.next_push, None)]
+    assert got == [3, 3, 3, 1, 1, 1] and q.handoff is None and q.acked_through == 0

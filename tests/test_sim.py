@@ -120,12 +120,15 @@ def test_a_whole_cluster_runs_in_one_process_without_a_socket(monkeypatch):
     assert sim.stats["partitions"] >= 1 and sim.stats["crashes"] >= 1 and check.checked > 100
 
 
-@pytest.mark.parametrize(("broken", "seeds", "mode"), [
-    ("no-tombstones", 20, "replicated"), ("no-restream", 20, "replicated"), ("no-dedup", 40, "replicated"),
-    ("no-void", 150, "partitioned"),  # (rarer: 2 of seeds 0..149 since members send REDIRECTs, 1 of 0..29 before)
+@pytest.mark.parametrize(("broken", "seeds", "mode", "extra"), [
+    ("no-tombstones", 20, "replicated", ()), ("no-restream", 20, "replicated", ()),
+    ("no-dedup", 40, "replicated", ()),
+    # (no-void is no longer caught: a home now gets every register of its clients, and the
+    # clients' digest check makes it end what a reset did not; the void is tested directly)
+    ("no-handoff", 25, "partitioned", ("--members", "5", "--clients", "6", "--start", "9535")),
 ])  # fmt: skip
-def test_a_broken_build_is_caught_with_a_seed_that_replays(broken, seeds, mode):
-    run = [sys.executable, "scripts/simulate.py", "--jobs", "2", "--break", broken, "--mode", mode]
+def test_a_broken_build_is_caught_with_a_seed_that_replays(broken, seeds, mode, extra):
+    run = [sys.executable, "scripts/simulate.py", "--jobs", "2", "--break", broken, "--mode", mode, *extra]
     r = subprocess.run([*run, "--seeds", str(seeds)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     replay = next(line.split("replay: ", 1)[1] for line in r.stdout.splitlines() if "replay: " in line)
