@@ -82,9 +82,12 @@ class SimAccounting:
         ``c.session.acked`` (forwarded to their primaries or taken itself) when its
         crash count was ``crashes`` (the PUBACK left before any crash since)."""
         acked = c.session.acked
-        done = [q for q in c.seqs if q <= acked]
-        for q in done:
-            n = c.seqs.pop(q)
+        seqs = c.seqs
+        while seqs:  # (in publish order: stop at the first one not acknowledged)
+            q = next(iter(seqs))
+            if q > acked:
+                break
+            n = seqs.pop(q)
             if member is not None:
                 self.check.acked((c.index, n), member, crashes, self.now)
 
