@@ -175,7 +175,7 @@ class Partitioned(MemberParts):
             else:  # the client register alone: wherever its registers are
                 who = e[0] if e[0].__class__ is bytes else tuple(e[0])
                 c = clients.get(who)
-                for m in {m for tk in (c.subs if c is not None else ()) for m in owners[part(tk[0])]}:
+                for m in dict.fromkeys(m for tk in (c.subs if c is not None else ()) for m in owners[part(tk[0])]):
                     if m != me and m != home:
                         per.setdefault(m, []).append(e)
             if home != me and home in self.queues:

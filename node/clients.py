@@ -65,7 +65,7 @@ class ClientState:
         # Cancellations the client has not confirmed yet (by UNSUB or SUB);
         # repeated in every PONG so a lost CANCEL datagram cannot hide one.
         self.cancelled: dict[tuple[str, str | None], str] = {}
-        self.changed: set[tuple[str, str | None]] | None = None  # not yet replicated
+        self.changed: dict[tuple[str, str | None], None] | None = None  # not yet replicated
         self.counted: str | None = None  # source host this record counts against (max_per_host)
         self.sdigest: int | None = None  # wire.subs_digest of modes(), computed when a PING asks
         self.redirected = 0  # partitioned mode: the map epoch last sent to the client in a REDIRECT

@@ -184,10 +184,10 @@ class Registers(CoreBase):
         if not self.replicating:
             return
         if c.changed is None:
-            c.changed = set()
+            c.changed = {}  # (a dict: insertion order, where a set's order follows hash(None))
             self._changed.append(c)
         if tk is not None:
-            c.changed.add(tk)
+            c.changed[tk] = None
 
     def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
         """Install a version (newer than what we hold); update index, counts and digest."""
