@@ -70,6 +70,7 @@ class ClientSession:
         # Partitioned clusters: the newest cluster map our members gave us (WELCOME, REDIRECT);
         # client/router.py routes by it. A session itself always talks to one member.
         self.cmap: ClusterMap | None = None
+        self._map_asked = -1e9  # when we last asked for the map because a stranger spoke
         self._out: list[tuple[Addr, bytes]] = []
         self.subs: dict[SubKey, SubState] = {}
         self.cmds = CommandBatches(session, config.cmd_retry)
@@ -160,6 +161,11 @@ class ClientSession:
         for data, src in datagrams:
             if src != self.node and src not in known:
                 self.events.append(("stranger", src))
+                if self.cmap is not None and self.cookie is not None and now >= self._map_asked + 1.0:
+                    # (a member that joined after our map: ask ours for the newest map, which
+                    # names it; what it sent is resent, and then taken)
+                    self._map_asked = now
+                    self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
                 continue  # only nodes of our cluster may talk to us
             try:
                 f = wire.decode_untrusted_frame(data, 65536)
@@ -225,6 +231,8 @@ class ClientSession:
             if cmap.epoch > have:
                 self.cmap = cmap
                 self.events.append(("map", cmap.epoch))
+                for addr in sorted({a for a, _peer in cmap.members.values()} - set(self.candidates)):
+                    self.candidates.append(addr)  # (members that joined: they deliver to us too)
         elif announced.__class__ is int and announced > have and self.cookie is not None:
             self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
 

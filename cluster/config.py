@@ -81,6 +81,10 @@ CLUSTER_SETTINGS: list[Setting] = [
             _num(0.1, 3600),
             "A link a peer dialled is closed after this long without a frame (the peer sends a "
             "heartbeat every heartbeat_interval); must be more than heartbeat_interval."),
+    Setting("cluster", "leave_timeout", 30.0, float, "a number of seconds from 0.1 to 3600",
+            _num(0.1, 3600),
+            "A member whose leave is committed keeps delivering what its mailboxes hold; it "
+            "stops when they are empty or after this long."),
     Setting("cluster", "stop_timeout", 10.0, float, "a number of seconds from 0.1 to 600",
             _num(0.1, 600),
             "On SIGTERM/SIGINT a member writes a last snapshot; it gives up waiting for the "
@@ -117,6 +121,7 @@ class ClusterSettings:
     chunk_subscriptions: int
     max_peer_queue: int
     link_idle_timeout: float
+    leave_timeout: float
     stop_timeout: float
 
     def __init__(self) -> None:

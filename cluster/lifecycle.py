@@ -43,6 +43,7 @@ class Lifecycle(MemberParts):
     def _init_lifecycle(self) -> None:
         # PULL
         self.pull_order: list[str] = []
+        self.pull_parts: set[int] = set()  # a running member's gains (cluster/joining.py); empty: all we own
         self.pull_peer: str | None = None
         self.pull_sent = False
         self.pull_deadline = math.inf
@@ -63,7 +64,7 @@ class Lifecycle(MemberParts):
             return
         self.phase = "syncing"
         self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
-                  members=len(self.cc.members))  # fmt: skip
+                  members=len(self.roster.members()))  # fmt: skip
         self._out.append(ReadSnapshot())
         self.pull_order = list(self.peers)
         self.rng.shuffle(self.pull_order)
@@ -78,6 +79,9 @@ class Lifecycle(MemberParts):
             self._pull_finished()
             return
         self.pull_peer = peer = self.pull_order.pop(0)
+        if self._gone(peer):
+            self._next_pull()
+            return
         self.pull_deadline = self.now + self.s.pull_timeout
         lid = self.out[peer]
         if lid is not None and self.links[lid].up:
@@ -88,8 +92,9 @@ class Lifecycle(MemberParts):
         lid = self.out[self.pull_peer]
         assert lid is not None
         self.pull_sent = True
-        if self.partitioned:  # only the partitions we own, from every peer in turn
-            self._frame(lid, encode([P.PULL, [p for p, mine in enumerate(self.own.owned) if mine]]))
+        if self.partitioned:  # only the partitions we own (or gain), from every peer in turn
+            parts = sorted(self.pull_parts) if self.pull_parts else [p for p, mine in enumerate(self.own.owned) if mine]
+            self._frame(lid, encode([P.PULL, parts]))
         else:
             self._frame(lid, encode([P.PULL]))
 
@@ -107,6 +112,9 @@ class Lifecycle(MemberParts):
     def _pull_finished(self) -> None:
         self.pull_peer = None
         self.pull_deadline = math.inf
+        if self.pull_parts:
+            self._gain_pull_finished()
+            return
         self.pull_done = True
         self._maybe_ready()
 
@@ -119,12 +127,14 @@ class Lifecycle(MemberParts):
                 self._log("error", "snapshot_unreadable", reason=reason)
         else:
             try:
-                written, chunks = decode_untrusted_snapshot(data)
+                written, chunks, roster = decode_untrusted_snapshot(data)
             except ValueError as exc:
                 self._log("error", "snapshot_unreadable", reason=str(exc)[:200])
             else:
                 for entries in chunks:
                     self._absorb(self.broker.merge(entries, self.now))
+                if self.roster.merge(roster):
+                    self._roster_changed()
                 age = self.now + self.wall_offset - written
                 self._log("info", "loaded_snapshot", subscriptions=self.broker.index.count, age_s=round(age, 1))
         self._maybe_ready()
@@ -148,7 +158,8 @@ class Lifecycle(MemberParts):
 
     def _write_snapshot(self) -> None:
         self.writing = token = self.broker.changes
-        chunks = snapshot_chunks(self.id, self.now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions)
+        chunks = snapshot_chunks(self.id, self.now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions,
+                                 self.roster.encode())  # fmt: skip
         self._out.append(WriteSnapshot(token, chunks))
 
     def _on_persisted(self, token: int, error: str | None) -> None:

@@ -72,18 +72,29 @@ from cluster.events import (
     Start,
     Stop,
 )  # fmt: skip
+from cluster.joining import Joining
 from cluster.lifecycle import Lifecycle
 from cluster.links import Link
 from cluster.membership import Membership
 from cluster.partitioned import Partitioned
-from cluster.peerwire import NONCE_LEN, P, PeerProtocolError, check_digest, check_entries, check_partitions, encode
+from cluster.peerwire import (
+    ADMIN,
+    NONCE_LEN,
+    P,
+    PeerProtocolError,
+    check_digest,
+    check_entries,
+    check_partitions,
+    encode,
+)  # fmt: skip
 from cluster.replication import PeerQueue
+from cluster.roster import Entry
 from node.core import BrokerCore, Confirm, Forward, Relay, Replicate, StatusQuery
 
 _BEAT = encode([P.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned):
+class MemberCore(Lifecycle, Partitioned, Joining):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -95,6 +106,7 @@ class MemberCore(Lifecycle, Partitioned):
         incarnation: int,
         bind_host: str | None = None,
         peer_hosts: dict[str, str] | None = None,
+        roster: list[tuple[str, Entry]] | None = None,
     ) -> None:
         self.cc = cc
         self.s = s = cc.settings
@@ -104,14 +116,16 @@ class MemberCore(Lifecycle, Partitioned):
         self.secret = s.secret.encode()
         self.rng = rng
         self.wall_offset = wall_offset
-        self.peers = [m.id for m in cc.members if m.id != member_id]
+        self._init_roster(roster or [])  # (cluster/joining.py: the base config plus joins and leaves)
+        members = self.roster.members()
+        self.peers = [m for m in members if m != member_id]
         hosts = peer_hosts or {}
-        self.peer_addr = {m.id: (hosts.get(m.id, m.peer_addr[0]), m.peer_addr[1]) for m in cc.members}
-        self.member_ids = {m.id for m in cc.members}
+        self.peer_addr = {m: (hosts.get(m, a[1][0]), a[1][1]) for m, a in members.items()}
+        self.member_ids = set(members)
         self.shape = f"partitioned/{s.partitions}/{s.replicas}" if s.mode == "partitioned" else s.mode
         self.broker = BrokerCore(
             self.cfg, self.secret, random.Random(rng.getrandbits(64)), incarnation,
-            members=[[m.id, *m.client_addr] for m in cc.members], node_idx=cc.index_of(member_id),
+            members=[[m, *a[0]] for m, a in members.items()], node_idx=self.node_index,
             wall_offset=wall_offset, replicating=True, tombstone_horizon=s.tombstone_horizon,
         )  # fmt: skip
         self.membership = Membership(self.peers, s.suspect_after, s.down_after, now)
@@ -203,22 +217,24 @@ class MemberCore(Lifecycle, Partitioned):
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``)."""
         members = []
-        for m in self.cc.members:
-            addr = f"{m.client_addr[0]}:{m.client_addr[1]}"
-            if m.id == self.id:
-                members.append({"id": m.id, "state": self.phase, "subscriptions": self.broker.index.count,
+        for m in [self.id, *self.peers]:
+            client = (self.roster.members().get(m) or (self.cfg.client_addr, None))[0]
+            addr = f"{client[0]}:{client[1]}"
+            if m == self.id:
+                members.append({"id": m, "state": self.phase, "subscriptions": self.broker.index.count,
                                 "clients": self.broker.status()["clients"], "queue": 0,
                                 "client_addr": addr})  # fmt: skip
                 continue
-            v = self.membership.peers[m.id]
-            lid = self.out[m.id]
-            members.append({"id": m.id, "state": v.state, "subscriptions": v.subscriptions, "clients": v.clients,
-                            "queue": len(self.queues[m.id]), "link": lid is not None and self.links[lid].up,
-                            "client_addr": addr})  # fmt: skip
+            v = self.membership.peers[m]
+            lid = self.out[m]
+            members.append({"id": m, "state": "left" if self._gone(m) else v.state, "subscriptions": v.subscriptions,
+                            "clients": v.clients, "queue": len(self.queues[m]),
+                            "link": lid is not None and self.links[lid].up, "client_addr": addr})  # fmt: skip
         # (one hash of the 256 bucket digests: members that agree on every register show the same)
         digest = hashlib.blake2b(b"".join(d.to_bytes(8, "big") for d in self.broker.digest), digest_size=8)
         out: dict[str, Any] = {"state": self.phase, "mode": self.s.mode, "digest": digest.hexdigest(),
-                               "members": members}
+                               "members": members, "roster": {"version": self.roster.version,
+                                                              "committed": self.committed == self.roster.digest()}}
         if self.partitioned:
             out["map"] = self.map_status()
         return out
@@ -294,7 +310,8 @@ class MemberCore(Lifecycle, Partitioned):
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
             beat = encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing",
-                           self.broker.index.count, self.broker.status()["clients"], self.own.epoch])  # fmt: skip
+                           self.broker.index.count, self.broker.status()["clients"], self.own.epoch,
+                           self.synced, self.committed])  # fmt: skip
             for p in self.peers:
                 lid = self.out[p]
                 if lid is not None and self.links[lid].up:
@@ -323,6 +340,7 @@ class MemberCore(Lifecycle, Partitioned):
         for lid, data in self._streams.turn(self._drained) if self._streams else ():
             self._frame(lid, data)
         self._release_held()
+        self._leave_due()
         if self.phase == "stopping":
             self._drain()
 
@@ -333,8 +351,13 @@ class MemberCore(Lifecycle, Partitioned):
             lid = self.out[peer]
             if new == "down" and lid is not None:
                 self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
+        for peer, _old, new in changes:
+            if new == "down":
+                self.pending.pop(peer, None)
         if changes and self.partitioned:
             self._remap()
+        if changes and self.committed != self.roster.digest():
+            self._check_roster()
         if self.ready:
             self._expire_lost_homes(now)
 
@@ -435,8 +458,9 @@ class MemberCore(Lifecycle, Partitioned):
         self._log("info", "link_up", peer=peer)
         self.was_up[peer] = True
         beat = [P.HEARTBEAT, "ready" if self.ready else "syncing", self.broker.index.count,
-                self.broker.status()["clients"], self.own.epoch]  # fmt: skip
+                self.broker.status()["clients"], self.own.epoch, self.synced, self.committed]  # fmt: skip
         self._frame(link.id, encode(beat))
+        self._send_roster(link)
         self._pump_forwards(peer)
         q = self.queues[peer]
         self.next_digest[peer] = self.now if q.overflowed else self.now + self.s.anti_entropy_interval
@@ -446,19 +470,25 @@ class MemberCore(Lifecycle, Partitioned):
 
     def _on_request(self, link: Link, f: list[Any]) -> None:
         """A frame on a link the peer dialled."""
+        if link.peer == ADMIN:
+            self._on_admin(link, f)
+            return
         kind, n = f[0], len(f)
         if kind == P.PUSH and n == 3:
             self._absorb(self.broker.merge(check_entries(f[2]), self.now))
             self._frame(link.id, encode([P.PUSHACK, f[1]]))
-        elif kind == P.HEARTBEAT and n == 5:
-            state, subs, clients, epoch = f[1], f[2], f[3], f[4]
+        elif kind == P.HEARTBEAT and n == 7:
+            state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
             if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int \
-                    or epoch.__class__ is not int or not 0 <= epoch < 2**62:  # fmt: skip
+                    or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
+                    or synced.__class__ is not int or not 0 <= synced < 2**64 \
+                    or committed.__class__ is not int or not 0 <= committed < 2**64:  # fmt: skip
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
             self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)
-            reported = self.membership.peers[link.peer].reported
-            ch = self.membership.heard(link.peer, self.now, state, subs, clients)
+            view = self.membership.peers[link.peer]
+            reported, was_synced = view.reported, view.synced
+            ch = self.membership.heard(link.peer, self.now, state, subs, clients, synced, committed)
             if ch:
                 self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
                 self._expired.discard(link.peer)
@@ -467,6 +497,10 @@ class MemberCore(Lifecycle, Partitioned):
                 self.unreached.discard(link.peer)
                 if ch or reported != state:
                     self._remap()
+            if (ch or reported != state or was_synced != synced) and self.committed != self.roster.digest():
+                self._check_roster()
+        elif kind == P.ROSTER and n == 2:
+            self._on_roster_frame(f[1])
         elif kind == P.FORWARD and n == 3:
             self._on_forward_frame(link, f[1], f[2])
         elif kind == P.RELAY and n == 2:
@@ -484,6 +518,8 @@ class MemberCore(Lifecycle, Partitioned):
                     return [P.DUMPEND, sent]
 
                 parts = check_partitions(f[1], len(self.broker.digest)) if n == 2 else None
+                if parts is not None:
+                    self._note_pull(peer, parts)
                 dump = self.broker.dump(parts, home=peer if parts is not None else None)
                 self._streams.start(link.id, P.DUMP, dump, end)
         elif kind == P.DIGEST and n == 2:

@@ -21,6 +21,8 @@ class PeerView:
     subscriptions: int = 0
     clients: int = 0
     down_since: float | None = None
+    synced: int = 0  # the roster digest it reports holding its partitions of (cluster/joining.py)
+    committed: int = 0  # the roster digest its map is computed from
 
 
 class Membership:
@@ -30,11 +32,18 @@ class Membership:
         self.started = now
         self.peers = {p: PeerView(p, last_heard=now) for p in peers}
 
-    def heard(self, peer: str, now: float, state: str, subscriptions: int, clients: int) -> tuple[str, str] | None:
+    def add(self, peer: str, now: float) -> None:
+        """A member that joined: unknown until heard, like any peer at start."""
+        self.peers.setdefault(peer, PeerView(peer, last_heard=now))
+
+    def heard(self, peer: str, now: float, state: str, subscriptions: int, clients: int,
+              synced: int = 0, committed: int = 0) -> tuple[str, str] | None:  # fmt: skip
         """A heartbeat arrived; returns (old, new) if the peer's state changed."""
         v = self.peers[peer]
         v.last_heard = now
         v.reported = state
+        v.synced = synced
+        v.committed = committed
         v.subscriptions = subscriptions
         v.clients = clients
         v.down_since = None

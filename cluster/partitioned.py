@@ -61,7 +61,7 @@ class Partitioned(MemberParts):
         self.epoch_seen = 0
         self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
-        self._placed = {m.id: (m.client_addr, m.peer_addr) for m in self.cc.members}
+        self._placed = self.roster.members()  # (the committed roster: cluster/joining.py)
         # Peers never heard from since we started whose dial failed: not live (review finding #4)
         self.unreached: set[str] = set()
         if self.partitioned:
@@ -93,6 +93,8 @@ class Partitioned(MemberParts):
     def _remap(self) -> None:
         """Compute the map of our current view; install it if its owners changed."""
         new = clustermap.compute(0, self._placed, self.live_view(), self.s.partitions, self.s.replicas)
+        for peer, parts in self.pending.items():  # (a pending peer that now owns a partition gets it as owner)
+            parts.difference_update(p for p in list(parts) if peer in new.owners[p])
         old = self.cmap
         if old is not None and new.owners == old.owners:
             if new.live != old.live:
@@ -166,8 +168,12 @@ class Partitioned(MemberParts):
             if subs:
                 targets: dict[str, list[Any]] = {}
                 for sub in subs:
-                    for m in owners[part(sub[0])]:
+                    p = part(sub[0])
+                    for m in owners[p]:
                         if m != me:
+                            targets.setdefault(m, []).append(sub)
+                    for m, parts in self.pending.items():  # (peers pulling it: cluster/joining.py)
+                        if p in parts and m not in owners[p]:
                             targets.setdefault(m, []).append(sub)
                 for m, mine in targets.items():
                     if m != home:

@@ -27,7 +27,9 @@ import msgpack
 from client import wire
 from client.wire import WireError
 
-PROTOCOL = "roost-peer/5"  # 5: FWDACK lists refusals; 4: partitioned mode (FORWARD, RELAY, map epoch); 3: BEAT
+# 6: ROSTER, JOIN, LEAVE, synced roster in HEARTBEAT; 5: FWDACK lists refusals;
+# 4: partitioned mode (FORWARD, RELAY, map epoch); 3: BEAT
+PROTOCOL = "roost-peer/6"
 NONCE_LEN = 16
 HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is read
 _LEN = struct.Struct(">I")
@@ -45,11 +47,19 @@ class P(IntEnum):
     DIGEST = 15  # [bucket digests]: answered by DIFF..., DIFFEND
     DIFF = 16  # [entries of buckets that differ]
     DIFFEND = 17  # [buckets that differ]
-    HEARTBEAT = 18  # [state, subscriptions, clients, map epoch]
+    HEARTBEAT = 18  # [state, subscriptions, clients, map epoch, synced roster digest, committed roster digest]
     BEAT = 19  # []: the answer to a HEARTBEAT, on the dialler's link (its liveness)
     FORWARD = 20  # [id, msgs]: messages for partitions the receiver is primary of; id 0: fire, no answer
     FWDACK = 21  # [id, refused]: indexes of the frame's messages the receiver does not own
     RELAY = 22  # [[host, port, datagram], ...]: send these to our text clients (fire, no answer)
+    ROSTER = 23  # [entries]: the roster (cluster/roster.py), on link up and on every change
+    JOIN = 24  # [id, [host, port], [peer host, peer port]]: admin only; answered by ADMIN_REPLY
+    LEAVE = 25  # [id]: admin only; answered by ADMIN_REPLY
+    ADMIN_REPLY = 26  # [ok, message, roster entries]
+
+
+#: The id ``roost cluster join/leave`` authenticates as (no member id may contain "@").
+ADMIN = "@admin"
 
 
 class PeerProtocolError(Exception):
@@ -130,7 +140,7 @@ def check_hello(f: list[Any], members: set[str], me: str, shape: str) -> tuple[s
         raise PeerProtocolError("expected HELLO " + PROTOCOL)
     _check_shape(f[4], shape)
     peer, nonce = f[2], f[3]
-    if not isinstance(peer, str) or peer not in members or peer == me:
+    if not isinstance(peer, str) or (peer not in members and peer != ADMIN) or peer == me:
         raise PeerProtocolError(f"unknown peer id {str(peer)[:64]!r}")
     if not isinstance(nonce, bytes) or len(nonce) != NONCE_LEN:
         raise PeerProtocolError("bad nonce")

@@ -29,6 +29,7 @@ The fake world:
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -37,6 +38,7 @@ from typing import Any
 
 from client.session import ClientConfig, ClientSession
 from client.wire import Mode
+from cluster.config import Member
 from cluster.events import (
     Accepted,
     Close,
@@ -59,10 +61,12 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
+from cluster.roster import RosterError, decode_untrusted_roster
 from cluster.simaccounting import SimAccounting
 from cluster.simcheck import Checker, Published
 from cluster.simworld import (
     FAULTS,
+    MEMBERSHIP,
     PARTITIONED_TOPICS,
     TOPICS,
     WALL,
@@ -109,7 +113,8 @@ class Simulation(SimAccounting):
         self._inbound = dict.fromkeys(self.members, -1)
         self.logs: list[tuple[str, str, dict[str, Any]]] | None = None  # (member, event, fields) if wanted
         self.stats = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0,
-                      "datagrams": 0, "frames": 0}  # fmt: skip
+                      "joins": 0, "leaves": 0, "datagrams": 0, "frames": 0}  # fmt: skip
+        self.left: set[str] = set()  # members whose leave was asked for: never restarted
         self.clients: list[SimClient] = []
         ids = list(self.members)
         for i in range(clients):
@@ -174,9 +179,9 @@ class Simulation(SimAccounting):
 
     def _start_member(self, m: SimMember) -> None:
         now = self.now
-        m.core = MemberCore(self.cc, m.id, rng=random.Random(self.rng.getrandbits(64)), now=now,
-                            wall_offset=WALL + self.rng.uniform(-0.05, 0.05),
-                            incarnation=int((WALL + now) * 1000))  # fmt: skip
+        m.core = MemberCore(m.cc or self.cc, m.id, rng=random.Random(self.rng.getrandbits(64)), now=now,
+                            wall_offset=WALL + self.rng.uniform(-0.05, 0.05), incarnation=int((WALL + now) * 1000),
+                            roster=decode_untrusted_roster(m.roster))  # fmt: skip
         m.serving = False
         m.tick_at = math.inf
         if self.partitioned:
@@ -265,8 +270,49 @@ class Simulation(SimAccounting):
                 self._break(conn, "connection reset")
         self.pending_dials = {d for d in self.pending_dials if d[0] != m.id}
 
+    def join(self, number: int) -> None:
+        """``roost cluster join``: a ready member takes the JOIN, the new member starts."""
+        ready = [m for m in self.members.values() if m.core is not None and m.core.ready and m.id not in self.left]
+        if not ready:
+            return
+        seed = self.rng.choice(ready)
+        jid = f"j{number}"
+        client, peer = ("127.0.0.1", 7601 + number), ("127.0.0.1", 7701 + number)
+        assert seed.core is not None
+        try:
+            seed.core.admin_join(jid, client, peer)
+        except RosterError:
+            return
+        self.stats["joins"] += 1
+        m = self.members[jid] = SimMember(jid, client)
+        m.cc = dataclasses.replace(self.cc, members=[*self.cc.members, Member(jid, client, peer, f"/sim/{jid}")])
+        m.roster = seed.core.roster.encode()
+        self.member_at[client] = m
+        self._inbound[jid] = -1
+        self._feed(seed, Tick())  # (the ROSTER frames the JOIN made)
+        self._start_member(m)
+
+    def leave(self, pick: float) -> None:
+        """``roost cluster leave``: any ready member takes the LEAVE of a placed one."""
+        ready = sorted(m.id for m in self.members.values() if m.core is not None and m.core.ready
+                       and m.id not in self.left)  # fmt: skip
+        if len(ready) < 3:
+            return
+        victim = ready[int(pick * len(ready))]
+        at = self.members[self.rng.choice(ready)]
+        assert at.core is not None
+        try:
+            at.core.admin_leave(victim)
+        except RosterError:
+            return
+        self.stats["leaves"] += 1
+        self.left.add(victim)
+        self._feed(at, Tick())
+
     def restart(self, mid: str) -> None:
         m = self.members[mid]
+        if mid in self.left:
+            return
         if m.core is None:
             self._start_member(m)
         elif m.core.phase == "stopping":  # still draining: start it once it has exited
@@ -499,9 +545,16 @@ class Simulation(SimAccounting):
         """Faults at seeded random times until fault_time; then heal, restart, settle."""
         rng = self.rng
         ids = list(self.members)
+        if self.partitioned:  # (their own random source: the other faults are drawn as before)
+            mrng = random.Random(self.seed * 7919 + 17)
+            if "join" in self.faults and mrng.random() < 0.5:
+                self.at(mrng.uniform(2.0, self.fault_time - 2.0), self.join, 0)
+            if "leave" in self.faults and mrng.random() < 0.4:
+                self.at(mrng.uniform(2.0, self.fault_time - 2.0), self.leave, mrng.random())
+        faults = [f for f in self.faults if f not in MEMBERSHIP]
         t = rng.uniform(1.0, 3.0)
-        while t < self.fault_time and self.faults:
-            kind = rng.choice(self.faults)
+        while t < self.fault_time and faults:
+            kind = rng.choice(faults)
             if kind == "partition":
                 shape = rng.choice(("halves", "isolate", "bridge"))
                 order = rng.sample(ids, len(ids))
@@ -531,6 +584,12 @@ class Simulation(SimAccounting):
         self.at(self.fault_time, self.client_cuts.clear)
         for mid in ids:
             self.at(self.fault_time, self.restart, mid)
+        self.at(self.fault_time, self._restart_joined)
+
+    def _restart_joined(self) -> None:
+        for mid in list(self.members):
+            if mid not in self.left:
+                self.restart(mid)
 
 
 def run_seed(seed: int, **kw: Any) -> tuple[Checker, dict[str, int]]:

@@ -13,7 +13,8 @@ from cluster.member import MemberCore
 WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
 TOPICS = ("t0", "t1", "t2")
 PARTITIONED_TOPICS = (*TOPICS, "t3", "t4")  # (more topics: more partitions, so more owners, under fire)
-FAULTS = ("partition", "crash", "stop", "client", "cut-client")
+FAULTS = ("partition", "crash", "stop", "client", "cut-client", "join", "leave")
+MEMBERSHIP = ("join", "leave")  # (partitioned mode; drawn from their own random source)
 
 
 def sim_config(members: int, short: bool = False, mode: str = "replicated", partitions: int = 16) -> ClusterConfig:
@@ -41,6 +42,8 @@ class SimMember:
     incarnation: int = 0  # bumped by every crash: stale disk writes and timers are ignored
     disk: bytes | None = None  # the fsynced snapshot
     tick_at: float = math.inf
+    cc: ClusterConfig | None = None  # a member that joined: the config with itself in it
+    roster: list[Any] = field(default_factory=list)  # ... and the roster its JOIN was answered with
 
 
 @dataclass

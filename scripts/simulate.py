@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(s, kw, args.broken) for s in seeds]
     t0 = time.perf_counter()
     failed: list[tuple[int, list[str]]] = []
-    totals = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0}
+    totals = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0, "joins": 0,
+              "leaves": 0}  # fmt: skip
     checked = 0
     if args.jobs > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     n_viol = sum(len(v) for _, v in failed)
     print(f"{len(seeds)} seeds in {elapsed:.1f} s ({len(seeds) / elapsed:.1f} seeds/s, {args.jobs} jobs); "
           f"faults: {totals['crashes']} crashes, {totals['stops']} stops, {totals['partitions']} partitions, "
-          f"{totals['client_restarts']} client restarts, {totals['client_cuts']} client cuts; "
+          f"{totals['client_restarts']} client restarts, {totals['client_cuts']} client cuts, "
+          f"{totals['joins']} joins, {totals['leaves']} leaves; "
           f"{checked} deliveries checked; "
           f"{n_viol} violations in {len(failed)} seeds"
           + (f" [broken build: {args.broken}]" if args.broken else ""))  # fmt: skip

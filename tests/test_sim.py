@@ -276,8 +276,8 @@ def test_a_truncated_snapshot_is_refused_whole_never_loaded_in_part():
     entries = list(sim.members["m0"].core.broker.dump())
     assert len(entries) >= 2
     data = b"".join(snapshot_chunks("m0", 1.0e9, entries, 1))  # one entry per chunk: cuts at chunk ends too
-    written, chunks = decode_untrusted_snapshot(data)
-    assert written == 1.0e9 and [list(e) for c in chunks for e in c] == entries
+    written, chunks, roster = decode_untrusted_snapshot(data)
+    assert written == 1.0e9 and [list(e) for c in chunks for e in c] == entries and roster == []
     for cut in range(1, len(data)):
         with pytest.raises(ValueError):
             decode_untrusted_snapshot(data[:cut])
@@ -375,7 +375,7 @@ def test_a_dialled_link_that_goes_silent_is_closed_after_down_after():
     assert any(isinstance(a, SendFrame) and a.link == lid for a in out) and core.queues["m1"].inflight
     core.handle(LinkBytes(lid, encode([P.BEAT])), now)  # the last frame m1 gets through to us
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
-    beat = encode([P.HEARTBEAT, "ready", 0, 0, 0])
+    beat = encode([P.HEARTBEAT, "ready", 0, 0, 0, 0, 0])
     silence = core.s.down_after
     closed: list[tuple[float, str]] = []
     t = now
@@ -393,7 +393,7 @@ def test_heartbeats_on_a_peers_link_are_answered_with_a_beat():
     assert sim.run_until(3.0)
     core = sim.members["m0"].core
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
-    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 0])), sim.now)
+    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 0, 0, 0])), sim.now)
     assert SendFrame(inbound, encode([P.BEAT])) in out
 
 

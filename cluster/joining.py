@@ -1,0 +1,254 @@
+"""A member's side of dynamic membership: the roster, joins, leaves, and when the map moves (sans-IO).
+
+Theory of operation (docs/cluster.md, "Partitioned mode: joins and leaves")
+---------------------------------------------------------------------------
+The roster (cluster/roster.py) says which members the cluster has; the map is computed from
+the *committed* roster, which may lag the latest one this member knows. A change moves the map
+only once every member that will own new partitions holds them, so no partition is ever served
+by a member without its state (Kafka reassigns the same way: new replicas catch up, then the
+leadership moves):
+
+1. A change arrives: an admin JOIN or LEAVE (``roost cluster join``/``leave``, over an
+   authenticated peer link, cluster/admin.py) makes a new entry, or a ROSTER frame from a peer
+   brings one. Every ROSTER change goes to every peer at once, and each link that comes up
+   starts with our whole roster, so members that were away learn it.
+2. Each member computes the *target* map (latest roster, its live view). The partitions it owns
+   there but holds no state of are its *gains*: it PULLs them (``PULL [partitions]``) from the
+   current owners. A member answering such a PULL pushes every later change of those partitions
+   to the puller as well (``pending``), so nothing made between the dump and the move is
+   missed.
+3. A member that holds all it owns in the target map reports the latest roster's digest as
+   *synced* in its heartbeats. When it and every live, ready peer report the latest digest, it
+   commits: the map is computed from the latest roster (a new epoch; hand-off to new owners as on
+   any map change, cluster/partitioned.py).
+4. A member whose own leave is committed owns nothing; it keeps delivering what its mailboxes
+   hold, and stops once they are empty (or ``leave_timeout`` passed) and its queues drained.
+   Members stop dialling a member whose leave is committed.
+
+A member that is still syncing (starting up) is in no one's map, so it commits every roster at
+once and pulls what it owns in it before it reports ready.
+
+This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from client.wire import WireError, _ip, _port
+from cluster import clustermap
+from cluster.forwarding import ForwardQueue
+from cluster.memberparts import MemberParts
+from cluster.peerwire import ADMIN, P, PeerProtocolError, encode
+from cluster.replication import PeerQueue
+from cluster.roster import Entry, Roster, RosterError, decode_untrusted_roster
+
+if TYPE_CHECKING:
+    from cluster.links import Link
+
+_MEMBER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # (cluster/config.py)
+
+
+class Joining(MemberParts):
+    def _init_roster(self, entries: list[tuple[str, Entry]]) -> None:
+        joined = {m for m, e in entries if e.joined}
+        self.roster = Roster({m.id: (m.client_addr, m.peer_addr) for m in self.cc.members if m.id not in joined})
+        self.roster.merge(entries)
+        self.committed = self.roster.digest()  # the roster the map is computed from
+        self.synced = self.committed  # the latest roster whose gains we hold
+        self.pulled: set[int] = set()  # gains pulled for the roster being committed
+        self.pending: dict[str, set[int]] = {}  # peer -> partitions it pulled from us: it gets their changes
+        self.leave_by = math.inf  # our leave is committed: stop by then at the latest
+
+    @property
+    def node_index(self) -> int:
+        return self.roster.index_of(self.id)
+
+    def placed(self) -> dict[str, tuple[clustermap.Addr, clustermap.Addr]]:
+        """The members the map places partitions on: those of the committed roster."""
+        return self._placed
+
+    # ------------------------------------------------------------ peers come and go
+
+    def _add_peer(self, peer: str, addr: clustermap.Addr) -> None:
+        """A member we did not know (a join): every per-peer structure, and a dial at once.
+        It counts live only once it reports ``ready`` (it may still be pulling)."""
+        s = self.s
+        self.peers.append(peer)
+        self.member_ids.add(peer)
+        self.peer_addr[peer] = addr
+        self.membership.add(peer, self.now)
+        self.queues[peer] = PeerQueue(s.max_peer_queue, s.chunk_subscriptions)
+        self.fwd[peer] = ForwardQueue(s.max_forward_queue)
+        self.out[peer] = None
+        self.was_up[peer] = None
+        self.next_dial[peer] = self.now
+        self.next_digest[peer] = math.inf
+        self.unreached.add(peer)
+
+    def _roster_changed(self) -> None:
+        """The latest roster changed (proposed here, or a peer's): learn new members, tell
+        every peer, and work toward committing it."""
+        for m, (_client, peer_addr) in self.roster.members().items():
+            if m != self.id and m not in self.member_ids:
+                self._add_peer(m, peer_addr)
+        frame = encode([P.ROSTER, self.roster.encode()])
+        for p in self.peers:
+            lid = self.out[p]
+            if lid is not None and self.links[lid].up:
+                self._frame(lid, frame)
+        self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
+                  digest=f"{self.roster.digest():016x}")  # fmt: skip
+        self._check_roster()
+
+    def _check_roster(self) -> None:
+        """Pull our gains for the latest roster, report it synced, commit it when all are."""
+        latest = self.roster.digest()
+        if latest == self.committed:
+            self.synced = latest
+            return
+        if self.phase == "syncing" or not self.partitioned:
+            # (no one's map has us yet, or every member holds everything: nothing to wait for)
+            self._commit(latest)
+            return
+        if self.phase != "ready":
+            return
+        if self.synced != latest:
+            gains = self._gains()
+            if gains:
+                if self.pull_peer is None:
+                    self._start_gain_pull(gains)
+                return
+            self.synced = latest
+            self._log("info", "roster_synced", digest=f"{latest:016x}", pulled=len(self.pulled))
+        if all(v.synced == latest for p, v in self.membership.peers.items()
+               if v.state == "ready" and v.reported == "ready" and not self._gone(p)):  # fmt: skip
+            self._commit(latest)
+
+    def _gains(self) -> set[int]:
+        """Partitions we own in the target map and hold no state of."""
+        assert self.cmap is not None
+        target = clustermap.compute(0, self.roster.members(), self.live_view(), self.s.partitions, self.s.replicas)
+        now = self.cmap.owners
+        return {p for p, o in enumerate(target.owners) if self.id in o and self.id not in now[p]} - self.pulled
+
+    def _start_gain_pull(self, gains: set[int]) -> None:
+        """PULL the gains from every live peer that owns some of them now, one after another."""
+        assert self.cmap is not None
+        owners = self.cmap.owners
+        self.pull_parts = gains
+        self.pull_order = [p for p in self.peers if p in self.cmap.live and any(p in owners[g] for g in gains)]
+        self._log("info", "pulling_gains", partitions=len(gains), peers=len(self.pull_order))
+        self._next_pull()
+
+    def _gain_pull_finished(self) -> None:
+        self.pulled |= self.pull_parts
+        self.pull_parts = set()
+        self._check_roster()
+
+    def _commit(self, digest: int) -> None:
+        self.committed = self.synced = digest
+        self.pulled = set()
+        self.pending = {}
+        self._placed = self.roster.members()
+        self.broker.members = [[m, *a[0]] for m, a in self._placed.items()]  # (WELCOME's member list)
+        if self.roster.version:
+            self._log("info", "roster_committed", version=self.roster.version, members=len(self._placed),
+                      digest=f"{digest:016x}")  # fmt: skip
+        for p in self.peers:
+            if self._gone(p):
+                self.next_dial[p] = math.inf
+                lid = self.out[p]
+                if lid is not None:
+                    self._close(self.links[lid], "left the cluster")
+        if self.pull_peer is not None and self._gone(self.pull_peer):
+            self._pull_failed("left the cluster", close=False)
+        if self.id not in self._placed and self.leave_by == math.inf and self.phase == "ready":
+            self.leave_by = self.now + self.s.leave_timeout
+            self._log("info", "leaving", deadline_s=self.s.leave_timeout)
+        if self.partitioned:
+            self._remap()
+
+    def _gone(self, peer: str) -> bool:
+        """A member whose leave is committed here."""
+        return peer not in self._placed and self.roster.left(peer)
+
+    def _leave_due(self) -> None:
+        """Our leave is committed: stop once nothing is left to deliver (or at the deadline)."""
+        if self.phase != "ready" or self.leave_by == math.inf:
+            return
+        # (until every member has moved its map, some may still send us publishes to deliver)
+        if any(v.committed != self.committed for p, v in self.membership.peers.items()
+               if v.state == "ready" and not self._gone(p)) and self.now < self.leave_by:  # fmt: skip
+            return
+        held = sum(len(c.mailbox) for c in self.broker.clients.values() if c.mailbox is not None)
+        if held == 0 or self.now >= self.leave_by:
+            self._log("info", "left", undelivered=held)
+            self._stop()
+
+    # ------------------------------------------------------------ frames
+
+    def _on_roster_frame(self, entries: Any) -> None:
+        try:
+            got = decode_untrusted_roster(entries)
+        except RosterError as exc:
+            raise PeerProtocolError(f"malformed ROSTER: {exc}") from None
+        if self.roster.merge(got):
+            self._roster_changed()
+
+    def _send_roster(self, link: Link) -> None:
+        if self.roster.entries:
+            self._frame(link.id, encode([P.ROSTER, self.roster.encode()]))
+
+    def admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> str:
+        """Make ``member`` a member (again), or confirm it is one with these addresses (a joiner
+        restarted by the same command). RosterError says why not."""
+        if member.__class__ is not str or not _MEMBER_ID.match(member):
+            raise RosterError("JOIN: a member id is 1-64 letters, digits, '_', '.' or '-'")
+        current = self.roster.members().get(member)
+        if current != (client, peer):
+            if current is not None:
+                raise RosterError(f"{member} is already a member with other addresses")
+            self.roster.propose_join(member, client, peer)
+            self._roster_changed()
+        return f"{member} is a member"
+
+    def admin_leave(self, member: Any) -> str:
+        if member.__class__ is not str:
+            raise RosterError("LEAVE: member id must be a string")
+        self.roster.propose_leave(member)
+        self._roster_changed()
+        return f"{member} is leaving"
+
+    def _on_admin(self, link: Link, f: list[Any]) -> None:
+        """A request from ``roost cluster join/leave`` (authenticated like a peer)."""
+        kind, n = f[0], len(f)
+        try:
+            if kind == P.JOIN and n == 4:
+                message = self.admin_join(f[1], _addr(f[2]), _addr(f[3]))
+            elif kind == P.LEAVE and n == 2:
+                message = self.admin_leave(f[1])
+            else:
+                raise PeerProtocolError(f"unexpected admin frame type {kind}")
+        except RosterError as exc:
+            self._log("warning", "admin_refused", request=P(kind).name, reason=str(exc))
+            self._frame(link.id, encode([P.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
+            return
+        self._log("info", "admin", request=P(kind).name, result=message)
+        self._frame(link.id, encode([P.ADMIN_REPLY, True, message, self.roster.encode()]))
+
+    def _note_pull(self, peer: str | None, parts: set[int]) -> None:
+        """A peer pulled these partitions: push it their later changes too, until it owns them."""
+        if self.partitioned and peer is not None and peer != ADMIN:
+            self.pending.setdefault(peer, set()).update(parts)
+
+
+def _addr(v: Any) -> clustermap.Addr:
+    if v.__class__ is not list or len(v) != 2:
+        raise RosterError("an address must be [host, port]")
+    try:
+        return (_ip(v[0], "host"), _port(v[1], "port"))
+    except WireError as exc:
+        raise RosterError(str(exc)) from None
