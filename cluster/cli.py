@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import trio
 
 from client.cli import add_client_commands
-from cluster.config import CLUSTER_SETTINGS, is_cluster_config, load_cluster_config
-from cluster.launcher import DEFAULT_RUN_DIR, Launcher
+from cluster import admin
+from cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
+from cluster.launcher import DEFAULT_RUN_DIR, Launcher, free_tcp_port, node_command
 from cluster.server import ClusterNode
-from node.config import ConfigError, config_doc, load_node_config, read_toml
+from node.config import ConfigError, config_doc, load_node_config, parse_hostport, read_toml
+from node.procs import free_udp_port
 from node.server import NodeServer, run_until_signal, wait_for_signal
 from pipeline import audit
 
@@ -32,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind the client and peer ports on HOST instead of the configured host")
     n.add_argument("--peer-host", action="append", default=[], metavar="ID=HOST",
                    help="dial peer ID at HOST (its configured port); repeatable (containers)")
+    n.add_argument("--join", default=None, metavar="HOST:PORT",
+                   help="run a member that is not in the config: join the cluster through this member "
+                        "(its client or peer address); needs --client-addr, --peer-addr, --data-dir")
+    n.add_argument("--client-addr", default=None, metavar="HOST:PORT", help="with --join: our UDP address")
+    n.add_argument("--peer-addr", default=None, metavar="HOST:PORT", help="with --join: our peer (TCP) address")
+    n.add_argument("--data-dir", default=None, metavar="DIR", help="with --join: our data directory")
     n.set_defaults(func=cmd_node)
     add_client_commands(sub)
     c = sub.add_parser("cluster", help="run a cluster's members as local processes")
@@ -44,7 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     kill.add_argument("id")
     start = csub.add_parser("start", help="start one member again")
     start.add_argument("id")
-    for p in (up, down, kill, start):
+    join = csub.add_parser("join", help="start a new member that joins the running cluster")
+    join.add_argument("--config", required=True, metavar="FILE", help="the cluster's config (its base members)")
+    join.add_argument("--id", required=True, help="the new member's id")
+    join.add_argument("--seed", required=True, metavar="HOST:PORT", help="a running member (client or peer address)")
+    join.add_argument("--client-addr", default=None, metavar="HOST:PORT",
+                      help="the new member's UDP address (default: the seed's host, a free port)")
+    join.add_argument("--peer-addr", default=None, metavar="HOST:PORT",
+                      help="its peer (TCP) address (default: the seed's host, a free port)")
+    join.add_argument("--data-dir", default=None, metavar="DIR",
+                      help="its data directory (default: beside the first member's, named by its id)")
+    leave = csub.add_parser("leave", help="a member hands its partitions off and stops")
+    leave.add_argument("id")
+    leave.add_argument("--config", default=None, metavar="FILE", help="the cluster's config (default: the one "
+                       "`cluster up` used)")
+    for p in (up, down, kill, start, join, leave):
         p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR")
     c.set_defaults(func=cmd_cluster)
     au = sub.add_parser("audit", help="audit run event logs with Spark (report, summary, plots)",
@@ -83,6 +106,9 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
     if not args.id:
         raise ConfigError(f"{args.config}: a cluster config needs --id (one of "
                           f"{', '.join(m.id for m in cc.members)})")  # fmt: skip
+    roster: list[object] = []
+    if args.join:
+        roster = _join_as(cc, args)
     cc.member(args.id)
     hosts = {}
     for item in args.peer_host:
@@ -91,7 +117,7 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
             raise ConfigError(f"--peer-host {item!r}: expected ID=HOST")
         cc.member(pid)
         hosts[pid] = host
-    node = ClusterNode(cc, args.id, bind_host=args.bind_host, peer_hosts=hosts)
+    node = ClusterNode(cc, args.id, bind_host=args.bind_host, peer_hosts=hosts, roster=roster)
     try:
         trio.run(_run_cluster_node, node)
     except OSError as exc:  # the peer (TCP) port
@@ -103,6 +129,67 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
         host, port = node.cfg.client_addr
         print(f"roost node: {args.id}: cannot bind {host}:{port}: {node.bind_error.strerror}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _join_as(cc: ClusterConfig, args: argparse.Namespace) -> list[object]:
+    """``roost node --join``: ask the seed to make us a member (again: a restart asks the same),
+    and run with ourselves added to the config; the roster it answers with is our start."""
+    if not (args.client_addr and args.peer_addr and args.data_dir):
+        raise ConfigError("--join needs --client-addr, --peer-addr and --data-dir")
+    if any(m.id == args.id for m in cc.members):
+        raise ConfigError(f"{args.config}: {args.id} is in [[members]]: it needs no --join")
+    try:
+        client, peer = parse_hostport(args.client_addr), parse_hostport(args.peer_addr)
+    except ValueError as exc:
+        raise ConfigError(f"--client-addr/--peer-addr: {exc}") from None
+    seed = admin.resolve_peer(cc, args.join)
+    message, entries = admin.request(cc, seed, admin.join_request(args.id, client, peer))
+    print(f"roost node: {args.id}: {message}", file=sys.stderr)
+    cc.members = sorted([*cc.members, Member(args.id, client, peer, args.data_dir)], key=lambda m: m.id)
+    return entries
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    """Join a new member: the seed records it, then its process starts and pulls what it owns."""
+    cc = load_cluster_config(args.config)
+    seed = admin.resolve_peer(cc, args.seed)
+    host = seed[0]
+    client = parse_hostport(args.client_addr) if args.client_addr else (host, free_udp_port(host))
+    peer = parse_hostport(args.peer_addr) if args.peer_addr else (host, free_tcp_port(host))
+    data_dir = args.data_dir or str(Path(cc.members[0].data_dir).parent / args.id)
+    message, entries = admin.request(cc, seed, admin.join_request(args.id, client, peer))
+    after = admin.roster_from(cc, entries).members()
+    print(message)
+    print(admin.moved_report(cc, [m for m in after if m != args.id], list(after)))
+    launcher = Launcher(args.run_dir)
+    command = [*node_command(args.config, args.id), "--join", f"{seed[0]}:{seed[1]}",
+               "--client-addr", f"{client[0]}:{client[1]}", "--peer-addr", f"{peer[0]}:{peer[1]}",
+               "--data-dir", data_dir]  # fmt: skip
+    proc = launcher.start_command(args.id, command, client)
+    print(f"{args.id} ready: clients udp://{client[0]}:{client[1]}, peer {peer[0]}:{peer[1]}, pid {proc.pid}, "
+          f"log {launcher.logfile(args.id)}")  # fmt: skip
+    return 0
+
+
+def cmd_leave(args: argparse.Namespace) -> int:
+    """A member leaves: the others pull what they gain, the map moves, it delivers what it holds
+    and stops."""
+    launcher = Launcher(args.run_dir)
+    config = args.config or launcher.config_path()
+    cc = load_cluster_config(config)
+    message, before, taken_by = admin.leave(cc, args.id)
+    members = list(before.members())
+    print(f"{message} (asked {taken_by})")
+    print(admin.moved_report(cc, members, [m for m in members if m != args.id]))
+    pid = launcher.pid_of(args.id)
+    if pid is not None:
+        if launcher.wait_gone(pid, cc.settings.leave_timeout + cc.settings.stop_timeout + 5):
+            launcher.forget(args.id)
+            print(f"{args.id} has left and stopped (pid {pid})")
+        else:
+            print(f"roost cluster: {args.id} (pid {pid}) has not stopped yet; see its log", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -129,6 +216,10 @@ async def _run_cluster_node(node: ClusterNode) -> None:
 def cmd_cluster(args: argparse.Namespace) -> int:
     launcher = Launcher(args.run_dir)
     try:
+        if args.action == "join":
+            return cmd_join(args)
+        if args.action == "leave":
+            return cmd_leave(args)
         if args.action == "up":
             return launcher.up(args.config, args.detach)
         if args.action == "down":
@@ -142,7 +233,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"roost cluster: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:  # (AdminError is a RuntimeError)
         print(f"roost cluster: {exc}", file=sys.stderr)
         return 1
 

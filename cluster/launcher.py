@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster.config import ClusterConfig, load_cluster_config
@@ -35,17 +37,20 @@ def write_local_config(
 
     Returns {member id: (client UDP port, peer TCP port)}.
     """
-    import socket
 
     from node.procs import free_udp_port
 
-    def free_tcp(host: str) -> int:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return int(s.getsockname()[1])
+    taken: set[int] = set()  # (a port the kernel just freed may come back: never twice in one config)
 
+    def fresh(pick: Callable[[str], int], host: str) -> int:
+        while (port := pick(host)) in taken:
+            pass
+        taken.add(port)
+        return port
+
+    free_tcp = free_tcp_port
     where = hosts or ["127.0.0.1"] * n
-    ports = {f"n{i + 1}": (free_udp_port(where[i]), free_tcp(where[i])) for i in range(n)}
+    ports = {f"n{i + 1}": (fresh(free_udp_port, where[i]), fresh(free_tcp, where[i])) for i in range(n)}
     parts = [f'[cluster]\nsecret = "{secret}"\n{cluster_extra}']
     for (mid, (udp, tcp)), host in zip(ports.items(), where, strict=True):
         parts.append(f'[[members]]\nid = "{mid}"\nclient_addr = "{host}:{udp}"\n'
@@ -53,6 +58,12 @@ def write_local_config(
     parts.append(node_extra)
     path.write_text("\n".join(parts))
     return ports
+
+
+def free_tcp_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def node_command(config: str, member_id: str) -> list[str]:
@@ -112,6 +123,24 @@ class Launcher:
             wait_listening(proc, m.client_addr[0], m.client_addr[1], timeout=60)
         return proc
 
+    def start_command(self, member_id: str, command: list[str], client: tuple[str, int]) -> subprocess.Popen[bytes]:
+        """Start a member by its own command line (one that joined: not in the config)."""
+        if self.pid_of(member_id) is not None:
+            raise RuntimeError(f"{member_id} is already running (pid {self.pid_of(member_id)})")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self._logfile(member_id), "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        self._pidfile(member_id).write_text(str(proc.pid))
+        wait_listening(proc, client[0], client[1], timeout=60)
+        return proc
+
+    def logfile(self, member_id: str) -> Path:
+        return self._logfile(member_id)
+
+    def forget(self, member_id: str) -> None:
+        self._pidfile(member_id).unlink(missing_ok=True)
+
     def up(self, config: str, detach: bool) -> int:
         cc = load_cluster_config(config)
         procs = {m.id: self.start(cc, config, m.id, wait=False) for m in cc.members}
@@ -166,10 +195,12 @@ class Launcher:
     def down(self) -> int:
         cc = load_cluster_config(self.config_path())
         stopped = []
-        for m in cc.members:
-            pid = self.signal_member(m.id, signal.SIGTERM)
+        # (the config's members, and members that joined: they have pid files here too)
+        ids = dict.fromkeys([m.id for m in cc.members] + sorted(p.stem for p in self.run_dir.glob("*.pid")))
+        for member_id in ids:
+            pid = self.signal_member(member_id, signal.SIGTERM)
             if pid is not None:
-                stopped.append((m.id, pid))
+                stopped.append((member_id, pid))
         for member_id, pid in stopped:
             if not self.wait_gone(pid, 15):
                 os.kill(pid, signal.SIGKILL)

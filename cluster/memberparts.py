@@ -52,6 +52,7 @@ class MemberParts:
         pull_parts: set[int]
         committed: int
         pending: dict[str, set[int]]
+        _expired: set[str]
 
         @property
         def ready(self) -> bool: ...

@@ -107,6 +107,8 @@ class Partitioned(MemberParts):
         self.broker.set_cluster_map(clustermap.encode(cmap), epoch)  # (issue 9: WELCOME, REDIRECT)
         gained, lost = self.own.update(epoch, cmap.owners)
         self.broker.reindex(gained, lost)
+        if gained:  # (clients of a member down long enough expire in the partitions we now own too)
+            self._expired.clear()
         primaries = sum(1 for o in cmap.owners if o and o[0] == self.id)
         self._log("info", "map_changed", epoch=epoch, live=len(cmap.live), primary=primaries,
                   owned=sum(self.own.owned), gained=len(gained), lost=len(lost))  # fmt: skip

@@ -59,6 +59,7 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
+from cluster.roster import decode_untrusted_roster
 from cluster.snapshot import SNAPSHOT_FILE
 from node.logs import EventLog
 
@@ -85,12 +86,14 @@ class ClusterNode:
         bind_host: str | None = None,
         peer_hosts: dict[str, str] | None = None,
         log: EventLog | None = None,
+        roster: list[Any] | None = None,
     ) -> None:
         self.cc = cc
         self.id = member_id
         self.me = cc.member(member_id)
         self.bind_host = bind_host
         self.peer_hosts = peer_hosts
+        self.roster = roster or []  # (a member that joined: the roster its JOIN was answered with)
         self.cfg = cc.node_config(member_id, bind_host)
         self.log = log or EventLog(member_id, self.cfg.log_level)
         self.member: MemberCore | None = None
@@ -119,6 +122,7 @@ class ClusterNode:
         self.member = MemberCore(
             self.cc, self.id, rng=random.SystemRandom(), now=now, wall_offset=time.time() - now,
             incarnation=int(time.time() * 1000), bind_host=self.bind_host, peer_hosts=self.peer_hosts,
+            roster=decode_untrusted_roster(self.roster),
         )  # fmt: skip
         host = self.bind_host or self.me.peer_addr[0]
         listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)

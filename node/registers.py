@@ -263,12 +263,14 @@ class Registers(CoreBase):
                 self.metrics["merge_refused_future"] += 1
                 continue
             c = clients.get(who)
-            if own is not None and home != self.node_id:
-                # Partitioned: registers of partitions we do not own are not ours to keep
-                # (unless we are the client's home: its session needs them all).
-                subs = [s for s in subs if own.owned[own.partition(s[0])]]
-                if not subs and c is None:  # (a record we have, maybe as the client's old home, must
-                    continue  # learn where the client went: review finding, simulator seed 1128)
+            if own is not None and home != self.node_id and not subs and c is None:
+                # Partitioned: a client register alone, of a client we hold nothing of. (A record
+                # we have, maybe as the client's old home, must learn where the client went:
+                # review finding, simulator seed 1128.) Registers of partitions we do not own
+                # are kept, unindexed: a hand-off may reach us before our map gives us the
+                # partition, and is acknowledged (review finding, seed 30154); reindex takes
+                # them up, and collect_tombstones drops those of partitions we never gained.
+                continue
             if c is None:
                 if cver < expired and all(not v & versions.PRESENT and v < expired for _, _, v in subs):
                     continue
