@@ -34,7 +34,6 @@ This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
 from client.wire import WireError, _ip, _port
@@ -43,12 +42,11 @@ from cluster.forwarding import ForwardQueue
 from cluster.memberparts import MemberParts
 from cluster.peerwire import ADMIN, P, PeerProtocolError, encode
 from cluster.replication import PeerQueue
-from cluster.roster import Entry, Roster, RosterError, decode_untrusted_roster
+from cluster.roster import MEMBER_ID, Entry, Roster, RosterError, decode_untrusted_roster
 
 if TYPE_CHECKING:
     from cluster.links import Link
 
-_MEMBER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # (cluster/config.py)
 
 
 class Joining(MemberParts):
@@ -205,7 +203,7 @@ class Joining(MemberParts):
     def admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> str:
         """Make ``member`` a member (again), or confirm it is one with these addresses (a joiner
         restarted by the same command). RosterError says why not."""
-        if member.__class__ is not str or not _MEMBER_ID.match(member):
+        if member.__class__ is not str or not MEMBER_ID.match(member):
             raise RosterError("JOIN: a member id is 1-64 letters, digits, '_', '.' or '-'")
         current = self.roster.members().get(member)
         if current != (client, peer):

@@ -451,6 +451,8 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
         if not link.outbound:
             link.deadline = self.now + self.s.link_idle_timeout
+            if link.peer is not None and self._gone(link.peer):
+                self._send_roster(link)  # (a member that left without hearing it: it learns here)
             return
         peer = link.peer
         assert peer is not None
@@ -542,6 +544,8 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         assert peer is not None
         if kind == P.BEAT and n == 1:
             pass  # (_heard did what it is for)
+        elif kind == P.ROSTER and n == 2:
+            self._on_roster_frame(f[1])  # (we left: a member that no longer dials us says so)
         elif kind == P.PUSHACK and n == 2:
             self.queues[peer].acked(f[1])
             self._pump_pushes(peer)

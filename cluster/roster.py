@@ -27,6 +27,7 @@ Pure data, no I/O: the member core, the simulator and the CLI share it.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from client.wire import WireError, _ip, _node_id, _port
 Addr = tuple[str, int]
 MAX_ENTRIES = 1024
 MAX_INDEX = 255  # (node/versions.py: 8 bits)
+MEMBER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # (as cluster/config.py allows)
 
 
 class RosterError(ValueError):
@@ -150,6 +152,8 @@ def decode_untrusted_roster(v: Any) -> list[tuple[str, Entry]]:
             raise RosterError("roster entry must be [id, version, joined, index, host, port, peer host, peer port]")
         try:
             member = _node_id(row[0], "roster member id")
+            if not MEMBER_ID.match(member):
+                raise RosterError(f"roster member id {member[:64]!r} is not 1-64 letters, digits, '_', '.' or '-'")
             client = (_ip(row[4], "roster client host"), _port(row[5], "roster client port"))
             peer = (_ip(row[6], "roster peer host"), _port(row[7], "roster peer port"))
         except WireError as exc:
