@@ -217,7 +217,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``)."""
         members = []
-        for m in [self.id, *self.peers]:
+        for m in sorted([self.id, *self.peers]):
             client = (self.roster.members().get(m) or (self.cfg.client_addr, None))[0]
             addr = f"{client[0]}:{client[1]}"
             if m == self.id:
