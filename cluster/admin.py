@@ -74,11 +74,7 @@ def request(cc: ClusterConfig, peer_addr: Addr, frame: list[Any], timeout: float
 
 def roster_from(cc: ClusterConfig, entries: list[Any]) -> Roster:
     """The roster a member answered with, on the config's base."""
-    got = decode_untrusted_roster(entries)
-    joined = {m for m, e in got if e.joined}
-    r = Roster({m.id: (m.client_addr, m.peer_addr) for m in cc.members if m.id not in joined})
-    r.merge(got)
-    return r
+    return Roster.of(cc.members, decode_untrusted_roster(entries))
 
 
 def moved_report(cc: ClusterConfig, before: list[str], after: list[str]) -> str:

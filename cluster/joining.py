@@ -51,9 +51,7 @@ if TYPE_CHECKING:
 
 class Joining(MemberParts):
     def _init_roster(self, entries: list[tuple[str, Entry]]) -> None:
-        joined = {m for m, e in entries if e.joined}
-        self.roster = Roster({m.id: (m.client_addr, m.peer_addr) for m in self.cc.members if m.id not in joined})
-        self.roster.merge(entries)
+        self.roster = Roster.of(self.cc.members, entries)
         self.committed = self.roster.digest()  # the roster the map is computed from
         self.synced = self.committed  # the latest roster whose gains we hold
         self.pulled: set[int] = set()  # gains pulled for the roster being committed
@@ -92,11 +90,7 @@ class Joining(MemberParts):
         for m, (_client, peer_addr) in self.roster.members().items():
             if m != self.id and m not in self.member_ids:
                 self._add_peer(m, peer_addr)
-        frame = encode([P.ROSTER, self.roster.encode()])
-        for p in self.peers:
-            lid = self.out[p]
-            if lid is not None and self.links[lid].up:
-                self._frame(lid, frame)
+        self._to_peers(encode([P.ROSTER, self.roster.encode()]))
         self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
                   digest=f"{self.roster.digest():016x}")  # fmt: skip
         self._check_roster()

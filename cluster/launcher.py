@@ -43,8 +43,9 @@ def write_local_config(
     taken: set[int] = set()  # (a port the kernel just freed may come back: never twice in one config)
 
     def fresh(pick: Callable[[str], int], host: str) -> int:
-        while (port := pick(host)) in taken:
-            pass
+        port = pick(host)
+        while port in taken:
+            port = pick(host)
         taken.add(port)
         return port
 

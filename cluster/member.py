@@ -250,6 +250,17 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         if lk is not None:
             lk.unsent += len(data)
 
+    def _to_peers(self, frame: bytes) -> None:
+        """One frame on every link we dialled that is up."""
+        for p in self.peers:
+            lid = self.out[p]
+            if lid is not None and self.links[lid].up:
+                self._frame(lid, frame)
+
+    def _beat(self) -> bytes:
+        return encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing", self.broker.index.count,
+                       self.broker.status()["clients"], self.own.epoch, self.synced, self.committed])  # fmt: skip
+
     def _drained(self, lid: int) -> bool:
         """May a dump stream send more on this link? (backpressure: at most
         about one frame's worth waits in the runner's queue)"""
@@ -309,13 +320,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             self._close(link, ("silent" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
-            beat = encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing",
-                           self.broker.index.count, self.broker.status()["clients"], self.own.epoch,
-                           self.synced, self.committed])  # fmt: skip
-            for p in self.peers:
-                lid = self.out[p]
-                if lid is not None and self.links[lid].up:
-                    self._frame(lid, beat)
+            self._to_peers(self._beat())
             if self.partitioned:
                 self._retry_refused()
         if now >= self.next_membership:
@@ -459,9 +464,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self._heard(link)
         self._log("info", "link_up", peer=peer)
         self.was_up[peer] = True
-        beat = [P.HEARTBEAT, "ready" if self.ready else "syncing", self.broker.index.count,
-                self.broker.status()["clients"], self.own.epoch, self.synced, self.committed]  # fmt: skip
-        self._frame(link.id, encode(beat))
+        self._frame(link.id, self._beat())
         self._send_roster(link)
         self._pump_forwards(peer)
         q = self.queues[peer]

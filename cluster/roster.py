@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from client.wire import WireError, _ip, _node_id, _port
+
+if TYPE_CHECKING:
+    from cluster.config import Member
 
 Addr = tuple[str, int]
 MAX_ENTRIES = 1024
@@ -63,6 +66,15 @@ class Roster:
         self.base = dict(base)
         self.base_index = {m: i for i, m in enumerate(sorted(base))}  # (cluster/config.py: index_of)
         self.entries: dict[str, Entry] = {}
+
+    @classmethod
+    def of(cls, config_members: Iterable[Member], entries: list[tuple[str, Entry]]) -> Roster:
+        """The roster of a config's members and these entries. A member that joined is not
+        part of the base even where its own config lists it (``roost node --join``)."""
+        joined = {m for m, e in entries if e.joined}
+        r = cls({m.id: (m.client_addr, m.peer_addr) for m in config_members if m.id not in joined})
+        r.merge(entries)
+        return r
 
     # ------------------------------------------------------------ reading
 
