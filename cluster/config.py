@@ -55,6 +55,11 @@ CLUSTER_SETTINGS: list[Setting] = [
             _num(0.02, 60), "A peer silent this long is 'suspect'."),
     Setting("cluster", "down_after", 1.5, float, "a number of seconds from 0.05 to 300",
             _num(0.05, 300), "A peer silent this long is 'down'."),
+    Setting("cluster", "local_pause", 0.5, float, "a number of seconds from 0.05 to 60",
+            _num(0.05, 60),
+            "A member whose own event loop stood still this long beyond heartbeat_interval (a "
+            "long state scan, SIGSTOP, a VM pause) does not count that time as its peers' "
+            "silence: they and its links are credited with the pause (logged as local_pause)."),
     Setting("cluster", "reconnect_interval", 0.25, float, "a number of seconds from 0.01 to 60",
             _num(0.01, 60), "Wait before dialling a peer again after a failure."),
     Setting("cluster", "handshake_timeout", 2.0, float, "a number of seconds from 0.05 to 60",
@@ -111,6 +116,7 @@ class ClusterSettings:
     heartbeat_interval: float
     suspect_after: float
     down_after: float
+    local_pause: float
     reconnect_interval: float
     handshake_timeout: float
     pull_timeout: float

@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from cluster.links import Link
 
 
-
 class Joining(MemberParts):
     def _init_roster(self, entries: list[tuple[str, Entry]]) -> None:
         self.roster = Roster.of(self.cc.members, entries)
@@ -57,6 +56,8 @@ class Joining(MemberParts):
         self.pulled: set[int] = set()  # gains pulled for the roster being committed
         self.pending: dict[str, set[int]] = {}  # peer -> partitions it pulled from us: it gets their changes
         self.leave_by = math.inf  # our leave is committed: stop by then at the latest
+        # Admin replies held until a snapshot with the change is on disk: (state version, link, frame)
+        self.admin_waiting: list[tuple[int, int | None, bytes]] = []
 
     @property
     def node_index(self) -> int:
@@ -87,6 +88,7 @@ class Joining(MemberParts):
     def _roster_changed(self) -> None:
         """The latest roster changed (proposed here, or a peer's): learn new members, tell
         every peer, and work toward committing it."""
+        self.roster_changes += 1
         for m, (_client, peer_addr) in self.roster.members().items():
             if m != self.id and m not in self.member_ids:
                 self._add_peer(m, peer_addr)
@@ -194,7 +196,7 @@ class Joining(MemberParts):
         if self.roster.entries:
             self._frame(link.id, encode([P.ROSTER, self.roster.encode()]))
 
-    def admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> str:
+    def _admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> str:
         """Make ``member`` a member (again), or confirm it is one with these addresses (a joiner
         restarted by the same command). RosterError says why not."""
         if member.__class__ is not str or not MEMBER_ID.match(member):
@@ -207,7 +209,7 @@ class Joining(MemberParts):
             self._roster_changed()
         return f"{member} is a member"
 
-    def admin_leave(self, member: Any) -> str:
+    def _admin_leave(self, member: Any) -> str:
         if member.__class__ is not str:
             raise RosterError("LEAVE: member id must be a string")
         self.roster.propose_leave(member)
@@ -216,20 +218,43 @@ class Joining(MemberParts):
 
     def _on_admin(self, link: Link, f: list[Any]) -> None:
         """A request from ``roost cluster join/leave`` (authenticated like a peer)."""
+        self.admin_request(f, link.id)
+
+    def admin_request(self, f: list[Any], lid: int | None) -> tuple[bool, str, int]:
+        """Carry out an admin JOIN or LEAVE frame; the reply goes on link ``lid`` (None: the
+        simulator's admin, which watches ``persisted``). Returns (done, message, the state
+        version that must be on disk before the reply goes out)."""
         kind, n = f[0], len(f)
         try:
+            if not self.ready:
+                raise RosterError(f"{self.id} is {self.phase}, not ready: ask another member")
             if kind == P.JOIN and n == 4:
-                message = self.admin_join(f[1], _addr(f[2]), _addr(f[3]))
+                message = self._admin_join(f[1], _addr(f[2]), _addr(f[3]))
             elif kind == P.LEAVE and n == 2:
-                message = self.admin_leave(f[1])
+                message = self._admin_leave(f[1])
             else:
                 raise PeerProtocolError(f"unexpected admin frame type {kind}")
         except RosterError as exc:
             self._log("warning", "admin_refused", request=P(kind).name, reason=str(exc))
-            self._frame(link.id, encode([P.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
-            return
+            if lid is not None:
+                self._frame(lid, encode([P.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
+            return False, str(exc), 0
         self._log("info", "admin", request=P(kind).name, result=message)
-        self._frame(link.id, encode([P.ADMIN_REPLY, True, message, self.roster.encode()]))
+        # (the reply waits for the change on our disk: acknowledged, a JOIN is never lost with us,
+        # and we tell every peer of it again when we come back; simulator seed 9202)
+        version = self.state_version
+        self.admin_waiting.append((version, lid, encode([P.ADMIN_REPLY, True, message, self.roster.encode()])))
+        self._reply_durable()
+        return True, message, version
+
+    def _reply_durable(self) -> None:
+        """Send the admin replies whose change is in a snapshot on disk."""
+        waiting, self.admin_waiting = self.admin_waiting, []
+        for version, lid, frame in waiting:
+            if version > self.persisted:
+                self.admin_waiting.append((version, lid, frame))
+            elif lid is not None and lid in self.links:  # (an admin that gave up and went: nothing to tell)
+                self._frame(lid, frame)
 
     def _note_pull(self, peer: str | None, parts: set[int]) -> None:
         """A peer pulled these partitions: push it their later changes too, until it owns them."""

@@ -51,9 +51,11 @@ class Lifecycle(MemberParts):
         self.pull_done = False
         self.pulled_from: str | None = None
         self.snapshot_done = False
-        # Snapshots: ``persisted`` is broker.changes as of the last fsynced snapshot.
+        # Snapshots: ``persisted`` is ``state_version`` as of the last fsynced snapshot.
         self.persisted = 0
+        self.roster_changes = 0  # roster changes made or learnt here: a snapshot holds the roster too
         self.writing: int | None = None
+        self.write_failed = False  # the last write failed: the next waits for snapshot_interval
         self.final_snapshot = False
         self.final_done = False  # stopping: the last snapshot is written (or failed, or not needed)
 
@@ -157,22 +159,29 @@ class Lifecycle(MemberParts):
     # ------------------------------------------------------------ snapshots
 
     def _write_snapshot(self) -> None:
-        self.writing = token = self.broker.changes
+        self.writing = token = self.state_version
         chunks = snapshot_chunks(self.id, self.now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions,
                                  self.roster.encode())  # fmt: skip
         self._out.append(WriteSnapshot(token, chunks))
+
+    @property
+    def state_version(self) -> int:
+        """Grows with every change a snapshot holds: registers and the roster."""
+        return self.broker.changes + self.roster_changes
 
     def _on_persisted(self, token: int, error: str | None) -> None:
         if token != self.writing:
             return
         self.writing = None
+        self.write_failed = error is not None
         if error is not None:
             self._log("error", "snapshot_failed", reason=error[:200])
         else:
             self.persisted = max(self.persisted, token)
             self._log("debug", "snapshot_written", changes=token)
+            self._reply_durable()
         if self.phase == "stopping":
-            if self.final_snapshot or error is not None or self.broker.changes == self.persisted:
+            if self.final_snapshot or error is not None or self.state_version == self.persisted:
                 self.final_done = True
             else:
                 self.final_snapshot = True
@@ -189,7 +198,7 @@ class Lifecycle(MemberParts):
             self._close(link, "stopping")
         if self.writing is not None:
             return  # PersistDone decides whether one more write is needed
-        if was_ready and self.broker.changes != self.persisted:
+        if was_ready and self.state_version != self.persisted:
             self.final_snapshot = True
             self._write_snapshot()
         else:

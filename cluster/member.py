@@ -153,7 +153,10 @@ class MemberCore(Lifecycle, Partitioned, Joining):
     # ------------------------------------------------------------ entry points
 
     def handle(self, ev: Event, now: float) -> list[Action]:
+        stood = now - self.now - self.s.heartbeat_interval  # (we are called at least this often)
         self.now = now
+        if stood > self.s.local_pause and self.phase != "stopped":
+            self._paused(stood)
         if isinstance(ev, Datagrams):
             if self.phase in ("syncing", "ready"):  # (stopping: no answer, the client fails over)
                 self._absorb(self.broker.handle_datagrams(ev.batch, now))
@@ -188,6 +191,19 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self._due(now)
         out, self._out = self._out, []
         return out
+
+    def _paused(self, stood: float) -> None:
+        """Our loop stood still (a long core call, SIGSTOP, a VM pause, a slow snapshot
+        read): what peers sent meanwhile waits unread in the kernel, so their silence
+        and our links' deadlines are credited with the pause, as Cassandra's failure
+        detector ignores a local pause. Without it one stall past ``down_after`` takes
+        every peer down at once and remaps to owning everything, which stalls again."""
+        self.membership.credit(stood, self.now)
+        for link in self.links.values():
+            link.deadline += stood
+        self.pull_deadline += stood
+        if self.phase in ("syncing", "ready"):  # (starting: waiting for the snapshot read is no pause)
+            self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
 
     def next_deadline(self) -> float:
         if self.phase in ("starting", "stopped"):
@@ -335,9 +351,11 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         if now >= self.next_gc:
             self.next_gc = now + s.tombstone_horizon / 10
             self._absorb(self.broker.collect_tombstones(now))
-        if now >= self.next_snapshot:
-            self.next_snapshot = now + s.snapshot_interval
-            if self.ready and self.writing is None and self.broker.changes != self.persisted:
+        # (an admin reply waits for its change on disk: written at once, unless the last write failed)
+        if now >= self.next_snapshot or (self.admin_waiting and not self.write_failed):
+            if now >= self.next_snapshot:
+                self.next_snapshot = now + s.snapshot_interval
+            if self.ready and self.writing is None and self.state_version != self.persisted:
                 self._write_snapshot()
         b = self.broker.next_deadline()
         if b is not None and b <= now:

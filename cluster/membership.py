@@ -49,6 +49,11 @@ class Membership:
         v.down_since = None
         return self._set(v, state)
 
+    def credit(self, seconds: float, now: float) -> None:
+        """We could not listen for ``seconds`` (a local pause): no peer's silence counts them."""
+        for v in self.peers.values():
+            v.last_heard = min(now, v.last_heard + seconds)
+
     def tick(self, now: float) -> list[tuple[str, str, str]]:
         """(peer, old, new) for every state change timers caused."""
         changes = []

@@ -61,12 +61,13 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
-from cluster.roster import RosterError, decode_untrusted_roster
+from cluster.peerwire import P
+from cluster.roster import decode_untrusted_roster
 from cluster.simaccounting import SimAccounting
 from cluster.simcheck import Checker, Published
 from cluster.simworld import (
     FAULTS,
-    MEMBERSHIP,
+    OWN_DRAWS,
     PARTITIONED_TOPICS,
     TOPICS,
     WALL,
@@ -113,7 +114,7 @@ class Simulation(SimAccounting):
         self._inbound = dict.fromkeys(self.members, -1)
         self.logs: list[tuple[str, str, dict[str, Any]]] | None = None  # (member, event, fields) if wanted
         self.stats = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0,
-                      "joins": 0, "leaves": 0, "datagrams": 0, "frames": 0}  # fmt: skip
+                      "joins": 0, "leaves": 0, "pauses": 0, "datagrams": 0, "frames": 0}  # fmt: skip
         self.left: set[str] = set()  # members whose leave was asked for: never restarted
         self.clients: list[SimClient] = []
         ids = list(self.members)
@@ -192,6 +193,9 @@ class Simulation(SimAccounting):
         core = m.core
         if core is None:
             return
+        if m.paused_until > self.now:
+            m.backlog.append(ev)  # (the kernel holds what arrives; the core sees it later)
+            return
         for a in core.handle(ev, self.now):
             self._perform(m, a)
         if m.core is core:  # (not gone by an Exit just now)
@@ -264,50 +268,90 @@ class Simulation(SimAccounting):
         m.core = None
         m.serving = False
         m.incarnation += 1
+        m.paused_until, m.backlog = 0.0, []
         self.check.crashes[m.id] = self.check.crashes.get(m.id, 0) + 1
         for key, conn in list(self.conns.items()):
             if key[0] == m.id:
                 self._break(conn, "connection reset")
         self.pending_dials = {d for d in self.pending_dials if d[0] != m.id}
 
-    def join(self, number: int) -> None:
-        """``roost cluster join``: a ready member takes the JOIN, the new member starts."""
+    def pause(self, mid: str, seconds: float) -> None:
+        """The member's loop stands still for ``seconds`` (a long core call, SIGSTOP, a
+        VM pause): nothing it would do happens, and what reaches it waits."""
+        m = self.members[mid]
+        if m.core is None or m.paused_until > self.now:
+            return
+        self.stats["pauses"] += 1
+        m.paused_until = self.now + seconds
+        self.at(m.paused_until, self._resume, m, m.incarnation)
+
+    def _resume(self, m: SimMember, inc: int) -> None:
+        if m.incarnation != inc:
+            return
+        m.paused_until = 0.0
+        backlog, m.backlog = m.backlog, []
+        for ev in backlog:
+            self._feed(m, ev)
+        self._feed(m, Tick())
+
+    def join(self, number: int, attempt: int = 0) -> None:
+        """``roost cluster join``: a ready member takes the JOIN and answers once the change is
+        on its disk; then the new member starts. An admin whose seed died first asks another."""
         ready = [m for m in self.members.values() if m.core is not None and m.core.ready and m.id not in self.left]
-        if not ready:
+        if not ready or attempt > 3:
             return
         seed = self.rng.choice(ready)
         jid = f"j{number}"
         client, peer = ("127.0.0.1", 7601 + number), ("127.0.0.1", 7701 + number)
         assert seed.core is not None
-        try:
-            seed.core.admin_join(jid, client, peer)
-        except RosterError:
+        ok, _, version = seed.core.admin_request([P.JOIN, jid, list(client), list(peer)], None)
+        if not ok:
             return
-        self.stats["joins"] += 1
-        m = self.members[jid] = SimMember(jid, client)
-        m.cc = dataclasses.replace(self.cc, members=[*self.cc.members, Member(jid, client, peer, f"/sim/{jid}")])
-        m.roster = seed.core.roster.encode()
-        self.member_at[client] = m
-        self._inbound[jid] = -1
-        self._feed(seed, Tick())  # (the ROSTER frames the JOIN made)
-        self._start_member(m)
+        roster = seed.core.roster.encode()  # (what the reply carries)
+        self._feed(seed, Tick())  # (the ROSTER frames and the snapshot the JOIN made)
 
-    def leave(self, pick: float) -> None:
+        def joined() -> None:
+            self.stats["joins"] += 1
+            m = self.members[jid] = SimMember(jid, client)
+            m.cc = dataclasses.replace(self.cc, members=[*self.cc.members, Member(jid, client, peer, f"/sim/{jid}")])
+            m.roster = roster
+            self.member_at[client] = m
+            self._inbound[jid] = -1
+            self._start_member(m)
+
+        self._when_durable(seed, version, joined, lambda: self.join(number, attempt + 1))
+
+    def leave(self, pick: float, attempt: int = 0, victim: str = "") -> None:
         """``roost cluster leave``: any ready member takes the LEAVE of a placed one."""
         ready = sorted(m.id for m in self.members.values() if m.core is not None and m.core.ready
                        and m.id not in self.left)  # fmt: skip
-        if len(ready) < 3:
+        if len(ready) < 3 or attempt > 3:
             return
-        victim = ready[int(pick * len(ready))]
+        victim = victim or ready[int(pick * len(ready))]
         at = self.members[self.rng.choice(ready)]
         assert at.core is not None
-        try:
-            at.core.admin_leave(victim)
-        except RosterError:
+        ok, _, version = at.core.admin_request([P.LEAVE, victim], None)
+        if not ok:
             return
-        self.stats["leaves"] += 1
-        self.left.add(victim)
         self._feed(at, Tick())
+
+        def left() -> None:
+            self.stats["leaves"] += 1
+            self.left.add(victim)
+
+        self._when_durable(at, version, left, lambda: self.leave(pick, attempt + 1, victim))
+
+    def _when_durable(self, m: SimMember, version: int, done: Callable[[], None],
+                      retry: Callable[[], None], inc: int | None = None) -> None:  # fmt: skip
+        """The admin's wait for its reply: ``done`` once ``m`` has ``version`` on disk;
+        ``retry`` (a second after, as an admin whose request timed out) if it died first."""
+        inc = m.incarnation if inc is None else inc
+        if m.incarnation != inc or m.core is None:
+            self.at(self.now + 1.0, retry)
+        elif m.core.persisted >= version:
+            done()
+        else:
+            self.at(self.now + 0.005, self._when_durable, m, version, done, retry, inc)
 
     def restart(self, mid: str) -> None:
         m = self.members[mid]
@@ -364,18 +408,19 @@ class Simulation(SimAccounting):
     def _dial(self, m: SimMember, lid: int, peer: str) -> None:
         key = (m.id, lid)
         self.pending_dials.add(key)
-        target = self.members[peer]
+        target = self.members.get(peer)
         if frozenset((m.id, peer)) in self.cut:
             return  # silence: the dialler's handshake timeout ends it
-        self.at(self.now + self._delay(), self._connect, key, peer, target.incarnation)
+        # (a joiner not started yet: nothing listens at its address)
+        self.at(self.now + self._delay(), self._connect, key, peer, -1 if target is None else target.incarnation)
 
     def _connect(self, key: tuple[str, int], peer: str, inc: int) -> None:
         if key not in self.pending_dials:
             return
         self.pending_dials.discard(key)
         dialer = self.members[key[0]]
-        target = self.members[peer]
-        if target.core is None or target.incarnation != inc or frozenset((key[0], peer)) in self.cut:
+        target = self.members.get(peer)
+        if target is None or target.core is None or target.incarnation != inc or frozenset((key[0], peer)) in self.cut:
             self._feed(dialer, LinkClosed(key[1], "connection refused"))
             return
         lid = self._inbound[peer]
@@ -551,7 +596,11 @@ class Simulation(SimAccounting):
                 self.at(mrng.uniform(2.0, self.fault_time - 2.0), self.join, 0)
             if "leave" in self.faults and mrng.random() < 0.4:
                 self.at(mrng.uniform(2.0, self.fault_time - 2.0), self.leave, mrng.random())
-        faults = [f for f in self.faults if f not in MEMBERSHIP]
+        if "pause" in self.faults:
+            prng = random.Random(self.seed * 7919 + 29)
+            if prng.random() < 0.3:
+                self.at(prng.uniform(1.0, self.fault_time - 1.0), self.pause, prng.choice(ids), prng.uniform(0.3, 4.0))
+        faults = [f for f in self.faults if f not in OWN_DRAWS]
         t = rng.uniform(1.0, 3.0)
         while t < self.fault_time and faults:
             kind = rng.choice(faults)

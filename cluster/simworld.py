@@ -13,8 +13,10 @@ from cluster.member import MemberCore
 WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
 TOPICS = ("t0", "t1", "t2")
 PARTITIONED_TOPICS = (*TOPICS, "t3", "t4")  # (more topics: more partitions, so more owners, under fire)
-FAULTS = ("partition", "crash", "stop", "client", "cut-client", "join", "leave")
-MEMBERSHIP = ("join", "leave")  # (partitioned mode; drawn from their own random source)
+FAULTS = ("partition", "crash", "stop", "client", "cut-client", "join", "leave", "pause")
+# Drawn from their own random sources (so that adding them left the other faults of a seed as
+# they were): joins and leaves (partitioned mode), and a member's loop standing still.
+OWN_DRAWS = ("join", "leave", "pause")
 
 
 def sim_config(members: int, short: bool = False, mode: str = "replicated", partitions: int = 16) -> ClusterConfig:
@@ -44,6 +46,8 @@ class SimMember:
     tick_at: float = math.inf
     cc: ClusterConfig | None = None  # a member that joined: the config with itself in it
     roster: list[Any] = field(default_factory=list)  # ... and the roster its JOIN was answered with
+    paused_until: float = 0.0  # its loop stands still (a long core call, SIGSTOP) until then
+    backlog: list[Any] = field(default_factory=list)  # events that came meanwhile, in order
 
 
 @dataclass

@@ -390,13 +390,18 @@ class Registers(CoreBase):
         (partitioned: a member's PULL) adds every register of the clients whose
         home that member is: their sessions need them all, and a restarted home
         has only what its snapshot held (simulator seed 427, 5 members)."""
+        own = self.own
         for c in list(self.clients.values()):
             if buckets is None or (home is not None and c.home == home and c.cid.__class__ is bytes):
                 yield self._entry(c, c.subs.items())
-                continue
-            subs = [(tk, v) for tk, v in c.subs.items() if self._bucket(c.cid, tk)[0] in buckets]
-            if subs or (self.own is None and _key_hash(c.cid, None)[0] in buckets):
-                yield self._entry(c, subs)
+            elif own is not None:  # (partitioned: the bucket is the topic's partition, no key hash)
+                part = own.partition
+                if subs := [(tk, v) for tk, v in c.subs.items() if part(tk[0]) in buckets]:
+                    yield self._entry(c, subs)
+            else:
+                subs = [(tk, v) for tk, v in c.subs.items() if _key_hash(c.cid, tk)[0] in buckets]
+                if subs or _key_hash(c.cid, None)[0] in buckets:
+                    yield self._entry(c, subs)
 
     def _expire_home(self, home: str, now: float) -> None:
         """Tombstone the subscriptions of binary clients whose home node is gone.

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     failed: list[tuple[int, list[str]]] = []
     totals = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0, "joins": 0,
-              "leaves": 0}  # fmt: skip
+              "leaves": 0, "pauses": 0}  # fmt: skip
     checked = 0
     if args.jobs > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(seeds)} seeds in {elapsed:.1f} s ({len(seeds) / elapsed:.1f} seeds/s, {args.jobs} jobs); "
           f"faults: {totals['crashes']} crashes, {totals['stops']} stops, {totals['partitions']} partitions, "
           f"{totals['client_restarts']} client restarts, {totals['client_cuts']} client cuts, "
-          f"{totals['joins']} joins, {totals['leaves']} leaves; "
+          f"{totals['joins']} joins, {totals['leaves']} leaves, {totals['pauses']} pauses; "
           f"{checked} deliveries checked; "
           f"{n_viol} violations in {len(failed)} seeds"
           + (f" [broken build: {args.broken}]" if args.broken else ""))  # fmt: skip

@@ -25,8 +25,9 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
-from cluster.peerwire import P, encode
+from cluster.peerwire import FrameDecoder, P, encode
 from cluster.sim import Simulation, run_seed
+from cluster.snapshot import decode_untrusted_snapshot
 from cluster.simworld import sim_config
 from tests.clusterkit import ROOT
 
@@ -63,7 +64,7 @@ def test_partitioned_seeds_without_violations():
     assert checked > 50 * 60 and changes > 10 * 60  # messages flowed, and the maps moved under them
 
 
-@pytest.mark.parametrize("seed", [15, 26, 233, 344])
+@pytest.mark.parametrize("seed", [15, 26, 233, 344, 9202])
 def test_partitioned_seeds_that_once_failed_the_campaign(seed):
     """(Seed 1128 with --members 5 --clients 6: test_a_moved_client_is_not_timed_out_by_its_old_home.)
     15: a home that never knew a client's subscription (made through another home) could not
@@ -71,7 +72,8 @@ def test_partitioned_seeds_that_once_failed_the_campaign(seed):
     void that beat the renewal in its own entry. 26: a restarted client's new home had forgotten
     it, so nothing said "new session" (a greater session now voids too). 233: a tombstone on a
     home's disk that never reached the owners (handed off when the member is ready). 344: the
-    same with the map moving under it."""
+    same with the map moving under it. 9202: the seed of a JOIN crashed right after it answered,
+    with the roster nowhere else (test_an_admin_join_is_answered_only_once_the_roster_is_on_disk)."""
     check, _ = run_seed(seed, mode="partitioned")
     assert check.violations == []
 
@@ -446,3 +448,57 @@ def test_a_moved_client_is_not_timed_out_by_its_old_home():
     subscription of the client (review finding)."""
     check, _ = run_seed(1128, members=5, clients=6, mode="partitioned")
     assert check.violations == []
+
+
+def test_a_member_whose_loop_stood_still_does_not_take_its_peers_for_down():
+    """A long core call (a map change over a large state), SIGSTOP or a VM pause: what
+    peers sent meanwhile waits unread, so their silence must not count (Cassandra's
+    local-pause rule). Before, one stall past down_after took every peer down at once
+    and remapped the member to own everything, which stalled it again."""
+    sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
+    sim.logs = []
+    assert sim.run_until(3.0)
+    stall = 4 * sim.cc.settings.down_after
+    sim.pause("m0", stall)
+    assert sim.run_until(3.0 + stall + 3.0)
+    by_m0 = [(e, f) for m, e, f in sim.logs if m == "m0"]
+    pauses = [f["seconds"] for e, f in by_m0 if e == "local_pause"]
+    assert len(pauses) == 1 and stall <= pauses[0] < stall + 0.3
+    assert not [f for e, f in by_m0 if e == "peer_state" and f["new"] in ("suspect", "down")]
+    assert [f["reason"] for e, f in by_m0 if e == "link_down"] == ["closed by peer"] * 2  # (m1 and m2 closed them)
+    # (the others did not hear m0 meanwhile: to them it was down, and is back)
+    seen = [(m, f["new"]) for m, e, f in sim.logs if e == "peer_state" and f["peer"] == "m0"]
+    assert ("m1", "down") in seen and ("m1", "ready") in seen[seen.index(("m1", "down")):]
+    assert sim.members["m0"].core.ready
+
+
+def test_an_admin_join_is_answered_only_once_the_roster_is_on_disk():
+    """An acknowledged JOIN must outlive the member that took it: answered before its
+    snapshot was written, a crash right after left the joiner alone with a roster no one
+    else had (simulator seed 9202)."""
+    sim = Simulation(5, members=3, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    assert sim.run_until(3.0)
+    core = sim.members["m0"].core
+    lid = next(x.id for x in core.links.values() if not x.outbound)  # (as the admin's link)
+
+    def replies(out: list) -> list:
+        dec = FrameDecoder(1 << 20)
+        for a in out:
+            if isinstance(a, SendFrame) and a.link == lid:
+                dec.feed(a.data)
+        return [f for f in iter(dec.next_frame, None) if f[0] == P.ADMIN_REPLY]
+
+    ok, _, version = core.admin_request([P.JOIN, "j9", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], lid)
+    out = core.handle(Tick(), sim.now)
+    writes = [a for a in out if isinstance(a, WriteSnapshot)]
+    assert ok and writes and not replies(out)  # (written at once, not at the next snapshot_interval)
+    assert "j9" in dict(decode_untrusted_snapshot(b"".join(writes[0].chunks))[2])
+    out = core.handle(PersistDone(writes[0].token, "disk full"), sim.now)
+    assert not replies(out) and not [a for a in out if isinstance(a, WriteSnapshot)]  # (no tight retry loop)
+    t = sim.now
+    while not (again := [a for a in core.handle(Tick(), t) if isinstance(a, WriteSnapshot)]):
+        t += 0.05
+        assert t < sim.now + core.s.snapshot_interval + 0.1
+    assert again[0].token >= version
+    got = replies(core.handle(PersistDone(again[0].token, None), t))
+    assert len(got) == 1 and got[0][1] is True and "j9" in got[0][2]
