@@ -231,8 +231,11 @@ class ClientSession:
             if cmap.epoch > have:
                 self.cmap = cmap
                 self.events.append(("map", cmap.epoch))
-                for addr in sorted({a for a, _peer in cmap.members.values()} - set(self.candidates)):
-                    self.candidates.append(addr)  # (members that joined: they deliver to us too)
+            # (members that joined deliver to us too. From any map a member sends, not only a newer
+            # one: members' epochs differ, and a joiner that is primary for a while may be named
+            # only in maps older than ours)
+            for addr in sorted({a for a, _peer in cmap.members.values()} - set(self.candidates)):
+                self.candidates.append(addr)
         elif announced.__class__ is int and announced > have and self.cookie is not None:
             self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
 

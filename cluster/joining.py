@@ -70,7 +70,8 @@ class Joining(MemberParts):
     # ------------------------------------------------------------ peers come and go
 
     def _add_peer(self, peer: str, addr: clustermap.Addr) -> None:
-        """A member we did not know (a join): every per-peer structure, and a dial at once.
+        """A member we did not know (a join; or one that left before we heard of it): every
+        per-peer structure, and a dial at once (none to one that left).
         It counts live only once it reports ``ready`` (it may still be pulling)."""
         s = self.s
         self.peers.append(peer)
@@ -81,15 +82,18 @@ class Joining(MemberParts):
         self.fwd[peer] = ForwardQueue(s.max_forward_queue)
         self.out[peer] = None
         self.was_up[peer] = None
-        self.next_dial[peer] = self.now
         self.next_digest[peer] = math.inf
-        self.unreached.add(peer)
+        if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
+            self.next_dial[peer] = math.inf
+        else:
+            self.next_dial[peer] = self.now
+            self.unreached.add(peer)
 
     def _roster_changed(self) -> None:
         """The latest roster changed (proposed here, or a peer's): learn new members, tell
         every peer, and work toward committing it."""
         self.roster_changes += 1
-        for m, (_client, peer_addr) in self.roster.members().items():
+        for m, (_client, peer_addr) in self.roster.known().items():
             if m != self.id and m not in self.member_ids:
                 self._add_peer(m, peer_addr)
         self._to_peers(encode([P.ROSTER, self.roster.encode()]))
@@ -159,9 +163,6 @@ class Joining(MemberParts):
                     self._close(self.links[lid], "left the cluster")
         if self.pull_peer is not None and self._gone(self.pull_peer):
             self._pull_failed("left the cluster", close=False)
-        if self.id not in self._placed and self.leave_by == math.inf and self.phase == "ready":
-            self.leave_by = self.now + self.s.leave_timeout
-            self._log("info", "leaving", deadline_s=self.s.leave_timeout)
         if self.partitioned:
             self._remap()
 
@@ -171,8 +172,15 @@ class Joining(MemberParts):
 
     def _leave_due(self) -> None:
         """Our leave is committed: stop once nothing is left to deliver (or at the deadline)."""
-        if self.phase != "ready" or self.leave_by == math.inf:
+        if self.phase != "ready":
             return
+        if self.leave_by == math.inf:
+            if not self._gone(self.id):
+                return
+            # (committed here, or found committed when we came back: syncing, we restarted after
+            # the leave with nothing to deliver, and stop once ready; simulator seed 32)
+            self.leave_by = self.now + self.s.leave_timeout
+            self._log("info", "leaving", deadline_s=self.s.leave_timeout)
         # (until every member has moved its map, some may still send us publishes to deliver)
         if any(v.committed != self.committed for p, v in self.membership.peers.items()
                if v.state == "ready" and not self._gone(p)) and self.now < self.leave_by:  # fmt: skip

@@ -118,10 +118,11 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self.wall_offset = wall_offset
         self._init_roster(roster or [])  # (cluster/joining.py: the base config plus joins and leaves)
         members = self.roster.members()
-        self.peers = [m for m in members if m != member_id]
+        known = self.roster.known()  # (members that left too: one still draining may dial us)
+        self.peers = [m for m in known if m != member_id]
         hosts = peer_hosts or {}
-        self.peer_addr = {m: (hosts.get(m, a[1][0]), a[1][1]) for m, a in members.items()}
-        self.member_ids = set(members)
+        self.peer_addr = {m: (hosts.get(m, a[1][0]), a[1][1]) for m, a in known.items()}
+        self.member_ids = set(known)
         self.shape = f"partitioned/{s.partitions}/{s.replicas}" if s.mode == "partitioned" else s.mode
         self.broker = BrokerCore(
             self.cfg, self.secret, random.Random(rng.getrandbits(64)), incarnation,
@@ -135,7 +136,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self.links: dict[int, Link] = {}
         self.out: dict[str, int | None] = dict.fromkeys(self.peers)  # our dialled link per peer
         self.was_up: dict[str, bool | None] = dict.fromkeys(self.peers)  # for link_up/link_down logs
-        self.next_dial = dict.fromkeys(self.peers, now)
+        self.next_dial = {p: math.inf if self.roster.left(p) else now for p in self.peers}  # (never one that left)
         self.next_digest = dict.fromkeys(self.peers, math.inf)
         self.digest_pending: set[str] = set()
         self._next_link = 1
@@ -253,6 +254,11 @@ class MemberCore(Lifecycle, Partitioned, Joining):
                                                               "committed": self.committed == self.roster.digest()}}
         if self.partitioned:
             out["map"] = self.map_status()
+            # (each partition's owners must agree: scripts/chaos.py compares them; 12 bytes each,
+            # so up to 1,000 owned partitions fit a status datagram)
+            own, d = self.own.owned, self.broker.digest
+            if sum(own) <= 1000:
+                out["partition_digests"] = {str(p): d[p] for p in range(len(own)) if own[p]}
         return out
 
     # ------------------------------------------------------------ plumbing

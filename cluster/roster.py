@@ -88,6 +88,13 @@ class Roster:
                 out.pop(m, None)
         return dict(sorted(out.items()))
 
+    def known(self) -> dict[str, tuple[Addr, Addr]]:
+        """Every member ever: those of :meth:`members` and those that left. A member that left
+        may still be draining and dial us: it must be let in (and told), not refused."""
+        out = dict(self.base)
+        out.update((m, (e.client, e.peer)) for m, e in self.entries.items())
+        return dict(sorted(out.items()))
+
     def index_of(self, member: str) -> int:
         e = self.entries.get(member)
         return e.index if e is not None else self.base_index[member]

@@ -50,6 +50,7 @@ from pipeline.rules import (
     VIOLATION,
     FaultIndex,
     Subscription,
+    agreement,
     build_subscriptions,
     path_gap,
     rank,
@@ -495,7 +496,7 @@ def _violations(spark: SparkSession, reports: dict[str, Any], judged: dict[str, 
         out[r.run]["counts"]["phantom"] = r["count"]
     for run, rep in reports.items():
         digests = judged[run].status
-        agreed = None if not digests else len(set(digests.values())) == 1 and None not in digests.values()
+        agreed = agreement(digests)
         rep["agreement"] = {"agreed": agreed, "digests": digests,
                             "missing": [mm for mm in judged[run].meta.info.members if mm not in digests]}
         counts = out[run].pop("counts")

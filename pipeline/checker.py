@@ -25,6 +25,7 @@ from pipeline.rules import (
     FaultIndex,
     Msg,
     Subscription,
+    agreement,
     build_subscriptions,
     latency_summary,
     path_gap,
@@ -282,7 +283,7 @@ class Checker:
 
         digests = {member: st[2] for member, st in sorted(self.status.items())}
         # (a member whose status could not be read agrees with nobody)
-        agreed = None if not digests else len(set(digests.values())) == 1 and None not in digests.values()
+        agreed = agreement(digests)
         if agreed is False:
             violation("disagreement", None, None, None, ",".join(digests),
                       "members disagree after the last heal: "

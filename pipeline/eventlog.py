@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 MODES = ("reliable", "fire")
-FAULT_KINDS = frozenset({"kill", "restart", "pause", "resume", "partition", "heal", "loss", "dup", "delay"})
+FAULT_KINDS = frozenset(
+    {"kill", "restart", "pause", "resume", "partition", "heal", "loss", "dup", "delay", "join", "leave"}
+)
 
 
 class Sink(Protocol):

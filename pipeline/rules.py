@@ -123,7 +123,10 @@ Latency, faults and agreement
 - **agreement**: the last ``status`` event per member; ``agreed`` is true when every digest is
   equal and known, false otherwise (a violation; a member that could not be asked has a null
   digest), null when there is no ``status`` event. Members listed
-  in run.json without a status are reported in ``missing``.
+  in run.json without a status are reported in ``missing``. In partitioned mode a member holds
+  only its partitions, and its digest is ``p:`` followed by ``partition=digest`` pairs joined
+  by ``;`` (scripts/chaos.py): then every partition some member reported must have the same
+  digest at every member that reported it (its owners).
 
 JSON report (``check.py --json``)
 ---------------------------------
@@ -232,6 +235,25 @@ Msg = tuple[float, str, str | None, str, str, str]
 
 # A subscription event: (t, order, ev, sub, topic, key, mode, member or reason).
 SubEvent = tuple[float, int, str, str, str, str | None, str | None, str | None]
+
+
+def agreement(digests: Mapping[str, str | None]) -> bool | None:
+    """Whether the members' last digests agree (see "agreement" above); None: no status at all."""
+    if not digests:
+        return None
+    values = list(digests.values())
+    if None in values:
+        return False  # (a member that could not be asked agrees with nobody)
+    if not all(v is not None and v.startswith("p:") for v in values):
+        return len(set(values)) == 1
+    seen: dict[str, str] = {}
+    for v in values:
+        assert v is not None
+        for pair in filter(None, v[2:].split(";")):
+            part, _, d = pair.partition("=")
+            if seen.setdefault(part, d) != d:
+                return False
+    return True
 
 
 def build_subscriptions(subevs: Iterable[SubEvent], run_end: float) -> list[Subscription]:

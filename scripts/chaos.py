@@ -16,7 +16,12 @@ see, and a nemesis that injects faults from a seeded schedule and logs them:
   or inside its namespace) for 2-5 s;
 * loss / dup: drop / duplicate a share (--loss, --dup percent) of the
   cluster's packets for 3-8 s;
-* delay: hold packets --delay ms (needs NFQUEUE, see scripts/faults.py).
+* delay: hold packets --delay ms (needs NFQUEUE, see scripts/faults.py);
+* join (partitioned mode, once): a 4th member ``j1`` joins a third of the way in
+  (``roost node --join`` through a member no fault holds), on an address of its own;
+  later faults may hit it;
+* leave (partitioned mode, once): a member no fault holds leaves at 60 % of the run
+  (``roost cluster leave``'s request); it delivers what it holds and exits by itself.
 
 At most one member is down (killed, paused or cut off) at a time, so a
 majority stays up. After --duration everything is healed, the publishers
@@ -46,14 +51,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cluster import admin  # noqa: E402
 from cluster.config import ClusterConfig, load_cluster_config  # noqa: E402
-from cluster.launcher import node_command, write_local_config  # noqa: E402
+from cluster.launcher import free_tcp_port, node_command, write_local_config  # noqa: E402
+from node.procs import free_udp_port  # noqa: E402
 
-FAULTS = ("kill", "pause", "partition", "loss", "dup", "delay")
+FAULTS = ("kill", "pause", "partition", "loss", "dup", "delay", "join", "leave")
 MEMBER_FAULTS = ("kill", "pause", "partition")  # one member down at a time
+MEMBERSHIP = ("join", "leave")  # once each per run, at fixed points, apart from the drawn faults
 # Without --netns each member has a loopback address of its own (and dials its peers from
 # it), so a fault can single a member out by address; the workers use 127.0.0.1.
 LOOPBACK_HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
+JOINER, JOINER_HOST = "j1", "127.0.0.14"
 CLIENT_HOST = 4  # with --netns: members in namespaces 1..3, the workers in the 4th
 
 
@@ -67,6 +76,10 @@ class Run:
         self.members: dict[str, subprocess.Popen[bytes]] = {}
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.paused: set[str] = set()
+        self.held: set[str] = set()  # members a member fault holds now (killed, paused, cut off)
+        self.joined: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {}  # id -> (client, peer) address
+        self.left: set[str] = set()
+        self.join_seed = ""  # the peer address the joiner asked (a restart asks it again)
         self.table: Any = None  # scripts/faults.FaultTable, once a network fault is wanted
         self.netns: list[str] = []
         self.events = 0
@@ -98,10 +111,23 @@ class Run:
 
     def start_member(self, mid: str) -> None:
         log = open(self.out / "logs" / f"{mid}.log", "ab")  # noqa: SIM115 (the child holds it)
+        cmd = node_command(self.config, mid)
+        if mid in self.joined:  # (the same command restarts it: the JOIN is idempotent)
+            (ch, cp), (ph, pp) = self.joined[mid]
+            cmd += ["--join", self.join_seed, "--client-addr", f"{ch}:{cp}", "--peer-addr", f"{ph}:{pp}",
+                    "--data-dir", str(self.out / "data" / mid)]  # fmt: skip
         self.members[mid] = subprocess.Popen(
-            [*self.prefix(self.ns_of(mid)), *node_command(self.config, mid)], cwd=ROOT, stdout=log, stderr=log,
+            [*self.prefix(self.ns_of(mid)), *cmd], cwd=ROOT, stdout=log, stderr=log,
         )  # fmt: skip
         log.close()
+
+    def current(self) -> list[str]:
+        """Members now: the config's and those that joined, less those that left."""
+        return [m for m in [*(m.id for m in self.cc.members), *self.joined] if m not in self.left]
+
+    def steady(self) -> list[str]:
+        """Current members that no member fault holds: they take admin requests."""
+        return [m for m in self.current() if m not in self.held]
 
     def wait_serving(self, mid: str, timeout: float = 30.0) -> None:
         """A member serves once its log says so (its UDP port may be in another namespace)."""
@@ -172,6 +198,8 @@ class Run:
     # ------------------------------------------------------------ faults
 
     def host_of(self, mid: str) -> str:
+        if mid in self.joined:
+            return self.joined[mid][1][0]
         host = self.cc.member(mid).peer_addr[0]
         if host == "127.0.0.1" or self.cc.member(mid).client_addr[0] != host:
             raise RuntimeError(f"{mid}: network faults on loopback need one address per member "
@@ -179,7 +207,7 @@ class Run:
         return host
 
     def all_hosts(self) -> list[str]:
-        return [self.host_of(m.id) for m in self.cc.members]
+        return [self.host_of(m) for m in [*(m.id for m in self.cc.members), *self.joined]]
 
     def faults(self) -> Any:
         if self.table is None:
@@ -204,10 +232,13 @@ Plan = list[tuple[float, float, str, str]]  # (start, end, fault, target), secon
 
 
 def schedule(rng: random.Random, kinds: list[str], members: list[str], duration: float) -> Plan:
-    """(start, end, fault, target): member faults one at a time with gaps; network faults between."""
-    plan: Plan = []
+    """(start, end, fault, target): member faults one at a time with gaps; network faults between;
+    a join and a leave (if asked for) at fixed points, the leaver chosen when it is due."""
+    plan: Plan = [(duration * f, duration * f, k, JOINER if k == "join" else "?")
+                  for k, f in (("join", 0.3), ("leave", 0.6)) if k in kinds]  # fmt: skip
+    kinds = [k for k in kinds if k not in MEMBERSHIP]
     t = 3.0
-    while t < duration - 6.0:
+    while t < duration - 6.0 and kinds:
         kind = rng.choice(kinds)
         if kind in MEMBER_FAULTS:
             length = {"kill": rng.uniform(2, 5), "pause": rng.uniform(1, 4), "partition": rng.uniform(2, 5)}[kind]
@@ -245,6 +276,8 @@ def main() -> int:
         ap.error("--duration must be from 10 to 3600 seconds")
     if not 0 < args.loss <= 50 or not 0 < args.dup <= 50:
         ap.error("--loss and --dup must be percentages from 0 to 50")
+    if any(k in MEMBERSHIP for k in kinds) and (args.mode != "partitioned" or args.config or args.netns):
+        ap.error("join and leave need --mode partitioned with the generated config (not --config or --netns)")
     out = Path(args.out)
     if (out / "run.json").exists():
         ap.error(f"{out} holds a previous run: choose another --out")
@@ -329,7 +362,7 @@ def run_plan(run: Run, plan: Plan, duration: float) -> None:
         now = time.monotonic() - t0
         while plan and plan[0][0] <= now:
             _, end, kind, target = plan.pop(0)
-            active.append((end, kind, target, inject(run, kind, target)))
+            active.append((end, kind, *inject(run, kind, target)))
         for item in [a for a in active if a[0] <= now]:
             active.remove(item)
             heal(run, item[1], item[2], item[3])
@@ -361,7 +394,7 @@ def finish(run: Run, ids: list[str]) -> None:
             p.terminate()
     for p in run.workers.values():
         p.wait(15)
-    record_status(run, ids)
+    record_status(run, run.current())
     run.info["ended"] = time.time()
     # A worker that died is not the broker's fault: the run says so and fails, and the
     # checker would otherwise blame the broker for everything the worker missed since.
@@ -371,7 +404,22 @@ def finish(run: Run, ids: list[str]) -> None:
         raise RuntimeError(f"worker(s) exited with an error: {failed}; see {run.out / 'logs'}/*.err")
 
 
-def inject(run: Run, kind: str, target: str) -> Any:
+def inject(run: Run, kind: str, target: str) -> tuple[str, Any]:
+    """Start a fault; (its target, the handle heal needs). A member fault planned for a member
+    that left falls on another; a leave picks its member now."""
+    if kind in MEMBER_FAULTS and target in run.left:
+        target = run.rng.choice(run.steady())
+    if kind == "join":
+        join(run, target)
+        return target, None
+    if kind == "leave":
+        return leave(run), None
+    if kind in MEMBER_FAULTS:
+        run.held.add(target)
+    return target, _inject(run, kind, target)
+
+
+def _inject(run: Run, kind: str, target: str) -> Any:
     args = run.args
     params = {"loss": {"percent": args.loss}, "dup": {"percent": args.dup}, "delay": {"ms": args.delay},
               "kill": {"signal": "SIGKILL"}, "pause": {"signal": "SIGSTOP"}}.get(kind, {})  # fmt: skip
@@ -396,6 +444,9 @@ def inject(run: Run, kind: str, target: str) -> Any:
 
 
 def heal(run: Run, kind: str, target: str, handle: Any) -> None:
+    if kind in MEMBERSHIP:
+        return
+    run.held.discard(target)
     if kind == "kill":
         run.start_member(target)
         run.wait_serving(target)  # (a member that cannot come back must not go unnoticed)
@@ -409,20 +460,54 @@ def heal(run: Run, kind: str, target: str, handle: Any) -> None:
     run.fault(kind, target, "end")
 
 
+def join(run: Run, jid: str) -> None:
+    """A new member joins through a member no fault holds (``roost node --join``, as
+    ``roost cluster join`` starts it), on an address of its own."""
+    seed = run.cc.member(run.rng.choice([m for m in run.steady() if m not in run.joined]))
+    run.join_seed = "{}:{}".format(*seed.peer_addr)
+    run.joined[jid] = ((JOINER_HOST, free_udp_port(JOINER_HOST)), (JOINER_HOST, free_tcp_port(JOINER_HOST)))
+    client, peer = run.joined[jid]
+    run.fault("join", jid, "start", seed=seed.id, client=f"{client[0]}:{client[1]}", peer=f"{peer[0]}:{peer[1]}")
+    run.info["members"][jid] = {"client": f"{client[0]}:{client[1]}", "peer": f"{peer[0]}:{peer[1]}"}
+    run.start_member(jid)
+    run.wait_serving(jid)
+    run.fault("join", jid, "end")
+
+
+def leave(run: Run) -> str:
+    """A member no fault holds leaves (``roost cluster leave``'s request); it exits by itself."""
+    mid = run.rng.choice(run.steady())
+    run.fault("leave", mid, "start")
+    message, _, taken_by = admin.leave(run.cc, mid)
+    run.left.add(mid)
+    run.info["left"] = sorted(run.left)
+    deadline = time.monotonic() + run.cc.settings.leave_timeout + 15
+    while run.members[mid].poll() is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{mid} did not exit after its leave ({message}, asked {taken_by})")
+        time.sleep(0.1)
+    run.fault("leave", mid, "end", asked=taken_by)
+    return mid
+
+
 def record_status(run: Run, ids: list[str]) -> None:
     """Each member's view (with its subscriptions' digest), through `roost status --json`."""
     with open(run.out / "events" / "status.jsonl", "a", encoding="utf-8") as f:
         for mid in ids:
-            m = run.cc.member(mid)
-            cmd = [sys.executable, "-m", "cluster.cli", "status", "--json", "--node", "{}:{}".format(*m.client_addr)]
+            client = run.joined[mid][0] if mid in run.joined else run.cc.member(mid).client_addr
+            cmd = [sys.executable, "-m", "cluster.cli", "status", "--json", "--node", "{}:{}".format(*client)]
             r = subprocess.run([*run.prefix(run.client_ns), *cmd], cwd=ROOT,
                                capture_output=True, text=True, timeout=30)  # fmt: skip
             try:
                 st = json.loads(r.stdout)
             except json.JSONDecodeError:
                 st = {"state": "unreachable", "digest": None, "subscriptions": None, "error": r.stderr[-300:]}
+            digest = st.get("digest")
+            if "partition_digests" in st:  # (partitioned: owners of each partition must agree; pipeline/rules.py)
+                parts = st["partition_digests"]
+                digest = "p:" + ";".join(f"{p}={parts[p]:x}" for p in sorted(parts, key=int))
             f.write(json.dumps({"t": time.time(), "proc": "status", "ev": "status", "member": mid,
-                                "digest": st.get("digest"), "subscriptions": st.get("subscriptions"),
+                                "digest": digest, "subscriptions": st.get("subscriptions"),
                                 "state": st.get("state")}) + "\n")  # fmt: skip
 
 

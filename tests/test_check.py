@@ -433,6 +433,16 @@ def test_members_disagreeing_after_the_heal_is_a_violation(tmp_path, capsys):
     assert [v["kind"] for v in report["violations"]] == ["disagreement"]
 
 
+def test_partitioned_members_agree_when_each_partitions_owners_do():
+    """Partitioned members hold different partitions: only owners of the same one are compared."""
+    a, b, c = "p:0=aa;1=bb", "p:1=bb;2=cc", "p:0=aa;2=cc"
+    assert rules.agreement({"n1": a, "n2": b, "n3": c}) is True
+    assert rules.agreement({"n1": a, "n2": "p:1=bf;2=cc", "n3": c}) is False  # (partition 1 differs)
+    assert rules.agreement({"n1": a, "n2": None, "n3": c}) is False
+    assert rules.agreement({"n1": "d1", "n2": "d1"}) is True and rules.agreement({"n1": "d1", "n2": "d2"}) is False
+    assert rules.agreement({}) is None
+
+
 def test_no_status_events_leaves_agreement_unknown():
     h = History()
     h.subscribe(0, "s")

@@ -27,8 +27,8 @@ from cluster.events import (
 from cluster.member import MemberCore
 from cluster.peerwire import FrameDecoder, P, encode
 from cluster.sim import Simulation, run_seed
-from cluster.snapshot import decode_untrusted_snapshot
 from cluster.simworld import sim_config
+from cluster.snapshot import decode_untrusted_snapshot
 from tests.clusterkit import ROOT
 
 SEEDS = 200
