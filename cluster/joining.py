@@ -23,7 +23,7 @@ leadership moves):
    any map change, cluster/partitioned.py).
 4. A member whose own leave is committed owns nothing; it keeps delivering what its mailboxes
    hold, and stops once they are empty (or ``leave_timeout`` passed) and its queues drained.
-   Members stop dialling a member whose leave is committed.
+   Members close their links to a member whose leave is committed (and let it dial them).
 
 A member that is still syncing (starting up) is in no one's map, so it commits every roster at
 once and pulls what it owns in it before it reports ready.
