@@ -48,6 +48,17 @@ def _num(lo: float, hi: float) -> Callable[[Any], bool]:
     return lambda v: lo <= v <= hi
 
 
+def number(section: str, key: str, default: Any, kind: type, lo: float, hi: float, doc: str) -> Setting:
+    """A numeric setting within [lo, hi]: its check and the words that say what is allowed come
+    from the same bounds, so the error message and docs/configuration.md cannot drift from them."""
+    what = "an integer" if kind is int else "a number of seconds"
+    return Setting(section, key, default, kind, f"{what} from {_plain(lo)} to {_plain(hi)}", _num(lo, hi), doc)
+
+
+def _plain(x: float) -> str:
+    return str(int(x)) if x == int(x) else str(x)
+
+
 def _addr_ok(v: str) -> bool:
     try:
         parse_hostport(v)
@@ -77,50 +88,43 @@ SETTINGS: list[Setting] = [
             "validation, so it must stay on networks you trust)."),
     Setting("node", "log_level", "info", str, "one of debug, info, warning, error",
             lambda v: v in ("debug", "info", "warning", "error"), "Log verbosity."),
-    Setting("limits", "max_datagram", 16384, int, "an integer from 1200 to 65507",
-            _num(1200, 65507),
+    number("limits", "max_datagram", 16384, int, 1200, 65507,
             "Largest datagram accepted or sent. Bigger datagrams are refused with "
             "too_large; outgoing batches are coalesced up to this size."),
-    Setting("limits", "mailbox_capacity", 50000, int, "an integer from 16 to 10000000",
-            _num(16, 10_000_000),
+    number("limits", "mailbox_capacity", 50000, int, 16, 10_000_000,
             "Reliable messages a subscriber may have unacknowledged before its "
             "reliable subscriptions are cancelled with out_of_capacity."),
-    Setting("limits", "mailbox_max_bytes", 64 * 1024 * 1024, int, "an integer from 65536 to 2**40",
-            _num(65536, 2**40), "Bytes of unacknowledged reliable messages one subscriber may hold."),
-    Setting("limits", "send_window", 4096, int, "an integer from 1 to 1000000",
-            _num(1, 1_000_000),
+    Setting("limits", "mailbox_max_bytes", 64 * 1024 * 1024, int, "an integer from 65536 to 2**40", _num(65536, 2**40),
+            "Bytes of unacknowledged reliable messages one subscriber may hold."),
+    number("limits", "send_window", 4096, int, 1, 1_000_000,
             "Reliable messages sent to one subscriber but not yet acknowledged."),
-    Setting("limits", "max_clients", 100000, int, "an integer from 1 to 100000000",
-            _num(1, 100_000_000), "Binary clients with subscriptions a node keeps state for."),
-    Setting("limits", "max_subscriptions_per_client", 10000, int,
-            "an integer from 1 to 10000000", _num(1, 10_000_000),
+    number("limits", "max_clients", 100000, int, 1, 100_000_000,
+            "Binary clients with subscriptions a node keeps state for."),
+    number("limits", "max_subscriptions_per_client", 10000, int, 1, 10_000_000,
             "Subscriptions one client may hold."),
-    Setting("limits", "max_text_subscribers", 100000, int, "an integer from 0 to 100000000",
-            _num(0, 100_000_000), "Text-protocol subscriptions (address, topic) a node keeps."),
-    Setting("limits", "max_producers", 100000, int, "an integer from 1 to 100000000",
-            _num(1, 100_000_000), "Producers whose sequence numbers are remembered for dedup."),
-    Setting("limits", "max_per_host", 10000, int, "an integer from 1 to 100000000",
-            _num(1, 100_000_000),
+    number("limits", "max_text_subscribers", 100000, int, 0, 100_000_000,
+            "Text-protocol subscriptions (address, topic) a node keeps."),
+    number("limits", "max_producers", 100000, int, 1, 100_000_000,
+            "Producers whose sequence numbers are remembered for dedup."),
+    number("limits", "max_per_host", 10000, int, 1, 100_000_000,
             "Binary clients, and producers, one source IP may have on a node: one host "
             "cannot use up max_clients or max_producers for everybody."),
-    Setting("timeouts", "subscriber_timeout", 10.0, float, "a number of seconds from 0.1 to 86400",
-            _num(0.1, 86400),
+    number("timeouts", "subscriber_timeout", 10.0, float, 0.1, 86400,
             "A binary client silent this long (no PING, ACK or command) is dropped "
             "with all its subscriptions."),
-    Setting("timeouts", "retransmit_timeout", 0.2, float, "a number of seconds from 0.001 to 60",
-            _num(0.001, 60), "First retransmission of unacknowledged reliable messages."),
-    Setting("timeouts", "retransmit_max", 2.0, float, "a number of seconds from 0.001 to 600",
-            _num(0.001, 600), "Cap of the exponential retransmission back-off."),
+    number("timeouts", "retransmit_timeout", 0.2, float, 0.001, 60,
+            "First retransmission of unacknowledged reliable messages."),
+    number("timeouts", "retransmit_max", 2.0, float, 0.001, 600, "Cap of the exponential retransmission back-off."),
     Setting("timeouts", "text_sub_lease", 0.0, float,
             "0 (off) or a number of seconds up to 86400", _num(0, 86400),
             "Text subscriptions expire this long after their last SUB unless renewed. "
             "Off by default: the FASTPUSS clients subscribe once."),
-    Setting("timeouts", "producer_timeout", 300.0, float, "a number of seconds from 1 to 604800",
-            _num(1, 604800), "How long a silent producer's dedup state is kept."),
-    Setting("timeouts", "cookie_lifetime", 600.0, float, "a number of seconds from 1 to 86400",
-            _num(1, 86400), "Address-validation cookies are valid one to two lifetimes."),
-    Setting("timeouts", "ping_interval", 0.5, float, "a number of seconds from 0.01 to 60",
-            _num(0.01, 60), "Told to clients in WELCOME: how often to PING while subscribed."),
+    number("timeouts", "producer_timeout", 300.0, float, 1, 604800,
+            "How long a silent producer's dedup state is kept."),
+    number("timeouts", "cookie_lifetime", 600.0, float, 1, 86400,
+            "Address-validation cookies are valid one to two lifetimes."),
+    number("timeouts", "ping_interval", 0.5, float, 0.01, 60,
+            "Told to clients in WELCOME: how often to PING while subscribed."),
 ]  # fmt: skip
 
 
