@@ -75,6 +75,7 @@ from cluster.events import (
 from cluster.joining import Joining
 from cluster.lifecycle import Lifecycle
 from cluster.links import Link
+from cluster.liveness import Liveness
 from cluster.membership import Membership
 from cluster.partitioned import Partitioned
 from cluster.peerwire import (
@@ -94,7 +95,7 @@ from node.core import BrokerCore, Confirm, Forward, Relay, Replicate, StatusQuer
 _BEAT = encode([P.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned, Joining):
+class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -192,19 +193,6 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self._due(now)
         out, self._out = self._out, []
         return out
-
-    def _paused(self, stood: float) -> None:
-        """Our loop stood still (a long core call, SIGSTOP, a VM pause, a slow snapshot
-        read): what peers sent meanwhile waits unread in the kernel, so their silence
-        and our links' deadlines are credited with the pause, as Cassandra's failure
-        detector ignores a local pause. Without it one stall past ``down_after`` takes
-        every peer down at once and remaps to owning everything, which stalls again."""
-        self.membership.credit(stood, self.now)
-        for link in self.links.values():
-            link.deadline += stood
-        self.pull_deadline += stood
-        if self.phase in ("syncing", "ready"):  # (starting: waiting for the snapshot read is no pause)
-            self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
 
     def next_deadline(self) -> float:
         if self.phase in ("starting", "stopped"):
@@ -372,39 +360,6 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self._leave_due()
         if self.phase == "stopping":
             self._drain()
-
-    def _watch_peers(self, now: float) -> None:
-        changes = self.membership.tick(now)
-        for peer, old, new in changes:
-            self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
-            lid = self.out[peer]
-            if new == "down" and lid is not None:
-                self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
-        for peer, _old, new in changes:
-            if new == "down":
-                self.pending.pop(peer, None)
-        if changes and self.partitioned:
-            self._remap()
-        if changes and self.committed != self.roster.digest():
-            self._check_roster()
-        if self.ready:
-            self._expire_lost_homes(now)
-
-    def _expire_lost_homes(self, now: float) -> None:
-        """A member down for longer than subscriber_timeout takes its clients'
-        subscriptions with it; one surviving member (the lowest ready id)
-        writes the tombstones, which replicate like any change."""
-        ready = [self.id] + [p for p, v in self.membership.peers.items() if v.state == "ready"]
-        if min(ready) != self.id and not self.partitioned:  # (partitioned: each primary its own)
-            return
-        for peer in self.peers:
-            if peer not in self._expired and self.membership.down_for(peer, now) > self.cfg.subscriber_timeout \
-                    and now >= self._expire_again.get(peer, 0.0):  # fmt: skip
-                self._absorb(self.broker.expire_home(peer, now))
-                if self.broker.expire_skipped:  # clients alive elsewhere: look again in a while
-                    self._expire_again[peer] = now + self.cfg.subscriber_timeout / 2
-                else:
-                    self._expired.add(peer)
 
     # ------------------------------------------------------------ links
 

@@ -1,5 +1,6 @@
 """What :class:`cluster.member.MemberCore` provides to its mixins (cluster/lifecycle.py,
-cluster/partitioned.py), declared once for the type checker; nothing at run time."""
+cluster/partitioned.py, cluster/joining.py, cluster/liveness.py), declared once for the type
+checker; nothing at run time."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from cluster.membership import Membership
     from cluster.replication import PeerQueue
     from cluster.roster import Roster
+    from node.config import NodeConfig
     from node.core import BrokerCore
     from node.ownership import Ownership
 
@@ -54,6 +56,9 @@ class MemberParts:
         pending: dict[str, set[int]]
         _expired: set[str]
         persisted: int
+        pull_deadline: float
+        cfg: NodeConfig
+        _expire_again: dict[str, float]
         roster_changes: int
         admin_waiting: list[tuple[int, int | None, bytes]]
 
@@ -76,5 +81,6 @@ class MemberParts:
         def _roster_changed(self) -> None: ...
         def _pull_failed(self, why: str, close: bool) -> None: ...
         def _reply_durable(self) -> None: ...
+        def _check_roster(self) -> None: ...
         @property
         def state_version(self) -> int: ...

@@ -29,7 +29,6 @@ The fake world:
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import random
@@ -38,7 +37,6 @@ from typing import Any
 
 from client.session import ClientConfig, ClientSession
 from client.wire import Mode
-from cluster.config import Member
 from cluster.events import (
     Accepted,
     Close,
@@ -61,13 +59,12 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
-from cluster.peerwire import P
 from cluster.roster import decode_untrusted_roster
 from cluster.simaccounting import SimAccounting
 from cluster.simcheck import Checker, Published
+from cluster.simnemesis import Nemesis
 from cluster.simworld import (
     FAULTS,
-    OWN_DRAWS,
     PARTITIONED_TOPICS,
     TOPICS,
     WALL,
@@ -79,7 +76,7 @@ from cluster.simworld import (
 )
 
 
-class Simulation(SimAccounting):
+class Simulation(SimAccounting, Nemesis):
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
                  loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
                  sockets_guard: Callable[[], None] | None = None, mode: str = "replicated") -> None:  # fmt: skip
@@ -274,84 +271,6 @@ class Simulation(SimAccounting):
             if key[0] == m.id:
                 self._break(conn, "connection reset")
         self.pending_dials = {d for d in self.pending_dials if d[0] != m.id}
-
-    def pause(self, mid: str, seconds: float) -> None:
-        """The member's loop stands still for ``seconds`` (a long core call, SIGSTOP, a
-        VM pause): nothing it would do happens, and what reaches it waits."""
-        m = self.members[mid]
-        if m.core is None or m.paused_until > self.now:
-            return
-        self.stats["pauses"] += 1
-        m.paused_until = self.now + seconds
-        self.at(m.paused_until, self._resume, m, m.incarnation)
-
-    def _resume(self, m: SimMember, inc: int) -> None:
-        if m.incarnation != inc:
-            return
-        m.paused_until = 0.0
-        backlog, m.backlog = m.backlog, []
-        for ev in backlog:
-            self._feed(m, ev)
-        self._feed(m, Tick())
-
-    def join(self, number: int, attempt: int = 0) -> None:
-        """``roost cluster join``: a ready member takes the JOIN and answers once the change is
-        on its disk; then the new member starts. An admin whose seed died first asks another."""
-        ready = [m for m in self.members.values() if m.core is not None and m.core.ready and m.id not in self.left]
-        if not ready or attempt > 3:
-            return
-        seed = self.rng.choice(ready)
-        jid = f"j{number}"
-        client, peer = ("127.0.0.1", 7601 + number), ("127.0.0.1", 7701 + number)
-        assert seed.core is not None
-        ok, _, version = seed.core.admin_request([P.JOIN, jid, list(client), list(peer)], None)
-        if not ok:
-            return
-        roster = seed.core.roster.encode()  # (what the reply carries)
-        self._feed(seed, Tick())  # (the ROSTER frames and the snapshot the JOIN made)
-
-        def joined() -> None:
-            self.stats["joins"] += 1
-            m = self.members[jid] = SimMember(jid, client)
-            m.cc = dataclasses.replace(self.cc, members=[*self.cc.members, Member(jid, client, peer, f"/sim/{jid}")])
-            m.roster = roster
-            self.member_at[client] = m
-            self._inbound[jid] = -1
-            self._start_member(m)
-
-        self._when_durable(seed, version, joined, lambda: self.join(number, attempt + 1))
-
-    def leave(self, pick: float, attempt: int = 0, victim: str = "") -> None:
-        """``roost cluster leave``: any ready member takes the LEAVE of a placed one."""
-        ready = sorted(m.id for m in self.members.values() if m.core is not None and m.core.ready
-                       and m.id not in self.left)  # fmt: skip
-        if len(ready) < 3 or attempt > 3:
-            return
-        victim = victim or ready[int(pick * len(ready))]
-        at = self.members[self.rng.choice(ready)]
-        assert at.core is not None
-        ok, _, version = at.core.admin_request([P.LEAVE, victim], None)
-        if not ok:
-            return
-        self._feed(at, Tick())
-
-        def left() -> None:
-            self.stats["leaves"] += 1
-            self.left.add(victim)
-
-        self._when_durable(at, version, left, lambda: self.leave(pick, attempt + 1, victim))
-
-    def _when_durable(self, m: SimMember, version: int, done: Callable[[], None],
-                      retry: Callable[[], None], inc: int | None = None) -> None:  # fmt: skip
-        """The admin's wait for its reply: ``done`` once ``m`` has ``version`` on disk;
-        ``retry`` (a second after, as an admin whose request timed out) if it died first."""
-        inc = m.incarnation if inc is None else inc
-        if m.incarnation != inc or m.core is None:
-            self.at(self.now + 1.0, retry)
-        elif m.core.persisted >= version:
-            done()
-        else:
-            self.at(self.now + 0.005, self._when_durable, m, version, done, retry, inc)
 
     def restart(self, mid: str) -> None:
         m = self.members[mid]
@@ -583,63 +502,6 @@ class Simulation(SimAccounting):
         late = self.rng.random() < 0.3
         self.at(self.now + (self.rng.uniform(5.5, 9.0) if late else self.rng.uniform(0.1, 1.0)),
                 self._client_begin, c, c.number)  # fmt: skip
-
-    # ------------------------------------------------------------ nemesis
-
-    def _plan_nemesis(self) -> None:
-        """Faults at seeded random times until fault_time; then heal, restart, settle."""
-        rng = self.rng
-        ids = list(self.members)
-        if self.partitioned:  # (their own random source: the other faults are drawn as before)
-            mrng = random.Random(self.seed * 7919 + 17)
-            if "join" in self.faults and mrng.random() < 0.5:
-                self.at(mrng.uniform(2.0, self.fault_time - 2.0), self.join, 0)
-            if "leave" in self.faults and mrng.random() < 0.4:
-                self.at(mrng.uniform(2.0, self.fault_time - 2.0), self.leave, mrng.random())
-        if "pause" in self.faults:
-            prng = random.Random(self.seed * 7919 + 29)
-            if prng.random() < 0.3:
-                self.at(prng.uniform(1.0, self.fault_time - 1.0), self.pause, prng.choice(ids), prng.uniform(0.3, 4.0))
-        faults = [f for f in self.faults if f not in OWN_DRAWS]
-        t = rng.uniform(1.0, 3.0)
-        while t < self.fault_time and faults:
-            kind = rng.choice(faults)
-            if kind == "partition":
-                shape = rng.choice(("halves", "isolate", "bridge"))
-                order = rng.sample(ids, len(ids))
-                if shape == "halves":
-                    k = rng.randint(1, len(ids) - 1)
-                    groups = [set(order[:k]), set(order[k:])]
-                elif shape == "isolate":
-                    groups = [{order[0]}, set(order[1:])]
-                else:  # a bridge: order[0] talks to both sides, which cannot talk to each other
-                    rest = order[1:]
-                    k = max(1, len(rest) // 2)
-                    groups = [{order[0], *rest[:k]}, {order[0], *rest[k:]}]
-                self.at(t, self.partition, groups)
-                self.at(t + rng.uniform(0.5, 4.0), self.heal)
-            elif kind in ("crash", "stop"):
-                victim = rng.choice(ids)
-                self.at(t, self.crash if kind == "crash" else self.stop, victim)
-                self.at(t + rng.uniform(0.3, 7.0), self.restart, victim)  # (past a short subscriber_timeout too)
-            elif kind == "cut-client":  # one client loses one member (its home, often), for a while
-                index, victim = rng.randrange(len(self.clients)), rng.choice(ids)
-                self.at(t, self.cut_client, index, victim)
-                self.at(t + rng.uniform(0.5, 4.0), self.heal_client, index, victim)
-            else:
-                self.at(t, self.restart_client, rng.randrange(len(self.clients)))
-            t += rng.uniform(0.5, 3.0)
-        self.at(self.fault_time, self.heal)
-        self.at(self.fault_time, self.client_cuts.clear)
-        for mid in ids:
-            self.at(self.fault_time, self.restart, mid)
-        self.at(self.fault_time, self._restart_joined)
-
-    def _restart_joined(self) -> None:
-        for mid in list(self.members):
-            if mid not in self.left:
-                self.restart(mid)
-
 
 def run_seed(seed: int, **kw: Any) -> tuple[Checker, dict[str, int]]:
     sim = Simulation(seed, **kw)

@@ -390,12 +390,11 @@ class Registers(CoreBase):
         (partitioned: a member's PULL) adds every register of the clients whose
         home that member is: their sessions need them all, and a restarted home
         has only what its snapshot held (simulator seed 427, 5 members)."""
-        own = self.own
+        part = self.own.partition if self.own is not None else None
         for c in list(self.clients.values()):
             if buckets is None or (home is not None and c.home == home and c.cid.__class__ is bytes):
                 yield self._entry(c, c.subs.items())
-            elif own is not None:  # (partitioned: the bucket is the topic's partition, no key hash)
-                part = own.partition
+            elif part is not None:  # (partitioned: the bucket is the topic's partition, no key hash)
                 if subs := [(tk, v) for tk, v in c.subs.items() if part(tk[0]) in buckets]:
                     yield self._entry(c, subs)
             else:

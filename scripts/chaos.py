@@ -121,9 +121,13 @@ class Run:
         )  # fmt: skip
         log.close()
 
+    def ever(self) -> list[str]:
+        """Every member of the run: the config's and those that joined."""
+        return [*(m.id for m in self.cc.members), *self.joined]
+
     def current(self) -> list[str]:
-        """Members now: the config's and those that joined, less those that left."""
-        return [m for m in [*(m.id for m in self.cc.members), *self.joined] if m not in self.left]
+        """Members now: those of the run less those that left."""
+        return [m for m in self.ever() if m not in self.left]
 
     def steady(self) -> list[str]:
         """Current members that no member fault holds: they take admin requests."""
@@ -207,7 +211,7 @@ class Run:
         return host
 
     def all_hosts(self) -> list[str]:
-        return [self.host_of(m) for m in [*(m.id for m in self.cc.members), *self.joined]]
+        return [self.host_of(m) for m in self.ever()]
 
     def faults(self) -> Any:
         if self.table is None:
