@@ -119,9 +119,9 @@ def join_request(member: str, client: Addr, peer: Addr) -> list[Any]:
     return [P.JOIN, member, list(client), list(peer)]
 
 
-def leave(cc: ClusterConfig, member: str) -> tuple[str, Roster, str]:
+def leave(cc: ClusterConfig, member: str) -> tuple[str, list[str], str]:
     """Ask the first member of the config that answers to take ``member``'s leave; (its message,
-    the roster before, the member that took it)."""
+    the members before the leave, the member that took it)."""
     errors = []
     for m in sorted(cc.members, key=lambda m: m.id == member):  # (the leaver itself last)
         try:
@@ -131,8 +131,7 @@ def leave(cc: ClusterConfig, member: str) -> tuple[str, Roster, str]:
                 raise
             errors.append(str(exc))
             continue
-        after = roster_from(cc, entries)
-        before = Roster(after.base)
-        before.merge([(k, e) for k, e in decode_untrusted_roster(entries) if k != member])
+        # (the roster after the leave, and the leaver: it may have joined, so not be in the base)
+        before = sorted({*roster_from(cc, entries).members(), member})
         return message, before, m.id
     raise AdminError("no member of the config answered: " + "; ".join(errors))

@@ -94,8 +94,15 @@ class Joining(MemberParts):
         every peer, and work toward committing it."""
         self.roster_changes += 1
         for m, (_client, peer_addr) in self.roster.known().items():
-            if m != self.id and m not in self.member_ids:
+            if m == self.id:
+                continue
+            if m not in self.member_ids:
                 self._add_peer(m, peer_addr)
+            elif self.next_dial[m] == math.inf and not self.roster.left(m):
+                # (it left, we stopped dialling it, and it joined again: maybe at new addresses)
+                self.peer_addr[m] = peer_addr
+                self.next_dial[m] = self.now
+                self.unreached.add(m)
         self._to_peers(encode([P.ROSTER, self.roster.encode()]))
         self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
                   digest=f"{self.roster.digest():016x}")  # fmt: skip
@@ -106,6 +113,11 @@ class Joining(MemberParts):
         latest = self.roster.digest()
         if latest == self.committed:
             self.synced = latest
+            return
+        if not self.roster.members():  # (concurrent leaves of every member: keep the map we have)
+            if self.synced != latest:
+                self.synced = latest
+                self._log("error", "roster_empty", reason="every member has left: the map stays as it is")
             return
         if self.phase == "syncing" or not self.partitioned:
             # (no one's map has us yet, or every member holds everything: nothing to wait for)
@@ -138,18 +150,28 @@ class Joining(MemberParts):
         owners = self.cmap.owners
         self.pull_parts = gains
         self.pull_order = [p for p in self.peers if p in self.cmap.live and any(p in owners[g] for g in gains)]
+        self.pull_ok = set()
+        # (the members each gain is pulled from; one with none live has nothing to pull)
+        self.pull_from = {g: set(owners[g]) & set(self.pull_order) for g in gains}
         self._log("info", "pulling_gains", partitions=len(gains), peers=len(self.pull_order))
         self._next_pull()
 
     def _gain_pull_finished(self) -> None:
-        self.pulled |= self.pull_parts
+        """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
+        pulled again at the next heartbeat (cluster/liveness.py)."""
+        missed = {g for g in self.pull_parts if self.pull_from[g] and not self.pull_from[g] & self.pull_ok}
+        self.pulled |= self.pull_parts - missed
         self.pull_parts = set()
-        self._check_roster()
+        if missed:
+            self._log("warning", "gains_missed", partitions=len(missed))
+        else:
+            self._check_roster()
 
     def _commit(self, digest: int) -> None:
         self.committed = self.synced = digest
         self.pulled = set()
-        self.pending = {}
+        # (``pending`` stays: a joiner that pulled may not own its gains until it is ready; the
+        # map prunes what each pending peer owns, cluster/partitioned.py _remap)
         self._placed = self.roster.members()
         self.broker.members = [[m, *a[0]] for m, a in self._placed.items()]  # (WELCOME's member list)
         if self.roster.version:
@@ -157,10 +179,10 @@ class Joining(MemberParts):
                       digest=f"{digest:016x}")  # fmt: skip
         for p in self.peers:
             if self._gone(p):
-                self.next_dial[p] = math.inf
-                lid = self.out[p]
-                if lid is not None:
-                    self._close(self.links[lid], "left the cluster")
+                # (no more pushes: it owns nothing. Our link stays while it drains, so that it
+                # hears we committed; once a dial to it fails we stop dialling it: member.py _closed)
+                self.queues[p].clear()
+                self.pending.pop(p, None)
         if self.pull_peer is not None and self._gone(self.pull_peer):
             self._pull_failed("left the cluster", close=False)
         if self.partitioned:
@@ -220,6 +242,8 @@ class Joining(MemberParts):
     def _admin_leave(self, member: Any) -> str:
         if member.__class__ is not str:
             raise RosterError("LEAVE: member id must be a string")
+        if self.roster.left(member):  # (a retried request: its leave is in the roster already)
+            return f"{member} has left"
         self.roster.propose_leave(member)
         self._roster_changed()
         return f"{member} is leaving"
@@ -251,6 +275,8 @@ class Joining(MemberParts):
         # (the reply waits for the change on our disk: acknowledged, a JOIN is never lost with us,
         # and we tell every peer of it again when we come back; simulator seed 9202)
         version = self.state_version
+        if lid is not None:
+            self.links[lid].deadline = math.inf  # (no idle timeout while the admin waits for the reply)
         self.admin_waiting.append((version, lid, encode([P.ADMIN_REPLY, True, message, self.roster.encode()])))
         self._reply_durable()
         return True, message, version
@@ -262,6 +288,7 @@ class Joining(MemberParts):
             if version > self.persisted:
                 self.admin_waiting.append((version, lid, frame))
             elif lid is not None and lid in self.links:  # (an admin that gave up and went: nothing to tell)
+                self.links[lid].deadline = self.now + self.s.link_idle_timeout
                 self._frame(lid, frame)
 
     def _note_pull(self, peer: str | None, parts: set[int]) -> None:

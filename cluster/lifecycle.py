@@ -45,6 +45,8 @@ class Lifecycle(MemberParts):
         self.pull_order: list[str] = []
         self.pull_parts: set[int] = set()  # a running member's gains (cluster/joining.py); empty: all we own
         self.pull_peer: str | None = None
+        self.pull_ok: set[str] = set()  # peers that answered a gain PULL completely
+        self.pull_from: dict[int, set[str]] = {}  # gain -> the peers it is pulled from
         self.pull_sent = False
         self.pull_deadline = math.inf
         self.pull_count = 0

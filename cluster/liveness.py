@@ -31,6 +31,7 @@ class Liveness(MemberParts):
         for link in self.links.values():
             link.deadline += stood
         self.pull_deadline += stood
+        self.held = [(until + stood, waits, confirm) for until, waits, confirm in self.held]  # (PUSHACKs unread)
         if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
             self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
 
@@ -46,7 +47,7 @@ class Liveness(MemberParts):
                 self.pending.pop(peer, None)
         if changes and self.partitioned:
             self._remap()
-        if changes and self.committed != self.roster.digest():
+        if self.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
             self._check_roster()
         if self.ready:
             self._expire_lost_homes(now)
@@ -55,6 +56,8 @@ class Liveness(MemberParts):
         """A member down for longer than subscriber_timeout takes its clients'
         subscriptions with it; one surviving member (the lowest ready id)
         writes the tombstones, which replicate like any change."""
+        if self._gone(self.id):  # (leaving, we may not hear the members that stopped dialling us)
+            return
         ready = [self.id] + [p for p, v in self.membership.peers.items() if v.state == "ready"]
         if min(ready) != self.id and not self.partitioned:  # (partitioned: each primary its own)
             return

@@ -305,8 +305,9 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
                 self._pump_pushes(peer)
             return
         for peer, q in self.queues.items():
-            q.add(entries)
-            self._pump_pushes(peer)
+            if not self._gone(peer):
+                q.add(entries)
+                self._pump_pushes(peer)
 
     def _pump_pushes(self, peer: str) -> None:
         lid = self.out[peer]
@@ -341,7 +342,10 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
         if self.ready:
             for p in self.peers:
                 if now >= self.next_digest[p] and p not in self.digest_pending:
-                    self._send_digest(p, now)
+                    if self._gone(p):  # (anti-entropy with members only)
+                        self.next_digest[p] = math.inf
+                    else:
+                        self._send_digest(p, now)
         if now >= self.next_gc:
             self.next_gc = now + s.tombstone_horizon / 10
             self._absorb(self.broker.collect_tombstones(now))
@@ -385,7 +389,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
         self.queues[peer].disconnected()
         self.fwd[peer].disconnected()
         self.digest_pending.discard(peer)
-        self.next_dial[peer] = self.now + self.s.reconnect_interval
+        # (a member whose leave is committed, out of reach: stopped; while it drains it dials us)
+        self.next_dial[peer] = math.inf if self._gone(peer) and not link.up else self.now + self.s.reconnect_interval
         if self.was_up[peer] is not False:
             self._log("info", "link_down", peer=peer, reason=why)
         self.was_up[peer] = False
@@ -559,6 +564,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
             else:
                 self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
                 self.pulled_from = peer
+                self.pull_ok.add(peer)
                 if self.partitioned:
                     self._next_pull()  # (each peer holds only its own partitions: ask them all)
                 else:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cluster.clustermap import ClusterMap
     from cluster.config import ClusterConfig, ClusterSettings
-    from cluster.events import Action
+    from cluster.events import Action, Send
     from cluster.forwarding import ForwardQueue
     from cluster.links import Link
     from cluster.membership import Membership
@@ -52,6 +52,8 @@ class MemberParts:
         pull_peer: str | None
         pull_order: list[str]
         pull_parts: set[int]
+        pull_ok: set[str]
+        pull_from: dict[int, set[str]]
         committed: int
         pending: dict[str, set[int]]
         _expired: set[str]
@@ -61,6 +63,7 @@ class MemberParts:
         _expire_again: dict[str, float]
         roster_changes: int
         admin_waiting: list[tuple[int, int | None, bytes]]
+        held: list[tuple[float, dict[str, int], Send]]
 
         @property
         def ready(self) -> bool: ...

@@ -164,6 +164,7 @@ class Partitioned(MemberParts):
         assert self.cmap is not None
         owners, part, me = self.cmap.owners, self.own.partition, self.id
         clients = self.broker.clients
+        staying = [m for m in self.peers if not self._gone(m)]  # (none to a member that left)
         per: dict[str, list[Any]] = {}
         for e in entries:
             home, subs = e[4], e[5]
@@ -186,13 +187,13 @@ class Partitioned(MemberParts):
                 for m in dict.fromkeys(m for tk in (c.subs if c is not None else ()) for m in owners[part(tk[0])]):
                     if m != me and m != home:
                         per.setdefault(m, []).append(e)
-            if home != me and home in self.queues:
+            if home != me and home in self.queues and not self._gone(home):
                 per.setdefault(home, []).append(e)
             # The client register goes to everyone else: a member may hold registers of the
             # client that this one does not know of (subscribed through another home), and
             # needs its address, home and resets (node/registers.py, _void_older).
             bare = None
-            for m in self.peers:
+            for m in staying:
                 got = per.get(m)
                 if not got or (got[-1] is not e and got[-1][0] is not e[0]):
                     if bare is None:

@@ -87,6 +87,17 @@ class PeerQueue:
             self.overflowed = True
             self.repair = None  # (the next digest round repairs everything)
 
+    def clear(self) -> None:
+        """The peer left the cluster: nothing more goes to it, and a CMDACK held for it waits no
+        longer."""
+        self.pending.clear()
+        self.pending_subs = 0
+        self.inflight.clear()
+        self._numbered.clear()
+        self._handing.clear()
+        self.repair = self.handoff = None
+        self.taken = self.acked_through = self.added
+
     def add_repair(self, entries: Iterable[Entry]) -> None:
         """Push ``entries`` after what is queued, taken lazily; replaces a
         repair still in progress (the new one covers the current difference)."""
