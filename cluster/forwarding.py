@@ -16,12 +16,16 @@ message over its peer link to the primary (docs/cluster.md, "Routing"). One
   routed again at the next heartbeat or map change, so a message stays with
   the member that acknowledged it to its publisher until an owner has it;
 * when the map changes, :meth:`take` hands the member everything not yet
-  acknowledged (all of it if the destination is gone, the unsent and parked
-  part otherwise) to route again by the new map.
+  acknowledged, in flight too, oldest first, to route again by the new map (a
+  frame in flight that the old primary refuses would otherwise come back after
+  newer messages went to the new one).
 
-A queue holds at most ``max_queue`` reliable messages; beyond that new ones are
-dropped and counted: the publisher already has its PUBACK, so this is a loss
-the member logs (``forward_overflow``) rather than blocks on.
+A reliable message is acknowledged to its publisher only once a primary has it
+(FWDACK, node/delivery.py ``_unsettled``): the client library moves a topic to a
+new primary once the old route acknowledged everything, so nothing sent
+straight to the new primary overtakes what waits here. A queue holds at most
+``max_queue`` reliable messages; beyond that new ones are dropped, counted and
+logged (``forward_overflow``), and acknowledged as given up.
 """
 
 from __future__ import annotations
@@ -46,13 +50,14 @@ class ForwardQueue:
     def __len__(self) -> int:
         return len(self.pending) + len(self.parked) + sum(len(b) for b in self.inflight.values())
 
-    def add(self, msgs: list[Msg]) -> None:
-        """Queue reliable messages (a caller sends fire ones itself, once)."""
-        room = self.max_queue - len(self)
-        if room < len(msgs):
-            self.dropped += len(msgs) - max(room, 0)
-            msgs = msgs[: max(room, 0)]
-        self.pending.extend(msgs)
+    def add(self, msgs: list[Msg]) -> list[Msg]:
+        """Queue reliable messages (a caller sends fire ones itself, once); returns those
+        dropped for want of room."""
+        room = max(self.max_queue - len(self), 0)
+        dropped = msgs[room:]
+        self.dropped += len(dropped)
+        self.pending.extend(msgs[:room])
+        return dropped
 
     def next_frame(self) -> tuple[int, list[Msg]] | None:
         """The next FORWARD to send, if the window allows one."""
@@ -65,16 +70,15 @@ class ForwardQueue:
         self.inflight[fid] = batch
         return fid, batch
 
-    def acked(self, fid: int, refused: list[int]) -> None:
-        """FWDACK: the receiver delivered the frame's messages but those it ``refused``."""
+    def acked(self, fid: int, refused: list[int]) -> list[Msg]:
+        """FWDACK: the receiver delivered the frame's messages but those it ``refused``;
+        returns the delivered ones (none for a frame no longer in flight: taken back)."""
         batch = self.inflight.pop(fid, None)
-        if batch is not None:
-            self.parked.extend(batch[i] for i in refused if i < len(batch))
-
-    def unpark(self) -> list[Msg]:
-        """Refused messages, to route again (the maps may agree by now)."""
-        out, self.parked = self.parked, []
-        return out
+        if batch is None:
+            return []
+        no = set(refused)
+        self.parked.extend(batch[i] for i in sorted(no) if i < len(batch))
+        return [m for i, m in enumerate(batch) if i not in no]
 
     def disconnected(self) -> None:
         """The link dropped: what was in flight goes back to the front, in order."""
@@ -87,7 +91,7 @@ class ForwardQueue:
         ``everything`` (the destination is no longer live)."""
         if everything:
             self.disconnected()
-        out = list(self.pending) + self.parked
+        out = self.parked + list(self.pending)  # (oldest first: parked ones were sent before)
         self.pending.clear()
         self.parked = []
         return out

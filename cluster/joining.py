@@ -23,7 +23,8 @@ leadership moves):
    any map change, cluster/partitioned.py).
 4. A member whose own leave is committed owns nothing; it keeps delivering what its mailboxes
    hold, and stops once they are empty (or ``leave_timeout`` passed) and its queues drained.
-   Members close their links to a member whose leave is committed (and let it dial them).
+   Members send a member whose leave is committed no more pushes; they keep their link to it
+   while it drains (and let it dial them), and stop dialling it once a dial fails.
 
 A member that is still syncing (starting up) is in no one's map, so it commits every roster at
 once and pulls what it owns in it before it reports ready.
@@ -56,6 +57,8 @@ class Joining(MemberParts):
         self.pulled: set[int] = set()  # gains pulled for the roster being committed
         self.pending: dict[str, set[int]] = {}  # peer -> partitions it pulled from us: it gets their changes
         self.leave_by = math.inf  # our leave is committed: stop by then at the latest
+        # Peers whose leave is committed here (or that had left when we heard of them)
+        self.departed = {m for m in self.roster.known() if self.roster.left(m)}
         # Admin replies held until a snapshot with the change is on disk: (state version, link, frame)
         self.admin_waiting: list[tuple[int, int | None, bytes]] = []
 
@@ -85,9 +88,25 @@ class Joining(MemberParts):
         self.next_digest[peer] = math.inf
         if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
             self.next_dial[peer] = math.inf
+            self.departed.add(peer)
         else:
             self.next_dial[peer] = self.now
             self.unreached.add(peer)
+
+    def _rejoined(self, m: str, peer_addr: clustermap.Addr) -> None:
+        """A member that left joined again, maybe at new addresses: dial it (at those), and
+        push and repair again."""
+        self.departed.discard(m)
+        if self.peer_addr[m] != peer_addr:
+            self.peer_addr[m] = peer_addr
+            lid = self.out[m]
+            if lid is not None:
+                self._close(self.links[lid], "joined again at another address")
+        if self.out[m] is None and self.next_dial[m] == math.inf:
+            self.next_dial[m] = self.now
+            self.unreached.add(m)
+        self.queues[m] = PeerQueue(self.s.max_peer_queue, self.s.chunk_subscriptions)  # (cleared when it left)
+        self.next_digest[m] = self.now + self.s.anti_entropy_interval
 
     def _roster_changed(self) -> None:
         """The latest roster changed (proposed here, or a peer's): learn new members, tell
@@ -98,11 +117,8 @@ class Joining(MemberParts):
                 continue
             if m not in self.member_ids:
                 self._add_peer(m, peer_addr)
-            elif self.next_dial[m] == math.inf and not self.roster.left(m):
-                # (it left, we stopped dialling it, and it joined again: maybe at new addresses)
-                self.peer_addr[m] = peer_addr
-                self.next_dial[m] = self.now
-                self.unreached.add(m)
+            elif m in self.departed and not self.roster.left(m):
+                self._rejoined(m, peer_addr)
         self._to_peers(encode([P.ROSTER, self.roster.encode()]))
         self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
                   digest=f"{self.roster.digest():016x}")  # fmt: skip
@@ -182,7 +198,14 @@ class Joining(MemberParts):
                 # (no more pushes: it owns nothing. Our link stays while it drains, so that it
                 # hears we committed; once a dial to it fails we stop dialling it: member.py _closed)
                 self.queues[p].clear()
+                self.departed.add(p)
+                self.next_digest[p] = math.inf
                 self.pending.pop(p, None)
+        if self.pending:  # (what a puller will not own once it is live: no more of its changes)
+            placed = set(self._placed)
+            whole = clustermap.compute(0, self._placed, placed, self.s.partitions, self.s.replicas).owners
+            for p, parts in self.pending.items():
+                parts.intersection_update(x for x in list(parts) if p in whole[x])
         if self.pull_peer is not None and self._gone(self.pull_peer):
             self._pull_failed("left the cluster", close=False)
         if self.partitioned:
@@ -195,6 +218,12 @@ class Joining(MemberParts):
     def _leave_due(self) -> None:
         """Our leave is committed: stop once nothing is left to deliver (or at the deadline)."""
         if self.phase != "ready":
+            return
+        # (a JOIN of us again, taken where our link was down: stay, if it is at our addresses)
+        if self.leave_by < math.inf and not self._gone(self.id) \
+                and self.roster.members().get(self.id, (None, None))[1] == self.peer_addr[self.id]:  # fmt: skip
+            self.leave_by = math.inf
+            self._log("info", "leave_cancelled", reason="joined again")
             return
         if self.leave_by == math.inf:
             if not self._gone(self.id):
@@ -235,6 +264,8 @@ class Joining(MemberParts):
         if current != (client, peer):
             if current is not None:
                 raise RosterError(f"{member} is already a member with other addresses")
+            if member in self.membership.peers and self.membership.peers[member].state in ("ready", "suspect"):
+                raise RosterError(f"{member} is still leaving (delivering what it holds): join it once it stopped")
             self.roster.propose_join(member, client, peer)
             self._roster_changed()
         return f"{member} is a member"

@@ -549,7 +549,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
             if buckets:
                 # They sent their side of the differing buckets; ours goes back as
                 # pushes, made as the push window opens (never all in one turn).
-                q.add_repair(self.broker.dump(set(buckets)))
+                if not self._gone(peer):  # (a digest in flight when its leave was committed)
+                    q.add_repair(self.broker.dump(set(buckets)))
                 self._log("info", "anti_entropy", peer=peer, buckets=len(buckets))
             self.digest_pending.discard(peer)
             self.next_digest[peer] = self.now + self.s.anti_entropy_interval

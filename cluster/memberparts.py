@@ -48,6 +48,7 @@ class MemberParts:
         was_up: dict[str, bool | None]
         next_dial: dict[str, float]
         unreached: set[str]
+        departed: set[str]
         _placed: dict[str, tuple[tuple[str, int], tuple[str, int]]]
         pull_peer: str | None
         pull_order: list[str]

@@ -60,6 +60,7 @@ class Partitioned(MemberParts):
         self.cmap: clustermap.ClusterMap | None = None
         self.epoch_seen = 0
         self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
+        self.fwd_stuck: dict[str, float] = {}  # peer -> since when its queue waits with the link down
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         self._placed = self.roster.members()  # (the committed roster: cluster/joining.py)
         # Peers never heard from since we started whose dial failed: not live (review finding #4)
@@ -115,8 +116,10 @@ class Partitioned(MemberParts):
         if old is None:
             return
         self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
-        for peer, q in self.fwd.items():
-            self._reroute(q.take(everything=peer not in cmap.live))
+        # (in flight too: a frame the old primary refuses would come back after newer messages
+        # went to the new one; one it delivered comes twice, and subscribers drop the second)
+        for q in self.fwd.values():
+            self._reroute(q.take(everything=True))
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
@@ -233,6 +236,7 @@ class Partitioned(MemberParts):
         q = self.fwd.get(member)
         if q is None:
             self.broker.metrics["forward_dropped"] += len(msgs)
+            self._absorb(self.broker.settle_forwards(msgs, self.now))  # (given up)
             return
         fire = [m for m in msgs if m[4] is None]
         if fire:
@@ -242,11 +246,11 @@ class Partitioned(MemberParts):
             else:
                 self.broker.metrics["forward_dropped"] += len(fire)
         if len(fire) < len(msgs):
-            before = q.dropped
-            q.add([m for m in msgs if m[4] is not None])
-            if q.dropped > before:
-                self.broker.metrics["forward_overflow"] += q.dropped - before
-                self._log("warning", "forward_overflow", peer=member, dropped=q.dropped - before)
+            dropped = q.add([m for m in msgs if m[4] is not None])
+            if dropped:
+                self.broker.metrics["forward_overflow"] += len(dropped)
+                self._log("warning", "forward_overflow", peer=member, dropped=len(dropped))
+                self._absorb(self.broker.settle_forwards(dropped, self.now))  # (given up)
             self._pump_forwards(member)
 
     def _pump_forwards(self, peer: str) -> None:
@@ -264,10 +268,21 @@ class Partitioned(MemberParts):
             self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
 
     def _retry_refused(self) -> None:
-        """Every heartbeat: messages a peer refused (its map differed) are routed again."""
-        for q in self.fwd.values():
+        """Every heartbeat: messages a peer refused (its map differed) are routed again, ahead
+        of the newer ones still queued; a queue whose link has been down for ``down_after``
+        (our dials fail, yet the peer's heartbeats reach us) is given up: its publishers are
+        acknowledged (a loss, counted as ``forward_dropped``) rather than stalled for good."""
+        for peer, q in self.fwd.items():
             if q.parked:
-                self._reroute(q.unpark())
+                self._reroute(q.take(everything=False))
+            if not len(q) or self._peer_link_up(peer):
+                self.fwd_stuck.pop(peer, None)
+            elif self.now - self.fwd_stuck.setdefault(peer, self.now) > self.s.down_after:
+                lost = q.take(everything=True)
+                self.fwd_stuck.pop(peer, None)
+                self.broker.metrics["forward_dropped"] += len(lost)
+                self._log("warning", "forward_given_up", peer=peer, dropped=len(lost))
+                self._absorb(self.broker.settle_forwards(lost, self.now))
 
     def _relay(self, member: str, sends: list[Any]) -> None:
         lid = self.out.get(member)
@@ -288,7 +303,9 @@ class Partitioned(MemberParts):
         if fid.__class__ is not int or refused.__class__ is not list \
                 or not all(i.__class__ is int and 0 <= i < 65536 for i in refused):  # fmt: skip
             raise PeerProtocolError("malformed FWDACK")
-        self.fwd[peer].acked(fid, refused)
+        delivered = self.fwd[peer].acked(fid, refused)
+        if delivered:
+            self._absorb(self.broker.settle_forwards(delivered, self.now))
         self._pump_forwards(peer)
 
     def _on_relay_frame(self, sends: Any) -> None:

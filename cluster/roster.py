@@ -62,11 +62,9 @@ class Entry:
 
 
 class Roster:
-    def __init__(self, base: Mapping[str, tuple[Addr, Addr]], config_ids: Iterable[str] = ()) -> None:
+    def __init__(self, base: Mapping[str, tuple[Addr, Addr]]) -> None:
         self.base = dict(base)
-        # (cluster/config.py: index_of. The config's members all count, also one that joined at
-        # run time (it left and came back): dropping it would shift every later member's index)
-        self.base_index = {m: i for i, m in enumerate(sorted({*base, *config_ids}))}
+        self.base_index = {m: i for i, m in enumerate(sorted(base))}  # (cluster/config.py: index_of)
         self.entries: dict[str, Entry] = {}
 
     @classmethod
@@ -74,9 +72,7 @@ class Roster:
         """The roster of a config's members and these entries. A member that joined is not
         part of the base even where its own config lists it (``roost node --join``)."""
         joined = {m for m, e in entries if e.joined}
-        config_members = list(config_members)
-        r = cls({m.id: (m.client_addr, m.peer_addr) for m in config_members if m.id not in joined},
-                [m.id for m in config_members])  # fmt: skip
+        r = cls({m.id: (m.client_addr, m.peer_addr) for m in config_members if m.id not in joined})
         r.merge(entries)
         return r
 

@@ -12,7 +12,7 @@ from client.wire import T
 from cluster.events import Datagrams
 from cluster.member import MemberCore
 from cluster.simcheck import Checker
-from cluster.simworld import SimClient, SimMember, parse_payload
+from cluster.simworld import ClientDatagram, SimClient, SimMember, parse_payload
 from node import versions
 
 
@@ -47,6 +47,9 @@ class SimAccounting:
         subscribers the member owes the messages it accepts."""
         core = m.core
         assert core is not None
+        if m.paused_until > self.now:  # (it sees the datagram when it resumes: accounted then)
+            m.backlog.append(ClientDatagram(data, src))
+            return
         f = None
         if data[:1] != b"" and data[1:3] == bytes([wire.VERSION, T.PUB]):
             try:

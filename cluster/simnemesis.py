@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.config import ClusterConfig, Member
 from cluster.events import Tick
 from cluster.peerwire import P
-from cluster.simworld import OWN_DRAWS, SimClient, SimMember
+from cluster.simworld import OWN_DRAWS, ClientDatagram, SimClient, SimMember
 
 
 class Nemesis:
@@ -45,6 +45,7 @@ class Nemesis:
         def cut_client(self, index: int, mid: str) -> None: ...
         def heal_client(self, index: int, mid: str) -> None: ...
         def restart_client(self, index: int) -> None: ...
+        def _pub_accounting(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None: ...
 
     def _plan_nemesis(self) -> None:
         """Faults at seeded random times until fault_time; then heal, restart, settle."""
@@ -116,13 +117,18 @@ class Nemesis:
         m.paused_until = 0.0
         backlog, m.backlog = m.backlog, []
         for ev in backlog:
-            self._feed(m, ev)
+            if ev.__class__ is ClientDatagram:
+                if m.core is not None:
+                    self._pub_accounting(m, ev.data, ev.src)
+            else:
+                self._feed(m, ev)
         self._feed(m, Tick())
 
     def join(self, number: int, attempt: int = 0) -> None:
         """``roost cluster join``: a ready member takes the JOIN and answers once the change is
         on its disk; then the new member starts. An admin whose seed died first asks another."""
-        ready = [m for m in self.members.values() if m.core is not None and m.core.ready and m.id not in self.left]
+        ready = [m for m in self.members.values() if m.core is not None and m.core.ready and m.id not in self.left
+                 and m.paused_until <= self.now]  # fmt: skip  (a paused member answers no admin)
         if not ready or attempt > 3:
             return
         seed = self.rng.choice(ready)
@@ -153,7 +159,11 @@ class Nemesis:
         if len(ready) < 3 or attempt > 3:
             return
         victim = victim or ready[int(pick * len(ready))]
-        at = self.members[self.rng.choice(ready)]
+        awake = [mid for mid in ready if self.members[mid].paused_until <= self.now]  # (a paused one answers no admin)
+        if not awake:
+            self.at(self.now + 1.0, self.leave, pick, attempt + 1, victim)
+            return
+        at = self.members[self.rng.choice(awake)]
         assert at.core is not None
         ok, _, version = at.core.admin_request([P.LEAVE, victim], None)
         if not ok:

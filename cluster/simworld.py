@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from client.session import ClientSession
 from cluster.config import ClusterConfig, load_cluster_config
@@ -33,6 +33,13 @@ def sim_config(members: int, short: bool = False, mode: str = "replicated", part
     if short:
         data["timeouts"] = {"subscriber_timeout": 5.0}
     return load_cluster_config("<simulation>", data)
+
+
+class ClientDatagram(NamedTuple):
+    """A client's datagram that reached a paused member: fed later, with its accounting."""
+
+    data: bytes
+    src: tuple[str, int]
 
 
 @dataclass

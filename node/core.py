@@ -159,6 +159,15 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         refused = self._deliver_forwarded(msgs, ours)
         return self._finish(now), refused
 
+    def settle_forwards(self, msgs: list[Any], now: float) -> list[Action]:
+        """Partitioned mode: our forwarded messages that a primary took into its mailboxes (or
+        that we gave up: no owner, a full queue); their PUBACKs may go out now."""
+        self._now = now
+        for m in msgs:
+            if m[4] is not None:
+                self._settle(m[4], m[5])
+        return self._finish(now)
+
     def expire_home(self, home: str, now: float) -> list[Action]:
         """Tombstone the subscriptions of binary clients whose home node ``home`` is gone."""
         self._now = now

@@ -39,6 +39,7 @@ _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
 
 
 class Delivery(Registers):
+    producers: dict[bytes, list[Any]]  # pid -> [acked_seq, last_seen, host, redirected epoch]; built by BrokerCore
     def __init__(
         self, config: NodeConfig, node_idx: int, wall_offset: float, replicating: bool,
         tombstone_horizon: float, incarnation: int,
@@ -55,6 +56,13 @@ class Delivery(Registers):
         # Partitioned mode: messages for other primaries, and text datagrams for other homes.
         self._forwards: dict[str, list[list[Any]]] = {}
         self._relays: dict[str, list[list[Any]]] = {}
+        # Reliable messages forwarded to a primary and not yet in its mailboxes: producer id ->
+        # their sequences. A PUBACK never covers one (_ack_point): the client moves a topic to a
+        # new primary only once the old route acknowledged it, so a message still in our forward
+        # queue must not be acknowledged, or the next ones, sent straight to the new primary,
+        # overtake it (chaos seed 3). ``_ack_to``: where the producer's PUBACKs go.
+        self._unsettled: dict[bytes, set[int]] = {}
+        self._ack_to: dict[bytes, Addr] = {}
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
         self._park_ms = int(config.subscriber_timeout * 1000)
 
@@ -171,6 +179,25 @@ class Delivery(Registers):
         self._forwards.setdefault(member, []).append(msg)
         self.metrics["forwarded_out"] += 1
 
+    def _ack_point(self, pid: bytes, accepted: int) -> int:
+        """What a PUBACK may cover: everything accepted, below the first forward unsettled."""
+        waiting = self._unsettled.get(pid)
+        return min(waiting) - 1 if waiting else accepted
+
+    def _settle(self, pid: bytes, seq: int) -> None:
+        """A forwarded message reached a primary's mailboxes (or was given up): acknowledge
+        what no longer waits for it."""
+        waiting = self._unsettled.get(pid)
+        if waiting is None or seq not in waiting:
+            return
+        waiting.discard(seq)
+        if not waiting:
+            del self._unsettled[pid]
+        st = self.producers.get(pid)
+        addr = self._ack_to.get(pid)
+        if st is not None and addr is not None:
+            self._pubacks[(addr, pid)] = self._ack_point(pid, st[0])
+
     def _deliver_forwarded(self, msgs: list[Any], ours: bool) -> list[int]:
         """Messages another member forwarded to us, or (``ours``) our own to route
         again after the map changed. Ours go to the primary of the new map (or
@@ -196,6 +223,8 @@ class Delivery(Registers):
                           else wire.pack_delivery(topic, key, tags, payload, pid, seq))  # fmt: skip
                 self._publish(topic, key, tags, payload, packed)
                 self.metrics["forwarded_in" if not ours else "rerouted_here"] += 1
+                if ours and pid is not None:
+                    self._settle(pid, seq)
             else:
                 refused.append(i)
                 self.metrics["forward_refused"] += 1

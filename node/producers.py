@@ -34,7 +34,6 @@ from node.delivery import Delivery
 
 
 class Producers(Delivery):
-    producers: dict[bytes, list[Any]]  # pid -> [acked_seq, last_seen, host, redirected epoch]; built by BrokerCore
 
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
@@ -47,6 +46,11 @@ class Producers(Delivery):
         acked = int(st[0])
         if floor - 1 > acked:
             acked = floor - 1
+        waiting = self._unsettled.get(pid)
+        if waiting and min(waiting) < floor:  # (the producer has them acknowledged elsewhere)
+            waiting.difference_update([s for s in waiting if s < floor])
+            if not waiting:
+                del self._unsettled[pid]
         last = first + len(msgs) - 1
         if reliable and first > acked + 1:
             # An earlier batch is missing: keep FIFO by refusing this one; the
@@ -68,7 +72,8 @@ class Producers(Delivery):
                 self.metrics["redirects"] += 1
                 self._send(addr, self.redirect_frame)
             if reliable:
-                self._pubacks[(addr, pid)] = acked
+                self._ack_to[pid] = addr
+                self._pubacks[(addr, pid)] = self._ack_point(pid, acked)
             return
         if reliable:
             pack = wire.pack_delivery
@@ -94,6 +99,8 @@ class Producers(Delivery):
             dest = forward_to(topic)
             if dest is not None:
                 misrouted = True
+                if reliable:
+                    self._unsettled.setdefault(pid, set()).add(seq)
                 self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None])
             elif reliable:
                 self._publish(topic, key, tags, payload, wire.pack_delivery(topic, key, tags, payload, pid, seq))
@@ -112,4 +119,6 @@ class Producers(Delivery):
             self._timer(expires, TIMER_PRODUCER, pid)
         else:
             del self.producers[pid]
+            self._unsettled.pop(pid, None)
+            self._ack_to.pop(pid, None)
             self.admission.release(st[2])

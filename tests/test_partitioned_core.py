@@ -47,11 +47,11 @@ def test_ownership_update_reports_what_moved_and_routes_by_primary():
 
 def test_forward_queue_windows_requeues_in_order_and_bounds_memory():
     q = ForwardQueue(max_queue=5, chunk=2, window=2)
-    q.add([[f"m{i}"] for i in range(7)])
+    assert q.add([[f"m{i}"] for i in range(7)]) == [["m5"], ["m6"]]  # (dropped: to give up)
     assert q.dropped == 2 and len(q) == 5
     f1, f2 = q.next_frame(), q.next_frame()
     assert f1 is not None and f2 is not None and q.next_frame() is None  # window of 2
-    q.acked(f1[0], [])
+    assert q.acked(f1[0], []) == [["m0"], ["m1"]]
     q.disconnected()  # f2 was in flight: back in front, in order
     assert [m[0] for m in q.pending] == ["m2", "m3", "m4"]
     f3 = q.next_frame()
@@ -146,6 +146,28 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
     assert any(isinstance(a, Send) and a.addr == addr for a in out) and not core.held  # the CMDACK
 
 
+def test_a_member_acknowledges_a_forwarded_pub_when_the_fwdack_comes_back():
+    sim = _ready_sim()
+    core = sim.members["m0"].core
+    assert core is not None
+    topic = next(f"w{i}" for i in range(500) if core.cmap.owners[core.own.partition(f"w{i}")][0] != "m0")
+    primary = core.cmap.owners[core.own.partition(topic)][0]
+    cid, addr, pid = b"p" * 16, ("127.0.0.99", 5001), b"q" * 16
+    cookie = core.broker.cookies.issue(addr, cid, sim.now + core.wall_offset)
+    pub = wire.encode_pub(cid, cookie, pid, 1, 1, True, [wire.pack_message(topic, None, None, b"x")])
+    out = core.handle(Datagrams([(pub, addr)]), sim.now)
+    acks = [f for f in (wire.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
+            if f[0] is wire.T.PUBACK and f[1] == pid]  # fmt: skip
+    assert [f[2] for f in acks] == [0]  # (accepted, not yet at the primary)
+    (fid,) = list(core.fwd[primary].inflight)
+    lid = core.out[primary]
+    assert lid is not None
+    out = core.handle(LinkBytes(lid, encode([P.FWDACK, fid, []])), sim.now)
+    acks = [f for f in (wire.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
+            if f[0] is wire.T.PUBACK and f[1] == pid]  # fmt: skip
+    assert [f[2] for f in acks] == [1]
+
+
 def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
     """An epoch near 2**64 would overflow msgpack at our next map change (review finding)."""
     sim = _ready_sim()
@@ -220,6 +242,33 @@ def test_a_misrouted_pub_is_forwarded_and_redirected_once_per_epoch():
     assert [f for f in frames_to(out, c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", newer)]
     assert not [f for f in frames_to(c.pub([(elsewhere, b"6")]), c.addr) if f[0] is T.REDIRECT]
     assert core.metrics["redirects"] == 2
+
+
+def test_a_forwarded_pub_is_acknowledged_only_once_the_primary_has_it():
+    """The client moves a topic to its new primary once the old route acknowledged it; a
+    PUBACK for a message still in our forward queue let later ones, sent straight to the
+    new primary, overtake it (chaos seed 3: 3 reordered)."""
+    core, cmap = _member_core()
+    (c,) = connect(core, ("127.0.0.9", 5000))
+    elsewhere, here = _topic(cmap, "n2"), _topic(cmap, "n1")
+    out = c.pub([(here, b"1"), (elsewhere, b"2"), (here, b"3"), (elsewhere, b"4")])
+    (fwd,) = [a for a in out if isinstance(a, Forward)]
+    assert [m[5] for m in fwd.msgs] == [2, 4]
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [1]  # (not 2, 3, 4: 2 waits)
+    # (a real producer's floor: its lowest sequence not acknowledged)
+    out = c.send(wire.encode_pub(c.cid, c.cookie, c.pid, 5, 2, True, [wire.pack_message(here, None, None, b"5")]), 0.0)
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [1]
+    out = core.settle_forwards(fwd.msgs[1:], 0.0)  # (4 is in n2's mailboxes; 2 still waits)
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [1]
+    out = core.settle_forwards(fwd.msgs[:1], 0.0)
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [5]
+    assert not core.settle_forwards(fwd.msgs, 0.0)  # (settled once: nothing more to say)
+    # A producer acknowledged elsewhere (it failed over and came back) says so with its floor:
+    # what still waits below it holds nothing back.
+    out = c.pub([(elsewhere, b"6")])
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [5]
+    out = c.send(wire.encode_pub(c.cid, c.cookie, c.pid, 8, 8, True, [wire.pack_message(here, None, None, b"8")]), 0.0)
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [8]
 
 
 def test_a_sub_for_a_partition_led_elsewhere_is_redirected_once_per_epoch():
@@ -327,12 +376,14 @@ def test_a_forward_queue_parks_what_the_receiver_refused_until_routed_again():
     q = ForwardQueue(max_queue=10, chunk=3, window=2)
     q.add([["a"], ["b"], ["c"]])
     fid = (q.next_frame() or (0, []))[0]
-    q.acked(fid, [0, 2, 99])  # (an index past the frame is ignored)
+    assert q.acked(fid, [0, 2, 99]) == [["b"]]  # (an index past the frame is ignored)
     assert q.parked == [["a"], ["c"]] and len(q) == 2 and not q.inflight
-    assert q.unpark() == [["a"], ["c"]] and len(q) == 0
+    assert q.acked(fid, []) == []  # (a frame acknowledged twice settles nothing twice)
+    assert q.take(everything=False) == [["a"], ["c"]] and len(q) == 0
     q.add([["d"]])
     q.acked(q.next_frame()[0], [0])  # type: ignore[index]
-    assert q.take(everything=False) == [["d"]] and len(q) == 0
+    q.add([["e"]])
+    assert q.take(everything=False) == [["d"], ["e"]] and len(q) == 0  # (oldest first: d was sent first)
 
 
 def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():

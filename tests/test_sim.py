@@ -505,3 +505,33 @@ def test_an_admin_join_is_answered_only_once_the_roster_is_on_disk():
     assert again[0].token >= version
     got = replies(core.handle(PersistDone(again[0].token, None), t))
     assert len(got) == 1 and got[0][1] is True and "j9" in got[0][2]
+
+
+def test_a_member_that_left_and_joins_again_is_dialled_and_owns_again():
+    """Members stop dialling a member whose leave is committed once a dial to it fails; one
+    that joins again (the same id) must be dialled again, or nothing is pushed to it (review
+    of joins and leaves, 2026-11-23). And a repeated LEAVE is answered, not refused."""
+    sim = Simulation(11, members=3, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    assert sim.run_until(2.0)
+    sim.join(1)
+    assert sim.run_until(5.0)
+    assert (j1 := sim.members["j1"].core) is not None and j1.ready
+    sim.leave(0.0, victim="j1")
+    assert sim.run_until(12.0)
+    assert sim.members["j1"].core is None and "j1" in sim.left  # (it delivered, and stopped)
+    m0 = sim.members["m0"].core
+    assert m0 is not None and m0.out["j1"] is None and m0.next_dial["j1"] == float("inf")
+    assert not m0.queues["j1"].pending and m0.next_digest["j1"] == float("inf")  # (nothing for it)
+    again = m0.admin_request([P.LEAVE, "j1"], None)
+    assert again[0] and "has left" in again[1]
+    sim.left.discard("j1")
+    sim.join(1)  # (the same id, at the same addresses)
+    assert sim.run_until(18.0)
+    for mid in ("m0", "m1", "m2"):
+        core = sim.members[mid].core
+        assert core is not None
+        lid = core.out["j1"]
+        assert lid is not None and core.links[lid].up, mid
+        assert core.cmap is not None and "j1" in core.cmap.live
+    j1 = sim.members["j1"].core
+    assert j1 is not None and j1.ready and any(j1.own.owned)
