@@ -16,9 +16,8 @@ message over its peer link to the primary (docs/cluster.md, "Routing"). One
   routed again at the next heartbeat or map change, so a message stays with
   the member that acknowledged it to its publisher until an owner has it;
 * when the map changes, :meth:`take` hands the member everything not yet
-  acknowledged, in flight too, oldest first, to route again by the new map (a
-  frame in flight that the old primary refuses would otherwise come back after
-  newer messages went to the new one).
+  acknowledged (all of it if the destination is gone, the unsent and parked
+  part otherwise), oldest first, to route again by the new map.
 
 A reliable message is acknowledged to its publisher only once a primary has it
 (FWDACK, node/delivery.py ``_unsettled``): the client library moves a topic to a

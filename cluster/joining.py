@@ -201,11 +201,6 @@ class Joining(MemberParts):
                 self.departed.add(p)
                 self.next_digest[p] = math.inf
                 self.pending.pop(p, None)
-        if self.pending:  # (what a puller will not own once it is live: no more of its changes)
-            placed = set(self._placed)
-            whole = clustermap.compute(0, self._placed, placed, self.s.partitions, self.s.replicas).owners
-            for p, parts in self.pending.items():
-                parts.intersection_update(x for x in list(parts) if p in whole[x])
         if self.pull_peer is not None and self._gone(self.pull_peer):
             self._pull_failed("left the cluster", close=False)
         if self.partitioned:

@@ -60,7 +60,6 @@ class Partitioned(MemberParts):
         self.cmap: clustermap.ClusterMap | None = None
         self.epoch_seen = 0
         self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
-        self.fwd_stuck: dict[str, float] = {}  # peer -> since when its queue waits with the link down
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         self._placed = self.roster.members()  # (the committed roster: cluster/joining.py)
         # Peers never heard from since we started whose dial failed: not live (review finding #4)
@@ -116,10 +115,8 @@ class Partitioned(MemberParts):
         if old is None:
             return
         self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
-        # (in flight too: a frame the old primary refuses would come back after newer messages
-        # went to the new one; one it delivered comes twice, and subscribers drop the second)
-        for q in self.fwd.values():
-            self._reroute(q.take(everything=True))
+        for peer, q in self.fwd.items():
+            self._reroute(q.take(everything=peer not in cmap.live))
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
@@ -269,20 +266,10 @@ class Partitioned(MemberParts):
 
     def _retry_refused(self) -> None:
         """Every heartbeat: messages a peer refused (its map differed) are routed again, ahead
-        of the newer ones still queued; a queue whose link has been down for ``down_after``
-        (our dials fail, yet the peer's heartbeats reach us) is given up: its publishers are
-        acknowledged (a loss, counted as ``forward_dropped``) rather than stalled for good."""
-        for peer, q in self.fwd.items():
+        of the newer ones still queued."""
+        for q in self.fwd.values():
             if q.parked:
                 self._reroute(q.take(everything=False))
-            if not len(q) or self._peer_link_up(peer):
-                self.fwd_stuck.pop(peer, None)
-            elif self.now - self.fwd_stuck.setdefault(peer, self.now) > self.s.down_after:
-                lost = q.take(everything=True)
-                self.fwd_stuck.pop(peer, None)
-                self.broker.metrics["forward_dropped"] += len(lost)
-                self._log("warning", "forward_given_up", peer=peer, dropped=len(lost))
-                self._absorb(self.broker.settle_forwards(lost, self.now))
 
     def _relay(self, member: str, sends: list[Any]) -> None:
         lid = self.out.get(member)
