@@ -14,7 +14,7 @@ message over its peer link to the primary (docs/cluster.md, "Routing"). One
 * the receiver delivers what it owns and refuses the rest (FWDACK lists them:
   its map differs from ours for a moment); refused messages are ``parked`` and
   routed again at the next heartbeat or map change, so a message stays with
-  the member that acknowledged it to its publisher until an owner has it;
+  the member that accepted it from its publisher until an owner has it;
 * when the map changes, :meth:`take` hands the member everything not yet
   acknowledged (all of it if the destination is gone, the unsent and parked
   part otherwise), oldest first, to route again by the new map.

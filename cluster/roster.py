@@ -66,6 +66,7 @@ class Roster:
         self.base = dict(base)
         self.base_index = {m: i for i, m in enumerate(sorted(base))}  # (cluster/config.py: index_of)
         self.entries: dict[str, Entry] = {}
+        self._digest: int | None = None  # (asked at every heartbeat: kept until an entry changes)
 
     @classmethod
     def of(cls, config_members: Iterable[Member], entries: list[tuple[str, Entry]]) -> Roster:
@@ -109,10 +110,11 @@ class Roster:
 
     def digest(self) -> int:
         """8 bytes naming this roster (0 for the base alone)."""
-        if not self.entries:
-            return 0
-        data = msgpack.packb(self.encode(), use_bin_type=True)
-        return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"roost.roster").digest(), "big")
+        if self._digest is None:
+            data = msgpack.packb(self.encode(), use_bin_type=True)
+            self._digest = int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"roost.roster").digest(),
+                                          "big") if self.entries else 0  # fmt: skip
+        return self._digest
 
     def encode(self) -> list[list[Any]]:
         return [e.wire(m) for m, e in sorted(self.entries.items())]
@@ -126,6 +128,7 @@ class Roster:
             old = self.entries.get(m)
             if old is None or e > old:
                 self.entries[m] = e
+                self._digest = None
                 changed = True
         return changed
 
@@ -147,6 +150,7 @@ class Roster:
             raise RosterError(f"no free member index: at most {MAX_INDEX + 1} members have ever been in the roster")
         e = Entry(self.version + 1, True, free[0], client, peer)
         self.entries[member] = e
+        self._digest = None
         return e
 
     def propose_leave(self, member: str) -> Entry:
@@ -158,6 +162,7 @@ class Roster:
         client, peer = current[member]
         e = Entry(self.version + 1, False, self.index_of(member), client, peer)
         self.entries[member] = e
+        self._digest = None
         return e
 
 

@@ -40,6 +40,7 @@ _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
 
 class Delivery(Registers):
     producers: dict[bytes, list[Any]]  # pid -> [acked_seq, last_seen, host, redirected epoch]; built by BrokerCore
+
     def __init__(
         self, config: NodeConfig, node_idx: int, wall_offset: float, replicating: bool,
         tombstone_horizon: float, incarnation: int,
@@ -57,11 +58,12 @@ class Delivery(Registers):
         self._forwards: dict[str, list[list[Any]]] = {}
         self._relays: dict[str, list[list[Any]]] = {}
         # Reliable messages forwarded to a primary and not yet in its mailboxes: producer id ->
-        # their sequences. A PUBACK never covers one (_ack_point): the client moves a topic to a
-        # new primary only once the old route acknowledged it, so a message still in our forward
-        # queue must not be acknowledged, or the next ones, sent straight to the new primary,
-        # overtake it (chaos seed 3). ``_ack_to``: where the producer's PUBACKs go.
-        self._unsettled: dict[bytes, set[int]] = {}
+        # their sequences, in the order they were accepted (the first is the lowest). A PUBACK
+        # never covers one (_ack_point): the client moves a topic to a new primary only once the
+        # old route acknowledged it, so a message still in our forward queue must not be
+        # acknowledged, or the next ones, sent straight to the new primary, overtake it (chaos
+        # seed 3). ``_ack_to``: where the producer's PUBACKs go.
+        self._unsettled: dict[bytes, dict[int, None]] = {}
         self._ack_to: dict[bytes, Addr] = {}
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
         self._park_ms = int(config.subscriber_timeout * 1000)
@@ -182,7 +184,7 @@ class Delivery(Registers):
     def _ack_point(self, pid: bytes, accepted: int) -> int:
         """What a PUBACK may cover: everything accepted, below the first forward unsettled."""
         waiting = self._unsettled.get(pid)
-        return min(waiting) - 1 if waiting else accepted
+        return next(iter(waiting)) - 1 if waiting else accepted
 
     def _settle(self, pid: bytes, seq: int) -> None:
         """A forwarded message reached a primary's mailboxes (or was given up): acknowledge
@@ -190,7 +192,7 @@ class Delivery(Registers):
         waiting = self._unsettled.get(pid)
         if waiting is None or seq not in waiting:
             return
-        waiting.discard(seq)
+        del waiting[seq]
         if not waiting:
             del self._unsettled[pid]
         st = self.producers.get(pid)

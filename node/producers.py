@@ -34,7 +34,6 @@ from node.delivery import Delivery
 
 
 class Producers(Delivery):
-
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
         st = self.producers.get(pid)
@@ -47,8 +46,9 @@ class Producers(Delivery):
         if floor - 1 > acked:
             acked = floor - 1
         waiting = self._unsettled.get(pid)
-        if waiting and min(waiting) < floor:  # (the producer has them acknowledged elsewhere)
-            waiting.difference_update([s for s in waiting if s < floor])
+        if waiting and next(iter(waiting)) < floor:  # (the producer has them acknowledged elsewhere)
+            for s in [s for s in waiting if s < floor]:
+                del waiting[s]
             if not waiting:
                 del self._unsettled[pid]
         last = first + len(msgs) - 1
@@ -100,7 +100,7 @@ class Producers(Delivery):
             if dest is not None:
                 misrouted = True
                 if reliable:
-                    self._unsettled.setdefault(pid, set()).add(seq)
+                    self._unsettled.setdefault(pid, {})[seq] = None
                 self._forward(dest, [topic, key, tags, payload, pid if reliable else None, seq if reliable else None])
             elif reliable:
                 self._publish(topic, key, tags, payload, wire.pack_delivery(topic, key, tags, payload, pid, seq))
