@@ -1,0 +1,561 @@
+"""A durable partition's log as one of its owners runs it: offsets, commit, leader epochs (sans-IO).
+
+Theory of operation (docs/durable.md)
+-------------------------------------
+Durable messages of a topic go to the log of the topic's partition, kept by the
+partition's owners in the cluster map: the primary leads, the secondary follows.
+This object is one owner's view of one partition. It does no I/O: it asks for
+appends, truncations and reads (``Append``, ``Truncate``, ``ResetLog``,
+``ReadLog``) that a shell runs on node/segmentlog.py in a worker thread, and is
+told when they are done (``appended``, ``read_done``); what it says to the other
+owners is a ``PeerFrame``; a put or a cursor commit it has made durable comes
+back as a token in ``Committed``.
+
+Records. A body is msgpack ``[epoch, kind, ...]``: ``MESSAGE`` (topic, key,
+tags, payload, producer id, producer sequence), ``CURSOR`` (client id,
+subscription name, next offset) and ``EPOCH`` (written by a leader when it
+begins: the log itself holds where each leader epoch starts).
+
+Three points. ``end``: the next offset. ``durable``: the end that is on disk
+here by the fsync policy (``always``: synced; otherwise written). ``commit``:
+what every owner has on disk; a follower fetches from offset X only once
+everything before X is durable with it, so the leader's commit is the least of
+its own ``durable`` and its followers' last fetch offsets. A put is acknowledged
+(``Committed``) once the commit passes it, and readers are served only what
+lies below the commit: a leader that dies cannot take an acknowledged record
+with it, because its follower has it on disk too.
+
+Following is pulled (Kafka's design): the follower sends ``FETCH [p, epoch,
+end, last epoch of its log, claim]`` and the leader answers ``DATA`` with the
+records from ``end``, holding a fetch with nothing to give for ``fetch_wait``.
+A follower whose log diverges (it has records of an epoch that ended earlier
+on the leader) is told to truncate to where that epoch ended on the leader
+(``end_for_epoch``, Kafka's OffsetsForLeaderEpoch); one whose end is before the
+leader's start (retention) resets to it.
+
+Leading. A member that becomes primary first claims the partition: it picks an
+epoch above every one it knows of and sends a claiming FETCH to the other
+owners (and to the previous owners still live, which the member core names).
+An owner that accepts a claim never again follows or serves a lower epoch, and
+steps down if it led at a lower one (its pending puts are never acknowledged:
+their publishers retry at the new leader, and the idempotent producer stores
+each once). The claimer takes the longest log of the highest last epoch among
+the answers (its own included), copies what it lacks from that owner through
+the same FETCH, then writes ``EPOCH`` and leads. A record acknowledged under an
+older leader was on disk on every owner of that leader, and one of them is
+among those the claimer hears (unless both owners were lost at once:
+docs/durable.md says what is not promised).
+
+Producers and cursors. The state a record changes (a producer's last sequence,
+a cursor) is kept as ``base`` (through ``base_at``) plus ``state`` (through
+``end``). The tail since ``base_at`` stays in memory: a truncation rebuilds
+``state`` from ``base`` and the tail. Records fold into ``base`` once
+committed and more than ``cache_records`` behind the end; a leader refuses puts
+while ``max_uncommitted`` records wait for the commit, so no owner ever holds a
+longer uncommitted tail, and no truncation goes past the cache (if one would,
+``Reload`` has the shell feed the log again).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgpack
+
+from node.segmentlog import Record
+
+MESSAGE, CURSOR, EPOCH = 0, 1, 2
+IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
+OK, NOT_LEADER, STALE = 0, 1, 2  # DATA status
+
+
+class LogSettings(NamedTuple):
+    fsync: str = "always"  # always | interval | never
+    max_uncommitted: int = 10_000
+    cache_records: int = 20_000
+    fetch_records: int = 500
+    fetch_bytes: int = 1 << 20
+    fetch_wait: float = 0.5
+    fetch_retry: float = 1.0
+
+
+# ---------------------------------------------------------------- actions
+
+
+class Append(NamedTuple):
+    partition: int
+    records: list[Record]
+    sync: bool
+
+
+class Truncate(NamedTuple):
+    partition: int
+    to: int
+
+
+class ResetLog(NamedTuple):
+    partition: int
+    start: int
+
+
+class ReadLog(NamedTuple):
+    partition: int
+    start: int
+    limit: int
+    token: Any
+
+
+class PeerFrame(NamedTuple):
+    member: str
+    frame: list[Any]
+
+
+class Committed(NamedTuple):
+    partition: int
+    tokens: list[Any]
+    records: list[Record]
+
+
+class Reload(NamedTuple):
+    partition: int
+
+
+LogAction = Append | Truncate | ResetLog | ReadLog | PeerFrame | Committed | Reload
+
+
+class LogFormatError(ValueError):
+    """A record body that is not one of ours (from a peer or a damaged file)."""
+
+
+def decode_untrusted_body(body: bytes) -> list[Any]:
+    try:
+        b = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise LogFormatError(f"undecodable record body: {exc}") from None
+    ok = isinstance(b, list) and len(b) >= 2 and isinstance(b[0], int) and b[0] >= 1
+    if ok and b[1] == MESSAGE:
+        ok = len(b) == 8 and isinstance(b[2], str) and isinstance(b[6], bytes) and isinstance(b[7], int)
+    elif ok and b[1] == CURSOR:
+        ok = len(b) == 5 and isinstance(b[2], bytes) and isinstance(b[3], str) and isinstance(b[4], int)
+    elif ok:
+        ok = b[1] == EPOCH and len(b) == 2
+    if not ok:
+        raise LogFormatError("a record body of unknown shape")
+    return b  # type: ignore[no-any-return]
+
+
+def message_body(epoch: int, m: list[Any], pid: bytes, seq: int) -> bytes:
+    return msgpack.packb([epoch, MESSAGE, m[0], m[1], m[2], m[3], pid, seq], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+@dataclass
+class State:
+    """What the records through some offset say: producers' last (sequence, offset), cursors."""
+
+    producers: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    cursors: dict[tuple[bytes, str], int] = field(default_factory=dict)
+
+    def apply(self, offset: int, b: list[Any]) -> None:
+        if b[1] == MESSAGE:
+            self.producers[b[6]] = (b[7], offset)
+        elif b[1] == CURSOR:
+            key = (b[2], b[3])
+            if b[4] > self.cursors.get(key, -1):
+                self.cursors[key] = b[4]
+
+    def copy(self) -> State:
+        return State(dict(self.producers), dict(self.cursors))
+
+
+@dataclass
+class Claim:
+    epoch: int
+    probes: set[str]
+    answers: dict[str, tuple[int, int]] = field(default_factory=dict)  # member -> (last epoch, end)
+    source: str | None = None  # the owner we copy from
+    asked: dict[str, float] = field(default_factory=dict)
+
+
+class PartitionLog:
+    def __init__(self, partition: int, me: str, settings: LogSettings) -> None:
+        self.p = partition
+        self.me = me
+        self.s = settings
+        self.start = self.end = self.durable = self.commit = 0
+        self.epochs: list[tuple[int, int]] = []  # (leader epoch, its first offset), ascending
+        self.seen = 0  # the highest leader epoch accepted for this partition
+        self.base, self.base_at = State(), 0
+        self.state = State()
+        self.tail: deque[tuple[Record, list[Any]]] = deque()  # records from base_at, decoded
+        self.role = IDLE
+        self.epoch = 0  # the epoch we lead or follow
+        self.leader: str | None = None
+        self.owners: list[str] = []
+        self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
+        self.parked: dict[str, tuple[float, int, int]] = {}  # fetcher -> (when, end, last epoch): nothing for it yet
+        self.waiting: deque[tuple[int, Any]] = deque()  # (offset the commit must pass, token)
+        self.claim: Claim | None = None
+        self.fetch_sent = -1e18  # following / claiming: when our last FETCH left
+        self.fetching = False  # a FETCH of ours is unanswered
+        self.appending = 0  # Append/Truncate/ResetLog actions not yet reported done
+        self.last_ms = 0  # the newest record time: an EPOCH record gets it
+
+    # ------------------------------------------------------------ recovery
+
+    def recovered(self, start: int, records: list[Record]) -> None:
+        """The log as opened from disk: its first offset and every record from there."""
+        self.start = self.end = self.durable = self.base_at = start
+        for r in records:
+            self._take(r, decode_untrusted_body(r.body))
+        self.durable = self.end
+        # (no owner ever holds more than max_uncommitted records that are not committed)
+        self.commit = max(start, self.end - self.s.max_uncommitted)
+        self._fold()
+
+    def _take(self, r: Record, b: list[Any]) -> None:
+        if not self.epochs or b[0] > self.epochs[-1][0]:
+            self.epochs.append((b[0], r.offset))
+        self.tail.append((r, b))
+        self.state.apply(r.offset, b)
+        self.end = r.offset + 1
+        if r.time_ms > self.last_ms:
+            self.last_ms = r.time_ms
+
+    def _fold(self) -> None:
+        """Move committed records more than ``cache_records`` behind the end into ``base``."""
+        keep_from = min(self.commit, self.end - self.s.cache_records)
+        while self.tail and self.tail[0][0].offset < keep_from:
+            r, b = self.tail.popleft()
+            self.base.apply(r.offset, b)
+            self.base_at = r.offset + 1
+
+    @property
+    def last_epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else 0
+
+    def end_for_epoch(self, epoch: int) -> int:
+        """Where ``epoch`` ended in this log: the first offset of the next higher epoch."""
+        for e, first in self.epochs:
+            if e > epoch:
+                return first
+        return self.end
+
+    # ------------------------------------------------------------ roles
+
+    def assign(self, owners: list[str], previous: list[str], map_epoch: int, now: float) -> list[LogAction]:
+        """The map changed: ``owners`` of this partition (primary first), ``previous`` the live
+        members that owned it before."""
+        self.owners = owners
+        if owners and owners[0] == self.me:
+            if self.role == LEADING:
+                self.followers = {m: self.followers.get(m, -1) for m in owners[1:]}
+                return self._advance()
+            epoch = max(map_epoch, self.last_epoch + 1, self.seen + 1)
+            probes = {m for m in (*owners[1:], *previous) if m != self.me}
+            return self._begin_claim(epoch, probes, now)
+        if self.role == FOLLOWING and self.leader == owners[0]:
+            return []
+        out = self._step_down()
+        if self.me in owners:
+            self.role, self.leader = FOLLOWING, owners[0]
+            out += self._fetch(self.leader, now)
+        return out
+
+    def _step_down(self) -> list[LogAction]:
+        self.role, self.leader, self.claim = IDLE, None, None
+        self.followers.clear()
+        self.parked.clear()
+        self.waiting.clear()  # (never acknowledged: the publishers retry at the new leader)
+        self.fetching = False
+        return []
+
+    def _begin_claim(self, epoch: int, probes: set[str], now: float) -> list[LogAction]:
+        self._step_down()
+        self.role, self.epoch, self.seen = CLAIMING, epoch, max(self.seen, epoch)
+        self.claim = Claim(epoch, probes)
+        if not probes:
+            return self._lead()
+        out: list[LogAction] = []
+        for m in sorted(probes):
+            out.append(self._fetch_frame(m, claim=True))
+            self.claim.asked[m] = now
+        return out
+
+    def _lead(self) -> list[LogAction]:
+        """Every probed owner answered and we hold the best log: write EPOCH and lead."""
+        assert self.claim is not None
+        self.role, self.leader, self.claim = LEADING, self.me, None
+        self.followers = {m: -1 for m in self.owners[1:]}
+        body = msgpack.packb([self.epoch, EPOCH], use_bin_type=True)
+        return self._append_local([body], self.last_ms)
+
+    def _fetch_frame(self, member: str, claim: bool) -> PeerFrame:
+        return PeerFrame(member, ["FETCH", self.p, self.epoch, self.end, self.last_epoch, claim])
+
+    def _fetch(self, member: str, now: float) -> list[LogAction]:
+        if self.fetching or self.appending:
+            return []
+        self.fetching, self.fetch_sent = True, now
+        return [self._fetch_frame(member, claim=self.role == CLAIMING)]
+
+    # ------------------------------------------------------------ leading: puts and cursors
+
+    def put(self, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Any,
+            now_ms: int) -> tuple[int, list[LogAction]]:  # fmt: skip
+        """A durable publish of ``msgs`` (sequences from ``first``); returns (status, actions).
+
+        Status 0: taken (``token`` comes back in ``Committed`` once all of it is committed);
+        1: not the leader; 2: too much uncommitted, retry; 3: a gap (go-back-N: resend from
+        the acknowledged point)."""
+        if self.role != LEADING:
+            return 1, []
+        last, at = self.state.producers.get(pid, (floor - 1, -1))
+        if first > last + 1:
+            return 3, []
+        new = msgs[last + 1 - first:] if last >= first else msgs
+        if self.end - self.commit + len(new) > self.s.max_uncommitted:
+            return 2, []
+        seq = max(first, last + 1)
+        bodies = [message_body(self.epoch, m, pid, seq + i) for i, m in enumerate(new)]
+        out = self._append_local(bodies, now_ms)
+        self.waiting.append((self.end if bodies else at + 1, token))
+        out += self._advance()
+        return 0, out
+
+    def commit_cursor(self, cid: bytes, name: str, offset: int, token: Any, now_ms: int) -> tuple[int, list[LogAction]]:
+        """A durable subscriber acknowledged everything before ``offset``."""
+        if self.role != LEADING:
+            return 1, []
+        out: list[LogAction] = []
+        if offset > self.state.cursors.get((cid, name), -1):
+            body = msgpack.packb([self.epoch, CURSOR, cid, name, offset], use_bin_type=True)
+            out = self._append_local([body], now_ms)
+        self.waiting.append((self.end, token))
+        return 0, out + self._advance()
+
+    def _append_local(self, bodies: list[bytes], now_ms: int) -> list[LogAction]:
+        if not bodies:
+            return []
+        recs = []
+        for body in bodies:
+            r = Record(self.end, now_ms, body)
+            self._take(r, msgpack.unpackb(body, raw=False))
+            recs.append(r)
+        self.appending += 1
+        out: list[LogAction] = [Append(self.p, recs, self.s.fsync == "always")]
+        for m, (_, end, last_epoch) in list(self.parked.items()):  # (fetchers waiting get them now)
+            out += self._answer(m, end, last_epoch)
+            del self.parked[m]
+        return out
+
+    def appended(self, durable: int, now: float) -> list[LogAction]:
+        """An ``Append`` (or truncation) finished: everything before ``durable`` is on disk."""
+        self.appending = max(0, self.appending - 1)
+        self.durable = max(self.durable, min(durable, self.end))
+        out = self._advance()
+        if self.role == FOLLOWING and self.leader is not None:
+            out += self._fetch(self.leader, now)
+        elif self.role == CLAIMING and self.claim is not None and self.claim.source is not None:
+            out += self._fetch(self.claim.source, now)
+        return out
+
+    def _advance(self) -> list[LogAction]:
+        if self.role != LEADING:
+            return []
+        commit = min([self.durable, *self.followers.values()])
+        newly: list[Record] = []
+        if commit > self.commit:
+            newly = [r for r, _ in self.tail if self.commit <= r.offset < commit]
+            self.commit = commit
+        tokens = []
+        while self.waiting and self.waiting[0][0] <= commit:
+            tokens.append(self.waiting.popleft()[1])
+        self._fold()
+        return [Committed(self.p, tokens, newly)] if tokens or newly else []
+
+    # ------------------------------------------------------------ serving fetches
+
+    def on_fetch(self, member: str, epoch: int, end: int, last_epoch: int, claim: bool,
+                 now: float) -> list[LogAction]:  # fmt: skip
+        if claim:
+            # (two claims at one epoch: the greater member id wins)
+            if epoch < self.seen or (epoch == self.seen and self.role in (LEADING, CLAIMING)
+                                     and self.epoch == epoch and member < self.me):  # fmt: skip
+                return [self._data(member, STALE, end, [])]
+            if epoch == self.seen and self.role in (LEADING, CLAIMING) and self.epoch == epoch:
+                self._step_down()
+            if epoch > self.seen:
+                self.seen = epoch
+                if self.role == FOLLOWING and member == self.leader:
+                    self.epoch = epoch  # (our leader claiming: follow it at that epoch)
+                elif self.role != IDLE:
+                    self._step_down()  # (never again follow or lead below it)
+            return self._answer(member, end, last_epoch)
+        if self.role == CLAIMING and epoch <= self.epoch:
+            self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
+            return []
+        if self.role != LEADING or epoch > self.epoch:
+            if epoch > self.epoch and self.role == LEADING:
+                self._step_down()
+            return [self._data(member, NOT_LEADER, end, [])]
+        if member in self.followers and end <= self.end and self._diverges(end, last_epoch) is None:
+            self.followers[member] = max(self.followers[member], end)
+        out = self._advance()
+        if end >= self.end and self._diverges(end, last_epoch) is None:
+            self.parked[member] = (now, end, last_epoch)
+            return out
+        return out + self._answer(member, end, last_epoch)
+
+    def _diverges(self, end: int, last_epoch: int) -> int | None:
+        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None."""
+        if last_epoch == 0:  # (no records: nothing to cut)
+            return None
+        cut = self.end_for_epoch(last_epoch)
+        return cut if end > cut else None
+
+    def _answer(self, member: str, end: int, last_epoch: int | None = None) -> list[LogAction]:
+        if last_epoch is not None:
+            cut = self._diverges(end, last_epoch)
+            if cut is not None:
+                return [self._data(member, OK, end, [], truncate=cut)]
+        if end < self.start:
+            return [self._data(member, OK, end, [], reset=self.start)]
+        if end < self.base_at:
+            return [ReadLog(self.p, end, self.s.fetch_records, ("fetch", member))]
+        return [self._data(member, OK, end, self._cached(end))]
+
+    def _cached(self, end: int) -> list[Record]:
+        out: list[Record] = []
+        size = 0
+        for r, _ in self.tail:
+            if r.offset < end:
+                continue
+            if len(out) >= self.s.fetch_records or (out and size + len(r.body) > self.s.fetch_bytes):
+                break
+            out.append(r)
+            size += len(r.body)
+        return out
+
+    def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
+        kind, member = token
+        if kind == "fetch" and records:
+            return [self._data(member, OK, records[0].offset, records)]
+        return []
+
+    def _data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
+              reset: int = -1) -> PeerFrame:  # fmt: skip
+        recs = [[r.offset, r.time_ms, r.body] for r in records]
+        return PeerFrame(member, ["DATA", self.p, self.seen, status, self.start, self.end, self.last_epoch,
+                                  self.commit, truncate, reset, recs])  # fmt: skip
+
+    # ------------------------------------------------------------ fetch answers
+
+    def on_data(self, member: str, epoch: int, status: int, start: int, end: int, last_epoch: int, commit: int,
+                truncate: int, reset: int, records: list[Record], now: float) -> list[LogAction]:  # fmt: skip
+        self.fetching = False
+        if epoch > self.seen and status != OK:
+            self.seen = epoch
+        if self.role == CLAIMING and self.claim is not None:
+            return self._claim_answer(member, epoch, status, end, last_epoch, truncate, reset, records, now)
+        if self.role != FOLLOWING or member != self.leader or status != OK:
+            return []
+        self.commit = max(self.commit, min(commit, self.durable))
+        self._fold()
+        return self._copy(truncate, reset, records) or self._fetch(member, now)
+
+    def _copy(self, truncate: int, reset: int, records: list[Record]) -> list[LogAction]:
+        """Make our log follow the answer: cut a divergent tail, reset, or append its records."""
+        if reset >= 0 and reset > self.end:
+            self._reset(reset)
+            self.appending += 1
+            return [ResetLog(self.p, reset)]
+        if truncate >= 0 and truncate < self.end:
+            if truncate < self.base_at:
+                return [Reload(self.p)]
+            self._truncate(truncate)
+            self.appending += 1
+            return [Truncate(self.p, truncate)]
+        recs = [r for r in records if r.offset >= self.end]
+        if not recs or recs[0].offset != self.end:
+            return []
+        for r in recs:
+            self._take(r, decode_untrusted_body(r.body))
+        self.appending += 1
+        return [Append(self.p, recs, self.s.fsync == "always")]
+
+    def _truncate(self, to: int) -> None:
+        while self.tail and self.tail[-1][0].offset >= to:
+            self.tail.pop()
+        self.state = self.base.copy()
+        for r, b in self.tail:
+            self.state.apply(r.offset, b)
+        self.epochs = [(e, first) for e, first in self.epochs if first < to]
+        self.end = to
+        self.durable = min(self.durable, to)
+        self.commit = min(self.commit, to)
+
+    def _reset(self, start: int) -> None:
+        self.tail.clear()
+        self.base, self.state = State(), State()
+        self.epochs = []
+        self.start = self.end = self.durable = self.commit = self.base_at = start
+
+    def _claim_answer(self, member: str, epoch: int, status: int, end: int, last_epoch: int, truncate: int,
+                      reset: int, records: list[Record], now: float) -> list[LogAction]:  # fmt: skip
+        c = self.claim
+        assert c is not None
+        if status == STALE or epoch > c.epoch:  # (someone claimed higher: claim above it)
+            return self._begin_claim(max(epoch, self.seen) + 1, c.probes, now)
+        if c.source is None:
+            if member not in c.probes or status != OK:
+                return []
+            c.answers[member] = (last_epoch, end)
+            if len(c.answers) < len(c.probes):
+                return []
+            # The longest log of the highest last epoch wins (ours on a tie): two logs with the
+            # same last epoch and end hold the same records. A worse log's advice to truncate ours
+            # is ignored; only the source's is taken.
+            best = max(c.answers.items(), key=lambda kv: (kv[1], kv[0]))
+            if best[1] <= (self.last_epoch, self.end):
+                return self._lead()
+            c.source = best[0]
+            if member != c.source:
+                return self._fetch(c.source, now)
+        if member != c.source:
+            return []
+        if (last_epoch, end) == (self.last_epoch, self.end) and truncate < 0:
+            return self._lead()
+        out = self._copy(truncate, reset, records)
+        if not out:
+            out = self._fetch(c.source, now)
+        return out
+
+    # ------------------------------------------------------------ time
+
+    def tick(self, now: float) -> list[LogAction]:
+        out: list[LogAction] = []
+        for m, (since, end, _) in list(self.parked.items()):
+            if now >= since + self.s.fetch_wait:
+                del self.parked[m]
+                out.append(self._data(m, OK if self.role == LEADING else NOT_LEADER, end, []))
+        if self.role == FOLLOWING and self.leader is not None and now >= self.fetch_sent + self.s.fetch_retry:
+            self.fetching = False
+            out += self._fetch(self.leader, now)
+        elif self.role == CLAIMING and self.claim is not None:
+            c = self.claim
+            for m in sorted(c.probes):
+                if m not in c.answers and now >= c.asked.get(m, -1e18) + self.s.fetch_retry:
+                    c.asked[m] = now
+                    out.append(self._fetch_frame(m, claim=True))
+            if c.source is not None and now >= self.fetch_sent + self.s.fetch_retry:
+                self.fetching = False
+                out += self._fetch(c.source, now)
+        return out
+
+    def next_deadline(self) -> float:
+        times = [since + self.s.fetch_wait for since, _, _ in self.parked.values()]
+        if self.role in (FOLLOWING, CLAIMING):
+            times.append(self.fetch_sent + self.s.fetch_retry)
+        return min(times, default=float("inf"))

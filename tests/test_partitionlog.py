@@ -1,0 +1,287 @@
+"""The durable partition log core (cluster/partitionlog.py) directly: owners wired by a tiny
+in-test network whose disks perform the actions in order; fake time."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import msgpack
+import pytest
+
+from cluster.partitionlog import (
+    CLAIMING,
+    CURSOR,
+    FOLLOWING,
+    LEADING,
+    Append,
+    Committed,
+    LogFormatError,
+    LogSettings,
+    PartitionLog,
+    PeerFrame,
+    ReadLog,
+    ResetLog,
+    Truncate,
+    decode_untrusted_body,
+)
+from node.segmentlog import Record
+
+
+class Owners:
+    """Members' partition-0 logs, their disks (lists of records), a FIFO network, and time."""
+
+    def __init__(self, names: str, **settings: Any) -> None:
+        self.s = LogSettings(**settings)
+        self.logs = {m: PartitionLog(0, m, self.s) for m in names}
+        self.disk: dict[str, list[Record]] = {m: [] for m in names}
+        self.queue: deque[tuple[str, Any]] = deque()
+        self.down: set[str] = set()
+        self.committed: dict[str, list[Any]] = {m: [] for m in names}
+        self.now = 0.0
+
+    def feed(self, member: str, actions: list[Any]) -> None:
+        for a in actions:
+            self.queue.append((member, a))
+
+    def run(self, limit: int = 10_000) -> None:
+        for _ in range(limit):
+            if not self.queue:
+                return
+            member, a = self.queue.popleft()
+            if member in self.down:
+                continue
+            log = self.logs[member]
+            disk = self.disk[member]
+            if isinstance(a, Append):
+                assert a.records[0].offset == (disk[-1].offset + 1 if disk else log.start)
+                disk.extend(a.records)
+                self.feed(member, log.appended(disk[-1].offset + 1, self.now))
+            elif isinstance(a, Truncate):
+                disk[:] = [r for r in disk if r.offset < a.to]
+                self.feed(member, log.appended(a.to, self.now))
+            elif isinstance(a, ResetLog):
+                disk.clear()
+                self.feed(member, log.appended(a.start, self.now))
+            elif isinstance(a, ReadLog):
+                recs = [r for r in disk if r.offset >= a.start][: a.limit]
+                self.feed(member, log.read_done(a.token, recs))
+            elif isinstance(a, Committed):
+                self.committed[member].extend(a.tokens)
+            elif isinstance(a, PeerFrame):
+                self.deliver(member, a)
+        raise AssertionError("no quiescence")
+
+    def deliver(self, sender: str, a: PeerFrame) -> None:
+        if a.member in self.down:
+            return
+        to = self.logs[a.member]
+        f = a.frame
+        if f[0] == "FETCH":
+            self.feed(a.member, to.on_fetch(sender, f[2], f[3], f[4], f[5], self.now))
+        else:
+            recs = [Record(o, t, b) for o, t, b in f[10]]
+            epoch, status, start, end, last_epoch, commit, truncate, reset = f[2:10]
+            self.feed(a.member, to.on_data(sender, epoch, status, start, end, last_epoch, commit, truncate, reset,
+                                           recs, self.now))  # fmt: skip
+
+    def assign(self, owners: str, previous: str = "", epoch: int = 1) -> None:
+        for m in self.logs:
+            if m not in self.down:
+                self.feed(m, self.logs[m].assign(list(owners), [p for p in previous if p not in self.down],
+                                                 epoch, self.now))  # fmt: skip
+        self.run()
+
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        for m, log in self.logs.items():
+            if m not in self.down:
+                self.feed(m, log.tick(self.now))
+        self.run()
+
+    def put(self, member: str, payloads: list[str], pid: bytes = b"p1", first: int = 1, token: Any = None) -> int:
+        msgs = [["t", None, None, x.encode()] for x in payloads]
+        status, actions = self.logs[member].put(msgs, pid, first, 1, token if token is not None else first, 5000)
+        self.feed(member, actions)
+        self.run()
+        return status
+
+    def payloads(self, member: str) -> list[bytes]:
+        return [b[5] for b in (msgpack.unpackb(r.body, raw=False) for r in self.disk[member]) if b[1] == 0]
+
+    def crash(self, member: str) -> None:
+        self.down.add(member)
+
+    def restart(self, member: str) -> None:
+        self.down.discard(member)
+        log = self.logs[member] = PartitionLog(0, member, self.s)
+        disk = self.disk[member]
+        log.recovered(disk[0].offset if disk else 0, list(disk))
+
+
+def test_a_put_is_committed_only_once_the_follower_has_it_on_disk() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    assert (o.logs["a"].role, o.logs["b"].role) == (LEADING, FOLLOWING)
+    o.down.add("b")  # the follower hears nothing
+    assert o.put("a", ["m1"], token="t1") == 0
+    assert o.committed["a"] == []  # on a's disk only
+    assert o.payloads("a") == [b"m1"]
+    o.down.discard("b")
+    o.tick(2.0)  # b fetches again
+    assert o.committed["a"] == ["t1"]
+    assert o.payloads("b") == [b"m1"]
+    assert o.logs["a"].commit == o.logs["a"].end
+
+
+def test_a_single_owner_commits_on_its_own_disk() -> None:
+    o = Owners("a")
+    o.assign("a")
+    assert o.put("a", ["x", "y"], token="t") == 0
+    assert o.committed["a"] == ["t"]
+
+
+def test_a_retried_put_is_stored_once_and_acknowledged_again() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["m1", "m2"], first=1, token="first")
+    o.put("a", ["m1", "m2", "m3"], first=1, token="retry")
+    assert o.payloads("a") == [b"m1", b"m2", b"m3"]
+    assert o.committed["a"] == ["first", "retry"]
+    assert o.put("a", ["m2"], first=2, token="dup") == 0  # all old: acknowledged, nothing written
+    assert o.committed["a"][-1] == "dup"
+    assert o.payloads("b") == [b"m1", b"m2", b"m3"]
+
+
+def test_a_gap_is_refused_and_not_a_follower_is_refused() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1)
+    assert o.put("a", ["m5"], first=5) == 3
+    assert o.put("b", ["m2"], first=2) == 1
+    assert o.payloads("a") == [b"m1"]
+
+
+def test_uncommitted_puts_are_bounded() -> None:
+    o = Owners("ab", max_uncommitted=3)
+    o.assign("ab")
+    o.crash("b")
+    assert o.put("a", ["1", "2"], first=1) == 0
+    assert o.put("a", ["3", "4"], first=3) == 2  # would be 5 > 3 uncommitted (with the EPOCH record)
+    assert o.payloads("a") == [b"1", b"2"]
+
+
+def test_failover_keeps_every_committed_record_and_the_new_follower_copies_them() -> None:
+    o = Owners("abc")
+    o.assign("ab")
+    for i in range(1, 6):
+        o.put("a", [f"m{i}"], first=i, token=i)
+    assert o.committed["a"] == [1, 2, 3, 4, 5]
+    o.crash("a")
+    o.assign("bc", previous="ab", epoch=2)
+    assert o.logs["b"].role == LEADING and o.logs["b"].epoch > o.logs["a"].epoch
+    assert o.payloads("c") == [b"m1", b"m2", b"m3", b"m4", b"m5"]
+    o.put("b", ["m6"], first=6, token=6)
+    assert o.committed["b"] == [6]
+    assert o.payloads("c")[-1] == b"m6"
+
+
+def test_a_returning_leader_with_an_uncommitted_tail_truncates_it_and_follows() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.crash("b")
+    o.put("a", ["lost2", "lost3"], first=2, token=2)  # never committed, never acknowledged
+    assert o.committed["a"] == [1]
+    o.crash("a")
+    o.down.discard("b")
+    o.assign("b", epoch=2)
+    o.put("b", ["m2"], first=2, token="b2")
+    assert o.committed["b"] == ["b2"]
+    o.restart("a")
+    o.assign("ba", epoch=3)
+    assert o.logs["a"].role == FOLLOWING
+    assert o.payloads("a") == [b"m1", b"m2"]  # the uncommitted tail is cut, b's records copied
+    assert o.payloads("b") == [b"m1", b"m2"]
+    a = o.logs["a"]
+    assert a.state.producers[b"p1"][0] == 2  # producer state rebuilt after the cut
+
+
+def test_a_returning_primary_claims_copies_what_it_missed_then_leads() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.crash("a")
+    o.assign("b", epoch=2)
+    o.put("b", ["m2", "m3"], first=2, token="b")
+    o.restart("a")
+    o.assign("ab", epoch=3)  # a is primary again by the preference list
+    assert (o.logs["a"].role, o.logs["b"].role) == (LEADING, FOLLOWING)
+    assert o.payloads("a") == [b"m1", b"m2", b"m3"]
+    assert o.put("a", ["m3", "m4"], first=3, token="a") == 0  # m3 is a duplicate already stored
+    assert o.payloads("b") == [b"m1", b"m2", b"m3", b"m4"]
+    assert o.committed["a"][-1:] == ["a"]
+
+
+def test_a_claim_fences_the_old_leader_whose_pending_puts_are_never_acknowledged() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    o.down.add("b")
+    o.put("a", ["pending"], first=1, token="never")
+    o.down.discard("b")
+    # b thinks a is dead and claims; a hears the claim and steps down
+    o.feed("b", o.logs["b"].assign(["b"], ["a"], 2, o.now))
+    o.run()
+    assert o.logs["a"].role not in (LEADING, CLAIMING)
+    assert o.logs["b"].role == LEADING
+    assert "never" not in o.committed["a"]
+    assert o.payloads("b") == [b"pending"]  # copied from a's longer log (a took the claim)
+
+
+def test_a_follower_behind_the_leaders_retention_resets() -> None:
+    o = Owners("ab")
+    o.assign("a")
+    for i in range(1, 4):
+        o.put("a", [f"m{i}"], first=i)
+    a = o.logs["a"]
+    a.start = a.base_at = 3  # (as if retention deleted offsets 0..2)
+    o.assign("ab", epoch=2)
+    assert o.disk["b"][0].offset == 3
+    assert o.logs["b"].end == a.end
+
+
+def test_a_follower_far_behind_the_cache_is_served_from_disk() -> None:
+    o = Owners("ab", cache_records=2, max_uncommitted=2)
+    o.assign("a")
+    for i in range(1, 9):
+        o.put("a", [f"m{i}"], first=i)
+    assert o.logs["a"].base_at > 0  # folded out of the cache
+    o.assign("ab", epoch=2)
+    assert o.payloads("b") == [f"m{i}".encode() for i in range(1, 9)]
+
+
+def test_recovery_rebuilds_epochs_producers_and_cursors() -> None:
+    o = Owners("a")
+    o.assign("a")
+    o.put("a", ["x", "y"], first=1)
+    st, acts = o.logs["a"].commit_cursor(b"c1", "d", 2, "cur", 5000)
+    o.feed("a", acts)
+    o.run()
+    assert st == 0 and o.committed["a"][-1] == "cur"
+    st, acts = o.logs["a"].commit_cursor(b"c1", "d", 1, "back", 5000)  # never backwards
+    o.feed("a", acts)
+    o.run()
+    assert o.logs["a"].state.cursors[(b"c1", "d")] == 2
+    o.restart("a")
+    a = o.logs["a"]
+    assert a.state.producers[b"p1"][0] == 2
+    assert a.state.cursors[(b"c1", "d")] == 2
+    assert a.epochs == [(a.epochs[0][0], 0)]
+    assert len([r for r in o.disk["a"] if msgpack.unpackb(r.body)[1] == CURSOR]) == 1
+
+
+@pytest.mark.parametrize("body", [b"\xc1", msgpack.packb([0, 0]), msgpack.packb([1, 9]),
+                                  msgpack.packb([1, 0, "t", None, None, b"x", "pid", 1])])  # fmt: skip
+def test_a_malformed_record_body_is_refused(body: bytes) -> None:
+    with pytest.raises(LogFormatError):
+        decode_untrusted_body(body)
