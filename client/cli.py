@@ -115,8 +115,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             {"id": status["node"], "state": status.get("state", "ready"), "subscriptions": status["subscriptions"],
              "clients": status["clients"], "queue": 0, "client_addr": args.node}
         ]  # fmt: skip
+        gone = sum(1 for m in members if m["state"] == "left")
         print(f"node {status['node']} ({status.get('state', 'ready')}), "
-              f"{status.get('mode', 'single')}, {len(members)} member(s)")  # fmt: skip
+              f"{status.get('mode', 'single')}, {len(members) - gone} member(s)"
+              + (f" and {gone} that left" if gone else ""))  # fmt: skip
         print(f"{'ID':8} {'STATE':8} {'SUBSCRIPTIONS':>13} {'CLIENTS':>8} {'QUEUE':>8}  CLIENT ADDR")
         for m in members:
             print(f"{m['id']:8} {m['state']:8} {m['subscriptions']:>13} {m['clients']:>8} {m['queue']:>8}  "

@@ -129,6 +129,9 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
         host, port = node.cfg.client_addr
         print(f"roost node: {args.id}: cannot bind {host}:{port}: {node.bind_error.strerror}", file=sys.stderr)
         return 1
+    if node.fatal:
+        print(f"roost node: {args.id}: {node.fatal}", file=sys.stderr)
+        return 2
     return 0
 
 

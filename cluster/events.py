@@ -135,7 +135,9 @@ class WriteSnapshot(NamedTuple):
 
 
 class Exit(NamedTuple):
-    """Stopping is complete."""
+    """Stopping is complete; ``error``: the member cannot run (the process exits 2 with it)."""
+
+    error: str = ""
 
 
 Action = Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit

@@ -259,6 +259,9 @@ class Joining(MemberParts):
         if current != (client, peer):
             if current is not None:
                 raise RosterError(f"{member} is already a member with other addresses")
+            if member in self.roster.base_index:  # (its process would refuse --join: it is in [[members]])
+                raise RosterError(f"{member} is in the config's [[members]] and has left: "
+                                  "it comes back under a new id")  # fmt: skip
             if member in self.membership.peers and self.membership.peers[member].state in ("ready", "suspect"):
                 raise RosterError(f"{member} is still leaving (delivering what it holds): join it once it stopped")
             self.roster.propose_join(member, client, peer)

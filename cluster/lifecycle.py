@@ -206,6 +206,14 @@ class Lifecycle(MemberParts):
         else:
             self.final_done = True
 
+    def _fatal(self, why: str) -> None:
+        """This member must not run (it never served: nothing to write or hand over)."""
+        self._log("error", "cannot_run", reason=why)
+        for link in list(self.links.values()):
+            self._close(link, "cannot run")
+        self.phase = "stopped"
+        self._out.append(Exit(why))
+
     def _drain(self) -> None:
         """Stopping: close each dialled link whose pushes are all acknowledged;
         exit once none is left and the last snapshot is done."""

@@ -83,6 +83,7 @@ from cluster.peerwire import (
     NONCE_LEN,
     P,
     PeerProtocolError,
+    ShapeMismatch,
     check_digest,
     check_entries,
     check_partitions,
@@ -222,8 +223,10 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``)."""
         members = []
+        config = {m.id: m.client_addr for m in self.cc.members}
         for m in sorted([self.id, *self.peers]):
-            client = (self.roster.members().get(m) or (self.cfg.client_addr, None))[0]
+            e = self.roster.entries.get(m)  # (a member that left keeps the addresses it had)
+            client = e.client if e is not None else config[m]
             addr = f"{client[0]}:{client[1]}"
             if m == self.id:
                 members.append({"id": m, "state": self.phase, "subscriptions": self.broker.index.count,
@@ -420,6 +423,15 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
                         self._frame(lid, reply)
                     if link.up:
                         self._link_up(link)
+        except ShapeMismatch as exc:
+            self._log("warning", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
+            if not link.outbound:  # (the dialler learns why, and stops if it is the one not ready; it
+                # closes the link, or the handshake deadline does: a Close now could cut the answer)
+                self._frame(lid, encode([P.REFUSED, str(exc)[:300]]))
+            else:
+                self._close(link, "[cluster] shape differs")
+            if self.phase in ("starting", "syncing"):
+                self._fatal(f"{exc}; stopping, since this member is not ready yet (its config is the odd one)")
         except PeerProtocolError as exc:
             self._log("warning", "peer_refused" if not link.up else "peer_protocol_error",
                       peer=link.peer, remote=link.remote or None, reason=str(exc)[:200])  # fmt: skip

@@ -39,6 +39,7 @@ class P(IntEnum):
     HELLO = 1
     CHALLENGE = 2
     AUTH = 3
+    REFUSED = 4  # [reason]: the answer to a HELLO of another [cluster] shape (unauthenticated)
     PUSH = 10  # [seq, entries]: changes to merge; answered by PUSHACK
     PUSHACK = 11  # [seq]
     PULL = 12  # [] or [partitions]: send me everything, or these partitions (answered by DUMP..., DUMPEND)
@@ -64,6 +65,11 @@ ADMIN = "@admin"
 
 class PeerProtocolError(Exception):
     """The other side broke the peer protocol; the link must be closed."""
+
+
+class ShapeMismatch(PeerProtocolError):
+    """The peer runs another mode, partition count or replica count: one of the two
+    members has the wrong config (cluster/member.py: the one not yet ready stops)."""
 
 
 class PeerClosed(ConnectionError):
@@ -131,7 +137,7 @@ def _check_shape(theirs: Any, ours: str) -> None:
     """Both ends must run the same mode, partition count and replicas (a cluster
     whose members disagree would compute different maps, for ever)."""
     if theirs != ours:
-        raise PeerProtocolError(f"peer runs {str(theirs)[:64]!r}, this member {ours!r}: "
+        raise ShapeMismatch(f"peer runs {str(theirs)[:64]!r}, this member {ours!r}: "
                                 "[cluster] mode, partitions and replicas must be the same on every member")  # fmt: skip
 
 
@@ -148,6 +154,8 @@ def check_hello(f: list[Any], members: set[str], me: str, shape: str) -> tuple[s
 
 
 def check_challenge(f: list[Any], shape: str) -> tuple[str, bytes, bytes]:
+    if len(f) == 2 and f[0] == P.REFUSED and isinstance(f[1], str):
+        raise ShapeMismatch(f"refused by the peer: {f[1][:300]}")
     if len(f) != 5 or f[0] != P.CHALLENGE:
         raise PeerProtocolError("expected CHALLENGE")
     _check_shape(f[4], shape)

@@ -105,6 +105,7 @@ class ClusterNode:
         self._exit = trio.Event()
         self._sock: socket.socket | None = None
         self.bind_error: OSError | None = None
+        self.fatal: str = ""  # the core's reason why this member cannot run (Exit.error)
         # Links we dial leave from our own peer address when it is a specific IP,
         # so that a peer (and a firewall rule) can tell members on one host apart.
         self._local_address = _specific_ip(bind_host or self.me.peer_addr[0])
@@ -194,6 +195,7 @@ class ClusterNode:
             elif cls is WriteSnapshot:
                 nursery.start_soon(self._write_snapshot, a.token, a.chunks)
             elif cls is Exit:
+                self.fatal = a.error
                 self._exit.set()
                 self._ready.set()
         if self._udp_pending and self._sock is not None:

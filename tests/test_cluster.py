@@ -110,6 +110,27 @@ def test_garbage_and_oversized_peer_streams_are_refused(cluster, payload, reason
     assert roost("status", "--node", cluster.addr("n1")).returncode == 0  # still serving
 
 
+def test_a_member_restarted_with_another_cluster_shape_stops_with_a_clear_error(cluster):
+    """Its peers refuse it; told why (REFUSED), the member that is not yet ready is the odd one
+    out: it exits 2 naming the difference, and never serves clients (review: a member with
+    `partitions = 128` served alone and acknowledged publishes nobody received)."""
+    s = _dial(cluster)
+    s.sendall(encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/128/2"]))
+    s.settimeout(5)
+    refused = msgpack.unpackb(s.recv(65536)[4:])
+    assert refused[0] == P.REFUSED and "must be the same" in refused[1] and "'replicated'" in refused[1]
+    s.close()
+    cluster.kill("n2")
+    odd = cluster.tmp / "odd.toml"
+    odd.write_text(cluster.config.read_text().replace("[cluster]\n", '[cluster]\nmode = "partitioned"\n', 1))
+    r = roost("node", "--config", str(odd), "--id", "n2", timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "roost node: n2: peer runs 'replicated', this member 'partitioned/256/2'" in r.stderr \
+        or "refused by the peer" in r.stderr, r.stderr
+    assert "stopping, since this member is not ready yet" in r.stderr
+    assert roost("status", "--node", cluster.addr("n1")).returncode == 0  # the others go on
+
+
 def test_subscriber_keeps_receiving_when_its_node_is_killed(cluster):
     """Subscriber and publisher both talk to n1; n1 dies mid-stream: after the
     subscriber got the first half through n1 and before the second half is sent."""

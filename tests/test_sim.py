@@ -535,3 +535,18 @@ def test_a_member_that_left_and_joins_again_is_dialled_and_owns_again():
         assert core.cmap is not None and "j1" in core.cmap.live
     j1 = sim.members["j1"].core
     assert j1 is not None and j1.ready and any(j1.own.owned)
+
+
+def test_a_config_member_that_left_cannot_join_again_under_its_id():
+    """Its process would refuse `--join` (it is in [[members]]): a JOIN taken for it would put a
+    member that never runs into the roster (new-user review, 2026-11-24)."""
+    sim = Simulation(12, members=4, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    assert sim.run_until(2.0)
+    sim.leave(0.0, victim="m3")
+    assert sim.run_until(10.0)
+    m0 = sim.members["m0"].core
+    assert m0 is not None and m0.roster.left("m3")
+    version = m0.roster.version
+    ok, message, _ = m0.admin_request([P.JOIN, "m3", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], None)
+    assert not ok and "m3 is in the config's [[members]] and has left: it comes back under a new id" in message
+    assert m0.roster.version == version and m0.roster.left("m3")
