@@ -59,6 +59,7 @@ class Joining(MemberParts):
         self.leave_by = math.inf  # our leave is committed: stop by then at the latest
         # Peers whose leave is committed here (or that had left when we heard of them)
         self.departed = {m for m in self.roster.known() if self.roster.left(m)}
+        self.redial_gone: dict[str, float] = {}  # departed peer -> dial it until then (cluster/member.py)
         # Admin replies held until a snapshot with the change is on disk: (state version, link, frame)
         self.admin_waiting: list[tuple[int, int | None, bytes]] = []
 
@@ -97,6 +98,7 @@ class Joining(MemberParts):
         """A member that left joined again, maybe at new addresses: dial it (at those), and
         push and repair again."""
         self.departed.discard(m)
+        self.redial_gone.pop(m, None)
         if self.peer_addr[m] != peer_addr:
             self.peer_addr[m] = peer_addr
             lid = self.out[m]

@@ -392,8 +392,14 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
         self.queues[peer].disconnected()
         self.fwd[peer].disconnected()
         self.digest_pending.discard(peer)
-        # (a member whose leave is committed, out of reach: stopped; while it drains it dials us)
-        self.next_dial[peer] = math.inf if self._gone(peer) and not link.up else self.now + self.s.reconnect_interval
+        # A member whose leave is committed is dialled while it may still be draining (it hears
+        # the cluster only through the heartbeats of the links we dial: review, 2026-11-24, a
+        # leaver cut off once went deaf for good); then, out of reach, it has stopped.
+        self.next_dial[peer] = self.now + self.s.reconnect_interval
+        if self._gone(peer) and not link.up:
+            until = self.redial_gone.setdefault(peer, self.now + self.s.leave_timeout + self.s.stop_timeout)
+            if self.now >= until:
+                self.next_dial[peer] = math.inf
         if self.was_up[peer] is not False:
             self._log("info", "link_down", peer=peer, reason=why)
         self.was_up[peer] = False

@@ -49,6 +49,7 @@ class MemberParts:
         next_dial: dict[str, float]
         unreached: set[str]
         departed: set[str]
+        redial_gone: dict[str, float]
         _placed: dict[str, tuple[tuple[str, int], tuple[str, int]]]
         pull_peer: str | None
         pull_order: list[str]

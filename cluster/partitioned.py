@@ -61,6 +61,10 @@ class Partitioned(MemberParts):
         self.epoch_seen = 0
         self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
+        # Reliable messages with no live owner in our map (a leaver that hears no placed member):
+        # kept unacknowledged and routed again every heartbeat (review, 2026-11-24: they were
+        # delivered here, to nobody, and acknowledged)
+        self.unrouted: list[Any] = []
         self._placed = self.roster.members()  # (the committed roster: cluster/joining.py)
         # Peers never heard from since we started whose dial failed: not live (review finding #4)
         self.unreached: set[str] = set()
@@ -117,6 +121,7 @@ class Partitioned(MemberParts):
         self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
         for peer, q in self.fwd.items():
             self._reroute(q.take(everything=peer not in cmap.live))
+        self._route_unrouted()
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
@@ -230,6 +235,15 @@ class Partitioned(MemberParts):
     # ------------------------------------------------------------ forwarding and relaying
 
     def _forward(self, member: str, msgs: list[Any]) -> None:
+        if member == "":  # (no live owner)
+            reliable = [m for m in msgs if m[4] is not None]
+            self.broker.metrics["forward_dropped"] += len(msgs) - len(reliable)
+            room = max(0, self.s.max_forward_queue - len(self.unrouted))
+            self.unrouted.extend(reliable[:room])
+            if reliable[room:]:
+                self.broker.metrics["forward_overflow"] += len(reliable) - room
+                self._absorb(self.broker.settle_forwards(reliable[room:], self.now))  # (given up)
+            return
         q = self.fwd.get(member)
         if q is None:
             self.broker.metrics["forward_dropped"] += len(msgs)
@@ -270,6 +284,12 @@ class Partitioned(MemberParts):
         for q in self.fwd.values():
             if q.parked:
                 self._reroute(q.take(everything=False))
+        self._route_unrouted()
+
+    def _route_unrouted(self) -> None:
+        if self.unrouted:
+            msgs, self.unrouted = self.unrouted, []
+            self._reroute(msgs)
 
     def _relay(self, member: str, sends: list[Any]) -> None:
         lid = self.out.get(member)

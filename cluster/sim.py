@@ -141,8 +141,21 @@ class Simulation(SimAccounting, Nemesis):
         Clients may change the state up to the end (a failover is a change of
         home), so at the end they freeze (no datagrams in or out, no timers)
         and the members get ``settle`` seconds more to converge: as Jepsen
-        heals, quiesces, then reads."""
+        heals, quiesces, then reads.
+
+        Progress: what a publisher had sent halfway through the quiet period must
+        be acknowledged by the end, unless its session was lost or restarted (a
+        PUBACK withheld for ever stalls the publisher: review, 2026-11-24)."""
+        half = (self.fault_time + self.end) / 2
+        if not self.run_until(half, max_events):
+            return self.check
+        sent = {c.index: (c.number, c.session.last_seq) for c in self.clients if c.publisher}
         if self.run_until(self.end, max_events):
+            for c in self.clients:
+                number, last = sent.get(c.index, (None, 0))
+                if number == c.number and not c.session.lost and c.session.acked < last:
+                    self.check.violation(self.now, f"publisher {c.index} stalled: {last} sent by t={half:.1f}, "
+                                                   f"acknowledged through {c.session.acked}")  # fmt: skip
             self.frozen = True
             if not self.run_until(self.end + self.settle, max_events):
                 return self.check

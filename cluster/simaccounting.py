@@ -36,6 +36,10 @@ class SimAccounting:
         inner = broker._publish
 
         def publish(topic: str, key: str | None, tags: Any, payload: bytes, packed: bytes | None) -> None:
+            if not core.own.owns(topic):
+                # (delivered where no subscription of it is indexed: to nobody; review, 2026-11-24)
+                self.check.violation(self.now, f"{m.id} published {parse_payload(payload)} on {topic!r}, "
+                                               "a partition it does not own")  # fmt: skip
             subs = self._reliable_subscribers(core, topic)
             inner(topic, key, tags, payload, packed)
             self.check.accepted(m.id, parse_payload(payload), subs, self.now)

@@ -205,7 +205,9 @@ class Delivery(Registers):
         again after the map changed. Ours go to the primary of the new map (or
         are delivered here if that is us, or if no owner is live). Another
         member's are delivered here if we own the partition (its primary or, when
-        the maps differ for a moment, its secondary); the others are refused, by
+        the maps differ for a moment, its secondary); with no owner live in our map
+        (a leaver cut off) ours wait unacknowledged (``Forward`` to ""), and a
+        peer's are refused; the others are refused, by
         index, and stay with the sender until its map or ours changes: a member
         takes responsibility (FWDACK) only for what it delivered, so no message
         rests with a member that is neither its acceptor nor its owner (review
@@ -218,9 +220,11 @@ class Delivery(Registers):
         for i, m in enumerate(msgs):
             topic, key, tags, payload, pid, seq = m
             dest = own.forward_to(topic)
+            if dest is None and own.unowned(topic):  # (a leaver that hears no owner: not here either)
+                dest = ""
             if dest is not None and ours:
                 self._forward(dest, m)
-            elif dest is None or own.owns(topic):
+            elif (dest is None or own.owns(topic)) and dest != "":
                 packed = (wire.pack_message(topic, key, tags, payload) if pid is None
                           else wire.pack_delivery(topic, key, tags, payload, pid, seq))  # fmt: skip
                 self._publish(topic, key, tags, payload, packed)

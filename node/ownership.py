@@ -66,6 +66,11 @@ class Ownership:
             return None
         return primary
 
+    def unowned(self, topic: str) -> bool:
+        """No live owner in our map: only a member outside the placement (a leaver) that
+        hears no placed member sees that."""
+        return self.primaries[self.partition(topic)] is None
+
     def update(self, epoch: int, owners: Sequence[Sequence[str]]) -> tuple[set[int], set[int]]:
         """Install a new map's owners; returns (partitions gained, partitions lost)."""
         gained, lost = set(), set()

@@ -93,10 +93,13 @@ class Producers(Delivery):
         """Partitioned mode: each message to its partition's primary, here or over a peer link;
         True when one went to another member (the producer should learn our map)."""
         forward_to = self.own.forward_to  # type: ignore[union-attr]
+        unowned = self.own.unowned  # type: ignore[union-attr]
         misrouted = False
         for m in msgs:
             topic, key, tags, payload = m[0], m[1], m[2], m[3]
             dest = forward_to(topic)
+            if dest is None and unowned(topic):
+                dest = ""  # (no live owner: kept unacknowledged until there is one; cluster/partitioned.py)
             if dest is not None:
                 misrouted = True
                 if reliable:

@@ -39,7 +39,9 @@ class TextProtocol(Delivery):
                 raise WireError(E.TOO_LARGE, "body too large to be delivered in one datagram")
             self.metrics["published"] += 1
             dest = None if self.own is None else self.own.forward_to(topic)
-            if dest is None:
+            if dest is None and self.own is not None and self.own.unowned(topic):
+                self.metrics["forward_dropped"] += 1  # (a leaver that hears no owner; fire: at most once)
+            elif dest is None:
                 self._publish(topic, None, None, payload, None)
             else:
                 self._forward(dest, [topic, None, None, payload, None, None])

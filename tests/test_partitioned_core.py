@@ -13,7 +13,7 @@ import pytest
 from client import wire
 from client.wire import E, T
 from cluster import clustermap, ring
-from cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame
+from cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame, Tick
 from cluster.forwarding import ForwardQueue
 from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
 from cluster.replication import PeerQueue
@@ -470,3 +470,41 @@ def test_a_hand_off_is_taken_lazily_after_the_repair_and_no_repair_replaces_it()
     q.add_repair(entries(3))  # (a newer repair replaces the first, not the hand-off)
     got = [push[1][0][0][0] for push in iter(q.next_push, None)]
     assert got == [3, 3, 3, 1, 1, 1] and q.handoff is None and q.acked_through == 0
+
+
+def test_a_leaver_that_hears_no_owner_keeps_a_publish_unacknowledged_until_one_is_live():
+    """Review, 2026-11-24 (seed 9642): a leaver cut off when its leave was committed sees no
+    placed member live, so no partition has an owner in its map; it published what it took to
+    nobody and acknowledged it. Now the message waits, unacknowledged, routed again every
+    heartbeat."""
+    sim = Simulation(5, members=4, clients=2, faults=(), fault_time=2.0, quiet=1.0, mode="partitioned")
+    assert sim.run_until(3.0)
+    core = sim.members["m3"].core
+    assert core is not None and core.cmap is not None
+    del core.broker._publish  # (the simulator's accounting wrapper: these payloads are not its workload's)
+    # a subscriber that never acknowledges holds a message at m3, so m3 keeps draining after its leave
+    mine = next(f"s{i}" for i in range(999) if core.cmap.owners[core.own.partition(f"s{i}")][0] == "m3")
+    sub, pb = connect(core.broker, ("127.0.0.98", 5002), ("127.0.0.97", 5003))
+    sub.sub(mine, now=sim.now)
+    pb.pub([(mine, b"held")], now=sim.now)
+    sim.leave(0.0, victim="m3")
+    t = 3.0
+    while core.leave_by == float("inf"):
+        t += 0.01
+        assert sim.run_until(t)
+    # from here on m3 hears no one: its core is driven alone until every peer is down in its view
+    now = sim.now
+    for i in range(1, 30):
+        core.handle(Tick(), now + 0.2 * i)
+    now += 6.0
+    assert core.ready and core.own.unowned("w1")
+    before = core.broker.metrics["rerouted_here"] + core.broker.metrics["forwarded_in"]
+    pub = wire.encode_pub(pb.cid, pb.cookie, b"q" * 16, 1, 1, True, [wire.pack_message("w1", None, None, b"x")])
+    out = core.handle(Datagrams([(pub, pb.addr)]), now)
+    assert [f for f in frames_to(out, pb.addr) if f[0] is T.PUBACK and f[2] >= 1] == []
+    assert [m[3] for m in core.unrouted] == [b"x"]
+    for i in range(1, 10):  # (routed again every heartbeat, still with no owner)
+        out = core.handle(Tick(), now + 0.2 * i)
+        assert [f for f in frames_to(out, pb.addr) if f[0] is T.PUBACK and f[2] >= 1] == []
+    assert [m[3] for m in core.unrouted] == [b"x"]
+    assert core.broker.metrics["rerouted_here"] + core.broker.metrics["forwarded_in"] == before
