@@ -44,7 +44,6 @@ class ForwardQueue:
         self.inflight: dict[int, list[Msg]] = {}
         self.parked: list[Msg] = []  # refused by the receiver: to route again
         self.next_id = 1
-        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self.pending) + len(self.parked) + sum(len(b) for b in self.inflight.values())
@@ -54,7 +53,6 @@ class ForwardQueue:
         dropped for want of room."""
         room = max(self.max_queue - len(self), 0)
         dropped = msgs[room:]
-        self.dropped += len(dropped)
         self.pending.extend(msgs[:room])
         return dropped
 

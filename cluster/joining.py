@@ -144,6 +144,8 @@ class Joining(MemberParts):
         if self.phase != "ready":
             return
         if self.synced != latest:
+            if self.pull_peer is not None:  # (a pull runs: no other can start; the map is not cheap)
+                return
             gains = self._gains()
             if gains:
                 if self.pull_peer is None:
@@ -167,6 +169,7 @@ class Joining(MemberParts):
         assert self.cmap is not None
         owners = self.cmap.owners
         self.pull_parts = gains
+        self.pull_base = self.committed
         self.pull_order = [p for p in self.peers if p in self.cmap.live and any(p in owners[g] for g in gains)]
         self.pull_ok = set()
         # (the members each gain is pulled from; one with none live has nothing to pull)
@@ -178,7 +181,8 @@ class Joining(MemberParts):
         """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
         pulled again at the next heartbeat (cluster/liveness.py)."""
         missed = {g for g in self.pull_parts if self.pull_from[g] and not self.pull_from[g] & self.pull_ok}
-        self.pulled |= self.pull_parts - missed
+        if self.pull_base == self.committed:  # (a commit since: those gains were another roster's; review)
+            self.pulled |= self.pull_parts - missed
         self.pull_parts = set()
         if missed:
             self._log("warning", "gains_missed", partitions=len(missed))
@@ -298,11 +302,11 @@ class Joining(MemberParts):
             else:
                 raise PeerProtocolError(f"unexpected admin frame type {kind}")
         except RosterError as exc:
-            self._log("warning", "admin_refused", request=P(kind).name, reason=str(exc))
+            self._log("warning", "admin_refused", request=_kind_name(kind), reason=str(exc))
             if lid is not None:
                 self._frame(lid, encode([P.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
             return False, str(exc), 0
-        self._log("info", "admin", request=P(kind).name, result=message)
+        self._log("info", "admin", request=_kind_name(kind), result=message)
         # (the reply waits for the change on our disk: acknowledged, a JOIN is never lost with us,
         # and we tell every peer of it again when we come back; simulator seed 9202)
         version = self.state_version
@@ -324,8 +328,15 @@ class Joining(MemberParts):
 
     def _note_pull(self, peer: str | None, parts: set[int]) -> None:
         """A peer pulled these partitions: push it their later changes too, until it owns them."""
-        if self.partitioned and peer is not None and peer != ADMIN:
+        if self.partitioned and peer is not None and peer != ADMIN and not self._gone(peer):
             self.pending.setdefault(peer, set()).update(parts)
+
+
+def _kind_name(kind: Any) -> str:
+    try:
+        return P(kind).name
+    except ValueError:
+        return str(kind)[:20]
 
 
 def _addr(v: Any) -> clustermap.Addr:

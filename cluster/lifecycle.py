@@ -44,6 +44,7 @@ class Lifecycle(MemberParts):
         # PULL
         self.pull_order: list[str] = []
         self.pull_parts: set[int] = set()  # a running member's gains (cluster/joining.py); empty: all we own
+        self.pull_base = 0  # the committed roster when that gain pull began
         self.pull_peer: str | None = None
         self.pull_ok: set[str] = set()  # peers that answered a gain PULL completely
         self.pull_from: dict[int, set[str]] = {}  # gain -> the peers it is pulled from

@@ -54,6 +54,7 @@ class MemberParts:
         pull_peer: str | None
         pull_order: list[str]
         pull_parts: set[int]
+        pull_base: int
         pull_ok: set[str]
         pull_from: dict[int, set[str]]
         committed: int

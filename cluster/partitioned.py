@@ -181,7 +181,7 @@ class Partitioned(MemberParts):
                         if m != me:
                             targets.setdefault(m, []).append(sub)
                     for m, parts in self.pending.items():  # (peers pulling it: cluster/joining.py)
-                        if p in parts and m not in owners[p]:
+                        if p in parts and m not in owners[p] and not self._gone(m):
                             targets.setdefault(m, []).append(sub)
                 for m, mine in targets.items():
                     if m != home:

@@ -556,3 +556,36 @@ def test_a_config_member_that_left_cannot_join_again_under_its_id():
     ok, message, _ = m0.admin_request([P.JOIN, "m3", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], None)
     assert not ok and "m3 is in the config's [[members]] and has left: it comes back under a new id" in message
     assert m0.roster.version == version and m0.roster.left("m3")
+
+
+def test_an_admin_request_of_an_unknown_type_to_a_member_not_ready_is_refused_cleanly():
+    """Review, 2026-11-24: naming the request for the refusal's log line raised ValueError."""
+    sim = Simulation(13, members=3, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    assert sim.run_until(0.06)
+    core = sim.members["m0"].core
+    assert core is not None
+    core.phase = "syncing"  # (as a member is while it pulls)
+    ok, message, _ = core.admin_request([99, "x"], None)
+    assert not ok and "not ready" in message
+    logged = [a.fields for a in core._out if getattr(a, "event", None) == "admin_refused"]
+    assert logged and logged[-1]["request"] == "99"
+
+
+def test_a_gain_pull_that_ends_after_a_commit_counts_for_nothing():
+    """Review, 2026-11-24: gains pulled for one roster were counted as pulled for the next, so a
+    member could report synced for partitions whose state it never pulled."""
+    sim = Simulation(14, members=3, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    assert sim.run_until(2.0)
+    core = sim.members["m0"].core
+    assert core is not None and core.ready and core.cmap is not None
+    theirs = [p for p, o in enumerate(core.cmap.owners) if "m0" not in o]
+    core._check_roster = lambda: None  # type: ignore[method-assign]  # (what the pull leaves, alone)
+    core._start_gain_pull(set(theirs))
+    core.pull_ok = set(core.peers)  # (every peer answered the whole PULL)
+    core._commit(core.committed ^ 1)  # (another roster committed while it ran)
+    core._gain_pull_finished()
+    assert core.pulled == set()
+    core._start_gain_pull(set(theirs))
+    core.pull_ok = set(core.peers)
+    core._gain_pull_finished()
+    assert core.pulled == set(theirs)
