@@ -57,6 +57,8 @@ class Joining(MemberParts):
         self.pulled: set[int] = set()  # gains pulled for the roster being committed
         self.pending: dict[str, set[int]] = {}  # peer -> partitions it pulled from us: it gets their changes
         self.leave_by = math.inf  # our leave is committed: stop by then at the latest
+        # Peers our latest roster went to, on a link we dialled that was up (a leaver waits for the rest)
+        self.told: set[str] = set()
         # Peers whose leave is committed here (or that had left when we heard of them)
         self.departed = {m for m in self.roster.known() if self.roster.left(m)}
         self.redial_gone: dict[str, float] = {}  # departed peer -> dial it until then (cluster/member.py)
@@ -122,6 +124,7 @@ class Joining(MemberParts):
             elif m in self.departed and not self.roster.left(m):
                 self._rejoined(m, peer_addr)
         self._to_peers(encode([P.ROSTER, self.roster.encode()]))
+        self.told = {p for p in self.peers if (lid := self.out[p]) is not None and self.links[lid].up}
         self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
                   digest=f"{self.roster.digest():016x}")  # fmt: skip
         self._check_roster()
@@ -233,9 +236,12 @@ class Joining(MemberParts):
             # the leave with nothing to deliver, and stop once ready; simulator seed 32)
             self.leave_by = self.now + self.s.leave_timeout
             self._log("info", "leaving", deadline_s=self.s.leave_timeout)
-        # (until every member has moved its map, some may still send us publishes to deliver)
+        # (until every member has moved its map, some may still send us publishes to deliver; and
+        # one out of reach may know nothing of our roster: a JOIN and our LEAVE taken where only
+        # we and the joiner were, whom it refuses as unknown. We tell it when our link is up)
         if any(v.committed != self.committed for p, v in self.membership.peers.items()
-               if v.state == "ready" and not self._gone(p)) and self.now < self.leave_by:  # fmt: skip
+               if (v.state == "ready" or p not in self.told) and not self._gone(p)) \
+                and self.now < self.leave_by:  # fmt: skip
             return
         held = sum(len(c.mailbox) for c in self.broker.clients.values() if c.mailbox is not None)
         if held == 0 or self.now >= self.leave_by:

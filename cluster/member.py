@@ -468,6 +468,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
         self.was_up[peer] = True
         self._frame(link.id, self._beat())
         self._send_roster(link)
+        self.told.add(peer)
         self._pump_forwards(peer)
         q = self.queues[peer]
         self.next_digest[peer] = self.now if q.overflowed else self.now + self.s.anti_entropy_interval

@@ -50,6 +50,7 @@ class MemberParts:
         unreached: set[str]
         departed: set[str]
         redial_gone: dict[str, float]
+        told: set[str]
         _placed: dict[str, tuple[tuple[str, int], tuple[str, int]]]
         pull_peer: str | None
         pull_order: list[str]

@@ -293,6 +293,9 @@ class Simulation(SimAccounting, Nemesis):
             self._start_member(m)
         elif m.core.phase == "stopping":  # still draining: start it once it has exited
             self.at(self.now + 0.5, self.restart, mid)
+        elif m.paused_until > self.now and any(ev.__class__ is Stop for ev in m.backlog):
+            # (stopped while paused: it sees the Stop only when it resumes, then drains and exits)
+            self.at(m.paused_until + 0.5, self.restart, mid)
 
     # ------------------------------------------------------------ network
 

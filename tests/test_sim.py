@@ -65,7 +65,8 @@ def test_partitioned_seeds_without_violations():
 
 
 @pytest.mark.parametrize(("seed", "big"), [(15, False), (26, False), (233, False), (344, False), (9202, False),
-                                         (20160, True), (9642, True)])  # fmt: skip
+                                         (20160, True), (9642, True), (1292, False), (3998, False),
+                                         (4094, False)])  # fmt: skip
 def test_partitioned_seeds_that_once_failed_the_campaign(seed, big):
     """(Seed 1128 with --members 5 --clients 6: test_a_moved_client_is_not_timed_out_by_its_old_home.)
     15: a home that never knew a client's subscription (made through another home) could not
@@ -79,7 +80,13 @@ def test_partitioned_seeds_that_once_failed_the_campaign(seed, big):
     as gone, so what it took as primary was forwarded to the wrong member for ever.
     9642 (5 members): a leaver cut off while its leave was committed was dialled no
     more, heard no member, and published what it took to nobody and acknowledged it (now kept
-    unacknowledged until an owner is live, and the leaver is dialled while it may drain)."""
+    unacknowledged until an owner is live, and the leaver is dialled while it may drain).
+    1292: a joiner that left within a second delivered to a subscriber that never got a map
+    naming it (docs/cluster.md does not promise these: the checker leaves them out). 3998: a
+    member stopped while paused was never restarted by the simulator, and only it could tell the
+    others of the JOIN it took. 4094: a JOIN and the LEAVE of its seed, taken where only the
+    two were (a partition), and the leaver stopped before the others heard of either: they
+    refused the joiner as unknown for ever (a leaver now waits for the peers it has not told)."""
     size = {"members": 5, "clients": 6} if big else {}
     check, _ = run_seed(seed, mode="partitioned", **size)
     assert check.violations == []
