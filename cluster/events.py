@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
 from node.core import Log, Send
+from node.segmentlog import Record
 
 Addr = tuple[str, int]
 
@@ -89,9 +91,36 @@ class Stop(NamedTuple):
     """Shut down: write a last snapshot, then ``Exit``."""
 
 
+class LogsRead(NamedTuple):
+    """Fed before ``Start``: each durable partition log the runner found on disk (torn
+    tails cut), as (first offset, every record), or ``error`` (a log that cannot be
+    opened). Then ``Append``, ``Truncate``, ``ResetLog`` and ``ReadLog`` actions
+    (cluster/partitionlog.py) change and read one partition's log, in the order given,
+    off the event loop, answered by ``LogWritten`` and ``LogRecords``."""
+
+    logs: dict[int, tuple[int, list[Record]]]
+    error: str
+
+
+class LogWritten(NamedTuple):
+    """An ``Append``, ``Truncate`` or ``ResetLog`` of ``partition`` is done: its
+    records before ``durable`` are on disk (by the fsync policy)."""
+
+    partition: int
+    durable: int
+
+
+class LogRecords(NamedTuple):
+    """Answer to ``ReadLog``."""
+
+    partition: int
+    token: object
+    records: list[Record]
+
+
 Event = (
     Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkSent | LinkClosed
-    | SnapshotRead | PersistDone | Stop
+    | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords
 )
 
 
@@ -140,10 +169,14 @@ class Exit(NamedTuple):
     error: str = ""
 
 
-Action = Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit
+Action = (
+    Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit
+    | Append | Truncate | ResetLog | ReadLog
+)
 
 __all__ = [
-    "Accepted", "Action", "Addr", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
-    "LinkOpened", "LinkSent", "Log", "PersistDone", "ReadSnapshot", "Send", "SendFrame", "ServeClients", "SnapshotRead",
-    "Start", "Stop", "Tick", "WriteSnapshot",
+    "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
+    "LinkOpened", "LinkSent", "Log", "LogRecords", "LogWritten", "LogsRead", "PersistDone", "ReadLog",
+    "ReadSnapshot", "ResetLog", "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick",
+    "Truncate", "WriteSnapshot",
 ]  # fmt: skip

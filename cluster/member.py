@@ -53,6 +53,7 @@ from typing import Any
 from client.wire import encode_status_reply
 from cluster.config import ClusterConfig
 from cluster.dumps import DumpStreams
+from cluster.durable import Durable
 from cluster.events import (
     Accepted,
     Action,
@@ -65,6 +66,9 @@ from cluster.events import (
     LinkOpened,
     LinkSent,
     Log,
+    LogRecords,
+    LogsRead,
+    LogWritten,
     PersistDone,
     Send,
     SendFrame,
@@ -96,7 +100,7 @@ from node.core import BrokerCore, Confirm, Forward, Relay, Replicate, StatusQuer
 _BEAT = encode([P.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
+class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -151,6 +155,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
         self._expired: set[str] = set()
         self._expire_again: dict[str, float] = {}
         self._out: list[Action] = []
+        self._init_durable()  # durable partition logs (cluster/durable.py)
         self._init_partitioned()  # the map, forwarding, held CMDACKs (cluster/partitioned.py)
 
     # ------------------------------------------------------------ entry points
@@ -186,6 +191,12 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
             self._on_snapshot(ev.data, ev.reason)
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
+        elif isinstance(ev, LogWritten):
+            self._on_log_written(ev)
+        elif isinstance(ev, LogRecords):
+            self._on_log_records(ev)
+        elif isinstance(ev, LogsRead):
+            self._on_logs_read(ev)
         elif isinstance(ev, Start):
             self._start()
         elif isinstance(ev, Stop):
@@ -213,6 +224,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
             d = min(d, held[0])
         if self._streams and self._streams.ready(self._drained):
             d = min(d, self.now)
+        d = min(d, self._durable_deadline())
         b = self.broker.next_deadline()
         return d if b is None else min(d, b)
 
@@ -364,6 +376,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
         for lid, data in self._streams.turn(self._drained) if self._streams else ():
             self._frame(lid, data)
         self._release_held()
+        self._durable_due()
         self._leave_due()
         if self.phase == "stopping":
             self._drain()
@@ -485,6 +498,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
         if kind == P.PUSH and n == 3:
             self._absorb(self.broker.merge(check_entries(f[2]), self.now))
             self._frame(link.id, encode([P.PUSHACK, f[1]]))
+        elif kind == P.LOGFETCH:
+            self._on_logfetch(link, f)
         elif kind == P.HEARTBEAT and n == 7:
             state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
             if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int \
@@ -557,6 +572,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness):
             self._pump_pushes(peer)
         elif kind == P.FWDACK and n == 3:
             self._on_fwdack(peer, f[1], f[2])
+        elif kind == P.LOGDATA:
+            self._on_logdata(peer, f)
         elif kind == P.DIFF and n == 2:
             self._absorb(self.broker.merge(check_entries(f[1]), self.now))
         elif kind == P.DIFFEND and n == 2:

@@ -122,6 +122,7 @@ class Partitioned(MemberParts):
         for peer, q in self.fwd.items():
             self._reroute(q.take(everything=peer not in cmap.live))
         self._route_unrouted()
+        self._durable_map(old)
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):

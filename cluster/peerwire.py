@@ -57,6 +57,8 @@ class P(IntEnum):
     JOIN = 24  # [id, [host, port], [peer host, peer port]]: admin only; answered by ADMIN_REPLY
     LEAVE = 25  # [id]: admin only; answered by ADMIN_REPLY
     ADMIN_REPLY = 26  # [ok, message, roster entries]
+    LOGFETCH = 27  # [partition, epoch, end, last epoch, claim]: durable log replication (cluster/partitionlog.py)
+    LOGDATA = 28  # [partition, epoch, status, start, end, last epoch, commit, truncate, reset, [[offset, ms, body]]]
 
 
 #: The id ``roost cluster join/leave`` authenticates as (no member id may contain "@").
@@ -277,6 +279,35 @@ def check_relay(sends: Any) -> list[tuple[tuple[str, int], bytes]]:
             raise PeerProtocolError("a relayed datagram is [host, port, bytes]")
         out.append(((_ip(s[0], "relay host"), _port(s[1], "relay port")), s[2]))
     return out
+
+
+def check_logfetch(f: list[Any], partitions: int) -> tuple[int, int, int, int, bool]:
+    """Validate LOGFETCH ``[type, partition, epoch, end, last epoch, claim]``."""
+    if len(f) != 6 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[5].__class__ is not bool:
+        raise PeerProtocolError("malformed LOGFETCH")
+    return f[1], _u64(f[2], "an epoch"), _u64(f[3], "an offset"), _u64(f[4], "an epoch"), f[5]
+
+
+def check_logdata(f: list[Any], partitions: int) -> tuple[Any, ...]:
+    """Validate LOGDATA ``[type, partition, epoch, status, start, end, last epoch, commit,
+    truncate, reset, records]``; records ``[offset, time ms, body]`` with consecutive offsets.
+    (The bodies are checked where they are taken: cluster/partitionlog.py.)"""
+    if len(f) != 11 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[10].__class__ is not list:
+        raise PeerProtocolError("malformed LOGDATA")
+    head = [_u64(v, "a LOGDATA field") for v in f[2:8]]
+    cuts = [v for v in f[8:10] if v.__class__ is not int or not -1 <= v < 2**64]
+    if cuts:
+        raise PeerProtocolError("LOGDATA truncate and reset are offsets or -1")
+    expect = None
+    for r in f[10]:
+        if r.__class__ is not list or len(r) != 3 or r[2].__class__ is not bytes:
+            raise PeerProtocolError("a LOGDATA record is [offset, time ms, body]")
+        o = _u64(r[0], "an offset")
+        _u64(r[1], "a record time")
+        if expect is not None and o != expect:
+            raise PeerProtocolError("LOGDATA records must have consecutive offsets")
+        expect = o + 1
+    return (f[1], *head, f[8], f[9], f[10])
 
 
 def check_partitions(parts: Any, partitions: int) -> set[int]:

@@ -59,9 +59,11 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
+from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
 from cluster.roster import decode_untrusted_roster
 from cluster.simaccounting import SimAccounting
 from cluster.simcheck import Checker, Published
+from cluster.simlogs import SimLogDisk
 from cluster.simnemesis import Nemesis
 from cluster.simworld import (
     FAULTS,
@@ -75,6 +77,7 @@ from cluster.simworld import (
     sim_config,
 )
 
+LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog)  # (durable partition logs: cluster/simlogs.py)
 
 class Simulation(SimAccounting, Nemesis):
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
@@ -101,6 +104,7 @@ class Simulation(SimAccounting, Nemesis):
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._n = 0
         self.check = Checker()
+        self.logdisk = SimLogDisk(random.Random(seed ^ 0x10D15C))  # (its own stream: seeds without durable keep theirs)
         self.members = {m.id: SimMember(m.id, m.client_addr) for m in self.cc.members}
         self.member_at = {m.addr: m for m in self.members.values()}
         self.client_at: dict[tuple[str, int], SimClient] = {}
@@ -197,6 +201,7 @@ class Simulation(SimAccounting, Nemesis):
         m.tick_at = math.inf
         if self.partitioned:
             self._watch_publish(m, m.core)
+        self._feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
         self._feed(m, Start())
 
     def _feed(self, m: SimMember, ev: Any) -> None:
@@ -248,6 +253,13 @@ class Simulation(SimAccounting, Nemesis):
             self.at(self.now + self.rng.uniform(0.001, 0.02), self._disk_written, m, m.incarnation, a.token, data)
         elif cls is Exit:
             self._gone(m)
+        elif cls in LOG_ACTIONS:
+            at, ev = self.logdisk.perform(m.id, a, self.now)
+            self.at(at, self._disk_answer, m, m.incarnation, ev)
+
+    def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:
+        if m.incarnation == inc:
+            self._feed(m, ev)
 
     def _disk_read(self, m: SimMember, inc: int) -> None:
         if m.incarnation == inc:
@@ -259,11 +271,13 @@ class Simulation(SimAccounting, Nemesis):
             self._feed(m, PersistDone(token, None))
 
     def crash(self, mid: str) -> None:
+        """kill -9, and a power loss: what the member's disk had not synced is gone."""
         m = self.members[mid]
         if m.core is None:
             return
         self.stats["crashes"] += 1
         self._gone(m)
+        self.logdisk.power_loss(mid)
 
     def stop(self, mid: str) -> None:
         """SIGTERM: the member writes its last snapshot and exits (``Exit``)."""

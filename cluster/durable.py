@@ -1,0 +1,172 @@
+"""A member's durable partition logs: which it keeps, what it says to the other owners (mixin, sans-IO).
+
+Theory of operation (docs/durable.md)
+-------------------------------------
+Each partition with durable messages has a log on its owners in the cluster
+map; cluster/partitionlog.py is one owner's view of one log, and this mixin
+keeps those views (``plogs``) for the member:
+
+* Start-up: the runner opens every log in the data dir (torn tails cut) and
+  feeds their records as ``LogsRead`` before ``Start``; only then does this
+  member take durable requests or answer log fetches (before, the fetcher and
+  the claimant retry).
+* A log is active once it has records, a put came for it, or another owner
+  claimed or fetched it; an inactive partition costs nothing (no fetches, no
+  files). At every map change each active log learns its owners, primary first,
+  and the live members that owned it before (a new primary copies the best log
+  among them before it leads).
+* The logs talk over the peer links as requests and replies: a FETCH (claiming
+  or following) goes on our dialled link to the owner it is for, and the
+  DATA answer comes back on that link; a fetch that finds the link down is
+  retried by the log's own timer (``fetch_retry``).
+* Disk work leaves as the log's actions (``Append``, ``Truncate``,
+  ``ResetLog``, ``ReadLog``), for the runner to do in order, off the event
+  loop; ``LogWritten`` and ``LogRecords`` bring the results back.
+* A committed put or cursor comes back as its token: ``durable_committed``
+  collects them for whoever made the request.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from cluster.events import LogRecords, LogsRead, LogWritten
+from cluster.memberparts import MemberParts
+from cluster.partitionlog import Committed, LogFormatError, LogSettings, PartitionLog, PeerFrame, Reload
+from cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
+from node.segmentlog import Record
+
+if TYPE_CHECKING:
+    from cluster.links import Link
+
+
+class Durable(MemberParts):
+    def _init_durable(self) -> None:
+        self.plogs: dict[int, PartitionLog] = {}
+        self.log_settings = LogSettings()
+        self.logs_ready = False  # LogsRead came: durable requests are taken
+        self.durable_committed: list[Any] = []  # tokens of puts and cursor commits now durable
+        self.log_requests: dict[str, int] = {}  # peer -> the link its last LOGFETCH came on
+
+    def _on_logs_read(self, ev: LogsRead) -> None:
+        if not self.partitioned or self.logs_ready:
+            return
+        if ev.error:
+            self._fatal(f"a durable log cannot be opened: {ev.error}")
+            return
+        for p, (start, records) in ev.logs.items():
+            if not 0 <= p < self.s.partitions:
+                continue
+            log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
+            try:
+                log.recovered(start, records)
+            except LogFormatError as exc:
+                self._fatal(f"partition {p}: {exc}")
+                return
+        self.logs_ready = True
+        self._log("info", "logs_read", partitions=len(ev.logs), records=sum(len(r) for _, r in ev.logs.values()))
+        for p, log in self.plogs.items():
+            self._assign_log(p, log, None)
+
+    def _log_for(self, p: int) -> PartitionLog:
+        """The log of partition ``p``, made active (with an empty log) if it was not."""
+        log = self.plogs.get(p)
+        if log is None:
+            log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
+            self._assign_log(p, log, None)
+        return log
+
+    def _assign_log(self, p: int, log: PartitionLog, old: Any) -> None:
+        cmap = self.cmap
+        if cmap is None:
+            return
+        owners = list(cmap.owners[p])
+        before = [m for m in (old.owners[p] if old is not None else ()) if m in cmap.live and m not in owners]
+        self._run_log(log.assign(owners, before, cmap.epoch, self.now))
+
+    def _durable_map(self, old: Any) -> None:
+        """The map changed: every active log learns its owners."""
+        if self.logs_ready:
+            for p, log in self.plogs.items():
+                self._assign_log(p, log, old)
+
+    def _run_log(self, actions: list[Any]) -> None:
+        for a in actions:
+            cls = a.__class__
+            if cls is PeerFrame:
+                self._log_frame(a)
+            elif cls is Committed:
+                self.durable_committed.extend(a.tokens)
+            elif cls is Reload:
+                self._log("error", "log_reload_needed", partition=a.partition)
+            else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
+                self._out.append(a)
+
+    def _log_frame(self, a: PeerFrame) -> None:
+        f = a.frame
+        if f[0] == "FETCH":
+            lid = self.out.get(a.member)
+            if lid is not None and self.links[lid].up:
+                self._frame(lid, encode([P.LOGFETCH, *f[1:]]))
+        else:
+            lid = self.log_requests.get(a.member)
+            link = self.links.get(lid) if lid is not None else None
+            if link is not None and link.up and not link.outbound:
+                self._frame(link.id, encode([P.LOGDATA, *f[1:]]))
+
+    # ------------------------------------------------------------ peer frames
+
+    def _on_logfetch(self, link: Link, f: list[Any]) -> None:
+        p, epoch, end, last_epoch, claim = check_logfetch(f, self.s.partitions)
+        peer = link.peer
+        assert peer is not None
+        self.log_requests[peer] = link.id
+        if not self.logs_ready or not self.ready:
+            return  # (it asks again)
+        self._run_log(self._log_for(p).on_fetch(peer, epoch, end, last_epoch, claim, self.now))
+
+    def _on_logdata(self, peer: str, f: list[Any]) -> None:
+        p, epoch, status, start, end, last_epoch, commit, truncate, reset, recs = check_logdata(f, self.s.partitions)
+        log = self.plogs.get(p)
+        if log is None:
+            return
+        records = [Record(o, t, b) for o, t, b in recs]
+        try:
+            actions = log.on_data(peer, epoch, status, start, end, last_epoch, commit, truncate, reset, records,
+                                  self.now)  # fmt: skip
+        except LogFormatError as exc:
+            raise PeerProtocolError(f"LOGDATA: {exc}") from None
+        self._run_log(actions)
+
+    # ------------------------------------------------------------ the runner's answers
+
+    def _on_log_written(self, ev: LogWritten) -> None:
+        log = self.plogs.get(ev.partition)
+        if log is not None:
+            self._run_log(log.appended(ev.durable, self.now))
+
+    def _on_log_records(self, ev: LogRecords) -> None:
+        log = self.plogs.get(ev.partition)
+        if log is not None:
+            self._run_log(log.read_done(ev.token, ev.records))
+
+    # ------------------------------------------------------------ requests and time
+
+    def durable_put(self, p: int, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Any,
+                    wall_ms: int) -> int:  # fmt: skip
+        """A durable publish to partition ``p``; its status (cluster/partitionlog.py ``put``).
+        ``token`` is in ``durable_committed`` once every message of it is committed."""
+        if not self.logs_ready or not self.ready:
+            return 1
+        status, actions = self._log_for(p).put(msgs, pid, first, floor, token, wall_ms)
+        self._run_log(actions)
+        return status
+
+    def _durable_due(self) -> None:
+        for log in self.plogs.values():
+            if log.next_deadline() <= self.now:
+                self._run_log(log.tick(self.now))
+
+    def _durable_deadline(self) -> float:
+        return min((log.next_deadline() for log in self.plogs.values()), default=math.inf)

@@ -1,0 +1,69 @@
+"""The simulator's disk for durable partition logs: per member, per partition, records and a synced mark.
+
+It does for cluster/sim.py what node/segmentlog.py does for a real member:
+appends, truncations, resets and reads, in order, each answered after a
+seeded delay. A crash of the member is a power loss: every record after the
+synced mark is gone, as on a machine whose page cache died with it. Only
+``sync`` appends (fsync = always) move the mark; the others are written, not
+synced.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.events import LogRecords, LogsRead, LogWritten
+from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
+from node.segmentlog import Record
+
+
+@dataclass
+class SimLog:
+    start: int = 0
+    records: list[Record] = field(default_factory=list)
+    synced: int = 0  # records[:synced] survive a power loss
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.records)
+
+
+class SimLogDisk:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.logs: dict[str, dict[int, SimLog]] = {}
+        self.busy_until: dict[str, float] = {}  # (one member's disk work is done in order)
+
+    def perform(self, member: str, a: Any, now: float) -> tuple[float, Any]:
+        """Do ``a`` for ``member``; returns (when its answer comes, the answer event)."""
+        logs = self.logs.setdefault(member, {})
+        at = max(now, self.busy_until.get(member, 0.0)) + self.rng.uniform(0.0002, 0.003)
+        self.busy_until[member] = at
+        cls = a.__class__
+        if cls is ReadLog:
+            log = logs.get(a.partition, SimLog())
+            i = max(0, a.start - log.start)
+            return at, LogRecords(a.partition, a.token, log.records[i:i + a.limit])
+        log = logs.setdefault(a.partition, SimLog())
+        if cls is Append:
+            assert a.records[0].offset == log.end, (member, a.partition, a.records[0].offset, log.end)
+            log.records.extend(a.records)
+            if a.sync:
+                log.synced = len(log.records)
+        elif cls is Truncate:
+            del log.records[max(0, a.to - log.start):]
+            log.synced = min(log.synced, len(log.records))
+        elif cls is ResetLog:
+            log.start, log.records, log.synced = a.start, [], 0
+        return at, LogWritten(a.partition, log.end)
+
+    def read_all(self, member: str) -> LogsRead:
+        logs = self.logs.get(member, {})
+        return LogsRead({p: (log.start, list(log.records)) for p, log in logs.items() if log.records}, "")
+
+    def power_loss(self, member: str) -> None:
+        for log in self.logs.get(member, {}).values():
+            del log.records[log.synced:]
+        self.busy_until.pop(member, None)
