@@ -8,7 +8,9 @@ message over its peer link to the primary (docs/cluster.md, "Routing"). One
 * reliable messages wait in ``pending`` and go out in FORWARD frames, a window
   of frames in flight, each acknowledged by FWDACK; a link that drops puts what
   was in flight back in front, in order (the primary may have delivered it
-  already: subscribers drop the duplicate by producer id and sequence);
+  already: it drops the resend by producer id and sequence, node/delivery.py
+  ``_fwd_seen``; leaving it to the subscribers' de-duplication handed it, late,
+  to a subscription that reached the primary in between: seeds 5317, 7386);
 * fire messages go out at once if the link is up and are dropped otherwise
   (fire is at most once: they are never sent twice);
 * the receiver delivers what it owns and refuses the rest (FWDACK lists them:

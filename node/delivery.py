@@ -21,6 +21,7 @@ resends everything unacknowledged with back-off (node/mailbox.py).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from client import wire
@@ -36,6 +37,10 @@ from node.mailbox import Mailbox
 from node.registers import REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT, Registers
 
 _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
+#: Forwarded reliable messages remembered by (producer id, sequence) to drop a resend, at most
+#: (well over what a sender can have in flight to us when its link drops: 8 frames of 256 per
+#: peer), and for at most producer_timeout (as a member forgets a silent producer).
+FORWARDS_REMEMBERED = 65536
 
 
 class Delivery(Registers):
@@ -65,6 +70,13 @@ class Delivery(Registers):
         # seed 3). ``_ack_to``: where the producer's PUBACKs go.
         self._unsettled: dict[bytes, dict[int, None]] = {}
         self._ack_to: dict[bytes, Addr] = {}
+        # Forwarded reliable messages this member published, by (producer id, sequence), and
+        # when, oldest first: a sender whose link dropped before our FWDACK came back sends them
+        # again, and publishing one twice would hand it, late, to a subscriber whose
+        # subscription reached us in between, after newer messages of its producer (simulator
+        # seeds 5317, 7386).
+        self._fwd_seen: set[tuple[bytes, int]] = set()
+        self._fwd_order: deque[tuple[float, bytes, int]] = deque()
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
         self._park_ms = int(config.subscriber_timeout * 1000)
 
@@ -217,6 +229,7 @@ class Delivery(Registers):
             self.metrics["forward_unexpected"] += len(msgs)
             return list(range(len(msgs)))
         refused = []
+        self._forget_forwards(self._now)
         for i, m in enumerate(msgs):
             topic, key, tags, payload, pid, seq = m
             dest = own.forward_to(topic)
@@ -225,16 +238,35 @@ class Delivery(Registers):
             if dest is not None and ours:
                 self._forward(dest, m)
             elif (dest is None or own.owns(topic)) and dest != "":
-                packed = (wire.pack_message(topic, key, tags, payload) if pid is None
-                          else wire.pack_delivery(topic, key, tags, payload, pid, seq))  # fmt: skip
-                self._publish(topic, key, tags, payload, packed)
-                self.metrics["forwarded_in" if not ours else "rerouted_here"] += 1
+                if pid is not None and (pid, seq) in self._fwd_seen:
+                    # A resend of one we published (its sender's link dropped before our FWDACK
+                    # came back): delivered already, and acknowledged again as such.
+                    self.metrics["forward_duplicates"] += 1
+                else:
+                    if pid is not None:
+                        self._remember_forward(pid, seq)
+                    packed = (wire.pack_message(topic, key, tags, payload) if pid is None
+                              else wire.pack_delivery(topic, key, tags, payload, pid, seq))  # fmt: skip
+                    self._publish(topic, key, tags, payload, packed)
+                    self.metrics["forwarded_in" if not ours else "rerouted_here"] += 1
                 if ours and pid is not None:
                     self._settle(pid, seq)
             else:
                 refused.append(i)
                 self.metrics["forward_refused"] += 1
         return refused
+
+    def _remember_forward(self, pid: bytes, seq: int) -> None:
+        self._fwd_seen.add((pid, seq))
+        self._fwd_order.append((self._now, pid, seq))
+
+    def _forget_forwards(self, now: float) -> None:
+        """Forget the oldest forwarded messages: beyond FORWARDS_REMEMBERED or producer_timeout."""
+        order, seen = self._fwd_order, self._fwd_seen
+        horizon = now - self.cfg.producer_timeout
+        while order and (len(order) >= FORWARDS_REMEMBERED or order[0][0] <= horizon):
+            _, pid, seq = order.popleft()
+            seen.discard((pid, seq))
 
     def _overflow(self, c: ClientState) -> None:
         """Mailbox full: cancel every reliable subscription of this client."""

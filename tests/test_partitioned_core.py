@@ -407,6 +407,25 @@ def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():
     assert core.broker.metrics["forwarded_in"] == before + 1
 
 
+def test_a_forward_resent_after_a_link_drop_is_not_published_again():
+    """Seeds 5317 and 7386: the primary paused; its peer's link dropped with FORWARD frames the
+    primary took but never acknowledged, and a SUB pushed between them. The sender sent them
+    again, and the subscriber got the older messages after the newer ones."""
+    t1 = TOPIC_OF[2]
+    b = _pcore("b", 1, OWNERS)  # t1's primary
+    assert b.forwarded([[t1, None, None, b"old", PID, 7]], 1.0)[1] == []  # no subscriber yet
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t1, None, _v(1.001, 0)]])], 1.5)
+    b.forwarded([[t1, None, None, b"new", PID, 9]], 1.6)
+    mailbox = b.clients[CID].mailbox
+    assert mailbox is not None and len(mailbox) == 1
+    # the resend of both frames after the link drop: acknowledged (nothing refused), not delivered
+    assert b.forwarded([[t1, None, None, b"old", PID, 7], [t1, None, None, b"new", PID, 9]], 2.0)[1] == []
+    assert len(mailbox) == 1 and b.metrics["forward_duplicates"] == 2
+    # forgotten after producer_timeout, as a member forgets a silent producer
+    b.forwarded([[t1, None, None, b"old", PID, 7]], 2.0 + b.cfg.producer_timeout)
+    assert len(mailbox) == 2 and b.metrics["forward_duplicates"] == 2
+
+
 def test_a_mailbox_voided_by_a_reset_waits_for_the_renewal_and_its_stream_goes_on():
     """Seed 6388: the reset reached an owner before the renewal (which came by another map),
     and the messages waiting for the subscriber went with the voided subscription."""
