@@ -543,6 +543,7 @@ class PartitionLog:
         if self.role == FOLLOWING and self.leader is not None and now >= self.fetch_sent + self.s.fetch_retry:
             self.fetching = False
             out += self._fetch(self.leader, now)
+            self.fetch_sent = now  # (also when a write in progress holds the fetch back: no spinning)
         elif self.role == CLAIMING and self.claim is not None:
             c = self.claim
             for m in sorted(c.probes):
@@ -552,10 +553,14 @@ class PartitionLog:
             if c.source is not None and now >= self.fetch_sent + self.s.fetch_retry:
                 self.fetching = False
                 out += self._fetch(c.source, now)
+                self.fetch_sent = now
         return out
 
     def next_deadline(self) -> float:
         times = [since + self.s.fetch_wait for since, _, _ in self.parked.values()]
-        if self.role in (FOLLOWING, CLAIMING):
+        if self.role == FOLLOWING or (self.claim is not None and self.claim.source is not None):
             times.append(self.fetch_sent + self.s.fetch_retry)
+        if self.claim is not None:
+            c = self.claim
+            times += [c.asked.get(m, -1e18) + self.s.fetch_retry for m in c.probes if m not in c.answers]
         return min(times, default=float("inf"))
