@@ -473,6 +473,10 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable):
             link.deadline = self.now + self.s.link_idle_timeout
             if link.peer is not None and self._gone(link.peer):
                 self._send_roster(link)  # (a member that left without hearing it: it learns here)
+                if self.out[link.peer] is None and self.phase == "ready":
+                    # It drains and dials us: dial it back, so that it hears our heartbeats (who is
+                    # alive, our map) even when we restarted since its leave (simulator seed 9384).
+                    self.next_dial[link.peer] = self.now
             return
         peer = link.peer
         assert peer is not None

@@ -117,6 +117,7 @@ class Simulation(SimAccounting, Nemesis):
         self.stats = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0,
                       "joins": 0, "leaves": 0, "pauses": 0, "datagrams": 0, "frames": 0}  # fmt: skip
         self.left: set[str] = set()  # members whose leave was asked for: never restarted
+        self.away_since: dict[str, float | None] = {}  # member -> out of touch since (see _touch)
         self.clients: list[SimClient] = []
         ids = list(self.members)
         for i in range(clients):
@@ -203,6 +204,7 @@ class Simulation(SimAccounting, Nemesis):
             self._watch_publish(m, m.core)
         self._feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
         self._feed(m, Start())
+        self._touch()
 
     def _feed(self, m: SimMember, ev: Any) -> None:
         core = m.core
@@ -285,6 +287,7 @@ class Simulation(SimAccounting, Nemesis):
         if m.core is not None and m.core.phase not in ("stopping", "stopped"):
             self.stats["stops"] += 1
             self._feed(m, Stop())
+            self._touch()
 
     def _gone(self, m: SimMember) -> None:
         """The process is gone (crashed or exited): its memory with it, so
@@ -298,6 +301,24 @@ class Simulation(SimAccounting, Nemesis):
             if key[0] == m.id:
                 self._break(conn, "connection reset")
         self.pending_dials = {d for d in self.pending_dials if d[0] != m.id}
+        self._touch()
+
+    def _touch(self) -> None:
+        """Note when a member went out of touch (down, paused, or cut off from every other member
+        that is up) for at least the tombstone horizon: what it held from before may come back
+        after every other member collected the tombstone that ended it (docs/cluster.md: the
+        horizon must exceed the longest partition you intend to heal from)."""
+        now, horizon = self.now, self.cc.settings.tombstone_horizon
+        awake = {i for i, m in self.members.items()
+                 if m.core is not None and m.paused_until <= now and m.core.phase in ("syncing", "ready")}
+        for i in self.members:
+            since = self.away_since.get(i)
+            if i in self.left or (i in awake and any(o != i and frozenset((i, o)) not in self.cut for o in awake)):
+                if since is not None and now - since >= horizon and i not in self.left:
+                    self.check.isolated.append(int((WALL + since) * 1000))
+                self.away_since[i] = None
+            elif since is None:
+                self.away_since[i] = now
 
     def restart(self, mid: str) -> None:
         m = self.members[mid]
@@ -430,9 +451,11 @@ class Simulation(SimAccounting, Nemesis):
         for key, conn in list(self.conns.items()):
             if frozenset((conn.ends[0][0], conn.ends[1][0])) in self.cut and key == conn.ends[0]:
                 self._break(conn, "partition")
+        self._touch()
 
     def heal(self) -> None:
         self.cut = set()
+        self._touch()
 
     def cut_client(self, index: int, mid: str) -> None:
         """No datagram between this client and this member (both ways), until healed."""

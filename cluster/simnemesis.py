@@ -46,6 +46,7 @@ class Nemesis:
         def heal_client(self, index: int, mid: str) -> None: ...
         def restart_client(self, index: int) -> None: ...
         def _pub_accounting(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None: ...
+        def _touch(self) -> None: ...
 
     def _plan_nemesis(self) -> None:
         """Faults at seeded random times until fault_time; then heal, restart, settle."""
@@ -109,6 +110,7 @@ class Nemesis:
             return
         self.stats["pauses"] += 1
         m.paused_until = self.now + seconds
+        self._touch()
         self.at(m.paused_until, self._resume, m, m.incarnation)
 
     def _resume(self, m: SimMember, inc: int) -> None:
@@ -123,6 +125,7 @@ class Nemesis:
             else:
                 self._feed(m, ev)
         self._feed(m, Tick())
+        self._touch()  # (after the backlog: a Stop that waited in it leaves the member out of touch)
 
     def join(self, number: int, attempt: int = 0) -> None:
         """``roost cluster join``: a ready member takes the JOIN and answers once the change is

@@ -320,7 +320,10 @@ class Registers(CoreBase):
             for topic, key, v in subs:
                 tk = (topic, key)
                 old = c.subs.get(tk, 0)
-                if v > old and (v & versions.PRESENT or v >= expired):
+                # (a tombstone past the horizon still ends an older version we hold: else a stale
+                # "subscribed" outlives it here and comes back everywhere once the others collect
+                # theirs; simulator seeds 218, 257, 1854 with --mode partitioned)
+                if v > old and (v & versions.PRESENT or v >= expired or old):
                     observe(v)
                     self._set(c, tk, v)
                     if c.local and not v & versions.PRESENT:
