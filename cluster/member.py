@@ -45,7 +45,6 @@ simulator (cluster/sim.py) runs a whole cluster of these, seeded.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from typing import Any
@@ -81,6 +80,7 @@ from cluster.lifecycle import Lifecycle
 from cluster.links import Link
 from cluster.liveness import Liveness
 from cluster.membership import Membership
+from cluster.memberstatus import MemberStatus
 from cluster.partitioned import Partitioned
 from cluster.peerwire import (
     ADMIN,
@@ -100,7 +100,7 @@ from node.core import BrokerCore, Confirm, Forward, Relay, Replicate, StatusQuer
 _BEAT = encode([P.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable):
+class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatus):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -231,38 +231,6 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable):
     @property
     def ready(self) -> bool:
         return self.phase == "ready"
-
-    def status(self) -> dict[str, Any]:
-        """The cluster as this member sees it (``roost status``)."""
-        members = []
-        config = {m.id: m.client_addr for m in self.cc.members}
-        for m in sorted([self.id, *self.peers]):
-            e = self.roster.entries.get(m)  # (a member that left keeps the addresses it had)
-            client = e.client if e is not None else config[m]
-            addr = f"{client[0]}:{client[1]}"
-            if m == self.id:
-                members.append({"id": m, "state": self.phase, "subscriptions": self.broker.index.count,
-                                "clients": self.broker.status()["clients"], "queue": 0,
-                                "client_addr": addr})  # fmt: skip
-                continue
-            v = self.membership.peers[m]
-            lid = self.out[m]
-            members.append({"id": m, "state": "left" if self._gone(m) else v.state, "subscriptions": v.subscriptions,
-                            "clients": v.clients, "queue": len(self.queues[m]),
-                            "link": lid is not None and self.links[lid].up, "client_addr": addr})  # fmt: skip
-        # (one hash of the 256 bucket digests: members that agree on every register show the same)
-        digest = hashlib.blake2b(b"".join(d.to_bytes(8, "big") for d in self.broker.digest), digest_size=8)
-        out: dict[str, Any] = {"state": self.phase, "mode": self.s.mode, "digest": digest.hexdigest(),
-                               "members": members, "roster": {"version": self.roster.version,
-                                                              "committed": self.committed == self.roster.digest()}}
-        if self.partitioned:
-            out["map"] = self.map_status()
-            # (each partition's owners must agree: scripts/chaos.py compares them; 12 bytes each,
-            # so up to 1,000 owned partitions fit a status datagram)
-            own, d = self.own.owned, self.broker.digest
-            if sum(own) <= 1000:
-                out["partition_digests"] = {str(p): d[p] for p in range(len(own)) if own[p]}
-        return out
 
     # ------------------------------------------------------------ plumbing
 
