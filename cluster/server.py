@@ -29,6 +29,7 @@ import random
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -58,12 +59,16 @@ from cluster.events import (
     Tick,
     WriteSnapshot,
 )  # fmt: skip
+from cluster.logstore import LogStore
 from cluster.member import MemberCore
+from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
 from cluster.roster import decode_untrusted_roster
 from cluster.snapshot import SNAPSHOT_FILE
 from node.logs import EventLog
 
 T = TypeVar("T")
+
+_LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog)  # (durable partition logs: cluster/logstore.py)
 
 # Snapshot chunks handed to one worker-thread call.
 _CHUNKS_PER_WRITE = 8
@@ -114,6 +119,8 @@ class ClusterNode:
         self._udp_idle = trio.CancelScope()
         self._udp_pending: list[tuple[Any, bytes]] = []
         self._nursery: trio.Nursery | None = None
+        self._logs = LogStore(Path(self.me.data_dir) / "log", self.log)  # durable partition logs
+        self._log_queues: dict[int, trio.MemorySendChannel[Any]] = {}  # one ordered queue per partition
 
     # ------------------------------------------------------------ lifecycle
 
@@ -132,6 +139,7 @@ class ClusterNode:
                 self._nursery = nursery
                 nursery.start_soon(trio.serve_listeners, self._inbound, listeners)
                 nursery.start_soon(self._timers)
+                self._feed(await _in_thread(self._logs.open_all))  # (durable logs, before Start)
                 self._feed(Start())
                 await self._ready.wait()  # (also set when the member exits before serving)
                 if self.addr is not None:
@@ -141,6 +149,7 @@ class ClusterNode:
         finally:
             if self._sock is not None:
                 self._sock.close()
+            self._logs.close()
 
     async def stop(self) -> None:
         """Ask the core to stop (last snapshot), waiting at most stop_timeout."""
@@ -194,6 +203,13 @@ class ClusterNode:
                 nursery.start_soon(self._read_snapshot)
             elif cls is WriteSnapshot:
                 nursery.start_soon(self._write_snapshot, a.token, a.chunks)
+            elif cls in _LOG_ACTIONS:
+                q = self._log_queues.get(a.partition)
+                if q is None:
+                    q, recv = trio.open_memory_channel[Any](math.inf)
+                    self._log_queues[a.partition] = q
+                    nursery.start_soon(self._log_worker, recv)
+                q.send_nowait(a)
             elif cls is Exit:
                 self.fatal = a.error
                 self._exit.set()
@@ -336,6 +352,11 @@ class ClusterNode:
 
     def _snapshot_path(self) -> str:
         return os.path.join(self.me.data_dir, SNAPSHOT_FILE)
+
+    async def _log_worker(self, recv: trio.MemoryReceiveChannel[Any]) -> None:
+        """One partition's disk work, in the order the core asked for it, off the event loop."""
+        async for a in recv:
+            self._feed(await _in_thread(self._logs.perform, a))
 
     async def _read_snapshot(self) -> None:
         path = self._snapshot_path()
