@@ -155,7 +155,8 @@ class Client:
             now = trio.current_time()
             if batch:
                 self._handle(s, batch, now)
-            if now >= s.next_deadline():
+            deadline = min(s.next_deadline(), r.put_deadline())
+            if now >= deadline:
                 r.tick(s, now)
             out = s.outgoing(now)
             self._send(sock, out)
@@ -165,7 +166,7 @@ class Client:
             if batch:
                 await trio.lowlevel.checkpoint()
                 continue
-            with trio.CancelScope(deadline=s.next_deadline()) as scope:
+            with trio.CancelScope(deadline=min(s.next_deadline(), r.put_deadline())) as scope:
                 self._wait_scopes[key] = scope
                 await trio.lowlevel.wait_readable(sock)
             self._wait_scopes.pop(key, None)
@@ -256,15 +257,40 @@ class Client:
             self._kick()
         return seq
 
+    async def put(self, topic: str, payload: bytes | str, key: str | None = None,
+                  tags: dict[str, str] | None = None, *, wait: bool = False) -> tuple[int, int]:  # fmt: skip
+        """Publish one message durably (docs/durable.md): stored in the log of its topic's
+        partition on both owners before it is acknowledged. Returns (partition, sequence);
+        ``wait=True`` returns only after the acknowledgement. Needs a partitioned cluster."""
+        if isinstance(payload, str):
+            payload = payload.encode()
+        r = self.router
+        if r.cmap is None:
+            self._kick()
+            await self._until(lambda: r.cmap is not None or r.lost, trio.current_time() + self.config.node_timeout)
+            if r.cmap is None:
+                raise NodeLost("no cluster map from the node: durable publishes need a partitioned cluster")
+        if r.put_window_full(topic):
+            self._kick()
+            await self._until(lambda: not r.put_window_full(topic))
+        p, seq = r.put(topic, key, tags, payload)
+        self._kick()
+        if wait:
+            await self._until(lambda: r.putter.streams[p].acked >= seq or r.lost)
+            if r.putter.streams[p].acked < seq:
+                raise NodeLost("node lost before acknowledging the put")
+        return p, seq
+
     async def flush(self, timeout: float = math.inf) -> bool:
-        """Wait until every reliable publish and every command so far is acknowledged, on
-        every session."""
+        """Wait until every reliable publish, every durable put and every command so far is
+        acknowledged, on every session."""
         r = self.router
         self._kick()
         marks = r.flush_marks()
+        puts = r.putter.marks()
 
         def done() -> bool:
-            return r.lost or r.flushed(marks)
+            return r.lost or (r.flushed(marks) and r.putter.flushed(puts))
 
         return await self._until(done, trio.current_time() + timeout) and not r.lost
 

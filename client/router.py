@@ -50,6 +50,8 @@ import hashlib
 from collections import deque
 from typing import TYPE_CHECKING
 
+from client import wire
+from client.putter import Putter
 from client.session import Addr, ClientConfig, ClientSession, SubState
 
 if TYPE_CHECKING:
@@ -86,6 +88,9 @@ class Router:
         self._pending: deque[tuple[int, ClientSession, int]] = deque()  # (router seq, session, its seq)
         self._next = 1  # the next router-wide reliable sequence
         self._acked = 0
+        # Durable publishes: one producer id for every session, a stream per partition (client/putter.py)
+        self.putter = Putter(derive_id(producer_id, "durable"), config)
+        self._put_to: dict[int, str] = {}  # partition -> the primary its puts went to last
 
     # ------------------------------------------------------------ routes
 
@@ -183,6 +188,45 @@ class Router:
     def flushed(marks: list[tuple[ClientSession, int]]) -> bool:
         return all(s.flushed(seq) for s, seq in marks)
 
+    # ------------------------------------------------------------ durable publishing
+
+    def put(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes) -> tuple[int, int]:
+        """Queue a durable publish; returns (partition, its sequence there). It goes to the
+        partition's primary (docs/durable.md): ValueError without a cluster map."""
+        cmap = self.cmap
+        if cmap is None:
+            raise ValueError("durable publishes need a partitioned cluster (no cluster map from the node)")
+        wire.check_topic(topic)
+        wire.check_key(key)
+        wire.check_tags(tags)
+        p = cmap.partition(topic)
+        seq = self.putter.put(p, wire.pack_message(topic, key, tags, payload))
+        self._pump_puts(self._now)
+        return p, seq
+
+    def put_window_full(self, topic: str) -> bool:
+        return self.cmap is not None and self.putter.window_full(self.cmap.partition(topic))
+
+    def _pump_puts(self, now: float) -> None:
+        """PUT datagrams that are due, each into the session of its partition's primary."""
+        cmap, putter = self.cmap, self.putter
+        if cmap is None:
+            return
+        for p in putter.streams:
+            owners = cmap.owners[p]
+            if not owners or not putter.due(p, now):
+                continue
+            if self._put_to.get(p) != owners[0]:
+                self._put_to[p] = owners[0]
+                putter.moved(p)
+            s = self.by_member.get(owners[0]) or self._open(owners[0], cmap)
+            if s.cookie is None:
+                continue  # (not connected yet: its WELCOME comes, then the next pump)
+            s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
+
+    def put_deadline(self) -> float:
+        return self.putter.next_deadline()
+
     # ------------------------------------------------------------ subscribing
 
     def subscribe(self, topic: str, key: str | None, mode: int) -> tuple[ClientSession, SubState]:
@@ -206,11 +250,17 @@ class Router:
         s.handle_datagrams(datagrams, now)
         self._learn(s)
         self._advance()
+        if s.putacks:
+            for pid, p, acked, status in s.putacks:
+                self.putter.on_putack(pid, p, acked, status, now)
+            s.putacks.clear()
+        self._pump_puts(now)
 
     def tick(self, s: ClientSession, now: float) -> None:
         self._now = now
         s.tick(now)
         self._advance()
+        self._pump_puts(now)
 
     # ------------------------------------------------------------ over every session
 

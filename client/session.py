@@ -72,6 +72,7 @@ class ClientSession:
         self.cmap: ClusterMap | None = None
         self._map_asked = -1e9  # when we last asked for the map because a stranger spoke
         self._out: list[tuple[Addr, bytes]] = []
+        self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
         self.subs: dict[SubKey, SubState] = {}
         self.cmds = CommandBatches(session, config.cmd_retry)
         self.recv = Receiver(self.subs, self.events, config)
@@ -150,6 +151,10 @@ class ClientSession:
         """The application took one message from ``st``'s queue."""
         self.recv.consumed(st)
 
+    def queue_raw(self, datagrams: list[bytes]) -> None:
+        """Datagrams for our node that another part of the client made (durable PUTs)."""
+        self._out.extend((self.node, d) for d in datagrams)
+
     def status_request(self) -> None:
         if self.cookie is not None:
             self._out.append((self.node, wire.encode_status(self.cid, self.cookie)))
@@ -187,7 +192,9 @@ class ClientSession:
             return
         if src != self.node:
             return  # the rest is conversation with our current node
-        if ftype is T.PUBACK:
+        if ftype is T.PUTACK:
+            self.putacks.append((f[1], f[2], f[3], f[4]))
+        elif ftype is T.PUBACK:
             if self.pub.on_puback(f[1], f[2], now):
                 self.events.append(("puback", self.pub.acked))
         elif ftype is T.CMDACK:

@@ -64,6 +64,8 @@ class T(IntEnum):
     STATUS = 14
     STATUS_REPLY = 15
     MAP = 16  # c -> n: send me your cluster map (answered with REDIRECT)
+    PUT = 17  # c -> n: durable publish to one partition's log (docs/durable.md)
+    PUTACK = 18  # n -> c: [producer id, partition, acked seq, status]
 
 
 class E(IntEnum):
@@ -211,6 +213,26 @@ def encode_pub(
         + _array_header(len(packed_msgs))
         + b"".join(packed_msgs)
     )
+
+
+def encode_put(client_id: bytes, cookie: bytes, producer_id: bytes, partition: int, first_seq: int, floor: int,
+               packed_msgs: list[bytes]) -> bytes:  # fmt: skip
+    """PUT: a durable publish of messages of one partition, sequences first_seq.. of the producer
+    in that partition (each partition has its own sequences: its log de-duplicates them)."""
+    return (
+        _header(9, VERSION, T.PUT, client_id, cookie, producer_id, partition, first_seq, floor)
+        + _array_header(len(packed_msgs))
+        + b"".join(packed_msgs)
+    )
+
+
+#: PUTACK status: stored and committed on every owner; this member does not lead the partition
+#: (ask for the map, retry); too much uncommitted, retry; a gap (resend from the acknowledged point)
+PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP = 0, 1, 2, 3
+
+
+def encode_putack(producer_id: bytes, partition: int, acked_seq: int, status: int) -> bytes:
+    return pack([VERSION, T.PUTACK, producer_id, partition, acked_seq, status])
 
 
 def encode_puback(producer_id: bytes, acked_seq: int) -> bytes:
@@ -520,6 +542,27 @@ def _cmdack(f: list[Any]) -> tuple[Any, ...]:
     if any(r.__class__ is not int for r in res):
         raise WireError(E.MALFORMED, "results must be integers")
     return T.CMDACK, _uint(session, "session"), _uint(batch, "batch id"), res
+
+
+@_frame(T.PUT, 7)
+def _put(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, pid, partition, first, floor, msgs = f
+    msgs = _list(msgs, "messages")
+    if not msgs:
+        raise WireError(E.MALFORMED, "PUT carries at least one message")
+    return (
+        T.PUT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _uint(first, "first_seq"),
+        _uint(floor, "floor"), [check_message(m) for m in msgs],
+    )  # fmt: skip
+
+
+@_frame(T.PUTACK, 4)
+def _putack(f: list[Any]) -> tuple[Any, ...]:
+    _, _, pid, partition, acked, status = f
+    if status not in (PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP):
+        raise WireError(E.MALFORMED, "unknown PUTACK status")
+    return T.PUTACK, _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _uint(acked, "acked"), status
 
 
 @_frame(T.PUBACK, 2)

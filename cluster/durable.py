@@ -29,16 +29,27 @@ keeps those views (``plogs``) for the member:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cluster.events import LogRecords, LogsRead, LogWritten
+from client.wire import PUT_NOT_LEADER, encode_putack
+from cluster.events import LogRecords, LogsRead, LogWritten, Send
 from cluster.memberparts import MemberParts
 from cluster.partitionlog import Committed, LogFormatError, LogSettings, PartitionLog, PeerFrame, Reload
 from cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
+from node.actions import DurablePut
 from node.segmentlog import Record
 
 if TYPE_CHECKING:
     from cluster.links import Link
+
+
+class PutToken(NamedTuple):
+    """What a client's PUT waits for: PUTACK of ``seq`` to ``addr`` once committed."""
+
+    addr: tuple[str, int]
+    pid: bytes
+    partition: int
+    seq: int
 
 
 class Durable(MemberParts):
@@ -97,7 +108,11 @@ class Durable(MemberParts):
             if cls is PeerFrame:
                 self._log_frame(a)
             elif cls is Committed:
-                self.durable_committed.extend(a.tokens)
+                for t in a.tokens:
+                    if t.__class__ is PutToken:
+                        self._out.append(Send(t.addr, encode_putack(t.pid, t.partition, t.seq, 0)))
+                    else:
+                        self.durable_committed.append(t)
             elif cls is Reload:
                 self._log("error", "log_reload_needed", partition=a.partition)
             else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
@@ -162,6 +177,17 @@ class Durable(MemberParts):
         status, actions = self._log_for(p).put(msgs, pid, first, floor, token, wall_ms)
         self._run_log(actions)
         return status
+
+    def _on_durable_put(self, a: DurablePut) -> None:
+        """A client's PUT: acknowledged (PUTACK) once committed, or at once with why not."""
+        last = a.first + len(a.msgs) - 1
+        wall_ms = int((self.now + self.wall_offset) * 1000)
+        status = self.durable_put(a.partition, a.msgs, a.pid, a.first, a.floor,
+                                  PutToken(a.addr, a.pid, a.partition, last), wall_ms)  # fmt: skip
+        if status:
+            self._out.append(Send(a.addr, encode_putack(a.pid, a.partition, 0, status)))
+            if status == PUT_NOT_LEADER and self.broker.redirect_frame is not None:
+                self._out.append(Send(a.addr, self.broker.redirect_frame))  # (our map: where it leads)
 
     def _durable_due(self) -> None:
         for log in self.plogs.values():

@@ -95,7 +95,7 @@ from cluster.peerwire import (
 )  # fmt: skip
 from cluster.replication import PeerQueue
 from cluster.roster import Entry
-from node.core import BrokerCore, Confirm, Forward, Relay, Replicate, StatusQuery
+from node.core import BrokerCore, Confirm, DurablePut, Forward, Relay, Replicate, StatusQuery
 
 _BEAT = encode([P.BEAT])
 
@@ -276,6 +276,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                 confirms = [Send(a.addr, a.data)] if confirms is None else [*confirms, Send(a.addr, a.data)]
             elif cls is Relay:
                 self._relay(a.member, a.sends)
+            elif cls is DurablePut:
+                self._on_durable_put(a)
             else:
                 out.append(a)
         if confirms is not None:  # (after the Replicate: it comes last)

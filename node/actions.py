@@ -69,4 +69,16 @@ class Confirm(NamedTuple):
     data: bytes
 
 
-Action = Send | Log | Replicate | StatusQuery | Forward | Relay | Confirm
+class DurablePut(NamedTuple):
+    """A PUT (docs/durable.md): messages ``[topic, key, tags, payload]`` of one partition,
+    producer sequences from ``first``, for the member that keeps the partition's log."""
+
+    addr: Addr
+    pid: bytes
+    partition: int
+    first: int
+    floor: int
+    msgs: list[list[Any]]
+
+
+Action = Send | Log | Replicate | StatusQuery | Forward | Relay | Confirm | DurablePut

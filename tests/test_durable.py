@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgpack
+import trio
 
+from client.library import Client
+from cluster.clustermap import compute
+from cluster.config import load_cluster_config
 from node.segmentlog import Record, SegmentLog, encode_record
 from tests.clusterkit import LocalCluster
 from tests.polling import wait_until
@@ -37,3 +41,49 @@ def test_a_member_recovers_its_partition_logs_at_start_and_cuts_a_torn_tail(tmp_
     assert [msgpack.unpackb(r.body)[5] for r in after[1:5]] == [b"m1", b"m2", b"m3", b"m4"]  # m5 was cut
     epoch = msgpack.unpackb(after[5].body)
     assert epoch[1] == 2 and epoch[0] > 1  # an EPOCH record above the one in the log
+
+
+def _stored(tmp_path: Path, member: str, topic: str) -> list[bytes]:
+    """The payloads of ``topic`` in every partition log of ``member`` (read after it stopped)."""
+    out = []
+    for d in sorted((tmp_path / "data" / member / "log").glob("p*")):
+        for r in SegmentLog.open(d)[0].read(0, max_bytes=1 << 40, max_records=1 << 40):
+            b = msgpack.unpackb(r.body)
+            if b[1] == 0 and b[2] == topic:
+                out.append(b[5])
+    return out
+
+
+def test_durable_puts_through_the_client_are_on_both_owners_and_outlive_a_kill9_of_the_primary(
+        tmp_path: Path) -> None:  # fmt: skip
+    c = LocalCluster(tmp_path, n=3, cluster_extra='mode = "partitioned"\npartitions = 8\n')
+    c.start()
+    acked: list[int] = []
+    try:
+        wait_until(lambda: all(c.status(m)["state"] == "ready" for m in c.ids), what="ready")
+
+        async def put(lo: int, hi: int, via: str) -> None:
+            async with Client(c.addr(via)) as cl:
+                for i in range(lo, hi):
+                    await cl.put("orders", f"o{i}")
+                assert await cl.flush(30)
+                acked.extend(range(lo, hi))
+
+        trio.run(put, 0, 50, "n1")
+        owners = _owners_of(c, "orders")
+        c.kill(owners[0])  # the primary dies; its secondary takes the log over
+        trio.run(put, 50, 100, next(m for m in c.ids if m != owners[0]))
+    finally:
+        c.stop()
+    assert acked == list(range(100))
+    for m in c.ids:  # (the two left own every partition: the puts after the kill committed on both)
+        if m != owners[0]:
+            assert _stored(tmp_path, m, "orders") == [f"o{i}".encode() for i in acked], m  # once each, in order
+
+
+def _owners_of(c: LocalCluster, topic: str) -> list[str]:
+    """The owners of ``topic``'s partition in the map with every member live (what each computes)."""
+    cc = load_cluster_config(c.config)
+    members = {m.id: (m.client_addr, m.peer_addr) for m in cc.members}
+    cmap = compute(1, members, set(members), cc.settings.partitions, cc.settings.replicas)
+    return list(cmap.owners[cmap.partition(topic)])

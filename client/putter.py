@@ -1,0 +1,121 @@
+"""Durable publishes (PUT) of one client, sans-IO: a stream per partition, go-back-N, one producer id.
+
+Theory of operation (docs/durable.md). A durable message goes to the log of
+its topic's partition, kept by the partition's owners; the primary stores a
+producer's messages in a partition in the order of their sequences and refuses
+a gap, so the client numbers its puts per partition (``PutStream``) and resends
+from the first unacknowledged one: on a retry time-out, on a refusal, and when
+the partition's primary changes. Every session of the client sends under the
+same producer id, so the new primary (whose log has the old one's records)
+stores a resent message once and acknowledges it again.
+
+``frames`` packs what is due for one partition into PUT datagrams for the
+session of its primary; ``on_putack`` takes the cumulative acknowledgement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from client import wire
+from client.config import ClientConfig
+
+
+class PutStream:
+    __slots__ = ("next_seq", "acked", "unacked", "unsent_from", "retry_at", "rto")
+
+    def __init__(self, rto: float) -> None:
+        self.next_seq = 1
+        self.acked = 0
+        self.unacked: deque[tuple[int, bytes]] = deque()  # (sequence, packed message)
+        self.unsent_from = 1
+        self.retry_at = math.inf
+        self.rto = rto
+
+
+class Putter:
+    def __init__(self, producer_id: bytes, config: ClientConfig) -> None:
+        self.pid = producer_id
+        self.cfg = config
+        self.streams: dict[int, PutStream] = {}
+
+    def put(self, p: int, packed: bytes) -> int:
+        """Queue a packed message for partition ``p``; returns its sequence there."""
+        st = self.streams.get(p)
+        if st is None:
+            st = self.streams[p] = PutStream(self.cfg.pub_retry)
+        seq = st.next_seq
+        st.next_seq += 1
+        st.unacked.append((seq, packed))
+        return seq
+
+    def window_full(self, p: int) -> bool:
+        st = self.streams.get(p)
+        return st is not None and len(st.unacked) >= self.cfg.pub_window
+
+    def due(self, p: int, now: float) -> bool:
+        st = self.streams[p]
+        return bool(st.unacked) and (st.unsent_from < st.next_seq or now >= st.retry_at)
+
+    def frames(self, p: int, cid: bytes, cookie: bytes, max_datagram: int, now: float) -> list[bytes]:
+        """PUT datagrams of what is due for partition ``p``: the unsent part, or everything
+        unacknowledged once the retry time-out passed (go-back-N)."""
+        st = self.streams[p]
+        if not st.unacked:
+            return []
+        if now >= st.retry_at:
+            st.unsent_from = st.unacked[0][0]
+            st.rto = min(st.rto * 2, self.cfg.pub_retry_max)
+        out: list[bytes] = []
+        batch: list[bytes] = []
+        size, first = 0, st.unsent_from
+        floor = st.acked + 1
+        budget = max_datagram - wire.FRAME_OVERHEAD
+        for seq, packed in st.unacked:
+            if seq < st.unsent_from:
+                continue
+            if batch and size + len(packed) > budget:
+                out.append(wire.encode_put(cid, cookie, self.pid, p, first, floor, batch))
+                batch, size, first = [], 0, seq
+            batch.append(packed)
+            size += len(packed)
+        if batch:
+            out.append(wire.encode_put(cid, cookie, self.pid, p, first, floor, batch))
+        st.unsent_from = st.next_seq
+        st.retry_at = now + st.rto
+        return out
+
+    def on_putack(self, pid: bytes, p: int, acked: int, status: int, now: float) -> bool:
+        """Take a PUTACK; True if it acknowledged something new."""
+        st = self.streams.get(p)
+        if pid != self.pid or st is None:
+            return False
+        if status != wire.PUT_OK:  # (not the leader, busy or a gap: resend from the acknowledged point soon)
+            st.retry_at = min(st.retry_at, now + self.cfg.pub_retry)
+            return False
+        acked = min(acked, st.next_seq - 1)
+        if acked <= st.acked:
+            return False
+        st.acked = acked
+        while st.unacked and st.unacked[0][0] <= acked:
+            st.unacked.popleft()
+        st.unsent_from = max(st.unsent_from, acked + 1)
+        st.rto = self.cfg.pub_retry
+        st.retry_at = now + st.rto if st.unacked else math.inf
+        return True
+
+    def moved(self, p: int) -> None:
+        """The partition's primary changed: send everything unacknowledged to the new one."""
+        st = self.streams.get(p)
+        if st is not None and st.unacked:
+            st.unsent_from = st.unacked[0][0]
+
+    def marks(self) -> dict[int, int]:
+        return {p: st.next_seq - 1 for p, st in self.streams.items()}
+
+    def flushed(self, marks: dict[int, int]) -> bool:
+        return all(self.streams[p].acked >= seq for p, seq in marks.items())
+
+    def next_deadline(self) -> float:
+        return min((st.retry_at for st in self.streams.values() if st.unacked), default=math.inf)
