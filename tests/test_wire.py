@@ -48,6 +48,9 @@ EVERY_FRAME = {
     T.STATUS_REPLY: (wire.encode_status_reply({"node": "n1", "subscriptions": 3}),
                      (T.STATUS_REPLY, {"node": "n1", "subscriptions": 3})),
     T.MAP: (wire.encode_map_request(CID, COOKIE), (T.MAP, CID, COOKIE)),
+    T.PUT: (wire.encode_put(CID, COOKIE, PID, 7, 5, 3, [M]),
+            (T.PUT, CID, COOKIE, PID, 7, 5, 3, [("t", "k", {"a": "b"}, b"\x00payload")])),
+    T.PUTACK: (wire.encode_putack(PID, 7, 5, wire.PUT_GAP), (T.PUTACK, PID, 7, 5, wire.PUT_GAP)),
 }  # fmt: skip
 
 
