@@ -21,6 +21,15 @@ def add_client_commands(sub: Any) -> None:
     _common(p)
     p.set_defaults(func=cmd_pub)
 
+    pt = sub.add_parser("put", help="publish messages durably: each is on disk on both owners of its "
+                        "partition before it is acknowledged (a partitioned cluster; docs/durable.md)")
+    pt.add_argument("topic")
+    pt.add_argument("message", nargs="?", help="payload; {n} becomes 0..N-1; stdin lines if absent")
+    pt.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
+    pt.add_argument("--key", default=None, metavar="K")
+    pt.add_argument("--count", type=int, default=None, metavar="N")
+    pt.set_defaults(func=cmd_put)
+
     s = sub.add_parser("sub", help="subscribe and print each payload on its own line")
     s.add_argument("topic")
     _common(s)
@@ -48,23 +57,38 @@ def _node(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def cmd_pub(args: argparse.Namespace) -> int:
+def _payloads(args: argparse.Namespace, command: str) -> Any:
+    """The payloads of ``roost pub``/``put``: MESSAGE (``{n}`` numbered) ``--count`` times, or stdin lines."""
     count = 1 if args.count is None else args.count
     if count < 0:
-        raise SystemExit("roost pub: --count must be >= 0")
-    templates = [args.message] if args.message is not None else (
-        line.rstrip("\n") for line in sys.stdin
-    )
+        raise SystemExit(f"roost {command}: --count must be >= 0")
+    templates = [args.message] if args.message is not None else (line.rstrip("\n") for line in sys.stdin)
+    return ((t.replace("{n}", str(n)) if "{n}" in t else t).encode() for t in templates for n in range(count))
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    payloads = _payloads(args, "pub")
 
     async def main() -> int:
         async with Client(_node(args.node), config=ClientConfig()) as c:
-            for template in templates:
-                many = "{n}" in template
-                for n in range(count):
-                    text = template.replace("{n}", str(n)) if many else template
-                    await c.publish(args.topic, text.encode(), key=args.key, mode=args.mode)
+            for payload in payloads:
+                await c.publish(args.topic, payload, key=args.key, mode=args.mode)
             if args.mode == "reliable" and not await c.flush():
                 raise NodeLost("node lost before acknowledging every publish")
+        return 0
+
+    return _run(main)
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    payloads = _payloads(args, "put")
+
+    async def main() -> int:
+        async with Client(_node(args.node), config=ClientConfig()) as c:
+            for payload in payloads:
+                await c.put(args.topic, payload, key=args.key)
+            if not await c.flush():
+                raise NodeLost("node lost before acknowledging every put")
         return 0
 
     return _run(main)

@@ -239,8 +239,13 @@ class Joining(MemberParts):
         # (until every member has moved its map, some may still send us publishes to deliver; and
         # one out of reach may know nothing of our roster: a JOIN and our LEAVE taken where only
         # we and the joiner were, whom it refuses as unknown. We tell it when our link is up)
-        if any(v.committed != self.committed for p, v in self.membership.peers.items()
-               if (v.state == "ready" or p not in self.told) and not self._gone(p)) \
+        # (a config member that committed our roster passes it on to the rest: then one that is
+        # down need not hear it from us, or any leave would wait leave_timeout; review)
+        peers = self.membership.peers
+        relayed = any(v.state == "ready" and v.committed == self.committed and p in self.roster.base_index
+                      for p, v in peers.items() if not self._gone(p))  # fmt: skip
+        if any(v.committed != self.committed for p, v in peers.items()
+               if (v.state == "ready" or (p not in self.told and not relayed)) and not self._gone(p)) \
                 and self.now < self.leave_by:  # fmt: skip
             return
         held = sum(len(c.mailbox) for c in self.broker.clients.values() if c.mailbox is not None)

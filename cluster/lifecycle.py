@@ -210,9 +210,9 @@ class Lifecycle(MemberParts):
     def _fatal(self, why: str) -> None:
         """This member must not run (it never served: nothing to write or hand over)."""
         self._log("error", "cannot_run", reason=why)
+        self.phase = "stopped"  # (first: closing a link while syncing could make us ready and serve)
         for link in list(self.links.values()):
             self._close(link, "cannot run")
-        self.phase = "stopped"
         self._out.append(Exit(why))
 
     def _drain(self) -> None:

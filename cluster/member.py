@@ -413,14 +413,15 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                     if link.up:
                         self._link_up(link)
         except ShapeMismatch as exc:
-            self._log("warning", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
-            if not link.outbound:  # (the dialler learns why, and stops if it is the one not ready; it
-                # closes the link, or the handshake deadline does: a Close now could cut the answer)
+            # Logged as an error for the operator, and nothing more: the shape and REFUSED come before
+            # authentication, so acting on them would let anyone who reaches the peer port stop a
+            # member (review, 2026-11-24), and which of the two configs is wrong cannot be told here.
+            self._log("error", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
+            if not link.outbound:  # (the dialler learns why; it closes the link, or the handshake
+                # deadline does: a Close now could cut the answer)
                 self._frame(lid, encode([P.REFUSED, str(exc)[:300]]))
             else:
                 self._close(link, "[cluster] shape differs")
-            if self.phase in ("starting", "syncing"):
-                self._fatal(f"{exc}; stopping, since this member is not ready yet (its config is the odd one)")
         except PeerProtocolError as exc:
             self._log("warning", "peer_refused" if not link.up else "peer_protocol_error",
                       peer=link.peer, remote=link.remote or None, reason=str(exc)[:200])  # fmt: skip

@@ -62,7 +62,7 @@ class Partitioned(MemberParts):
         self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         # Reliable messages with no live owner in our map (a leaver that hears no placed member):
-        # kept unacknowledged and routed again every heartbeat (review, 2026-11-24: they were
+        # kept unacknowledged and routed again at the next map change (review, 2026-11-24: they were
         # delivered here, to nobody, and acknowledged)
         self.unrouted: list[Any] = []
         self._placed = self.roster.members()  # (the committed roster: cluster/joining.py)
@@ -285,7 +285,6 @@ class Partitioned(MemberParts):
         for q in self.fwd.values():
             if q.parked:
                 self._reroute(q.take(everything=False))
-        self._route_unrouted()
 
     def _route_unrouted(self) -> None:
         if self.unrouted:

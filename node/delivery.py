@@ -40,7 +40,8 @@ _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
 #: Forwarded reliable messages remembered by (producer id, sequence) to drop a resend, at most
 #: (well over what a sender can have in flight to us when its link drops: 8 frames of 256 per
 #: peer), and for at most producer_timeout (as a member forgets a silent producer).
-FORWARDS_REMEMBERED = 65536
+FORWARDS_REMEMBERED = 1 << 18  # (about 2.6 s of forwards at 100,000 msgs/s: past a link's resend)
+FORWARD_MEMORY_MIN = 5.0  # s: forgetting a younger one is counted (forward_memory_short)
 
 
 class Delivery(Registers):
@@ -215,11 +216,12 @@ class Delivery(Registers):
     def _deliver_forwarded(self, msgs: list[Any], ours: bool) -> list[int]:
         """Messages another member forwarded to us, or (``ours``) our own to route
         again after the map changed. Ours go to the primary of the new map (or
-        are delivered here if that is us, or if no owner is live). Another
+        are delivered here if that is us). Another
         member's are delivered here if we own the partition (its primary or, when
         the maps differ for a moment, its secondary); with no owner live in our map
-        (a leaver cut off) ours wait unacknowledged (``Forward`` to ""), and a
-        peer's are refused; the others are refused, by
+        (a leaver cut off) ours wait unacknowledged (``Forward`` to "", routed
+        again at the next map change), and a peer's are refused; the others are
+        refused, by
         index, and stay with the sender until its map or ours changes: a member
         takes responsibility (FWDACK) only for what it delivered, so no message
         rests with a member that is neither its acceptor nor its owner (review
@@ -265,8 +267,10 @@ class Delivery(Registers):
         order, seen = self._fwd_order, self._fwd_seen
         horizon = now - self.cfg.producer_timeout
         while order and (len(order) >= FORWARDS_REMEMBERED or order[0][0] <= horizon):
-            _, pid, seq = order.popleft()
+            at, pid, seq = order.popleft()
             seen.discard((pid, seq))
+            if at > now - FORWARD_MEMORY_MIN:  # (a resend after this could be published twice)
+                self.metrics["forward_memory_short"] += 1
 
     def _overflow(self, c: ClientState) -> None:
         """Mailbox full: cancel every reliable subscription of this client."""

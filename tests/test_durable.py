@@ -11,7 +11,7 @@ from client.library import Client
 from cluster.clustermap import compute
 from cluster.config import load_cluster_config
 from node.segmentlog import Record, SegmentLog, encode_record
-from tests.clusterkit import LocalCluster
+from tests.clusterkit import LocalCluster, roost
 from tests.polling import wait_until
 
 
@@ -87,3 +87,26 @@ def _owners_of(c: LocalCluster, topic: str) -> list[str]:
     members = {m.id: (m.client_addr, m.peer_addr) for m in cc.members}
     cmap = compute(1, members, set(members), cc.settings.partitions, cc.settings.replicas)
     return list(cmap.owners[cmap.partition(topic)])
+
+
+def test_roost_put_stores_durably_and_says_why_not_without_a_partitioned_cluster(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, n=2, cluster_extra='mode = "partitioned"\npartitions = 4\n')
+    c.start()
+    try:
+        wait_until(lambda: all(c.status(m)["state"] == "ready" for m in c.ids), what="ready")
+        r = roost("put", "audit", "e{n}", "--count", "5", "--node", c.addr("n2"))
+        assert r.returncode == 0, r.stderr
+        r = roost("put", "audit", "--node", c.addr("n1"), input="x\ny\n")
+        assert r.returncode == 0, r.stderr
+    finally:
+        c.stop()
+    assert _stored(tmp_path, "n1", "audit") == [b"e0", b"e1", b"e2", b"e3", b"e4", b"x", b"y"]
+    assert _stored(tmp_path, "n2", "audit") == _stored(tmp_path, "n1", "audit")
+    (tmp_path / "replicated").mkdir()
+    plain = LocalCluster(tmp_path / "replicated", n=1)  # (a replicated cluster: no map, no partition logs)
+    plain.start()
+    try:
+        r = roost("put", "audit", "x", "--node", plain.addr("n1"))
+        assert r.returncode != 0 and "durable publishes need a partitioned cluster" in r.stderr, r.stderr
+    finally:
+        plain.stop()

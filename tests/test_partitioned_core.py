@@ -522,7 +522,7 @@ def test_a_leaver_that_hears_no_owner_keeps_a_publish_unacknowledged_until_one_i
     out = core.handle(Datagrams([(pub, pb.addr)]), now)
     assert [f for f in frames_to(out, pb.addr) if f[0] is T.PUBACK and f[2] >= 1] == []
     assert [m[3] for m in core.unrouted] == [b"x"]
-    for i in range(1, 10):  # (routed again every heartbeat, still with no owner)
+    for i in range(1, 10):  # (heartbeats go by: still unacknowledged, still kept)
         out = core.handle(Tick(), now + 0.2 * i)
         assert [f for f in frames_to(out, pb.addr) if f[0] is T.PUBACK and f[2] >= 1] == []
     assert [m[3] for m in core.unrouted] == [b"x"]

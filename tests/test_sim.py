@@ -605,3 +605,15 @@ def test_a_gain_pull_that_ends_after_a_commit_counts_for_nothing():
     core.pull_ok = set(core.peers)
     core._gain_pull_finished()
     assert core.pulled == set(theirs)
+
+
+def test_a_leave_does_not_wait_leave_timeout_because_a_member_is_down():
+    """Review, 2026-11-24: a leaver waited for every peer it had not told its roster, and a member
+    that is down is never told, so any leave took the whole leave_timeout (30 s)."""
+    sim = Simulation(15, members=4, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    assert sim.run_until(2.0)
+    sim.crash("m1")
+    assert sim.run_until(5.0)
+    sim.leave(0.0, victim="m3")
+    assert sim.run_until(12.0)
+    assert sim.members["m3"].core is None and "m3" in sim.left  # (stopped within 7 s, not 30)
