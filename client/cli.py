@@ -30,6 +30,19 @@ def add_client_commands(sub: Any) -> None:
     pt.add_argument("--count", type=int, default=None, metavar="N")
     pt.set_defaults(func=cmd_put)
 
+    g = sub.add_parser("get", help="read a durable subscription: print each payload on its own line, then "
+                       "move its cursor past them (docs/durable.md)")
+    g.add_argument("topic")
+    g.add_argument("--durable", required=True, metavar="NAME", help="the durable subscription's name")
+    g.add_argument("--client", default="default", metavar="C", help="whose subscription it is (default: default)")
+    g.add_argument("--count", type=int, default=1, metavar="N", help="messages to read (default 1)")
+    g.add_argument("--start", default="earliest", metavar="WHERE",
+                   help="where a new subscription begins: earliest (default), latest, or an offset")
+    g.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="give up waiting after S seconds (default 10; non-zero exit with fewer than N)")
+    g.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
+    g.set_defaults(func=cmd_get)
+
     s = sub.add_parser("sub", help="subscribe and print each payload on its own line")
     s.add_argument("topic")
     _common(s)
@@ -89,6 +102,34 @@ def cmd_put(args: argparse.Namespace) -> int:
                 await c.put(args.topic, payload, key=args.key)
             if not await c.flush():
                 raise NodeLost("node lost before acknowledging every put")
+        return 0
+
+    return _run(main)
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    if args.count < 1 or args.timeout <= 0:
+        raise SystemExit("roost get: --count must be >= 1 and --timeout > 0")
+    start: str | int = args.start
+    if args.start not in ("earliest", "latest"):
+        if not args.start.isdigit():
+            raise SystemExit(f"roost get: --start must be earliest, latest or an offset, not {args.start!r}")
+        start = int(args.start)
+
+    async def main() -> int:
+        out = sys.stdout.buffer
+        async with Client(_node(args.node)) as c:
+            got = await c.get(args.topic, args.durable, args.count, start=start, timeout=args.timeout,
+                              client=args.client)  # fmt: skip
+            for m in got:
+                out.write(m.payload + b"\n")
+            out.flush()
+            if got and not await c.commit(args.topic, args.durable, client=args.client):
+                raise NodeLost("the cursor could not be committed: the next get repeats these")
+        if len(got) < args.count:
+            print(f"roost get: timed out after {args.timeout} s with {len(got)} of {args.count} messages",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         return 0
 
     return _run(main)

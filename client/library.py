@@ -17,6 +17,8 @@ sleep on a single "something changed" event.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import os
 import socket
@@ -27,10 +29,11 @@ from typing import Any
 
 import trio
 
+from client import wire
 from client.router import Router
 from client.session import ClientConfig, ClientSession, Message, SubState
 from client.udp import drain
-from client.wire import MODE_NAMES, Reason
+from client.wire import MODE_NAMES, Reason, T
 
 Addr = tuple[str, int]
 
@@ -46,6 +49,26 @@ def _addr(node: Addr | str) -> Addr:
         host, _, port = node.rpartition(":")
         return (host or "127.0.0.1", int(port))
     return node
+
+
+def durable_id(client: str) -> bytes:
+    """The 16-byte id of a durable subscriber named ``client``: the same in every process."""
+    return hashlib.blake2b(client.encode(), digest_size=16, person=b"roost.durable").digest()
+
+
+def _start(start: str | int) -> tuple[int, int]:
+    if start == "earliest":
+        return wire.START_EARLIEST, 0
+    if start == "latest":
+        return wire.START_LATEST, 0
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
+        return wire.START_OFFSET, start
+    raise ValueError(f"start must be 'earliest', 'latest' or an offset >= 0, not {start!r}")
+
+
+def _get_frame(did: bytes, name: str, topic: str, p: int, kind: int, at: int, most: int, since: int,
+               s: ClientSession) -> bytes:  # fmt: skip
+    return wire.encode_get(s.cid, s.cookie or b"", did, name, topic, p, kind, at, most, since)
 
 
 def _mode(mode: str) -> int:
@@ -89,6 +112,7 @@ class Client:
         self.send_errors = 0
         self.session_errors = 0  # datagrams the session failed on (a bug; the client carries on)
         self.last_session_error: Exception | None = None
+        self._read_to: dict[tuple[str, str, str], int] = {}  # durable (client, name, topic) -> offset read to
 
     @property
     def session(self) -> ClientSession:
@@ -280,6 +304,93 @@ class Client:
             if r.putter.streams[p].acked < seq:
                 raise NodeLost("node lost before acknowledging the put")
         return p, seq
+
+    async def get(self, topic: str, durable: str, count: int = 1, *, start: str | int = "earliest",
+                  timeout: float | None = None, client: str = "default") -> list[Message]:  # fmt: skip
+        """Read up to ``count`` messages of ``topic`` from durable subscription ``durable`` (docs/durable.md).
+
+        The subscription, named by (``client``, ``durable``), lives on the cluster: its cursor is
+        the first offset not yet committed; it is made at ``start`` ("earliest", "latest" or an
+        offset) the first time. Messages come with their log offset as ``sequence``, each once
+        per call; call :meth:`commit` once they are processed, or the next reader gets them again.
+        Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
+        r = self.router
+        await self._need_map()
+        assert r.cmap is not None
+        p = r.cmap.partition(topic)
+        kind, at = _start(start)
+        did = durable_id(client)
+        deadline = trio.current_time() + timeout if timeout is not None else math.inf
+        out: list[Message] = []
+        key = (client, durable, topic)
+        nxt = self._read_to.get(key, 0)
+        while len(out) < count:
+            ask = functools.partial(_get_frame, did, durable, topic, p, kind, at, count - len(out), nxt)
+            f = await self._durable_ask(topic, T.RECORDS, durable, p, deadline, ask)
+            if f is None:
+                break
+            for offset, _ms, t, k, tags, payload in f[6]:
+                if offset >= nxt:  # (a record given before and not committed yet comes again: dropped)
+                    out.append(Message(t, k, tags, payload, offset))
+            nxt = max(nxt, f[4])
+            self._read_to[key] = nxt
+            if not f[6] and len(out) < count:
+                with trio.move_on_at(deadline):
+                    await trio.sleep(self.config.pub_retry)  # (nothing new yet: ask again)
+                if trio.current_time() >= deadline:
+                    break
+        return out
+
+    async def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
+        """Move the cursor of durable subscription (``client``, ``durable``) past everything
+        :meth:`get` returned; True once that is on disk on the partition's owners."""
+        r = self.router
+        await self._need_map()
+        assert r.cmap is not None
+        p = r.cmap.partition(topic)
+        nxt = self._read_to.get((client, durable, topic))
+        if nxt is None:
+            return True
+        did = durable_id(client)
+        f = await self._durable_ask(topic, T.COMMITTED, durable, p, trio.current_time() + timeout,
+                                    lambda s: wire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
+        return f is not None and f[3] >= nxt
+
+    async def _need_map(self) -> None:
+        r = self.router
+        if r.cmap is None:
+            self._kick()
+            await self._until(lambda: r.cmap is not None or r.lost, trio.current_time() + self.config.node_timeout)
+            if r.cmap is None:
+                raise NodeLost("no cluster map from the node: durable mode needs a partitioned cluster")
+
+    async def _durable_ask(self, topic: str, want: Any, name: str, p: int, deadline: float,
+                           make: Any) -> tuple[Any, ...] | None:  # fmt: skip
+        """Send a durable request to the partition's primary until its answer comes (OK), or
+        the deadline; it goes again (maybe to another primary) on a time-out or a refusal."""
+        r = self.router
+        while trio.current_time() < deadline:
+            s = r.session_for(topic)
+            if s.cookie is None:
+                self._kick()
+                await self._until(lambda s=s: s.cookie is not None or r.lost, min(deadline, trio.current_time() + 1))
+                if r.lost:
+                    raise NodeLost("node lost")
+                continue
+            s.durable_replies.clear()
+            s.queue_raw([make(s)])
+            self._kick()
+
+            def answered(s: ClientSession = s) -> bool:
+                return any(f[0] is want and f[1] == name and f[2] == p for f in s.durable_replies)
+
+            await self._until(answered, min(deadline, trio.current_time() + self.config.pub_retry * 5))
+            got = next((f for f in s.durable_replies if f[0] is want and f[1] == name and f[2] == p), None)
+            if got is not None and got[-2 if want is T.RECORDS else -1] == 0:
+                return got
+            with trio.move_on_at(deadline):
+                await trio.sleep(self.config.pub_retry)  # (refused: not the leader yet, or busy)
+        return None
 
     async def flush(self, timeout: float = math.inf) -> bool:
         """Wait until every reliable publish, every durable put and every command so far is

@@ -73,6 +73,7 @@ class ClientSession:
         self._map_asked = -1e9  # when we last asked for the map because a stranger spoke
         self._out: list[tuple[Addr, bytes]] = []
         self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
+        self.durable_replies: list[tuple[Any, ...]] = []  # RECORDS and COMMITTED for the library's get
         self.subs: dict[SubKey, SubState] = {}
         self.cmds = CommandBatches(session, config.cmd_retry)
         self.recv = Receiver(self.subs, self.events, config)
@@ -194,6 +195,9 @@ class ClientSession:
             return  # the rest is conversation with our current node
         if ftype is T.PUTACK:
             self.putacks.append((f[1], f[2], f[3], f[4]))
+        elif ftype is T.RECORDS or ftype is T.COMMITTED:
+            if len(self.durable_replies) < 64:  # (nobody may fill our memory with answers)
+                self.durable_replies.append(f)
         elif ftype is T.PUBACK:
             if self.pub.on_puback(f[1], f[2], now):
                 self.events.append(("puback", self.pub.acked))

@@ -66,6 +66,10 @@ class T(IntEnum):
     MAP = 16  # c -> n: send me your cluster map (answered with REDIRECT)
     PUT = 17  # c -> n: durable publish to one partition's log (docs/durable.md)
     PUTACK = 18  # n -> c: [producer id, partition, acked seq, status]
+    GET = 19  # c -> n: read a durable subscription's records from its cursor
+    RECORDS = 20  # n -> c: [name, partition, cursor, scanned to, status, records]
+    COMMIT = 21  # c -> n: move a durable subscription's cursor
+    COMMITTED = 22  # n -> c: [name, partition, cursor, status]
 
 
 class E(IntEnum):
@@ -233,6 +237,34 @@ PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP = 0, 1, 2, 3
 
 def encode_putack(producer_id: bytes, partition: int, acked_seq: int, status: int) -> bytes:
     return pack([VERSION, T.PUTACK, producer_id, partition, acked_seq, status])
+
+
+#: Where a durable subscription begins when its cursor does not exist yet (GET ``start``)
+START_EARLIEST, START_LATEST, START_OFFSET, START_TIME = 0, 1, 2, 3
+
+
+def encode_get(client_id: bytes, cookie: bytes, durable_id: bytes, name: str, topic: str, partition: int,
+               start: int, start_at: int, max_records: int, read_from: int = 0) -> bytes:  # fmt: skip
+    """GET: the records of ``topic`` from the cursor of durable subscription (durable_id, name), or
+    from ``read_from`` if that is later (what this reader was given and has not committed yet)."""
+    return pack([VERSION, T.GET, client_id, cookie, durable_id, name, topic, partition, start, start_at, max_records,
+                 read_from])  # fmt: skip
+
+
+def encode_records(name: str, partition: int, cursor: int, scanned: int, status: int,
+                   records: list[list[Any]]) -> bytes:  # fmt: skip
+    """RECORDS: ``[[offset, time ms, topic, key, tags, payload], ...]``; ``scanned``: the offset after the
+    last record looked at (records of other topics of the partition are skipped)."""
+    return pack([VERSION, T.RECORDS, name, partition, cursor, scanned, status, records])
+
+
+def encode_commit(client_id: bytes, cookie: bytes, durable_id: bytes, name: str, topic: str, partition: int,
+                  offset: int) -> bytes:  # fmt: skip
+    return pack([VERSION, T.COMMIT, client_id, cookie, durable_id, name, topic, partition, offset])
+
+
+def encode_committed(name: str, partition: int, offset: int, status: int) -> bytes:
+    return pack([VERSION, T.COMMITTED, name, partition, offset, status])
 
 
 def encode_puback(producer_id: bytes, acked_seq: int) -> bytes:
@@ -563,6 +595,48 @@ def _putack(f: list[Any]) -> tuple[Any, ...]:
     if status not in (PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP):
         raise WireError(E.MALFORMED, "unknown PUTACK status")
     return T.PUTACK, _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _uint(acked, "acked"), status
+
+
+@_frame(T.GET, 10)
+def _get(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, did, name, topic, partition, start, start_at, most, read_from = f
+    if start not in (START_EARLIEST, START_LATEST, START_OFFSET, START_TIME):
+        raise WireError(E.MALFORMED, "unknown GET start")
+    return (
+        T.GET, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        _bytes(did, ID_LEN, "durable id"), _str(name, "durable name", 64), check_topic(topic),
+        _uint(partition, "partition"), start, _uint(start_at, "start offset or time"),
+        max(1, min(_uint(most, "max records"), 10_000)), _uint(read_from, "read from"),
+    )  # fmt: skip
+
+
+@_frame(T.RECORDS, 6)
+def _records(f: list[Any]) -> tuple[Any, ...]:
+    _, _, name, partition, cursor, scanned, status, recs = f
+    out = []
+    for r in _list(recs, "records"):
+        if r.__class__ is not list or len(r) != 6:
+            raise WireError(E.MALFORMED, "a record is [offset, time ms, topic, key, tags, payload]")
+        out.append((_uint(r[0], "offset"), _uint(r[1], "time"), *check_message(r[2:])))
+    return (T.RECORDS, _str(name, "durable name", 64), _uint(partition, "partition"), _uint(cursor, "cursor"),
+            _uint(scanned, "scanned"), _uint(status, "status"), out)  # fmt: skip
+
+
+@_frame(T.COMMIT, 7)
+def _commit(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, did, name, topic, partition, offset = f
+    return (
+        T.COMMIT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        _bytes(did, ID_LEN, "durable id"), _str(name, "durable name", 64), check_topic(topic),
+        _uint(partition, "partition"), _uint(offset, "offset"),
+    )  # fmt: skip
+
+
+@_frame(T.COMMITTED, 4)
+def _committed(f: list[Any]) -> tuple[Any, ...]:
+    _, _, name, partition, offset, status = f
+    return (T.COMMITTED, _str(name, "durable name", 64), _uint(partition, "partition"), _uint(offset, "offset"),
+            _uint(status, "status"))  # fmt: skip
 
 
 @_frame(T.PUBACK, 2)

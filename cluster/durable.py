@@ -31,12 +31,33 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from client.wire import PUT_NOT_LEADER, encode_putack
+import msgpack
+
+from client.wire import (
+    PUT_BUSY,
+    PUT_NOT_LEADER,
+    START_EARLIEST,
+    START_LATEST,
+    START_OFFSET,
+    encode_committed,
+    encode_putack,
+    encode_records,
+)
 from cluster.events import LogRecords, LogsRead, LogWritten, Send
 from cluster.memberparts import MemberParts
-from cluster.partitionlog import Committed, LogFormatError, LogSettings, PartitionLog, PeerFrame, Reload
+from cluster.partitionlog import (
+    LEADING,
+    MESSAGE,
+    Committed,
+    LogFormatError,
+    LogSettings,
+    PartitionLog,
+    PeerFrame,
+    ReadDone,
+    Reload,
+)
 from cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
-from node.actions import DurablePut
+from node.actions import DurableCommit, DurableGet, DurablePut
 from node.segmentlog import Record
 
 if TYPE_CHECKING:
@@ -50,6 +71,21 @@ class PutToken(NamedTuple):
     pid: bytes
     partition: int
     seq: int
+
+
+class CursorToken(NamedTuple):
+    """What a client's COMMIT waits for: COMMITTED of ``offset`` to ``addr`` once durable."""
+
+    addr: tuple[str, int]
+    name: str
+    partition: int
+    offset: int
+
+
+def cursor_key(name: str, topic: str) -> str:
+    """A durable subscription's cursor is per (client, name) and topic: two topics of one partition
+    under one name keep apart."""
+    return f"{name}\0{topic}"
 
 
 class Durable(MemberParts):
@@ -111,8 +147,12 @@ class Durable(MemberParts):
                 for t in a.tokens:
                     if t.__class__ is PutToken:
                         self._out.append(Send(t.addr, encode_putack(t.pid, t.partition, t.seq, 0)))
+                    elif t.__class__ is CursorToken:
+                        self._out.append(Send(t.addr, encode_committed(t.name, t.partition, t.offset, 0)))
                     else:
                         self.durable_committed.append(t)
+            elif cls is ReadDone:
+                self._answer_get(a.token, a.records)
             elif cls is Reload:
                 self._log("error", "log_reload_needed", partition=a.partition)
             else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
@@ -181,13 +221,76 @@ class Durable(MemberParts):
     def _on_durable_put(self, a: DurablePut) -> None:
         """A client's PUT: acknowledged (PUTACK) once committed, or at once with why not."""
         last = a.first + len(a.msgs) - 1
-        wall_ms = int((self.now + self.wall_offset) * 1000)
         status = self.durable_put(a.partition, a.msgs, a.pid, a.first, a.floor,
-                                  PutToken(a.addr, a.pid, a.partition, last), wall_ms)  # fmt: skip
+                                  PutToken(a.addr, a.pid, a.partition, last), self._wall_ms())  # fmt: skip
         if status:
             self._out.append(Send(a.addr, encode_putack(a.pid, a.partition, 0, status)))
             if status == PUT_NOT_LEADER and self.broker.redirect_frame is not None:
                 self._out.append(Send(a.addr, self.broker.redirect_frame))  # (our map: where it leads)
+
+    def _leading(self, p: int, addr: tuple[str, int]) -> PartitionLog | None:
+        """The log of ``p`` if we lead it; else None, and the client hears where to go."""
+        log = self._log_for(p) if self.logs_ready and self.ready else None
+        if log is not None and log.role == LEADING:
+            return log
+        if self.broker.redirect_frame is not None:
+            self._out.append(Send(addr, self.broker.redirect_frame))
+        return None
+
+    def _on_durable_get(self, a: DurableGet) -> None:
+        """A GET: committed records of the topic from the subscription's cursor (made at ``start``
+        if it does not exist yet). Records of the partition's other topics are skipped."""
+        log = self._leading(a.partition, a.addr)
+        if log is None:
+            self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_NOT_LEADER, [])))
+            return
+        key = (a.did, cursor_key(a.name, a.topic))
+        cursor = log.state.cursors.get(key)
+        if cursor is None:  # (a new durable subscription: its cursor is written first, then read from)
+            cursor = {START_EARLIEST: log.start, START_LATEST: log.commit,
+                      START_OFFSET: min(max(a.start_at, log.start), log.commit)}.get(a.start)  # fmt: skip
+            if cursor is None:
+                cursor = log.first_at(a.start_at)
+            status, actions = log.commit_cursor(key[0], key[1], cursor, None, self._wall_ms())
+            self._run_log(actions)
+            if status:
+                self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_BUSY, [])))
+                return
+        cursor = max(cursor, min(a.read_from, log.commit))  # (what this reader holds uncommitted: not again)
+        token = ("get", a.addr, a.name, a.topic, a.partition, cursor, a.most)
+        records, actions = log.read_committed(cursor, self.log_settings.fetch_records, token)
+        self._run_log(actions)
+        if records is not None:
+            self._answer_get(token, records)
+
+    def _answer_get(self, token: Any, records: list[Record]) -> None:
+        _, addr, name, topic, p, cursor, most = token
+        out: list[list[Any]] = []
+        scanned = cursor
+        for r in records:
+            b = msgpack.unpackb(r.body, raw=False)
+            if len(out) >= most:
+                break
+            scanned = r.offset + 1
+            if b[1] == MESSAGE and b[2] == topic:
+                out.append([r.offset, r.time_ms, b[2], b[3], b[4], b[5]])
+        self._out.append(Send(addr, encode_records(name, p, cursor, scanned, 0, out)))
+
+    def _on_durable_commit(self, a: DurableCommit) -> None:
+        """A COMMIT: the cursor moves (never back); COMMITTED once that is durable."""
+        log = self._leading(a.partition, a.addr)
+        if log is None:
+            self._out.append(Send(a.addr, encode_committed(a.name, a.partition, a.offset, PUT_NOT_LEADER)))
+            return
+        offset = min(a.offset, log.commit)  # (nothing past what a reader can have been given)
+        token = CursorToken(a.addr, a.name, a.partition, offset)
+        status, actions = log.commit_cursor(a.did, cursor_key(a.name, a.topic), offset, token, self._wall_ms())
+        self._run_log(actions)
+        if status:
+            self._out.append(Send(a.addr, encode_committed(a.name, a.partition, offset, PUT_BUSY)))
+
+    def _wall_ms(self) -> int:
+        return int((self.now + self.wall_offset) * 1000)
 
     def _durable_due(self) -> None:
         for log in self.plogs.values():

@@ -95,7 +95,7 @@ from cluster.peerwire import (
 )  # fmt: skip
 from cluster.replication import PeerQueue
 from cluster.roster import Entry
-from node.core import BrokerCore, Confirm, DurablePut, Forward, Relay, Replicate, StatusQuery
+from node.core import BrokerCore, Confirm, DurableCommit, DurableGet, DurablePut, Forward, Relay, Replicate, StatusQuery
 
 _BEAT = encode([P.BEAT])
 
@@ -278,6 +278,10 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                 self._relay(a.member, a.sends)
             elif cls is DurablePut:
                 self._on_durable_put(a)
+            elif cls is DurableGet:
+                self._on_durable_get(a)
+            elif cls is DurableCommit:
+                self._on_durable_commit(a)
             else:
                 out.append(a)
         if confirms is not None:  # (after the Replicate: it comes last)

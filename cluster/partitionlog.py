@@ -122,7 +122,14 @@ class Reload(NamedTuple):
     partition: int
 
 
-LogAction = Append | Truncate | ResetLog | ReadLog | PeerFrame | Committed | Reload
+class ReadDone(NamedTuple):
+    """Committed records a reader asked for (``read_committed``) that had to come from disk."""
+
+    token: Any
+    records: list[Record]
+
+
+LogAction = Append | Truncate | ResetLog | ReadLog | PeerFrame | Committed | Reload | ReadDone
 
 
 class LogFormatError(ValueError):
@@ -332,7 +339,8 @@ class PartitionLog:
         if offset > self.state.cursors.get((cid, name), -1):
             body = msgpack.packb([self.epoch, CURSOR, cid, name, offset], use_bin_type=True)
             out = self._append_local([body], now_ms)
-        self.waiting.append((self.end, token))
+        if token is not None:
+            self.waiting.append((self.end, token))
         return 0, out + self._advance()
 
     def _append_local(self, bodies: list[bytes], now_ms: int) -> list[LogAction]:
@@ -439,10 +447,33 @@ class PartitionLog:
         return out
 
     def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
-        kind, member = token
-        if kind == "fetch" and records:
-            return [self._data(member, OK, records[0].offset, records)]
-        return []
+        if token.__class__ is tuple and token[0] == "fetch":
+            return [self._data(token[1], OK, records[0].offset, records)] if records else []
+        return [ReadDone(token, [r for r in records if r.offset < self.commit])]
+
+    def read_committed(self, start: int, limit: int, token: Any) -> tuple[list[Record] | None, list[LogAction]]:
+        """Committed records from ``start`` (a durable reader's): from the cache, or (None and) a
+        ``ReadLog`` whose answer comes back as ``ReadDone(token)``."""
+        start = max(start, self.start)
+        if start >= self.commit:
+            return [], []
+        if start >= self.base_at:
+            out: list[Record] = []
+            for r, _ in self.tail:
+                if r.offset >= self.commit or len(out) >= limit:
+                    break
+                if r.offset >= start:
+                    out.append(r)
+            return out, []
+        return None, [ReadLog(self.p, start, limit, token)]
+
+    def first_at(self, time_ms: int) -> int:
+        """The first offset in the cache at or after ``time_ms`` (the start of the cache if it
+        begins later: older times are not indexed here)."""
+        for r, _ in self.tail:
+            if r.time_ms >= time_ms:
+                return r.offset
+        return self.commit
 
     def _data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
               reset: int = -1) -> PeerFrame:  # fmt: skip

@@ -81,4 +81,29 @@ class DurablePut(NamedTuple):
     msgs: list[list[Any]]
 
 
-Action = Send | Log | Replicate | StatusQuery | Forward | Relay | Confirm | DurablePut
+class DurableGet(NamedTuple):
+    """A GET: the records of ``topic`` from the cursor of durable subscription (``did``, ``name``)."""
+
+    addr: Addr
+    did: bytes
+    name: str
+    topic: str
+    partition: int
+    start: int
+    start_at: int
+    most: int
+    read_from: int
+
+
+class DurableCommit(NamedTuple):
+    """A COMMIT: the subscriber took everything of the subscription before ``offset``."""
+
+    addr: Addr
+    did: bytes
+    name: str
+    topic: str
+    partition: int
+    offset: int
+
+
+Action = Send | Log | Replicate | StatusQuery | Forward | Relay | Confirm | DurablePut | DurableGet | DurableCommit

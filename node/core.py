@@ -35,7 +35,19 @@ from typing import Any
 
 from client import wire
 from client.wire import E, T, WireError
-from node.actions import Action, Confirm, DurablePut, Forward, Log, Relay, Replicate, Send, StatusQuery
+from node.actions import (
+    Action,
+    Confirm,
+    DurableCommit,
+    DurableGet,
+    DurablePut,
+    Forward,
+    Log,
+    Relay,
+    Replicate,
+    Send,
+    StatusQuery,
+)  # fmt: skip
 from node.base import AMPLIFICATION, TIMER_LEASE, TIMER_LIVENESS, TIMER_RTO
 from node.config import NodeConfig
 from node.cookies import Addr, CookieJar
@@ -44,10 +56,10 @@ from node.registers import DIGEST_BUCKETS
 from node.sessions import Sessions
 from node.textproto import TextProtocol
 
-__all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "DurablePut", "Forward", "Log", "Relay", "Replicate",
-           "Send", "StatusQuery"]
+__all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "DurableCommit", "DurableGet", "DurablePut", "Forward",
+           "Log", "Relay", "Replicate", "Send", "StatusQuery"]
 
-_CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT)
+_CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT)
 
 
 class BrokerCore(Sessions, TextProtocol, Producers):
@@ -235,22 +247,32 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])
         elif ftype is T.PUT:
-            own = self.own
-            if own is None:
-                raise WireError(E.UNKNOWN_TYPE, "durable publishes need a member of a partitioned cluster")
-            p = f[4]
-            if p >= own.partitions:
-                raise WireError(E.MALFORMED, f"PUT for partition {p}: the cluster has {own.partitions} partitions")
-            wrong = next((m[0] for m in f[7] if own.partition(m[0]) != p), None)
-            if wrong is not None:
-                raise WireError(E.MALFORMED, f"PUT for partition {p} carries topic {wrong!r} of another partition")
-            self._out.append(DurablePut(addr, f[3], p, f[5], f[6], [list(m) for m in f[7]]))
+            for m in f[7]:
+                self._durable_partition(m[0], f[4])
+            self._out.append(DurablePut(addr, f[3], f[4], f[5], f[6], [list(m) for m in f[7]]))
+        elif ftype is T.GET:
+            self._durable_partition(f[5], f[6])
+            self._out.append(DurableGet(addr, f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]))
+        elif ftype is T.COMMIT:
+            self._durable_partition(f[5], f[6])
+            self._out.append(DurableCommit(addr, f[3], f[4], f[5], f[6], f[7]))
         elif ftype is T.MAP:
             if self.redirect_frame is None:
                 raise WireError(E.UNKNOWN_TYPE, "no cluster map: this node is not a member of a partitioned cluster")
             self._send(addr, self.redirect_frame)
         else:
             self._out.append(StatusQuery(addr, self.status()))
+
+    def _durable_partition(self, topic: str, p: int) -> None:
+        """A durable request names ``topic`` in partition ``p``: refused unless this is a member
+        of a partitioned cluster and ``p`` is the topic's partition."""
+        own = self.own
+        if own is None:
+            raise WireError(E.UNKNOWN_TYPE, "durable publishes need a member of a partitioned cluster")
+        if p >= own.partitions:
+            raise WireError(E.MALFORMED, f"partition {p}: the cluster has {own.partitions} partitions")
+        if own.partition(topic) != p:
+            raise WireError(E.MALFORMED, f"topic {topic!r} is not in partition {p}")
 
     # ------------------------------------------------------------ inspection
 

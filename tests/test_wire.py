@@ -51,6 +51,12 @@ EVERY_FRAME = {
     T.PUT: (wire.encode_put(CID, COOKIE, PID, 7, 5, 3, [M]),
             (T.PUT, CID, COOKIE, PID, 7, 5, 3, [("t", "k", {"a": "b"}, b"\x00payload")])),
     T.PUTACK: (wire.encode_putack(PID, 7, 5, wire.PUT_GAP), (T.PUTACK, PID, 7, 5, wire.PUT_GAP)),
+    T.GET: (wire.encode_get(CID, COOKIE, PID, "w", "t", 3, wire.START_OFFSET, 9, 50, 12),
+            (T.GET, CID, COOKIE, PID, "w", "t", 3, wire.START_OFFSET, 9, 50, 12)),
+    T.RECORDS: (wire.encode_records("w", 3, 12, 15, 0, [[12, 1000, "t", None, None, b"x"]]),
+                (T.RECORDS, "w", 3, 12, 15, 0, [(12, 1000, "t", None, None, b"x")])),
+    T.COMMIT: (wire.encode_commit(CID, COOKIE, PID, "w", "t", 3, 15), (T.COMMIT, CID, COOKIE, PID, "w", "t", 3, 15)),
+    T.COMMITTED: (wire.encode_committed("w", 3, 15, 0), (T.COMMITTED, "w", 3, 15, 0)),
 }  # fmt: skip
 
 
