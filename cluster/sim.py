@@ -165,9 +165,13 @@ class Simulation(SimAccounting, Nemesis):
             if not self.run_until(self.end + self.settle, max_events):
                 return self.check
             live = {m.id: m.core for m in self.members.values() if m.core is not None}
-            for c in self.clients:  # (a silence still going on at the end counts too)
-                if self.end - c.last_reached >= self.timeout:
-                    self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.end))
+            # (a silence still going on at the end counts too, up to now: the members ran through the
+            # settle while the clients were frozen. A client heard just before the freeze cannot time
+            # out in it (settle < subscriber_timeout), but one silent since before, in a failover when it
+            # froze, can, and it never hears so: seed 2935 --mode partitioned)
+            for c in self.clients:
+                if self.now - c.last_reached >= self.timeout:
+                    self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.now))
             subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
             st = self.cc.settings  # (two collection rounds of margin, and the members' clock spread)
             collecting = WALL + self.now - st.tombstone_horizon + 2 * st.tombstone_horizon / 10 + 0.1
