@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from client import wire
+from client import durablewire
 from client.router import Router
 from client.session import ClientConfig, ClientSession, Message, SubState
 from client.udp import drain
@@ -58,17 +58,17 @@ def durable_id(client: str) -> bytes:
 
 def _start(start: str | int) -> tuple[int, int]:
     if start == "earliest":
-        return wire.START_EARLIEST, 0
+        return durablewire.START_EARLIEST, 0
     if start == "latest":
-        return wire.START_LATEST, 0
+        return durablewire.START_LATEST, 0
     if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
-        return wire.START_OFFSET, start
+        return durablewire.START_OFFSET, start
     raise ValueError(f"start must be 'earliest', 'latest' or an offset >= 0, not {start!r}")
 
 
 def _get_frame(did: bytes, name: str, topic: str, p: int, kind: int, at: int, most: int, since: int,
                s: ClientSession) -> bytes:  # fmt: skip
-    return wire.encode_get(s.cid, s.cookie or b"", did, name, topic, p, kind, at, most, since)
+    return durablewire.encode_get(s.cid, s.cookie or b"", did, name, topic, p, kind, at, most, since)
 
 
 def _mode(mode: str) -> int:
@@ -289,11 +289,7 @@ class Client:
         if isinstance(payload, str):
             payload = payload.encode()
         r = self.router
-        if r.cmap is None:
-            self._kick()
-            await self._until(lambda: r.cmap is not None or r.lost, trio.current_time() + self.config.node_timeout)
-            if r.cmap is None:
-                raise NodeLost("no cluster map from the node: durable publishes need a partitioned cluster")
+        await self._need_map()
         if r.put_window_full(topic):
             self._kick()
             await self._until(lambda: not r.put_window_full(topic))
@@ -353,7 +349,7 @@ class Client:
             return True
         did = durable_id(client)
         f = await self._durable_ask(topic, T.COMMITTED, durable, p, trio.current_time() + timeout,
-                                    lambda s: wire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
+                                    lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
         return f is not None and f[3] >= nxt
 
     async def _need_map(self) -> None:
@@ -362,7 +358,7 @@ class Client:
             self._kick()
             await self._until(lambda: r.cmap is not None or r.lost, trio.current_time() + self.config.node_timeout)
             if r.cmap is None:
-                raise NodeLost("no cluster map from the node: durable mode needs a partitioned cluster")
+                raise NodeLost("no cluster map from the node: durable publishes need a partitioned cluster")
 
     async def _durable_ask(self, topic: str, want: Any, name: str, p: int, deadline: float,
                            make: Any) -> tuple[Any, ...] | None:  # fmt: skip

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from client import wire
+from client import durablewire, wire
 from client.config import ClientConfig
 
 
@@ -76,12 +76,12 @@ class Putter:
             if seq < st.unsent_from:
                 continue
             if batch and size + len(packed) > budget:
-                out.append(wire.encode_put(cid, cookie, self.pid, p, first, floor, batch))
+                out.append(durablewire.encode_put(cid, cookie, self.pid, p, first, floor, batch))
                 batch, size, first = [], 0, seq
             batch.append(packed)
             size += len(packed)
         if batch:
-            out.append(wire.encode_put(cid, cookie, self.pid, p, first, floor, batch))
+            out.append(durablewire.encode_put(cid, cookie, self.pid, p, first, floor, batch))
         st.unsent_from = st.next_seq
         st.retry_at = now + st.rto
         return out
@@ -91,7 +91,7 @@ class Putter:
         st = self.streams.get(p)
         if pid != self.pid or st is None:
             return False
-        if status != wire.PUT_OK:  # (not the leader, busy or a gap: resend from the acknowledged point soon)
+        if status != durablewire.PUT_OK:  # (not the leader, busy or a gap: resend from the acknowledged point soon)
             st.retry_at = min(st.retry_at, now + self.cfg.pub_retry)
             return False
         acked = min(acked, st.next_seq - 1)

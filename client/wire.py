@@ -219,54 +219,6 @@ def encode_pub(
     )
 
 
-def encode_put(client_id: bytes, cookie: bytes, producer_id: bytes, partition: int, first_seq: int, floor: int,
-               packed_msgs: list[bytes]) -> bytes:  # fmt: skip
-    """PUT: a durable publish of messages of one partition, sequences first_seq.. of the producer
-    in that partition (each partition has its own sequences: its log de-duplicates them)."""
-    return (
-        _header(9, VERSION, T.PUT, client_id, cookie, producer_id, partition, first_seq, floor)
-        + _array_header(len(packed_msgs))
-        + b"".join(packed_msgs)
-    )
-
-
-#: PUTACK status: stored and committed on every owner; this member does not lead the partition
-#: (ask for the map, retry); too much uncommitted, retry; a gap (resend from the acknowledged point)
-PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP = 0, 1, 2, 3
-
-
-def encode_putack(producer_id: bytes, partition: int, acked_seq: int, status: int) -> bytes:
-    return pack([VERSION, T.PUTACK, producer_id, partition, acked_seq, status])
-
-
-#: Where a durable subscription begins when its cursor does not exist yet (GET ``start``)
-START_EARLIEST, START_LATEST, START_OFFSET, START_TIME = 0, 1, 2, 3
-
-
-def encode_get(client_id: bytes, cookie: bytes, durable_id: bytes, name: str, topic: str, partition: int,
-               start: int, start_at: int, max_records: int, read_from: int = 0) -> bytes:  # fmt: skip
-    """GET: the records of ``topic`` from the cursor of durable subscription (durable_id, name), or
-    from ``read_from`` if that is later (what this reader was given and has not committed yet)."""
-    return pack([VERSION, T.GET, client_id, cookie, durable_id, name, topic, partition, start, start_at, max_records,
-                 read_from])  # fmt: skip
-
-
-def encode_records(name: str, partition: int, cursor: int, scanned: int, status: int,
-                   records: list[list[Any]]) -> bytes:  # fmt: skip
-    """RECORDS: ``[[offset, time ms, topic, key, tags, payload], ...]``; ``scanned``: the offset after the
-    last record looked at (records of other topics of the partition are skipped)."""
-    return pack([VERSION, T.RECORDS, name, partition, cursor, scanned, status, records])
-
-
-def encode_commit(client_id: bytes, cookie: bytes, durable_id: bytes, name: str, topic: str, partition: int,
-                  offset: int) -> bytes:  # fmt: skip
-    return pack([VERSION, T.COMMIT, client_id, cookie, durable_id, name, topic, partition, offset])
-
-
-def encode_committed(name: str, partition: int, offset: int, status: int) -> bytes:
-    return pack([VERSION, T.COMMITTED, name, partition, offset, status])
-
-
 def encode_puback(producer_id: bytes, acked_seq: int) -> bytes:
     return pack([VERSION, T.PUBACK, producer_id, acked_seq])
 
@@ -576,69 +528,6 @@ def _cmdack(f: list[Any]) -> tuple[Any, ...]:
     return T.CMDACK, _uint(session, "session"), _uint(batch, "batch id"), res
 
 
-@_frame(T.PUT, 7)
-def _put(f: list[Any]) -> tuple[Any, ...]:
-    _, _, cid, cookie, pid, partition, first, floor, msgs = f
-    msgs = _list(msgs, "messages")
-    if not msgs:
-        raise WireError(E.MALFORMED, "PUT carries at least one message")
-    return (
-        T.PUT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _uint(first, "first_seq"),
-        _uint(floor, "floor"), [check_message(m) for m in msgs],
-    )  # fmt: skip
-
-
-@_frame(T.PUTACK, 4)
-def _putack(f: list[Any]) -> tuple[Any, ...]:
-    _, _, pid, partition, acked, status = f
-    if status not in (PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP):
-        raise WireError(E.MALFORMED, "unknown PUTACK status")
-    return T.PUTACK, _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _uint(acked, "acked"), status
-
-
-@_frame(T.GET, 10)
-def _get(f: list[Any]) -> tuple[Any, ...]:
-    _, _, cid, cookie, did, name, topic, partition, start, start_at, most, read_from = f
-    if start not in (START_EARLIEST, START_LATEST, START_OFFSET, START_TIME):
-        raise WireError(E.MALFORMED, "unknown GET start")
-    return (
-        T.GET, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _bytes(did, ID_LEN, "durable id"), _str(name, "durable name", 64), check_topic(topic),
-        _uint(partition, "partition"), start, _uint(start_at, "start offset or time"),
-        max(1, min(_uint(most, "max records"), 10_000)), _uint(read_from, "read from"),
-    )  # fmt: skip
-
-
-@_frame(T.RECORDS, 6)
-def _records(f: list[Any]) -> tuple[Any, ...]:
-    _, _, name, partition, cursor, scanned, status, recs = f
-    out = []
-    for r in _list(recs, "records"):
-        if r.__class__ is not list or len(r) != 6:
-            raise WireError(E.MALFORMED, "a record is [offset, time ms, topic, key, tags, payload]")
-        out.append((_uint(r[0], "offset"), _uint(r[1], "time"), *check_message(r[2:])))
-    return (T.RECORDS, _str(name, "durable name", 64), _uint(partition, "partition"), _uint(cursor, "cursor"),
-            _uint(scanned, "scanned"), _uint(status, "status"), out)  # fmt: skip
-
-
-@_frame(T.COMMIT, 7)
-def _commit(f: list[Any]) -> tuple[Any, ...]:
-    _, _, cid, cookie, did, name, topic, partition, offset = f
-    return (
-        T.COMMIT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _bytes(did, ID_LEN, "durable id"), _str(name, "durable name", 64), check_topic(topic),
-        _uint(partition, "partition"), _uint(offset, "offset"),
-    )  # fmt: skip
-
-
-@_frame(T.COMMITTED, 4)
-def _committed(f: list[Any]) -> tuple[Any, ...]:
-    _, _, name, partition, offset, status = f
-    return (T.COMMITTED, _str(name, "durable name", 64), _uint(partition, "partition"), _uint(offset, "offset"),
-            _uint(status, "status"))  # fmt: skip
-
-
 @_frame(T.PUBACK, 2)
 def _puback(f: list[Any]) -> tuple[Any, ...]:
     _, _, pid, acked = f
@@ -739,3 +628,6 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
     if len(frame) != length:
         raise WireError(E.MALFORMED, f"{ftype.name} has {length - 2} fields, got {len(frame) - 2}")
     return validate(frame)
+
+
+from client import durablewire  # noqa: E402,F401  (registers the durable-mode frames' validators)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 
-from client.wire import (
+from client.durablewire import (
     PUT_BUSY,
     PUT_NOT_LEADER,
     START_EARLIEST,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgpack
 
+from cluster.events import Tick
 from cluster.partitionlog import LEADING
 from cluster.sim import Simulation
 
@@ -36,14 +37,7 @@ class Producer:
             core = m.core
             if core is not None and core.ready and core.cmap is not None and core.cmap.owners[self.p][:1] == (m.id,):
                 core.durable_put(self.p, msgs, self.pid, first, first, (self.pid, last), 5000)
-                sim._feed(m, _NOTHING)  # (the core's actions go out)
-
-
-class _Nothing:
-    pass
-
-
-_NOTHING = _Nothing()
+                sim._feed(m, Tick())  # (the core's actions go out)
 
 
 def run(sim: Simulation, producers: list[Producer], until: float, step: float = 0.05) -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client import wire
+from client import durablewire, wire
 from client.text import encode_text_msg, parse_untrusted_text
 from client.wire import E, T, WireError
 from cluster import clustermap
@@ -48,15 +48,16 @@ EVERY_FRAME = {
     T.STATUS_REPLY: (wire.encode_status_reply({"node": "n1", "subscriptions": 3}),
                      (T.STATUS_REPLY, {"node": "n1", "subscriptions": 3})),
     T.MAP: (wire.encode_map_request(CID, COOKIE), (T.MAP, CID, COOKIE)),
-    T.PUT: (wire.encode_put(CID, COOKIE, PID, 7, 5, 3, [M]),
+    T.PUT: (durablewire.encode_put(CID, COOKIE, PID, 7, 5, 3, [M]),
             (T.PUT, CID, COOKIE, PID, 7, 5, 3, [("t", "k", {"a": "b"}, b"\x00payload")])),
-    T.PUTACK: (wire.encode_putack(PID, 7, 5, wire.PUT_GAP), (T.PUTACK, PID, 7, 5, wire.PUT_GAP)),
-    T.GET: (wire.encode_get(CID, COOKIE, PID, "w", "t", 3, wire.START_OFFSET, 9, 50, 12),
-            (T.GET, CID, COOKIE, PID, "w", "t", 3, wire.START_OFFSET, 9, 50, 12)),
-    T.RECORDS: (wire.encode_records("w", 3, 12, 15, 0, [[12, 1000, "t", None, None, b"x"]]),
+    T.PUTACK: (durablewire.encode_putack(PID, 7, 5, durablewire.PUT_GAP), (T.PUTACK, PID, 7, 5, durablewire.PUT_GAP)),
+    T.GET: (durablewire.encode_get(CID, COOKIE, PID, "w", "t", 3, durablewire.START_OFFSET, 9, 50, 12),
+            (T.GET, CID, COOKIE, PID, "w", "t", 3, durablewire.START_OFFSET, 9, 50, 12)),
+    T.RECORDS: (durablewire.encode_records("w", 3, 12, 15, 0, [[12, 1000, "t", None, None, b"x"]]),
                 (T.RECORDS, "w", 3, 12, 15, 0, [(12, 1000, "t", None, None, b"x")])),
-    T.COMMIT: (wire.encode_commit(CID, COOKIE, PID, "w", "t", 3, 15), (T.COMMIT, CID, COOKIE, PID, "w", "t", 3, 15)),
-    T.COMMITTED: (wire.encode_committed("w", 3, 15, 0), (T.COMMITTED, "w", 3, 15, 0)),
+    T.COMMIT: (durablewire.encode_commit(CID, COOKIE, PID, "w", "t", 3, 15),
+               (T.COMMIT, CID, COOKIE, PID, "w", "t", 3, 15)),
+    T.COMMITTED: (durablewire.encode_committed("w", 3, 15, 0), (T.COMMITTED, "w", 3, 15, 0)),
 }  # fmt: skip
 
 
