@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -37,7 +37,7 @@ from client.wire import MODE_NAMES, Reason, T
 
 Addr = tuple[str, int]
 
-__all__ = ["Client", "ClientConfig", "Message", "NodeLost", "Subscription"]
+__all__ = ["Client", "ClientConfig", "LogRead", "Message", "NodeLost", "Subscription"]
 
 
 class NodeLost(ConnectionError):
@@ -76,6 +76,18 @@ def _mode(mode: str) -> int:
         return MODE_NAMES[mode]
     except KeyError:
         raise ValueError(f"mode must be one of {', '.join(MODE_NAMES)}, not {mode!r}") from None
+
+
+class LogRead(NamedTuple):
+    """What :meth:`Client.read` got: the topic's partition, its messages (``sequence`` is the log
+    offset), the offset to read from next, the partition's first retained offset and its end (the
+    commit: nothing at or past it can be read yet)."""
+
+    partition: int
+    messages: list[Message]
+    next: int
+    first: int
+    end: int
 
 
 class Client:
@@ -337,6 +349,23 @@ class Client:
                     break
         return out
 
+    async def read(self, topic: str, offset: int = 0, count: int = 1000, *, timeout: float = 10.0) -> LogRead:
+        """Read committed messages of ``topic`` from log offset ``offset`` (up to ``count``), without a
+        durable subscription: for readers that keep their own offsets (the Spark source). Raises
+        NodeLost when the partition's primary does not answer within ``timeout``."""
+        if offset < 0 or count < 1:
+            raise ValueError("read needs offset >= 0 and count >= 1")
+        r = self.router
+        await self._need_map()
+        assert r.cmap is not None
+        p = r.cmap.partition(topic)
+        ask = functools.partial(_get_frame, b"\0" * 16, "", topic, p, 0, 0, count, offset)
+        f = await self._durable_ask(topic, T.RECORDS, "", p, trio.current_time() + timeout, ask)
+        if f is None:
+            raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
+        msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
+        return LogRead(p, msgs, max(f[4], offset), f[7], f[8])
+
     async def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
         """Move the cursor of durable subscription (``client``, ``durable``) past everything
         :meth:`get` returned; True once that is on disk on the partition's owners."""
@@ -382,7 +411,7 @@ class Client:
 
             await self._until(answered, min(deadline, trio.current_time() + self.config.pub_retry * 5))
             got = next((f for f in s.durable_replies if f[0] is want and f[1] == name and f[2] == p), None)
-            if got is not None and got[-2 if want is T.RECORDS else -1] == 0:
+            if got is not None and got[5 if want is T.RECORDS else 4] == 0:  # (status OK)
                 return got
             with trio.move_on_at(deadline):
                 await trio.sleep(self.config.pub_retry)  # (refused: not the leader yet, or busy)

@@ -244,6 +244,9 @@ class Durable(MemberParts):
         if log is None:
             self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_NOT_LEADER, [])))
             return
+        if not a.name:  # (a plain read: the reader keeps its own offsets)
+            self._read_from(log, a, min(max(a.read_from, log.start), log.commit))
+            return
         key = (a.did, cursor_key(a.name, a.topic))
         cursor = log.state.cursors.get(key)
         if cursor is None:  # (a new durable subscription: its cursor is written first, then read from)
@@ -256,7 +259,9 @@ class Durable(MemberParts):
             if status:
                 self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_BUSY, [])))
                 return
-        cursor = max(cursor, min(a.read_from, log.commit))  # (what this reader holds uncommitted: not again)
+        self._read_from(log, a, max(cursor, min(a.read_from, log.commit)))  # (what this reader holds: not again)
+
+    def _read_from(self, log: PartitionLog, a: DurableGet, cursor: int) -> None:
         token = ("get", a.addr, a.name, a.topic, a.partition, cursor, a.most)
         records, actions = log.read_committed(cursor, self.log_settings.fetch_records, token)
         self._run_log(actions)
@@ -265,6 +270,7 @@ class Durable(MemberParts):
 
     def _answer_get(self, token: Any, records: list[Record]) -> None:
         _, addr, name, topic, p, cursor, most = token
+        log = self.plogs[p]
         out: list[list[Any]] = []
         scanned = cursor
         for r in records:
@@ -274,7 +280,7 @@ class Durable(MemberParts):
             scanned = r.offset + 1
             if b[1] == MESSAGE and b[2] == topic:
                 out.append([r.offset, r.time_ms, b[2], b[3], b[4], b[5]])
-        self._out.append(Send(addr, encode_records(name, p, cursor, scanned, 0, out)))
+        self._out.append(Send(addr, encode_records(name, p, cursor, scanned, 0, out, log.start, log.commit)))
 
     def _on_durable_commit(self, a: DurableCommit) -> None:
         """A COMMIT: the cursor moves (never back); COMMITTED once that is durable."""

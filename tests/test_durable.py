@@ -139,5 +139,16 @@ def test_roost_get_reads_from_the_cursor_and_a_new_primary_keeps_it(tmp_path: Pa
         r = roost("get", "jobs", "--durable", "other", "--start", "latest", "--node", c.addr(alive),
                   "--timeout", "1")  # fmt: skip
         assert r.returncode == 1 and r.stdout == ""  # a new subscription at the end sees nothing old
+
+        async def plain_reads() -> list[tuple[list[bytes], int]]:  # no subscription: offsets are the reader's
+            async with Client(c.addr(alive)) as cl:
+                a = await cl.read("jobs", 0, 4)
+                b = await cl.read("jobs", a.next, 100)
+                z = await cl.read("jobs", b.next, 100)
+                assert a.first == 0 and a.end == b.end == z.end and z.next == b.next
+                return [([m.payload for m in x.messages], x.next) for x in (a, b, z)]
+
+        got = trio.run(plain_reads)
+        assert [g[0] for g in got] == [[b"j0", b"j1", b"j2", b"j3"], [b"j4", b"j5"], []]
     finally:
         c.stop()
