@@ -28,7 +28,6 @@ keeps those views (``plogs``) for the member:
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
@@ -43,7 +42,7 @@ from client.durablewire import (
     encode_putack,
     encode_records,
 )
-from cluster.events import LogRecords, LogsRead, LogWritten, Send
+from cluster.events import LogRecords, LogRetained, LogsRead, LogWritten, Send
 from cluster.memberparts import MemberParts
 from cluster.partitionlog import (
     LEADING,
@@ -55,6 +54,7 @@ from cluster.partitionlog import (
     PeerFrame,
     ReadDone,
     Reload,
+    Retain,
 )
 from cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
 from node.actions import DurableCommit, DurableGet, DurablePut
@@ -91,10 +91,27 @@ def cursor_key(name: str, topic: str) -> str:
 class Durable(MemberParts):
     def _init_durable(self) -> None:
         self.plogs: dict[int, PartitionLog] = {}
-        self.log_settings = LogSettings()
+        self.log_settings = LogSettings.of(self.s)
+        self.next_retention = self.now + self.log_settings.retention_check_interval
         self.logs_ready = False  # LogsRead came: durable requests are taken
         self.durable_committed: list[Any] = []  # tokens of puts and cursor commits now durable
         self.log_requests: dict[str, int] = {}  # peer -> the link its last LOGFETCH came on
+
+    def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead) -> None:
+        """The runner's answers: a write, a read, a retention done; the logs read at start-up."""
+        if isinstance(ev, LogsRead):
+            self._on_logs_read(ev)
+            return
+        log = self.plogs.get(ev.partition)
+        if log is None:
+            return
+        if isinstance(ev, LogWritten):
+            self._run_log(log.appended(ev.durable, self.now))
+        elif isinstance(ev, LogRecords):
+            self._run_log(log.read_done(ev.token, ev.records))
+        else:
+            log.retained(ev.start)
+            self._run_log(log.refresh_cursors(ev.wanted, self._wall_ms()))
 
     def _on_logs_read(self, ev: LogsRead) -> None:
         if not self.partitioned or self.logs_ready:
@@ -102,17 +119,12 @@ class Durable(MemberParts):
         if ev.error:
             self._fatal(f"a durable log cannot be opened: {ev.error}")
             return
-        for p, (start, records) in ev.logs.items():
-            if not 0 <= p < self.s.partitions:
-                continue
-            log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
-            try:
-                log.recovered(start, records)
-            except LogFormatError as exc:
-                self._fatal(f"partition {p}: {exc}")
-                return
+        for p, scan in ev.logs.items():
+            if 0 <= p < self.s.partitions:
+                self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
+                self.plogs[p].recovered(scan)
         self.logs_ready = True
-        self._log("info", "logs_read", partitions=len(ev.logs), records=sum(len(r) for _, r in ev.logs.values()))
+        self._log("info", "logs_read", partitions=len(ev.logs), records=sum(s.records for s in ev.logs.values()))
         for p, log in self.plogs.items():
             self._assign_log(p, log, None)
 
@@ -193,18 +205,6 @@ class Durable(MemberParts):
         except LogFormatError as exc:
             raise PeerProtocolError(f"LOGDATA: {exc}") from None
         self._run_log(actions)
-
-    # ------------------------------------------------------------ the runner's answers
-
-    def _on_log_written(self, ev: LogWritten) -> None:
-        log = self.plogs.get(ev.partition)
-        if log is not None:
-            self._run_log(log.appended(ev.durable, self.now))
-
-    def _on_log_records(self, ev: LogRecords) -> None:
-        log = self.plogs.get(ev.partition)
-        if log is not None:
-            self._run_log(log.read_done(ev.token, ev.records))
 
     # ------------------------------------------------------------ requests and time
 
@@ -302,6 +302,14 @@ class Durable(MemberParts):
         for log in self.plogs.values():
             if log.next_deadline() <= self.now:
                 self._run_log(log.tick(self.now))
+        if self.now >= self.next_retention:
+            self.next_retention = self.now + self.log_settings.retention_check_interval
+            s = self.log_settings
+            max_bytes = s.retention_bytes or 1 << 62
+            if self.logs_ready:
+                for p, log in self.plogs.items():
+                    self._out.append(Retain(p, log.retain_limit(), self._wall_ms(), max_bytes,
+                                            int(s.retention_age * 1000)))  # fmt: skip
 
     def _durable_deadline(self) -> float:
-        return min((log.next_deadline() for log in self.plogs.values()), default=math.inf)
+        return min((log.next_deadline() for log in self.plogs.values()), default=self.next_retention)

@@ -11,10 +11,10 @@ told when they are done (``appended``, ``read_done``); what it says to the other
 owners is a ``PeerFrame``; a put or a cursor commit it has made durable comes
 back as a token in ``Committed``.
 
-Records. A body is msgpack ``[epoch, kind, ...]``: ``MESSAGE`` (topic, key,
-tags, payload, producer id, producer sequence), ``CURSOR`` (client id,
-subscription name, next offset) and ``EPOCH`` (written by a leader when it
-begins: the log itself holds where each leader epoch starts).
+Records (cluster/logrecords.py). A body is msgpack ``[epoch, kind, ...]``:
+``MESSAGE`` (topic, key, tags, payload, producer id, producer sequence),
+``CURSOR`` (client id, subscription name, next offset) and ``EPOCH`` (written by
+a leader when it begins: the log itself holds where each leader epoch starts).
 
 Three points. ``end``: the next offset. ``durable``: the end that is on disk
 here by the fsync policy (``always``: synced; otherwise written). ``commit``:
@@ -54,6 +54,14 @@ committed and more than ``cache_records`` behind the end; a leader refuses puts
 while ``max_uncommitted`` records wait for the commit, so no owner ever holds a
 longer uncommitted tail, and no truncation goes past the cache (if one would,
 ``Reload`` has the shell feed the log again).
+
+Retention. Every owner deletes old segments of its own log (``Retain``, run by
+the shell on node/segmentlog.py), never at or past ``retain_limit``: the commit,
+and the newest record of every cursor. The shell answers with the new start and
+with where retention would have reached without that limit; a leader then
+writes the cursors whose newest record lies below that again at the end of the
+log (``refresh_cursors``), so the next round can go on without losing a durable
+subscription. A follower left before the leader's start resets to it.
 """
 
 from __future__ import annotations
@@ -64,14 +72,27 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from cluster.logrecords import (
+    CURSOR,
+    EPOCH,
+    MESSAGE,
+    LogFormatError,
+    LogScan,
+    State,
+    cursor_body,
+    decode_untrusted_body,
+    message_body,
+)
 from node.segmentlog import Record
 
-MESSAGE, CURSOR, EPOCH = 0, 1, 2
+__all__ = ["CURSOR", "EPOCH", "MESSAGE", "LogFormatError", "LogScan", "State", "decode_untrusted_body"]
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
 OK, NOT_LEADER, STALE = 0, 1, 2  # DATA status
 
 
 class LogSettings(NamedTuple):
+    """The [durable] settings a log's core uses (cluster/config.py documents each)."""
+
     fsync: str = "always"  # always | interval | never
     max_uncommitted: int = 10_000
     cache_records: int = 20_000
@@ -79,6 +100,19 @@ class LogSettings(NamedTuple):
     fetch_bytes: int = 1 << 20
     fetch_wait: float = 0.5
     fetch_retry: float = 1.0
+    retention_bytes: int = 0  # 0: no limit
+    retention_age: float = 604800.0
+    retention_check_interval: float = 60.0
+
+    @classmethod
+    def of(cls, settings: Any) -> LogSettings:
+        """From the cluster's settings (cluster/config.py ClusterSettings: the same names)."""
+        return cls(**{k: getattr(settings, k) for k in cls._fields})
+
+    @property
+    def keep(self) -> int:
+        """Records a log opened at start-up keeps in memory (``LogScan``)."""
+        return max(self.cache_records, self.max_uncommitted)
 
 
 # ---------------------------------------------------------------- actions
@@ -107,6 +141,16 @@ class ReadLog(NamedTuple):
     token: Any
 
 
+class Retain(NamedTuple):
+    """Delete closed segments past the retention limits, but none holding ``keep_from`` or later."""
+
+    partition: int
+    keep_from: int
+    now_ms: int
+    max_bytes: int
+    max_age_ms: int
+
+
 class PeerFrame(NamedTuple):
     member: str
     frame: list[Any]
@@ -129,51 +173,7 @@ class ReadDone(NamedTuple):
     records: list[Record]
 
 
-LogAction = Append | Truncate | ResetLog | ReadLog | PeerFrame | Committed | Reload | ReadDone
-
-
-class LogFormatError(ValueError):
-    """A record body that is not one of ours (from a peer or a damaged file)."""
-
-
-def decode_untrusted_body(body: bytes) -> list[Any]:
-    try:
-        b = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several types for bad input
-        raise LogFormatError(f"undecodable record body: {exc}") from None
-    ok = isinstance(b, list) and len(b) >= 2 and isinstance(b[0], int) and b[0] >= 1
-    if ok and b[1] == MESSAGE:
-        ok = len(b) == 8 and isinstance(b[2], str) and isinstance(b[6], bytes) and isinstance(b[7], int)
-    elif ok and b[1] == CURSOR:
-        ok = len(b) == 5 and isinstance(b[2], bytes) and isinstance(b[3], str) and isinstance(b[4], int)
-    elif ok:
-        ok = b[1] == EPOCH and len(b) == 2
-    if not ok:
-        raise LogFormatError("a record body of unknown shape")
-    return b  # type: ignore[no-any-return]
-
-
-def message_body(epoch: int, m: list[Any], pid: bytes, seq: int) -> bytes:
-    return msgpack.packb([epoch, MESSAGE, m[0], m[1], m[2], m[3], pid, seq], use_bin_type=True)  # type: ignore[no-any-return]
-
-
-@dataclass
-class State:
-    """What the records through some offset say: producers' last (sequence, offset), cursors."""
-
-    producers: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    cursors: dict[tuple[bytes, str], int] = field(default_factory=dict)
-
-    def apply(self, offset: int, b: list[Any]) -> None:
-        if b[1] == MESSAGE:
-            self.producers[b[6]] = (b[7], offset)
-        elif b[1] == CURSOR:
-            key = (b[2], b[3])
-            if b[4] > self.cursors.get(key, -1):
-                self.cursors[key] = b[4]
-
-    def copy(self) -> State:
-        return State(dict(self.producers), dict(self.cursors))
+LogAction = Append | Truncate | ResetLog | ReadLog | Retain | PeerFrame | Committed | Reload | ReadDone
 
 
 @dataclass
@@ -211,14 +211,13 @@ class PartitionLog:
 
     # ------------------------------------------------------------ recovery
 
-    def recovered(self, start: int, records: list[Record]) -> None:
-        """The log as opened from disk: its first offset and every record from there."""
-        self.start = self.end = self.durable = self.base_at = start
-        for r in records:
-            self._take(r, decode_untrusted_body(r.body))
-        self.durable = self.end
+    def recovered(self, scan: LogScan) -> None:
+        """The log as opened from disk (its ``keep`` at least ``cache_records`` and ``max_uncommitted``)."""
+        self.start, self.end, self.durable = scan.start, scan.end, scan.end
+        self.epochs, self.state, self.base, self.base_at = scan.epochs, scan.state, scan.base, scan.base_at
+        self.tail, self.last_ms = scan.tail, scan.last_ms
         # (no owner ever holds more than max_uncommitted records that are not committed)
-        self.commit = max(start, self.end - self.s.max_uncommitted)
+        self.commit = max(self.start, self.end - self.s.max_uncommitted)
         self._fold()
 
     def _take(self, r: Record, b: list[Any]) -> None:
@@ -337,8 +336,7 @@ class PartitionLog:
             return 1, []
         out: list[LogAction] = []
         if offset > self.state.cursors.get((cid, name), -1):
-            body = msgpack.packb([self.epoch, CURSOR, cid, name, offset], use_bin_type=True)
-            out = self._append_local([body], now_ms)
+            out = self._append_local([cursor_body(self.epoch, cid, name, offset)], now_ms)
         if token is not None:
             self.waiting.append((self.end, token))
         return 0, out + self._advance()
@@ -466,6 +464,31 @@ class PartitionLog:
                     out.append(r)
             return out, []
         return None, [ReadLog(self.p, start, limit, token)]
+
+    # ------------------------------------------------------------ retention
+
+    def retain_limit(self) -> int:
+        """Retention may delete only records before this: committed, and no cursor's newest record."""
+        return min([self.commit, *self.state.cursor_at.values()])
+
+    def retained(self, start: int) -> None:
+        """Retention deleted everything before ``start`` (at most ``retain_limit``) from the disk."""
+        if start <= self.start:
+            return
+        self.start = start
+        while self.tail and self.tail[0][0].offset < start:  # (committed: its state is kept in base)
+            r, b = self.tail.popleft()
+            self.base.apply(r.offset, b)
+        self.base_at = max(self.base_at, start)
+
+    def refresh_cursors(self, before: int, now_ms: int) -> list[LogAction]:
+        """Leading: write again every cursor whose newest record lies before ``before`` (where
+        retention wants to go), so that retention does not take the only record of it."""
+        if self.role != LEADING:
+            return []
+        old = sorted(k for k, at in self.state.cursor_at.items() if at < before)
+        bodies = [cursor_body(self.epoch, cid, name, self.state.cursors[cid, name]) for cid, name in old]
+        return self._append_local(bodies, now_ms) + self._advance()
 
     def first_at(self, time_ms: int) -> int:
         """The first offset in the cache at or after ``time_ms`` (the start of the cache if it

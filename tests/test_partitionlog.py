@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from cluster.logrecords import LogScan
 from cluster.partitionlog import (
     CLAIMING,
     CURSOR,
@@ -106,6 +107,12 @@ class Owners:
         self.run()
         return status
 
+    def commit_cursor(self, member: str, cid: bytes, name: str, offset: int) -> None:
+        st, acts = self.logs[member].commit_cursor(cid, name, offset, None, 5000)
+        assert st == 0
+        self.feed(member, acts)
+        self.run()
+
     def payloads(self, member: str) -> list[bytes]:
         return [b[5] for b in (msgpack.unpackb(r.body, raw=False) for r in self.disk[member]) if b[1] == 0]
 
@@ -116,7 +123,7 @@ class Owners:
         self.down.discard(member)
         log = self.logs[member] = PartitionLog(0, member, self.s)
         disk = self.disk[member]
-        log.recovered(disk[0].offset if disk else 0, list(disk))
+        log.recovered(LogScan.of(disk[0].offset if disk else 0, list(disk), self.s.keep))
 
 
 def test_a_put_is_committed_only_once_the_follower_has_it_on_disk() -> None:
@@ -278,6 +285,49 @@ def test_recovery_rebuilds_epochs_producers_and_cursors() -> None:
     assert a.state.cursors[(b"c1", "d")] == 2
     assert a.epochs == [(a.epochs[0][0], 0)]
     assert len([r for r in o.disk["a"] if msgpack.unpackb(r.body)[1] == CURSOR]) == 1
+
+
+def test_recovery_in_chunks_keeps_the_state_of_every_record_and_only_the_newest_in_memory() -> None:
+    o = Owners("a", cache_records=100, max_uncommitted=10)
+    o.assign("a")
+    for i in range(1, 301):
+        o.put("a", [f"m{i}"], first=i)
+    o.commit_cursor("a", b"c1", "d", 5)
+    whole = LogScan.of(0, o.disk["a"])
+    chunked = LogScan(0, o.s.keep)
+    for i in range(0, len(o.disk["a"]), 7):
+        chunked.feed(o.disk["a"][i:i + 7])
+    assert (chunked.state, chunked.epochs, chunked.end) == (whole.state, whole.epochs, whole.end)
+    assert len(chunked.tail) == 100 and chunked.base_at == chunked.end - 100
+    o.restart("a")
+    a = o.logs["a"]
+    assert (a.state.producers[b"p1"][0], a.state.cursors[(b"c1", "d")], a.commit) == (300, 5, a.end - 10)
+    assert a.read_committed(0, 5, "t")[0] is None  # (older than the cache: read from disk)
+
+
+def test_retention_never_takes_uncommitted_records_or_a_cursors_only_record() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["x", "y"], first=1)
+    o.commit_cursor("a", b"c1", "d", 2)  # (its record is at offset 3)
+    for i in range(3, 9):
+        o.put("a", [f"m{i}"], first=i)
+    a = o.logs["a"]
+    assert a.retain_limit() == 3
+    o.down.add("b")
+    o.put("a", ["late"], first=9)  # (not committed without b)
+    assert a.end == 11 and a.commit == 10
+    a.retained(3)  # (the runner deleted what it was allowed to: offsets 0..2)
+    assert (a.start, a.read_committed(0, 100, "t")[0][0].offset) == (3, 3)
+    # retention wanted to go to 8: the leader writes the cursor again at the end, and then it may
+    o.down.discard("b")
+    o.tick(1.0)
+    o.feed("a", a.refresh_cursors(8, 6000))
+    o.run()
+    assert a.state.cursors[(b"c1", "d")] == 2 and a.state.cursor_at[(b"c1", "d")] == 11
+    assert (a.retain_limit(), a.commit) == (11, 12)  # (past the 8 retention wanted: nothing holds it back)
+    assert o.logs["b"].state.cursor_at[(b"c1", "d")] == 11  # (the follower has it too)
+    assert o.logs["b"].refresh_cursors(20, 6000) == []  # (only the leader writes)
 
 
 @pytest.mark.parametrize("body", [b"\xc1", msgpack.packb([0, 0]), msgpack.packb([1, 9]),
