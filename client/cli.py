@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from typing import Any
@@ -37,7 +38,8 @@ def add_client_commands(sub: Any) -> None:
     g.add_argument("--client", default="default", metavar="C", help="whose subscription it is (default: default)")
     g.add_argument("--count", type=int, default=1, metavar="N", help="messages to read (default 1)")
     g.add_argument("--start", default="earliest", metavar="WHERE",
-                   help="where a new subscription begins: earliest (default), latest, or an offset")
+                   help="where a new subscription begins: earliest (default), latest, an offset, or a "
+                   "time (ISO 8601, such as 2026-11-24T09:30:00Z; local time without a zone)")
     g.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="give up waiting after S seconds (default 10; non-zero exit with fewer than N)")
     g.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
@@ -110,11 +112,15 @@ def cmd_put(args: argparse.Namespace) -> int:
 def cmd_get(args: argparse.Namespace) -> int:
     if args.count < 1 or args.timeout <= 0:
         raise SystemExit("roost get: --count must be >= 1 and --timeout > 0")
-    start: str | int = args.start
-    if args.start not in ("earliest", "latest"):
-        if not args.start.isdigit():
-            raise SystemExit(f"roost get: --start must be earliest, latest or an offset, not {args.start!r}")
+    start: str | int | datetime.datetime = args.start
+    if args.start.isdigit():
         start = int(args.start)
+    elif args.start not in ("earliest", "latest"):
+        try:
+            start = datetime.datetime.fromisoformat(args.start)
+        except ValueError:
+            raise SystemExit(f"roost get: --start must be earliest, latest, an offset or an ISO 8601 time, "
+                             f"not {args.start!r}") from None  # fmt: skip
 
     async def main() -> int:
         out = sys.stdout.buffer

@@ -17,6 +17,7 @@ sleep on a single "something changed" event.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import math
@@ -56,14 +57,16 @@ def durable_id(client: str) -> bytes:
     return hashlib.blake2b(client.encode(), digest_size=16, person=b"roost.durable").digest()
 
 
-def _start(start: str | int) -> tuple[int, int]:
+def _start(start: str | int | datetime.datetime) -> tuple[int, int]:
     if start == "earliest":
         return durablewire.START_EARLIEST, 0
     if start == "latest":
         return durablewire.START_LATEST, 0
     if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
         return durablewire.START_OFFSET, start
-    raise ValueError(f"start must be 'earliest', 'latest' or an offset >= 0, not {start!r}")
+    if isinstance(start, datetime.datetime):  # (naive: local time, as datetime.timestamp takes it)
+        return durablewire.START_TIME, max(0, int(start.timestamp() * 1000))
+    raise ValueError(f"start must be 'earliest', 'latest', an offset >= 0 or a datetime, not {start!r}")
 
 
 def _get_frame(did: bytes, name: str, topic: str, p: int, kind: int, at: int, most: int, since: int,
@@ -313,14 +316,16 @@ class Client:
                 raise NodeLost("node lost before acknowledging the put")
         return p, seq
 
-    async def get(self, topic: str, durable: str, count: int = 1, *, start: str | int = "earliest",
-                  timeout: float | None = None, client: str = "default") -> list[Message]:  # fmt: skip
+    async def get(self, topic: str, durable: str, count: int = 1, *,
+                  start: str | int | datetime.datetime = "earliest", timeout: float | None = None,
+                  client: str = "default") -> list[Message]:  # fmt: skip
         """Read up to ``count`` messages of ``topic`` from durable subscription ``durable`` (docs/durable.md).
 
         The subscription, named by (``client``, ``durable``), lives on the cluster: its cursor is
-        the first offset not yet committed; it is made at ``start`` ("earliest", "latest" or an
-        offset) the first time. Messages come with their log offset as ``sequence``, each once
-        per call; call :meth:`commit` once they are processed, or the next reader gets them again.
+        the first offset not yet committed; it is made at ``start`` ("earliest", "latest", an
+        offset, or a datetime: the first message stored at or after it) the first time.
+        Messages come with their log offset as ``sequence``, each once per call; call
+        :meth:`commit` once they are processed, or the next reader gets them again.
         Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
         r = self.router
         await self._need_map()

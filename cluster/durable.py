@@ -28,6 +28,7 @@ keeps those views (``plogs``) for the member:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
@@ -164,7 +165,12 @@ class Durable(MemberParts):
                     else:
                         self.durable_committed.append(t)
             elif cls is ReadDone:
-                self._answer_get(a.token, a.records)
+                if a.token[0] == "seek":  # (the offset of a time older than the cache: now the GET)
+                    get, log = a.token[1], self.plogs[a.token[1].partition]
+                    at = a.records[0].offset if a.records else log.commit
+                    self._on_durable_get(get._replace(start=START_OFFSET, start_at=at))
+                else:
+                    self._answer_get(a.token, a.records)
             elif cls is Reload:
                 self._log("error", "log_reload_needed", partition=a.partition)
             else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
@@ -208,10 +214,10 @@ class Durable(MemberParts):
 
     # ------------------------------------------------------------ requests and time
 
-    def durable_put(self, p: int, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Any,
-                    wall_ms: int) -> int:  # fmt: skip
+    def durable_put(self, p: int, msgs: list[list[Any]], pid: bytes, first: int, floor: int,
+                    token: Callable[[int], Any], wall_ms: int) -> int:  # fmt: skip
         """A durable publish to partition ``p``; its status (cluster/partitionlog.py ``put``).
-        ``token`` is in ``durable_committed`` once every message of it is committed."""
+        ``token(last sequence taken)`` is in ``durable_committed`` once that much is committed."""
         if not self.logs_ready or not self.ready:
             return 1
         status, actions = self._log_for(p).put(msgs, pid, first, floor, token, wall_ms)
@@ -220,9 +226,8 @@ class Durable(MemberParts):
 
     def _on_durable_put(self, a: DurablePut) -> None:
         """A client's PUT: acknowledged (PUTACK) once committed, or at once with why not."""
-        last = a.first + len(a.msgs) - 1
         status = self.durable_put(a.partition, a.msgs, a.pid, a.first, a.floor,
-                                  PutToken(a.addr, a.pid, a.partition, last), self._wall_ms())  # fmt: skip
+                                  lambda last: PutToken(a.addr, a.pid, a.partition, last), self._wall_ms())  # fmt: skip
         if status:
             self._out.append(Send(a.addr, encode_putack(a.pid, a.partition, 0, status)))
             if status == PUT_NOT_LEADER and self.broker.redirect_frame is not None:
@@ -252,8 +257,11 @@ class Durable(MemberParts):
         if cursor is None:  # (a new durable subscription: its cursor is written first, then read from)
             cursor = {START_EARLIEST: log.start, START_LATEST: log.commit,
                       START_OFFSET: min(max(a.start_at, log.start), log.commit)}.get(a.start)  # fmt: skip
-            if cursor is None:
-                cursor = log.first_at(a.start_at)
+            if cursor is None:  # (START_TIME: on disk, this GET goes on once the offset is found)
+                cursor, actions = log.first_at(a.start_at, ("seek", a))
+                self._run_log(actions)
+                if cursor is None:
+                    return
             status, actions = log.commit_cursor(key[0], key[1], cursor, None, self._wall_ms())
             self._run_log(actions)
             if status:

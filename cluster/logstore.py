@@ -90,7 +90,8 @@ class LogStore:
                 log.sync()
                 return None
             if cls is ReadLog:
-                return LogRecords(p, a.token, log.read(a.start, max_records=a.limit))
+                start = a.start if a.at_time < 0 else log.offset_for_time(a.at_time)
+                return LogRecords(p, a.token, log.read(start, max_records=a.limit))
             if cls is Append:
                 log.append(a.records)
                 return LogWritten(p, log.sync() if a.sync else _flushed(log))

@@ -67,6 +67,7 @@ subscription. A follower left before the leader's start resets to it.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -135,10 +136,14 @@ class ResetLog(NamedTuple):
 
 
 class ReadLog(NamedTuple):
+    """Records from ``start`` (at most ``limit``); with ``at_time`` >= 0, the first record whose
+    time is at or after it (a durable subscription starting at a time older than the cache)."""
+
     partition: int
     start: int
     limit: int
     token: Any
+    at_time: int = -1
 
 
 class Retain(NamedTuple):
@@ -308,11 +313,12 @@ class PartitionLog:
 
     # ------------------------------------------------------------ leading: puts and cursors
 
-    def put(self, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Any,
+    def put(self, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Callable[[int], Any],
             now_ms: int) -> tuple[int, list[LogAction]]:  # fmt: skip
         """A durable publish of ``msgs`` (sequences from ``first``); returns (status, actions).
 
-        Status 0: taken (``token`` comes back in ``Committed`` once all of it is committed);
+        Status 0: taken, maybe only its first part (as much as ``max_uncommitted`` leaves room
+        for): ``token(last sequence taken)`` comes back in ``Committed`` once that is committed;
         1: not the leader; 2: too much uncommitted, retry; 3: a gap (go-back-N: resend from
         the acknowledged point)."""
         if self.role != LEADING:
@@ -321,12 +327,15 @@ class PartitionLog:
         if first > last + 1:
             return 3, []
         new = msgs[last + 1 - first:] if last >= first else msgs
-        if self.end - self.commit + len(new) > self.s.max_uncommitted:
+        room = self.s.max_uncommitted - (self.end - self.commit)
+        if new and room <= 0:
             return 2, []
+        new = new[:room]
         seq = max(first, last + 1)
         bodies = [message_body(self.epoch, m, pid, seq + i) for i, m in enumerate(new)]
         out = self._append_local(bodies, now_ms)
-        self.waiting.append((self.end if bodies else at + 1, token))
+        taken = seq + len(new) - 1 if new else min(last, first + len(msgs) - 1)
+        self.waiting.append((self.end if bodies else at + 1, token(taken)))
         out += self._advance()
         return 0, out
 
@@ -490,13 +499,15 @@ class PartitionLog:
         bodies = [cursor_body(self.epoch, cid, name, self.state.cursors[cid, name]) for cid, name in old]
         return self._append_local(bodies, now_ms) + self._advance()
 
-    def first_at(self, time_ms: int) -> int:
-        """The first offset in the cache at or after ``time_ms`` (the start of the cache if it
-        begins later: older times are not indexed here)."""
-        for r, _ in self.tail:
-            if r.time_ms >= time_ms:
-                return r.offset
-        return self.commit
+    def first_at(self, time_ms: int, token: Any) -> tuple[int | None, list[LogAction]]:
+        """The first committed offset at or after ``time_ms``: from the cache, or (None and) a
+        ``ReadLog`` of the record on disk, answered as ``ReadDone(token)``."""
+        if self.base_at <= self.start or (self.tail and self.tail[0][0].time_ms <= time_ms):  # (in the cache)
+            for r, _ in self.tail:
+                if r.time_ms >= time_ms:
+                    return min(r.offset, self.commit), []
+            return self.commit, []
+        return None, [ReadLog(self.p, self.start, 1, token, time_ms)]
 
     def _data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
               reset: int = -1) -> PeerFrame:  # fmt: skip

@@ -46,6 +46,8 @@ class SimLogDisk:
         if cls is ReadLog:
             log = logs.get(a.partition, SimLog())
             i = max(0, a.start - log.start)
+            if a.at_time >= 0:
+                i = next((j for j, r in enumerate(log.records) if r.time_ms >= a.at_time), len(log.records))
             return at, LogRecords(a.partition, a.token, log.records[i:i + a.limit])
         log = logs.setdefault(a.partition, SimLog())
         if cls is Append:

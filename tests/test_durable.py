@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 
@@ -203,5 +204,22 @@ def test_retention_and_fsync_interval_a_durable_cursor_outlives_the_segments_tha
         r = roost("get", "r", "--durable", "w", "--count", "1", "--start", "latest", "--node", c.addr("n1"),
                   "--timeout", "20")  # fmt: skip
         assert r.returncode == 0 and r.stdout.startswith("b"), (r.stdout, r.stderr)
+    finally:
+        c.stop()
+
+
+def test_roost_get_start_at_a_time_older_than_the_members_cache(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, n=1, cluster_extra='mode = "partitioned"\npartitions = 2\n'
+                     "[durable]\ncache_records = 100\nmax_uncommitted = 10\n")  # fmt: skip
+    c.start()
+    try:
+        wait_until(lambda: c.status("n1")["state"] == "ready", what="ready")
+        assert roost("put", "t", "old{n}", "--count", "150", "--node", c.addr("n1")).returncode == 0
+        at = datetime.datetime.now(datetime.UTC)  # (after every old one was acknowledged: stored before it)
+        assert roost("put", "t", "new{n}", "--count", "150", "--node", c.addr("n1")).returncode == 0
+        r = roost("get", "t", "--durable", "w", "--count", "2", "--start", at.isoformat(), "--node", c.addr("n1"))
+        assert (r.returncode, r.stdout) == (0, "new0\nnew1\n"), r.stderr
+        r = roost("get", "t", "--durable", "x", "--start", "yesterday", "--node", c.addr("n1"))
+        assert r.returncode != 0 and "--start must be earliest, latest, an offset or an ISO 8601 time" in r.stderr
     finally:
         c.stop()

@@ -21,6 +21,7 @@ from cluster.partitionlog import (
     LogSettings,
     PartitionLog,
     PeerFrame,
+    ReadDone,
     ReadLog,
     ResetLog,
     Truncate,
@@ -39,6 +40,7 @@ class Owners:
         self.queue: deque[tuple[str, Any]] = deque()
         self.down: set[str] = set()
         self.committed: dict[str, list[Any]] = {m: [] for m in names}
+        self.reads: list[ReadDone] = []
         self.now = 0.0
 
     def feed(self, member: str, actions: list[Any]) -> None:
@@ -65,10 +67,13 @@ class Owners:
                 disk.clear()
                 self.feed(member, log.appended(a.start, self.now))
             elif isinstance(a, ReadLog):
-                recs = [r for r in disk if r.offset >= a.start][: a.limit]
+                recs = [r for r in disk if (r.offset >= a.start if a.at_time < 0 else r.time_ms >= a.at_time)]
+                recs = recs[: a.limit]
                 self.feed(member, log.read_done(a.token, recs))
             elif isinstance(a, Committed):
                 self.committed[member].extend(a.tokens)
+            elif isinstance(a, ReadDone):
+                self.reads.append(a)
             elif isinstance(a, PeerFrame):
                 self.deliver(member, a)
         raise AssertionError("no quiescence")
@@ -100,9 +105,11 @@ class Owners:
                 self.feed(m, log.tick(self.now))
         self.run()
 
-    def put(self, member: str, payloads: list[str], pid: bytes = b"p1", first: int = 1, token: Any = None) -> int:
+    def put(self, member: str, payloads: list[str], pid: bytes = b"p1", first: int = 1, token: Any = None,
+            ms: int = 5000) -> int:  # fmt: skip
         msgs = [["t", None, None, x.encode()] for x in payloads]
-        status, actions = self.logs[member].put(msgs, pid, first, 1, token if token is not None else first, 5000)
+        status, actions = self.logs[member].put(msgs, pid, first, 1, lambda last: first if token is None else token,
+                                                ms)  # fmt: skip
         self.feed(member, actions)
         self.run()
         return status
@@ -174,8 +181,25 @@ def test_uncommitted_puts_are_bounded() -> None:
     o.assign("ab")
     o.crash("b")
     assert o.put("a", ["1", "2"], first=1) == 0
-    assert o.put("a", ["3", "4"], first=3) == 2  # would be 5 > 3 uncommitted (with the EPOCH record)
-    assert o.payloads("a") == [b"1", b"2"]
+    assert o.put("a", ["3", "4"], first=3) == 0  # (room for one more: "3" is taken)
+    assert o.put("a", ["4"], first=4) == 2  # (3 uncommitted: busy)
+    assert o.payloads("a") == [b"1", b"2", b"3"]
+
+
+def test_a_put_larger_than_the_room_left_is_taken_in_part_and_acknowledged_as_far_as_taken() -> None:
+    o = Owners("ab", max_uncommitted=4)
+    o.assign("ab")
+    o.down.add("b")  # (nothing commits past the EPOCH record b has)
+    msgs = [["t", None, None, b"m%d" % i] for i in range(1, 11)]
+    a = o.logs["a"]
+    status, actions = a.put(msgs, b"p1", 1, 1, lambda last: ("acked", last), 5000)
+    o.feed("a", actions)
+    o.run()
+    assert status == 0 and (a.commit, a.end) == (1, 5) and a.state.producers[b"p1"][0] == 4
+    assert a.put(msgs[4:], b"p1", 5, 1, lambda last: last, 5000)[0] == 2  # (full: busy)
+    o.down.discard("b")
+    o.tick(1.0)
+    assert o.committed["a"] == [("acked", 4)]
 
 
 def test_failover_keeps_every_committed_record_and_the_new_follower_copies_them() -> None:
@@ -328,6 +352,21 @@ def test_retention_never_takes_uncommitted_records_or_a_cursors_only_record() ->
     assert (a.retain_limit(), a.commit) == (11, 12)  # (past the 8 retention wanted: nothing holds it back)
     assert o.logs["b"].state.cursor_at[(b"c1", "d")] == 11  # (the follower has it too)
     assert o.logs["b"].refresh_cursors(20, 6000) == []  # (only the leader writes)
+
+
+def test_the_first_offset_at_a_time_comes_from_the_cache_or_from_disk() -> None:
+    o = Owners("a", cache_records=3, max_uncommitted=2)
+    o.assign("a")  # (EPOCH at offset 0, time 0)
+    for i in range(1, 11):
+        o.put("a", [f"m{i}"], first=i, ms=1000 + 10 * i)  # (m_i at offset i, time 1000 + 10 i)
+    a = o.logs["a"]
+    assert a.base_at > 5
+    assert a.first_at(1095, "t") == (10, []) and a.first_at(5000, "t") == (a.commit, [])
+    off, actions = a.first_at(1025, "seek")  # (older than the cache: the record on disk, then ReadDone)
+    assert off is None and [(x.at_time, x.token) for x in actions] == [(1025, "seek")]
+    o.feed("a", actions)
+    o.run()
+    assert [(d.token, [r.offset for r in d.records]) for d in o.reads] == [("seek", [3])]
 
 
 @pytest.mark.parametrize("body", [b"\xc1", msgpack.packb([0, 0]), msgpack.packb([1, 9]),
