@@ -42,6 +42,9 @@ def add_client_commands(sub: Any) -> None:
                    "time (ISO 8601, such as 2026-11-24T09:30:00Z; local time without a zone)")
     g.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="give up waiting after S seconds (default 10; non-zero exit with fewer than N)")
+    g.add_argument("--offsets-dir", default=None, metavar="DIR",
+                   help="record each commit here first, so that a crash before the cluster has it "
+                   "repeats nothing on the next run (client/offsets.py)")
     g.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
     g.set_defaults(func=cmd_get)
 
@@ -124,7 +127,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         out = sys.stdout.buffer
-        async with Client(_node(args.node)) as c:
+        async with Client(_node(args.node), offsets_dir=args.offsets_dir) as c:
             got = await c.get(args.topic, args.durable, args.count, start=start, timeout=args.timeout,
                               client=args.client)  # fmt: skip
             for m in got:

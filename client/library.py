@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import trio
 
 from client import durablewire
+from client.offsets import OffsetFile
 from client.router import Router
 from client.session import ClientConfig, ClientSession, Message, SubState
 from client.udp import drain
@@ -102,12 +103,15 @@ class Client:
         client_id: bytes | None = None,
         config: ClientConfig | None = None,
         producer_id: bytes | None = None,
+        offsets_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """``node`` is the node to talk to first; ``members`` (optional) the other
         nodes to fail over to; the cluster map in WELCOME adds the rest.
         ``producer_id`` (16 bytes, default random) names this client's reliable
         publishes: a client that publishes the same sequence of messages again
-        under the same producer id (a retried Spark task) has them delivered once."""
+        under the same producer id (a retried Spark task) has them delivered once.
+        ``offsets_dir``: where durable readers record what they committed before
+        the cluster hears it (client/offsets.py): no repeats after a crash there."""
         if producer_id is not None and len(producer_id) != 16:
             raise ValueError(f"producer_id must be 16 bytes, not {len(producer_id)}")
         self.node: Addr = _addr(node)
@@ -128,6 +132,7 @@ class Client:
         self.session_errors = 0  # datagrams the session failed on (a bug; the client carries on)
         self.last_session_error: Exception | None = None
         self._read_to: dict[tuple[str, str, str], int] = {}  # durable (client, name, topic) -> offset read to
+        self._offsets = OffsetFile(offsets_dir) if offsets_dir is not None else None
 
     @property
     def session(self) -> ClientSession:
@@ -336,7 +341,9 @@ class Client:
         deadline = trio.current_time() + timeout if timeout is not None else math.inf
         out: list[Message] = []
         key = (client, durable, topic)
-        nxt = self._read_to.get(key, 0)
+        nxt = self._read_to.get(key)
+        if nxt is None:  # (the first get of this process: what an earlier one committed is not repeated)
+            nxt = self._offsets.load(client, durable, topic) if self._offsets is not None else 0
         while len(out) < count:
             ask = functools.partial(_get_frame, did, durable, topic, p, kind, at, count - len(out), nxt)
             f = await self._durable_ask(topic, T.RECORDS, durable, p, deadline, ask)
@@ -382,6 +389,8 @@ class Client:
         if nxt is None:
             return True
         did = durable_id(client)
+        if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
+            await trio.to_thread.run_sync(self._offsets.save, client, durable, topic, nxt)
         f = await self._durable_ask(topic, T.COMMITTED, durable, p, trio.current_time() + timeout,
                                     lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
         return f is not None and f[3] >= nxt

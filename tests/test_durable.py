@@ -10,6 +10,7 @@ import msgpack
 import trio
 
 from client.library import Client
+from client.offsets import OffsetFile
 from cluster.clustermap import compute
 from cluster.config import load_cluster_config
 from node.segmentlog import Record, SegmentLog, encode_record
@@ -152,6 +153,21 @@ def test_roost_get_reads_from_the_cursor_and_a_new_primary_keeps_it(tmp_path: Pa
 
         got = trio.run(plain_reads)
         assert [g[0] for g in got] == [[b"j0", b"j1", b"j2", b"j3"], [b"j4", b"j5"], []]
+
+        async def reader_with_an_offsets_file(crash_before_commit: bool) -> list[bytes]:
+            async with Client(c.addr(alive), offsets_dir=tmp_path / "offsets") as cl:
+                got = [m.payload for m in await cl.get("jobs", "z", 2, timeout=10)]
+                if crash_before_commit:  # (the offset is on our disk, the COMMIT never left)
+                    OffsetFile(tmp_path / "offsets").save("default", "z", "jobs", cl._read_to["default", "z", "jobs"])
+                else:
+                    assert await cl.commit("jobs", "z")
+                return got
+
+        assert trio.run(reader_with_an_offsets_file, True) == [b"j0", b"j1"]
+        assert trio.run(reader_with_an_offsets_file, False) == [b"j2", b"j3"]  # (the cluster gave j0, j1 again)
+        r = roost("get", "jobs", "--durable", "z", "--offsets-dir", str(tmp_path / "offsets"), "--node",
+                  c.addr(alive))  # fmt: skip
+        assert (r.returncode, r.stdout) == (0, "j4\n"), r.stderr
     finally:
         c.stop()
 
