@@ -29,6 +29,8 @@ def add_client_commands(sub: Any) -> None:
     pt.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
     pt.add_argument("--key", default=None, metavar="K")
     pt.add_argument("--count", type=int, default=None, metavar="N")
+    pt.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                    help="fail if the puts are not all acknowledged within S seconds of the last (default 30)")
     pt.set_defaults(func=cmd_put)
 
     g = sub.add_parser("get", help="read a durable subscription: print each payload on its own line, then "
@@ -99,14 +101,17 @@ def cmd_pub(args: argparse.Namespace) -> int:
 
 
 def cmd_put(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise SystemExit("roost put: --timeout must be > 0")
     payloads = _payloads(args, "put")
 
     async def main() -> int:
         async with Client(_node(args.node), config=ClientConfig()) as c:
             for payload in payloads:
                 await c.put(args.topic, payload, key=args.key)
-            if not await c.flush():
-                raise NodeLost("node lost before acknowledging every put")
+            if not await c.flush(timeout=args.timeout):
+                raise NodeLost(f"not every put was acknowledged within {args.timeout} s (the node lost, or "
+                               "the partition's owners cannot commit: see the members' logs)")  # fmt: skip
         return 0
 
     return _run(main)

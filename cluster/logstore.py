@@ -110,6 +110,35 @@ class LogStore:
             self.log("error", "log_write_failed", partition=p, reason=str(exc)[:200])
             return LogRecords(p, a.token, []) if cls is ReadLog else LogWritten(p, 0)
 
+    def perform_all(self, actions: list[Any]) -> list[Any]:
+        """Do one partition's queued actions in order, with one fsync for a run of ``Append``
+        actions (group commit); each is answered, a run's answers once the run is on disk."""
+        out: list[Any] = []
+        run: list[Any] = []  # consecutive Appends
+        for a in actions:
+            if a.__class__ is Append:
+                run.append(a)
+                continue
+            if run:
+                out += self._append_run(run)
+                run = []
+            out.append(self.perform(a))
+        return out + (self._append_run(run) if run else [])
+
+    def _append_run(self, run: list[Any]) -> list[Any]:
+        p = run[0].partition
+        log = self.logs.get(p)
+        if log is None:
+            log = self.logs[p] = self._open(self._dir(p))[0]
+        try:
+            for a in run:
+                log.append(a.records)
+            durable = log.sync() if any(a.sync for a in run) else _flushed(log)
+        except (OSError, LogUsage) as exc:
+            self.log("error", "log_write_failed", partition=p, reason=str(exc)[:200])
+            durable = 0
+        return [LogWritten(p, durable) for _ in run]
+
     def close(self) -> None:
         for log in self.logs.values():
             with contextlib.suppress(OSError):

@@ -260,9 +260,10 @@ class PartitionLog:
         members that owned it before."""
         self.owners = owners
         if owners and owners[0] == self.me:
-            if self.role == LEADING:
+            if self.role == LEADING:  # (a new follower may not have this log active: a FETCH wakes it)
+                wake = [self._fetch_frame(m, claim=False) for m in owners[1:] if m not in self.followers]
                 self.followers = {m: self.followers.get(m, -1) for m in owners[1:]}
-                return self._advance()
+                return [*wake, *self._advance()]
             epoch = max(map_epoch, self.last_epoch + 1, self.seen + 1)
             probes = {m for m in (*owners[1:], *previous) if m != self.me}
             return self._begin_claim(epoch, probes, now)

@@ -358,11 +358,18 @@ class ClusterNode:
         return os.path.join(self.me.data_dir, SNAPSHOT_FILE)
 
     async def _log_worker(self, recv: trio.MemoryReceiveChannel[Any]) -> None:
-        """One partition's disk work, in the order the core asked for it, off the event loop."""
+        """One partition's disk work, in the order the core asked for it, off the event loop;
+        what queued while a batch was on disk goes as the next batch (group commit)."""
         async for a in recv:
-            ev = await _in_thread(self._logs.perform, a)
-            if ev is not None:
-                self._feed(ev)
+            batch = [a]
+            while True:  # (what queued meanwhile goes with it: one fsync for a run of appends)
+                try:
+                    batch.append(recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            for ev in await _in_thread(self._logs.perform_all, batch):
+                if ev is not None:
+                    self._feed(ev)
 
     async def _fsync_timer(self) -> None:
         """fsync = interval: every log is fsynced every fsync_interval, in its own queue's turn."""

@@ -239,3 +239,20 @@ def test_roost_get_start_at_a_time_older_than_the_members_cache(tmp_path: Path) 
         assert r.returncode != 0 and "--start must be earliest, latest, an offset or an ISO 8601 time" in r.stderr
     finally:
         c.stop()
+
+
+def test_a_secondary_that_starts_after_the_primary_began_leading_is_woken_and_puts_commit(tmp_path: Path) -> None:
+    """The primary led alone (its claim asked nobody); when the secondary joins the map, its log of
+    the partition is not active (no records, no claim seen): the primary's FETCH wakes it, it
+    follows, and puts commit again (they waited for it forever before)."""
+    c = LocalCluster(tmp_path, n=2, cluster_extra='mode = "partitioned"\npartitions = 1\n')
+    c.start("n1")
+    try:
+        assert roost("put", "w", "alone", "--node", c.addr("n1"), "--timeout", "20").returncode == 0
+        c.start("n2")
+        wait_until(lambda: "event=node_ready" in c.log("n2") and "live=2" in c.log("n1"), what="n2 in the map")
+        r = roost("put", "w", "m{n}", "--count", "20", "--node", c.addr("n1"), "--timeout", "20")
+        assert r.returncode == 0, r.stderr
+    finally:
+        c.stop()
+    assert _stored(tmp_path, "n2", "w") == [b"alone"] + [b"m%d" % i for i in range(20)]
