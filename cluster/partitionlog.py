@@ -69,10 +69,23 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
+from cluster.logactions import (
+    Append,
+    Committed,
+    LogAction,
+    LogSettings,
+    PeerFrame,
+    ReadDone,
+    ReadLog,
+    Reload,
+    ResetLog,
+    Retain,
+    Truncate,
+)
 from cluster.logrecords import (
     CURSOR,
     EPOCH,
@@ -86,99 +99,12 @@ from cluster.logrecords import (
 )
 from node.segmentlog import Record
 
-__all__ = ["CURSOR", "EPOCH", "MESSAGE", "LogFormatError", "LogScan", "State", "decode_untrusted_body"]
+__all__ = [
+    "CURSOR", "EPOCH", "MESSAGE", "Append", "Committed", "LogAction", "LogFormatError", "LogScan", "LogSettings",
+    "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog", "Retain", "State", "Truncate", "decode_untrusted_body",
+]  # fmt: skip
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
 OK, NOT_LEADER, STALE = 0, 1, 2  # DATA status
-
-
-class LogSettings(NamedTuple):
-    """The [durable] settings a log's core uses (cluster/config.py documents each)."""
-
-    fsync: str = "always"  # always | interval | never
-    max_uncommitted: int = 10_000
-    cache_records: int = 20_000
-    fetch_records: int = 500
-    fetch_bytes: int = 1 << 20
-    fetch_wait: float = 0.5
-    fetch_retry: float = 1.0
-    retention_bytes: int = 0  # 0: no limit
-    retention_age: float = 604800.0
-    retention_check_interval: float = 60.0
-
-    @classmethod
-    def of(cls, settings: Any) -> LogSettings:
-        """From the cluster's settings (cluster/config.py ClusterSettings: the same names)."""
-        return cls(**{k: getattr(settings, k) for k in cls._fields})
-
-    @property
-    def keep(self) -> int:
-        """Records a log opened at start-up keeps in memory (``LogScan``)."""
-        return max(self.cache_records, self.max_uncommitted)
-
-
-# ---------------------------------------------------------------- actions
-
-
-class Append(NamedTuple):
-    partition: int
-    records: list[Record]
-    sync: bool
-
-
-class Truncate(NamedTuple):
-    partition: int
-    to: int
-
-
-class ResetLog(NamedTuple):
-    partition: int
-    start: int
-
-
-class ReadLog(NamedTuple):
-    """Records from ``start`` (at most ``limit``); with ``at_time`` >= 0, the first record whose
-    time is at or after it (a durable subscription starting at a time older than the cache)."""
-
-    partition: int
-    start: int
-    limit: int
-    token: Any
-    at_time: int = -1
-
-
-class Retain(NamedTuple):
-    """Delete closed segments past the retention limits, but none holding ``keep_from`` or later."""
-
-    partition: int
-    keep_from: int
-    now_ms: int
-    max_bytes: int
-    max_age_ms: int
-
-
-class PeerFrame(NamedTuple):
-    member: str
-    frame: list[Any]
-
-
-class Committed(NamedTuple):
-    partition: int
-    tokens: list[Any]
-    records: list[Record]
-
-
-class Reload(NamedTuple):
-    partition: int
-
-
-class ReadDone(NamedTuple):
-    """Committed records a reader asked for (``read_committed``) that had to come from disk."""
-
-    token: Any
-    records: list[Record]
-
-
-LogAction = Append | Truncate | ResetLog | ReadLog | Retain | PeerFrame | Committed | Reload | ReadDone
 
 
 @dataclass
