@@ -405,6 +405,13 @@ class PartitionLog:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
         if self.role != LEADING or epoch > self.epoch:
+            if self.role != CLAIMING and self.owners and self.owners[0] == self.me:
+                # A follower fetches from us and our map names us primary, but we do not lead at its
+                # epoch: it followed a higher claim while we were paused or cut off (our map never
+                # changed). Claim above it, asking it too, or nobody leads until the map changes.
+                self.seen = max(self.seen, epoch)
+                probes = {m for m in (*self.owners[1:], member) if m != self.me}
+                return [*self._begin_claim(self.seen + 1, probes, now), self._data(member, NOT_LEADER, end, [])]
             if epoch > self.epoch and self.role == LEADING:
                 self._step_down()
             return [self._data(member, NOT_LEADER, end, [])]

@@ -285,3 +285,32 @@ def test_recovery_rebuilds_epochs_producers_and_cursors() -> None:
 def test_a_malformed_record_body_is_refused(body: bytes) -> None:
     with pytest.raises(LogFormatError):
         decode_untrusted_body(body)
+
+
+def test_a_paused_leader_whose_follower_comes_back_with_a_higher_epoch_claims_again() -> None:
+    """Found by a chaos run (SIGSTOP of a primary for 3.4 s): while a was paused, b claimed and
+    led; a resumed still leading at its old epoch with a map that never changed, b's map named a
+    primary again and b fetched from it at b's higher epoch. a stepped down and, its map naming it
+    primary still, never claimed again: the partition had no leader until the next map change."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.add("a")  # paused: hears nothing, says nothing, keeps its state
+    o.feed("b", o.logs["b"].assign(["b", "c"], [], 2, o.now))  # (a is not live in b's map: not probed)
+    o.feed("c", o.logs["c"].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    assert o.logs["b"].role == LEADING
+    o.put("b", ["m2"], first=2, token="b2")
+    assert o.committed["b"] == ["b2"]
+    o.down.discard("a")  # resumed: a's map is the one it had (a primary); b's names a again
+    assert o.logs["a"].role == LEADING
+    o.feed("b", o.logs["b"].assign(["a", "b"], ["c"], 3, o.now))
+    o.feed("c", o.logs["c"].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    o.tick(2.0)  # (retries, if any)
+    a, b = o.logs["a"], o.logs["b"]
+    assert (a.role, b.role) == (LEADING, FOLLOWING)
+    assert a.epoch > 2 and b.epoch == a.epoch
+    assert o.payloads("a") == [b"m1", b"m2"]  # a copied what b committed meanwhile
+    assert o.put("a", ["m3"], first=3, token="a3") == 0
+    assert o.committed["a"][-1] == "a3" and o.payloads("b") == [b"m1", b"m2", b"m3"]
