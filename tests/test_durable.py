@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import msgpack
@@ -139,5 +141,43 @@ def test_roost_get_reads_from_the_cursor_and_a_new_primary_keeps_it(tmp_path: Pa
         r = roost("get", "jobs", "--durable", "other", "--start", "latest", "--node", c.addr(alive),
                   "--timeout", "1")  # fmt: skip
         assert r.returncode == 1 and r.stdout == ""  # a new subscription at the end sees nothing old
+    finally:
+        c.stop()
+
+
+def test_durable_puts_and_gets_go_on_after_their_primary_was_paused(tmp_path: Path) -> None:
+    """Found by a chaos run (SIGSTOP of a primary for 3.4 s, then 0 puts acknowledged and 0
+    records read on its partition for the rest of the run). While the primary is paused another
+    member claims and leads; when it resumes, its own map never changed and it still leads at
+    its old epoch, and the client's session for it had failed over to another member. Now the
+    resumed primary claims above the epoch its follower brings, and the client takes its durable
+    requests back to the member the map names."""
+    c = LocalCluster(tmp_path, n=3, cluster_extra='mode = "partitioned"\npartitions = 8\n')
+    c.start()
+    try:
+        wait_until(lambda: all(c.status(m)["state"] == "ready" for m in c.ids), what="ready")
+
+        async def main() -> list[bytes]:
+            async with Client(c.addr("n1")) as cl:
+                await cl.put("jobs", "before", wait=True)
+                assert cl.router.cmap is not None
+                primary = cl.router.cmap.primary("jobs")
+                assert primary is not None
+                pid = c.launcher.pid_of(primary)
+                assert pid is not None
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    with trio.fail_after(30):  # (another member takes the partition over)
+                        await cl.put("jobs", "during", wait=True)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                with trio.fail_after(30):  # (back at the resumed primary, once the map names it)
+                    await cl.put("jobs", "after", wait=True)
+                assert cl.router.cmap.primary("jobs") == primary
+                got = await cl.get("jobs", "w", 3, timeout=30)
+                assert await cl.commit("jobs", "w")
+                return [m.payload for m in got]
+
+        assert trio.run(main) == [b"before", b"during", b"after"]
     finally:
         c.stop()
