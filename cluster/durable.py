@@ -130,7 +130,10 @@ class Durable(MemberParts):
             return
         owners = list(cmap.owners[p])
         before = [m for m in (old.owners[p] if old is not None else ()) if m in cmap.live and m not in owners]
-        self._run_log(log.assign(owners, before, cmap.epoch, self.now))
+        # Alone only where nobody else can hold the log: a member cut off from every other one
+        # must not lead a replicated partition with what it has (its log can be stale).
+        alone = cmap.replicas == 1 or len(cmap.members) == 1
+        self._run_log(log.assign(owners, before, cmap.epoch, self.now, alone))
 
     def _durable_map(self, old: Any) -> None:
         """The map changed: every active log learns its owners."""

@@ -200,6 +200,7 @@ class PartitionLog:
         self.epoch = 0  # the epoch we lead or follow
         self.leader: str | None = None
         self.owners: list[str] = []
+        self.alone = True  # we may lead with no other member to ask (a single replica, or member)
         self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
         self.parked: dict[str, tuple[float, int, int]] = {}  # fetcher -> (when, end, last epoch): nothing for it yet
         self.waiting: deque[tuple[int, Any]] = deque()  # (offset the commit must pass, token)
@@ -251,10 +252,11 @@ class PartitionLog:
 
     # ------------------------------------------------------------ roles
 
-    def assign(self, owners: list[str], previous: list[str], map_epoch: int, now: float) -> list[LogAction]:
+    def assign(self, owners: list[str], previous: list[str], map_epoch: int, now: float,
+               alone: bool = True) -> list[LogAction]:  # fmt: skip
         """The map changed: ``owners`` of this partition (primary first), ``previous`` the live
-        members that owned it before."""
-        self.owners = owners
+        members that owned it before. ``alone``: whether we may lead with no other member to ask."""
+        self.owners, self.alone = owners, alone
         if owners and owners[0] == self.me:
             if self.role == LEADING:
                 self.followers = {m: self.followers.get(m, -1) for m in owners[1:]}
@@ -282,8 +284,8 @@ class PartitionLog:
         self._step_down()
         self.role, self.epoch, self.seen = CLAIMING, epoch, max(self.seen, epoch)
         self.claim = Claim(epoch, probes)
-        if not probes:
-            return self._lead()
+        if not probes:  # (a replicated log cut off from everyone waits: its log may be stale)
+            return self._lead() if self.alone else []
         out: list[LogAction] = []
         for m in sorted(probes):
             out.append(self._fetch_frame(m, claim=True))

@@ -314,3 +314,47 @@ def test_a_paused_leader_whose_follower_comes_back_with_a_higher_epoch_claims_ag
     assert o.payloads("a") == [b"m1", b"m2"]  # a copied what b committed meanwhile
     assert o.put("a", ["m3"], first=3, token="a3") == 0
     assert o.committed["a"][-1] == "a3" and o.payloads("b") == [b"m1", b"m2", b"m3"]
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_member_cut_off_alone_does_not_lead_a_replicated_partition_so_its_stale_log_never_wins(alone: bool) -> None:
+    """Found by a chaos run (1,770 committed records cut from both owners): c, not an owner, was
+    cut off from everyone, saw itself the only live member and claimed the partition with nobody
+    to ask; the EPOCH record it wrote gave its stale log the highest last epoch. When c later
+    followed the primary at that epoch, the primary claimed again, took c's log as the best and cut
+    its own committed records to match it. A replicated partition's log now leads only after
+    hearing from another member (``alone``: a cluster of one member, or one replica, may lead
+    alone); ``alone=True`` shows the loss it prevents."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.add("a")  # a paused: b claims with c and leads; m2 on b and c
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    o.put("b", ["m2"], first=2, token=2)
+    o.down.discard("a")  # a resumes; the map is a, b again: c is no owner now
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    o.tick(2.0)
+    assert o.put("a", ["m3", "m4"], first=3, token=3) == 0
+    assert o.committed["a"][-1] == 3 and o.payloads("b") == [b"m1", b"m2", b"m3", b"m4"]
+    o.down.update("ab")  # c cut off: the only live member in its own map
+    o.feed("c", o.logs["c"].assign(["c"], [], 4, o.now, alone=alone))
+    o.run()
+    assert (o.logs["c"].role == LEADING) is alone
+    o.down.clear()  # healed, then b paused: c follows a, at c's epoch
+    o.feed("c", o.logs["c"].assign(["a", "b"], [], 5, o.now))
+    o.run()
+    o.down.add("b")
+    for m in "ac":
+        o.feed(m, o.logs[m].assign(["a", "c"], [], 6, o.now))
+    o.run()
+    o.tick(2.0)
+    assert o.logs["a"].role == LEADING
+    committed = [b"m1", b"m2", b"m3", b"m4"]
+    if alone:
+        assert o.payloads("a") == [b"m1", b"m2"]  # (the loss: a took c's stale log as the best)
+    else:
+        assert o.payloads("a") == committed and o.payloads("c") == committed
