@@ -247,6 +247,9 @@ class Durable(MemberParts):
         if log is None:
             self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_NOT_LEADER, [])))
             return
+        if not log.readable(self.now):  # (no follower fetched from us lately: we may be a stale leader)
+            self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_BUSY, [])))
+            return
         key = (a.did, cursor_key(a.name, a.topic))
         cursor = log.state.cursors.get(key)
         if cursor is None:  # (a new durable subscription: its cursor is written first, then read from)

@@ -202,6 +202,7 @@ class PartitionLog:
         self.owners: list[str] = []
         self.alone = True  # we may lead with no other member to ask (a single replica, or member)
         self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
+        self.fetched_at: dict[str, float] = {}  # leader: follower -> when its last fetch came (readable)
         self.parked: dict[str, tuple[float, int, int]] = {}  # fetcher -> (when, end, last epoch): nothing for it yet
         self.waiting: deque[tuple[int, Any]] = deque()  # (offset the commit must pass, token)
         self.claim: Claim | None = None
@@ -275,6 +276,7 @@ class PartitionLog:
     def _step_down(self) -> list[LogAction]:
         self.role, self.leader, self.claim = IDLE, None, None
         self.followers.clear()
+        self.fetched_at.clear()
         self.parked.clear()
         self.waiting.clear()  # (never acknowledged: the publishers retry at the new leader)
         self.fetching = False
@@ -372,8 +374,8 @@ class PartitionLog:
         return out
 
     def _advance(self) -> list[LogAction]:
-        if self.role != LEADING:
-            return []
+        if self.role != LEADING or not (self.followers or self.alone):
+            return []  # (a replicated log's leader with no follower in its map commits nothing: it may be cut off)
         commit = min([self.durable, *self.followers.values()])
         newly: list[Record] = []
         if commit > self.commit:
@@ -417,6 +419,8 @@ class PartitionLog:
             if epoch > self.epoch and self.role == LEADING:
                 self._step_down()
             return [self._data(member, NOT_LEADER, end, [])]
+        if member in self.followers:
+            self.fetched_at[member] = now
         if member in self.followers and end <= self.end and self._diverges(end, last_epoch) is None:
             self.followers[member] = max(self.followers[member], end)
         out = self._advance()
@@ -459,6 +463,14 @@ class PartitionLog:
         if token.__class__ is tuple and token[0] == "fetch":
             return [self._data(token[1], OK, records[0].offset, records)] if records else []
         return [ReadDone(token, [r for r in records if r.offset < self.commit])]
+
+    def readable(self, now: float) -> bool:
+        """Whether we may serve readers (GET): we lead, and every follower in our map fetched from
+        us within fetch_wait + fetch_retry. A leader paused or cut off while another member claimed
+        the partition still leads in its own view, with cursors older than those committed since;
+        its follower stops fetching from it once it follows the other, so this lease runs out."""
+        lease = self.s.fetch_wait + self.s.fetch_retry
+        return self.role == LEADING and all(now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
 
     def read_committed(self, start: int, limit: int, token: Any) -> tuple[list[Record] | None, list[LogAction]]:
         """Committed records from ``start`` (a durable reader's): from the cache, or (None and) a

@@ -358,3 +358,71 @@ def test_a_member_cut_off_alone_does_not_lead_a_replicated_partition_so_its_stal
         assert o.payloads("a") == [b"m1", b"m2"]  # (the loss: a took c's stale log as the best)
     else:
         assert o.payloads("a") == committed and o.payloads("c") == committed
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_leader_left_alone_in_its_map_commits_nothing_so_no_acknowledged_put_is_cut(alone: bool) -> None:
+    """Found by a chaos run (dur.f, seed 7): the primary, cut off from every member, kept leading
+    with nobody to follow it; for the half second between the heal and its map seeing the others
+    again, clients reached it and it committed and acknowledged their puts on its own disk alone.
+    Meanwhile its secondary had claimed with the third member, so when the primary claimed again
+    it took that log as the best and cut those acknowledged puts. A replicated log's leader now
+    commits nothing while its map leaves it no follower (``alone=True`` shows the loss)."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.update("bc")  # a cut off: its map has only a (b and c hear nothing from it)
+    o.feed("a", o.logs["a"].assign(["a"], [], 2, o.now, alone=alone))
+    o.run()
+    o.down.clear()
+    o.down.add("a")  # (b and c, apart from a: b claims with c and leads)
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    o.put("b", ["m2"], pid=b"p2", first=1, token="b2")  # (another producer, at b)
+    assert o.committed["b"] == ["b2"]
+    o.down.clear()  # healed; a's map still shows it alone for a moment, and a client reaches it
+    assert o.put("a", ["x2"], first=2, token="a-alone") == 0
+    assert ("a-alone" in o.committed["a"]) is alone  # acknowledged with no other copy?
+    for m in "abc":  # the maps agree again: a primary, b secondary
+        o.feed(m, o.logs[m].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    o.tick(2.0)
+    assert o.logs["a"].role == LEADING and o.payloads("a") == [b"m1", b"m2"]  # (x2 cut: b's log was the best)
+    if not alone:  # every acknowledged put is still there
+        assert o.put("a", ["x2"], first=2, token="again") == 0 and o.committed["a"][-1] == "again"
+        assert o.payloads("a") == o.payloads("b") == [b"m1", b"m2", b"x2"]
+
+
+def test_a_leader_serves_readers_only_while_its_followers_fetch_from_it() -> None:
+    """Found by a chaos run (dur.b, seed 7): the primary was cut off while its secondary claimed
+    with the third member and a reader committed its cursor there; after the heal the old primary
+    still led at its old epoch, with its old cursors, and a reader that asked it before its
+    follower's next fetch (which makes it claim again) was given records from the stale cursor.
+    A leader now serves readers only while every follower in its map fetched from it within
+    fetch_wait + fetch_retry (a lease its follower stops renewing once it follows another)."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1", "m2", "m3"], first=1)
+    assert o.logs["a"].readable(o.now)
+    o.down.add("a")  # paused: b claims with c; a reader commits its cursor there
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    st, acts = o.logs["b"].commit_cursor(b"c1", "d", 4, "cur", 5000)
+    o.feed("b", acts)
+    o.run()
+    assert st == 0 and o.committed["b"] == ["cur"]
+    o.now += 3.0  # a resumes 3 s later, still leading at its old epoch, without that cursor
+    o.down.discard("a")
+    a = o.logs["a"]
+    assert a.role == LEADING and (b"c1", "d") not in a.state.cursors
+    assert not a.readable(o.now)  # b has not fetched from it since: no reader is served
+    for m in "bc":  # the map names a again: b follows it at b's epoch, and a claims above it
+        o.feed(m, o.logs[m].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    assert a.role == LEADING and a.state.cursors[(b"c1", "d")] == 4 and not a.readable(o.now)
+    o.tick(1.5)  # b's next fetch, at a's new epoch: readers are served
+    assert a.readable(o.now)
+    o.tick(1.0)  # (b keeps fetching: the lease holds)
+    assert a.readable(o.now)
