@@ -202,6 +202,8 @@ class Client:
             deadline = min(s.next_deadline(), r.put_deadline())
             if now >= deadline:
                 r.tick(s, now)
+            if len(r.sessions) > len(self._socks):
+                self._spawn()  # (the router opened a session here: a put for a new primary)
             out = s.outgoing(now)
             self._send(sock, out)
             if batch or s.events or out:
@@ -378,6 +380,12 @@ class Client:
         msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
         return LogRead(p, msgs, max(f[4], offset), f[7], f[8])
 
+    def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
+        """The offset :meth:`commit` would move the cursor of (``client``, ``durable``) on ``topic``
+        to: past everything :meth:`get` returned in this process (None before its first answer).
+        An application that records what it processed (docs/durable.md) logs this with the commit."""
+        return self._read_to.get((client, durable, topic))
+
     async def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
         """Move the cursor of durable subscription (``client``, ``durable``) past everything
         :meth:`get` returned; True once that is on disk on the partition's owners."""
@@ -409,7 +417,7 @@ class Client:
         the deadline; it goes again (maybe to another primary) on a time-out or a refusal."""
         r = self.router
         while trio.current_time() < deadline:
-            s = r.session_for(topic)
+            s = r.durable_session_for(topic)
             if s.cookie is None:
                 self._kick()
                 await self._until(lambda s=s: s.cookie is not None or r.lost, min(deadline, trio.current_time() + 1))

@@ -107,6 +107,23 @@ class Router:
             s = self._open(primary, cmap)
         return s
 
+    def durable_session(self, member: str) -> ClientSession:
+        """The session a durable request to ``member`` (a partition's leader) goes through,
+        talking to that member. Members do not forward durable requests, so a session that
+        failed over to another member while ``member`` was away (paused, cut off) would be
+        refused for ever: once the map names ``member`` again, the session goes back to it."""
+        cmap = self.cmap
+        assert cmap is not None
+        s = self.by_member.get(member) or self._open(member, cmap)
+        if s.node_id is not None and s.node_id != member:
+            s.move_to(cmap.address(member), self._now)
+        return s
+
+    def durable_session_for(self, topic: str) -> ClientSession:
+        """``durable_session`` of the topic's primary (the first session without a map or owner)."""
+        primary = self.cmap.primary(topic) if self.cmap is not None else None
+        return self.first if primary is None else self.durable_session(primary)
+
     def _open(self, member: str, cmap: ClusterMap) -> ClientSession:
         cid, pid, fpid = (derive_id(x, member) for x in self.ids)
         others = [cmap.address(m) for m in sorted(cmap.members) if m != member]
@@ -219,7 +236,7 @@ class Router:
             if self._put_to.get(p) != owners[0]:
                 self._put_to[p] = owners[0]
                 putter.moved(p)
-            s = self.by_member.get(owners[0]) or self._open(owners[0], cmap)
+            s = self.durable_session(owners[0])
             if s.cookie is None:
                 continue  # (not connected yet: its WELCOME comes, then the next pump)
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))

@@ -365,6 +365,20 @@ class ClientSession:
             self.failovers += 1
             self._resume_elsewhere()
 
+    def move_to(self, node: Addr, now: float) -> None:
+        """Talk to ``node`` from now on, as a failover does (subscriptions and unacknowledged
+        publishes go again). The router's: a durable request is served by its partition's
+        leader only, so a session that failed over while that member was away goes back to it."""
+        if node == self.node:
+            return
+        if node not in self.candidates:
+            self.candidates.append(node)
+        self.node, self.cookie = node, None
+        self.next_hello = self.last_heard = now
+        self.failed_attempts = 0
+        self.failovers += 1
+        self._resume_elsewhere()
+
     def _resume_elsewhere(self) -> None:
         """Carry our state to the next node: subscriptions again, commands in
         flight again (they are idempotent), unacknowledged publishes again

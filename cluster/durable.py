@@ -143,7 +143,10 @@ class Durable(MemberParts):
             return
         owners = list(cmap.owners[p])
         before = [m for m in (old.owners[p] if old is not None else ()) if m in cmap.live and m not in owners]
-        self._run_log(log.assign(owners, before, cmap.epoch, self.now))
+        # Alone only where nobody else can hold the log: a member cut off from every other one
+        # must not lead a replicated partition with what it has (its log can be stale).
+        alone = cmap.replicas == 1 or len(cmap.members) == 1
+        self._run_log(log.assign(owners, before, cmap.epoch, self.now, alone))
 
     def _durable_map(self, old: Any) -> None:
         """The map changed: every active log learns its owners."""
@@ -248,6 +251,9 @@ class Durable(MemberParts):
         log = self._leading(a.partition, a.addr)
         if log is None:
             self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_NOT_LEADER, [])))
+            return
+        if not log.readable(self.now):  # (no follower fetched from us lately: we may be a stale leader)
+            self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_BUSY, [])))
             return
         if not a.name:  # (a plain read: the reader keeps its own offsets)
             self._read_from(log, a, min(max(a.read_from, log.start), log.commit))

@@ -131,7 +131,9 @@ class PartitionLog:
         self.epoch = 0  # the epoch we lead or follow
         self.leader: str | None = None
         self.owners: list[str] = []
+        self.alone = True  # we may lead with no other member to ask (a single replica, or member)
         self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
+        self.fetched_at: dict[str, float] = {}  # leader: follower -> when its last fetch came (readable)
         self.parked: dict[str, tuple[float, int, int]] = {}  # fetcher -> (when, end, last epoch): nothing for it yet
         self.waiting: deque[tuple[int, Any]] = deque()  # (offset the commit must pass, token)
         self.claim: Claim | None = None
@@ -181,10 +183,11 @@ class PartitionLog:
 
     # ------------------------------------------------------------ roles
 
-    def assign(self, owners: list[str], previous: list[str], map_epoch: int, now: float) -> list[LogAction]:
+    def assign(self, owners: list[str], previous: list[str], map_epoch: int, now: float,
+               alone: bool = True) -> list[LogAction]:  # fmt: skip
         """The map changed: ``owners`` of this partition (primary first), ``previous`` the live
-        members that owned it before."""
-        self.owners = owners
+        members that owned it before. ``alone``: whether we may lead with no other member to ask."""
+        self.owners, self.alone = owners, alone
         if owners and owners[0] == self.me:
             if self.role == LEADING:  # (a new follower may not have this log active: a FETCH wakes it)
                 wake = [self._fetch_frame(m, claim=False) for m in owners[1:] if m not in self.followers]
@@ -204,6 +207,7 @@ class PartitionLog:
     def _step_down(self) -> list[LogAction]:
         self.role, self.leader, self.claim = IDLE, None, None
         self.followers.clear()
+        self.fetched_at.clear()
         self.parked.clear()
         self.waiting.clear()  # (never acknowledged: the publishers retry at the new leader)
         self.fetching = False
@@ -213,8 +217,8 @@ class PartitionLog:
         self._step_down()
         self.role, self.epoch, self.seen = CLAIMING, epoch, max(self.seen, epoch)
         self.claim = Claim(epoch, probes)
-        if not probes:
-            return self._lead()
+        if not probes:  # (a replicated log cut off from everyone waits: its log may be stale)
+            return self._lead() if self.alone else []
         out: list[LogAction] = []
         for m in sorted(probes):
             out.append(self._fetch_frame(m, claim=True))
@@ -304,8 +308,8 @@ class PartitionLog:
         return out
 
     def _advance(self) -> list[LogAction]:
-        if self.role != LEADING:
-            return []
+        if self.role != LEADING or not (self.followers or self.alone):
+            return []  # (a replicated log's leader with no follower in its map commits nothing: it may be cut off)
         commit = min([self.durable, *self.followers.values()])
         newly: list[Record] = []
         if commit > self.commit:
@@ -339,9 +343,18 @@ class PartitionLog:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
         if self.role != LEADING or epoch > self.epoch:
+            if self.role != CLAIMING and self.owners and self.owners[0] == self.me:
+                # A follower fetches from us and our map names us primary, but we do not lead at its
+                # epoch: it followed a higher claim while we were paused or cut off (our map never
+                # changed). Claim above it, asking it too, or nobody leads until the map changes.
+                self.seen = max(self.seen, epoch)
+                probes = {m for m in (*self.owners[1:], member) if m != self.me}
+                return [*self._begin_claim(self.seen + 1, probes, now), self._data(member, NOT_LEADER, end, [])]
             if epoch > self.epoch and self.role == LEADING:
                 self._step_down()
             return [self._data(member, NOT_LEADER, end, [])]
+        if member in self.followers:
+            self.fetched_at[member] = now
         if member in self.followers and end <= self.end and self._diverges(end, last_epoch) is None:
             self.followers[member] = max(self.followers[member], end)
         out = self._advance()
@@ -384,6 +397,14 @@ class PartitionLog:
         if token.__class__ is tuple and token[0] == "fetch":
             return [self._data(token[1], OK, records[0].offset, records)] if records else []
         return [ReadDone(token, [r for r in records if r.offset < self.commit])]
+
+    def readable(self, now: float) -> bool:
+        """Whether we may serve readers (GET): we lead, and every follower in our map fetched from
+        us within fetch_wait + fetch_retry. A leader paused or cut off while another member claimed
+        the partition still leads in its own view, with cursors older than those committed since;
+        its follower stops fetching from it once it follows the other, so this lease runs out."""
+        lease = self.s.fetch_wait + self.s.fetch_retry
+        return self.role == LEADING and all(now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
 
     def read_committed(self, start: int, limit: int, token: Any) -> tuple[list[Record] | None, list[LogAction]]:
         """Committed records from ``start`` (a durable reader's): from the cache, or (None and) a

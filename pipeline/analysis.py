@@ -18,7 +18,12 @@ few lost and reordered messages on the executors). So every definition exists on
 - reordered: first deliveries per path in (t, ord) order, below the highest seq before them
   (a window function);
 - latency: nearest rank (rules.rank) over a row_number;
-- fault gaps: rules.path_gap per path, on the path's delivery times (applyInPandas).
+- fault gaps: rules.path_gap per path, on the path's delivery times (applyInPandas);
+- durable mode: its events are collected to the driver and judged by the checker's own code
+  (pipeline/durablerules.py). They are few next to the deliveries (a put, its acknowledgement,
+  a record per subscription and a commit per batch: tens of thousands in a 120 s chaos run), so
+  this does not scale past the driver's memory; a run with millions of durable events needs the
+  same rules as DataFrame operations, which is not built.
 
 `analyze` returns one report per run, with the checker's fields (its lists of lost,
 duplicated and reordered messages and of violations are cut to `sample` items, with counts).
@@ -37,6 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 from pyspark.sql.window import Window as W
 
+from pipeline.durablerules import DURABLE_KINDS, DURABLE_VIOLATIONS, DurableCollector, judge
 from pipeline.eventlog import RunInfo
 from pipeline.eventsource import MALFORMED
 from pipeline.rules import (
@@ -53,6 +59,7 @@ from pipeline.rules import (
     agreement,
     build_subscriptions,
     path_gap,
+    placement_of,
     rank,
 )
 
@@ -157,7 +164,8 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
            .groupBy("run", "sidx", "pid", "seq")
            .agg(F.count("*").alias("cnt"), F.min(F.struct("t", "ord")).alias("first"),
                 F.first("pt").alias("pt"), F.first("pmode").alias("pmode"),
-                F.first("pmember").alias("pmember"), F.first("pproc").alias("pproc"))
+                F.first("pmember").alias("pmember"), F.first("pproc").alias("pproc"),
+                F.first("ptopic").alias("ptopic"))
            .withColumn("first_t", F.col("first.t")).withColumn("first_ord", F.col("first.ord")).drop("first"))
     got = (got.alias("g").join(
         F.broadcast(ranges_df).alias("m"),
@@ -165,7 +173,8 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
         & (F.col("m.lo").isNull() | (F.col("m.lo") <= F.col("g.pt")))
         & (F.col("m.hi").isNull() | (F.col("g.pt") < F.col("m.hi"))))
         .withColumn("mode", F.when(F.col("pmode") == "fire", "fire").otherwise(F.col("wmode")))
-        .select("run", "sidx", "pid", "seq", "cnt", "pt", "pmember", "pproc", "first_t", "first_ord", "mode")
+        .select("run", "sidx", "pid", "seq", "cnt", "pt", "pmember", "pproc", "ptopic", "first_t", "first_ord",
+                "mode")
         .persist())  # fmt: skip
 
     step("latency")
@@ -232,6 +241,8 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
 
     step("violations")
     samples = _violations(spark, reports, judged, lost, reord, got, phantoms, opts)
+    step("durable")
+    _durable(ev, judged, opts, reports, samples)
     for i in ids:
         rep = reports[i]
         rep["input"].update({"events": sum(n for k, n in kinds[i].items() if k != MALFORMED),
@@ -246,6 +257,30 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
     for df in (p, acks, got, reord, exp, lost):
         df.unpersist()
     return reports
+
+
+def _durable(ev: DataFrame, judged: dict[str, Judged], opts: Options, reports: dict[str, Any],
+             samples: dict[str, Any]) -> None:  # fmt: skip
+    """Durable mode: every durable event to the driver, judged there by pipeline/durablerules.py
+    exactly as the checker judges it (module docstring: it does not scale out). Adds each run's
+    ``durable`` section and its violation counts to ``samples``, and its verdict to ``reports``."""
+    cols = ("run", "ev", "t", "ord", "proc", "pid", "seq", "topic", "member", "sub", "client", "durable", "start",
+            "log_partition", "log_offset")  # fmt: skip
+    collectors = {run: DurableCollector() for run in judged}
+    for r in _rows(ev.where(F.col("ev").isin(*sorted(DURABLE_KINDS))).select(*cols)):
+        e = {"proc": r.proc, "pid": r.pid, "seq": r.seq, "topic": r.topic, "member": r.member, "sub": r.sub,
+             "client": r.client, "durable": r.durable, "start": r.start, "partition": r.log_partition,
+             "offset": r.log_offset}  # fmt: skip
+        collectors[r.run].add(r.ev, e, r.t, r.ord)
+    for run, j in judged.items():
+        section, violations = judge(collectors[run], j.faults, opts.fault_tail, limit=opts.sample)
+        out = samples[run]
+        out["durable"] = section
+        counts = out["violations"]["by_kind"]
+        for kind in DURABLE_VIOLATIONS:
+            counts[kind] = sum(v["kind"] == kind for v in violations)
+        out["violations"]["total"] = sum(counts.values())
+        reports[run]["ok"] = reports[run]["ok"] and not violations
 
 
 def _judge_small_tables(ev: DataFrame, metas: list[RunMeta], max_t: dict[str, float],
@@ -282,7 +317,8 @@ def _judge_small_tables(ev: DataFrame, metas: list[RunMeta], max_t: dict[str, fl
         for lst in failovers[m.id].values():
             lst.sort()
         judged[m.id] = Judged(m, run_end, sub_timeout, build_subscriptions(subevs[m.id], run_end),
-                              FaultIndex(faults[m.id], run_end, sub_timeout, opts.grace, opts.horizon),
+                              FaultIndex(faults[m.id], run_end, sub_timeout, opts.grace, opts.horizon,
+                                         placement_of(m.info)),
                               failovers[m.id], {k: v[2] for k, v in sorted(status[m.id].items())})
     return judged
 
@@ -327,11 +363,11 @@ def _reorder_classifier(judged: dict[str, Judged]) -> Callable[[Iterator[Any]], 
     def classify(frames: Iterator[Any]) -> Iterator[Any]:
         for df in frames:
             cls = []
-            for run, pt, member, proc, pt2, member2, first_t, mode in zip(
-                    df["run"], df["pt"], df["pmember"], df["pproc"], df["pt2"], df["pmember2"], df["first_t"],
-                    df["mode"], strict=True):
+            for run, pt, member, proc, topic, pt2, member2, first_t, mode in zip(
+                    df["run"], df["pt"], df["pmember"], df["pproc"], df["ptopic"], df["pt2"], df["pmember2"],
+                    df["first_t"], df["mode"], strict=True):
                 faults, failovers = index[run]
-                m = (float(pt), "", None, "", member, proc)
+                m = (float(pt), topic, None, "", member, proc)  # (the topic: partitioned mode's primary)
                 m2 = (float(pt2), "", None, "", member2, "")
                 cls.append(faults.classify_reorder(mode, m, m2, float(first_t), failovers))
             out = df[["run", "sidx", "pid", "seq", "after", "mode", "first_t", "pmember"]].copy()

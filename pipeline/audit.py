@@ -25,7 +25,7 @@ from pipeline.spark import DEFAULT_MASTER, SparkUnavailable
 if TYPE_CHECKING:
     from pipeline.analysis import Options
 
-STEPS = 12  # analysis stages (the step calls in analysis.analyze) + the plots
+STEPS = 13  # analysis stages (the step calls in analysis.analyze) + the plots
 
 
 class Progress:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline import durablerules
 from pipeline.eventlog import InputError as InputError
 from pipeline.eventlog import RunInfo, event_files, load_run, read_events
 from pipeline.rules import (
@@ -29,6 +30,7 @@ from pipeline.rules import (
     build_subscriptions,
     latency_summary,
     path_gap,
+    placement_of,
 )
 
 _EXP, _ACK, _DEL, _MISS, _LOST, _RECV, _UNEXP, _DUP, _REORD = range(len(COUNT_FIELDS))
@@ -56,6 +58,7 @@ class Checker:
         self.failovers: dict[str, list[float]] = {}
         self.faults: list[tuple[float, int, str, str, str, dict[str, Any] | None]] = []
         self.status: dict[str, tuple[float, int, str, int, str]] = {}
+        self.durable = durablerules.DurableCollector()
 
     def malformed(self, file: str, line: int, error: str) -> None:
         self.malformed_lines.append({"file": file, "line": line, "error": error[:200]})
@@ -93,6 +96,8 @@ class Checker:
             prev = self.status.get(e["member"])
             if prev is None or (t, order) >= prev[:2]:
                 self.status[e["member"]] = (t, order, e["digest"], e["subscriptions"], e["state"])
+        else:
+            self.durable.add(ev, e, t, order)
 
     # -- judging ------------------------------------------------------------------------------
 
@@ -108,7 +113,7 @@ class Checker:
         for s in subs:
             by_sub_topic.setdefault((s.sub, s.topic), []).append(s)
 
-        faults = FaultIndex(self.faults, run_end, sub_timeout, grace, self.horizon)
+        faults = FaultIndex(self.faults, run_end, sub_timeout, grace, self.horizon, placement_of(run))
 
         def row(s: Subscription, mode: str, pid: str) -> list[int]:
             r = s.rows.get((mode, pid))
@@ -281,6 +286,8 @@ class Checker:
             if mk in acks:
                 p["acknowledged"] += 1
 
+        durable, durable_violations = durablerules.judge(self.durable, faults, self.fault_tail)
+        violations += durable_violations
         digests = {member: st[2] for member, st in sorted(self.status.items())}
         # (a member whose status could not be read agrees with nobody)
         agreed = agreement(digests)
@@ -310,6 +317,7 @@ class Checker:
             "faults": faults_out,
             "agreement": {"agreed": agreed, "digests": digests,
                           "missing": [mm for mm in run.members if mm not in digests]},
+            "durable": durable,
             "violations": violations,
         }
 

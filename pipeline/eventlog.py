@@ -45,13 +45,21 @@ FIELDS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
     "failover": (("client", _STR), ("from", _STR_NULL), ("to", _STR_NULL)),
     "fault": (("fault", _STR), ("target", _STR), ("phase", _STR)),
     "status": (("member", _STR), ("digest", _STR_NULL), ("subscriptions", (int, type(None))), ("state", _STR)),
+    # durable mode (pipeline/durablerules.py)
+    "put": (("pid", _STR), ("seq", _INT), ("topic", _STR), ("member", _STR_NULL)),
+    "putack": (("pid", _STR), ("seq", _INT), ("partition", _INT), ("member", _STR_NULL)),
+    "dsubscribe": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR), ("start", _STR)),
+    "record": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR), ("partition", _INT),
+               ("offset", _INT), ("pid", _STR), ("seq", _INT), ("member", _STR_NULL)),
+    "commit": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR), ("offset", _INT)),
+    "crash": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR)),
 }
 _ENUMS: dict[str, frozenset[str]] = {
     "mode": frozenset(MODES), "phase": frozenset({"start", "end"}), "fault": FAULT_KINDS,
 }
 _TYPE_NAMES = {_STR: "a string", _STR_NULL: "a string or null", _INT: "an integer", _NUM: "a number"}
 _MISSING = object()
-_INT_FIELDS = ("seq", "subscriptions")
+_INT_FIELDS = ("seq", "subscriptions", "partition", "offset")
 _INT64 = 1 << 63
 _FLOAT_MAX = 1 << 1023  # (an int this large has no float: float() would raise OverflowError)
 
@@ -125,6 +133,10 @@ class RunInfo:
     members: list[str] = field(default_factory=list)
     config: str | None = None
     subscriber_timeout: float | None = None
+    # [cluster] of config_text: partitioned mode's placement (pipeline/rules.py, Placement)
+    partitioned: bool = False
+    partitions: int = 256
+    replicas: int = 2
 
 
 def load_run(run_dir: str | Path) -> RunInfo:
@@ -150,10 +162,18 @@ def load_run(run_dir: str | Path) -> RunInfo:
     text = raw.get("config_text")
     if isinstance(text, str):
         try:
-            timeouts = tomllib.loads(text).get("timeouts", {})
+            toml = tomllib.loads(text)
+            timeouts = toml.get("timeouts", {})
             v = timeouts.get("subscriber_timeout") if isinstance(timeouts, dict) else None
             if isinstance(v, int | float) and not isinstance(v, bool):
                 info.subscriber_timeout = float(v)
+            cluster = toml.get("cluster", {})
+            if isinstance(cluster, dict) and cluster.get("mode") == "partitioned":
+                info.partitioned = True
+                for name in ("partitions", "replicas"):
+                    n = cluster.get(name)
+                    if type(n) is int and n >= 1:
+                        setattr(info, name, n)
         except tomllib.TOMLDecodeError:
             info.subscriber_timeout = None  # (unreadable: the checker's default applies)
     return info

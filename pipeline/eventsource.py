@@ -43,6 +43,9 @@ _FIELD_COLUMNS: tuple[tuple[str, str, Any], ...] = (
     ("target", "target", StringType()), ("phase", "phase", StringType()), ("params", "params", StringType()),
     ("digest", "digest", StringType()), ("subscriptions", "subscriptions", LongType()),
     ("state", "state", StringType()),
+    # durable mode's events (pipeline/durablerules.py)
+    ("durable", "durable", StringType()), ("start", "start", StringType()),
+    ("partition", "log_partition", LongType()), ("offset", "log_offset", LongType()),
 )
 
 EVENT_SCHEMA = StructType([

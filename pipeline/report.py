@@ -24,8 +24,9 @@ def render(summary: dict[str, Any]) -> str:
                f"analysis {a['analyze_s']:.1f} s. Definitions: docs/pipeline.md and pipeline/rules.py.")
     out.append("")
     out.append("| run | events | malformed | published (reliable / fire) | lost (violations) | duplicated | "
-               "reordered | faults | members agree | verdict |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+               "reordered | durable: acked / lost / duplicated / cursor regressions | faults | members agree | "
+               "verdict |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in summary["runs"]:
         pub = r["published"]
         rel = r["modes"]["reliable"]
@@ -33,13 +34,37 @@ def render(summary: dict[str, Any]) -> str:
         dup = sum(m["totals"]["duplicated"] for m in r["modes"].values())
         reord = sum(m["totals"]["reordered"] for m in r["modes"].values())
         agree = {True: "yes", False: "NO", None: "unknown"}[r["agreement"]["agreed"]]
+        d = r["durable"]
+        dur = (f"{d['acknowledged']} / {d['totals']['lost']} / {d['totals']['duplicated']} / "
+               f"{d['totals']['cursor_regressions']}" if _durable_on(d) else "-")
         out.append(f"| {r['run']['id']} | {r['input']['events']} | {r['input']['malformed']} | "
                    f"{pub['reliable']['messages']} / {pub['fire']['messages']} | {lost} "
-                   f"({rel['lost_by_class']['violation']}) | {dup} | {reord} | {len(r['faults'])} | {agree} | "
+                   f"({rel['lost_by_class']['violation']}) | {dup} | {reord} | {dur} | {len(r['faults'])} | {agree} | "
                    f"{'OK' if r['ok'] else 'FAIL'} |")
     for r in summary["runs"]:
         out += ["", *_run(r)]
     return "\n".join(out) + "\n"
+
+
+def _durable_on(d: dict[str, Any]) -> bool:
+    return bool(d["puts"] or d["subscriptions"])
+
+
+def _durable(d: dict[str, Any]) -> list[str]:
+    """Durable mode: per subscription cursor, what it was owed and got (pipeline/rules.py)."""
+    cols = ("expected", "received", "records", "redelivered", "duplicated", "lost", "reordered", "commits",
+            "cursor_regressions")  # fmt: skip
+    lat, gap = d["latency"], d["longest_gap"]
+    out = ["", f"Durable: {d['puts']} puts, {d['acknowledged']} acknowledged, {d['crashes']} subscriber crashes "
+           f"before a commit, {d['offset_conflicts']} offsets carrying two messages, {d['phantoms']} records never "
+           f"put; put to first record p50 {_ms(lat['p50'])} ms, p99 {_ms(lat['p99'])} ms; longest gap between "
+           f"records while puts went on {_s(gap['gap'])} s.", "",
+           "| subscription | topic | " + " | ".join(c.replace("_", " ") for c in cols) + " | cursor |",
+           "|---|---|" + "---|" * (len(cols) + 1)]  # fmt: skip
+    for s in d["subscriptions"]:
+        out.append(f"| {s['client']}/{s['durable']} | {s['topic']} | " + " | ".join(str(s[c]) for c in cols)
+                   + f" | {'-' if s['committed'] is None else s['committed']} |")
+    return out
 
 
 def _run(r: dict[str, Any]) -> list[str]:
@@ -70,6 +95,8 @@ def _run(r: dict[str, Any]) -> list[str]:
         classes = [f"{n} {c}" for c, n in r["modes"][mode]["lost_by_class"].items() if n]
         if classes:
             out.append(f"Lost ({mode}): " + "; ".join(classes) + ".")
+    if _durable_on(r["durable"]):
+        out += _durable(r["durable"])
     v = r["violations"]
     kinds = ", ".join(f"{n} {k}" for k, n in v["by_kind"].items() if n)
     out += ["", f"Violations: {v['total']}" + (f" ({kinds})" if kinds else "") + ".", ""]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.durablerules import DURABLE_COUNTS, DURABLE_VIOLATIONS
 from pipeline.rules import COUNT_FIELDS, LOSS_CLASSES, MODES
 
 _N = {"type": ["number", "null"]}
@@ -13,6 +14,8 @@ _INT_S = {"type": "integer", "minimum": 0}
 _STR_S = {"type": "string"}
 _STRN = {"type": ["string", "null"]}
 _COUNTS = {f: _INT_S for f in COUNT_FIELDS}
+_DCOUNTS = {f: _INT_S for f in DURABLE_COUNTS}
+_INT_OR_NULL = {"type": ["integer", "null"]}
 
 
 def _obj(props: dict[str, Any], extra: bool = False) -> dict[str, Any]:
@@ -55,8 +58,31 @@ REPORT_SCHEMA: dict[str, Any] = _obj({
     "agreement": _obj({"agreed": {"type": ["boolean", "null"]}, "digests": {"type": "object",
                                                                              "additionalProperties": _STRN},
                        "missing": {"type": "array", "items": _STR_S}}),
+    "durable": _obj({
+        "puts": _INT_S, "acknowledged": _INT_S, "duplicate_puts": _INT_S, "crashes": _INT_S,
+        "offset_conflicts": _INT_S, "phantoms": _INT_S, "totals": _obj(_DCOUNTS),
+        "subscriptions": {"type": "array", "items": _obj({"client": _STR_S, "durable": _STR_S, "topic": _STR_S,
+                                                          **_DCOUNTS, "committed": _INT_OR_NULL, "read_to": _INT_S})},
+        "latency": _obj({"n": _INT_S, "p50": _N, "p90": _N, "p99": _N, "max": _N}),
+        "longest_gap": _obj({"gap": _N, "sub": _STRN, "topic": _STRN, "t": _N}),
+        "faults": {"type": "array", "items": _obj({"fault": _STR_S, "target": _STR_S, "start": _NUM_S, "end": _N,
+                                                   "gap": _NUM_S})},
+        "lost": {"type": "array", "items": _obj({"pid": _STR_S, "seq": {"type": "integer"}, "client": _STR_S,
+                                                 "durable": _STR_S, "topic": _STR_S, "member": _STRN, "t": _NUM_S,
+                                                 "offset": _INT_OR_NULL, "read_to": _INT_S})},
+        "duplicated": {"type": "array", "items": _obj({"pid": _STR_S, "seq": {"type": "integer"}, "client": _STR_S,
+                                                       "durable": _STR_S, "topic": _STR_S,
+                                                       "offsets": {"type": "array", "minItems": 2}})},
+        "regressions": {"type": "array", "items": _obj({"client": _STR_S, "durable": _STR_S, "topic": _STR_S,
+                                                        "kind": {"enum": ["commit_back", "read_below"]},
+                                                        "offset": {"type": "integer"}, "committed": {"type": "integer"},
+                                                        "t": _NUM_S, "proc": _STR_S})},
+        "conflicts": {"type": "array", "items": _obj({"partition": {"type": "integer"}, "offset": {"type": "integer"},
+                                                      "first": {"type": "array"}, "other": {"type": "array"},
+                                                      "t": _NUM_S})},
+    }),
     "violations": {"type": "array", "items": _obj({
-        "kind": {"enum": ["lost", "duplicated", "reordered", "phantom", "disagreement"]},
+        "kind": {"enum": ["lost", "duplicated", "reordered", "phantom", "disagreement", *DURABLE_VIOLATIONS]},
         "pid": _STRN, "seq": {"type": ["integer", "null"]}, "sub": _STRN, "member": _STRN, "reason": _STR_S,
         "t": _N})},
 })

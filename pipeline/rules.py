@@ -96,9 +96,15 @@ pid with the highest seq delivered before it) is allowed when M and M' were publ
 different members, or the publisher's process had a ``failover`` (``client`` = the publish's
 ``proc``), or a kill/restart start hit M's or M''s publishing member, within
 [min(M.publish.t, M'.publish.t), first delivery of M] (docs/cluster.md: "in order, except across
-a failover of the publisher or a crash of the member it published through"); otherwise a
-violation. Fire mode promises no order, and no delivery: its reorders and misses are counted
-only. A phantom is a violation. So is member disagreement (below).
+a failover of the publisher or a crash of the member it published through"), or, in a
+partitioned run (run.json ``config_text``: ``[cluster] mode = "partitioned"``), a member fault
+on a *mover* of the topic's partition began or ended, or a member joined or left, within
+[min(M.publish.t, M'.publish.t) - horizon, first delivery of M] (docs/cluster.md does not
+promise order across a change of primary; a mover is a member whose absence alone changes the
+partition's primary, by cluster/clustermap.py's ``compute`` over run.json's members with
+``[cluster] partitions`` and ``replicas``: :class:`Placement`); otherwise a violation. Fire
+mode promises no order, and no delivery: its reorders and misses are counted only. A phantom
+is a violation. So is member disagreement (below).
 
 Latency, faults and agreement
 -----------------------------
@@ -128,6 +134,47 @@ Latency, faults and agreement
   by ``;`` (scripts/chaos.py): then every partition some member reported must have the same
   digest at every member that reported it (its owners).
 
+Durable mode
+------------
+(docs/durable.md; the code is pipeline/durablerules.py, shared by the checker and the audit.)
+Durable events: ``put`` (pid, seq, topic) before a put is handed to the library, ``putack``
+once the put's partition acknowledged it, ``dsubscribe`` when a subscriber process starts
+reading a cursor, ``record`` for every record a get returned (its ``partition`` and log
+``offset``, and the payload's pid and seq), ``commit`` once the cursor is at ``offset`` on the
+owners, ``crash`` just before a subscriber kills itself between a get and its commit. A message
+is (pid, seq), its first ``put`` in reading order; it is *acknowledged* with a ``putack``. A
+*durable subscription* here is one cursor: (``client``, ``durable``, ``topic``), known from any
+of its ``dsubscribe``, ``record`` or ``commit`` events, whatever process wrote them (a restarted
+subscriber is the same subscription). Its records and commits are taken in time order (ties:
+reading order). Per subscription:
+
+- **expected**: every acknowledged message put on its topic (a subscription starts at the
+  earliest offset: no window, no grace);
+- **records**: its ``record`` events; **received**: the messages among them (distinct pid, seq);
+  **redelivered**: records of an offset it had received before (a get after a crash or a failed
+  commit; de-duplication by offset drops them): records - distinct offsets;
+- **duplicated**: messages received at more than one offset (the log stored them twice: the
+  de-duplication by offset a consumer does keeps both); a violation;
+- **lost**: expected and never received; a violation, whatever the faults (durable mode promises
+  an acknowledged put survives any one member's loss; the chaos runs fault one member at a time).
+  The loss names the message's offset when another subscription read it, and the subscription
+  is said to be *behind at the end* when that offset is past everything it read (a settle too
+  short rather than a hole);
+- **reordered**: a message whose first offset comes after the first offset of a higher seq of the
+  same pid (a producer's puts to one partition are stored in order); a violation;
+- **cursor regressions**: a ``commit`` whose offset is below an earlier commit's, or a ``record``
+  whose offset is below the highest offset committed before it (a get after a successful commit
+  starts at or after it); each event is one regression, a violation.
+
+Over the run: an **offset conflict** is a (partition, offset) that carried two different
+messages in the records of any subscriptions (a committed record replaced: a lost committed
+write), each (partition, offset, other message) once, a violation; a **durable phantom** is a
+(topic, message) received that was never put on that topic, a violation. ``latency`` is over
+every (subscription, message) received with a put: its first record's time minus the put's.
+For each fault, ``gap`` is the longest ``path_gap`` (above) over the subscriptions' record times;
+``longest_gap`` is the longest interval between two consecutive records of one subscription
+that began before the last put of the run.
+
 JSON report (``check.py --json``)
 ---------------------------------
 One object (scripts/checkschema.py holds its JSON Schema, used by the tests)::
@@ -153,10 +200,23 @@ One object (scripts/checkschema.py holds its JSON Schema, used by the tests)::
      "faults": [{"fault", "target", "start", "end", "healed", "params", "gap", "recover",
                  "deliveries"}],
      "agreement": {"agreed": bool|null, "digests": {member: digest}, "missing": [member]},
+     "durable": {"puts", "acknowledged", "duplicate_puts", "crashes", "offset_conflicts", "phantoms": int,
+         "totals": {expected, received, records, redelivered, duplicated, lost, reordered, commits,
+                    cursor_regressions: int},
+         "subscriptions": [{"client", "durable", "topic", + the totals' fields, "committed", "read_to"}],
+         "latency": {"n", "p50", "p90", "p99", "max"},
+         "longest_gap": {"gap", "sub", "topic", "t"},
+         "faults": [{"fault", "target", "start", "end", "gap"}],     # in the order of "faults"
+         "lost": [{"pid", "seq", "client", "durable", "topic", "member", "t", "offset", "read_to"}],
+         "duplicated": [{"pid", "seq", "client", "durable", "topic", "offsets"}],
+         "regressions": [{"client", "durable", "topic", "kind", "offset", "committed", "t", "proc"}],
+         "conflicts": [{"partition", "offset", "first", "other", "t"}]},
      "violations": [{"kind", "pid", "seq", "sub", "member", "reason", "t"}]}
 
-Times are Unix seconds; ``kind`` is ``lost``, ``duplicated``, ``reordered``, ``phantom`` or
-``disagreement`` (pid, seq and sub null where they do not apply).
+Times are Unix seconds; ``kind`` is ``lost``, ``duplicated``, ``reordered``, ``phantom``,
+``disagreement``, or for durable mode ``durable_lost``, ``durable_duplicated``,
+``durable_reordered``, ``durable_phantom``, ``offset_conflict``, ``cursor_regression`` (then
+``sub`` is ``client/durable``); pid, seq and sub are null where they do not apply.
 """
 
 from __future__ import annotations
@@ -169,6 +229,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.eventlog import MODES as MODES
+from pipeline.eventlog import RunInfo
+
+MEMBERSHIP_FAULTS = frozenset({"join", "leave"})
 
 DEATH_FAULTS = frozenset({"kill"})  # (a restart is the member coming back, not dying)
 MEMBER_FAULTS = frozenset({"kill", "pause", "partition"})
@@ -192,6 +255,7 @@ REORDER_MEMBERS = "allowed: published through different members"
 REORDER_FAILOVER = "allowed: publisher failed over"
 REORDER_CRASH = "allowed: publishing member crashed"
 REORDER_FIRE = "allowed: fire mode keeps no order"
+REORDER_PRIMARY = "allowed: the topic's primary changed (partitioned mode)"
 
 COUNT_FIELDS = (
     "expected", "acknowledged", "delivered", "missing", "lost", "received", "unexpected", "duplicated", "reordered",
@@ -280,6 +344,39 @@ def build_subscriptions(subevs: Iterable[SubEvent], run_end: float) -> list[Subs
     return list(subs.values())
 
 
+class Placement:
+    """Partitioned mode: whose faults change a topic's primary. docs/cluster.md does not promise
+    one publisher's order across a change of primary (a forward in flight when two members' maps
+    differ is routed again and can arrive after newer messages). The members' own function
+    (cluster/clustermap.py ``compute``) gives each partition's primary with every member of
+    run.json live, and without each one of them: a member is a *mover* of a partition when its
+    absence alone changes the primary (the chaos nemesis faults one member at a time). Computed
+    once, on the driver of the audit too; only plain data travels to its executors."""
+
+    def __init__(self, members: list[str], partitions: int, replicas: int) -> None:
+        from cluster.clustermap import compute
+
+        self.partitions = partitions
+        addrs = {m: (("", 0), ("", 0)) for m in members}
+        full = compute(1, addrs, members, partitions, replicas).owners
+        self.movers: list[frozenset[str]] = [frozenset() for _ in range(partitions)]
+        for x in members:
+            without = compute(1, addrs, [m for m in members if m != x], partitions, replicas).owners
+            for p in range(partitions):
+                if without[p][:1] != full[p][:1]:
+                    self.movers[p] |= {x}
+
+    def movers_of(self, topic: str) -> frozenset[str]:
+        from cluster.ring import partition_of
+
+        return self.movers[partition_of(topic, self.partitions)]
+
+
+def placement_of(run: RunInfo) -> Placement | None:
+    """The placement of a partitioned run (None in replicated mode or without members)."""
+    return Placement(run.members, run.partitions, run.replicas) if run.partitioned and run.members else None
+
+
 # A fault event: (t, order, fault, target, phase, params).
 FaultEvent = tuple[float, int, str, str, str, dict[str, Any] | None]
 # A paired fault: (start, end or None, fault, target, params).
@@ -291,8 +388,11 @@ class FaultIndex:
     (module docstring: classification)."""
 
     def __init__(self, faults: Iterable[FaultEvent], run_end: float, subscriber_timeout: float,
-                 grace: float = DEFAULT_GRACE, horizon: float = DEFAULT_HORIZON) -> None:
-        self.run_end, self.grace, self.horizon = run_end, grace, horizon
+                 grace: float = DEFAULT_GRACE, horizon: float = DEFAULT_HORIZON,
+                 placement: Placement | None = None) -> None:  # fmt: skip
+        self.run_end, self.grace, self.horizon, self.placement = run_end, grace, horizon, placement
+        self.boundaries: dict[str, list[float]] = {}  # member -> starts and ends of its member faults
+        self.membership: list[float] = []  # joins and leaves (any topic's primary may change)
         # (keyed by member id; a null member, a lookup of None, finds nothing but faults on "all")
         self.deaths: dict[str | None, list[float]] = {}
         open_faults: dict[tuple[str, str], deque[tuple[float, dict[str, Any] | None]]] = {}
@@ -316,6 +416,13 @@ class FaultIndex:
         self.intervals = intervals
         self.cuts: dict[str | None, list[tuple[float, float]]] = {}
         self.apart: dict[str | None, list[tuple[float, float]]] = {}  # member -> (start, stop) of its faults
+        for start, end, kind, target, _ in intervals:
+            if kind in MEMBER_FAULTS:
+                self.boundaries.setdefault(target, []).extend((start, self.stop(start, end)))
+            elif kind in MEMBERSHIP_FAULTS:
+                self.membership.append(start)
+        for times in (*self.boundaries.values(), self.membership):
+            times.sort()
         for start, end, kind, target, _ in intervals:
             stop = self.stop(start, end)
             if kind in CUT_FAULTS and stop - start >= subscriber_timeout:
@@ -360,6 +467,17 @@ class FaultIndex:
             return ALLOWED_UNREPLICATED
         return VIOLATION
 
+    def primary_changed(self, topic: str, lo: float, hi: float) -> bool:
+        """Partitioned mode: a fault on a mover of the topic's partition (or a join or leave)
+        began or ended in [lo, hi]."""
+        if self.placement is None:
+            return False
+        for times in (*(self.boundaries.get(x, ()) for x in self.placement.movers_of(topic)), self.membership):
+            i = bisect_left(times, lo)
+            if i < len(times) and times[i] <= hi:
+                return True
+        return False
+
     def classify_reorder(self, mode: str, m: Msg, m2: Msg, first_t: float, failovers: Mapping[str, list[float]]) -> str:
         """The class of message `m` first delivered at `first_t` after `m2` (a higher seq of the
         same publisher) on a path of `mode`."""
@@ -372,6 +490,8 @@ class FaultIndex:
             return REORDER_FAILOVER
         if self.died(m[4], lo, first_t) or self.died(m2[4], lo, first_t):
             return REORDER_CRASH
+        if self.primary_changed(m[1], lo - self.horizon, first_t):
+            return REORDER_PRIMARY
         return VIOLATION
 
 

@@ -34,7 +34,7 @@ from pipeline.analysis import RunMeta
 from pipeline.eventlog import RunInfo, event_files, load_run
 from pipeline.eventsource import EVENT_SCHEMA  # (explicit: partition values are not typed by guess)
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # (2: the durable columns; a store of version 1 lacks them and is converted again)
 
 
 def run_id(run_dir: str | Path) -> str:

@@ -23,6 +23,10 @@ see, and a nemesis that injects faults from a seeded schedule and logs them:
 * leave (partitioned mode, once): a member no fault holds leaves at 60 % of the run
   (``roost cluster leave``'s request); it delivers what it holds and exits by itself.
 
+In partitioned mode a durable workload runs too (--durable, on by default there; --no-durable
+leaves it out): publishers that put, durable subscribers that get and commit and now and then
+crash between the two and are started again (scripts/chaos_durable.py).
+
 At most one member is down (killed, paused or cut off) at a time, so a
 majority stays up. After --duration everything is healed, the publishers
 flush, the subscribers get --settle seconds, each member's status (with a
@@ -55,6 +59,7 @@ from cluster import admin  # noqa: E402
 from cluster.config import ClusterConfig, load_cluster_config  # noqa: E402
 from cluster.launcher import free_tcp_port, node_command, write_local_config  # noqa: E402
 from node.procs import free_udp_port  # noqa: E402
+from scripts import chaos_durable  # noqa: E402
 
 FAULTS = ("kill", "pause", "partition", "loss", "dup", "delay", "join", "leave")
 MEMBER_FAULTS = ("kill", "pause", "partition")  # one member down at a time
@@ -87,6 +92,7 @@ class Run:
         self.cc: ClusterConfig
         self.config = ""
         self.info: dict[str, Any] = {}
+        self.durable: chaos_durable.DurableWorkers | None = None
 
     # ------------------------------------------------------------ logging
 
@@ -271,6 +277,7 @@ def main() -> int:
     ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated",
                     help="cluster mode of the default config (default replicated)")
     ap.add_argument("--settle", type=float, default=8.0, help="seconds after the last heal before the end")
+    chaos_durable.add_arguments(ap)
     args = ap.parse_args()
     kinds = [f for f in args.faults.split(",") if f]
     bad = [f for f in kinds if f not in FAULTS]
@@ -319,10 +326,14 @@ def drive(run: Run, kinds: list[str]) -> int:
             ("sub-2", "chaos.a/k2:reliable,chaos.b:fire")]  # fmt: skip
     for i, (name, spec) in enumerate(subs):
         run.start_worker(name, ["sub", "--seed", str(args.seed * 100 + i), "--subs", spec])
+    if run.durable is not None:
+        run.durable.start_subscribers(time.time() + 2.0 + args.duration)
     time.sleep(2.0)  # (the subscribers confirm; messages before that are not expected anyway)
     for i, mode in enumerate(("reliable", "reliable", "fire")):
         run.start_worker(f"pub-{i}", ["pub", "--seed", str(args.seed * 100 + 50 + i), "--mode", mode,
                                       "--rate", str(args.rate), "--duration", str(args.duration)])  # fmt: skip
+    if run.durable is not None:
+        run.durable.start_publishers()
     run_plan(run, schedule(run.rng, kinds, ids, args.duration), args.duration)
     finish(run, ids)
     return 0
@@ -341,11 +352,17 @@ def start_cluster(run: Run, kinds: list[str]) -> list[str]:
         shutil.rmtree(ROOT / "run" / "netns", ignore_errors=True)  # (the members' data dirs: a fresh cluster)
     run.cc = cc = load_cluster_config(run.config)
     ids = [m.id for m in cc.members]
+    try:
+        durable = chaos_durable.wanted(args, cc.settings.mode)
+    except ValueError as exc:
+        raise RuntimeError(str(exc)) from None
     run.info = {"version": 1, "seed": args.seed, "config": run.config, "config_text": Path(run.config).read_text(),
                 "duration": args.duration, "faults": kinds, "netns": bool(args.netns), "started": time.time(),
                 "loss": args.loss, "dup": args.dup, "delay": args.delay, "rate": args.rate, "settle": args.settle,
                 "members": {m.id: {"client": "{}:{}".format(*m.client_addr), "peer": "{}:{}".format(*m.peer_addr)}
                             for m in cc.members}}  # fmt: skip
+    if durable:
+        run.durable = chaos_durable.DurableWorkers(run)
     (out / "run.json").write_text(json.dumps(run.info, indent=2))
     for mid in ids:
         run.start_member(mid)
@@ -371,6 +388,8 @@ def run_plan(run: Run, plan: Plan, duration: float) -> None:
             active.remove(item)
             heal(run, item[1], item[2], item[3])
             done += 1
+        if run.durable is not None:
+            run.durable.watch()
         if now >= duration and not active:
             break
         if tty or now >= next_line:  # (a line every 5 s into a log file, one line redrawn on a terminal)
@@ -387,14 +406,17 @@ def run_plan(run: Run, plan: Plan, duration: float) -> None:
 def finish(run: Run, ids: list[str]) -> None:
     """Everything is healed: publishers flush, subscribers settle, members report."""
     for name, p in run.workers.items():
-        if name.startswith("pub-"):
+        if name.startswith(("pub-", "dpub-")):
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.terminate()
-    time.sleep(run.args.settle)
+    if run.durable is not None:
+        run.durable.settle(run.args.settle)  # (a subscriber that crashed just before is started again)
+    else:
+        time.sleep(run.args.settle)
     for name, p in run.workers.items():
-        if name.startswith("sub-") and p.poll() is None:
+        if name.startswith(("sub-", "dsub-")) and p.poll() is None:
             p.terminate()
     for p in run.workers.values():
         p.wait(15)

@@ -15,6 +15,22 @@ subscribes again, as an application would), and both log ``failover`` when
 the library moves to another member. The payload names the message
 (``pid:seq``), so a delivery is identified without trusting anything else.
 SIGTERM (or the end of --duration for a publisher, then a flush) ends it.
+
+Durable mode (docs/durable.md, a partitioned cluster): ``dpub`` puts numbered
+payloads (``pid:seq``) to --topics, logging ``put`` before each and ``putack``
+as the partition's cumulative acknowledgement passes it; ``dsub`` reads the
+durable subscription (--client, --durable) of each of --topics in turn:
+get -> ``record`` for every record (its log offset and payload identity) ->
+``commit`` with the cursor's new offset once the owners have it. Now and then
+(--crash, seeded) it kills itself with SIGKILL after logging what it received
+and before committing, as a consumer crashing mid-batch does; scripts/chaos.py
+starts it again with the same client name, so the broker must give the
+uncommitted records again, and the new process logs them again.
+
+    python scripts/chaos_worker.py dpub --name dpub-0 --members ... --out RUN/events/dpub-0.jsonl \\
+        --topics dur.b,dur.f,dur.i --rate 50 --duration 60
+    python scripts/chaos_worker.py dsub --name dsub-0 --members ... --out RUN/events/dsub-0.jsonl \\
+        --topics dur.b,dur.f --client dc-0 --durable w --crash 0.05 --crash-until UNIX_TIME
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ import random
 import signal
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio
 
 from client import Client
-from client.library import Subscription
+from client.library import NodeLost, Subscription
 
 TOPICS = ("chaos.a", "chaos.b")
 KEYS = (None, "k1", "k2")
@@ -54,6 +71,14 @@ class EventLog:
         if time.monotonic() - self.last_flush > 1.0:
             self.f.flush()
             self.last_flush = time.monotonic()
+
+    def due(self) -> bool:
+        """Unflushed lines may be older than a second (an idle worker flushes now and then)."""
+        return time.monotonic() - self.last_flush > 1.0
+
+    def flush(self) -> None:
+        self.f.flush()
+        self.last_flush = time.monotonic()
 
     def close(self) -> None:
         self.f.flush()
@@ -176,6 +201,99 @@ async def subscriber(args: argparse.Namespace, log: EventLog, names: dict[tuple[
             nursery.start_soon(watch)
 
 
+def primary(c: Client, topic: str) -> str | None:
+    """The topic's primary in the client's map (where its durable requests go), or None."""
+    cmap = c.router.cmap
+    return cmap.primary(topic) if cmap is not None else None
+
+
+def leader(c: Client, p: int) -> str | None:
+    """Partition ``p``'s primary in the client's map, or None."""
+    cmap = c.router.cmap
+    return cmap.owners[p][0] if cmap is not None and cmap.owners[p] else None
+
+
+async def durable_publisher(args: argparse.Namespace, log: EventLog, names: dict[Addr, str]) -> None:
+    """Puts at --rate for --duration, then flushes. The library acknowledges puts per partition,
+    cumulatively (client/putter.py): a put is logged ``putack`` once its partition's acknowledged
+    sequence passes the one ``put`` returned."""
+    rng = random.Random(args.seed)
+    pid = f"{args.name}-{os.getpid()}-{rng.getrandbits(32):08x}"
+    addrs = first_member(args, names, rng)
+    topics = args.topics.split(",")
+    async with Client(addrs[0], members=addrs[1:]) as c:
+        streams = c.router.putter.streams
+        waiting: dict[int, deque[tuple[int, int]]] = {}  # partition -> (library sequence, ours), in order
+
+        def acked() -> None:
+            for p, q in waiting.items():
+                done = streams[p].acked
+                while q and q[0][0] <= done:
+                    log("putack", pid=pid, seq=q.popleft()[1], partition=p, member=leader(c, p))
+
+        interval = 1.0 / args.rate
+        end = trio.current_time() + args.duration
+        next_at = trio.current_time()
+        seq = 0
+        while trio.current_time() < end:
+            seq += 1
+            topic = rng.choice(topics)
+            log("put", pid=pid, seq=seq, topic=topic, member=primary(c, topic))
+            p, lib = await c.put(topic, f"{pid}:{seq}")
+            waiting.setdefault(p, deque()).append((lib, seq))
+            acked()
+            next_at += interval
+            await trio.sleep_until(max(next_at, trio.current_time()))
+        deadline = trio.current_time() + args.flush_timeout
+        while trio.current_time() < deadline and not await c.flush(deadline - trio.current_time()):
+            await trio.sleep(0.2)  # (flush gives up at once while a session is lost: it comes back)
+        acked()
+
+
+async def durable_subscriber(args: argparse.Namespace, log: EventLog, names: dict[Addr, str]) -> None:
+    """get -> record ... -> (maybe crash) -> commit, over --topics in turn, until SIGTERM."""
+    rng = random.Random(args.seed)
+    addrs = first_member(args, names, rng)
+    topics = args.topics.split(",")
+    who = {"sub": args.name, "client": args.client, "durable": args.durable}
+    born = time.time()
+    async with Client(addrs[0], members=addrs[1:]) as c:
+        for topic in topics:
+            log("dsubscribe", **who, topic=topic, start="earliest")
+        committed: dict[str, int] = {}
+        while True:
+            for topic in topics:
+                try:
+                    got = await c.get(topic, args.durable, args.batch, start="earliest", timeout=args.get_timeout,
+                                      client=args.client)  # fmt: skip
+                except NodeLost:
+                    await trio.sleep(0.2)  # (a session tried every member: it goes on trying)
+                    continue
+                cmap = c.router.cmap
+                assert cmap is not None  # (get waited for it)
+                p, member = cmap.partition(topic), cmap.primary(topic)
+                for m in got:
+                    spid, _, sseq = m.payload.decode().rpartition(":")
+                    log("record", **who, topic=topic, partition=p, offset=m.sequence, pid=spid, seq=int(sseq),
+                        member=member)  # fmt: skip
+                now = time.time()
+                if got and now < args.crash_until and now - born > args.crash_after and rng.random() < args.crash:
+                    log("crash", **who, topic=topic)
+                    log.flush()  # (what it received is in the log: the checker expects it again)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                at = c.position(topic, args.durable, client=args.client)
+                if at is not None and at > committed.get(topic, -1):
+                    try:
+                        ok = await c.commit(topic, args.durable, client=args.client, timeout=args.get_timeout * 5)
+                    except NodeLost:
+                        ok = False
+                    if ok:
+                        committed[topic] = at
+                        log("commit", **who, topic=topic, offset=at)
+                if log.due():
+                    log.flush()
+
+
 async def main_async(args: argparse.Namespace) -> None:
     names = parse_members(args.members)
     log = EventLog(args.out, args.name)
@@ -189,7 +307,9 @@ async def main_async(args: argparse.Namespace) -> None:
                         return
 
                 async def work() -> None:
-                    await (publisher if args.role == "pub" else subscriber)(args, log, names)
+                    role = {"pub": publisher, "sub": subscriber, "dpub": durable_publisher,
+                            "dsub": durable_subscriber}[args.role]  # fmt: skip
+                    await role(args, log, names)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(on_signal)
@@ -200,7 +320,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("role", choices=["pub", "sub"])
+    ap.add_argument("role", choices=["pub", "sub", "dpub", "dsub"])
     ap.add_argument("--name", required=True)
     ap.add_argument("--members", required=True, help="ID=HOST:PORT,... (the first one tried is drawn by --seed)")
     ap.add_argument("--out", required=True, help="the JSON-lines event file to append to")
@@ -211,9 +331,20 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of publishing (publisher)")
     ap.add_argument("--flush-timeout", type=float, default=10.0, help="seconds to wait for the last PUBACKs")
     ap.add_argument("--subs", default="chaos.a:reliable", help="TOPIC[/KEY]:MODE,... (subscriber)")
+    ap.add_argument("--topics", default="dur.b,dur.f,dur.i", help="durable topics, comma-separated (dpub, dsub)")
+    ap.add_argument("--client", default="dc-0", help="the durable client name (dsub: the same after a restart)")
+    ap.add_argument("--durable", default="w", help="the durable subscription's name (dsub)")
+    ap.add_argument("--batch", type=int, default=100, help="records per get at most (dsub)")
+    ap.add_argument("--get-timeout", type=float, default=0.15, help="seconds a get waits for --batch (dsub)")
+    ap.add_argument("--crash", type=float, default=0.0,
+                    help="chance per batch received to SIGKILL itself before the commit (dsub, seeded)")
+    ap.add_argument("--crash-after", type=float, default=2.0, help="seconds a process lives before it may crash")
+    ap.add_argument("--crash-until", type=float, default=0.0, help="Unix time after which it no longer crashes")
     args = ap.parse_args()
-    if args.rate <= 0 or args.duration <= 0:
-        ap.error("--rate and --duration must be positive")
+    if args.rate <= 0 or args.duration <= 0 or args.batch < 1 or args.get_timeout <= 0:
+        ap.error("--rate, --duration, --batch and --get-timeout must be positive")
+    if not 0 <= args.crash <= 1:
+        ap.error("--crash is a probability from 0 to 1")
     try:
         trio.run(main_async, args)
     except Exception as exc:  # a worker that dies says why in its log's last line

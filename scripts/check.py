@@ -78,13 +78,18 @@ def render(report: dict[str, Any], out: TextIO, limit: int = 50) -> None:
         print(f"  latency (n={lat['n']}): p50 {_ms(lat['p50'])}, p90 {_ms(lat['p90'])}, p99 {_ms(lat['p99'])}, "
               f"max {_ms(lat['max'])}", file=out)
 
+    d = report["durable"]
+    on = bool(d["puts"] or d["subscriptions"])
+    if on:
+        render_durable(d, out, at)
     faults = report["faults"]
     print(f"\nfaults ({len(faults)}): delivery gap in [start, end + {opts['fault_tail']:g} s], time to recover "
-          "after the end", file=out)
-    for f in faults:
+          "after the end" + (", durable: longest gap in records received" if on else ""), file=out)
+    for f, df in zip(faults, d["faults"], strict=True):
         length = "not healed" if f["end"] is None else f"{f['end'] - f['start']:.2f} s"
         print(f"  {at(f['start']):>12} {f['fault']:<9} {f['target']:<6} {length:>10}  gap {_s(f['gap'])}  "
-              f"recover {_s(f['recover'])}  ({f['deliveries']} deliveries)", file=out)
+              f"recover {_s(f['recover'])}  ({f['deliveries']} deliveries)"
+              + (f"  durable gap {_s(df['gap'])}" if on else ""), file=out)
 
     ag = report["agreement"]
     digests = " ".join(f"{k}={(v or 'unreachable')[:12]}" for k, v in ag["digests"].items())
@@ -105,6 +110,30 @@ def render(report: dict[str, Any], out: TextIO, limit: int = 50) -> None:
         print("\nFAIL: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), file=out)
     else:
         print("\nOK: no promise broken", file=out)
+
+
+def render_durable(d: dict[str, Any], out: TextIO, at: Any) -> None:
+    """The durable section: per subscription cursor (client/name on one topic), what it was owed
+    and got, after de-duplication by offset (pipeline/rules.py, "Durable mode")."""
+    print(f"\ndurable: {d['puts']} puts, {d['acknowledged']} acknowledged, {d['duplicate_puts']} put twice in "
+          f"the logs; {d['crashes']} subscriber crashes before a commit", file=out)
+    cols = ("expected", "received", "records", "redelivered", "duplicated", "lost", "reordered", "commits",
+            "cursor_regressions")  # fmt: skip
+    heads = ("expected", "received", "records", "redeliv", "dup", "lost", "reord", "commits", "regress")
+    print(f"  {'subscription':<16} {'topic':<10}" + "".join(f"{h:>9}" for h in heads) + f"{'cursor':>9}", file=out)
+    for r in d["subscriptions"]:
+        name = f"{r['client']}/{r['durable']}"
+        cursor = "-" if r["committed"] is None else str(r["committed"])
+        print(f"  {name[:16]:<16} {r['topic'][:10]:<10}" + "".join(f"{r[c]:>9}" for c in cols) + f"{cursor:>9}",
+              file=out)
+    print(f"  {'total':<27}" + "".join(f"{d['totals'][c]:>9}" for c in cols), file=out)
+    print(f"  offsets carrying two messages: {d['offset_conflicts']}; records never put: {d['phantoms']}", file=out)
+    lat, gap = d["latency"], d["longest_gap"]
+    print(f"  put -> first record (n={lat['n']}): p50 {_ms(lat['p50'])}, p90 {_ms(lat['p90'])}, "
+          f"p99 {_ms(lat['p99'])}, max {_ms(lat['max'])}", file=out)
+    if gap["gap"] is not None:
+        print(f"  longest gap between records while puts went on: {_s(gap['gap'])} ({gap['sub']} {gap['topic']} "
+              f"from {at(gap['t'])})", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:

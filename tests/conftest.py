@@ -41,6 +41,21 @@ def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
 
 
 @pytest.fixture(scope="session")
+def durable_chaos_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One short partitioned chaos run with the durable workload (scripts/chaos_durable.py),
+    subscribers crashing often (--durable-crash 0.3 a batch), shared by test_chaos.py and
+    test_pipeline.py. About 30 s."""
+    out = tmp_path_factory.mktemp("chaosd") / "run"
+    proc = subprocess.run(
+        [sys.executable, "scripts/chaos.py", "--mode", "partitioned", "--duration", "12", "--faults",
+         "kill,pause,partition,loss", "--seed", "5", "--rate", "30", "--durable-rate", "30", "--durable-crash",
+         "0.3", "--settle", "4", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    return out, proc
+
+
+@pytest.fixture(scope="session")
 def spark() -> Any:
     """One local Spark session for the whole test run (starting one costs 5-10 s). `local[2,4]`:
     two cores, and a failed task is tried up to 4 times, as on a cluster (local mode's default

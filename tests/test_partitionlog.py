@@ -374,3 +374,144 @@ def test_the_first_offset_at_a_time_comes_from_the_cache_or_from_disk() -> None:
 def test_a_malformed_record_body_is_refused(body: bytes) -> None:
     with pytest.raises(LogFormatError):
         decode_untrusted_body(body)
+
+
+def test_a_paused_leader_whose_follower_comes_back_with_a_higher_epoch_claims_again() -> None:
+    """Found by a chaos run (SIGSTOP of a primary for 3.4 s): while a was paused, b claimed and
+    led; a resumed still leading at its old epoch with a map that never changed, b's map named a
+    primary again and b fetched from it at b's higher epoch. a stepped down and, its map naming it
+    primary still, never claimed again: the partition had no leader until the next map change."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.add("a")  # paused: hears nothing, says nothing, keeps its state
+    o.feed("b", o.logs["b"].assign(["b", "c"], [], 2, o.now))  # (a is not live in b's map: not probed)
+    o.feed("c", o.logs["c"].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    assert o.logs["b"].role == LEADING
+    o.put("b", ["m2"], first=2, token="b2")
+    assert o.committed["b"] == ["b2"]
+    o.down.discard("a")  # resumed: a's map is the one it had (a primary); b's names a again
+    assert o.logs["a"].role == LEADING
+    o.feed("b", o.logs["b"].assign(["a", "b"], ["c"], 3, o.now))
+    o.feed("c", o.logs["c"].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    o.tick(2.0)  # (retries, if any)
+    a, b = o.logs["a"], o.logs["b"]
+    assert (a.role, b.role) == (LEADING, FOLLOWING)
+    assert a.epoch > 2 and b.epoch == a.epoch
+    assert o.payloads("a") == [b"m1", b"m2"]  # a copied what b committed meanwhile
+    assert o.put("a", ["m3"], first=3, token="a3") == 0
+    assert o.committed["a"][-1] == "a3" and o.payloads("b") == [b"m1", b"m2", b"m3"]
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_member_cut_off_alone_does_not_lead_a_replicated_partition_so_its_stale_log_never_wins(alone: bool) -> None:
+    """Found by a chaos run (1,770 committed records cut from both owners): c, not an owner, was
+    cut off from everyone, saw itself the only live member and claimed the partition with nobody
+    to ask; the EPOCH record it wrote gave its stale log the highest last epoch. When c later
+    followed the primary at that epoch, the primary claimed again, took c's log as the best and cut
+    its own committed records to match it. A replicated partition's log now leads only after
+    hearing from another member (``alone``: a cluster of one member, or one replica, may lead
+    alone); ``alone=True`` shows the loss it prevents."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.add("a")  # a paused: b claims with c and leads; m2 on b and c
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    o.put("b", ["m2"], first=2, token=2)
+    o.down.discard("a")  # a resumes; the map is a, b again: c is no owner now
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    o.tick(2.0)
+    assert o.put("a", ["m3", "m4"], first=3, token=3) == 0
+    assert o.committed["a"][-1] == 3 and o.payloads("b") == [b"m1", b"m2", b"m3", b"m4"]
+    o.down.update("ab")  # c cut off: the only live member in its own map
+    o.feed("c", o.logs["c"].assign(["c"], [], 4, o.now, alone=alone))
+    o.run()
+    assert (o.logs["c"].role == LEADING) is alone
+    o.down.clear()  # healed, then b paused: c follows a, at c's epoch
+    o.feed("c", o.logs["c"].assign(["a", "b"], [], 5, o.now))
+    o.run()
+    o.down.add("b")
+    for m in "ac":
+        o.feed(m, o.logs[m].assign(["a", "c"], [], 6, o.now))
+    o.run()
+    o.tick(2.0)
+    assert o.logs["a"].role == LEADING
+    committed = [b"m1", b"m2", b"m3", b"m4"]
+    if alone:
+        assert o.payloads("a") == [b"m1", b"m2"]  # (the loss: a took c's stale log as the best)
+    else:
+        assert o.payloads("a") == committed and o.payloads("c") == committed
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_leader_left_alone_in_its_map_commits_nothing_so_no_acknowledged_put_is_cut(alone: bool) -> None:
+    """Found by a chaos run (dur.f, seed 7): the primary, cut off from every member, kept leading
+    with nobody to follow it; for the half second between the heal and its map seeing the others
+    again, clients reached it and it committed and acknowledged their puts on its own disk alone.
+    Meanwhile its secondary had claimed with the third member, so when the primary claimed again
+    it took that log as the best and cut those acknowledged puts. A replicated log's leader now
+    commits nothing while its map leaves it no follower (``alone=True`` shows the loss)."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.update("bc")  # a cut off: its map has only a (b and c hear nothing from it)
+    o.feed("a", o.logs["a"].assign(["a"], [], 2, o.now, alone=alone))
+    o.run()
+    o.down.clear()
+    o.down.add("a")  # (b and c, apart from a: b claims with c and leads)
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    o.put("b", ["m2"], pid=b"p2", first=1, token="b2")  # (another producer, at b)
+    assert o.committed["b"] == ["b2"]
+    o.down.clear()  # healed; a's map still shows it alone for a moment, and a client reaches it
+    assert o.put("a", ["x2"], first=2, token="a-alone") == 0
+    assert ("a-alone" in o.committed["a"]) is alone  # acknowledged with no other copy?
+    for m in "abc":  # the maps agree again: a primary, b secondary
+        o.feed(m, o.logs[m].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    o.tick(2.0)
+    assert o.logs["a"].role == LEADING and o.payloads("a") == [b"m1", b"m2"]  # (x2 cut: b's log was the best)
+    if not alone:  # every acknowledged put is still there
+        assert o.put("a", ["x2"], first=2, token="again") == 0 and o.committed["a"][-1] == "again"
+        assert o.payloads("a") == o.payloads("b") == [b"m1", b"m2", b"x2"]
+
+
+def test_a_leader_serves_readers_only_while_its_followers_fetch_from_it() -> None:
+    """Found by a chaos run (dur.b, seed 7): the primary was cut off while its secondary claimed
+    with the third member and a reader committed its cursor there; after the heal the old primary
+    still led at its old epoch, with its old cursors, and a reader that asked it before its
+    follower's next fetch (which makes it claim again) was given records from the stale cursor.
+    A leader now serves readers only while every follower in its map fetched from it within
+    fetch_wait + fetch_retry (a lease its follower stops renewing once it follows another)."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1", "m2", "m3"], first=1)
+    assert o.logs["a"].readable(o.now)
+    o.down.add("a")  # paused: b claims with c; a reader commits its cursor there
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["b", "c"], [], 2, o.now))
+    o.run()
+    st, acts = o.logs["b"].commit_cursor(b"c1", "d", 4, "cur", 5000)
+    o.feed("b", acts)
+    o.run()
+    assert st == 0 and o.committed["b"] == ["cur"]
+    o.now += 3.0  # a resumes 3 s later, still leading at its old epoch, without that cursor
+    o.down.discard("a")
+    a = o.logs["a"]
+    assert a.role == LEADING and (b"c1", "d") not in a.state.cursors
+    assert not a.readable(o.now)  # b has not fetched from it since: no reader is served
+    for m in "bc":  # the map names a again: b follows it at b's epoch, and a claims above it
+        o.feed(m, o.logs[m].assign(["a", "b"], ["c"], 3, o.now))
+    o.run()
+    assert a.role == LEADING and a.state.cursors[(b"c1", "d")] == 4 and not a.readable(o.now)
+    o.tick(1.5)  # b's next fetch, at a's new epoch: readers are served
+    assert a.readable(o.now)
+    o.tick(1.0)  # (b keeps fetching: the lease holds)
+    assert a.readable(o.now)

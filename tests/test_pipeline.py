@@ -19,6 +19,7 @@ from pipeline.rules import COUNT_FIELDS, VIOLATION
 from scripts import gen_events
 from tests.clusterkit import ROOT
 from tests.test_check import History
+from tests.test_check_durable import clean
 
 RUN_FIELDS = ("files", "events", "malformed", "duplicate_publishes", "unpaired_fault_ends", "phantom_deliveries",
               "stray_deliveries", "by_kind", "malformed_lines")
@@ -42,6 +43,8 @@ def assert_agrees(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     for name in ("lost", "duplicated", "reordered"):  # (the samples: the checker's first items, in its order)
         keep = ("pid", "seq", "sub")
         assert [tuple(x[k] for k in keep) for x in aud[name]] == [tuple(x[k] for k in keep) for x in ref[name][:100]]
+    for k, v in ref["durable"].items():  # durable mode: every figure, and the lists' first 100 items
+        assert aud["durable"][k] == (v[:100] if k in ("lost", "duplicated", "regressions", "conflicts") else v), k
     return aud
 
 
@@ -157,6 +160,43 @@ def test_audit_of_a_real_chaos_run_and_others_in_one_job_writes_report_summary_a
         assert f"]({png})" in report
 
 
+def durable_flaws_run(run_dir: Path) -> Path:
+    """A hand-written durable run with one of each flaw durable mode must not have (a crash and its
+    redelivery besides): a lost acknowledged put, a message at two offsets, a read below the
+    committed cursor and a commit going back, two messages at one offset, a record never put."""
+    h = clean()
+    h.put(20, 7)  # acknowledged, never read: lost
+    h.record(9, 16, 2)  # seq 2 at 11 and 16
+    h.open(10)
+    h.record(10.5, 14, 5)  # below the committed 16
+    h.commit(11, 15)  # back from 16
+    h.open(0, sub="dsub-1", client="dc-1")
+    h.record(12, 12, 4, sub="dsub-1", client="dc-1")  # offset 12 carried seq 3 for dc-0 (and dc-1 lacks 6)
+    h.record(12.1, 17, 99, sub="dsub-1", client="dc-1")  # never put
+    h.fault(5, "kill", "n1", "start")
+    h.fault(7, "kill", "n1", "end")
+    return h.write(run_dir)
+
+
+def test_audit_agrees_with_the_checker_on_durable_mode(tmp_path, spark, durable_chaos_run):
+    """The durable section, through the same rules (pipeline/durablerules.py): on planted flaws
+    and on a real durable chaos run, every figure of the checker's."""
+    hand = durable_flaws_run(tmp_path / "dflaws")
+    run, proc = durable_chaos_run
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = audit.audit([str(hand), str(run)], tmp_path / "out", spark=spark, quiet=True)
+    aud = assert_agrees(hand, summary)
+    assert aud["violations"]["by_kind"] == {"lost": 0, "duplicated": 0, "reordered": 0, "phantom": 0,
+                                            "disagreement": 0, "durable_lost": 7, "durable_duplicated": 1,
+                                            "durable_reordered": 0, "durable_phantom": 1, "offset_conflict": 1,
+                                            "cursor_regression": 2}  # fmt: skip
+    assert not aud["ok"] and aud["durable"]["crashes"] == 1 and len(aud["durable"]["faults"]) == 1
+    real = assert_agrees(run, summary)
+    assert real["ok"] and real["durable"]["acknowledged"] > 300 and real["durable"]["totals"]["redelivered"] >= 1
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Durable: " in report and "| dc-0/w | dur.b |" in report
+
+
 def test_roost_audit_command_exits_2_on_a_missing_run_and_names_it(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(tmp_path / "nope"), "--out",
                         str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -180,5 +220,5 @@ def test_roost_audit_command_end_to_end(tmp_path):
                         "--master", "local[1]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAIL" in r.stdout and "1 violations" in r.stdout
-    assert "audit: done" in r.stderr and "13/13" in r.stderr  # the progress bar reached its end
+    assert "audit: done" in r.stderr and "14/14" in r.stderr  # the progress bar reached its end
     assert (tmp_path / "o" / "report.md").exists()

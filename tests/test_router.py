@@ -160,3 +160,24 @@ def test_acked_and_flush_cover_every_session():
     assert r.acked == 1 and not r.flushed(marks)  # n2 has not acknowledged the second
     r.handle_datagrams(s2, [(wire.encode_puback(s2.pub.pid, 1), addr("n2"))], 0.2)
     assert r.acked == 3 and r.flushed(marks)
+
+
+def test_durable_requests_take_a_session_that_failed_over_back_to_the_member_the_map_names():
+    """A durable request is served by its partition's leader only (members do not forward it).
+    The session kept for n3 failed over to n1 while n3 was silent (a pause); n3 is in the map
+    again, so a durable request takes the session back to n3; a reliable route does not move it."""
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    topic = topic_led_by(MAP1, "n3", "d")
+    s3 = r.durable_session_for(topic)
+    assert s3 is r.by_member["n3"] and s3.node == addr("n3")
+    connect(r, s3, "n3", MAP1)
+    r.tick(s3, 2.0)  # n3 silent past node_timeout: the session moves on, and n1 welcomes it
+    assert s3.node != addr("n3") and not s3.connected
+    r.handle_datagrams(s3, [(welcome("n1", MAP1), s3.node)], 2.1)
+    assert s3.node_id == "n1" and r.session_for(topic) is s3 and s3.node == addr("n1")
+    assert r.durable_session_for(topic) is s3
+    assert s3.node == addr("n3") and not s3.connected  # back to n3: a HELLO goes there
+    r.tick(s3, 2.2)
+    assert (addr("n3"), T.HELLO) in [(a, f[0]) for a, f in frames(s3, 2.2)]
+    assert r.durable_session_for(topic) is s3 and s3.node == addr("n3")  # (once: it stays)
