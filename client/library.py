@@ -356,7 +356,7 @@ class Client:
                     out.append(Message(t, k, tags, payload, offset))
             nxt = max(nxt, f[4])
             self._read_to[key] = nxt
-            if not f[6] and len(out) < count:
+            if not f[6] and len(out) < count and f[4] >= f[8]:  # (scanned to the commit: wait for more)
                 with trio.move_on_at(deadline):
                     await trio.sleep(self.config.pub_retry)  # (nothing new yet: ask again)
                 if trio.current_time() >= deadline:

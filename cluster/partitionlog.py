@@ -149,6 +149,7 @@ class PartitionLog:
         self.start, self.end, self.durable = scan.start, scan.end, scan.end
         self.epochs, self.state, self.base, self.base_at = scan.epochs, scan.state, scan.base, scan.base_at
         self.tail, self.last_ms = scan.tail, scan.last_ms
+        self.seen = self.last_epoch  # (never again follow or accept a claim below what the log holds)
         # (no owner ever holds more than max_uncommitted records that are not committed)
         self.commit = max(self.start, self.end - self.s.max_uncommitted)
         self._fold()
@@ -493,8 +494,9 @@ class PartitionLog:
         recs = [r for r in records if r.offset >= self.end]
         if not recs or recs[0].offset != self.end:
             return []
-        for r in recs:
-            self._take(r, decode_untrusted_body(r.body))
+        bodies = [decode_untrusted_body(r.body) for r in recs]  # (all checked before any is taken)
+        for r, b in zip(recs, bodies, strict=True):
+            self._take(r, b)
         self.appending += 1
         return [Append(self.p, recs, self.s.fsync == "always")]
 

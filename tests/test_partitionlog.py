@@ -308,7 +308,20 @@ def test_recovery_rebuilds_epochs_producers_and_cursors() -> None:
     assert a.state.producers[b"p1"][0] == 2
     assert a.state.cursors[(b"c1", "d")] == 2
     assert a.epochs == [(a.epochs[0][0], 0)]
+    assert a.seen == a.epochs[0][0]  # (a claim below the epoch its log holds is refused after a restart)
     assert len([r for r in o.disk["a"] if msgpack.unpackb(r.body)[1] == CURSOR]) == 1
+
+
+def test_a_fetch_answer_with_a_bad_record_body_takes_none_of_its_records() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    b = o.logs["b"]
+    end = b.end
+    good = Record(end, 1, msgpack.packb([1, 0, "t", None, None, b"x", b"P" * 16, 1]))
+    bad = Record(end + 1, 1, b"\xc1")
+    with pytest.raises(LogFormatError):
+        b.on_data("a", b.epoch, 0, 0, end + 2, b.last_epoch, end, -1, -1, [good, bad], o.now)
+    assert (b.end, b.appending) == (end, 0)  # (nothing taken: the next fetch asks from the same end)
 
 
 def test_recovery_in_chunks_keeps_the_state_of_every_record_and_only_the_newest_in_memory() -> None:
