@@ -312,6 +312,11 @@ class Durable(MemberParts):
     def _wall_ms(self) -> int:
         return int((self.now + self.wall_offset) * 1000)
 
+    def _durable_paused(self) -> None:
+        """We stood still (cluster/liveness.py): no log takes a read lease from what waited meanwhile."""
+        for log in self.plogs.values():
+            log.paused(self.now)
+
     def _durable_due(self) -> None:
         for log in self.plogs.values():
             if log.next_deadline() <= self.now:

@@ -134,6 +134,7 @@ class PartitionLog:
         self.alone = True  # we may lead with no other member to ask (a single replica, or member)
         self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
         self.fetched_at: dict[str, float] = {}  # leader: follower -> when its last fetch came (readable)
+        self.stale_until = -1e18  # fetches read before this may have waited in a socket (paused)
         self.parked: dict[str, tuple[float, int, int]] = {}  # fetcher -> (when, end, last epoch): nothing for it yet
         self.waiting: deque[tuple[int, Any]] = deque()  # (offset the commit must pass, token)
         self.claim: Claim | None = None
@@ -354,7 +355,7 @@ class PartitionLog:
             if epoch > self.epoch and self.role == LEADING:
                 self._step_down()
             return [self._data(member, NOT_LEADER, end, [])]
-        if member in self.followers:
+        if member in self.followers and now >= self.stale_until:
             self.fetched_at[member] = now
         if member in self.followers and end <= self.end and self._diverges(end, last_epoch) is None:
             self.followers[member] = max(self.followers[member], end)
@@ -405,7 +406,15 @@ class PartitionLog:
         the partition still leads in its own view, with cursors older than those committed since;
         its follower stops fetching from it once it follows the other, so this lease runs out."""
         lease = self.s.fetch_wait + self.s.fetch_retry
-        return self.role == LEADING and all(now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
+        return self.role == LEADING and bool(self.followers or self.alone) and all(
+            now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
+
+    def paused(self, now: float) -> None:
+        """Our process stood still (the member noticed: ``local_pause``). Fetches that waited in
+        our sockets meanwhile are read in a burst now; sent before their followers may have left
+        us, they renew no read lease for ``fetch_retry``."""
+        self.fetched_at.clear()
+        self.stale_until = now + self.s.fetch_retry
 
     def read_committed(self, start: int, limit: int, token: Any) -> tuple[list[Record] | None, list[LogAction]]:
         """Committed records from ``start`` (a durable reader's): from the cache, or (None and) a

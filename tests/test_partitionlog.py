@@ -528,3 +528,32 @@ def test_a_leader_serves_readers_only_while_its_followers_fetch_from_it() -> Non
     assert a.readable(o.now)
     o.tick(1.0)  # (b keeps fetching: the lease holds)
     assert a.readable(o.now)
+
+
+def test_fetches_read_in_the_burst_after_a_pause_do_not_renew_the_read_lease() -> None:
+    """Found by a chaos run (dur.f, seed 11): the follower's fetches sent just before the primary
+    was paused waited in its socket and were read in a burst when it resumed, renewing the lease
+    of a leader the follower had left meanwhile; a restarted reader was given records from a stale
+    cursor. A log told of a local pause (the member notices it: ``local_pause``) takes no lease
+    from fetches read within fetch_retry after it. And a replicated log's leader with no follower
+    in its map serves no reader either."""
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1)
+    a = o.logs["a"]
+    o.tick(0.6)
+    assert a.readable(o.now)
+    epoch, end, last_epoch = a.epoch, a.end, a.last_epoch  # (a fetch b sent before a stood still)
+    o.now += 4.0  # a resumes 4 s later and notices it
+    a.paused(o.now)
+    o.feed("a", a.on_fetch("b", epoch, end, last_epoch, False, o.now))  # read from the socket in the burst
+    o.run()
+    assert not a.readable(o.now)
+    o.tick(1.5)  # b's fetches since then are fresh
+    assert a.readable(o.now)
+    o.feed("a", a.assign(["a"], [], 2, o.now, alone=False))  # b gone from a's map: nobody left
+    o.run()
+    assert not a.readable(o.now)
+    single = Owners("a")
+    single.assign("a")
+    assert single.logs["a"].readable(single.now)  # (one replica: it reads alone)
