@@ -85,13 +85,15 @@ def _mode(mode: str) -> int:
 class LogRead(NamedTuple):
     """What :meth:`Client.read` got: the topic's partition, its messages (``sequence`` is the log
     offset), the offset to read from next, the partition's first retained offset and its end (the
-    commit: nothing at or past it can be read yet)."""
+    commit: nothing at or past it can be read yet), and for each message the time its primary
+    stored it (ms since the epoch: a reader's record time, as the Spark source's ``timestamp``)."""
 
     partition: int
     messages: list[Message]
     next: int
     first: int
     end: int
+    times: list[int]
 
 
 class Client:
@@ -378,7 +380,7 @@ class Client:
         if f is None:
             raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
         msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
-        return LogRead(p, msgs, max(f[4], offset), f[7], f[8])
+        return LogRead(p, msgs, max(f[4], offset), f[7], f[8], [r[1] for r in f[6]])
 
     def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
         """The offset :meth:`commit` would move the cursor of (``client``, ``durable``) on ``topic``
