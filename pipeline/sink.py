@@ -1,5 +1,7 @@
 """The ``roost`` Spark data source: a sink that publishes each row of a DataFrame, in batch and
-streaming queries, as a reliable message with acknowledgement.
+streaming queries, as a reliable message with acknowledgement; and (pipeline/source.py) a batch
+and streaming reader of durable topics, ``spark.read.format("roost")`` and
+``spark.readStream.format("roost")``.
 
     df.write.format("roost").option("nodes", "127.0.0.1:7401,127.0.0.1:7402") \\
         .option("topic", "t").mode("append").save()
@@ -43,6 +45,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
+from pipeline.source import SCHEMA, RoostBatchReader, RoostStreamReader, check_schema, parse_nodes
+from pipeline.source import parse_options as parse_source_options
+
 DEFAULT_TIMEOUT = 30.0
 COLUMNS = {"payload": "string or binary", "key": "string", "tags": "map<string,string>", "topic": "string"}
 
@@ -60,15 +65,7 @@ class SinkOptions:
 
 
 def _nodes(text: str | None) -> list[tuple[str, int]]:
-    if not text or not text.strip():
-        raise SinkError("roost sink: option 'nodes' is required: host:port[,host:port...]")
-    out = []
-    for part in text.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise SinkError(f"roost sink: option 'nodes': {part.strip()!r} is not host:port with a port 1-65535")
-        out.append((host.strip("[]"), int(port)))
-    return out
+    return parse_nodes(text, "roost sink", SinkError)
 
 
 def parse_options(options: dict[str, str], schema: StructType) -> SinkOptions:
@@ -219,9 +216,23 @@ class RoostStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
 
 
 class RoostSink(DataSource):  # type: ignore[misc]
+    """The ``roost`` data source: this module's writers, and the readers of pipeline/source.py."""
+
     @classmethod
     def name(cls) -> str:
         return "roost"
+
+    def schema(self) -> StructType:
+        """The rows a read gives (a write sees the DataFrame's own columns instead)."""
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> RoostBatchReader:
+        check_schema(schema)
+        return RoostBatchReader(parse_source_options(dict(self.options), streaming=False))
+
+    def streamReader(self, schema: StructType) -> RoostStreamReader:
+        check_schema(schema)
+        return RoostStreamReader(parse_source_options(dict(self.options), streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> RoostBatchWriter:
         return RoostBatchWriter(parse_options(dict(self.options), schema), os.urandom(16).hex())
