@@ -45,6 +45,8 @@ def test_a_short_durable_chaos_run_loses_duplicates_and_rewinds_nothing(durable_
     assert chaos.returncode == 0, chaos.stderr[-2000:]
     info = json.loads((out / "run.json").read_text())
     assert sum(info["durable"]["restarts"].values()) >= 1  # a subscriber was killed and started again
+    drain = info["durable"]["drain"]  # (the driver waited until the subscribers had read it all)
+    assert drain["owed"] > 500 and drain["read"] == drain["owed"]
     check = subprocess.run([sys.executable, "scripts/check.py", str(out), "--json"], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     report = json.loads(check.stdout)
