@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from typing import Any
@@ -28,6 +29,8 @@ def add_client_commands(sub: Any) -> None:
     pt.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
     pt.add_argument("--key", default=None, metavar="K")
     pt.add_argument("--count", type=int, default=None, metavar="N")
+    pt.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                    help="fail if the puts are not all acknowledged within S seconds of the last (default 30)")
     pt.set_defaults(func=cmd_put)
 
     g = sub.add_parser("get", help="read a durable subscription: print each payload on its own line, then "
@@ -37,9 +40,13 @@ def add_client_commands(sub: Any) -> None:
     g.add_argument("--client", default="default", metavar="C", help="whose subscription it is (default: default)")
     g.add_argument("--count", type=int, default=1, metavar="N", help="messages to read (default 1)")
     g.add_argument("--start", default="earliest", metavar="WHERE",
-                   help="where a new subscription begins: earliest (default), latest, or an offset")
+                   help="where a new subscription begins: earliest (default), latest, an offset, or a "
+                   "time (ISO 8601, such as 2026-11-24T09:30:00Z; local time without a zone)")
     g.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="give up waiting after S seconds (default 10; non-zero exit with fewer than N)")
+    g.add_argument("--offsets-dir", default=None, metavar="DIR",
+                   help="record each commit here first, so that a crash before the cluster has it "
+                   "repeats nothing on the next run (client/offsets.py)")
     g.add_argument("--node", default="127.0.0.1:7400", metavar="HOST:PORT")
     g.set_defaults(func=cmd_get)
 
@@ -94,14 +101,17 @@ def cmd_pub(args: argparse.Namespace) -> int:
 
 
 def cmd_put(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise SystemExit("roost put: --timeout must be > 0")
     payloads = _payloads(args, "put")
 
     async def main() -> int:
         async with Client(_node(args.node), config=ClientConfig()) as c:
             for payload in payloads:
                 await c.put(args.topic, payload, key=args.key)
-            if not await c.flush():
-                raise NodeLost("node lost before acknowledging every put")
+            if not await c.flush(timeout=args.timeout):
+                raise NodeLost(f"not every put was acknowledged within {args.timeout} s (the node lost, or "
+                               "the partition's owners cannot commit: see the members' logs)")  # fmt: skip
         return 0
 
     return _run(main)
@@ -110,15 +120,19 @@ def cmd_put(args: argparse.Namespace) -> int:
 def cmd_get(args: argparse.Namespace) -> int:
     if args.count < 1 or args.timeout <= 0:
         raise SystemExit("roost get: --count must be >= 1 and --timeout > 0")
-    start: str | int = args.start
-    if args.start not in ("earliest", "latest"):
-        if not args.start.isdigit():
-            raise SystemExit(f"roost get: --start must be earliest, latest or an offset, not {args.start!r}")
+    start: str | int | datetime.datetime = args.start
+    if args.start.isdigit():
         start = int(args.start)
+    elif args.start not in ("earliest", "latest"):
+        try:
+            start = datetime.datetime.fromisoformat(args.start)
+        except ValueError:
+            raise SystemExit(f"roost get: --start must be earliest, latest, an offset or an ISO 8601 time, "
+                             f"not {args.start!r}") from None  # fmt: skip
 
     async def main() -> int:
         out = sys.stdout.buffer
-        async with Client(_node(args.node)) as c:
+        async with Client(_node(args.node), offsets_dir=args.offsets_dir) as c:
             got = await c.get(args.topic, args.durable, args.count, start=start, timeout=args.timeout,
                               client=args.client)  # fmt: skip
             for m in got:

@@ -55,16 +55,19 @@ START_EARLIEST, START_LATEST, START_OFFSET, START_TIME = 0, 1, 2, 3
 def encode_get(client_id: bytes, cookie: bytes, durable_id: bytes, name: str, topic: str, partition: int,
                start: int, start_at: int, max_records: int, read_from: int = 0) -> bytes:  # fmt: skip
     """GET: the records of ``topic`` from the cursor of durable subscription (durable_id, name), or
-    from ``read_from`` if that is later (what this reader was given and has not committed yet)."""
+    from ``read_from`` if that is later (what this reader was given and has not committed yet).
+    With ``name`` empty there is no subscription: a plain read from ``read_from`` (a reader that
+    keeps its own offsets, such as the Spark source); ``start`` and ``start_at`` are not used."""
     return pack([VERSION, T.GET, client_id, cookie, durable_id, name, topic, partition, start, start_at, max_records,
                  read_from])  # fmt: skip
 
 
 def encode_records(name: str, partition: int, cursor: int, scanned: int, status: int,
-                   records: list[list[Any]]) -> bytes:  # fmt: skip
+                   records: list[list[Any]], first: int = 0, end: int = 0) -> bytes:  # fmt: skip
     """RECORDS: ``[[offset, time ms, topic, key, tags, payload], ...]``; ``scanned``: the offset after the
-    last record looked at (records of other topics of the partition are skipped)."""
-    return pack([VERSION, T.RECORDS, name, partition, cursor, scanned, status, records])
+    last record looked at (records of other topics of the partition are skipped); ``first`` and
+    ``end``: the partition's first retained offset and its commit (the end a reader can reach)."""
+    return pack([VERSION, T.RECORDS, name, partition, cursor, scanned, status, records, first, end])
 
 
 def encode_commit(client_id: bytes, cookie: bytes, durable_id: bytes, name: str, topic: str, partition: int,
@@ -111,21 +114,24 @@ def _get(f: list[Any]) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-@_frame(T.RECORDS, 6)
+@_frame(T.RECORDS, 8)
 def _records(f: list[Any]) -> tuple[Any, ...]:
-    _, _, name, partition, cursor, scanned, status, recs = f
+    _, _, name, partition, cursor, scanned, status, recs, first, end = f
     out = []
     for r in _list(recs, "records"):
         if r.__class__ is not list or len(r) != 6:
             raise WireError(E.MALFORMED, "a record is [offset, time ms, topic, key, tags, payload]")
         out.append((_uint(r[0], "offset"), _uint(r[1], "time"), *check_message(r[2:])))
     return (T.RECORDS, _str(name, "durable name", 64), _uint(partition, "partition"), _uint(cursor, "cursor"),
-            _uint(scanned, "scanned"), _uint(status, "status"), out)  # fmt: skip
+            _uint(scanned, "scanned"), _uint(status, "status"), out, _uint(first, "first"),
+            _uint(end, "end"))  # fmt: skip
 
 
 @_frame(T.COMMIT, 7)
 def _commit(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, did, name, topic, partition, offset = f
+    if not name:
+        raise WireError(E.MALFORMED, "COMMIT needs a durable subscription name")
     return (
         T.COMMIT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(did, ID_LEN, "durable id"), _str(name, "durable name", 64), check_topic(topic),

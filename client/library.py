@@ -17,6 +17,7 @@ sleep on a single "something changed" event.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import math
@@ -25,11 +26,12 @@ import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
 from client import durablewire
+from client.offsets import OffsetFile
 from client.router import Router
 from client.session import ClientConfig, ClientSession, Message, SubState
 from client.udp import drain
@@ -37,7 +39,7 @@ from client.wire import MODE_NAMES, Reason, T
 
 Addr = tuple[str, int]
 
-__all__ = ["Client", "ClientConfig", "Message", "NodeLost", "Subscription"]
+__all__ = ["Client", "ClientConfig", "LogRead", "Message", "NodeLost", "Subscription"]
 
 
 class NodeLost(ConnectionError):
@@ -56,14 +58,16 @@ def durable_id(client: str) -> bytes:
     return hashlib.blake2b(client.encode(), digest_size=16, person=b"roost.durable").digest()
 
 
-def _start(start: str | int) -> tuple[int, int]:
+def _start(start: str | int | datetime.datetime) -> tuple[int, int]:
     if start == "earliest":
         return durablewire.START_EARLIEST, 0
     if start == "latest":
         return durablewire.START_LATEST, 0
     if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
         return durablewire.START_OFFSET, start
-    raise ValueError(f"start must be 'earliest', 'latest' or an offset >= 0, not {start!r}")
+    if isinstance(start, datetime.datetime):  # (naive: local time, as datetime.timestamp takes it)
+        return durablewire.START_TIME, max(0, int(start.timestamp() * 1000))
+    raise ValueError(f"start must be 'earliest', 'latest', an offset >= 0 or a datetime, not {start!r}")
 
 
 def _get_frame(did: bytes, name: str, topic: str, p: int, kind: int, at: int, most: int, since: int,
@@ -78,6 +82,18 @@ def _mode(mode: str) -> int:
         raise ValueError(f"mode must be one of {', '.join(MODE_NAMES)}, not {mode!r}") from None
 
 
+class LogRead(NamedTuple):
+    """What :meth:`Client.read` got: the topic's partition, its messages (``sequence`` is the log
+    offset), the offset to read from next, the partition's first retained offset and its end (the
+    commit: nothing at or past it can be read yet)."""
+
+    partition: int
+    messages: list[Message]
+    next: int
+    first: int
+    end: int
+
+
 class Client:
     def __init__(
         self,
@@ -87,12 +103,15 @@ class Client:
         client_id: bytes | None = None,
         config: ClientConfig | None = None,
         producer_id: bytes | None = None,
+        offsets_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """``node`` is the node to talk to first; ``members`` (optional) the other
         nodes to fail over to; the cluster map in WELCOME adds the rest.
         ``producer_id`` (16 bytes, default random) names this client's reliable
         publishes: a client that publishes the same sequence of messages again
-        under the same producer id (a retried Spark task) has them delivered once."""
+        under the same producer id (a retried Spark task) has them delivered once.
+        ``offsets_dir``: where durable readers record what they committed before
+        the cluster hears it (client/offsets.py): no repeats after a crash there."""
         if producer_id is not None and len(producer_id) != 16:
             raise ValueError(f"producer_id must be 16 bytes, not {len(producer_id)}")
         self.node: Addr = _addr(node)
@@ -113,6 +132,7 @@ class Client:
         self.session_errors = 0  # datagrams the session failed on (a bug; the client carries on)
         self.last_session_error: Exception | None = None
         self._read_to: dict[tuple[str, str, str], int] = {}  # durable (client, name, topic) -> offset read to
+        self._offsets = OffsetFile(offsets_dir) if offsets_dir is not None else None
 
     @property
     def session(self) -> ClientSession:
@@ -303,14 +323,16 @@ class Client:
                 raise NodeLost("node lost before acknowledging the put")
         return p, seq
 
-    async def get(self, topic: str, durable: str, count: int = 1, *, start: str | int = "earliest",
-                  timeout: float | None = None, client: str = "default") -> list[Message]:  # fmt: skip
+    async def get(self, topic: str, durable: str, count: int = 1, *,
+                  start: str | int | datetime.datetime = "earliest", timeout: float | None = None,
+                  client: str = "default") -> list[Message]:  # fmt: skip
         """Read up to ``count`` messages of ``topic`` from durable subscription ``durable`` (docs/durable.md).
 
         The subscription, named by (``client``, ``durable``), lives on the cluster: its cursor is
-        the first offset not yet committed; it is made at ``start`` ("earliest", "latest" or an
-        offset) the first time. Messages come with their log offset as ``sequence``, each once
-        per call; call :meth:`commit` once they are processed, or the next reader gets them again.
+        the first offset not yet committed; it is made at ``start`` ("earliest", "latest", an
+        offset, or a datetime: the first message stored at or after it) the first time.
+        Messages come with their log offset as ``sequence``, each once per call; call
+        :meth:`commit` once they are processed, or the next reader gets them again.
         Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
         r = self.router
         await self._need_map()
@@ -321,7 +343,9 @@ class Client:
         deadline = trio.current_time() + timeout if timeout is not None else math.inf
         out: list[Message] = []
         key = (client, durable, topic)
-        nxt = self._read_to.get(key, 0)
+        nxt = self._read_to.get(key)
+        if nxt is None:  # (the first get of this process: what an earlier one committed is not repeated)
+            nxt = self._offsets.load(client, durable, topic) if self._offsets is not None else 0
         while len(out) < count:
             ask = functools.partial(_get_frame, did, durable, topic, p, kind, at, count - len(out), nxt)
             f = await self._durable_ask(topic, T.RECORDS, durable, p, deadline, ask)
@@ -332,12 +356,29 @@ class Client:
                     out.append(Message(t, k, tags, payload, offset))
             nxt = max(nxt, f[4])
             self._read_to[key] = nxt
-            if not f[6] and len(out) < count:
+            if not f[6] and len(out) < count and f[4] >= f[8]:  # (scanned to the commit: wait for more)
                 with trio.move_on_at(deadline):
                     await trio.sleep(self.config.pub_retry)  # (nothing new yet: ask again)
                 if trio.current_time() >= deadline:
                     break
         return out
+
+    async def read(self, topic: str, offset: int = 0, count: int = 1000, *, timeout: float = 10.0) -> LogRead:
+        """Read committed messages of ``topic`` from log offset ``offset`` (up to ``count``), without a
+        durable subscription: for readers that keep their own offsets (the Spark source). Raises
+        NodeLost when the partition's primary does not answer within ``timeout``."""
+        if offset < 0 or count < 1:
+            raise ValueError("read needs offset >= 0 and count >= 1")
+        r = self.router
+        await self._need_map()
+        assert r.cmap is not None
+        p = r.cmap.partition(topic)
+        ask = functools.partial(_get_frame, b"\0" * 16, "", topic, p, 0, 0, count, offset)
+        f = await self._durable_ask(topic, T.RECORDS, "", p, trio.current_time() + timeout, ask)
+        if f is None:
+            raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
+        msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
+        return LogRead(p, msgs, max(f[4], offset), f[7], f[8])
 
     def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
         """The offset :meth:`commit` would move the cursor of (``client``, ``durable``) on ``topic``
@@ -356,6 +397,8 @@ class Client:
         if nxt is None:
             return True
         did = durable_id(client)
+        if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
+            await trio.to_thread.run_sync(self._offsets.save, client, durable, topic, nxt)
         f = await self._durable_ask(topic, T.COMMITTED, durable, p, trio.current_time() + timeout,
                                     lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
         return f is not None and f[3] >= nxt
@@ -390,7 +433,7 @@ class Client:
 
             await self._until(answered, min(deadline, trio.current_time() + self.config.pub_retry * 5))
             got = next((f for f in s.durable_replies if f[0] is want and f[1] == name and f[2] == p), None)
-            if got is not None and got[-2 if want is T.RECORDS else -1] == 0:
+            if got is not None and got[5 if want is T.RECORDS else 4] == 0:  # (status OK)
                 return got
             with trio.move_on_at(deadline):
                 await trio.sleep(self.config.pub_retry)  # (refused: not the leader yet, or busy)

@@ -71,7 +71,7 @@ class Putter:
         batch: list[bytes] = []
         size, first = 0, st.unsent_from
         floor = st.acked + 1
-        budget = max_datagram - wire.FRAME_OVERHEAD
+        budget = max_datagram - wire.FRAME_OVERHEAD - 2 * wire.ID_LEN - wire.COOKIE_LEN  # (PUT's header: as PUB's)
         for seq, packed in st.unacked:
             if seq < st.unsent_from:
                 continue

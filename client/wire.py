@@ -67,7 +67,7 @@ class T(IntEnum):
     PUT = 17  # c -> n: durable publish to one partition's log (docs/durable.md)
     PUTACK = 18  # n -> c: [producer id, partition, acked seq, status]
     GET = 19  # c -> n: read a durable subscription's records from its cursor
-    RECORDS = 20  # n -> c: [name, partition, cursor, scanned to, status, records]
+    RECORDS = 20  # n -> c: [name, partition, cursor, scanned to, status, records, first, end]
     COMMIT = 21  # c -> n: move a durable subscription's cursor
     COMMITTED = 22  # n -> c: [name, partition, cursor, status]
 

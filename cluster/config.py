@@ -1,6 +1,7 @@
 """Cluster configuration: one TOML file lists every member and the secret.
 
     [cluster]   secret, mode and the cluster timeouts (table below)
+    [durable]   fsync policy, segments, retention and limits of durable partition logs
     [[members]] id, client_addr (UDP), peer_addr (TCP), data_dir
     [node] [limits] [timeouts]   node settings shared by every member
 
@@ -81,6 +82,37 @@ CLUSTER_SETTINGS: list[Setting] = [
     number("cluster", "stop_timeout", 10.0, float, 0.1, 600,
             "On SIGTERM/SIGINT a member writes a last snapshot; it gives up waiting for the "
             "write after this long."),
+    # ---- [durable]: the partition logs of durable mode (docs/durable.md)
+    Setting("durable", "fsync", "always", str, '"always", "interval" or "never"',
+            lambda v: v in ("always", "interval", "never"),
+            "always: a put is acknowledged only once it is fsynced on every owner of its partition "
+            "(survives power loss). interval: once written on every owner (survives a crash of "
+            "the process; a power loss of both owners within fsync_interval can lose it); the "
+            "logs are fsynced every fsync_interval. never: left to the operating system."),
+    number("durable", "fsync_interval", 0.2, float, 0.001, 60, "fsync = \"interval\": how often the logs are fsynced."),
+    number("durable", "segment_bytes", 64 << 20, int, 4096, 1 << 32,
+            "A partition log's segment is rolled (a new file begun) past this size; retention "
+            "deletes whole segments."),
+    number("durable", "retention_bytes", 0, int, 0, 1 << 50,
+            "Per partition: the oldest segments are deleted while the log is over this size "
+            "(0: no size limit)."),
+    number("durable", "retention_age", 604800.0, float, 1, 1e10,
+            "Segments whose newest record is older than this are deleted (7 days, as Kafka)."),
+    number("durable", "retention_check_interval", 60.0, float, 0.1, 86400,
+            "How often retention runs. A durable subscription's cursor is never lost to it: "
+            "the primary writes it again at the end of the log first."),
+    number("durable", "max_uncommitted", 10000, int, 10, 10_000_000,
+            "A primary takes no put while this many records wait for the other owners (the "
+            "publisher hears 'busy' and retries)."),
+    number("durable", "cache_records", 20000, int, 100, 10_000_000,
+            "Committed records per partition kept in memory for readers and followers; older "
+            "ones are read from disk."),
+    number("durable", "fetch_records", 500, int, 1, 100_000, "Records per fetch between owners and per read."),
+    number("durable", "fetch_bytes", 1 << 20, int, 4096, 1 << 28, "Bytes per fetch between owners (about)."),
+    number("durable", "fetch_wait", 0.5, float, 0.001, 60,
+            "A follower's fetch that finds nothing new waits this long at the primary for records."),
+    number("durable", "fetch_retry", 1.0, float, 0.01, 60,
+            "A fetch unanswered this long is sent again (the link may have dropped it)."),
 ]  # fmt: skip
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -116,6 +148,18 @@ class ClusterSettings:
     link_idle_timeout: float
     leave_timeout: float
     stop_timeout: float
+    fsync: str
+    fsync_interval: float
+    segment_bytes: int
+    retention_bytes: int
+    retention_age: float
+    retention_check_interval: float
+    max_uncommitted: int
+    cache_records: int
+    fetch_records: int
+    fetch_bytes: int
+    fetch_wait: float
+    fetch_retry: float
 
     def __init__(self) -> None:
         fill_defaults(self, CLUSTER_SETTINGS)
@@ -157,7 +201,7 @@ def is_cluster_config(data: dict[str, Any]) -> bool:
 def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) -> ClusterConfig:
     source = str(path)
     data = read_toml(path) if data is None else data
-    allowed = ("cluster", "members", *NODE_SECTIONS)
+    allowed = ("cluster", "durable", "members", *NODE_SECTIONS)
     for section in data:
         if section not in allowed:
             raise ConfigError(f"{source}: unknown section [{section}]; allowed: "
@@ -165,7 +209,7 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
     if "id" in data.get("node", {}) or "client_addr" in data.get("node", {}):
         raise ConfigError(f"{source}: [node] id/client_addr: set per member in [[members]], not in [node]")
     settings = ClusterSettings()
-    apply_sections(settings, source, data, ("cluster",), CLUSTER_SETTINGS)
+    apply_sections(settings, source, data, ("cluster", "durable"), CLUSTER_SETTINGS)
     if not settings.secret:
         raise ConfigError(f"{source}: [cluster] secret: required, a string of at least 16 characters")
     if settings.down_after <= settings.suspect_after:

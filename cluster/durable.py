@@ -28,7 +28,7 @@ keeps those views (``plogs``) for the member:
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
@@ -43,7 +43,7 @@ from client.durablewire import (
     encode_putack,
     encode_records,
 )
-from cluster.events import LogRecords, LogsRead, LogWritten, Send
+from cluster.events import LogRecords, LogRetained, LogsRead, LogWritten, Send
 from cluster.memberparts import MemberParts
 from cluster.partitionlog import (
     LEADING,
@@ -55,6 +55,7 @@ from cluster.partitionlog import (
     PeerFrame,
     ReadDone,
     Reload,
+    Retain,
 )
 from cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
 from node.actions import DurableCommit, DurableGet, DurablePut
@@ -91,10 +92,27 @@ def cursor_key(name: str, topic: str) -> str:
 class Durable(MemberParts):
     def _init_durable(self) -> None:
         self.plogs: dict[int, PartitionLog] = {}
-        self.log_settings = LogSettings()
+        self.log_settings = LogSettings.of(self.s)
+        self.next_retention = self.now + self.log_settings.retention_check_interval
         self.logs_ready = False  # LogsRead came: durable requests are taken
         self.durable_committed: list[Any] = []  # tokens of puts and cursor commits now durable
         self.log_requests: dict[str, int] = {}  # peer -> the link its last LOGFETCH came on
+
+    def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead) -> None:
+        """The runner's answers: a write, a read, a retention done; the logs read at start-up."""
+        if isinstance(ev, LogsRead):
+            self._on_logs_read(ev)
+            return
+        log = self.plogs.get(ev.partition)
+        if log is None:
+            return
+        if isinstance(ev, LogWritten):
+            self._run_log(log.appended(ev.durable, self.now))
+        elif isinstance(ev, LogRecords):
+            self._run_log(log.read_done(ev.token, ev.records))
+        else:
+            log.retained(ev.start)
+            self._run_log(log.refresh_cursors(ev.wanted, self._wall_ms()))
 
     def _on_logs_read(self, ev: LogsRead) -> None:
         if not self.partitioned or self.logs_ready:
@@ -102,17 +120,12 @@ class Durable(MemberParts):
         if ev.error:
             self._fatal(f"a durable log cannot be opened: {ev.error}")
             return
-        for p, (start, records) in ev.logs.items():
-            if not 0 <= p < self.s.partitions:
-                continue
-            log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
-            try:
-                log.recovered(start, records)
-            except LogFormatError as exc:
-                self._fatal(f"partition {p}: {exc}")
-                return
+        for p, scan in ev.logs.items():
+            if 0 <= p < self.s.partitions:
+                self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
+                self.plogs[p].recovered(scan)
         self.logs_ready = True
-        self._log("info", "logs_read", partitions=len(ev.logs), records=sum(len(r) for _, r in ev.logs.values()))
+        self._log("info", "logs_read", partitions=len(ev.logs), records=sum(s.records for s in ev.logs.values()))
         for p, log in self.plogs.items():
             self._assign_log(p, log, None)
 
@@ -155,7 +168,12 @@ class Durable(MemberParts):
                     else:
                         self.durable_committed.append(t)
             elif cls is ReadDone:
-                self._answer_get(a.token, a.records)
+                if a.token[0] == "seek":  # (the offset of a time older than the cache: now the GET)
+                    get, log = a.token[1], self.plogs[a.token[1].partition]
+                    at = a.records[0].offset if a.records else log.commit
+                    self._on_durable_get(get._replace(start=START_OFFSET, start_at=at))
+                else:
+                    self._answer_get(a.token, a.records)
             elif cls is Reload:
                 self._log("error", "log_reload_needed", partition=a.partition)
             else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
@@ -197,24 +215,12 @@ class Durable(MemberParts):
             raise PeerProtocolError(f"LOGDATA: {exc}") from None
         self._run_log(actions)
 
-    # ------------------------------------------------------------ the runner's answers
-
-    def _on_log_written(self, ev: LogWritten) -> None:
-        log = self.plogs.get(ev.partition)
-        if log is not None:
-            self._run_log(log.appended(ev.durable, self.now))
-
-    def _on_log_records(self, ev: LogRecords) -> None:
-        log = self.plogs.get(ev.partition)
-        if log is not None:
-            self._run_log(log.read_done(ev.token, ev.records))
-
     # ------------------------------------------------------------ requests and time
 
-    def durable_put(self, p: int, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Any,
-                    wall_ms: int) -> int:  # fmt: skip
+    def durable_put(self, p: int, msgs: list[list[Any]], pid: bytes, first: int, floor: int,
+                    token: Callable[[int], Any], wall_ms: int) -> int:  # fmt: skip
         """A durable publish to partition ``p``; its status (cluster/partitionlog.py ``put``).
-        ``token`` is in ``durable_committed`` once every message of it is committed."""
+        ``token(last sequence taken)`` is in ``durable_committed`` once that much is committed."""
         if not self.logs_ready or not self.ready:
             return 1
         status, actions = self._log_for(p).put(msgs, pid, first, floor, token, wall_ms)
@@ -223,9 +229,8 @@ class Durable(MemberParts):
 
     def _on_durable_put(self, a: DurablePut) -> None:
         """A client's PUT: acknowledged (PUTACK) once committed, or at once with why not."""
-        last = a.first + len(a.msgs) - 1
         status = self.durable_put(a.partition, a.msgs, a.pid, a.first, a.floor,
-                                  PutToken(a.addr, a.pid, a.partition, last), self._wall_ms())  # fmt: skip
+                                  lambda last: PutToken(a.addr, a.pid, a.partition, last), self._wall_ms())  # fmt: skip
         if status:
             self._out.append(Send(a.addr, encode_putack(a.pid, a.partition, 0, status)))
             if status == PUT_NOT_LEADER and self.broker.redirect_frame is not None:
@@ -250,19 +255,27 @@ class Durable(MemberParts):
         if not log.readable(self.now):  # (no follower fetched from us lately: we may be a stale leader)
             self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_BUSY, [])))
             return
+        if not a.name:  # (a plain read: the reader keeps its own offsets)
+            self._read_from(log, a, min(max(a.read_from, log.start), log.commit))
+            return
         key = (a.did, cursor_key(a.name, a.topic))
         cursor = log.state.cursors.get(key)
         if cursor is None:  # (a new durable subscription: its cursor is written first, then read from)
             cursor = {START_EARLIEST: log.start, START_LATEST: log.commit,
                       START_OFFSET: min(max(a.start_at, log.start), log.commit)}.get(a.start)  # fmt: skip
-            if cursor is None:
-                cursor = log.first_at(a.start_at)
+            if cursor is None:  # (START_TIME: on disk, this GET goes on once the offset is found)
+                cursor, actions = log.first_at(a.start_at, ("seek", a))
+                self._run_log(actions)
+                if cursor is None:
+                    return
             status, actions = log.commit_cursor(key[0], key[1], cursor, None, self._wall_ms())
             self._run_log(actions)
             if status:
                 self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_BUSY, [])))
                 return
-        cursor = max(cursor, min(a.read_from, log.commit))  # (what this reader holds uncommitted: not again)
+        self._read_from(log, a, max(cursor, min(a.read_from, log.commit)))  # (what this reader holds: not again)
+
+    def _read_from(self, log: PartitionLog, a: DurableGet, cursor: int) -> None:
         token = ("get", a.addr, a.name, a.topic, a.partition, cursor, a.most)
         records, actions = log.read_committed(cursor, self.log_settings.fetch_records, token)
         self._run_log(actions)
@@ -271,6 +284,7 @@ class Durable(MemberParts):
 
     def _answer_get(self, token: Any, records: list[Record]) -> None:
         _, addr, name, topic, p, cursor, most = token
+        log = self.plogs[p]
         out: list[list[Any]] = []
         scanned = cursor
         for r in records:
@@ -280,7 +294,7 @@ class Durable(MemberParts):
             scanned = r.offset + 1
             if b[1] == MESSAGE and b[2] == topic:
                 out.append([r.offset, r.time_ms, b[2], b[3], b[4], b[5]])
-        self._out.append(Send(addr, encode_records(name, p, cursor, scanned, 0, out)))
+        self._out.append(Send(addr, encode_records(name, p, cursor, scanned, 0, out, log.start, log.commit)))
 
     def _on_durable_commit(self, a: DurableCommit) -> None:
         """A COMMIT: the cursor moves (never back); COMMITTED once that is durable."""
@@ -307,6 +321,14 @@ class Durable(MemberParts):
         for log in self.plogs.values():
             if log.next_deadline() <= self.now:
                 self._run_log(log.tick(self.now))
+        if self.now >= self.next_retention:
+            self.next_retention = self.now + self.log_settings.retention_check_interval
+            s = self.log_settings
+            max_bytes = s.retention_bytes or 1 << 62
+            if self.logs_ready:
+                for p, log in self.plogs.items():
+                    self._out.append(Retain(p, log.retain_limit(), self._wall_ms(), max_bytes,
+                                            int(s.retention_age * 1000)))  # fmt: skip
 
     def _durable_deadline(self) -> float:
-        return min((log.next_deadline() for log in self.plogs.values()), default=math.inf)
+        return min((log.next_deadline() for log in self.plogs.values()), default=self.next_retention)

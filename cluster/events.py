@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
+from cluster.logrecords import LogScan
+from cluster.partitionlog import Append, ReadLog, ResetLog, Retain, Truncate
 from node.core import Log, Send
 from node.segmentlog import Record
 
@@ -93,13 +94,23 @@ class Stop(NamedTuple):
 
 class LogsRead(NamedTuple):
     """Fed before ``Start``: each durable partition log the runner found on disk (torn
-    tails cut), as (first offset, every record), or ``error`` (a log that cannot be
-    opened). Then ``Append``, ``Truncate``, ``ResetLog`` and ``ReadLog`` actions
-    (cluster/partitionlog.py) change and read one partition's log, in the order given,
-    off the event loop, answered by ``LogWritten`` and ``LogRecords``."""
+    tails cut), read through a ``LogScan`` (cluster/logrecords.py), or ``error`` (a log
+    that cannot be opened). Then ``Append``, ``Truncate``, ``ResetLog``, ``ReadLog`` and
+    ``Retain`` actions (cluster/partitionlog.py) change and read one partition's log, in
+    the order given, off the event loop, answered by ``LogWritten``, ``LogRecords`` and
+    ``LogRetained``."""
 
-    logs: dict[int, tuple[int, list[Record]]]
+    logs: dict[int, LogScan]
     error: str
+
+
+class LogRetained(NamedTuple):
+    """Answer to ``Retain``: the log now starts at ``start``; without its ``keep_from``
+    retention would have gone to ``wanted``."""
+
+    partition: int
+    start: int
+    wanted: int
 
 
 class LogWritten(NamedTuple):
@@ -120,7 +131,7 @@ class LogRecords(NamedTuple):
 
 Event = (
     Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkSent | LinkClosed
-    | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords
+    | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords | LogRetained
 )
 
 
@@ -171,12 +182,12 @@ class Exit(NamedTuple):
 
 Action = (
     Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit
-    | Append | Truncate | ResetLog | ReadLog
+    | Append | Truncate | ResetLog | ReadLog | Retain
 )
 
 __all__ = [
     "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
-    "LinkOpened", "LinkSent", "Log", "LogRecords", "LogWritten", "LogsRead", "PersistDone", "ReadLog",
-    "ReadSnapshot", "ResetLog", "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick",
+    "LinkOpened", "LinkSent", "Log", "LogRecords", "LogRetained", "LogWritten", "LogsRead", "PersistDone", "ReadLog",
+    "ReadSnapshot", "ResetLog", "Retain", "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick",
     "Truncate", "WriteSnapshot",
 ]  # fmt: skip

@@ -7,7 +7,9 @@ start, ``open_all`` opens every partition directory under ``<data_dir>/log``
 ``Start``; then ``perform`` does one ``Append``/``Truncate``/``ResetLog``/
 ``ReadLog`` and returns the event that answers it. The shell keeps one queue
 per partition, so each partition's work is done in the order the core gave it.
-An ``Append`` with ``sync`` returns only after fsync (fsync policy ``always``).
+An ``Append`` with ``sync`` returns only after fsync (fsync policy ``always``);
+with ``interval`` the shell's timer queues a ``Sync`` on every partition's
+queue every ``fsync_interval``; ``never`` leaves it to the OS.
 """
 
 from __future__ import annotations
@@ -15,27 +17,42 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from cluster.events import LogRecords, LogsRead, LogWritten
-from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
+from cluster.events import LogRecords, LogRetained, LogsRead, LogWritten
+from cluster.logrecords import LogFormatError, LogScan
+from cluster.partitionlog import Append, LogSettings, ReadLog, ResetLog, Retain, Truncate
 from node.segmentlog import LogCorrupt, LogUsage, SegmentLog
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
+SCAN_BYTES = 4 << 20  # a log is read at start-up this much at a time
+
+
+class Sync(NamedTuple):
+    """fsync = interval: the shell's timer puts one in every partition's queue (a log is used
+    by one worker at a time, so the sync waits its turn there)."""
+
+    partition: int
 
 
 class LogStore:
-    def __init__(self, root: Path, log: Callable[..., None]) -> None:
+    def __init__(self, root: Path, log: Callable[..., None], settings: LogSettings, segment_bytes: int) -> None:
         self.root = root
         self.log = log  # (level, event, **fields): the member's event log
+        self.settings = settings
+        self.segment_bytes = segment_bytes
         self.logs: dict[int, SegmentLog] = {}
 
     def _dir(self, p: int) -> Path:
         return self.root / f"{PREFIX}{p:05d}"
 
+    def _open(self, d: Path) -> tuple[SegmentLog, Any]:
+        return SegmentLog.open(d, segment_bytes=self.segment_bytes)
+
     def open_all(self) -> LogsRead:
-        """Every partition log under the root, recovered; an error names the one that cannot be opened."""
-        logs: dict[int, tuple[int, list[Any]]] = {}
+        """Every partition log under the root, recovered and scanned a chunk at a time (memory
+        stays bounded for a large log); an error names the one that cannot be opened."""
+        logs: dict[int, LogScan] = {}
         if not self.root.exists():
             return LogsRead(logs, "")
         for d in sorted(self.root.iterdir()):
@@ -44,31 +61,45 @@ class LogStore:
                 continue
             p = int(name[len(PREFIX):])
             try:
-                log, rec = SegmentLog.open(d)
-            except (LogCorrupt, OSError) as exc:
+                log, rec = self._open(d)
+                scan = LogScan(log.start, self.settings.keep)
+                while scan.end < log.end:
+                    chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
+                    if not chunk:
+                        raise LogCorrupt(f"no record at offset {scan.end} before the end {log.end}")
+                    scan.feed(chunk)
+            except (LogCorrupt, LogFormatError, OSError) as exc:
                 return LogsRead({}, f"{d}: {exc}")
             if rec.cut_bytes:
                 self.log("warning", "log_tail_cut", partition=p, cut_at=rec.cut_at, cut_bytes=rec.cut_bytes,
                          reason=rec.cut_reason)  # fmt: skip
             self.logs[p] = log
-            records = log.read(log.start, max_bytes=1 << 62, max_records=1 << 62)
-            if records:
-                logs[p] = (log.start, records)
+            if scan.records:
+                logs[p] = scan
         return LogsRead(logs, "")
 
     def perform(self, a: Any) -> Any:
-        """Do one disk action of the core; returns the event that answers it."""
+        """Do one disk action of the core; returns the event that answers it (None for ``Sync``)."""
         p = a.partition
         log = self.logs.get(p)
         if log is None:
-            log = self.logs[p] = SegmentLog.open(self._dir(p))[0]
+            log = self.logs[p] = self._open(self._dir(p))[0]
         cls = a.__class__
         try:
+            if cls is Sync:
+                log.sync()
+                return None
             if cls is ReadLog:
-                return LogRecords(p, a.token, log.read(a.start, max_records=a.limit))
+                start = a.start if a.at_time < 0 else log.offset_for_time(a.at_time)
+                return LogRecords(p, a.token, log.read(start, max_records=a.limit))
             if cls is Append:
                 log.append(a.records)
                 return LogWritten(p, log.sync() if a.sync else _flushed(log))
+            if cls is Retain:
+                gone = log.retain(a.now_ms, a.max_bytes, a.max_age_ms, a.keep_from)
+                if gone:
+                    self.log("info", "log_retained", partition=p, segments=len(gone), start=log.start)
+                return LogRetained(p, log.start, log.wanted)
             if cls is Truncate:
                 log.truncate(a.to)
             elif cls is ResetLog:
@@ -78,6 +109,35 @@ class LogStore:
             # (the core waits for what was not written: its publishers retry elsewhere or later)
             self.log("error", "log_write_failed", partition=p, reason=str(exc)[:200])
             return LogRecords(p, a.token, []) if cls is ReadLog else LogWritten(p, 0)
+
+    def perform_all(self, actions: list[Any]) -> list[Any]:
+        """Do one partition's queued actions in order, with one fsync for a run of ``Append``
+        actions (group commit); each is answered, a run's answers once the run is on disk."""
+        out: list[Any] = []
+        run: list[Any] = []  # consecutive Appends
+        for a in actions:
+            if a.__class__ is Append:
+                run.append(a)
+                continue
+            if run:
+                out += self._append_run(run)
+                run = []
+            out.append(self.perform(a))
+        return out + (self._append_run(run) if run else [])
+
+    def _append_run(self, run: list[Any]) -> list[Any]:
+        p = run[0].partition
+        log = self.logs.get(p)
+        if log is None:
+            log = self.logs[p] = self._open(self._dir(p))[0]
+        try:
+            for a in run:
+                log.append(a.records)
+            durable = log.sync() if any(a.sync for a in run) else _flushed(log)
+        except (OSError, LogUsage) as exc:
+            self.log("error", "log_write_failed", partition=p, reason=str(exc)[:200])
+            durable = 0
+        return [LogWritten(p, durable) for _ in run]
 
     def close(self) -> None:
         for log in self.logs.values():

@@ -66,6 +66,7 @@ from cluster.events import (
     LinkSent,
     Log,
     LogRecords,
+    LogRetained,
     LogsRead,
     LogWritten,
     PersistDone,
@@ -191,12 +192,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._on_snapshot(ev.data, ev.reason)
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
-        elif isinstance(ev, LogWritten):
-            self._on_log_written(ev)
-        elif isinstance(ev, LogRecords):
-            self._on_log_records(ev)
-        elif isinstance(ev, LogsRead):
-            self._on_logs_read(ev)
+        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead):
+            self._on_log_event(ev)  # (cluster/durable.py)
         elif isinstance(ev, Start):
             self._start()
         elif isinstance(ev, Stop):

@@ -11,10 +11,10 @@ told when they are done (``appended``, ``read_done``); what it says to the other
 owners is a ``PeerFrame``; a put or a cursor commit it has made durable comes
 back as a token in ``Committed``.
 
-Records. A body is msgpack ``[epoch, kind, ...]``: ``MESSAGE`` (topic, key,
-tags, payload, producer id, producer sequence), ``CURSOR`` (client id,
-subscription name, next offset) and ``EPOCH`` (written by a leader when it
-begins: the log itself holds where each leader epoch starts).
+Records (cluster/logrecords.py). A body is msgpack ``[epoch, kind, ...]``:
+``MESSAGE`` (topic, key, tags, payload, producer id, producer sequence),
+``CURSOR`` (client id, subscription name, next offset) and ``EPOCH`` (written by
+a leader when it begins: the log itself holds where each leader epoch starts).
 
 Three points. ``end``: the next offset. ``durable``: the end that is on disk
 here by the fsync policy (``always``: synced; otherwise written). ``commit``:
@@ -54,126 +54,57 @@ committed and more than ``cache_records`` behind the end; a leader refuses puts
 while ``max_uncommitted`` records wait for the commit, so no owner ever holds a
 longer uncommitted tail, and no truncation goes past the cache (if one would,
 ``Reload`` has the shell feed the log again).
+
+Retention. Every owner deletes old segments of its own log (``Retain``, run by
+the shell on node/segmentlog.py), never at or past ``retain_limit``: the commit,
+and the newest record of every cursor. The shell answers with the new start and
+with where retention would have reached without that limit; a leader then
+writes the cursors whose newest record lies below that again at the end of the
+log (``refresh_cursors``), so the next round can go on without losing a durable
+subscription. A follower left before the leader's start resets to it.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
+from cluster.logactions import (
+    Append,
+    Committed,
+    LogAction,
+    LogSettings,
+    PeerFrame,
+    ReadDone,
+    ReadLog,
+    Reload,
+    ResetLog,
+    Retain,
+    Truncate,
+)
+from cluster.logrecords import (
+    CURSOR,
+    EPOCH,
+    MESSAGE,
+    LogFormatError,
+    LogScan,
+    State,
+    cursor_body,
+    decode_untrusted_body,
+    message_body,
+)
 from node.segmentlog import Record
 
-MESSAGE, CURSOR, EPOCH = 0, 1, 2
+__all__ = [
+    "CURSOR", "EPOCH", "MESSAGE", "Append", "Committed", "LogAction", "LogFormatError", "LogScan", "LogSettings",
+    "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog", "Retain", "State", "Truncate", "decode_untrusted_body",
+]  # fmt: skip
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
 OK, NOT_LEADER, STALE = 0, 1, 2  # DATA status
-
-
-class LogSettings(NamedTuple):
-    fsync: str = "always"  # always | interval | never
-    max_uncommitted: int = 10_000
-    cache_records: int = 20_000
-    fetch_records: int = 500
-    fetch_bytes: int = 1 << 20
-    fetch_wait: float = 0.5
-    fetch_retry: float = 1.0
-
-
-# ---------------------------------------------------------------- actions
-
-
-class Append(NamedTuple):
-    partition: int
-    records: list[Record]
-    sync: bool
-
-
-class Truncate(NamedTuple):
-    partition: int
-    to: int
-
-
-class ResetLog(NamedTuple):
-    partition: int
-    start: int
-
-
-class ReadLog(NamedTuple):
-    partition: int
-    start: int
-    limit: int
-    token: Any
-
-
-class PeerFrame(NamedTuple):
-    member: str
-    frame: list[Any]
-
-
-class Committed(NamedTuple):
-    partition: int
-    tokens: list[Any]
-    records: list[Record]
-
-
-class Reload(NamedTuple):
-    partition: int
-
-
-class ReadDone(NamedTuple):
-    """Committed records a reader asked for (``read_committed``) that had to come from disk."""
-
-    token: Any
-    records: list[Record]
-
-
-LogAction = Append | Truncate | ResetLog | ReadLog | PeerFrame | Committed | Reload | ReadDone
-
-
-class LogFormatError(ValueError):
-    """A record body that is not one of ours (from a peer or a damaged file)."""
-
-
-def decode_untrusted_body(body: bytes) -> list[Any]:
-    try:
-        b = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several types for bad input
-        raise LogFormatError(f"undecodable record body: {exc}") from None
-    ok = isinstance(b, list) and len(b) >= 2 and isinstance(b[0], int) and b[0] >= 1
-    if ok and b[1] == MESSAGE:
-        ok = len(b) == 8 and isinstance(b[2], str) and isinstance(b[6], bytes) and isinstance(b[7], int)
-    elif ok and b[1] == CURSOR:
-        ok = len(b) == 5 and isinstance(b[2], bytes) and isinstance(b[3], str) and isinstance(b[4], int)
-    elif ok:
-        ok = b[1] == EPOCH and len(b) == 2
-    if not ok:
-        raise LogFormatError("a record body of unknown shape")
-    return b  # type: ignore[no-any-return]
-
-
-def message_body(epoch: int, m: list[Any], pid: bytes, seq: int) -> bytes:
-    return msgpack.packb([epoch, MESSAGE, m[0], m[1], m[2], m[3], pid, seq], use_bin_type=True)  # type: ignore[no-any-return]
-
-
-@dataclass
-class State:
-    """What the records through some offset say: producers' last (sequence, offset), cursors."""
-
-    producers: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    cursors: dict[tuple[bytes, str], int] = field(default_factory=dict)
-
-    def apply(self, offset: int, b: list[Any]) -> None:
-        if b[1] == MESSAGE:
-            self.producers[b[6]] = (b[7], offset)
-        elif b[1] == CURSOR:
-            key = (b[2], b[3])
-            if b[4] > self.cursors.get(key, -1):
-                self.cursors[key] = b[4]
-
-    def copy(self) -> State:
-        return State(dict(self.producers), dict(self.cursors))
 
 
 @dataclass
@@ -214,14 +145,14 @@ class PartitionLog:
 
     # ------------------------------------------------------------ recovery
 
-    def recovered(self, start: int, records: list[Record]) -> None:
-        """The log as opened from disk: its first offset and every record from there."""
-        self.start = self.end = self.durable = self.base_at = start
-        for r in records:
-            self._take(r, decode_untrusted_body(r.body))
-        self.durable = self.end
+    def recovered(self, scan: LogScan) -> None:
+        """The log as opened from disk (its ``keep`` at least ``cache_records`` and ``max_uncommitted``)."""
+        self.start, self.end, self.durable = scan.start, scan.end, scan.end
+        self.epochs, self.state, self.base, self.base_at = scan.epochs, scan.state, scan.base, scan.base_at
+        self.tail, self.last_ms = scan.tail, scan.last_ms
+        self.seen = self.last_epoch  # (never again follow or accept a claim below what the log holds)
         # (no owner ever holds more than max_uncommitted records that are not committed)
-        self.commit = max(start, self.end - self.s.max_uncommitted)
+        self.commit = max(self.start, self.end - self.s.max_uncommitted)
         self._fold()
 
     def _take(self, r: Record, b: list[Any]) -> None:
@@ -260,9 +191,10 @@ class PartitionLog:
         members that owned it before. ``alone``: whether we may lead with no other member to ask."""
         self.owners, self.alone = owners, alone
         if owners and owners[0] == self.me:
-            if self.role == LEADING:
+            if self.role == LEADING:  # (a new follower may not have this log active: a FETCH wakes it)
+                wake = [self._fetch_frame(m, claim=False) for m in owners[1:] if m not in self.followers]
                 self.followers = {m: self.followers.get(m, -1) for m in owners[1:]}
-                return self._advance()
+                return [*wake, *self._advance()]
             epoch = max(map_epoch, self.last_epoch + 1, self.seen + 1)
             probes = {m for m in (*owners[1:], *previous) if m != self.me}
             return self._begin_claim(epoch, probes, now)
@@ -314,11 +246,12 @@ class PartitionLog:
 
     # ------------------------------------------------------------ leading: puts and cursors
 
-    def put(self, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Any,
+    def put(self, msgs: list[list[Any]], pid: bytes, first: int, floor: int, token: Callable[[int], Any],
             now_ms: int) -> tuple[int, list[LogAction]]:  # fmt: skip
         """A durable publish of ``msgs`` (sequences from ``first``); returns (status, actions).
 
-        Status 0: taken (``token`` comes back in ``Committed`` once all of it is committed);
+        Status 0: taken, maybe only its first part (as much as ``max_uncommitted`` leaves room
+        for): ``token(last sequence taken)`` comes back in ``Committed`` once that is committed;
         1: not the leader; 2: too much uncommitted, retry; 3: a gap (go-back-N: resend from
         the acknowledged point)."""
         if self.role != LEADING:
@@ -327,12 +260,15 @@ class PartitionLog:
         if first > last + 1:
             return 3, []
         new = msgs[last + 1 - first:] if last >= first else msgs
-        if self.end - self.commit + len(new) > self.s.max_uncommitted:
+        room = self.s.max_uncommitted - (self.end - self.commit)
+        if new and room <= 0:
             return 2, []
+        new = new[:room]
         seq = max(first, last + 1)
         bodies = [message_body(self.epoch, m, pid, seq + i) for i, m in enumerate(new)]
         out = self._append_local(bodies, now_ms)
-        self.waiting.append((self.end if bodies else at + 1, token))
+        taken = seq + len(new) - 1 if new else min(last, first + len(msgs) - 1)
+        self.waiting.append((self.end if bodies else at + 1, token(taken)))
         out += self._advance()
         return 0, out
 
@@ -342,8 +278,7 @@ class PartitionLog:
             return 1, []
         out: list[LogAction] = []
         if offset > self.state.cursors.get((cid, name), -1):
-            body = msgpack.packb([self.epoch, CURSOR, cid, name, offset], use_bin_type=True)
-            out = self._append_local([body], now_ms)
+            out = self._append_local([cursor_body(self.epoch, cid, name, offset)], now_ms)
         if token is not None:
             self.waiting.append((self.end, token))
         return 0, out + self._advance()
@@ -497,13 +432,40 @@ class PartitionLog:
             return out, []
         return None, [ReadLog(self.p, start, limit, token)]
 
-    def first_at(self, time_ms: int) -> int:
-        """The first offset in the cache at or after ``time_ms`` (the start of the cache if it
-        begins later: older times are not indexed here)."""
-        for r, _ in self.tail:
-            if r.time_ms >= time_ms:
-                return r.offset
-        return self.commit
+    # ------------------------------------------------------------ retention
+
+    def retain_limit(self) -> int:
+        """Retention may delete only records before this: committed, and no cursor's newest record."""
+        return min([self.commit, *self.state.cursor_at.values()])
+
+    def retained(self, start: int) -> None:
+        """Retention deleted everything before ``start`` (at most ``retain_limit``) from the disk."""
+        if start <= self.start:
+            return
+        self.start = start
+        while self.tail and self.tail[0][0].offset < start:  # (committed: its state is kept in base)
+            r, b = self.tail.popleft()
+            self.base.apply(r.offset, b)
+        self.base_at = max(self.base_at, start)
+
+    def refresh_cursors(self, before: int, now_ms: int) -> list[LogAction]:
+        """Leading: write again every cursor whose newest record lies before ``before`` (where
+        retention wants to go), so that retention does not take the only record of it."""
+        if self.role != LEADING:
+            return []
+        old = sorted(k for k, at in self.state.cursor_at.items() if at < before)
+        bodies = [cursor_body(self.epoch, cid, name, self.state.cursors[cid, name]) for cid, name in old]
+        return self._append_local(bodies, now_ms) + self._advance()
+
+    def first_at(self, time_ms: int, token: Any) -> tuple[int | None, list[LogAction]]:
+        """The first committed offset at or after ``time_ms``: from the cache, or (None and) a
+        ``ReadLog`` of the record on disk, answered as ``ReadDone(token)``."""
+        if self.base_at <= self.start or (self.tail and self.tail[0][0].time_ms <= time_ms):  # (in the cache)
+            for r, _ in self.tail:
+                if r.time_ms >= time_ms:
+                    return min(r.offset, self.commit), []
+            return self.commit, []
+        return None, [ReadLog(self.p, self.start, 1, token, time_ms)]
 
     def _data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
               reset: int = -1) -> PeerFrame:  # fmt: skip
@@ -541,8 +503,9 @@ class PartitionLog:
         recs = [r for r in records if r.offset >= self.end]
         if not recs or recs[0].offset != self.end:
             return []
-        for r in recs:
-            self._take(r, decode_untrusted_body(r.body))
+        bodies = [decode_untrusted_body(r.body) for r in recs]  # (all checked before any is taken)
+        for r, b in zip(recs, bodies, strict=True):
+            self._take(r, b)
         self.appending += 1
         return [Append(self.p, recs, self.s.fsync == "always")]
 

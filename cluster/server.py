@@ -59,16 +59,16 @@ from cluster.events import (
     Tick,
     WriteSnapshot,
 )  # fmt: skip
-from cluster.logstore import LogStore
+from cluster.logstore import LogStore, Sync
 from cluster.member import MemberCore
-from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, ResetLog, Retain, Truncate
 from cluster.roster import decode_untrusted_roster
 from cluster.snapshot import SNAPSHOT_FILE
 from node.logs import EventLog
 
 T = TypeVar("T")
 
-_LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog)  # (durable partition logs: cluster/logstore.py)
+_LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain)  # (durable partition logs: cluster/logstore.py)
 
 # Snapshot chunks handed to one worker-thread call.
 _CHUNKS_PER_WRITE = 8
@@ -119,7 +119,9 @@ class ClusterNode:
         self._udp_idle = trio.CancelScope()
         self._udp_pending: list[tuple[Any, bytes]] = []
         self._nursery: trio.Nursery | None = None
-        self._logs = LogStore(Path(self.me.data_dir) / "log", self.log)  # durable partition logs
+        st = cc.settings
+        self._logs = LogStore(Path(self.me.data_dir) / "log", self.log,  # durable partition logs
+                              LogSettings.of(st), st.segment_bytes)
         self._log_queues: dict[int, trio.MemorySendChannel[Any]] = {}  # one ordered queue per partition
 
     # ------------------------------------------------------------ lifecycle
@@ -139,6 +141,8 @@ class ClusterNode:
                 self._nursery = nursery
                 nursery.start_soon(trio.serve_listeners, self._inbound, listeners)
                 nursery.start_soon(self._timers)
+                if self.cc.settings.fsync == "interval":
+                    nursery.start_soon(self._fsync_timer)
                 self._feed(await _in_thread(self._logs.open_all))  # (durable logs, before Start)
                 self._feed(Start())
                 await self._ready.wait()  # (also set when the member exits before serving)
@@ -354,9 +358,25 @@ class ClusterNode:
         return os.path.join(self.me.data_dir, SNAPSHOT_FILE)
 
     async def _log_worker(self, recv: trio.MemoryReceiveChannel[Any]) -> None:
-        """One partition's disk work, in the order the core asked for it, off the event loop."""
+        """One partition's disk work, in the order the core asked for it, off the event loop;
+        what queued while a batch was on disk goes as the next batch (group commit)."""
         async for a in recv:
-            self._feed(await _in_thread(self._logs.perform, a))
+            batch = [a]
+            while True:  # (what queued meanwhile goes with it: one fsync for a run of appends)
+                try:
+                    batch.append(recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            for ev in await _in_thread(self._logs.perform_all, batch):
+                if ev is not None:
+                    self._feed(ev)
+
+    async def _fsync_timer(self) -> None:
+        """fsync = interval: every log is fsynced every fsync_interval, in its own queue's turn."""
+        while True:
+            await trio.sleep(self.cc.settings.fsync_interval)
+            for p, q in self._log_queues.items():
+                q.send_nowait(Sync(p))
 
     async def _read_snapshot(self) -> None:
         path = self._snapshot_path()

@@ -14,8 +14,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.events import LogRecords, LogsRead, LogWritten
-from cluster.partitionlog import Append, ReadLog, ResetLog, Truncate
+from cluster.events import LogRecords, LogRetained, LogsRead, LogWritten
+from cluster.logrecords import LogScan
+from cluster.partitionlog import Append, LogSettings, ReadLog, ResetLog, Retain, Truncate
 from node.segmentlog import Record
 
 
@@ -45,6 +46,8 @@ class SimLogDisk:
         if cls is ReadLog:
             log = logs.get(a.partition, SimLog())
             i = max(0, a.start - log.start)
+            if a.at_time >= 0:
+                i = next((j for j, r in enumerate(log.records) if r.time_ms >= a.at_time), len(log.records))
             return at, LogRecords(a.partition, a.token, log.records[i:i + a.limit])
         log = logs.setdefault(a.partition, SimLog())
         if cls is Append:
@@ -57,11 +60,23 @@ class SimLogDisk:
             log.synced = min(log.synced, len(log.records))
         elif cls is ResetLog:
             log.start, log.records, log.synced = a.start, [], 0
+        elif cls is Retain:  # (record by record: the simulated disk has no segments)
+            wanted = log.start
+            for r in log.records:
+                if not (r.time_ms < a.now_ms - a.max_age_ms or (log.end - wanted) * 100 > a.max_bytes):
+                    break
+                wanted = r.offset + 1
+            gone = max(0, min(wanted, a.keep_from) - log.start)
+            del log.records[:gone]
+            log.start += gone
+            log.synced = max(0, log.synced - gone)
+            return at, LogRetained(a.partition, log.start, wanted)
         return at, LogWritten(a.partition, log.end)
 
     def read_all(self, member: str) -> LogsRead:
         logs = self.logs.get(member, {})
-        return LogsRead({p: (log.start, list(log.records)) for p, log in logs.items() if log.records}, "")
+        keep = LogSettings().keep
+        return LogsRead({p: LogScan.of(log.start, log.records, keep) for p, log in logs.items() if log.records}, "")
 
     def power_loss(self, member: str) -> None:
         for log in self.logs.get(member, {}).values():

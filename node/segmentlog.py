@@ -116,6 +116,7 @@ class SegmentLog:
         self._file: BinaryIO | None = None  # the active segment, open for appending
         self._dirty = False  # appended since the last sync
         self._dir_dirty = False  # a segment created or deleted since the last sync
+        self.wanted = 0  # where the last ``retain`` would have started the log without its keep_from
 
     # ------------------------------------------------------------ open and recover
 
@@ -412,14 +413,22 @@ class SegmentLog:
 
     # ------------------------------------------------------------ retention
 
-    def retain(self, now_ms: int, max_bytes: int, max_age_ms: int) -> list[int]:
-        """Delete closed segments past the retention limits; returns the bases deleted."""
+    def retain(self, now_ms: int, max_bytes: int, max_age_ms: int, keep_from: int | None = None) -> list[int]:
+        """Delete closed segments past the retention limits, but none holding ``keep_from`` or a
+        later offset; returns the bases deleted. ``wanted`` is then where the log would start
+        without ``keep_from``."""
         gone: list[int] = []
-        while len(self.segments) > 1:
-            seg = self.segments[0]
+        self.wanted = self.start
+        size = self.size
+        for seg, nxt in pairwise(self.segments):
             old = seg.last_ms is not None and seg.last_ms < now_ms - max_age_ms
-            if not (old or self.size > max_bytes):
+            if not (old or size > max_bytes):
                 break
+            size -= seg.size
+            self.wanted = nxt.base
+        upto = self.wanted if keep_from is None else min(self.wanted, keep_from)
+        while len(self.segments) > 1 and self.segments[1].base <= upto:
+            seg = self.segments[0]
             self.segments.pop(0)
             seg.path.unlink()
             seg.index_path.unlink(missing_ok=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import msgpack
 import trio
 
 from client.library import Client
+from client.offsets import OffsetFile
 from cluster.clustermap import compute
 from cluster.config import load_cluster_config
 from node.segmentlog import Record, SegmentLog, encode_record
@@ -141,8 +144,124 @@ def test_roost_get_reads_from_the_cursor_and_a_new_primary_keeps_it(tmp_path: Pa
         r = roost("get", "jobs", "--durable", "other", "--start", "latest", "--node", c.addr(alive),
                   "--timeout", "1")  # fmt: skip
         assert r.returncode == 1 and r.stdout == ""  # a new subscription at the end sees nothing old
+
+        async def plain_reads() -> list[tuple[list[bytes], int]]:  # no subscription: offsets are the reader's
+            async with Client(c.addr(alive)) as cl:
+                a = await cl.read("jobs", 0, 4)
+                b = await cl.read("jobs", a.next, 100)
+                z = await cl.read("jobs", b.next, 100)
+                assert a.first == 0 and a.end == b.end == z.end and z.next == b.next
+                return [([m.payload for m in x.messages], x.next) for x in (a, b, z)]
+
+        got = trio.run(plain_reads)
+        assert [g[0] for g in got] == [[b"j0", b"j1", b"j2", b"j3"], [b"j4", b"j5"], []]
+
+        async def reader_with_an_offsets_file(crash_before_commit: bool) -> list[bytes]:
+            async with Client(c.addr(alive), offsets_dir=tmp_path / "offsets") as cl:
+                got = [m.payload for m in await cl.get("jobs", "z", 2, timeout=10)]
+                if crash_before_commit:  # (the offset is on our disk, the COMMIT never left)
+                    OffsetFile(tmp_path / "offsets").save("default", "z", "jobs", cl._read_to["default", "z", "jobs"])
+                else:
+                    assert await cl.commit("jobs", "z")
+                return got
+
+        assert trio.run(reader_with_an_offsets_file, True) == [b"j0", b"j1"]
+        assert trio.run(reader_with_an_offsets_file, False) == [b"j2", b"j3"]  # (the cluster gave j0, j1 again)
+        r = roost("get", "jobs", "--durable", "z", "--offsets-dir", str(tmp_path / "offsets"), "--node",
+                  c.addr(alive))  # fmt: skip
+        assert (r.returncode, r.stdout) == (0, "j4\n"), r.stderr
     finally:
         c.stop()
+
+
+def _cursors(tmp_path: Path, member: str) -> tuple[int, list[tuple[int, int]]]:
+    """The first offset of ``member``'s partition logs and its CURSOR records (offset, value)."""
+    starts, out = [], []
+    for d in sorted((tmp_path / "data" / member / "log").glob("p*")):
+        log = SegmentLog.open(d)[0]
+        for r in log.read(0, max_bytes=1 << 40, max_records=1 << 40):
+            b = msgpack.unpackb(r.body)
+            if b[1] == 1:
+                out.append((r.offset, b[4]))
+        if log.end > log.start + 1:
+            starts.append(log.start)
+    return max(starts), out
+
+
+def test_retention_and_fsync_interval_a_durable_cursor_outlives_the_segments_that_held_it(tmp_path: Path) -> None:
+    """fsync = interval acknowledges puts; retention (by size, small segments) deletes old segments on
+    both owners while they serve, and the cursor of a durable subscription, written before the deleted
+    part, is written again by the primary: still on disk, and read back after a restart."""
+    durable = ('[durable]\nfsync = "interval"\nfsync_interval = 0.05\nsegment_bytes = 4096\n'
+               "retention_bytes = 8192\nretention_check_interval = 0.2\n")  # fmt: skip
+    c = LocalCluster(tmp_path, n=2, cluster_extra='mode = "partitioned"\npartitions = 1\n' + durable)
+    c.start()
+    try:
+        wait_until(lambda: all(c.status(m)["state"] == "ready" for m in c.ids), what="ready")
+        assert roost("put", "r", "a{n}" + "." * 60, "--count", "50", "--node", c.addr("n1")).returncode == 0
+        r = roost("get", "r", "--durable", "w", "--count", "45", "--node", c.addr("n2"))  # (all within 8 KB)
+        assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith("a44."), r.stderr
+        assert roost("put", "r", "b{n}" + "." * 60, "--count", "400", "--node", c.addr("n2")).returncode == 0
+
+        def retained_past_the_cursor(m: str) -> bool:  # (the first cursor record was at offset 51)
+            starts = re.findall(r"event=log_retained partition=0 segments=\d+ start=(\d+)", c.log(m))
+            return bool(starts) and int(starts[-1]) > 60
+
+        wait_until(lambda: all(retained_past_the_cursor(m) for m in c.ids), what="retention on both")
+    finally:
+        c.stop()
+    for m in c.ids:
+        start, cursors = _cursors(tmp_path, m)
+        assert start > 50 and cursors and all(o >= start for o, _ in cursors)  # (the first one was deleted)
+        assert {v for _, v in cursors} == {46}  # (offset 0 is EPOCH: a0..a44 are 1..45, the cursor is past them)
+        assert sum(f.stat().st_size for f in (tmp_path / "data" / m / "log").rglob("*.log")) <= 8192 + 2 * 4096
+    c.start()
+    try:
+        # (a lost cursor would be made again at "latest" and see nothing; the kept one reads from the
+        # log's start, as the a* records are gone)
+        r = roost("get", "r", "--durable", "w", "--count", "1", "--start", "latest", "--node", c.addr("n1"),
+                  "--timeout", "20")  # fmt: skip
+        assert r.returncode == 0 and r.stdout.startswith("b"), (r.stdout, r.stderr)
+    finally:
+        c.stop()
+
+
+def test_roost_get_start_at_a_time_older_than_the_members_cache(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, n=1, cluster_extra='mode = "partitioned"\npartitions = 2\n'
+                     "[durable]\ncache_records = 100\nmax_uncommitted = 10\n")  # fmt: skip
+    c.start()
+    try:
+        wait_until(lambda: c.status("n1")["state"] == "ready", what="ready")
+        assert roost("put", "t", "old{n}", "--count", "150", "--node", c.addr("n1")).returncode == 0
+        at = datetime.datetime.now(datetime.UTC)  # (after every old one was acknowledged: stored before it)
+        assert roost("put", "t", "new{n}", "--count", "150", "--node", c.addr("n1")).returncode == 0
+        r = roost("get", "t", "--durable", "w", "--count", "2", "--start", at.isoformat(), "--node", c.addr("n1"))
+        assert (r.returncode, r.stdout) == (0, "new0\nnew1\n"), r.stderr
+        r = roost("get", "t", "--durable", "x", "--start", "yesterday", "--node", c.addr("n1"))
+        assert r.returncode != 0 and "--start must be earliest, latest, an offset or an ISO 8601 time" in r.stderr
+    finally:
+        c.stop()
+
+
+def test_a_new_secondary_is_woken_by_the_primary_and_puts_commit(tmp_path: Path) -> None:
+    """The secondary dies: the map names the third member secondary while the primary goes on leading
+    (no claim, so nobody asked the third member for its log, which is not active: no records, no
+    claim seen). The primary's FETCH wakes it, it follows, and puts commit again (they waited for it
+    forever before)."""
+    c = LocalCluster(tmp_path, n=3, cluster_extra='mode = "partitioned"\npartitions = 1\n')
+    c.start()
+    try:
+        wait_until(lambda: all(c.status(m)["state"] == "ready" for m in c.ids), what="ready")
+        primary, secondary = _owners_of(c, "w")
+        third = next(m for m in c.ids if m not in (primary, secondary))
+        assert roost("put", "w", "first", "--node", c.addr(primary), "--timeout", "20").returncode == 0
+        c.kill(secondary)
+        wait_until(lambda: "live=2" in c.log(primary), what="the map without the secondary")
+        r = roost("put", "w", "m{n}", "--count", "20", "--node", c.addr(primary), "--timeout", "20")
+        assert r.returncode == 0, r.stderr
+    finally:
+        c.stop()
+    assert _stored(tmp_path, third, "w") == [b"first"] + [b"m%d" % i for i in range(20)]
 
 
 def test_durable_puts_and_gets_go_on_after_their_primary_was_paused(tmp_path: Path) -> None:

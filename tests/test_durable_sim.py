@@ -36,7 +36,7 @@ class Producer:
         for m in sim.members.values():  # (to whoever leads it in its own view)
             core = m.core
             if core is not None and core.ready and core.cmap is not None and core.cmap.owners[self.p][:1] == (m.id,):
-                core.durable_put(self.p, msgs, self.pid, first, first, (self.pid, last), 5000)
+                core.durable_put(self.p, msgs, self.pid, first, first, lambda last: (self.pid, last), 5000)
                 sim._feed(m, Tick())  # (the core's actions go out)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from cluster.logrecords import LogScan
 from cluster.partitionlog import (
     CLAIMING,
     CURSOR,
@@ -20,6 +21,7 @@ from cluster.partitionlog import (
     LogSettings,
     PartitionLog,
     PeerFrame,
+    ReadDone,
     ReadLog,
     ResetLog,
     Truncate,
@@ -38,6 +40,7 @@ class Owners:
         self.queue: deque[tuple[str, Any]] = deque()
         self.down: set[str] = set()
         self.committed: dict[str, list[Any]] = {m: [] for m in names}
+        self.reads: list[ReadDone] = []
         self.now = 0.0
 
     def feed(self, member: str, actions: list[Any]) -> None:
@@ -64,10 +67,13 @@ class Owners:
                 disk.clear()
                 self.feed(member, log.appended(a.start, self.now))
             elif isinstance(a, ReadLog):
-                recs = [r for r in disk if r.offset >= a.start][: a.limit]
+                recs = [r for r in disk if (r.offset >= a.start if a.at_time < 0 else r.time_ms >= a.at_time)]
+                recs = recs[: a.limit]
                 self.feed(member, log.read_done(a.token, recs))
             elif isinstance(a, Committed):
                 self.committed[member].extend(a.tokens)
+            elif isinstance(a, ReadDone):
+                self.reads.append(a)
             elif isinstance(a, PeerFrame):
                 self.deliver(member, a)
         raise AssertionError("no quiescence")
@@ -99,12 +105,20 @@ class Owners:
                 self.feed(m, log.tick(self.now))
         self.run()
 
-    def put(self, member: str, payloads: list[str], pid: bytes = b"p1", first: int = 1, token: Any = None) -> int:
+    def put(self, member: str, payloads: list[str], pid: bytes = b"p1", first: int = 1, token: Any = None,
+            ms: int = 5000) -> int:  # fmt: skip
         msgs = [["t", None, None, x.encode()] for x in payloads]
-        status, actions = self.logs[member].put(msgs, pid, first, 1, token if token is not None else first, 5000)
+        status, actions = self.logs[member].put(msgs, pid, first, 1, lambda last: first if token is None else token,
+                                                ms)  # fmt: skip
         self.feed(member, actions)
         self.run()
         return status
+
+    def commit_cursor(self, member: str, cid: bytes, name: str, offset: int) -> None:
+        st, acts = self.logs[member].commit_cursor(cid, name, offset, None, 5000)
+        assert st == 0
+        self.feed(member, acts)
+        self.run()
 
     def payloads(self, member: str) -> list[bytes]:
         return [b[5] for b in (msgpack.unpackb(r.body, raw=False) for r in self.disk[member]) if b[1] == 0]
@@ -116,7 +130,7 @@ class Owners:
         self.down.discard(member)
         log = self.logs[member] = PartitionLog(0, member, self.s)
         disk = self.disk[member]
-        log.recovered(disk[0].offset if disk else 0, list(disk))
+        log.recovered(LogScan.of(disk[0].offset if disk else 0, list(disk), self.s.keep))
 
 
 def test_a_put_is_committed_only_once_the_follower_has_it_on_disk() -> None:
@@ -167,8 +181,25 @@ def test_uncommitted_puts_are_bounded() -> None:
     o.assign("ab")
     o.crash("b")
     assert o.put("a", ["1", "2"], first=1) == 0
-    assert o.put("a", ["3", "4"], first=3) == 2  # would be 5 > 3 uncommitted (with the EPOCH record)
-    assert o.payloads("a") == [b"1", b"2"]
+    assert o.put("a", ["3", "4"], first=3) == 0  # (room for one more: "3" is taken)
+    assert o.put("a", ["4"], first=4) == 2  # (3 uncommitted: busy)
+    assert o.payloads("a") == [b"1", b"2", b"3"]
+
+
+def test_a_put_larger_than_the_room_left_is_taken_in_part_and_acknowledged_as_far_as_taken() -> None:
+    o = Owners("ab", max_uncommitted=4)
+    o.assign("ab")
+    o.down.add("b")  # (nothing commits past the EPOCH record b has)
+    msgs = [["t", None, None, b"m%d" % i] for i in range(1, 11)]
+    a = o.logs["a"]
+    status, actions = a.put(msgs, b"p1", 1, 1, lambda last: ("acked", last), 5000)
+    o.feed("a", actions)
+    o.run()
+    assert status == 0 and (a.commit, a.end) == (1, 5) and a.state.producers[b"p1"][0] == 4
+    assert a.put(msgs[4:], b"p1", 5, 1, lambda last: last, 5000)[0] == 2  # (full: busy)
+    o.down.discard("b")
+    o.tick(1.0)
+    assert o.committed["a"] == [("acked", 4)]
 
 
 def test_failover_keeps_every_committed_record_and_the_new_follower_copies_them() -> None:
@@ -277,7 +308,78 @@ def test_recovery_rebuilds_epochs_producers_and_cursors() -> None:
     assert a.state.producers[b"p1"][0] == 2
     assert a.state.cursors[(b"c1", "d")] == 2
     assert a.epochs == [(a.epochs[0][0], 0)]
+    assert a.seen == a.epochs[0][0]  # (a claim below the epoch its log holds is refused after a restart)
     assert len([r for r in o.disk["a"] if msgpack.unpackb(r.body)[1] == CURSOR]) == 1
+
+
+def test_a_fetch_answer_with_a_bad_record_body_takes_none_of_its_records() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    b = o.logs["b"]
+    end = b.end
+    good = Record(end, 1, msgpack.packb([1, 0, "t", None, None, b"x", b"P" * 16, 1]))
+    bad = Record(end + 1, 1, b"\xc1")
+    with pytest.raises(LogFormatError):
+        b.on_data("a", b.epoch, 0, 0, end + 2, b.last_epoch, end, -1, -1, [good, bad], o.now)
+    assert (b.end, b.appending) == (end, 0)  # (nothing taken: the next fetch asks from the same end)
+
+
+def test_recovery_in_chunks_keeps_the_state_of_every_record_and_only_the_newest_in_memory() -> None:
+    o = Owners("a", cache_records=100, max_uncommitted=10)
+    o.assign("a")
+    for i in range(1, 301):
+        o.put("a", [f"m{i}"], first=i)
+    o.commit_cursor("a", b"c1", "d", 5)
+    whole = LogScan.of(0, o.disk["a"])
+    chunked = LogScan(0, o.s.keep)
+    for i in range(0, len(o.disk["a"]), 7):
+        chunked.feed(o.disk["a"][i:i + 7])
+    assert (chunked.state, chunked.epochs, chunked.end) == (whole.state, whole.epochs, whole.end)
+    assert len(chunked.tail) == 100 and chunked.base_at == chunked.end - 100
+    o.restart("a")
+    a = o.logs["a"]
+    assert (a.state.producers[b"p1"][0], a.state.cursors[(b"c1", "d")], a.commit) == (300, 5, a.end - 10)
+    assert a.read_committed(0, 5, "t")[0] is None  # (older than the cache: read from disk)
+
+
+def test_retention_never_takes_uncommitted_records_or_a_cursors_only_record() -> None:
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["x", "y"], first=1)
+    o.commit_cursor("a", b"c1", "d", 2)  # (its record is at offset 3)
+    for i in range(3, 9):
+        o.put("a", [f"m{i}"], first=i)
+    a = o.logs["a"]
+    assert a.retain_limit() == 3
+    o.down.add("b")
+    o.put("a", ["late"], first=9)  # (not committed without b)
+    assert a.end == 11 and a.commit == 10
+    a.retained(3)  # (the runner deleted what it was allowed to: offsets 0..2)
+    assert (a.start, a.read_committed(0, 100, "t")[0][0].offset) == (3, 3)
+    # retention wanted to go to 8: the leader writes the cursor again at the end, and then it may
+    o.down.discard("b")
+    o.tick(1.0)
+    o.feed("a", a.refresh_cursors(8, 6000))
+    o.run()
+    assert a.state.cursors[(b"c1", "d")] == 2 and a.state.cursor_at[(b"c1", "d")] == 11
+    assert (a.retain_limit(), a.commit) == (11, 12)  # (past the 8 retention wanted: nothing holds it back)
+    assert o.logs["b"].state.cursor_at[(b"c1", "d")] == 11  # (the follower has it too)
+    assert o.logs["b"].refresh_cursors(20, 6000) == []  # (only the leader writes)
+
+
+def test_the_first_offset_at_a_time_comes_from_the_cache_or_from_disk() -> None:
+    o = Owners("a", cache_records=3, max_uncommitted=2)
+    o.assign("a")  # (EPOCH at offset 0, time 0)
+    for i in range(1, 11):
+        o.put("a", [f"m{i}"], first=i, ms=1000 + 10 * i)  # (m_i at offset i, time 1000 + 10 i)
+    a = o.logs["a"]
+    assert a.base_at > 5
+    assert a.first_at(1095, "t") == (10, []) and a.first_at(5000, "t") == (a.commit, [])
+    off, actions = a.first_at(1025, "seek")  # (older than the cache: the record on disk, then ReadDone)
+    assert off is None and [(x.at_time, x.token) for x in actions] == [(1025, "seek")]
+    o.feed("a", actions)
+    o.run()
+    assert [(d.token, [r.offset for r in d.records]) for d in o.reads] == [("seek", [3])]
 
 
 @pytest.mark.parametrize("body", [b"\xc1", msgpack.packb([0, 0]), msgpack.packb([1, 9]),

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from cluster.config import load_cluster_config
 from cluster.membership import Membership
+from cluster.partitionlog import LogSettings
 from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_entries, encode, mac
 from cluster.replication import PeerQueue
 from node import versions
@@ -384,6 +385,11 @@ data_dir = "d2"
         (('data_dir = "d2"', 'data_dir = "d2"\nport = 5'), "port: unknown key"),
         (('[cluster]', '[cluster]\nheartbeat_interval = 0'), "heartbeat_interval = 0: must be a number of seconds"),
         (('peer_addr = "127.0.0.1:7502"', 'peer_addr = "nohost"'), "peer_addr = 'nohost': must be HOST:PORT"),
+        (('[cluster]', '[durable]\nfsync = "sometimes"\n[cluster]'),
+         "[durable] fsync = 'sometimes': must be \"always\", \"interval\" or \"never\""),
+        (('[cluster]', '[durable]\nsegment_bytes = 10\n[cluster]'), "[durable] segment_bytes = 10: must be an integer"),
+        (('[cluster]', '[durable]\nfsync_every = 1\n[cluster]'),
+         "[durable] fsync_every: unknown key; known keys: fsync,"),
     ],
 )
 def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needle):
@@ -392,6 +398,17 @@ def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needl
     with pytest.raises(ConfigError) as exc:
         load_cluster_config(p)
     assert str(p) in str(exc.value) and needle in str(exc.value)
+
+
+def test_durable_settings_reach_the_member_core_and_its_logs(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD.replace("[cluster]", '[durable]\nfsync = "interval"\nretention_bytes = 5000\n'
+                              "fetch_wait = 2\n[cluster]"))  # fmt: skip
+    cc = load_cluster_config(p)
+    s = LogSettings.of(cc.settings)
+    assert (s.fsync, s.retention_bytes, s.fetch_wait, s.max_uncommitted) == ("interval", 5000, 2.0, 10000)
+    p.write_text(GOOD)
+    assert LogSettings.of(load_cluster_config(p).settings) == LogSettings()  # (the same defaults)
 
 
 def test_shipped_cluster3_config():

@@ -181,3 +181,24 @@ def test_durable_requests_take_a_session_that_failed_over_back_to_the_member_the
     r.tick(s3, 2.2)
     assert (addr("n3"), T.HELLO) in [(a, f[0]) for a, f in frames(s3, 2.2)]
     assert r.durable_session_for(topic) is s3 and s3.node == addr("n3")  # (once: it stays)
+def test_every_put_datagram_fits_the_sessions_max_datagram():
+    """A burst of durable puts is packed up to the datagram size: the PUT header (ids, cookie,
+    sequences) counts too, or the member refuses the frame as too large and the go-back-N
+    retry resends the same oversized frame forever (seen as a stall after 1,089 puts)."""
+    from client import durablewire
+
+    largest = 0
+    for size in range(10, 30):  # (how close a datagram's last message comes to the limit depends on the size)
+        r = router()
+        connect(r, r.first, "n1", MAP1)
+        topic = topic_led_by(MAP1, "n1")
+        p = MAP1.partition(topic)
+        for _ in range(1_200):  # (each goes out alone, as put() is called)
+            r.put(topic, None, None, b"x" * size)
+        assert len(r.first.outgoing(0.0)) == 1_200
+        r.handle_datagrams(r.first, [(durablewire.encode_putack(r.putter.pid, p, 300, 0), addr("n1"))], 0.1)
+        r.tick(r.first, 0.5)  # (past the retry time-out: 301.. again, packed, with 3-byte sequences)
+        again = [d for _, d in r.first.outgoing(0.5) if wire.decode_untrusted_frame(d)[0] is T.PUT]
+        assert sum(len(wire.decode_untrusted_frame(d)[-1]) for d in again) == 1_200 - 300
+        largest = max(largest, *(len(d) for d in again))
+    assert largest <= r.first.max_datagram

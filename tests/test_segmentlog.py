@@ -184,3 +184,16 @@ def test_sync_fsyncs_the_segment_and_a_new_directory_entry(tmp_path: Path, monke
     synced.clear()
     log.sync()
     assert synced == []  # nothing new
+
+
+def test_retention_keeps_the_segment_holding_keep_from_and_says_where_it_wanted_to_go(tmp_path: Path) -> None:
+    log = opened(tmp_path, segment_bytes=1000)
+    log.append(recs(0, 100))
+    bases = [s.base for s in log.segments]
+    assert len(bases) > 3
+    keep = bases[1] + 1  # (inside the second segment: only the first may go)
+    assert log.retain(now_ms=1 << 40, max_bytes=1 << 40, max_age_ms=1, keep_from=keep) == [bases[0]]
+    assert (log.start, log.wanted) == (bases[1], bases[-1])  # (age: every closed segment, were it not for keep)
+    assert log.retain(now_ms=1 << 40, max_bytes=1 << 40, max_age_ms=1, keep_from=0) == []
+    assert log.retain(now_ms=1 << 40, max_bytes=1 << 40, max_age_ms=1) == bases[1:-1]
+    assert log.start == bases[-1] and log.read(log.start)[0].offset == bases[-1]

@@ -1,0 +1,105 @@
+"""What a partition log's core (cluster/partitionlog.py) is configured with and asks for (sans-IO).
+
+``LogSettings`` are the [durable] settings the core uses. The actions are what
+one owner's log asks of its shell (node/segmentlog.py through cluster/logstore.py,
+or the simulator's disk, cluster/simlogs.py): disk work (``Append``,
+``Truncate``, ``ResetLog``, ``ReadLog``, ``Retain``), a frame for another owner
+(``PeerFrame``), puts and cursors now committed (``Committed``), a reader's
+records read from disk (``ReadDone``), and ``Reload`` (a cut past the cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from node.segmentlog import Record
+
+
+class LogSettings(NamedTuple):
+    """The [durable] settings a log's core uses (cluster/config.py documents each)."""
+
+    fsync: str = "always"  # always | interval | never
+    max_uncommitted: int = 10_000
+    cache_records: int = 20_000
+    fetch_records: int = 500
+    fetch_bytes: int = 1 << 20
+    fetch_wait: float = 0.5
+    fetch_retry: float = 1.0
+    retention_bytes: int = 0  # 0: no limit
+    retention_age: float = 604800.0
+    retention_check_interval: float = 60.0
+
+    @classmethod
+    def of(cls, settings: Any) -> LogSettings:
+        """From the cluster's settings (cluster/config.py ClusterSettings: the same names)."""
+        return cls(**{k: getattr(settings, k) for k in cls._fields})
+
+    @property
+    def keep(self) -> int:
+        """Records a log opened at start-up keeps in memory (``LogScan``)."""
+        return max(self.cache_records, self.max_uncommitted)
+
+
+# ---------------------------------------------------------------- actions
+
+
+class Append(NamedTuple):
+    partition: int
+    records: list[Record]
+    sync: bool
+
+
+class Truncate(NamedTuple):
+    partition: int
+    to: int
+
+
+class ResetLog(NamedTuple):
+    partition: int
+    start: int
+
+
+class ReadLog(NamedTuple):
+    """Records from ``start`` (at most ``limit``); with ``at_time`` >= 0, the first record whose
+    time is at or after it (a durable subscription starting at a time older than the cache)."""
+
+    partition: int
+    start: int
+    limit: int
+    token: Any
+    at_time: int = -1
+
+
+class Retain(NamedTuple):
+    """Delete closed segments past the retention limits, but none holding ``keep_from`` or later."""
+
+    partition: int
+    keep_from: int
+    now_ms: int
+    max_bytes: int
+    max_age_ms: int
+
+
+class PeerFrame(NamedTuple):
+    member: str
+    frame: list[Any]
+
+
+class Committed(NamedTuple):
+    partition: int
+    tokens: list[Any]
+    records: list[Record]
+
+
+class Reload(NamedTuple):
+    partition: int
+
+
+class ReadDone(NamedTuple):
+    """Committed records a reader asked for (``read_committed``) that had to come from disk."""
+
+    token: Any
+    records: list[Record]
+
+
+LogAction = Append | Truncate | ResetLog | ReadLog | Retain | PeerFrame | Committed | Reload | ReadDone
