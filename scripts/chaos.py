@@ -93,6 +93,7 @@ class Run:
         self.config = ""
         self.info: dict[str, Any] = {}
         self.durable: chaos_durable.DurableWorkers | None = None
+        self.log_from: dict[str, int] = {}  # member -> size of its log when it was last started
 
     # ------------------------------------------------------------ logging
 
@@ -117,6 +118,7 @@ class Run:
 
     def start_member(self, mid: str) -> None:
         log = open(self.out / "logs" / f"{mid}.log", "ab")  # noqa: SIM115 (the child holds it)
+        self.log_from[mid] = log.tell()  # (wait_serving reads this life's lines only)
         cmd = node_command(self.config, mid)
         if mid in self.joined:  # (the same command restarts it: the JOIN is idempotent)
             (ch, cp), (ph, pp) = self.joined[mid]
@@ -144,8 +146,7 @@ class Run:
         path = self.out / "logs" / f"{mid}.log"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            text = path.read_text(errors="replace")
-            if "event=serving" in text.rsplit("event=node_starting", 1)[-1]:
+            if served(path, self.log_from.get(mid, 0)):
                 return
             if self.members[mid].poll() is not None:
                 raise RuntimeError(f"member {mid} exited ({self.members[mid].returncode}); see {path}")
@@ -226,6 +227,15 @@ class Run:
             self.table = FaultTable(netns=self.netns or None)
             self.table.__enter__()
         return self.table
+
+
+def served(path: Path, since: int) -> bool:
+    """Whether a member's log says it serves, in what it wrote from byte ``since`` on (where this
+    life of the process began: a restarted member's previous life said so too, and under load a
+    new Python process takes seconds before it writes its first line)."""
+    with open(path, "rb") as f:
+        f.seek(since)
+        return b"event=serving" in f.read()
 
 
 def build_config(args: argparse.Namespace, out: Path) -> str:

@@ -14,7 +14,12 @@ and each subscriber kills itself with SIGKILL between receiving a batch and comm
 the seeded chance --durable-crash per batch (not in its first seconds, and not in the last 4 s
 of the faults, so that the settle sees every subscriber caught up). The driver starts a killed
 subscriber again at once with the same client name and a new seed; it appends to the same event
-file. run.json's ``durable`` says what ran and how often each subscriber was restarted.
+file. After the publishers ended, the driver waits (up to --durable-drain seconds) until every
+subscriber has logged every acknowledged put of its topics, then the usual --settle: on a loaded
+machine a subscriber can be minutes behind, and a fixed settle would make that look like loss.
+It only waits; scripts/check.py judges (a subscriber still behind is reported as such).
+run.json's ``durable`` says what ran, how often each subscriber was restarted and how long the
+drain took.
 
 The topics are chosen so that with the generated 3-member config (256 partitions) each member is
 the primary of one durable topic and the secondary of another: every member fault hits a
@@ -25,8 +30,10 @@ the subscription and partition, not the topic).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -45,6 +52,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="durable publishers and subscribers (scripts/chaos_durable.py); default: on when the "
                          "cluster is partitioned, which durable mode needs")  # fmt: skip
     ap.add_argument("--durable-rate", type=float, default=50.0, help="puts per second per durable publisher")
+    ap.add_argument("--durable-drain", type=float, default=120.0,
+                    help="seconds at most to wait after the publishers for the durable subscribers to read every "
+                         "acknowledged put (default 120)")  # fmt: skip
     ap.add_argument("--durable-crash", type=float, default=0.05,
                     help="chance per batch that a durable subscriber crashes before committing it (default 0.05)")
 
@@ -53,8 +63,8 @@ def wanted(args: argparse.Namespace, mode: str) -> bool:
     """Whether the run has durable workers; ValueError when asked for in a replicated cluster."""
     if args.durable and mode != "partitioned":
         raise ValueError("--durable needs a partitioned cluster (--mode partitioned, or a config that says so)")
-    if not 0 < args.durable_rate <= 1000 or not 0 <= args.durable_crash <= 1:
-        raise ValueError("--durable-rate must be from 0 to 1000 and --durable-crash from 0 to 1")
+    if not 0 < args.durable_rate <= 1000 or not 0 <= args.durable_crash <= 1 or args.durable_drain < 0:
+        raise ValueError("--durable-rate must be from 0 to 1000, --durable-crash from 0 to 1, --durable-drain >= 0")
     return mode == "partitioned" if args.durable is None else bool(args.durable)
 
 
@@ -103,8 +113,67 @@ class DurableWorkers:
                 self.run.start_worker(name, self._sub_argv(i))
 
     def settle(self, seconds: float) -> None:
-        """Wait ``seconds`` (the run's settle), restarting crashed subscribers meanwhile."""
+        """Drain (above), then wait ``seconds`` (the run's settle), restarting crashed subscribers
+        meanwhile."""
+        started = time.monotonic()
+        drain_end = started + self.run.args.durable_drain
+        log = Progress(self.run.out / "events")
+        while time.monotonic() < drain_end:
+            self.watch()
+            owed, read = log.owed()
+            if read >= owed:
+                break
+            time.sleep(0.5)
+        owed, read = log.owed()
+        self.info["drain"] = {"seconds": round(time.monotonic() - started, 1), "owed": owed, "read": read}
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             self.watch()
             time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+
+
+class Progress:
+    """What the durable workers logged so far, read incrementally: how many (subscription,
+    acknowledged put) pairs are owed, and how many of them were read. Only for the drain's wait."""
+
+    def __init__(self, events: Path) -> None:
+        self.events = events
+        self.pos: dict[Path, int] = {}
+        self.topic: dict[tuple[str, int], str] = {}
+        self.acked: set[tuple[str, int]] = set()
+        self.read: dict[tuple[str, str], set[tuple[str, int]]] = {}  # (client, topic) -> messages
+
+    def _lines(self, path: Path) -> list[dict[str, Any]]:
+        with open(path, "rb") as f:
+            f.seek(self.pos.get(path, 0))
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # (a line still being written waits for the next look)
+        self.pos[path] = self.pos.get(path, 0) + end
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # (the checker reports malformed lines)
+        return out
+
+    def owed(self) -> tuple[int, int]:
+        for path in sorted(self.events.glob("dpub-*.jsonl")):
+            for e in self._lines(path):
+                if e.get("ev") == "put":
+                    self.topic[(e["pid"], e["seq"])] = e["topic"]
+                elif e.get("ev") == "putack":
+                    self.acked.add((e["pid"], e["seq"]))
+        for path in sorted(self.events.glob("dsub-*.jsonl")):
+            for e in self._lines(path):
+                if e.get("ev") == "record":
+                    self.read.setdefault((e["client"], e["topic"]), set()).add((e["pid"], e["seq"]))
+        owed = read = 0
+        for _, client, _, topics in SUBSCRIBERS:
+            for topic in topics:
+                got = self.read.get((client, topic), set())
+                for m in self.acked:
+                    if self.topic.get(m) == topic:
+                        owed += 1
+                        read += m in got
+        return owed, read

@@ -45,6 +45,8 @@ def test_a_short_durable_chaos_run_loses_duplicates_and_rewinds_nothing(durable_
     assert chaos.returncode == 0, chaos.stderr[-2000:]
     info = json.loads((out / "run.json").read_text())
     assert sum(info["durable"]["restarts"].values()) >= 1  # a subscriber was killed and started again
+    drain = info["durable"]["drain"]  # (the driver waited until the subscribers had read it all)
+    assert drain["owed"] > 500 and drain["read"] == drain["owed"]
     check = subprocess.run([sys.executable, "scripts/check.py", str(out), "--json"], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     report = json.loads(check.stdout)
@@ -60,3 +62,22 @@ def test_a_short_durable_chaos_run_loses_duplicates_and_rewinds_nothing(durable_
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
     assert "roost_chaos" not in tables
     assert subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split() == []
+
+
+def test_a_restarted_member_serves_once_its_new_life_says_so(tmp_path):
+    """Found by a durable chaos run (seed 3): the nemesis logged a killed member's restart 5.5 s
+    before it served again (a new Python process took 4 s to write its first line under load),
+    because the previous life's lines said 'serving'; the checker then misjudged what the member's
+    return explained. Only the lines written since the start count."""
+    from scripts.chaos import served
+
+    log = tmp_path / "n3.log"
+    log.write_bytes(b"event=node_starting\nevent=serving addr=x\nevent=node_ready\n")  # the previous life
+    since = log.stat().st_size
+    assert served(log, 0) and not served(log, since)
+    with log.open("ab") as f:
+        f.write(b"event=node_starting state=syncing\n")
+    assert not served(log, since)
+    with log.open("ab") as f:
+        f.write(b"event=serving addr=x\n")
+    assert served(log, since)
