@@ -86,7 +86,27 @@ class State:
         return State(dict(self.producers), dict(self.cursors), dict(self.cursor_at))
 
 
-class LogScan:
+class Held:
+    """Records held in memory and what they add up to; a log read at start-up (``LogScan``) and an
+    owner's live log (``PartitionLog``) take each record the same way."""
+
+    epochs: list[tuple[int, int]]  # (leader epoch, its first offset), ascending
+    tail: deque[tuple[Record, list[Any]]]
+    state: State
+    end: int
+    last_ms: int
+
+    def _take(self, r: Record, b: list[Any]) -> None:
+        if not self.epochs or b[0] > self.epochs[-1][0]:
+            self.epochs.append((b[0], r.offset))
+        self.tail.append((r, b))
+        self.state.apply(r.offset, b)
+        self.end = r.offset + 1
+        if r.time_ms > self.last_ms:
+            self.last_ms = r.time_ms
+
+
+class LogScan(Held):
     """A log read at start-up, chunk by chunk: everything a ``PartitionLog`` needs to begin."""
 
     def __init__(self, start: int, keep: int) -> None:
@@ -108,14 +128,7 @@ class LogScan:
     def feed(self, records: list[Record]) -> None:
         """The next records of the log, in order. Raises LogFormatError for a body not ours."""
         for r in records:
-            b = decode_untrusted_body(r.body)
-            if not self.epochs or b[0] > self.epochs[-1][0]:
-                self.epochs.append((b[0], r.offset))
-            self.tail.append((r, b))
-            self.state.apply(r.offset, b)
-            self.end = r.offset + 1
-            if r.time_ms > self.last_ms:
-                self.last_ms = r.time_ms
+            self._take(r, decode_untrusted_body(r.body))
             if len(self.tail) > self.keep:
                 old, ob = self.tail.popleft()
                 self.base.apply(old.offset, ob)

@@ -46,6 +46,13 @@ class LogStore:
     def _dir(self, p: int) -> Path:
         return self.root / f"{PREFIX}{p:05d}"
 
+    def _log(self, p: int) -> SegmentLog:
+        """Partition ``p``'s log, opened (made) the first time it is used."""
+        log = self.logs.get(p)
+        if log is None:
+            log = self.logs[p] = self._open(self._dir(p))[0]
+        return log
+
     def _open(self, d: Path) -> tuple[SegmentLog, Any]:
         return SegmentLog.open(d, segment_bytes=self.segment_bytes)
 
@@ -81,9 +88,7 @@ class LogStore:
     def perform(self, a: Any) -> Any:
         """Do one disk action of the core; returns the event that answers it (None for ``Sync``)."""
         p = a.partition
-        log = self.logs.get(p)
-        if log is None:
-            log = self.logs[p] = self._open(self._dir(p))[0]
+        log = self._log(p)
         cls = a.__class__
         try:
             if cls is Sync:
@@ -127,9 +132,7 @@ class LogStore:
 
     def _append_run(self, run: list[Any]) -> list[Any]:
         p = run[0].partition
-        log = self.logs.get(p)
-        if log is None:
-            log = self.logs[p] = self._open(self._dir(p))[0]
+        log = self._log(p)
         try:
             for a in run:
                 log.append(a.records)

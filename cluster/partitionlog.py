@@ -90,6 +90,7 @@ from cluster.logrecords import (
     CURSOR,
     EPOCH,
     MESSAGE,
+    Held,
     LogFormatError,
     LogScan,
     State,
@@ -116,7 +117,7 @@ class Claim:
     asked: dict[str, float] = field(default_factory=dict)
 
 
-class PartitionLog:
+class PartitionLog(Held):
     def __init__(self, partition: int, me: str, settings: LogSettings) -> None:
         self.p = partition
         self.me = me
@@ -154,15 +155,6 @@ class PartitionLog:
         # (no owner ever holds more than max_uncommitted records that are not committed)
         self.commit = max(self.start, self.end - self.s.max_uncommitted)
         self._fold()
-
-    def _take(self, r: Record, b: list[Any]) -> None:
-        if not self.epochs or b[0] > self.epochs[-1][0]:
-            self.epochs.append((b[0], r.offset))
-        self.tail.append((r, b))
-        self.state.apply(r.offset, b)
-        self.end = r.offset + 1
-        if r.time_ms > self.last_ms:
-            self.last_ms = r.time_ms
 
     def _fold(self) -> None:
         """Move committed records more than ``cache_records`` behind the end into ``base``."""
