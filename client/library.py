@@ -366,7 +366,7 @@ class Client:
         the deadline; it goes again (maybe to another primary) on a time-out or a refusal."""
         r = self.router
         while trio.current_time() < deadline:
-            s = r.session_for(topic)
+            s = r.durable_session(topic)
             if s.cookie is None:
                 self._kick()
                 await self._until(lambda s=s: s.cookie is not None or r.lost, min(deadline, trio.current_time() + 1))

@@ -117,12 +117,31 @@ class Router:
         return s
 
     def _learn(self, s: ClientSession) -> None:
-        """Adopt a session's map if it is newer than ours; note which member the first one is."""
+        """Adopt a map a session was just given if it is newer than ours, or if its member says it
+        does not lead a partition ours says it leads; note which member the first session is.
+
+        Members' epochs differ (docs/cluster.md: a restarted member starts low again), so the
+        highest epoch we were given may be a map its member has long left behind, and every
+        member that could correct it may send lower ones: a durable request sent by it to a
+        member that no longer leads was refused, with that member's map, for ever (simulator
+        seed 7). A member knows which partitions it leads now, and whether a member we cannot reach is up."""
         if s is self.first and s.node_id is not None and not self.by_member:
             self.by_member[s.node_id] = s
-        m = s.cmap
-        if m is not None and (self.cmap is None or m.epoch > self.cmap.epoch):
+        m, s.heard_map = s.heard_map, None
+        ours = self.cmap
+        if m is None:
+            return
+        if ours is None or m.epoch > ours.epoch:
             self.cmap = m
+        elif s.node_id is not None and m.partitions == ours.partitions:  # (older, or as old: epochs are per member)
+            me = (s.node_id,)
+            disowned = any(o[:1] == me and t[:1] != me for o, t in zip(ours.owners, m.owners, strict=True))
+            # (or the member this session was opened for fell silent, and the one it reached holds it down:
+            # a member that left, whose high epoch no one else reaches again; simulator seed 459)
+            gone = any(v is s and x != s.node_id and x in ours.live and x not in m.live
+                       for x, v in self.by_member.items())  # fmt: skip
+            if disowned or gone:
+                self.cmap = m
 
     # ------------------------------------------------------------ publishing
 
@@ -214,15 +233,40 @@ class Router:
             return
         for p in putter.streams:
             owners = cmap.owners[p]
-            if not owners or not putter.due(p, now):
+            if not putter.due(p, now):
+                continue
+            if not owners:
+                putter.hold(p, now + self.cfg.pub_retry)  # (no live owner: a newer map will name one)
                 continue
             if self._put_to.get(p) != owners[0]:
                 self._put_to[p] = owners[0]
                 putter.moved(p)
-            s = self.by_member.get(owners[0]) or self._open(owners[0], cmap)
+            s = self._at_member(owners[0], cmap, now)
             if s.cookie is None:
-                continue  # (not connected yet: its WELCOME comes, then the next pump)
+                putter.hold(p, now + self.cfg.hello_retry)  # (not connected yet: its WELCOME comes, then the next pump)
+                continue
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
+
+    def durable_session(self, topic: str) -> ClientSession:
+        """The session a durable request of ``topic`` (GET, COMMIT) goes to: the primary's, at the
+        primary (``_at_member``); the first one without a map or a live owner."""
+        cmap = self.cmap
+        primary = cmap.primary(topic) if cmap is not None else None
+        if cmap is None or primary is None:
+            return self.first
+        return self._at_member(primary, cmap, self._now)
+
+    def _at_member(self, member: str, cmap: ClusterMap, now: float) -> ClientSession:
+        """The session opened for ``member``, talking to it. Only a partition's primary takes its
+        durable requests, and a session fails over on its own when its member is silent: once it
+        is connected elsewhere (where it got the newest map) and the map still names the member,
+        it goes back, and fails over again if the member is still silent. Left where it was, it
+        sent every put to a member that refused it, for ever (simulator seed 0)."""
+        s = self.by_member.get(member) or self._open(member, cmap)
+        addr = cmap.address(member)
+        if s.node != addr and s.cookie is not None:
+            s.move_to(addr, now)
+        return s
 
     def put_deadline(self) -> float:
         return self.putter.next_deadline()

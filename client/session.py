@@ -70,6 +70,7 @@ class ClientSession:
         # Partitioned clusters: the newest cluster map our members gave us (WELCOME, REDIRECT);
         # client/router.py routes by it. A session itself always talks to one member.
         self.cmap: ClusterMap | None = None
+        self.heard_map: ClusterMap | None = None  # the last map our member sent, of any epoch (the router's)
         self._map_asked = -1e9  # when we last asked for the map because a stranger spoke
         self._out: list[tuple[Addr, bytes]] = []
         self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
@@ -239,6 +240,7 @@ class ClientSession:
         docs/protocol.md) makes us ask with MAP, answered by REDIRECT."""
         have = self.cmap.epoch if self.cmap is not None else 0
         if cmap is not None:
+            self.heard_map = cmap
             if cmap.epoch > have:
                 self.cmap = cmap
                 self.events.append(("map", cmap.epoch))
@@ -364,6 +366,20 @@ class ClientSession:
         if not self.lost:
             self.failovers += 1
             self._resume_elsewhere()
+
+    def move_to(self, node: Addr, now: float) -> None:
+        """Talk to ``node`` from now on, as a failover to it would (subscriptions, commands and
+        unacknowledged publishes go again): client/router.py needs this session at the member it
+        was opened for, which only takes durable requests as a partition's primary."""
+        if node == self.node:
+            return
+        if node not in self.candidates:
+            self.candidates.append(node)
+        self.node = node
+        self.cookie = None
+        self.next_hello = self.last_heard = now
+        self.failovers += 1
+        self._resume_elsewhere()
 
     def _resume_elsewhere(self) -> None:
         """Carry our state to the next node: subscriptions again, commands in
