@@ -58,6 +58,7 @@ longer uncommitted tail, and no truncation goes past the cache (if one would,
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -69,6 +70,7 @@ from node.segmentlog import Record
 MESSAGE, CURSOR, EPOCH = 0, 1, 2
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
 OK, NOT_LEADER, STALE = 0, 1, 2  # DATA status
+EPOCH_TAG_BITS = 20  # a leader epoch's low bits name the member that claimed it (``_own_epoch``)
 
 
 class LogSettings(NamedTuple):
@@ -200,12 +202,14 @@ class PartitionLog:
         self.epoch = 0  # the epoch we lead or follow
         self.leader: str | None = None
         self.owners: list[str] = []
+        self.probes: set[str] = set()  # whom a claim asks: the other owners and the members ``assign`` named
         self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
         self.parked: dict[str, tuple[float, int, int]] = {}  # fetcher -> (when, end, last epoch): nothing for it yet
         self.waiting: deque[tuple[int, Any]] = deque()  # (offset the commit must pass, token)
         self.claim: Claim | None = None
         self.fetch_sent = -1e18  # following / claiming: when our last FETCH left
         self.fetching = False  # a FETCH of ours is unanswered
+        self.poked: dict[str, float] = {}  # leader: follower that never fetched -> when we last woke it
         self.appending = 0  # Append/Truncate/ResetLog actions not yet reported done
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
 
@@ -217,6 +221,7 @@ class PartitionLog:
         for r in records:
             self._take(r, decode_untrusted_body(r.body))
         self.durable = self.end
+        self.seen = max(self.seen, self.last_epoch)  # (a claim below our own records' epoch is stale: seed 79)
         # (no owner ever holds more than max_uncommitted records that are not committed)
         self.commit = max(start, self.end - self.s.max_uncommitted)
         self._fold()
@@ -255,14 +260,14 @@ class PartitionLog:
         """The map changed: ``owners`` of this partition (primary first), ``previous`` the live
         members that owned it before."""
         self.owners = owners
+        self.probes = {m for m in (*owners[1:], *previous) if m != self.me}
         if owners and owners[0] == self.me:
             if self.role == LEADING:
                 self.followers = {m: self.followers.get(m, -1) for m in owners[1:]}
                 return self._advance()
             epoch = max(map_epoch, self.last_epoch + 1, self.seen + 1)
-            probes = {m for m in (*owners[1:], *previous) if m != self.me}
-            return self._begin_claim(epoch, probes, now)
-        if self.role == FOLLOWING and self.leader == owners[0]:
+            return self._begin_claim(epoch, set(self.probes), now)
+        if self.role == FOLLOWING and owners[:1] == [self.leader]:  # (no owner live: none to follow; seed 207)
             return []
         out = self._step_down()
         if self.me in owners:
@@ -278,7 +283,16 @@ class PartitionLog:
         self.fetching = False
         return []
 
+    def _own_epoch(self, at_least: int) -> int:
+        """The first epoch from ``at_least`` whose low bits are a tag of our id: two members that
+        claim without hearing of each other never lead one epoch on two branches (a shared one hid
+        their divergence from the followers' epoch check; simulator seed 32)."""
+        tag = zlib.crc32(self.me.encode()) & ((1 << EPOCH_TAG_BITS) - 1)
+        e = at_least >> EPOCH_TAG_BITS << EPOCH_TAG_BITS | tag
+        return e if e >= at_least else e + (1 << EPOCH_TAG_BITS)
+
     def _begin_claim(self, epoch: int, probes: set[str], now: float) -> list[LogAction]:
+        epoch = self._own_epoch(epoch)
         self._step_down()
         self.role, self.epoch, self.seen = CLAIMING, epoch, max(self.seen, epoch)
         self.claim = Claim(epoch, probes)
@@ -299,7 +313,8 @@ class PartitionLog:
         return self._append_local([body], self.last_ms)
 
     def _fetch_frame(self, member: str, claim: bool) -> PeerFrame:
-        return PeerFrame(member, ["FETCH", self.p, self.epoch, self.end, self.last_epoch, claim])
+        # (at the highest epoch we accepted: a leader below it must not count us; seed 72)
+        return PeerFrame(member, ["FETCH", self.p, max(self.epoch, self.seen), self.end, self.last_epoch, claim])
 
     def _fetch(self, member: str, now: float) -> list[LogAction]:
         if self.fetching or self.appending:
@@ -319,6 +334,9 @@ class PartitionLog:
         if self.role != LEADING:
             return 1, []
         last, at = self.state.producers.get(pid, (floor - 1, -1))
+        # (acknowledged through floor - 1 on a branch since cut, docs/durable.md: go on from there
+        # rather than refuse a gap for ever; seed 6)
+        last = max(last, floor - 1)
         if first > last + 1:
             return 3, []
         new = msgs[last + 1 - first:] if last >= first else msgs
@@ -405,9 +423,14 @@ class PartitionLog:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
         if self.role != LEADING or epoch > self.epoch:
-            if epoch > self.epoch and self.role == LEADING:
+            out: list[LogAction] = [self._data(member, NOT_LEADER, end, [])]
+            if self.role != CLAIMING and self.owners[:1] == [self.me] and (self.role != LEADING or epoch > self.epoch):
+                # (the primary of our map, idle or below an owner's epoch: claim above it; stepping
+                # down alone left no leader until the map changed again; seed 8)
+                out += self._begin_claim(max(epoch, self.seen) + 1, self.probes | {member}, now)
+            elif epoch > self.epoch and self.role == LEADING:
                 self._step_down()
-            return [self._data(member, NOT_LEADER, end, [])]
+            return out
         if member in self.followers and end <= self.end and self._diverges(end, last_epoch) is None:
             self.followers[member] = max(self.followers[member], end)
         out = self._advance()
@@ -417,11 +440,17 @@ class PartitionLog:
         return out + self._answer(member, end, last_epoch)
 
     def _diverges(self, end: int, last_epoch: int) -> int | None:
-        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None."""
+        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None. An epoch this
+        log never had is divergent whatever its end: the answer is then at or past ``end``, and
+        the fetcher cuts all of that epoch (``_copy``; simulator seed 9)."""
         if last_epoch == 0:  # (no records: nothing to cut)
             return None
         cut = self.end_for_epoch(last_epoch)
-        return cut if end > cut else None
+        if end > cut:
+            return cut
+        if self.epochs and last_epoch > self.epochs[0][0] and all(e != last_epoch for e, _ in self.epochs):
+            return max(cut, end)
+        return None
 
     def _answer(self, member: str, end: int, last_epoch: int | None = None) -> list[LogAction]:
         if last_epoch is not None:
@@ -502,6 +531,8 @@ class PartitionLog:
             self._reset(reset)
             self.appending += 1
             return [ResetLog(self.p, reset)]
+        if truncate >= self.end and self.epochs:  # (our last epoch is foreign to the leader: all of it goes)
+            truncate = self.epochs[-1][1]
         if truncate >= 0 and truncate < self.end:
             if truncate < self.base_at:
                 return [Reload(self.p)]
@@ -575,6 +606,13 @@ class PartitionLog:
             self.fetching = False
             out += self._fetch(self.leader, now)
             self.fetch_sent = now  # (also when a write in progress holds the fetch back: no spinning)
+        elif self.role == LEADING:
+            # (a follower whose log is not active there does not know it follows: a FETCH of ours
+            # makes it active, or the commit waited for it for ever; seed 8, a member that joined)
+            for m, at in sorted(self.followers.items()):
+                if at < 0 and now >= self.poked.get(m, -1e18) + self.s.fetch_retry:
+                    self.poked[m] = now
+                    out.append(self._fetch_frame(m, claim=False))
         elif self.role == CLAIMING and self.claim is not None:
             c = self.claim
             for m in sorted(c.probes):
@@ -594,4 +632,6 @@ class PartitionLog:
         if self.claim is not None:
             c = self.claim
             times += [c.asked.get(m, -1e18) + self.s.fetch_retry for m in c.probes if m not in c.answers]
+        if self.role == LEADING:
+            times += [self.poked.get(m, -1e18) + self.s.fetch_retry for m, at in self.followers.items() if at < 0]
         return min(times, default=float("inf"))
