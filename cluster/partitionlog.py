@@ -69,7 +69,9 @@ from node.segmentlog import Record
 
 MESSAGE, CURSOR, EPOCH = 0, 1, 2
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
-OK, NOT_LEADER, STALE = 0, 1, 2  # DATA status
+# DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
+# that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
+OK, NOT_LEADER, STALE, PROBED = 0, 1, 2, 3
 EPOCH_TAG_BITS = 20  # a leader epoch's low bits name the member that claimed it (``_own_epoch``)
 
 
@@ -221,7 +223,6 @@ class PartitionLog:
         for r in records:
             self._take(r, decode_untrusted_body(r.body))
         self.durable = self.end
-        self.seen = max(self.seen, self.last_epoch)  # (a claim below our own records' epoch is stale: seed 79)
         # (no owner ever holds more than max_uncommitted records that are not committed)
         self.commit = max(start, self.end - self.s.max_uncommitted)
         self._fold()
@@ -229,6 +230,9 @@ class PartitionLog:
     def _take(self, r: Record, b: list[Any]) -> None:
         if not self.epochs or b[0] > self.epochs[-1][0]:
             self.epochs.append((b[0], r.offset))
+            # (we hold records of that epoch: a claim below it is stale. Read from disk, or copied
+            # from a leader, they were taken with no claim; seeds 79, 842: a claim below took them)
+            self.seen = max(self.seen, b[0])
         self.tail.append((r, b))
         self.state.apply(r.offset, b)
         self.end = r.offset + 1
@@ -418,7 +422,7 @@ class PartitionLog:
                     self.epoch = epoch  # (our leader claiming: follow it at that epoch)
                 elif self.role != IDLE:
                     self._step_down()  # (never again follow or lead below it)
-            return self._answer(member, end, last_epoch)
+            return self._answer(member, end, last_epoch, PROBED)
         if self.role == CLAIMING and epoch <= self.epoch:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
@@ -452,16 +456,16 @@ class PartitionLog:
             return max(cut, end)
         return None
 
-    def _answer(self, member: str, end: int, last_epoch: int | None = None) -> list[LogAction]:
+    def _answer(self, member: str, end: int, last_epoch: int | None = None, status: int = OK) -> list[LogAction]:
         if last_epoch is not None:
             cut = self._diverges(end, last_epoch)
             if cut is not None:
-                return [self._data(member, OK, end, [], truncate=cut)]
+                return [self._data(member, status, end, [], truncate=cut)]
         if end < self.start:
-            return [self._data(member, OK, end, [], reset=self.start)]
+            return [self._data(member, status, end, [], reset=self.start)]
         if end < self.base_at:
-            return [ReadLog(self.p, end, self.s.fetch_records, ("fetch", member))]
-        return [self._data(member, OK, end, self._cached(end))]
+            return [ReadLog(self.p, end, self.s.fetch_records, ("fetch", member, status))]
+        return [self._data(member, status, end, self._cached(end))]
 
     def _cached(self, end: int) -> list[Record]:
         out: list[Record] = []
@@ -477,7 +481,7 @@ class PartitionLog:
 
     def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
         if token.__class__ is tuple and token[0] == "fetch":
-            return [self._data(token[1], OK, records[0].offset, records)] if records else []
+            return [self._data(token[1], token[2], records[0].offset, records)] if records else []
         return [ReadDone(token, [r for r in records if r.offset < self.commit])]
 
     def read_committed(self, start: int, limit: int, token: Any) -> tuple[list[Record] | None, list[LogAction]]:
@@ -571,7 +575,7 @@ class PartitionLog:
         if status == STALE or epoch > c.epoch:  # (someone claimed higher: claim above it)
             return self._begin_claim(max(epoch, self.seen) + 1, c.probes, now)
         if c.source is None:
-            if member not in c.probes or status != OK:
+            if member not in c.probes or status not in (OK, PROBED):
                 return []
             c.answers[member] = (last_epoch, end)
             if len(c.answers) < len(c.probes):

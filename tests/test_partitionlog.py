@@ -419,3 +419,37 @@ def test_an_owner_of_a_partition_without_live_owners_stands_by() -> None:
     o = Owners("ab")
     o.assign("ab")
     assert o.logs["b"].assign([], [], 3, o.now) == [] and o.logs["b"].role != LEADING
+
+
+def test_a_follower_that_copied_a_leaders_records_refuses_a_claim_below_them() -> None:
+    """Simulator seed 842: b followed a leader that had claimed without asking it, so b took no claim
+    and had seen no epoch; a claim below a's records was taken, copied them, and led below them."""
+    o = Owners("abc")
+    o.feed("a", o.logs["a"].assign(["a"], [], 1 << 22, o.now))  # (a leads alone: b is not asked)
+    o.run()
+    o.put("a", ["m1"], first=1, token=1)
+    o.assign("ab", epoch=(1 << 22) + 1)
+    assert o.payloads("b") == [b"m1"] and o.logs["b"].seen >= o.logs["a"].epoch
+    o.crash("a")
+    o.feed("c", o.logs["c"].assign(["c", "b"], [], 1, o.now))
+    o.run()
+    c = o.logs["c"]
+    assert c.role == LEADING and c.epoch > o.logs["a"].epoch and o.payloads("c") == [b"m1"]
+
+
+def test_an_answer_to_a_claim_that_comes_after_the_claim_ended_is_not_a_leaders() -> None:
+    """Simulator seed 1716: a's claim was answered by an owner with an empty log (a 'truncate to 0'
+    it would have ignored as a claimer), but the answer came after a had become that owner's
+    follower, and a took it as its leader's: it cut records it had acknowledged."""
+    o = Owners("ab")
+    o.assign("a")
+    o.put("a", ["m1"], first=1, token=1)
+    a, b = o.logs["a"], o.logs["b"]
+    a.assign(["b", "a"], [], 2, o.now)  # (the maps move: a follows b; its fetch is not delivered)
+    claim = [x for x in a.assign(["a", "b"], [], 3, o.now) if isinstance(x, PeerFrame)]  # a claims again
+    _, _, epoch, end, last_epoch, is_claim = claim[0].frame
+    answer = b.on_fetch("a", epoch, end, last_epoch, is_claim, o.now)  # (held back on the way)
+    a.assign(["b", "a"], [], 4, o.now)  # a follows b again
+    f = answer[0].frame
+    out = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], o.now)
+    assert not [x for x in out if isinstance(x, Truncate)] and a.end == 2
