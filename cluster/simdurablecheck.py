@@ -35,7 +35,9 @@ epochs of the log it began leading), and a record ``R`` with the lineage its lea
 An observer's log (the final log, or a leader serving a cursor) that lacks a committed ``R`` is
 excused only if the two lineages parted at a *blind takeover*: one on the observer's side (its
 epoch in the observer's lineage and not in ``R``'s) whose member and live view held none of the
-members that had ``R`` on disk then (or when ``R`` was first committed, if later), or one on
+members that had ``R`` on disk then (or when ``R`` was first committed, if later), or did not
+hold the leader that wrote ``R``, which went on leading unseen and committed ``R`` after it (the
+other side of a split); or one on
 ``R``'s side whose view held neither the observer nor any member holding a record of the
 observer's branch. Everything else (a takeover that saw a holder, a follower that acknowledged
 what it had not synced, a leader that committed without its follower or served what was not
@@ -178,18 +180,27 @@ class DurableCheck:
     def excused(self, p: int, rec: Rec, lineage: tuple[int, ...], observer: str) -> bool:
         """May ``observer``'s log, whose epochs are ``lineage``, lack ``rec``? Only if the two branches
         parted at a blind takeover: one on the log's side (and not ``rec``'s) that saw none of the
-        members holding ``rec``, or one on ``rec``'s side that saw neither the observer nor any
-        member holding a record of the log's."""
+        members holding ``rec``, or not the leader that wrote it, which went on leading unseen and
+        committed ``rec`` after it (the other side of a split); or one on ``rec``'s side that saw
+        neither the observer nor any member holding a record of the log's."""
         mine, theirs = set(lineage), set(self._lineage(p, rec.epoch))
+        writer = self._writer(p, rec.epoch)
         for t in self.takeovers.get(p, ()):
             seen = t.live | {t.member}
-            if (t.epoch in mine and t.epoch not in theirs and not rec.holders(t.at) & seen) or (
+            if (t.epoch in mine and t.epoch not in theirs and (
+                not rec.holders(t.at) & seen
+                or (writer is not None and writer.at < t.at < rec.held[0][0] and writer.member not in seen)
+            )) or (
                 t.epoch in theirs and t.epoch not in mine and (observer not in seen or self._blind(p, t, lineage))
-            ):
+            ):  # fmt: skip
                 self._excused.add(id(rec))
                 self.stats["excused"] = len(self._excused)
                 return True
         return False
+
+    def _writer(self, p: int, epoch: int) -> Takeover | None:
+        """The leader start of ``epoch``."""
+        return next((t for t in self.takeovers.get(p, ()) if t.epoch == epoch), None)
 
     def _lineage(self, p: int, epoch: int) -> tuple[int, ...]:
         """The epochs of the log a leader of ``epoch`` began with (its own last)."""
