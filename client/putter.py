@@ -111,6 +111,16 @@ class Putter:
         if st is not None and st.unacked:
             st.unsent_from = st.unacked[0][0]
 
+    def hold(self, p: int, until: float) -> None:
+        """Partition ``p``'s puts are due but have nowhere to go yet (no live owner, or the session of
+        its primary not connected): everything unacknowledged goes once they have, and the retry
+        time-out, if it has passed, waits until ``until``: a shell that sleeps until
+        ``next_deadline`` would otherwise wake at once, again and again (simulator seed 4)."""
+        st = self.streams[p]
+        if st.unacked:
+            st.unsent_from = st.unacked[0][0]
+            st.retry_at = max(st.retry_at, until)
+
     def marks(self) -> dict[int, int]:
         return {p: st.next_seq - 1 for p, st in self.streams.items()}
 

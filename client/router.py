@@ -134,12 +134,31 @@ class Router:
         return s
 
     def _learn(self, s: ClientSession) -> None:
-        """Adopt a session's map if it is newer than ours; note which member the first one is."""
+        """Adopt a map a session was just given if it is newer than ours, or if its member says it
+        does not lead a partition ours says it leads; note which member the first session is.
+
+        Members' epochs differ (docs/cluster.md: a restarted member starts low again), so the
+        highest epoch we were given may be a map its member has long left behind, and every
+        member that could correct it may send lower ones: a durable request sent by it to a
+        member that no longer leads was refused, with that member's map, for ever (simulator
+        seed 7). A member knows which partitions it leads now, and whether a member we cannot reach is up."""
         if s is self.first and s.node_id is not None and not self.by_member:
             self.by_member[s.node_id] = s
-        m = s.cmap
-        if m is not None and (self.cmap is None or m.epoch > self.cmap.epoch):
+        m, s.heard_map = s.heard_map, None
+        ours = self.cmap
+        if m is None:
+            return
+        if ours is None or m.epoch > ours.epoch:
             self.cmap = m
+        elif s.node_id is not None and m.partitions == ours.partitions:  # (older, or as old: epochs are per member)
+            me = (s.node_id,)
+            disowned = any(o[:1] == me and t[:1] != me for o, t in zip(ours.owners, m.owners, strict=True))
+            # (or the member this session was opened for fell silent, and the one it reached holds it down:
+            # a member that left, whose high epoch no one else reaches again; simulator seed 459)
+            gone = any(v is s and x != s.node_id and x in ours.live and x not in m.live
+                       for x, v in self.by_member.items())  # fmt: skip
+            if disowned or gone:
+                self.cmap = m
 
     # ------------------------------------------------------------ publishing
 
@@ -231,14 +250,18 @@ class Router:
             return
         for p in putter.streams:
             owners = cmap.owners[p]
-            if not owners or not putter.due(p, now):
+            if not putter.due(p, now):
+                continue
+            if not owners:
+                putter.hold(p, now + self.cfg.pub_retry)  # (no live owner: a newer map will name one)
                 continue
             if self._put_to.get(p) != owners[0]:
                 self._put_to[p] = owners[0]
                 putter.moved(p)
             s = self.durable_session(owners[0])
             if s.cookie is None:
-                continue  # (not connected yet: its WELCOME comes, then the next pump)
+                putter.hold(p, now + self.cfg.hello_retry)  # (not connected yet: its WELCOME comes, then the next pump)
+                continue
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
 
     def put_deadline(self) -> float:

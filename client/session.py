@@ -70,6 +70,7 @@ class ClientSession:
         # Partitioned clusters: the newest cluster map our members gave us (WELCOME, REDIRECT);
         # client/router.py routes by it. A session itself always talks to one member.
         self.cmap: ClusterMap | None = None
+        self.heard_map: ClusterMap | None = None  # the last map our member sent, of any epoch (the router's)
         self._map_asked = -1e9  # when we last asked for the map because a stranger spoke
         self._out: list[tuple[Addr, bytes]] = []
         self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
@@ -239,6 +240,7 @@ class ClientSession:
         docs/protocol.md) makes us ask with MAP, answered by REDIRECT."""
         have = self.cmap.epoch if self.cmap is not None else 0
         if cmap is not None:
+            self.heard_map = cmap
             if cmap.epoch > have:
                 self.cmap = cmap
                 self.events.append(("map", cmap.epoch))

@@ -28,6 +28,7 @@ keeps those views (``plogs``) for the member:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -97,6 +98,10 @@ class Durable(MemberParts):
         self.logs_ready = False  # LogsRead came: durable requests are taken
         self.durable_committed: list[Any] = []  # tokens of puts and cursor commits now durable
         self.log_requests: dict[str, int] = {}  # peer -> the link its last LOGFETCH came on
+        # The earliest deadline of any log, kept between events: a log's deadline changes only through
+        # its own calls, every one of which ends in ``_run_log`` (which marks it stale). Asked
+        # before and after every event of the member, it cost a call per active log each time.
+        self._logs_due, self._logs_due_stale = math.inf, True
 
     def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead) -> None:
         """The runner's answers: a write, a read, a retention done; the logs read at start-up."""
@@ -125,6 +130,7 @@ class Durable(MemberParts):
                 self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
                 self.plogs[p].recovered(scan)
         self.logs_ready = True
+        self._logs_due_stale = True
         self._log("info", "logs_read", partitions=len(ev.logs), records=sum(s.records for s in ev.logs.values()))
         for p, log in self.plogs.items():
             self._assign_log(p, log, None)
@@ -134,6 +140,7 @@ class Durable(MemberParts):
         log = self.plogs.get(p)
         if log is None:
             log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
+            self._logs_due_stale = True
             self._assign_log(p, log, None)
         return log
 
@@ -142,7 +149,9 @@ class Durable(MemberParts):
         if cmap is None:
             return
         owners = list(cmap.owners[p])
-        before = [m for m in (old.owners[p] if old is not None else ()) if m in cmap.live and m not in owners]
+        # (every live member, not only the owners of our previous map: while we were down or cut off,
+        # another member may have led it in its own map, alone, its log the newest; simulator seed 7)
+        before = [m for m in sorted(cmap.live) if m not in owners]
         # Alone only where nobody else can hold the log: a member cut off from every other one
         # must not lead a replicated partition with what it has (its log can be stale).
         alone = cmap.replicas == 1 or len(cmap.members) == 1
@@ -155,6 +164,7 @@ class Durable(MemberParts):
                 self._assign_log(p, log, old)
 
     def _run_log(self, actions: list[Any]) -> None:
+        self._logs_due_stale = True
         for a in actions:
             cls = a.__class__
             if cls is PeerFrame:
@@ -208,6 +218,7 @@ class Durable(MemberParts):
         if log is None:
             return
         records = [Record(o, t, b) for o, t, b in recs]
+        self._logs_due_stale = True  # (also when the answer is refused half-way)
         try:
             actions = log.on_data(peer, epoch, status, start, end, last_epoch, commit, truncate, reset, records,
                                   self.now)  # fmt: skip
@@ -316,8 +327,11 @@ class Durable(MemberParts):
         """We stood still (cluster/liveness.py): no log takes a read lease from what waited meanwhile."""
         for log in self.plogs.values():
             log.paused(self.now)
+        self._logs_due_stale = True
 
     def _durable_due(self) -> None:
+        if self._durable_deadline() > self.now:
+            return
         for log in self.plogs.values():
             if log.next_deadline() <= self.now:
                 self._run_log(log.tick(self.now))
@@ -331,4 +345,7 @@ class Durable(MemberParts):
                                             int(s.retention_age * 1000)))  # fmt: skip
 
     def _durable_deadline(self) -> float:
-        return min((log.next_deadline() for log in self.plogs.values()), default=self.next_retention)
+        if self._logs_due_stale:
+            self._logs_due = min((log.next_deadline() for log in self.plogs.values()), default=math.inf)
+            self._logs_due_stale = False
+        return min(self._logs_due, self.next_retention)

@@ -66,6 +66,7 @@ subscription. A follower left before the leader's start resets to it.
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,7 +106,10 @@ __all__ = [
     "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog", "Retain", "State", "Truncate", "decode_untrusted_body",
 ]  # fmt: skip
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
-OK, NOT_LEADER, STALE = 0, 1, 2  # DATA status
+# DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
+# that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
+OK, NOT_LEADER, STALE, PROBED = 0, 1, 2, 3
+EPOCH_TAG_BITS = 20  # a leader epoch's low bits name the member that claimed it (``_own_epoch``)
 
 
 @dataclass
@@ -133,6 +137,7 @@ class PartitionLog(Held):
         self.leader: str | None = None
         self.owners: list[str] = []
         self.alone = True  # we may lead with no other member to ask (a single replica, or member)
+        self.probes: set[str] = set()  # whom a claim asks: the other owners and the members ``assign`` named
         self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
         self.fetched_at: dict[str, float] = {}  # leader: follower -> when its last fetch came (readable)
         self.stale_until = -1e18  # fetches read before this may have waited in a socket (paused)
@@ -141,6 +146,7 @@ class PartitionLog(Held):
         self.claim: Claim | None = None
         self.fetch_sent = -1e18  # following / claiming: when our last FETCH left
         self.fetching = False  # a FETCH of ours is unanswered
+        self.poked: dict[str, float] = {}  # leader: follower that never fetched -> when we last woke it
         self.appending = 0  # Append/Truncate/ResetLog actions not yet reported done
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
 
@@ -155,6 +161,12 @@ class PartitionLog(Held):
         # (no owner ever holds more than max_uncommitted records that are not committed)
         self.commit = max(self.start, self.end - self.s.max_uncommitted)
         self._fold()
+
+    def _take(self, r: Record, b: list[Any]) -> None:
+        super()._take(r, b)
+        # (we hold records of that epoch: a claim below it is stale. Copied from a leader, they were
+        # taken with no claim; simulator seeds 79, 842: a claim below took them)
+        self.seen = max(self.seen, b[0])
 
     def _fold(self) -> None:
         """Move committed records more than ``cache_records`` behind the end into ``base``."""
@@ -182,15 +194,15 @@ class PartitionLog(Held):
         """The map changed: ``owners`` of this partition (primary first), ``previous`` the live
         members that owned it before. ``alone``: whether we may lead with no other member to ask."""
         self.owners, self.alone = owners, alone
+        self.probes = {m for m in (*owners[1:], *previous) if m != self.me}
         if owners and owners[0] == self.me:
             if self.role == LEADING:  # (a new follower may not have this log active: a FETCH wakes it)
                 wake = [self._fetch_frame(m, claim=False) for m in owners[1:] if m not in self.followers]
                 self.followers = {m: self.followers.get(m, -1) for m in owners[1:]}
                 return [*wake, *self._advance()]
             epoch = max(map_epoch, self.last_epoch + 1, self.seen + 1)
-            probes = {m for m in (*owners[1:], *previous) if m != self.me}
-            return self._begin_claim(epoch, probes, now)
-        if self.role == FOLLOWING and self.leader == owners[0]:
+            return self._begin_claim(epoch, set(self.probes), now)
+        if self.role == FOLLOWING and owners[:1] == [self.leader]:  # (no owner live: none to follow; seed 207)
             return []
         out = self._step_down()
         if self.me in owners:
@@ -207,7 +219,16 @@ class PartitionLog(Held):
         self.fetching = False
         return []
 
+    def _own_epoch(self, at_least: int) -> int:
+        """The first epoch from ``at_least`` whose low bits are a tag of our id: two members that
+        claim without hearing of each other never lead one epoch on two branches (a shared one hid
+        their divergence from the followers' epoch check; simulator seed 32)."""
+        tag = zlib.crc32(self.me.encode()) & ((1 << EPOCH_TAG_BITS) - 1)
+        e = at_least >> EPOCH_TAG_BITS << EPOCH_TAG_BITS | tag
+        return e if e >= at_least else e + (1 << EPOCH_TAG_BITS)
+
     def _begin_claim(self, epoch: int, probes: set[str], now: float) -> list[LogAction]:
+        epoch = self._own_epoch(epoch)
         self._step_down()
         self.role, self.epoch, self.seen = CLAIMING, epoch, max(self.seen, epoch)
         self.claim = Claim(epoch, probes)
@@ -228,7 +249,8 @@ class PartitionLog(Held):
         return self._append_local([body], self.last_ms)
 
     def _fetch_frame(self, member: str, claim: bool) -> PeerFrame:
-        return PeerFrame(member, ["FETCH", self.p, self.epoch, self.end, self.last_epoch, claim])
+        # (at the highest epoch we accepted: a leader below it must not count us; seed 72)
+        return PeerFrame(member, ["FETCH", self.p, max(self.epoch, self.seen), self.end, self.last_epoch, claim])
 
     def _fetch(self, member: str, now: float) -> list[LogAction]:
         if self.fetching or self.appending:
@@ -249,6 +271,9 @@ class PartitionLog(Held):
         if self.role != LEADING:
             return 1, []
         last, at = self.state.producers.get(pid, (floor - 1, -1))
+        # (acknowledged through floor - 1 on a branch since cut, docs/durable.md: go on from there
+        # rather than refuse a gap for ever; seed 6)
+        last = max(last, floor - 1)
         if first > last + 1:
             return 3, []
         new = msgs[last + 1 - first:] if last >= first else msgs
@@ -332,21 +357,19 @@ class PartitionLog(Held):
                     self.epoch = epoch  # (our leader claiming: follow it at that epoch)
                 elif self.role != IDLE:
                     self._step_down()  # (never again follow or lead below it)
-            return self._answer(member, end, last_epoch)
+            return self._answer(member, end, last_epoch, PROBED)
         if self.role == CLAIMING and epoch <= self.epoch:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
         if self.role != LEADING or epoch > self.epoch:
-            if self.role != CLAIMING and self.owners and self.owners[0] == self.me:
-                # A follower fetches from us and our map names us primary, but we do not lead at its
-                # epoch: it followed a higher claim while we were paused or cut off (our map never
-                # changed). Claim above it, asking it too, or nobody leads until the map changes.
-                self.seen = max(self.seen, epoch)
-                probes = {m for m in (*self.owners[1:], member) if m != self.me}
-                return [*self._begin_claim(self.seen + 1, probes, now), self._data(member, NOT_LEADER, end, [])]
-            if epoch > self.epoch and self.role == LEADING:
+            out: list[LogAction] = [self._data(member, NOT_LEADER, end, [])]
+            if self.role != CLAIMING and self.owners[:1] == [self.me] and (self.role != LEADING or epoch > self.epoch):
+                # (the primary of our map, idle or below an owner's epoch: claim above it; stepping
+                # down alone left no leader until the map changed again; seed 8)
+                out += self._begin_claim(max(epoch, self.seen) + 1, self.probes | {member}, now)
+            elif epoch > self.epoch and self.role == LEADING:
                 self._step_down()
-            return [self._data(member, NOT_LEADER, end, [])]
+            return out
         if member in self.followers and now >= self.stale_until:
             self.fetched_at[member] = now
         if member in self.followers and end <= self.end and self._diverges(end, last_epoch) is None:
@@ -358,22 +381,28 @@ class PartitionLog(Held):
         return out + self._answer(member, end, last_epoch)
 
     def _diverges(self, end: int, last_epoch: int) -> int | None:
-        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None."""
+        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None. An epoch this
+        log never had is divergent whatever its end: the answer is then at or past ``end``, and
+        the fetcher cuts all of that epoch (``_copy``; simulator seed 9)."""
         if last_epoch == 0:  # (no records: nothing to cut)
             return None
         cut = self.end_for_epoch(last_epoch)
-        return cut if end > cut else None
+        if end > cut:
+            return cut
+        if self.epochs and last_epoch > self.epochs[0][0] and all(e != last_epoch for e, _ in self.epochs):
+            return max(cut, end)
+        return None
 
-    def _answer(self, member: str, end: int, last_epoch: int | None = None) -> list[LogAction]:
+    def _answer(self, member: str, end: int, last_epoch: int | None = None, status: int = OK) -> list[LogAction]:
         if last_epoch is not None:
             cut = self._diverges(end, last_epoch)
             if cut is not None:
-                return [self._data(member, OK, end, [], truncate=cut)]
+                return [self._data(member, status, end, [], truncate=cut)]
         if end < self.start:
-            return [self._data(member, OK, end, [], reset=self.start)]
+            return [self._data(member, status, end, [], reset=self.start)]
         if end < self.base_at:
-            return [ReadLog(self.p, end, self.s.fetch_records, ("fetch", member))]
-        return [self._data(member, OK, end, self._cached(end))]
+            return [ReadLog(self.p, end, self.s.fetch_records, ("fetch", member, status))]
+        return [self._data(member, status, end, self._cached(end))]
 
     def _cached(self, end: int) -> list[Record]:
         out: list[Record] = []
@@ -389,7 +418,7 @@ class PartitionLog(Held):
 
     def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
         if token.__class__ is tuple and token[0] == "fetch":
-            return [self._data(token[1], OK, records[0].offset, records)] if records else []
+            return [self._data(token[1], token[2], records[0].offset, records)] if records else []
         return [ReadDone(token, [r for r in records if r.offset < self.commit])]
 
     def readable(self, now: float) -> bool:
@@ -486,6 +515,8 @@ class PartitionLog(Held):
             self._reset(reset)
             self.appending += 1
             return [ResetLog(self.p, reset)]
+        if truncate >= self.end and self.epochs:  # (our last epoch is foreign to the leader: all of it goes)
+            truncate = self.epochs[-1][1]
         if truncate >= 0 and truncate < self.end:
             if truncate < self.base_at:
                 return [Reload(self.p)]
@@ -525,7 +556,7 @@ class PartitionLog(Held):
         if status == STALE or epoch > c.epoch:  # (someone claimed higher: claim above it)
             return self._begin_claim(max(epoch, self.seen) + 1, c.probes, now)
         if c.source is None:
-            if member not in c.probes or status != OK:
+            if member not in c.probes or status not in (OK, PROBED):
                 return []
             c.answers[member] = (last_epoch, end)
             if len(c.answers) < len(c.probes):
@@ -560,6 +591,13 @@ class PartitionLog(Held):
             self.fetching = False
             out += self._fetch(self.leader, now)
             self.fetch_sent = now  # (also when a write in progress holds the fetch back: no spinning)
+        elif self.role == LEADING:
+            # (a follower whose log is not active there does not know it follows: a FETCH of ours
+            # makes it active, or the commit waited for it for ever; seed 8, a member that joined)
+            for m, at in sorted(self.followers.items()):
+                if at < 0 and now >= self.poked.get(m, -1e18) + self.s.fetch_retry:
+                    self.poked[m] = now
+                    out.append(self._fetch_frame(m, claim=False))
         elif self.role == CLAIMING and self.claim is not None:
             c = self.claim
             for m in sorted(c.probes):
@@ -579,4 +617,6 @@ class PartitionLog(Held):
         if self.claim is not None:
             c = self.claim
             times += [c.asked.get(m, -1e18) + self.s.fetch_retry for m in c.probes if m not in c.answers]
+        if self.role == LEADING:
+            times += [self.poked.get(m, -1e18) + self.s.fetch_retry for m, at in self.followers.items() if at < 0]
         return min(times, default=float("inf"))

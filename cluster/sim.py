@@ -25,6 +25,9 @@ The fake world:
   Then the clients freeze (a failover in the last instant is a change too)
   and the members get a few anti-entropy rounds before cluster/simcheck.py
   judges the run.
+* Partitioned mode adds a durable workload (cluster/simdurable.py): puts,
+  gets and commits through the client's router, judged by
+  cluster/simdurablecheck.py (``durable=False`` leaves it out).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from cluster.partitionlog import Append, ReadLog, ResetLog, Retain, Truncate
 from cluster.roster import decode_untrusted_roster
 from cluster.simaccounting import SimAccounting
 from cluster.simcheck import Checker, Published
+from cluster.simdurable import DurableWorkload
 from cluster.simlogs import SimLogDisk
 from cluster.simnemesis import Nemesis
 from cluster.simworld import (
@@ -79,10 +83,11 @@ from cluster.simworld import (
 
 LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain)  # (durable partition logs: cluster/simlogs.py)
 
-class Simulation(SimAccounting, Nemesis):
+class Simulation(SimAccounting, Nemesis, DurableWorkload):
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
                  loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
-                 sockets_guard: Callable[[], None] | None = None, mode: str = "replicated") -> None:  # fmt: skip
+                 sockets_guard: Callable[[], None] | None = None, mode: str = "replicated",
+                 durable: bool = True) -> None:  # fmt: skip
         self.seed = seed
         self.rng = random.Random(seed)
         self.partitioned = mode == "partitioned"
@@ -132,6 +137,10 @@ class Simulation(SimAccounting, Nemesis):
         for c in self.clients:
             self.at(self.rng.uniform(0.5, 1.5), self._client_begin, c, c.number)
         self._plan_nemesis()
+        self.durable = self.partitioned and durable  # (durable producers and consumers: cluster/simdurable.py)
+        self.durable_at = {}
+        if self.durable:
+            self._durable_workload()
 
     # ------------------------------------------------------------ event loop
 
@@ -155,12 +164,16 @@ class Simulation(SimAccounting, Nemesis):
         if not self.run_until(half, max_events):
             return self.check
         sent = {c.index: (c.number, c.session.last_seq) for c in self.clients if c.publisher}
+        if self.durable:
+            self._durable_half()
         if self.run_until(self.end, max_events):
             for c in self.clients:
                 number, last = sent.get(c.index, (None, 0))
                 if number == c.number and not c.session.lost and c.session.acked < last:
                     self.check.violation(self.now, f"publisher {c.index} stalled: {last} sent by t={half:.1f}, "
                                                    f"acknowledged through {c.session.acked}")  # fmt: skip
+            if self.durable:
+                self._durable_progress()
             self.frozen = True
             if not self.run_until(self.end + self.settle, max_events):
                 return self.check
@@ -176,6 +189,8 @@ class Simulation(SimAccounting, Nemesis):
             st = self.cc.settings  # (two collection rounds of margin, and the members' clock spread)
             collecting = WALL + self.now - st.tombstone_horizon + 2 * st.tombstone_horizon / 10 + 0.1
             self.check.final(self.now, live, subs, int(collecting * 1000), self.partitioned)  # type: ignore[arg-type]
+            if self.durable:
+                self._durable_final()
         return self.check
 
     def run_until(self, until: float, max_events: int = 2_000_000) -> bool:
@@ -206,6 +221,8 @@ class Simulation(SimAccounting, Nemesis):
         m.tick_at = math.inf
         if self.partitioned:
             self._watch_publish(m, m.core)
+        if self.durable:
+            self._watch_durable(m, m.core)
         self._feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
         self._feed(m, Start())
         self._touch()
@@ -342,7 +359,8 @@ class Simulation(SimAccounting, Nemesis):
         return self.rng.uniform(0.0002, 0.003)
 
     def _udp(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
-        if self.frozen and (src in self.client_at or dst in self.client_at):
+        durable = src in self.durable_at or dst in self.durable_at
+        if self.frozen and (src in self.client_at or dst in self.client_at or durable):
             return
         if self.client_cuts:
             c = self.client_at.get(src) or self.client_at.get(dst)
@@ -350,14 +368,15 @@ class Simulation(SimAccounting, Nemesis):
             if c is not None and m is not None and (c.index, m.id) in self.client_cuts:
                 return
         self.stats["datagrams"] += 1
-        r = self.rng.random()
+        rng = self.drng if durable else self.rng  # (the durable workload's own: the other draws stay)
+        r = rng.random()
         if r < self.loss:
             return
         copies = 2 if r > 1 - self.dup else 1
         for _ in range(copies):
             # a long tail: 3% of datagrams wait 50-800 ms (a queue somewhere), far behind later ones
-            late = self.rng.uniform(0.05, 0.8) if self.rng.random() < 0.03 else 0.0
-            self.at(self.now + self._delay() + late, self._arrive, src, dst, data, self._crashes_of(src))
+            late = rng.uniform(0.05, 0.8) if rng.random() < 0.03 else 0.0
+            self.at(self.now + rng.uniform(0.0002, 0.003) + late, self._arrive, src, dst, data, self._crashes_of(src))
 
     def _crashes_of(self, addr: tuple[str, int]) -> int:
         m = self.member_at.get(addr)
@@ -369,8 +388,12 @@ class Simulation(SimAccounting, Nemesis):
             sender = self.client_at.get(src)
             if sender is not None and m.core is not None and m.serving:
                 self._reached(sender)
-            if m.core is not None and m.serving and not (self.frozen and src in self.client_at):
+            if m.core is not None and m.serving and not (self.frozen and (src in self.client_at
+                                                                          or src in self.durable_at)):
                 self._pub_accounting(m, data, src)
+            return
+        if dst in self.durable_at:
+            self._darrive(dst, data, src)
             return
         c = self.client_at.get(dst)
         if c is not None and not self.frozen:

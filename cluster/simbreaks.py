@@ -53,6 +53,31 @@ def _break_void() -> None:
     Registers._void_older = lambda self, c, cver, now: None  # type: ignore[method-assign]
 
 
+def _break_early_ack() -> None:
+    """Durable mode: a leader commits (acknowledges puts, serves readers) once a record is on its own
+    disk, without waiting for its followers' copies."""
+    from cluster.partitionlog import PartitionLog
+
+    advance = PartitionLog._advance
+
+    def alone(self: PartitionLog) -> list[Any]:
+        followers, self.followers = self.followers, {}
+        try:
+            return advance(self)
+        finally:
+            self.followers = followers
+
+    PartitionLog._advance = alone  # type: ignore[method-assign]
+
+
+def _break_no_fsync() -> None:
+    """Durable mode: an owner's appends are written but not synced, and counted durable all the same
+    (fsync = never, without saying so): a power loss takes what it acknowledged."""
+    from cluster.partitionlog import LogSettings
+
+    LogSettings.__new__.__defaults__ = ("never", *LogSettings.__new__.__defaults__[1:])  # type: ignore[index]
+
+
 # Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.
 BREAKS: dict[str, Callable[[], None]] = {
     "no-dedup": _break_dedup,
@@ -60,6 +85,8 @@ BREAKS: dict[str, Callable[[], None]] = {
     "no-restream": _break_restream,
     "no-handoff": _break_handoff,  # (partitioned mode)
     "no-void": _break_void,  # (partitioned mode)
+    "early-ack": _break_early_ack,  # (partitioned mode: durable)
+    "no-fsync": _break_no_fsync,  # (partitioned mode: durable)
 }
 _broken: set[str] = set()
 

@@ -3,10 +3,12 @@
     python scripts/simulate.py --seeds 10000            # seeds 0..9999 on every core
     python scripts/simulate.py --replay 4242 -v         # one seed again, every violation
     python scripts/simulate.py --seeds 300 --break no-dedup   # show that a broken build is caught
+    python scripts/simulate.py --mode partitioned --seeds 200 --break early-ack   # (durable mode)
 
 Each seed runs cluster/sim.py: N member cores and M client sessions over a
 fake network and disk, with a seeded nemesis (partitions, member crashes,
-client restarts), then checks the invariants of cluster/simcheck.py. A
+client restarts), then checks the invariants of cluster/simcheck.py (and, in
+partitioned mode, of the durable workload: cluster/simdurablecheck.py). A
 failing seed prints the one command that replays it. Exit status 1 if any
 seed violated an invariant.
 """
@@ -40,6 +42,7 @@ def replay_command(seed: int, args: argparse.Namespace) -> str:
     cmd = f"python scripts/simulate.py --replay {seed} --members {args.members} --clients {args.clients}"
     cmd += f" --faults {shlex.quote(','.join(args.faults))}"  # ('' for none)
     cmd += f" --mode {args.mode}" if args.mode != "replicated" else ""
+    cmd += " --no-durable" if args.no_durable else ""
     return cmd + (f" --break {args.broken}" if args.broken else "")
 
 
@@ -63,19 +66,22 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, from {','.join(FAULTS)} (default all; '' for none)")
     ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated",
                     help="cluster mode (default replicated)")
+    ap.add_argument("--no-durable", action="store_true",
+                    help="partitioned mode: without the durable workload (cluster/simdurable.py)")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     ap.add_argument("--replay", type=int, metavar="SEED", help="run this one seed and print its violations")
     ap.add_argument("--break", dest="broken", choices=sorted(BREAKS),
                     help="run a deliberately broken build, to see the simulator catch it")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every violation, not the first 3")
     args = ap.parse_args(argv)
-    kw = {"members": args.members, "clients": args.clients, "faults": tuple(args.faults), "mode": args.mode}
+    kw = {"members": args.members, "clients": args.clients, "faults": tuple(args.faults), "mode": args.mode,
+          "durable": not args.no_durable}  # fmt: skip
     seeds = [args.replay] if args.replay is not None else list(range(args.start, args.start + args.seeds))
     jobs = [(s, kw, args.broken) for s in seeds]
     t0 = time.perf_counter()
     failed: list[tuple[int, list[str]]] = []
     totals = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0, "joins": 0,
-              "leaves": 0, "pauses": 0}  # fmt: skip
+              "leaves": 0, "pauses": 0, "durable_acked": 0, "durable_consumed": 0, "durable_excused": 0}  # fmt: skip
     checked = 0
     if args.jobs > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -100,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{totals['client_restarts']} client restarts, {totals['client_cuts']} client cuts, "
           f"{totals['joins']} joins, {totals['leaves']} leaves, {totals['pauses']} pauses; "
           f"{checked} deliveries checked; "
-          f"{n_viol} violations in {len(failed)} seeds"
+          + (f"durable: {totals['durable_acked']} puts acknowledged, {totals['durable_consumed']} records "
+             f"consumed, {totals['durable_excused']} lost records excused (docs/durable.md); "
+             if totals["durable_acked"] else "")
+          + f"{n_viol} violations in {len(failed)} seeds"
           + (f" [broken build: {args.broken}]" if args.broken else ""))  # fmt: skip
     return 1 if failed else 0
 

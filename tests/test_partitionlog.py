@@ -557,3 +557,171 @@ def test_fetches_read_in_the_burst_after_a_pause_do_not_renew_the_read_lease() -
     single = Owners("a")
     single.assign("a")
     assert single.logs["a"].readable(single.now)  # (one replica: it reads alone)
+
+
+# ---------------------------------------------------------------- found by the simulator's durable workload
+
+
+def test_a_primary_below_an_owner_that_follows_at_a_higher_epoch_claims_above_it() -> None:
+    """Simulator seed 8: b claimed (its map said a was gone) while a was cut off, then the maps agreed
+    on a again. a, still leading below b's epoch, stepped down and stayed idle: no leader for ever."""
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.add("a")
+    o.feed("b", o.logs["b"].assign(["b"], ["a"], 5, o.now))  # (its claim never reaches a)
+    o.run()
+    claimed = o.logs["b"].seen
+    o.down.discard("a")
+    o.feed("b", o.logs["b"].assign(["a", "b"], [], 6, o.now))  # (a's map never changed: a still leads)
+    o.run()
+    a = o.logs["a"]
+    assert a.role == LEADING and a.epoch > claimed and o.logs["b"].role == FOLLOWING
+    assert o.put("a", ["m2"], first=2, token=2) == 0
+    o.tick(2.0)  # (b's next fetch)
+    assert o.committed["a"][-1] == 2
+    assert o.payloads("b") == [b"m1", b"m2"]
+
+
+def test_a_leader_wakes_a_follower_that_never_fetched() -> None:
+    """Simulator seed 8: a member that joined became a partition's secondary, but its log was not
+    active (no put, claim or fetch had reached it), so it never fetched and nothing committed."""
+    o = Owners("ab")
+    o.assign("a")
+    o.feed("a", o.logs["a"].assign(["a", "b"], [], 2, o.now))  # (b is not told: its log is not active)
+    o.run()
+    a = o.logs["a"]
+    assert a.next_deadline() <= o.now + a.s.fetch_retry  # (it wakes for that)
+    frames = [x for x in a.tick(o.now + a.s.fetch_retry) if isinstance(x, PeerFrame)]
+    assert [(f.member, f.frame[0]) for f in frames] == [("b", "FETCH")]  # (it makes b's log active)
+    o.feed("b", o.logs["b"].assign(["a", "b"], [], 2, o.now))
+    o.run()
+    assert a.followers["b"] >= 0
+    assert not [x for x in a.tick(o.now + 10) if isinstance(x, PeerFrame) and x.frame[0] == "FETCH"]
+
+
+def test_a_producer_acknowledged_past_what_a_log_holds_is_taken_from_its_floor() -> None:
+    """Simulator seed 6: after a branch that held a producer's acknowledged puts was cut (both owners
+    lost: not promised), every new put of it was refused as a gap, for ever."""
+    o = Owners("a")
+    o.assign("a")
+    o.put("a", ["m1"], first=1)
+    status, actions = o.logs["a"].put([["t", None, None, b"m9"]], b"p1", 9, 9, lambda last: "t9", 5000)
+    o.feed("a", actions)
+    o.run()
+    assert status == 0 and o.payloads("a") == [b"m1", b"m9"] and o.committed["a"][-1] == "t9"
+    assert o.logs["a"].put([["t", None, None, b"m11"]], b"p1", 11, 10, lambda last: "t11", 5000)[0] == 3  # (a gap is a gap)
+
+
+def test_a_follower_whose_last_epoch_the_leader_never_had_cuts_all_of_it() -> None:
+    """Simulator seed 9: both owners came back alone and each led; the follower's epoch was not in
+    the leader's log and ended where the leader's next one began, so its record there was kept."""
+    o = Owners("ab")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.crash("b")
+    o.put("a", ["m2"], first=2)  # (on a's disk only)
+    o.crash("a")
+    o.restart("b")
+    o.feed("b", o.logs["b"].assign(["b"], [], 1, o.now))  # b leads alone: its EPOCH where a has m2
+    o.run()
+    o.restart("a")
+    o.feed("a", o.logs["a"].assign(["a"], [], 1 << 22, o.now))  # a leads alone, at a higher epoch
+    o.run()
+    assert o.disk["a"][2].offset == o.disk["b"][2].offset == 2 and o.disk["a"][2].body != o.disk["b"][2].body
+    o.assign("ab", epoch=(1 << 22) + 1)
+    assert [r.body for r in o.disk["b"]] == [r.body for r in o.disk["a"]]
+    assert o.payloads("b") == [b"m1", b"m2"]
+
+
+def test_two_members_never_lead_one_epoch() -> None:
+    """Simulator seed 32: two members claimed alone from the same state and chose the same epoch; a
+    follower's epoch check could not tell their records apart."""
+    for at in (1, 7, 1 << 20, (5 << 20) + 3):
+        epochs = set()
+        for m in ("m0", "m1", "m2", "m3", "j0", "j1"):
+            log = PartitionLog(0, m, LogSettings())
+            log.assign([m], [], at, 0.0)
+            assert log.role == LEADING and log.epoch >= at
+            epochs.add(log.epoch)
+        assert len(epochs) == 6
+
+
+def test_a_follower_that_took_a_higher_claim_is_not_counted_by_a_leader_below_it() -> None:
+    """Simulator seed 72: b took c's claim, then followed a again at a's lower epoch; a committed
+    with it, and c's branch, which b had promised to, later cut what a acknowledged."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.add("a")
+    o.feed("c", o.logs["c"].assign(["c", "b"], ["a"], 9, o.now))  # (c claims; b takes it, a hears nothing)
+    o.run()
+    o.down.discard("a")
+    o.crash("c")
+    o.put("a", ["x"], first=2, token="x")  # b does not follow a: not committed
+    o.feed("b", o.logs["b"].assign(["a", "b"], [], 10, o.now))
+    o.run()
+    assert "x" not in o.committed["a"]  # (a's puts from below c's claim are never acknowledged)
+    assert o.logs["a"].role == LEADING and o.logs["a"].epoch > o.logs["c"].epoch
+    assert o.put("a", ["x", "y"], first=2, token="y") == 0
+    o.tick(2.0)  # (b's next fetch)
+    assert o.committed["a"][-1] == "y" and o.payloads("b") == [b"m1", b"x", b"y"]
+
+
+def test_a_claim_copies_only_from_logs_below_its_epoch() -> None:
+    """Simulator seed 79: an owner restarted with its log but had seen no epoch; a claim below its
+    records' epoch took them and led below them (epochs out of order in the log)."""
+    o = Owners("abc")
+    o.assign("ab", epoch=1 << 22)
+    o.put("a", ["m1"], first=1, token=1)
+    o.crash("a")
+    o.crash("b")
+    o.restart("b")
+    assert o.logs["b"].seen >= o.logs["b"].last_epoch > 0
+    o.feed("c", o.logs["c"].assign(["c", "b"], [], 1, o.now))
+    o.run()
+    c = o.logs["c"]
+    assert c.role == LEADING and c.epoch > o.logs["b"].last_epoch and o.payloads("c") == [b"m1"]
+    assert [e for e, _ in c.epochs] == sorted(e for e, _ in c.epochs)
+
+
+def test_an_owner_of_a_partition_without_live_owners_stands_by() -> None:
+    """Simulator seed 207: a map with no live owner for a partition (a member whose leave is
+    committed, alone) raised IndexError in the member core."""
+    o = Owners("ab")
+    o.assign("ab")
+    assert o.logs["b"].assign([], [], 3, o.now) == [] and o.logs["b"].role != LEADING
+
+
+def test_a_follower_that_copied_a_leaders_records_refuses_a_claim_below_them() -> None:
+    """Simulator seed 842: b followed a leader that had claimed without asking it, so b took no claim
+    and had seen no epoch; a claim below a's records was taken, copied them, and led below them."""
+    o = Owners("abc")
+    o.feed("a", o.logs["a"].assign(["a"], [], 1 << 22, o.now))  # (a leads alone: b is not asked)
+    o.run()
+    o.put("a", ["m1"], first=1, token=1)
+    o.assign("ab", epoch=(1 << 22) + 1)
+    assert o.payloads("b") == [b"m1"] and o.logs["b"].seen >= o.logs["a"].epoch
+    o.crash("a")
+    o.feed("c", o.logs["c"].assign(["c", "b"], [], 1, o.now))
+    o.run()
+    c = o.logs["c"]
+    assert c.role == LEADING and c.epoch > o.logs["a"].epoch and o.payloads("c") == [b"m1"]
+
+
+def test_an_answer_to_a_claim_that_comes_after_the_claim_ended_is_not_a_leaders() -> None:
+    """Simulator seed 1716: a's claim was answered by an owner with an empty log (a 'truncate to 0'
+    it would have ignored as a claimer), but the answer came after a had become that owner's
+    follower, and a took it as its leader's: it cut records it had acknowledged."""
+    o = Owners("ab")
+    o.assign("a")
+    o.put("a", ["m1"], first=1, token=1)
+    a, b = o.logs["a"], o.logs["b"]
+    a.assign(["b", "a"], [], 2, o.now)  # (the maps move: a follows b; its fetch is not delivered)
+    claim = [x for x in a.assign(["a", "b"], [], 3, o.now) if isinstance(x, PeerFrame)]  # a claims again
+    _, _, epoch, end, last_epoch, is_claim = claim[0].frame
+    answer = b.on_fetch("a", epoch, end, last_epoch, is_claim, o.now)  # (held back on the way)
+    a.assign(["b", "a"], [], 4, o.now)  # a follows b again
+    f = answer[0].frame
+    out = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], o.now)
+    assert not [x for x in out if isinstance(x, Truncate)] and a.end == 2

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from client import wire
 from client.router import Router, derive_id
 from client.session import ClientConfig, ClientSession
@@ -202,3 +204,78 @@ def test_every_put_datagram_fits_the_sessions_max_datagram():
         assert sum(len(wire.decode_untrusted_frame(d)[-1]) for d in again) == 1_200 - 300
         largest = max(largest, *(len(d) for d in again))
     assert largest <= r.first.max_datagram
+
+
+# ---------------------------------------------------------------- durable puts (found by the simulator)
+
+
+def member_at(a: tuple[str, int]) -> str:
+    return next(m for m, (client, _) in THREE.items() if client == a)
+
+
+def test_a_due_put_with_no_connected_session_waits_instead_of_waking_at_once() -> None:
+    """Simulator seed 4: the session of the primary lost its cookie after it sent a PUT; past the
+    retry time-out the put stayed due, put_deadline stayed in the past, and the shell spun."""
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    r.put(topic_led_by(MAP1, "n2", "d"), None, None, b"x")
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", MAP1)
+    assert [f[0] for _, f in frames(s2)] == [T.PUT]
+    r.handle_datagrams(s2, [(wire.encode_error(wire.E.BAD_COOKIE, "stale"), addr("n2"))], 0.1)
+    assert not s2.connected
+    r.tick(s2, 1.0)  # (past the retry time-out)
+    assert r.put_deadline() > 1.0
+    assert [f[0] for _, f in frames(s2, 1.0)] == [T.HELLO]
+    r.handle_datagrams(s2, [(welcome("n2", MAP1), addr("n2"))], 1.1)
+    assert [f[0] for _, f in frames(s2, 1.1)] == [T.PUT]  # (everything unacknowledged goes once connected)
+
+
+def test_a_session_that_failed_over_goes_back_to_the_primary_its_puts_are_for() -> None:
+    """Simulator seed 0: the session opened for n2 failed over while n2 was silent and stayed at
+    another member, which refused every put (not the leader), for ever."""
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    r.put(topic_led_by(MAP1, "n2", "d"), None, None, b"x")
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", MAP1)
+    frames(s2)
+    r.tick(s2, 2.0)  # n2 silent for node_timeout: the session fails over
+    other = s2.node
+    assert other != addr("n2")
+    r.handle_datagrams(s2, [(welcome(member_at(other), MAP1), other)], 2.1)  # (its map still names n2)
+    assert s2.node == addr("n2") and not s2.connected
+    frames(s2, 2.1)
+    r.tick(s2, 2.1)
+    assert [(a, f[0]) for a, f in frames(s2, 2.1)] == [(addr("n2"), T.HELLO)]
+
+
+@pytest.mark.parametrize("epoch", [9, 1])
+def test_an_older_map_of_a_member_that_no_longer_leads_a_partition_replaces_ours(epoch: int) -> None:
+    """Simulator seed 7: the newest epoch we were given was a map its member had left behind; the
+    members' own maps had lower epochs (a restarted member starts low), so a put went for ever to
+    a member whose every refusal carried a map we ignored. Seed 37: two members' maps had one epoch."""
+    stale = clustermap.compute(epoch, THREE, {"n1", "n2"}, 16, 2)  # (from when n3 was down)
+    topic = next(f"s{i}" for i in range(1000) if stale.primary(f"s{i}") == "n2" and MAP1.primary(f"s{i}") == "n3")
+    r = router()
+    connect(r, r.first, "n1", stale)
+    r.put(topic, None, None, b"x")
+    connect(r, r.by_member["n2"], "n2", MAP1)  # (epoch 1: n2 leads none of n3's partitions)
+    assert r.cmap == MAP1 and r.session_for(topic) is r.by_member["n3"]
+
+
+def test_an_older_map_that_holds_our_silent_member_down_replaces_ours() -> None:
+    """Simulator seed 459: the member a stale map named primary had left; the session for it
+    failed over to members whose maps (lower epochs) held it down, and went back to it for ever."""
+    high = dataclasses.replace(MAP1, epoch=9)
+    r = router()
+    connect(r, r.first, "n1", high)
+    topic = topic_led_by(MAP1, "n2", "d")
+    r.put(topic, None, None, b"x")
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", high)
+    r.tick(s2, 2.0)
+    other = s2.node
+    without = clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2)
+    r.handle_datagrams(s2, [(welcome(member_at(other), without), other)], 2.1)
+    assert r.cmap == without and s2.node == other  # (not back to n2: the map's primary is elsewhere now)

@@ -1,0 +1,346 @@
+"""The simulator's durable workload (a mixin of cluster/sim.py's Simulation): puts, gets and commits
+over the real client code, and the hooks that tell cluster/simdurablecheck.py what members did.
+
+Theory of operation (docs/durable.md, "What the simulator checks")
+-----------------------------------------------------------------
+Every partitioned seed runs, beside the reliable workload, a durable one on topics of its own
+(``DURABLE_TOPICS``), drawn from a random source of its own (``drng``: the other draws of a seed
+stay as they were, though the members' traffic around them changes): one durable client, and a
+second one in a third of the seeds (``SECOND_CLIENT``: more would cost too much per seed).
+
+* Each client is a client/router.py ``Router`` driven as client/library.py drives it: every
+  session the router opens with an address of its own, each datagram fed to ``handle_datagrams``
+  of its session, ``tick`` at the session's or the put streams' deadline.
+* It puts to every durable topic (``Router.put``: a go-back-N stream per partition,
+  client/putter.py). A PUTACK that moves a stream's acknowledged sequence acknowledges those puts
+  (the checker's promise).
+* It reads one topic as the library's ``get`` and ``commit`` do, over client/durablewire.py
+  frames, at ``Router.durable_session``: GET from the offset read to (``read_from``), keep the
+  records at or past it, COMMIT what was read to, resend after 5 x ``pub_retry`` without an
+  answer or ``pub_retry`` after a refusal; between rounds it waits (``POLL_EVERY``). Now and then
+  the process dies after it got records and before it committed; its next process starts from
+  the cluster's cursor and gets them again. The application de-duplicates by offset (as with an
+  offsets file): the checker sees every record it got.
+* Processes also die and restart at random times; a new process puts under a new producer id
+  (what its old process had not had acknowledged is not promised).
+* Hooks on each member core (instance attributes, like cluster/simaccounting.py's
+  ``_watch_publish``): every record a leader commits, with the members holding it on disk then
+  (the leader and the followers whose fetches passed it); every leader's start, seen as the
+  Append of its EPOCH record, with its view of the live members and its log's epochs; every
+  cursor a leader reads a GET from, and every range of records it answers one with.
+
+At the freeze they stop with the other clients. ``_durable_progress`` checks that what a
+process had put by the middle of the quiet period is acknowledged by the end, and the final
+judgement is ``DurableCheck.final``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from client.durablewire import START_EARLIEST, encode_commit, encode_get
+from client.router import Router
+from client.session import ClientConfig, ClientSession
+from client.wire import T, decode_untrusted_frame
+from cluster import ring
+from cluster.durable import cursor_key
+from cluster.events import Send
+from cluster.member import MemberCore
+from cluster.partitionlog import EPOCH, LEADING, Append, Committed, PartitionLog
+from cluster.simcheck import Checker
+from cluster.simdurablecheck import DurableCheck
+from cluster.simworld import WALL, SimMember
+from node.actions import DurableGet
+from node.segmentlog import Record
+
+Addr = tuple[str, int]
+DURABLE_TOPICS = ("d0", "d1", "d2")
+# Durable client processes: each puts to every durable topic and reads one; a second one in a
+# third of the seeds (two writers to a partition, two cursors in it), one otherwise (the cost of
+# a seed: scripts/simulate.py campaigns run 10,000 of them)
+SECOND_CLIENT = 1 / 3
+PUT_EVERY = (0.15, 0.45)  # seconds between a client's puts
+POLL_EVERY = (0.3, 0.7)  # seconds between a consumer's GETs once it has committed (or got nothing new)
+MOST = 50  # records per GET
+CRASH_BEFORE_COMMIT = 0.05  # a consumer dies between its records and its COMMIT
+
+
+@dataclass
+class DurableClient:
+    """One durable client (a producer and a consumer), across its processes (``number`` counts them)."""
+
+    index: int
+    topic: str = ""  # the topic it reads
+    name: str = ""  # ... its durable subscription's name
+    did: bytes = b""  # ... and durable id (the same in every process)
+    router: Router | None = None
+    number: int = 0
+    addrs: dict[int, Addr] = field(default_factory=dict)  # id(session) -> its address
+    tick_at: float = math.inf
+    next_msg: int = 1  # a producer's next message number
+    acked: dict[int, int] = field(default_factory=dict)  # partition -> acknowledged sequence heard
+    marks: dict[int, int] | None = None  # puts made by the middle of the quiet period (progress)
+    # a consumer's request: "get" or "commit", the session it went to (None: not sent), its deadline
+    want: str = "get"
+    asked: ClientSession | None = None
+    deadline: float = math.inf
+    nxt: int = 0  # the offset read to (this process's)
+    p: int = 0
+
+
+class DurableWorkload:
+    if TYPE_CHECKING:  # what Simulation provides
+        seed: int
+        now: float
+        frozen: bool
+        fault_time: float
+        partitioned: bool
+        check: Checker
+        members: dict[str, SimMember]
+        cc: Any
+        stats: dict[str, int]
+
+        def at(self, t: float, fn: Any, *args: Any) -> None: ...
+        def _udp(self, src: Addr, dst: Addr, data: bytes) -> None: ...
+
+    def _durable_workload(self) -> None:
+        self.drng = random.Random(self.seed * 7919 + 43)  # (its own source: the other draws stay)
+        self.dcheck = DurableCheck(self.check)
+        self.durable_at: dict[Addr, tuple[DurableClient, ClientSession]] = {}
+        self.dclients: list[DurableClient] = []
+        self._dports = 0
+        self._dreaders: dict[str, int] = {}  # durable name -> consumer index
+        rng = self.drng
+        parts = self.cc.settings.partitions
+        for i in range(2 if rng.random() < SECOND_CLIENT else 1):
+            dc = DurableClient(i, rng.choice(DURABLE_TOPICS), f"reader{i}", rng.randbytes(16))
+            dc.p = ring.partition_of(dc.topic, parts)
+            self._dreaders[dc.name] = i
+            self.dcheck.consumer(i, dc.topic, dc.p)
+            self.dclients.append(dc)
+            self.at(rng.uniform(0.5, 1.5), self._dstart, dc, 0)
+        t = rng.uniform(1.0, 6.0)
+        while t < self.fault_time:  # (processes that die and start again, now and then)
+            self.at(t, self._drestart, rng.randrange(len(self.dclients)))
+            t += rng.uniform(3.0, 10.0)
+
+    # ------------------------------------------------------------ processes
+
+    def _dstart(self, dc: DurableClient, number: int) -> None:
+        if dc.number != number:
+            return
+        dc.number += 1
+        rng = self.drng
+        ids = list(self.members)
+        order = rng.sample(ids, len(ids))
+        addrs = [self.members[i].addr for i in order]
+        dc.router = Router(rng.randbytes(16), rng.randbytes(16), rng.randbytes(16), ClientConfig(), self.now,
+                           node=addrs[0], members=addrs[1:],
+                           session=int((WALL + self.now) * 1000) + dc.number)  # fmt: skip
+        dc.addrs, dc.acked, dc.marks, dc.tick_at = {}, {}, None, math.inf
+        dc.want, dc.asked, dc.deadline, dc.nxt = "get", None, self.now, 0
+        self.at(self.now + rng.uniform(0.01, 0.1), self._dput, dc, dc.number)
+        self._dio(dc)
+
+    def _drestart(self, index: int) -> None:
+        """The process dies (what it held in memory with it) and another starts soon."""
+        dc = self.dclients[index]
+        if dc.router is None or self.frozen:
+            return
+        for addr in dc.addrs.values():
+            self.durable_at.pop(addr, None)
+        dc.router = None
+        self.at(self.now + self.drng.uniform(0.05, 1.0), self._dstart, dc, dc.number)
+
+    # ------------------------------------------------------------ input, output, time
+
+    def _dio(self, dc: DurableClient) -> None:
+        """Send what every session of the process has to send; wake it at its next deadline."""
+        r = dc.router
+        if r is None:
+            return
+        d = min(r.put_deadline(), dc.deadline)
+        for s in r.sessions:
+            addr = dc.addrs.get(id(s))
+            if addr is None:
+                self._dports += 1
+                addr = dc.addrs[id(s)] = ("127.0.0.3", 20000 + self._dports)
+                self.durable_at[addr] = (dc, s)
+            for dst, data in s.outgoing(self.now):
+                self._udp(addr, dst, data)
+            d = min(d, s.next_deadline())
+        if d < dc.tick_at:
+            dc.tick_at = d
+            self.at(max(d, self.now), self._dtick, dc, dc.number, d)
+
+    def _dtick(self, dc: DurableClient, number: int, d: float) -> None:
+        r = dc.router
+        if dc.number != number or dc.tick_at != d or self.frozen or r is None:
+            return
+        dc.tick_at = math.inf
+        now = self.now
+        puts = r.put_deadline()
+        for s in list(r.sessions):
+            if now >= min(s.next_deadline(), puts):
+                r.tick(s, now)
+        self._dacked(dc)
+        if now >= dc.deadline:
+            self._dask(dc)
+        self._dio(dc)
+
+    def _darrive(self, dst: Addr, data: bytes, src: Addr) -> None:
+        dc, s = self.durable_at[dst]
+        r = dc.router
+        if r is None or self.frozen:
+            return
+        r.handle_datagrams(s, [(data, src)], self.now)
+        self._dacked(dc)
+        if dc.asked is s and s.durable_replies:
+            self._dreply(dc, s)
+        self._dio(dc)
+
+    # ------------------------------------------------------------ producers
+
+    def _dput(self, dc: DurableClient, number: int) -> None:
+        r = dc.router
+        if dc.number != number or r is None or self.now > self.fault_time + 2:
+            return
+        topic = self.drng.choice(DURABLE_TOPICS)
+        if r.cmap is not None and not r.put_window_full(topic):
+            r.put(topic, None, None, f"{dc.index}.{dc.number}:{dc.next_msg}".encode())
+            dc.next_msg += 1
+            self._dio(dc)
+        self.at(self.now + self.drng.uniform(*PUT_EVERY), self._dput, dc, number)
+
+    def _dacked(self, dc: DurableClient) -> None:
+        assert dc.router is not None
+        putter = dc.router.putter
+        for p, st in putter.streams.items():
+            heard = dc.acked.get(p, 0)
+            if st.acked > heard:
+                for seq in range(heard + 1, st.acked + 1):
+                    self.dcheck.put_acked(p, putter.pid, seq, self.now)
+                dc.acked[p] = st.acked
+
+    def _durable_half(self) -> None:
+        """The middle of the quiet period: what each producer process has put by now."""
+        for dc in self.dclients:
+            if dc.router is not None:
+                dc.marks = dc.router.putter.marks()
+
+    def _durable_progress(self) -> None:
+        """The end: a producer process that lived on has every put it made by the middle acknowledged
+        (a PUTACK withheld for ever would stall it)."""
+        for dc in self.dclients:
+            if dc.marks is None or dc.router is None:
+                continue
+            for p, seq in sorted(dc.marks.items()):
+                acked = dc.router.putter.streams[p].acked
+                if acked < seq:
+                    self.check.violation(self.now, f"durable client {dc.index} stalled: partition {p} "
+                                                   f"acknowledged through {acked} of {seq}")  # fmt: skip
+
+    # ------------------------------------------------------------ consumers
+
+    def _dask(self, dc: DurableClient) -> None:
+        """(Re)send the request the consumer is at, to the session of its topic's primary."""
+        r = dc.router
+        assert r is not None
+        now = self.now
+        if dc.asked is not None:  # (no answer in time: ask again after a pause, as the library does)
+            dc.asked, dc.deadline = None, now + r.cfg.pub_retry
+            return
+        s = r.durable_session_for(dc.topic) if r.cmap is not None else None
+        if s is None or s.cookie is None:
+            dc.deadline = now + 0.05  # (no map or not connected yet: look again soon)
+            return
+        s.durable_replies.clear()
+        if dc.want == "get":
+            frame = encode_get(s.cid, s.cookie, dc.did, dc.name, dc.topic, dc.p, START_EARLIEST, 0, MOST, dc.nxt)
+        else:
+            frame = encode_commit(s.cid, s.cookie, dc.did, dc.name, dc.topic, dc.p, dc.nxt)
+        s.queue_raw([frame])
+        dc.asked, dc.deadline = s, now + 5 * r.cfg.pub_retry
+
+    def _dreply(self, dc: DurableClient, s: ClientSession) -> None:
+        r = dc.router
+        assert r is not None
+        want = T.RECORDS if dc.want == "get" else T.COMMITTED
+        f = next((f for f in s.durable_replies if f[0] is want and f[1] == dc.name and f[2] == dc.p), None)
+        if f is None:
+            return
+        now = self.now
+        dc.asked = None
+        if f[-2 if want is T.RECORDS else -1] != 0:  # (refused: not the leader yet, or busy)
+            dc.deadline = now + r.cfg.pub_retry
+            return
+        if want is T.COMMITTED:
+            dc.want, dc.deadline = "get", now + self.drng.uniform(*POLL_EVERY)
+            return
+        new = [(offset, payload) for offset, _ms, _t, _k, _tags, payload in f[6] if offset >= dc.nxt]
+        dc.nxt = max(dc.nxt, f[4])
+        for offset, payload in new:
+            self.dcheck.consumed(dc.index, dc.topic, dc.p, offset, payload, now)
+        if not new:
+            dc.deadline = now + self.drng.uniform(*POLL_EVERY)  # (nothing new yet: ask again)
+        elif self.drng.random() < CRASH_BEFORE_COMMIT:
+            self._drestart(dc.index)
+        else:
+            dc.want, dc.deadline = "commit", now
+            self._dask(dc)
+
+    # ------------------------------------------------------------ hooks on the members
+
+    def _watch_durable(self, m: SimMember, core: MemberCore) -> None:
+        run_log, get, answer = core._run_log, core._on_durable_get, core._answer_get
+        check, readers = self.dcheck, self._dreaders
+
+        def watched(actions: list[Any]) -> None:
+            for a in actions:
+                cls = a.__class__
+                if cls is Committed and a.records:
+                    check.committed(a.partition, a.records, {core.id, *core.plogs[a.partition].followers}, self.now)
+                elif cls is Append and len(a.records) == 1:
+                    log = core.plogs.get(a.partition)
+                    if log is not None and log.role == LEADING and log.end == a.records[0].offset + 1:
+                        b = msgpack.unpackb(a.records[0].body, raw=False)
+                        if b[1] == EPOCH and b[0] == log.epoch and core.cmap is not None:
+                            check.took_over(a.partition, core.id, log.epoch, core.cmap.live, _lineage(log), self.now)
+            run_log(actions)
+
+        def watched_get(a: DurableGet) -> None:
+            get(a)
+            log = core.plogs.get(a.partition)
+            if log is not None and log.role == LEADING:
+                key = cursor_key(a.name, a.topic)
+                v = log.state.cursors.get((a.did, key))
+                if v is not None:
+                    check.cursor_served(a.partition, a.did, key, v, core.id, _lineage(log), self.now)
+
+        def watched_answer(token: Any, records: list[Record]) -> None:
+            answer(token, records)
+            index = readers.get(token[2])
+            sent = core._out[-1]  # (the RECORDS it sent: how far it scanned)
+            if index is not None and sent.__class__ is Send:
+                f = decode_untrusted_frame(sent.data)
+                check.records_served(index, token[4], [r for r in records if r.offset < f[4]], self.now)
+
+        core._run_log = watched  # type: ignore[method-assign]
+        core._answer_get = watched_answer  # type: ignore[method-assign]
+        core._on_durable_get = watched_get  # type: ignore[method-assign]
+
+    def _durable_final(self) -> None:
+        cores = {i: m.core for i, m in self.members.items() if m.core is not None and m.core.leave_by == math.inf}
+        self.dcheck.final(self.now, cores, self.logdisk.logs)  # type: ignore[attr-defined]
+        st = self.dcheck.stats  # (scripts/simulate.py totals them)
+        self.stats.update(durable_acked=st["puts_acked"], durable_consumed=st["consumed"],
+                          durable_excused=st["excused"])  # fmt: skip
+
+
+def _lineage(log: PartitionLog) -> tuple[int, ...]:
+    return tuple(e for e, _ in log.epochs)
