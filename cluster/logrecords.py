@@ -105,6 +105,30 @@ class Held:
         if r.time_ms > self.last_ms:
             self.last_ms = r.time_ms
 
+    @property
+    def last_epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else 0
+
+    def end_for_epoch(self, epoch: int) -> int:
+        """Where ``epoch`` ended in this log: the first offset of the next higher epoch."""
+        for e, first in self.epochs:
+            if e > epoch:
+                return first
+        return self.end
+
+    def diverges(self, end: int, last_epoch: int) -> int | None:
+        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None. An epoch this
+        log never had is divergent whatever its end: the answer is then at or past ``end``, and
+        the fetcher cuts all of that epoch (PartitionLog._copy; simulator seed 9)."""
+        if last_epoch == 0:  # (no records: nothing to cut)
+            return None
+        cut = self.end_for_epoch(last_epoch)
+        if end > cut:
+            return cut
+        if self.epochs and last_epoch > self.epochs[0][0] and all(e != last_epoch for e, _ in self.epochs):
+            return max(cut, end)
+        return None
+
 
 class LogScan(Held):
     """A log read at start-up, chunk by chunk: everything a ``PartitionLog`` needs to begin."""

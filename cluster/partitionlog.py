@@ -176,17 +176,6 @@ class PartitionLog(Held):
             self.base.apply(r.offset, b)
             self.base_at = r.offset + 1
 
-    @property
-    def last_epoch(self) -> int:
-        return self.epochs[-1][0] if self.epochs else 0
-
-    def end_for_epoch(self, epoch: int) -> int:
-        """Where ``epoch`` ended in this log: the first offset of the next higher epoch."""
-        for e, first in self.epochs:
-            if e > epoch:
-                return first
-        return self.end
-
     # ------------------------------------------------------------ roles
 
     def assign(self, owners: list[str], previous: list[str], map_epoch: int, now: float,
@@ -372,30 +361,17 @@ class PartitionLog(Held):
             return out
         if member in self.followers and now >= self.stale_until:
             self.fetched_at[member] = now
-        if member in self.followers and end <= self.end and self._diverges(end, last_epoch) is None:
+        if member in self.followers and end <= self.end and self.diverges(end, last_epoch) is None:
             self.followers[member] = max(self.followers[member], end)
         out = self._advance()
-        if end >= self.end and self._diverges(end, last_epoch) is None:
+        if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out
         return out + self._answer(member, end, last_epoch)
 
-    def _diverges(self, end: int, last_epoch: int) -> int | None:
-        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None. An epoch this
-        log never had is divergent whatever its end: the answer is then at or past ``end``, and
-        the fetcher cuts all of that epoch (``_copy``; simulator seed 9)."""
-        if last_epoch == 0:  # (no records: nothing to cut)
-            return None
-        cut = self.end_for_epoch(last_epoch)
-        if end > cut:
-            return cut
-        if self.epochs and last_epoch > self.epochs[0][0] and all(e != last_epoch for e, _ in self.epochs):
-            return max(cut, end)
-        return None
-
     def _answer(self, member: str, end: int, last_epoch: int | None = None, status: int = OK) -> list[LogAction]:
         if last_epoch is not None:
-            cut = self._diverges(end, last_epoch)
+            cut = self.diverges(end, last_epoch)
             if cut is not None:
                 return [self._data(member, status, end, [], truncate=cut)]
         if end < self.start:

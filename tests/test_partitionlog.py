@@ -610,7 +610,8 @@ def test_a_producer_acknowledged_past_what_a_log_holds_is_taken_from_its_floor()
     o.feed("a", actions)
     o.run()
     assert status == 0 and o.payloads("a") == [b"m1", b"m9"] and o.committed["a"][-1] == "t9"
-    assert o.logs["a"].put([["t", None, None, b"m11"]], b"p1", 11, 10, lambda last: "t11", 5000)[0] == 3  # (a gap is a gap)
+    status, _ = o.logs["a"].put([["t", None, None, b"m11"]], b"p1", 11, 10, lambda last: "t11", 5000)
+    assert status == 3  # (a gap is a gap)
 
 
 def test_a_follower_whose_last_epoch_the_leader_never_had_cuts_all_of_it() -> None:
