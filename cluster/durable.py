@@ -44,7 +44,7 @@ from client.durablewire import (
     encode_putack,
     encode_records,
 )
-from cluster.events import LogRecords, LogRetained, LogsRead, LogWritten, Send
+from cluster.events import LogFailed, LogRecords, LogRetained, LogsRead, LogWritten, Send
 from cluster.memberparts import MemberParts
 from cluster.partitionlog import (
     LEADING,
@@ -103,10 +103,19 @@ class Durable(MemberParts):
         # before and after every event of the member, it cost a call per active log each time.
         self._logs_due, self._logs_due_stale = math.inf, True
 
-    def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead) -> None:
-        """The runner's answers: a write, a read, a retention done; the logs read at start-up."""
+    def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed) -> None:
+        """The runner's answers: a write, a read, a retention done; the logs read at start-up.
+
+        A failed disk action stops the member (Kafka halts a broker whose only log directory
+        fails): the log's records on disk are no longer those its core counts as durable, and
+        serving on would acknowledge puts or answer claims from memory. Its partitions fail over
+        to the other owners; restarted, it reads its logs again (a torn tail is cut) and catches up."""
         if isinstance(ev, LogsRead):
             self._on_logs_read(ev)
+            return
+        if isinstance(ev, LogFailed):
+            self._fatal(f"partition {ev.partition}: its durable log failed on disk ({ev.reason});"
+                        " restart the member to read it again")  # fmt: skip
             return
         log = self.plogs.get(ev.partition)
         if log is None:

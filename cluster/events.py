@@ -121,6 +121,14 @@ class LogWritten(NamedTuple):
     durable: int
 
 
+class LogFailed(NamedTuple):
+    """A disk action of ``partition`` failed (a write, a sync, a retention, or a read that found a
+    damaged record): what the log holds on disk is no longer what its core believes."""
+
+    partition: int
+    reason: str
+
+
 class LogRecords(NamedTuple):
     """Answer to ``ReadLog``."""
 
@@ -131,7 +139,7 @@ class LogRecords(NamedTuple):
 
 Event = (
     Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkSent | LinkClosed
-    | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords | LogRetained
+    | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords | LogRetained | LogFailed
 )
 
 
@@ -187,7 +195,7 @@ Action = (
 
 __all__ = [
     "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
-    "LinkOpened", "LinkSent", "Log", "LogRecords", "LogRetained", "LogWritten", "LogsRead", "PersistDone", "ReadLog",
-    "ReadSnapshot", "ResetLog", "Retain", "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick",
-    "Truncate", "WriteSnapshot",
+    "LinkOpened", "LinkSent", "Log", "LogFailed", "LogRecords", "LogRetained", "LogWritten", "LogsRead", "PersistDone",
+    "ReadLog", "ReadSnapshot", "ResetLog", "Retain", "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start",
+    "Stop", "Tick", "Truncate", "WriteSnapshot",
 ]  # fmt: skip

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cluster.events import LogRecords, LogRetained, LogsRead, LogWritten
+from cluster.events import LogFailed, LogRecords, LogRetained, LogsRead, LogWritten
 from cluster.logrecords import LogFormatError, LogScan
 from cluster.partitionlog import Append, LogSettings, ReadLog, ResetLog, Retain, Truncate
 from node.segmentlog import LogCorrupt, LogUsage, SegmentLog
@@ -110,10 +110,12 @@ class LogStore:
             elif cls is ResetLog:
                 log.reset(a.start)
             return LogWritten(p, log.end)
-        except (OSError, LogUsage) as exc:
-            # (the core waits for what was not written: its publishers retry elsewhere or later)
-            self.log("error", "log_write_failed", partition=p, reason=str(exc)[:200])
-            return LogRecords(p, a.token, []) if cls is ReadLog else LogWritten(p, 0)
+        except (OSError, LogUsage, LogCorrupt) as exc:
+            return self._failed(p, exc)
+
+    def _failed(self, p: int, exc: Exception) -> LogFailed:
+        self.log("error", "log_failed", partition=p, reason=str(exc)[:200])
+        return LogFailed(p, str(exc)[:200])
 
     def perform_all(self, actions: list[Any]) -> list[Any]:
         """Do one partition's queued actions in order, with one fsync for a run of ``Append``
@@ -127,6 +129,8 @@ class LogStore:
             if run:
                 out += self._append_run(run)
                 run = []
+            if out and out[-1].__class__ is LogFailed:
+                return out  # (the member stops: nothing more is done to this log)
             out.append(self.perform(a))
         return out + (self._append_run(run) if run else [])
 
@@ -137,9 +141,8 @@ class LogStore:
             for a in run:
                 log.append(a.records)
             durable = log.sync() if any(a.sync for a in run) else _flushed(log)
-        except (OSError, LogUsage) as exc:
-            self.log("error", "log_write_failed", partition=p, reason=str(exc)[:200])
-            durable = 0
+        except (OSError, LogUsage, LogCorrupt) as exc:
+            return [self._failed(p, exc)]
         return [LogWritten(p, durable) for _ in run]
 
     def close(self) -> None:

@@ -65,6 +65,7 @@ from cluster.events import (
     LinkOpened,
     LinkSent,
     Log,
+    LogFailed,
     LogRecords,
     LogRetained,
     LogsRead,
@@ -192,7 +193,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._on_snapshot(ev.data, ev.reason)
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
-        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead):
+        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed):
             self._on_log_event(ev)  # (cluster/durable.py)
         elif isinstance(ev, Start):
             self._start()

@@ -391,24 +391,41 @@ class SegmentLog:
                 with open(seg.path, "rb") as f:
                     f.seek(pos)
                     while start < seg.end and len(out) < max_records:
-                        head = f.read(HEADER.size)
-                        length, _crc, offset, ms = HEADER.unpack(head)
-                        body = f.read(length - (HEADER.size - PREFIX))
-                        if out and size + len(body) > max_bytes:
+                        r = self._read_record(f, seg, start)
+                        if out and size + len(r.body) > max_bytes:
                             return out
-                        out.append(Record(offset, ms, body))
-                        size += len(body)
-                        start = offset + 1
+                        out.append(r)
+                        size += len(r.body)
+                        start = r.offset + 1
             i += 1
         return out
 
+    def _read_record(self, f: BinaryIO, seg: Segment, offset: int) -> Record:
+        """The record at ``offset``, checked as recovery checks one: the file may have been damaged
+        since it was opened, and a garbage length must not become a huge read."""
+        head = f.read(HEADER.size)
+        length = struct.unpack(">I", head[:4])[0] if len(head) == HEADER.size else 0
+        n = length - (HEADER.size - PREFIX)
+        body = f.read(n) if 0 <= n <= self.max_record else b""
+        if len(body) != n or crc32c(head[PREFIX:] + body) != HEADER.unpack(head)[1]:
+            raise LogCorrupt(f"{seg.path}: the record at offset {offset} is damaged (length or CRC)")
+        _, _, at, ms = HEADER.unpack(head)
+        if at != offset:
+            raise LogCorrupt(f"{seg.path}: offset {at} found where {offset} was expected")
+        return Record(at, ms, body)
+
     def offset_for_time(self, time_ms: int) -> int:
-        """The first offset whose record is at or after ``time_ms`` (the end if none is)."""
+        """The first offset whose record is at or after ``time_ms`` (the end if none is), read a
+        chunk at a time (a segment can be far larger than what should be in memory at once)."""
         for seg in self.segments:
             if seg.last_ms is not None and seg.last_ms >= time_ms:
-                for r in self.read(seg.base, max_bytes=1 << 62, max_records=1 << 62):
-                    if r.time_ms >= time_ms:
-                        return r.offset
+                at = seg.base
+                while at < seg.end:
+                    chunk = self.read(at, max_records=1000)
+                    for r in chunk:
+                        if r.time_ms >= time_ms:
+                            return r.offset
+                    at = chunk[-1].offset + 1 if chunk else seg.end
         return self.end
 
     # ------------------------------------------------------------ retention

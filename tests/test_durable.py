@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -310,3 +311,29 @@ def test_durable_puts_and_gets_go_on_after_their_primary_was_paused(tmp_path: Pa
         assert trio.run(main)[:3] == [b"before", b"during", b"after2"]
     finally:
         c.stop()
+
+
+def test_a_member_whose_log_write_fails_stops_and_its_partition_fails_over(tmp_path: Path) -> None:
+    """The primary's disk fails (its partition directory is gone: the next segment cannot be made).
+    Before, a failed write counted as done and the member went on serving from memory; now it stops
+    (log_failed, cannot_run), the other owners take the partition over, and every put the client
+    had acknowledged is on both survivors' disks."""
+    durable = "[durable]\nsegment_bytes = 4096\n"
+    c = LocalCluster(tmp_path, n=3, cluster_extra='mode = "partitioned"\npartitions = 1\n' + durable)
+    c.start()
+    try:
+        wait_until(lambda: all(c.status(m)["state"] == "ready" for m in c.ids), what="ready")
+        primary, _ = _owners_of(c, "f")
+        assert roost("put", "f", "a{n}", "--count", "5", "--node", c.addr(primary), "--timeout", "20").returncode == 0
+        shutil.rmtree(tmp_path / "data" / primary / "log" / "p00000")
+        r = roost("put", "f", "b{n}" + "." * 100, "--count", "60", "--node", c.addr(primary), "--timeout", "40")
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: c.launcher.pid_of(primary) is None, what="the primary stopped")
+        log = c.log(primary)
+        assert "event=log_failed partition=0" in log and "event=cannot_run" in log, log[-2000:]
+    finally:
+        c.stop()
+    want = [b"a%d" % i for i in range(5)] + [b"b%d" % i + b"." * 100 for i in range(60)]
+    for m in c.ids:
+        if m != primary:
+            assert _stored(tmp_path, m, "f") == want

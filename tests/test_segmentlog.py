@@ -197,3 +197,40 @@ def test_retention_keeps_the_segment_holding_keep_from_and_says_where_it_wanted_
     assert log.retain(now_ms=1 << 40, max_bytes=1 << 40, max_age_ms=1, keep_from=0) == []
     assert log.retain(now_ms=1 << 40, max_bytes=1 << 40, max_age_ms=1) == bases[1:-1]
     assert log.start == bases[-1] and log.read(log.start)[0].offset == bases[-1]
+
+
+@pytest.mark.parametrize("damage", ["crc", "length"])
+def test_a_read_that_meets_a_damaged_record_raises_log_corrupt(tmp_path: Path, damage: str) -> None:
+    """Damage after the log was opened (recovery checked it then): a read checks each record as
+    recovery does. Before, a garbage length became a read of gigabytes that killed the disk worker."""
+    log = opened(tmp_path, segment_bytes=100_000)
+    log.append(recs(0, 10))
+    log.flush()
+    seg = sorted(tmp_path.glob("*.log"))[0]
+    at = 3 * (HEADER.size + 50)  # (record 3)
+    data = bytearray(seg.read_bytes())
+    if damage == "crc":
+        data[at + HEADER.size + 1] ^= 0xFF
+    else:
+        data[at:at + 4] = (0xFFFFFFF0).to_bytes(4, "big")
+    seg.write_bytes(bytes(data))
+    assert [r.offset for r in log.read(0, max_records=3)] == [0, 1, 2]
+    with pytest.raises(LogCorrupt, match=rf"{seg.name}: the record at offset 3 is damaged"):
+        log.read(0)
+    with pytest.raises(LogCorrupt):
+        log.offset_for_time(1003)
+
+
+def test_offset_for_time_reads_a_large_segment_a_chunk_at_a_time(tmp_path: Path) -> None:
+    log = opened(tmp_path, segment_bytes=1 << 24)
+    log.append(recs(0, 2500, size=10))
+    seen: list[int] = []
+    read = log.read
+
+    def counting(start: int, max_bytes: int = 1 << 20, max_records: int = 1000) -> list[Record]:
+        seen.append(max_records)
+        return read(start, max_bytes, max_records)
+
+    log.read = counting  # type: ignore[method-assign]
+    assert log.offset_for_time(1000 + 2400) == 2400
+    assert seen == [1000, 1000, 1000]  # (three chunks of 1000, never the whole segment at once)
