@@ -44,9 +44,13 @@ class LogSettings(NamedTuple):
 
 
 class Append(NamedTuple):
+    """``records`` to append (fsynced if ``sync``); ``commit``, the log's commit when it asked, is
+    kept beside the log as its checkpoint (``LogScan.commit`` on the next start)."""
+
     partition: int
     records: list[Record]
     sync: bool
+    commit: int = -1
 
 
 class Truncate(NamedTuple):

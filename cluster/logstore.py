@@ -15,6 +15,7 @@ queue every ``fsync_interval``; ``never`` leaves it to the OS.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,6 +26,7 @@ from cluster.partitionlog import Append, LogSettings, ReadLog, ResetLog, Retain,
 from node.segmentlog import LogCorrupt, LogUsage, SegmentLog
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
+CHECKPOINT = "commit"  # in a partition directory: a commit its member knew (decimal), Kafka's high watermark
 SCAN_BYTES = 4 << 20  # a log is read at start-up this much at a time
 
 
@@ -42,6 +44,7 @@ class LogStore:
         self.settings = settings
         self.segment_bytes = segment_bytes
         self.logs: dict[int, SegmentLog] = {}
+        self.checkpointed: dict[int, int] = {}  # partition -> the commit last written to its checkpoint
 
     def _dir(self, p: int) -> Path:
         return self.root / f"{PREFIX}{p:05d}"
@@ -69,7 +72,7 @@ class LogStore:
             p = int(name[len(PREFIX):])
             try:
                 log, rec = self._open(d)
-                scan = LogScan(log.start, self.settings.keep)
+                scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT))
                 while scan.end < log.end:
                     chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
                     if not chunk:
@@ -98,8 +101,7 @@ class LogStore:
                 start = a.start if a.at_time < 0 else log.offset_for_time(a.at_time)
                 return LogRecords(p, a.token, log.read(start, max_records=a.limit))
             if cls is Append:
-                log.append(a.records)
-                return LogWritten(p, log.sync() if a.sync else _flushed(log))
+                return self._append_run([a])[0]
             if cls is Retain:
                 gone = log.retain(a.now_ms, a.max_bytes, a.max_age_ms, a.keep_from)
                 if gone:
@@ -132,7 +134,9 @@ class LogStore:
             if out and out[-1].__class__ is LogFailed:
                 return out  # (the member stops: nothing more is done to this log)
             out.append(self.perform(a))
-        return out + (self._append_run(run) if run else [])
+        if run and not (out and out[-1].__class__ is LogFailed):
+            out += self._append_run(run)
+        return out
 
     def _append_run(self, run: list[Any]) -> list[Any]:
         p = run[0].partition
@@ -141,6 +145,10 @@ class LogStore:
             for a in run:
                 log.append(a.records)
             durable = log.sync() if any(a.sync for a in run) else _flushed(log)
+            commit = max(a.commit for a in run)
+            if commit > self.checkpointed.get(p, -1):  # (after the records it covers are on disk)
+                _write_checkpoint(self._dir(p) / CHECKPOINT, commit)
+                self.checkpointed[p] = commit
         except (OSError, LogUsage, LogCorrupt) as exc:
             return [self._failed(p, exc)]
         return [LogWritten(p, durable) for _ in run]
@@ -154,3 +162,20 @@ class LogStore:
 def _flushed(log: SegmentLog) -> int:
     log.flush()
     return log.end
+
+
+def _write_checkpoint(path: Path, commit: int) -> None:
+    """Replaced whole, never fsynced: after a power loss it may be older, or gone, and either
+    only makes the next start believe less is committed (safe: a claim commits it again)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{commit}\n")
+    os.replace(tmp, path)
+
+
+def _read_checkpoint(path: Path) -> int:
+    """The commit checkpoint, or 0 (nothing known committed) if it is missing or not a number."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return 0
+    return int(text) if text.strip().isdigit() else 0

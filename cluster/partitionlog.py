@@ -158,8 +158,9 @@ class PartitionLog(Held):
         self.epochs, self.state, self.base, self.base_at = scan.epochs, scan.state, scan.base, scan.base_at
         self.tail, self.last_ms = scan.tail, scan.last_ms
         self.seen = self.last_epoch  # (never again follow or accept a claim below what the log holds)
-        # (no owner ever holds more than max_uncommitted records that are not committed)
-        self.commit = max(self.start, self.end - self.s.max_uncommitted)
+        # (the checkpoint is a commit this owner knew, so never past the true one; what lies after it
+        # is served once a claim and the followers' fetches commit it again)
+        self.commit = max(self.start, min(scan.commit, self.end))
         self._fold()
 
     def _take(self, r: Record, b: list[Any]) -> None:
@@ -298,7 +299,7 @@ class PartitionLog(Held):
             self._take(r, msgpack.unpackb(body, raw=False))
             recs.append(r)
         self.appending += 1
-        out: list[LogAction] = [Append(self.p, recs, self.s.fsync == "always")]
+        out: list[LogAction] = [Append(self.p, recs, self.s.fsync == "always", self.commit)]
         for m, (_, end, last_epoch) in list(self.parked.items()):  # (fetchers waiting get them now)
             out += self._answer(m, end, last_epoch)
             del self.parked[m]
@@ -506,7 +507,7 @@ class PartitionLog(Held):
         for r, b in zip(recs, bodies, strict=True):
             self._take(r, b)
         self.appending += 1
-        return [Append(self.p, recs, self.s.fsync == "always")]
+        return [Append(self.p, recs, self.s.fsync == "always", self.commit)]
 
     def _truncate(self, to: int) -> None:
         while self.tail and self.tail[-1][0].offset >= to:

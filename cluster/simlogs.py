@@ -25,6 +25,7 @@ class SimLog:
     start: int = 0
     records: list[Record] = field(default_factory=list)
     synced: int = 0  # records[:synced] survive a power loss
+    checkpoint: int = 0  # the commit checkpoint (kept through a power loss: its worst case, the highest)
 
     @property
     def end(self) -> int:
@@ -53,6 +54,7 @@ class SimLogDisk:
         if cls is Append:
             assert a.records[0].offset == log.end, (member, a.partition, a.records[0].offset, log.end)
             log.records.extend(a.records)
+            log.checkpoint = max(log.checkpoint, a.commit)
             if a.sync:
                 log.synced = len(log.records)
         elif cls is Truncate:
@@ -76,7 +78,8 @@ class SimLogDisk:
     def read_all(self, member: str) -> LogsRead:
         logs = self.logs.get(member, {})
         keep = LogSettings().keep
-        return LogsRead({p: LogScan.of(log.start, log.records, keep) for p, log in logs.items() if log.records}, "")
+        return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint)
+                         for p, log in logs.items() if log.records}, "")  # fmt: skip
 
     def power_loss(self, member: str) -> None:
         for log in self.logs.get(member, {}).values():

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from cluster.logrecords import LogScan
+from cluster.logrecords import LogScan, message_body
 from cluster.partitionlog import (
     CLAIMING,
     CURSOR,
@@ -37,6 +37,7 @@ class Owners:
         self.s = LogSettings(**settings)
         self.logs = {m: PartitionLog(0, m, self.s) for m in names}
         self.disk: dict[str, list[Record]] = {m: [] for m in names}
+        self.checkpoint: dict[str, int] = {m: 0 for m in names}  # each disk's commit checkpoint (Append.commit)
         self.queue: deque[tuple[str, Any]] = deque()
         self.down: set[str] = set()
         self.committed: dict[str, list[Any]] = {m: [] for m in names}
@@ -59,6 +60,7 @@ class Owners:
             if isinstance(a, Append):
                 assert a.records[0].offset == (disk[-1].offset + 1 if disk else log.start)
                 disk.extend(a.records)
+                self.checkpoint[member] = max(self.checkpoint[member], a.commit)
                 self.feed(member, log.appended(disk[-1].offset + 1, self.now))
             elif isinstance(a, Truncate):
                 disk[:] = [r for r in disk if r.offset < a.to]
@@ -130,7 +132,7 @@ class Owners:
         self.down.discard(member)
         log = self.logs[member] = PartitionLog(0, member, self.s)
         disk = self.disk[member]
-        log.recovered(LogScan.of(disk[0].offset if disk else 0, list(disk), self.s.keep))
+        log.recovered(LogScan.of(disk[0].offset if disk else 0, list(disk), self.s.keep, self.checkpoint[member]))
 
 
 def test_a_put_is_committed_only_once_the_follower_has_it_on_disk() -> None:
@@ -338,7 +340,8 @@ def test_recovery_in_chunks_keeps_the_state_of_every_record_and_only_the_newest_
     assert len(chunked.tail) == 100 and chunked.base_at == chunked.end - 100
     o.restart("a")
     a = o.logs["a"]
-    assert (a.state.producers[b"p1"][0], a.state.cursors[(b"c1", "d")], a.commit) == (300, 5, a.end - 10)
+    # (the commit checkpoint: the commit when the last record, the cursor, was appended)
+    assert (a.state.producers[b"p1"][0], a.state.cursors[(b"c1", "d")], a.commit) == (300, 5, a.end - 1)
     assert a.read_committed(0, 5, "t")[0] is None  # (older than the cache: read from disk)
 
 
@@ -726,3 +729,14 @@ def test_an_answer_to_a_claim_that_comes_after_the_claim_ended_is_not_a_leaders(
     f = answer[0].frame
     out = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], o.now)
     assert not [x for x in out if isinstance(x, Truncate)] and a.end == 2
+
+
+def test_a_restarted_owner_serves_only_what_its_checkpoint_says_was_committed() -> None:
+    """Records past the recovered commit checkpoint are not served until they are committed again."""
+    bodies = [message_body(1, ["t", None, None, b"m%d" % i], b"p", i + 1) for i in range(5)]
+    recs = [Record(i, 1000 + i, b) for i, b in enumerate(bodies)]
+    log = PartitionLog(0, "a", LogSettings(max_uncommitted=2))
+    log.recovered(LogScan.of(0, recs, LogSettings().keep, commit=2))
+    assert log.commit == 2  # (not end - max_uncommitted = 3)
+    got, _ = log.read_committed(0, 10, "t")
+    assert got is not None and [r.offset for r in got] == [0, 1]
