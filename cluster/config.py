@@ -108,7 +108,8 @@ CLUSTER_SETTINGS: list[Setting] = [
             "Committed records per partition kept in memory for readers and followers; older "
             "ones are read from disk."),
     number("durable", "fetch_records", 500, int, 1, 100_000, "Records per fetch between owners and per read."),
-    number("durable", "fetch_bytes", 1 << 20, int, 4096, 1 << 28, "Bytes per fetch between owners (about)."),
+    number("durable", "fetch_bytes", 1 << 20, int, 4096, 1 << 28,
+           "Bytes per fetch between owners (about); at most half of [cluster] max_frame."),
     number("durable", "fetch_wait", 0.5, float, 0.001, 60,
             "A follower's fetch that finds nothing new waits this long at the primary for records."),
     number("durable", "fetch_retry", 1.0, float, 0.01, 60,
@@ -218,6 +219,9 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
     if settings.link_idle_timeout <= settings.heartbeat_interval:
         raise ConfigError(f"{source}: [cluster] link_idle_timeout = {settings.link_idle_timeout}: must be more "
                           f"than heartbeat_interval ({settings.heartbeat_interval})")  # fmt: skip
+    if settings.fetch_bytes > settings.max_frame // 2:  # (a fetch's answer is one frame, with room for framing)
+        raise ConfigError(f"{source}: [durable] fetch_bytes = {settings.fetch_bytes}: must be at most half of "
+                          f"[cluster] max_frame ({settings.max_frame})")  # fmt: skip
     raw = data.get("members")
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{source}: [[members]]: at least one member is required")

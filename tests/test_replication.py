@@ -390,6 +390,8 @@ data_dir = "d2"
         (('[cluster]', '[durable]\nsegment_bytes = 10\n[cluster]'), "[durable] segment_bytes = 10: must be an integer"),
         (('[cluster]', '[durable]\nfsync_every = 1\n[cluster]'),
          "[durable] fsync_every: unknown key; known keys: fsync,"),
+        (('[cluster]', '[durable]\nfetch_bytes = 100000\n[cluster]\nmax_frame = 65536'),
+         "[durable] fetch_bytes = 100000: must be at most half of [cluster] max_frame (65536)"),
     ],
 )
 def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needle):
