@@ -111,11 +111,17 @@ class Router:
         """The session a durable request to ``member`` (a partition's leader) goes through,
         talking to that member. Members do not forward durable requests, so a session that
         failed over to another member while ``member`` was away (paused, cut off) would be
-        refused for ever: once the map names ``member`` again, the session goes back to it."""
+        refused for ever: once the map names ``member`` again, the session goes back to it.
+
+        Only once it is connected there (``node_id`` is that of its last WELCOME), and not before
+        we know the map of the member it reached if that announced a newer one than ours (asked
+        for with MAP, or sent with its refusal of our request): that map may no longer name
+        ``member`` (it left). Moved back at once, it never got an answer anywhere (simulator
+        seed 2342)."""
         cmap = self.cmap
         assert cmap is not None
         s = self.by_member.get(member) or self._open(member, cmap)
-        if s.node_id is not None and s.node_id != member:
+        if s.cookie is not None and s.node_id != member and s.announced <= cmap.epoch:
             s.move_to(cmap.address(member), self._now)
         return s
 
@@ -157,7 +163,10 @@ class Router:
             # a member that left, whose high epoch no one else reaches again; simulator seed 459)
             gone = any(v is s and x != s.node_id and x in ours.live and x not in m.live
                        for x, v in self.by_member.items())  # fmt: skip
-            if disowned or gone:
+            # (or ours names no live owner of a partition this one has one for: the last map of a
+            # member that left has no live member at all, and held every put back; seed 6656)
+            orphaned = any(t and not o for o, t in zip(ours.owners, m.owners, strict=True))
+            if disowned or gone or orphaned:
                 self.cmap = m
 
     # ------------------------------------------------------------ publishing

@@ -71,6 +71,7 @@ class ClientSession:
         # client/router.py routes by it. A session itself always talks to one member.
         self.cmap: ClusterMap | None = None
         self.heard_map: ClusterMap | None = None  # the last map our member sent, of any epoch (the router's)
+        self.announced = 0  # the map epoch our member's WELCOME announced (the router's)
         self._map_asked = -1e9  # when we last asked for the map because a stranger spoke
         self._out: list[tuple[Addr, bytes]] = []
         self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
@@ -239,6 +240,8 @@ class ClientSession:
         announced a newer map than ours without room for it (``map_epoch`` only, see
         docs/protocol.md) makes us ask with MAP, answered by REDIRECT."""
         have = self.cmap.epoch if self.cmap is not None else 0
+        if announced.__class__ is int:
+            self.announced = announced
         if cmap is not None:
             self.heard_map = cmap
             if cmap.epoch > have:
@@ -375,7 +378,7 @@ class ClientSession:
             return
         if node not in self.candidates:
             self.candidates.append(node)
-        self.node, self.cookie = node, None
+        self.node, self.cookie, self.announced = node, None, 0
         self.next_hello = self.last_heard = now
         self.failed_attempts = 0
         self.failovers += 1

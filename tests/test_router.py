@@ -279,3 +279,32 @@ def test_an_older_map_that_holds_our_silent_member_down_replaces_ours() -> None:
     without = clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2)
     r.handle_datagrams(s2, [(welcome(member_at(other), without), other)], 2.1)
     assert r.cmap == without and s2.node == other  # (not back to n2: the map's primary is elsewhere now)
+
+
+def test_a_session_failing_over_is_not_moved_back_before_it_is_connected_elsewhere() -> None:
+    """Simulator seed 2342: the session kept for n3 (which had left) failed over to n1 and, before
+    n1's WELCOME came, a durable request moved it back to n3 (its node_id still named the member
+    it had reached the time before): it never got an answer anywhere, and every put stalled."""
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    topic = topic_led_by(MAP1, "n3", "d")
+    s3 = r.durable_session_for(topic)
+    connect(r, s3, "n3", MAP1)
+    r.tick(s3, 2.0)  # (n3 silent: the session tries another member)
+    elsewhere = s3.node
+    assert elsewhere != addr("n3") and not s3.connected
+    assert r.durable_session_for(topic) is s3 and s3.node == elsewhere  # (not back yet: nobody answered)
+    newer = clustermap.compute(4, THREE, {"n1", "n2"}, 16, 2)  # (n3 left: the member we reached knows it)
+    r.handle_datagrams(s3, [(welcome(member_at(elsewhere), newer, with_map=False), elsewhere)], 2.1)
+    assert s3.connected and r.durable_session_for(topic) is s3 and s3.node == elsewhere  # (its map first)
+
+
+def test_a_map_without_a_live_owner_gives_way_to_an_older_one_that_has_one() -> None:
+    """Simulator seed 6656: the newest map we had was a leaving member's last one, with no live
+    member at all; every put waited for an owner, and the members' maps (lower epochs) were ignored."""
+    empty = clustermap.compute(9, THREE, set(), 16, 2)
+    r = router()
+    connect(r, r.first, "n1", empty)
+    assert r.cmap == empty and not any(empty.owners)
+    r.handle_datagrams(r.first, [(welcome("n1", MAP1), addr("n1"))], 0.5)
+    assert r.cmap == MAP1
