@@ -121,7 +121,8 @@ class Router:
         cmap = self.cmap
         assert cmap is not None
         s = self.by_member.get(member) or self._open(member, cmap)
-        if s.cookie is not None and s.node_id != member and s.announced <= cmap.epoch:
+        known = s.cmap.epoch if s.cmap is not None else 0  # (the session's newest: ours may be another member's)
+        if s.cookie is not None and s.node_id != member and s.announced <= known:
             s.move_to(cmap.address(member), self._now)
         return s
 
