@@ -208,7 +208,8 @@ class Lifecycle(MemberParts):
             self.final_done = True
 
     def _fatal(self, why: str) -> None:
-        """This member must not run (it never served: nothing to write or hand over)."""
+        """This member must not run: at start (it never served: nothing to write or hand over), or
+        a durable log failed on disk (cluster/durable.py: it stops as a crash would)."""
         self._log("error", "cannot_run", reason=why)
         self.phase = "stopped"  # (first: closing a link while syncing could make us ready and serve)
         for link in list(self.links.values()):

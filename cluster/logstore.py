@@ -84,6 +84,7 @@ class LogStore:
                 self.log("warning", "log_tail_cut", partition=p, cut_at=rec.cut_at, cut_bytes=rec.cut_bytes,
                          reason=rec.cut_reason)  # fmt: skip
             self.logs[p] = log
+            self.checkpointed[p] = scan.commit
             if scan.records:
                 logs[p] = scan
         return LogsRead(logs, "")
@@ -111,9 +112,18 @@ class LogStore:
                 log.truncate(a.to)
             elif cls is ResetLog:
                 log.reset(a.start)
+            self._lower_checkpoint(p, log.end)
             return LogWritten(p, log.end)
         except (OSError, LogUsage, LogCorrupt) as exc:
             return self._failed(p, exc)
+
+    def _lower_checkpoint(self, p: int, end: int) -> None:
+        """A cut (or reset) to ``end``: a checkpoint past it would count the next branch's records
+        there as committed after a restart."""
+        path = self._dir(p) / CHECKPOINT
+        if _read_checkpoint(path) > end:
+            _write_checkpoint(path, end)
+        self.checkpointed[p] = min(self.checkpointed.get(p, end), end)
 
     def _failed(self, p: int, exc: Exception) -> LogFailed:
         self.log("error", "log_failed", partition=p, reason=str(exc)[:200])

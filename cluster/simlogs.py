@@ -60,8 +60,10 @@ class SimLogDisk:
         elif cls is Truncate:
             del log.records[max(0, a.to - log.start):]
             log.synced = min(log.synced, len(log.records))
+            log.checkpoint = min(log.checkpoint, a.to)
         elif cls is ResetLog:
             log.start, log.records, log.synced = a.start, [], 0
+            log.checkpoint = min(log.checkpoint, a.start)
         elif cls is Retain:  # (record by record: the simulated disk has no segments)
             wanted = log.start
             for r in log.records:

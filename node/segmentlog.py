@@ -371,8 +371,10 @@ class SegmentLog:
         with open(seg.path, "rb") as f:
             f.seek(pos)
             while o < offset:
-                length = struct.unpack(">I", f.read(4))[0]
-                pos += PREFIX + length
+                head = f.read(4)
+                if len(head) != 4:
+                    raise LogCorrupt(f"{seg.path}: the file ends before offset {offset} (damaged after it was opened)")
+                pos += PREFIX + struct.unpack(">I", head)[0]
                 f.seek(pos)
                 o += 1
         return pos
