@@ -120,10 +120,9 @@ class LogStore:
     def _lower_checkpoint(self, p: int, end: int) -> None:
         """A cut (or reset) to ``end``: a checkpoint past it would count the next branch's records
         there as committed after a restart."""
-        path = self._dir(p) / CHECKPOINT
-        if _read_checkpoint(path) > end:
-            _write_checkpoint(path, end)
-        self.checkpointed[p] = min(self.checkpointed.get(p, end), end)
+        if self.checkpointed.get(p, 0) > end:  # (what the file holds: set at open and at every write)
+            _write_checkpoint(self._dir(p) / CHECKPOINT, end)
+            self.checkpointed[p] = end
 
     def _failed(self, p: int, exc: Exception) -> LogFailed:
         self.log("error", "log_failed", partition=p, reason=str(exc)[:200])

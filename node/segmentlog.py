@@ -406,12 +406,11 @@ class SegmentLog:
         """The record at ``offset``, checked as recovery checks one: the file may have been damaged
         since it was opened, and a garbage length must not become a huge read."""
         head = f.read(HEADER.size)
-        length = struct.unpack(">I", head[:4])[0] if len(head) == HEADER.size else 0
+        length, crc, at, ms = HEADER.unpack(head) if len(head) == HEADER.size else (0, 0, 0, 0)
         n = length - (HEADER.size - PREFIX)
         body = f.read(n) if 0 <= n <= self.max_record else b""
-        if len(body) != n or crc32c(head[PREFIX:] + body) != HEADER.unpack(head)[1]:
+        if len(body) != n or crc32c(head[PREFIX:] + body) != crc:
             raise LogCorrupt(f"{seg.path}: the record at offset {offset} is damaged (length or CRC)")
-        _, _, at, ms = HEADER.unpack(head)
         if at != offset:
             raise LogCorrupt(f"{seg.path}: offset {at} found where {offset} was expected")
         return Record(at, ms, body)
