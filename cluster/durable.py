@@ -44,7 +44,7 @@ from client.durablewire import (
     encode_putack,
     encode_records,
 )
-from cluster.events import LogFailed, LogRecords, LogRetained, LogsRead, LogWritten, Send
+from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, Send
 from cluster.memberparts import MemberParts
 from cluster.partitionlog import (
     LEADING,
@@ -103,7 +103,7 @@ class Durable(MemberParts):
         # before and after every event of the member, it cost a call per active log each time.
         self._logs_due, self._logs_due_stale = math.inf, True
 
-    def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed) -> None:
+    def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded) -> None:
         """The runner's answers: a write, a read, a retention done; the logs read at start-up.
 
         A failed disk action stops the member (Kafka halts a broker whose only log directory
@@ -124,6 +124,8 @@ class Durable(MemberParts):
             self._run_log(log.appended(ev.durable, self.now))
         elif isinstance(ev, LogRecords):
             self._run_log(log.read_done(ev.token, ev.records))
+        elif isinstance(ev, LogReloaded):
+            self._run_log(log.reloaded(ev.scan, self.now))
         else:
             log.retained(ev.start)
             self._run_log(log.refresh_cursors(ev.wanted, self._wall_ms()))
@@ -193,8 +195,9 @@ class Durable(MemberParts):
                     self._on_durable_get(get._replace(start=START_OFFSET, start_at=at))
                 else:
                     self._answer_get(a.token, a.records)
-            elif cls is Reload:
-                self._log("error", "log_reload_needed", partition=a.partition)
+            elif cls is Reload:  # (a cut below the cache: rare, and worth a line; the runner does it)
+                self._log("warning", "log_reload", partition=a.partition, to=a.to)
+                self._out.append(a)
             else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
                 self._out.append(a)
 

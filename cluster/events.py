@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from cluster.logrecords import LogScan
-from cluster.partitionlog import Append, ReadLog, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, Truncate
 from node.core import Log, Send
 from node.segmentlog import Record
 
@@ -98,7 +98,7 @@ class LogsRead(NamedTuple):
     that cannot be opened). Then ``Append``, ``Truncate``, ``ResetLog``, ``ReadLog`` and
     ``Retain`` actions (cluster/partitionlog.py) change and read one partition's log, in
     the order given, off the event loop, answered by ``LogWritten``, ``LogRecords`` and
-    ``LogRetained``."""
+    ``LogRetained``; ``Reload`` (a cut below what the core holds in memory) by ``LogReloaded``."""
 
     logs: dict[int, LogScan]
     error: str
@@ -129,6 +129,13 @@ class LogFailed(NamedTuple):
     reason: str
 
 
+class LogReloaded(NamedTuple):
+    """Answer to ``Reload``: the partition's log, cut and read again."""
+
+    partition: int
+    scan: LogScan
+
+
 class LogRecords(NamedTuple):
     """Answer to ``ReadLog``."""
 
@@ -140,6 +147,7 @@ class LogRecords(NamedTuple):
 Event = (
     Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkSent | LinkClosed
     | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords | LogRetained | LogFailed
+    | LogReloaded
 )
 
 
@@ -190,12 +198,12 @@ class Exit(NamedTuple):
 
 Action = (
     Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit
-    | Append | Truncate | ResetLog | ReadLog | Retain
+    | Append | Truncate | ResetLog | ReadLog | Retain | Reload
 )
 
 __all__ = [
     "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
-    "LinkOpened", "LinkSent", "Log", "LogFailed", "LogRecords", "LogRetained", "LogWritten", "LogsRead", "PersistDone",
-    "ReadLog", "ReadSnapshot", "ResetLog", "Retain", "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start",
-    "Stop", "Tick", "Truncate", "WriteSnapshot",
+    "LinkOpened", "LinkSent", "Log", "LogFailed", "LogRecords", "LogReloaded", "LogRetained", "LogWritten",
+    "LogsRead", "PersistDone", "ReadLog", "ReadSnapshot", "Reload", "ResetLog", "Retain", "Send", "SendFrame",
+    "ServeClients", "SnapshotRead", "Start", "Stop", "Tick", "Truncate", "WriteSnapshot",
 ]  # fmt: skip

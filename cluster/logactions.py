@@ -5,7 +5,8 @@ one owner's log asks of its shell (node/segmentlog.py through cluster/logstore.p
 or the simulator's disk, cluster/simlogs.py): disk work (``Append``,
 ``Truncate``, ``ResetLog``, ``ReadLog``, ``Retain``), a frame for another owner
 (``PeerFrame``), puts and cursors now committed (``Committed``), a reader's
-records read from disk (``ReadDone``), and ``Reload`` (a cut past the cache).
+records read from disk (``ReadDone``), and ``Reload`` (a cut past the cache: the shell
+cuts the log and reads it again).
 """
 
 from __future__ import annotations
@@ -96,7 +97,11 @@ class Committed(NamedTuple):
 
 
 class Reload(NamedTuple):
+    """Cut the log to ``to`` and read it again (answered by ``LogReloaded``): a cut below the
+    records the core holds in memory, whose state (producers, cursors) it must rebuild."""
+
     partition: int
+    to: int
 
 
 class ReadDone(NamedTuple):

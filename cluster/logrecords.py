@@ -119,9 +119,15 @@ class Held:
     def diverges(self, end: int, last_epoch: int) -> int | None:
         """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None. An epoch this
         log never had is divergent whatever its end: the answer is then at or past ``end``, and
-        the fetcher cuts all of that epoch (PartitionLog._copy; simulator seed 9)."""
+        the fetcher cuts all of that epoch (PartitionLog._copy; simulator seed 9). One older than
+        every epoch held here: 0, and the fetcher resets to our start."""
         if last_epoch == 0:  # (no records: nothing to cut)
             return None
+        if self.epochs and last_epoch < self.epochs[0][0]:
+            # (older than every epoch held here: where it ended went with retention or a reset, and
+            # the fetcher may hold a never-committed record below our first; it begins again at our
+            # start, as ``PartitionLog._copy`` does with a cut to 0; second review)
+            return 0 if end > 0 else None
         cut = self.end_for_epoch(last_epoch)
         if end > cut:
             return cut

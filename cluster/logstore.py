@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cluster.events import LogFailed, LogRecords, LogRetained, LogsRead, LogWritten
+from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten
 from cluster.logrecords import LogFormatError, LogScan
-from cluster.partitionlog import Append, LogSettings, ReadLog, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, Truncate
 from node.segmentlog import LogCorrupt, LogUsage, SegmentLog
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
@@ -72,12 +72,7 @@ class LogStore:
             p = int(name[len(PREFIX):])
             try:
                 log, rec = self._open(d)
-                scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT))
-                while scan.end < log.end:
-                    chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
-                    if not chunk:
-                        raise LogCorrupt(f"no record at offset {scan.end} before the end {log.end}")
-                    scan.feed(chunk)
+                scan = self._scan(log, d)
             except (LogCorrupt, LogFormatError, OSError) as exc:
                 return LogsRead({}, f"{d}: {exc}")
             if rec.cut_bytes:
@@ -85,9 +80,18 @@ class LogStore:
                          reason=rec.cut_reason)  # fmt: skip
             self.logs[p] = log
             self.checkpointed[p] = scan.commit
-            if scan.records:
+            if scan.records or scan.start:  # (an empty log reset to a start above 0 begins there; review)
                 logs[p] = scan
         return LogsRead(logs, "")
+
+    def _scan(self, log: SegmentLog, d: Path) -> LogScan:
+        scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT))
+        while scan.end < log.end:
+            chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
+            if not chunk:
+                raise LogCorrupt(f"no record at offset {scan.end} before the end {log.end}")
+            scan.feed(chunk)
+        return scan
 
     def perform(self, a: Any) -> Any:
         """Do one disk action of the core; returns the event that answers it (None for ``Sync``)."""
@@ -108,13 +112,17 @@ class LogStore:
                 if gone:
                     self.log("info", "log_retained", partition=p, segments=len(gone), start=log.start)
                 return LogRetained(p, log.start, log.wanted)
+            if cls is Reload:
+                log.truncate(a.to)
+                self._lower_checkpoint(p, log.end)
+                return LogReloaded(p, self._scan(log, self._dir(p)))
             if cls is Truncate:
                 log.truncate(a.to)
             elif cls is ResetLog:
                 log.reset(a.start)
             self._lower_checkpoint(p, log.end)
             return LogWritten(p, log.end)
-        except (OSError, LogUsage, LogCorrupt) as exc:
+        except (OSError, LogUsage, LogCorrupt, LogFormatError) as exc:
             return self._failed(p, exc)
 
     def _lower_checkpoint(self, p: int, end: int) -> None:

@@ -67,6 +67,7 @@ from cluster.events import (
     Log,
     LogFailed,
     LogRecords,
+    LogReloaded,
     LogRetained,
     LogsRead,
     LogWritten,
@@ -193,7 +194,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._on_snapshot(ev.data, ev.reason)
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
-        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed):
+        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded):
             self._on_log_event(ev)  # (cluster/durable.py)
         elif isinstance(ev, Start):
             self._start()

@@ -53,7 +53,8 @@ a cursor) is kept as ``base`` (through ``base_at``) plus ``state`` (through
 committed and more than ``cache_records`` behind the end; a leader refuses puts
 while ``max_uncommitted`` records wait for the commit, so no owner ever holds a
 longer uncommitted tail, and no truncation goes past the cache (if one would,
-``Reload`` has the shell feed the log again).
+``Reload`` has the shell cut the log and read it again: until then puts, cursor
+commits and reads wait, the state there being unknown).
 
 Retention. Every owner deletes old segments of its own log (``Retain``, run by
 the shell on node/segmentlog.py), never at or past ``retain_limit``: the commit,
@@ -147,7 +148,8 @@ class PartitionLog(Held):
         self.fetch_sent = -1e18  # following / claiming: when our last FETCH left
         self.fetching = False  # a FETCH of ours is unanswered
         self.poked: dict[str, float] = {}  # leader: follower that never fetched -> when we last woke it
-        self.appending = 0  # Append/Truncate/ResetLog actions not yet reported done
+        self.appending = 0  # Append/Truncate/ResetLog/Reload actions not yet reported done
+        self.reloading = False  # a Reload is not done: ``state`` is not known
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
 
     # ------------------------------------------------------------ recovery
@@ -157,11 +159,22 @@ class PartitionLog(Held):
         self.start, self.end, self.durable = scan.start, scan.end, scan.end
         self.epochs, self.state, self.base, self.base_at = scan.epochs, scan.state, scan.base, scan.base_at
         self.tail, self.last_ms = scan.tail, scan.last_ms
-        self.seen = self.last_epoch  # (never again follow or accept a claim below what the log holds)
+        self.seen = max(self.seen, self.last_epoch)  # (never again follow or accept a claim below what the log holds)
         # (the checkpoint is a commit this owner knew, so never past the true one; what lies after it
         # is served once a claim and the followers' fetches commit it again)
         self.commit = max(self.start, min(scan.commit, self.end))
         self._fold()
+
+    def reloaded(self, scan: LogScan, now: float) -> list[LogAction]:
+        """A ``Reload`` is done: the log as cut and read again from disk. Records taken since the
+        cut (an EPOCH of ours: they go to disk after it) are taken again over what was read."""
+        since = [rb for rb in self.tail if rb[0].offset >= scan.end]
+        commit, durable = min(self.commit, scan.end), min(self.durable, scan.end)
+        self.recovered(scan)
+        self.commit, self.durable, self.reloading = max(self.start, commit), durable, False
+        for r, b in since:
+            self._take(r, b)
+        return self.appended(durable, now)
 
     def _take(self, r: Record, b: list[Any]) -> None:
         super()._take(r, b)
@@ -260,6 +273,8 @@ class PartitionLog(Held):
         the acknowledged point)."""
         if self.role != LEADING:
             return 1, []
+        if self.reloading:
+            return 2, []
         last, at = self.state.producers.get(pid, (floor - 1, -1))
         # (acknowledged through floor - 1 on a branch since cut, docs/durable.md: go on from there
         # rather than refuse a gap for ever; seed 6)
@@ -283,6 +298,8 @@ class PartitionLog(Held):
         """A durable subscriber acknowledged everything before ``offset``."""
         if self.role != LEADING:
             return 1, []
+        if self.reloading:
+            return 2, []
         out: list[LogAction] = []
         if offset > self.state.cursors.get((cid, name), -1):
             out = self._append_local([cursor_body(self.epoch, cid, name, offset)], now_ms)
@@ -347,7 +364,7 @@ class PartitionLog(Held):
                     self.epoch = epoch  # (our leader claiming: follow it at that epoch)
                 elif self.role != IDLE:
                     self._step_down()  # (never again follow or lead below it)
-            return self._answer(member, end, last_epoch, PROBED)
+            return self._answer(member, end, last_epoch, PROBED) + self._follow_primary(member, epoch, now)
         if self.role == CLAIMING and epoch <= self.epoch:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
@@ -359,7 +376,7 @@ class PartitionLog(Held):
                 out += self._begin_claim(max(epoch, self.seen) + 1, self.probes | {member}, now)
             elif epoch > self.epoch and self.role == LEADING:
                 self._step_down()
-            return out
+            return out + self._follow_primary(member, epoch, now)
         if member in self.followers and now >= self.stale_until:
             self.fetched_at[member] = now
         if member in self.followers and end <= self.end and self.diverges(end, last_epoch) is None:
@@ -369,6 +386,15 @@ class PartitionLog(Held):
             self.parked[member] = (now, end, last_epoch)
             return out
         return out + self._answer(member, end, last_epoch)
+
+    def _follow_primary(self, member: str, epoch: int, now: float) -> list[LogAction]:
+        """Idle, an owner of our map whose primary asks at or above every epoch we accepted: follow
+        it. A claim of a member our map holds down stepped us down, and the claimer died before any
+        map change could set us following again: our primary led, committing nothing (review)."""
+        if self.role != IDLE or self.owners[:1] != [member] or self.me not in self.owners or epoch < self.seen:
+            return []
+        self.role, self.leader, self.epoch = FOLLOWING, member, epoch
+        return self._fetch(member, now)
 
     def _answer(self, member: str, end: int, last_epoch: int | None = None, status: int = OK) -> list[LogAction]:
         if last_epoch is not None:
@@ -404,7 +430,7 @@ class PartitionLog(Held):
         the partition still leads in its own view, with cursors older than those committed since;
         its follower stops fetching from it once it follows the other, so this lease runs out."""
         lease = self.s.fetch_wait + self.s.fetch_retry
-        return self.role == LEADING and bool(self.followers or self.alone) and all(
+        return self.role == LEADING and not self.reloading and bool(self.followers or self.alone) and all(
             now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
 
     def paused(self, now: float) -> None:
@@ -449,7 +475,7 @@ class PartitionLog(Held):
     def refresh_cursors(self, before: int, now_ms: int) -> list[LogAction]:
         """Leading: write again every cursor whose newest record lies before ``before`` (where
         retention wants to go), so that retention does not take the only record of it."""
-        if self.role != LEADING:
+        if self.role != LEADING or self.reloading:
             return []
         old = sorted(k for k, at in self.state.cursor_at.items() if at < before)
         bodies = [cursor_body(self.epoch, cid, name, self.state.cursors[cid, name]) for cid, name in old]
@@ -479,27 +505,32 @@ class PartitionLog(Held):
         if epoch > self.seen and status != OK:
             self.seen = epoch
         if self.role == CLAIMING and self.claim is not None:
-            return self._claim_answer(member, epoch, status, end, last_epoch, truncate, reset, records, now)
+            return self._claim_answer(member, epoch, status, start, end, last_epoch, truncate, reset, records, now)
         if self.role != FOLLOWING or member != self.leader or status != OK:
             return []
-        self.commit = max(self.commit, min(commit, self.durable))
-        self._fold()
-        return self._copy(truncate, reset, records) or self._fetch(member, now)
+        if truncate < 0 and reset < 0:  # (not over a divergent tail we are told to cut: it would fold; review)
+            self.commit = max(self.commit, min(commit, self.durable))
+            self._fold()
+        return self._copy(start, truncate, reset, records) or self._fetch(member, now)
 
-    def _copy(self, truncate: int, reset: int, records: list[Record]) -> list[LogAction]:
-        """Make our log follow the answer: cut a divergent tail, reset, or append its records."""
-        if reset >= 0 and reset > self.end:
+    def _copy(self, start: int, truncate: int, reset: int, records: list[Record]) -> list[LogAction]:
+        """Make our log follow the answer (the source's log begins at ``start``): cut a divergent
+        tail, reset, or append its records."""
+        if truncate >= self.end and self.epochs:  # (our last epoch is foreign to the leader: all of it goes)
+            truncate = self.epochs[-1][1]
+        gone = 0 <= truncate < self.end and truncate <= self.start  # (nothing of ours is left)
+        if gone or (reset >= 0 and reset > self.end):
+            reset = start if gone else reset  # (begin again where the source's log does)
             self._reset(reset)
             self.appending += 1
             return [ResetLog(self.p, reset)]
-        if truncate >= self.end and self.epochs:  # (our last epoch is foreign to the leader: all of it goes)
-            truncate = self.epochs[-1][1]
-        if truncate >= 0 and truncate < self.end:
-            if truncate < self.base_at:
-                return [Reload(self.p)]
-            self._truncate(truncate)
+        if 0 <= truncate < self.end:
             self.appending += 1
-            return [Truncate(self.p, truncate)]
+            # (below the cache the state there is no longer in memory: the shell reads the log again,
+            # and until then the producers and cursors are unknown: puts are refused as busy)
+            self.reloading = truncate < self.base_at
+            self._truncate(truncate)
+            return [Reload(self.p, truncate) if self.reloading else Truncate(self.p, truncate)]
         recs = [r for r in records if r.offset >= self.end]
         if not recs or recs[0].offset != self.end:
             return []
@@ -526,8 +557,8 @@ class PartitionLog(Held):
         self.epochs = []
         self.start = self.end = self.durable = self.commit = self.base_at = start
 
-    def _claim_answer(self, member: str, epoch: int, status: int, end: int, last_epoch: int, truncate: int,
-                      reset: int, records: list[Record], now: float) -> list[LogAction]:  # fmt: skip
+    def _claim_answer(self, member: str, epoch: int, status: int, start: int, end: int, last_epoch: int,
+                      truncate: int, reset: int, records: list[Record], now: float) -> list[LogAction]:  # fmt: skip
         c = self.claim
         assert c is not None
         if status == STALE or epoch > c.epoch:  # (someone claimed higher: claim above it)
@@ -551,7 +582,7 @@ class PartitionLog(Held):
             return []
         if (last_epoch, end) == (self.last_epoch, self.end) and truncate < 0:
             return self._lead()
-        out = self._copy(truncate, reset, records)
+        out = self._copy(start, truncate, reset, records)
         if not out:
             out = self._fetch(c.source, now)
         return out

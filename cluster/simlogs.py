@@ -14,9 +14,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.events import LogRecords, LogRetained, LogsRead, LogWritten
+from cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten
 from cluster.logrecords import LogScan
-from cluster.partitionlog import Append, LogSettings, ReadLog, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, Truncate
 from node.segmentlog import Record
 
 
@@ -57,10 +57,13 @@ class SimLogDisk:
             log.checkpoint = max(log.checkpoint, a.commit)
             if a.sync:
                 log.synced = len(log.records)
-        elif cls is Truncate:
+        elif cls is Truncate or cls is Reload:
             del log.records[max(0, a.to - log.start):]
             log.synced = min(log.synced, len(log.records))
             log.checkpoint = min(log.checkpoint, a.to)
+            if cls is Reload:
+                scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint)
+                return at, LogReloaded(a.partition, scan)
         elif cls is ResetLog:
             log.start, log.records, log.synced = a.start, [], 0
             log.checkpoint = min(log.checkpoint, a.start)
@@ -81,7 +84,7 @@ class SimLogDisk:
         logs = self.logs.get(member, {})
         keep = LogSettings().keep
         return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint)
-                         for p, log in logs.items() if log.records}, "")  # fmt: skip
+                         for p, log in logs.items() if log.records or log.start}, "")  # fmt: skip
 
     def power_loss(self, member: str) -> None:
         for log in self.logs.get(member, {}).values():

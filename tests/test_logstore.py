@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cluster.events import LogFailed, LogWritten
+from cluster.events import LogFailed, LogReloaded, LogWritten
 from cluster.logrecords import message_body
 from cluster.logstore import LogStore
-from cluster.partitionlog import Append, LogSettings, ReadLog, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Truncate
 from node.segmentlog import Record
 
 
@@ -70,3 +70,25 @@ def test_a_cut_below_the_checkpoint_lowers_it(tmp_path: Path) -> None:
     store.perform_all([Truncate(0, 3), Append(0, _recs(3, 5), True, 3)])
     store.close()
     assert _store(tmp_path, lines).open_all().logs[0].commit == 3
+
+
+def test_a_reload_cuts_the_log_and_reads_it_again(tmp_path: Path) -> None:
+    store = _store(tmp_path, [])
+    store.perform_all([Append(0, _recs(0, 10), True, 8)])
+    (ev,) = store.perform_all([Reload(0, 6)])
+    assert isinstance(ev, LogReloaded) and ev.partition == 0
+    assert (ev.scan.start, ev.scan.end, ev.scan.commit) == (0, 6, 6)
+    assert ev.scan.state.producers == {b"p": (6, 5)}
+    assert store.perform_all([ReadLog(0, 0, 100, "t")])[0].records[-1].offset == 5
+
+
+def test_an_empty_log_reset_to_a_later_start_begins_there_after_a_restart(tmp_path: Path) -> None:
+    """Second review: a follower reset to its leader's start 10 with no record yet was left out of
+    what a restart reads: its core began at 0 and its first append failed, at every start."""
+    store = _store(tmp_path, [])
+    store.perform_all([ResetLog(0, 10)])
+    store.close()
+    store = _store(tmp_path, [])
+    scan = store.open_all().logs[0]
+    assert (scan.start, scan.end) == (10, 10)
+    assert store.perform_all([Append(0, _recs(10, 1), True)]) == [LogWritten(0, 11)]

@@ -23,6 +23,7 @@ from cluster.partitionlog import (
     PeerFrame,
     ReadDone,
     ReadLog,
+    Reload,
     ResetLog,
     Truncate,
     decode_untrusted_body,
@@ -38,6 +39,8 @@ class Owners:
         self.logs = {m: PartitionLog(0, m, self.s) for m in names}
         self.disk: dict[str, list[Record]] = {m: [] for m in names}
         self.checkpoint: dict[str, int] = {m: 0 for m in names}  # each disk's commit checkpoint (Append.commit)
+        self.start: dict[str, int] = {m: 0 for m in names}  # where each disk's log begins (ResetLog, retention)
+        self.reloads = 0
         self.queue: deque[tuple[str, Any]] = deque()
         self.down: set[str] = set()
         self.committed: dict[str, list[Any]] = {m: [] for m in names}
@@ -62,11 +65,16 @@ class Owners:
                 disk.extend(a.records)
                 self.checkpoint[member] = max(self.checkpoint[member], a.commit)
                 self.feed(member, log.appended(disk[-1].offset + 1, self.now))
-            elif isinstance(a, Truncate):
+            elif isinstance(a, Truncate | Reload):
                 disk[:] = [r for r in disk if r.offset < a.to]
-                self.feed(member, log.appended(a.to, self.now))
+                self.checkpoint[member] = min(self.checkpoint[member], a.to)
+                self.reloads += isinstance(a, Reload)
+                self.feed(member, log.reloaded(self.scan(member), self.now) if isinstance(a, Reload)
+                          else log.appended(a.to, self.now))  # fmt: skip
             elif isinstance(a, ResetLog):
                 disk.clear()
+                self.start[member] = a.start
+                self.checkpoint[member] = min(self.checkpoint[member], a.start)
                 self.feed(member, log.appended(a.start, self.now))
             elif isinstance(a, ReadLog):
                 recs = [r for r in disk if (r.offset >= a.start if a.at_time < 0 else r.time_ms >= a.at_time)]
@@ -130,9 +138,19 @@ class Owners:
 
     def restart(self, member: str) -> None:
         self.down.discard(member)
-        log = self.logs[member] = PartitionLog(0, member, self.s)
+        self.logs[member] = PartitionLog(0, member, self.s)
+        self.logs[member].recovered(self.scan(member))
+
+    def scan(self, member: str) -> LogScan:
         disk = self.disk[member]
-        log.recovered(LogScan.of(disk[0].offset if disk else 0, list(disk), self.s.keep, self.checkpoint[member]))
+        return LogScan.of(disk[0].offset if disk else self.start[member], list(disk), self.s.keep,
+                          self.checkpoint[member])  # fmt: skip
+
+    def retain(self, member: str, start: int) -> None:
+        """Retention deleted every record before ``start`` from ``member``'s disk."""
+        self.logs[member].retained(start)
+        self.disk[member] = [r for r in self.disk[member] if r.offset >= start]
+        self.start[member] = start
 
 
 def test_a_put_is_committed_only_once_the_follower_has_it_on_disk() -> None:
@@ -740,3 +758,106 @@ def test_a_restarted_owner_serves_only_what_its_checkpoint_says_was_committed() 
     assert log.commit == 2  # (not end - max_uncommitted = 3)
     got, _ = log.read_committed(0, 10, "t")
     assert got is not None and [r.offset for r in got] == [0, 1]
+
+
+def _records(o: Owners, member: str) -> list[tuple[int, list[Any]]]:
+    return [(r.offset, msgpack.unpackb(r.body, raw=False)) for r in o.disk[member]]
+
+
+def test_a_fetcher_whose_last_epoch_is_older_than_the_leaders_first_begins_again_at_its_start() -> None:
+    """Second review: b's log, after retention and a restart, no longer says where a's epoch ended
+    (b's offset 4, y4, was retained away): cut to b's first epoch, a kept its own never-committed
+    x4 at offset 4, below the commit."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1", "m2", "m3"], first=1, token="a1")
+    o.crash("b")
+    o.put("a", ["x4", "x5", "x6"], first=4, token="ax")  # (only on a's disk: never committed)
+    o.crash("a")
+    o.restart("b")
+    o.assign("bc", epoch=2)
+    o.put("b", ["y4", "y5", "y6", "y7"], first=4, token="by")
+    assert "by" in o.committed["b"] and "ax" not in o.committed["a"]
+    o.retain("b", 5)
+    o.crash("b")
+    o.restart("b")
+    o.assign("bc", epoch=3)
+    o.restart("a")
+    for m in "abc":
+        o.feed(m, o.logs[m].assign(["b", "a"], ["c"], 4, o.now))
+    o.run()
+    o.tick(2.0)
+    a = o.logs["a"]
+    assert a.role == FOLLOWING and a.start == 5 and a.commit == o.logs["b"].commit
+    assert _records(o, "a") == _records(o, "b")
+    assert all(b[5] != b"x4" for _, b in _records(o, "a") if b[1] == 0)
+
+
+def test_a_returning_follower_cuts_its_divergent_tail_before_it_takes_the_leaders_commit() -> None:
+    """Second review: a took b's commit, past its own 150 never-committed records, before cutting
+    them; they folded into its base and the cut then needed a reload that never came."""
+    o = Owners("abc", cache_records=100, max_uncommitted=10_000)
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.crash("b")
+    o.put("a", [f"x{i}" for i in range(2, 152)], first=2, token="ax")
+    o.crash("a")
+    o.restart("b")
+    o.assign("bc", epoch=2)
+    o.put("b", [f"y{i}" for i in range(2, 302)], first=2, token="by")
+    o.restart("a")
+    for m in "abc":
+        o.feed(m, o.logs[m].assign(["b", "a"], ["c"], 4, o.now))
+    o.run()
+    o.tick(2.0)
+    assert o.put("b", ["z"], first=302, token="bz") == 0
+    o.tick(2.0)
+    assert "bz" in o.committed["b"] and o.reloads == 0
+    assert _records(o, "a") == _records(o, "b")
+
+
+def test_a_cut_below_the_records_held_in_memory_reads_the_log_again() -> None:
+    """a restarts with 30 never-committed cursor records (cursors are outside the room check) and
+    keeps only 10 in memory; following b's branch it must cut below them: the shell reads the log
+    again (``Reload``), and a's cursors and producers are those of b's log."""
+    o = Owners("abc", cache_records=10, max_uncommitted=10)
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.commit_cursor("a", b"c1", "s", 1)
+    o.crash("b")
+    for i in range(30):
+        o.commit_cursor("a", b"c%d" % i, "s", 2)
+    o.crash("a")
+    o.restart("b")
+    o.assign("bc", epoch=2)
+    o.put("b", ["y2"], first=2, token="by")
+    o.restart("a")
+    assert o.logs["a"].base_at > o.logs["a"].commit
+    for m in "abc":
+        o.feed(m, o.logs[m].assign(["b", "a"], ["c"], 4, o.now))
+    o.run()
+    o.tick(2.0)
+    a, b = o.logs["a"], o.logs["b"]
+    assert o.reloads == 1 and not a.reloading and a.role == FOLLOWING
+    assert _records(o, "a") == _records(o, "b")
+    assert a.state.cursors == b.state.cursors == {(b"c1", "s"): 1}
+    assert a.state.producers == b.state.producers
+
+
+def test_a_secondary_stepped_down_by_a_claim_its_map_does_not_know_of_follows_its_primary_again() -> None:
+    """Second review: x, down in a's and b's maps, came back, claimed (stepping a and b down), and
+    died before a or b saw it up; a claimed again and led, b stayed idle: nothing was committed."""
+    o = Owners("abx")
+    o.down.add("x")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.down.discard("x")
+    o.feed("x", o.logs["x"].assign(["x", "a"], ["b"], 7, o.now))
+    o.run()
+    assert o.logs["x"].role == LEADING and o.logs["b"].role not in (FOLLOWING, LEADING)
+    o.tick(1.1)  # (x wakes its follower a, the primary of a's map, which claims above x)
+    o.crash("x")
+    o.tick(1.0)
+    assert o.put("a", ["m2"], first=2, token="a2") == 0
+    o.tick(1.0)
+    assert o.committed["a"] == ["a1", "a2"] and o.logs["b"].role == FOLLOWING and o.payloads("b") == [b"m1", b"m2"]
