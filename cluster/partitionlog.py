@@ -506,8 +506,8 @@ class PartitionLog(Held):
             self.seen = epoch
         if self.role == CLAIMING and self.claim is not None:
             return self._claim_answer(member, epoch, status, start, end, last_epoch, truncate, reset, records, now)
-        if self.role != FOLLOWING or member != self.leader or status != OK:
-            return []
+        if self.role != FOLLOWING or member != self.leader or status != OK or epoch < self.seen:
+            return []  # (below an epoch we accepted: an answer to a fetch from before it; seed 5136)
         if truncate < 0 and reset < 0:  # (not over a divergent tail we are told to cut: it would fold; review)
             self.commit = max(self.commit, min(commit, self.durable))
             self._fold()

@@ -861,3 +861,28 @@ def test_a_secondary_stepped_down_by_a_claim_its_map_does_not_know_of_follows_it
     assert o.put("a", ["m2"], first=2, token="a2") == 0
     o.tick(1.0)
     assert o.committed["a"] == ["a1", "a2"] and o.logs["b"].role == FOLLOWING and o.payloads("b") == [b"m1", b"m2"]
+
+
+def test_a_follower_takes_no_records_from_a_leader_below_the_highest_epoch_it_accepted() -> None:
+    """Simulator seed 5136: j0's fetch waited at m1 (nothing new); j0 then claimed and led (an EPOCH
+    at 12); following m1 again, it took m1's answer to that old fetch, written at m1's lower epoch,
+    and put m1's never-committed put at 13, after its own EPOCH: a spliced log that became the
+    next leaders' and acknowledged seq 5 of a producer whose seq 1 was gone."""
+    o = Owners("abc")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    a, b = o.logs["a"], o.logs["b"]
+    assert "b" in a.parked  # (b's next fetch waits at a)
+    o.down.add("a")
+    for m in "bc":
+        o.feed(m, o.logs[m].assign(["b", "c"], [], 5, o.now))
+    o.run()
+    assert b.role == LEADING and b.epoch > a.epoch and o.disk["b"][-1].offset == 2
+    o.down.discard("a")
+    o.feed("b", b.assign(["a", "b"], [], 6, o.now))  # (b follows a again: its fetch is above a's epoch)
+    st, actions = a.put([["t", None, None, b"x2"], ["t", None, None, b"x3"]], b"p2", 1, 1, lambda s: s, 6000)
+    assert st == 0
+    o.feed("a", actions)  # (a's answer to b's old fetch: records 2 and 3 of a's epoch)
+    o.run()
+    epochs = [msgpack.unpackb(r.body, raw=False)[0] for r in o.disk["b"]]
+    assert epochs == sorted(epochs), epochs
