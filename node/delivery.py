@@ -110,11 +110,14 @@ class Delivery(Registers):
             and old & _LIVE_RELIABLE == _LIVE_RELIABLE
             and not any(v & _LIVE_RELIABLE == _LIVE_RELIABLE for v in c.subs.values())
         ):
-            if ((version >> 2) & 3 == REASON_TIMED_OUT and not c.local) or self._voiding:
+            voided = self._voiding or version >> versions.FLAG_BITS == c.cver >> versions.FLAG_BITS
+            if ((version >> 2) & 3 == REASON_TIMED_OUT and not c.local) or voided:
                 # Given up by another member (its home looked dead to it): kept a while,
                 # in case the client lives behind a partition and takes it up again.
                 # Voided by a reset (partitioned) whose renewal has not reached us yet
-                # (it may come by another owner's map): kept for it (seed 6388).
+                # (it may come by another owner's map): kept for it (seed 6388). A void
+                # another member wrote comes as a tombstone stamped with the reset's own
+                # version, our client register's (seeds 215, 791, 5790, 9943).
                 c.parked = (c.mailbox, versions.millis_of(version), c.session, c.addr)
             c.mailbox = None
 

@@ -442,6 +442,48 @@ def test_a_mailbox_voided_by_a_reset_waits_for_the_renewal_and_its_stream_goes_o
     assert cl.mailbox is mailbox and len(mailbox) == 1 and b.metrics["mailboxes_resumed"] == 1
 
 
+def test_a_void_written_by_another_owner_keeps_the_mailbox_for_the_renewal_too():
+    """Seed 215: the void came as another member's tombstone (stamped with the reset's own version)
+    in the entry with the reset, before the renewal; b dropped the mailbox and its waiting message
+    instead of keeping it, as it does for a void it makes itself."""
+    t1 = TOPIC_OF[2]
+    b = _pcore("b", 1, OWNERS)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t1, None, _v(1.001, 0)]])], 1.5)
+    b.forwarded([[t1, None, None, b"waiting", PID, 1]], 1.6)
+    cl = b.clients[CID]
+    mailbox = cl.mailbox
+    reset = _v(5, 0)
+    void = reset >> versions.FLAG_BITS << versions.FLAG_BITS | versions.RELIABLE  # (absent, unsubscribed)
+    b.merge([_entry(reset, "a", [[t1, None, void]])], 6.0)
+    assert cl.mailbox is None and cl.parked is not None and not versions.is_present(cl.subs[(t1, None)])
+    b.merge([_entry(reset, "a", [[t1, None, _v(5.001, 0)]])], 6.1)
+    assert cl.mailbox is mailbox and len(mailbox) == 1 and b.metrics["mailboxes_resumed"] == 1
+    # an unsubscribe of its own version (not the reset's) ends the stream
+    b.merge([_entry(reset, "a", [[t1, None, _v(7, 0, present=False)]])], 7.1)
+    assert cl.mailbox is None and cl.parked is None
+
+
+def test_a_mailbox_that_owes_messages_of_a_partition_moved_away_outlives_the_last_unsubscribe_here():
+    """Seed 791: b, t1's old primary, collected the client's t1 register once the map moved t1 away,
+    while b's mailbox still owed the client t1's messages; the client's unsubscribe of t0, its
+    last register at b, then dropped the mailbox with them."""
+    t0, t1 = TOPIC_OF[0], TOPIC_OF[2]  # (both b's in OWNERS)
+    b = _pcore("b", 1, OWNERS)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])], 1.5)
+    b.forwarded([[t1, None, None, b"owed", PID, 1]], 1.6)
+    cl = b.clients[CID]
+    mailbox = cl.mailbox
+    assert mailbox is not None and len(mailbox) == 1
+    b.reindex(*b.own.update(2, [("b", "c"), ("c", "b"), ("c", "a"), ("c", "b")]))  # (t1 moves away from b)
+    b.collect_tombstones(2.0)
+    assert (t1, None) in cl.subs  # (kept while the mailbox owes)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(3, 0, present=False)]])], 3.0)
+    assert cl.mailbox is mailbox and len(mailbox) == 1
+    mailbox.base = len(mailbox.buf)  # (the client acknowledged it)
+    b.collect_tombstones(4.0)
+    assert (t1, None) not in cl.subs
+
+
 def test_an_overflowed_peer_queue_holds_no_cmdack():
     """Review finding #8: entries dropped on overflow were never acknowledged, so every CMDACK
     waited down_after while anti-entropy repaired the peer."""

@@ -109,7 +109,7 @@ def test_partitioned_seeds_that_once_failed_the_campaign(seed, big):
     assert check.violations == []
 
 
-@pytest.mark.parametrize("seed", [0, 2, 5, 6, 8, 72, 143, 842, 1716, 1916])
+@pytest.mark.parametrize("seed", [0, 2, 5, 6, 8, 72, 143, 842, 1716, 1916, 5136, 215, 791])
 def test_durable_seeds_that_once_failed_the_campaign(seed):
     """The durable workload (cluster/simdurable.py) as it runs now: each of these seeds fails with one
     of the fixes it found taken back (tests/test_router.py and tests/test_partitionlog.py test each
@@ -126,7 +126,13 @@ def test_durable_seeds_that_once_failed_the_campaign(seed):
     answer to a claim, come late, was taken as the leader's by a member that had become a
     follower, and cut what it had acknowledged. 1916: a checker false positive: records a leader
     on the other side of a split committed (with an owner that had forgotten, restarted, the
-    claim it took) are the two-replica limit of docs/durable.md."""
+    claim it took) are the two-replica limit of docs/durable.md. 5136: a follower took an answer to
+    a fetch it had sent before it claimed and led, from a leader below its epoch: the old leader's
+    uncommitted put landed after its own EPOCH record, and a producer's seq 5 was acknowledged
+    without its seq 1. Reliable mode, 215: a SYNC's void came to an owner as another member's
+    tombstone before the renewal, and the mailbox was dropped, not kept for it; 791: a member's
+    registers of a partition it no longer owned were collected while its mailbox still owed their
+    messages, and the client's last unsubscribe there then dropped the mailbox."""
     check, _ = run_seed(seed, mode="partitioned")
     assert check.violations == []
 
