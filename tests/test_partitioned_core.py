@@ -452,6 +452,7 @@ def test_a_void_written_by_another_owner_keeps_the_mailbox_for_the_renewal_too()
     b.forwarded([[t1, None, None, b"waiting", PID, 1]], 1.6)
     cl = b.clients[CID]
     mailbox = cl.mailbox
+    assert mailbox is not None and len(mailbox) == 1
     reset = _v(5, 0)
     void = reset >> versions.FLAG_BITS << versions.FLAG_BITS | versions.RELIABLE  # (absent, unsubscribed)
     b.merge([_entry(reset, "a", [[t1, None, void]])], 6.0)
