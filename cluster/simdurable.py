@@ -276,7 +276,7 @@ class DurableWorkload:
             return
         now = self.now
         dc.asked = None
-        if f[-2 if want is T.RECORDS else -1] != 0:  # (refused: not the leader yet, or busy)
+        if f[5 if want is T.RECORDS else -1] != 0:  # (refused: not the leader yet, or busy)
             dc.deadline = now + r.cfg.pub_retry
             return
         if want is T.COMMITTED:
@@ -316,7 +316,8 @@ class DurableWorkload:
         def watched_get(a: DurableGet) -> None:
             get(a)
             log = core.plogs.get(a.partition)
-            if log is not None and log.role == LEADING:
+            # (a leader whose read lease ran out refuses the GET: it served no cursor; seed 20)
+            if log is not None and log.role == LEADING and log.readable(self.now):
                 key = cursor_key(a.name, a.topic)
                 v = log.state.cursors.get((a.did, key))
                 if v is not None:

@@ -191,7 +191,7 @@ class DurableCheck:
                 not rec.holders(t.at) & seen
                 or (writer is not None and writer.at < t.at < rec.held[0][0] and writer.member not in seen)
             )) or (
-                t.epoch in theirs and t.epoch not in mine and (observer not in seen or self._blind(p, t, lineage))
+                t.epoch in theirs and t.epoch not in mine and observer not in seen and self._blind(p, t, lineage)
             ):  # fmt: skip
                 self._excused.add(id(rec))
                 self.stats["excused"] = len(self._excused)
@@ -317,10 +317,11 @@ class DurableCheck:
             return any(t < before and b != body and (cut or lost(offset, b)) for t, b in c.served.get(offset, ()))
 
         for offset, bodies in sorted(c.served.items()):
-            for _, body in bodies:
-                if (p, offset, body) not in self.records:
+            for t, body in bodies:
+                rec = self.records.get((p, offset, body))
+                if rec is None or rec.held[0][0] > t:
                     self.check.violation(now, f"durable consumer {index} was served offset {offset} of partition "
-                                              f"{p}, which no leader committed")  # fmt: skip
+                                              f"{p} at t={t:.3f}, which no leader had committed by then")  # fmt: skip
                     return
         mine = {o: b for o, b in at.items() if _payload(b, c.topic) is not None}
         for offset, payload in sorted(c.seen.items()):

@@ -1,0 +1,44 @@
+"""The simulator's durable checker (cluster/simdurablecheck.py) on hand-made histories: it must
+catch what the workload could hide (second cold review's findings)."""
+
+from __future__ import annotations
+
+import msgpack
+
+from cluster.logrecords import EPOCH, message_body
+from cluster.simcheck import Checker
+from cluster.simdurablecheck import DurableCheck
+from node.segmentlog import Record
+
+E0, EO, ER = 1, 2, 3
+
+
+def test_a_takeover_that_saw_a_holder_of_the_observers_branch_excuses_nothing() -> None:
+    """docs/durable.md: a record on the other branch is excused only where the takeover on its side
+    saw neither the observer nor any member holding a record of the observer's branch; x saw f."""
+    dc = DurableCheck(Checker())
+    dc.took_over(0, "o", EO, frozenset({"f", "y"}), (E0, EO), now=1.0)
+    ro = Record(5, 1, message_body(EO, ["t", None, None, b"o5"], b"po", 1))
+    dc.committed(0, [ro], {"o", "f"}, now=2.0)
+    dc.took_over(0, "x", ER, frozenset({"y", "f"}), (E0, ER), now=3.0)
+    r = Record(5, 1, message_body(ER, ["t", None, None, b"r5"], b"pr", 1))
+    dc.committed(0, [r], {"x", "y"}, now=4.0)
+    assert not dc.excused(0, dc.records[(0, 5, r.body)], (E0, EO), "o")
+    dc.took_over(0, "z", ER + 1, frozenset({"y"}), (E0, ER + 1), now=5.0)  # (z saw neither o nor f)
+    rz = Record(6, 1, message_body(ER + 1, ["t", None, None, b"z6"], b"pz", 1))
+    dc.committed(0, [rz], {"z", "y"}, now=6.0)
+    assert dc.excused(0, dc.records[(0, 6, rz.body)], (E0, EO), "o")
+
+
+def test_a_record_served_before_any_leader_committed_it_is_a_violation() -> None:
+    dc = DurableCheck(Checker())
+    r0 = Record(0, 1000, msgpack.packb([5, EPOCH], use_bin_type=True))
+    r1 = Record(1, 1000, message_body(5, ["t", None, None, b"m1"], b"pid", 1))
+    dc.committed(0, [r0], {"a", "b"}, now=1.0)
+    dc.consumer(0, "t", 0)
+    dc.records_served(0, 0, [r1], now=2.0)  # (served at t=2 ...)
+    dc.consumed(0, "t", 0, 1, b"m1", now=2.0)
+    dc.committed(0, [r1], {"a", "b"}, now=3.0)  # (... first committed at t=3)
+    dc._final_consumer(10.0, 0, 0, dc.consumers[0], {0: r0.body, 1: r1.body}, "a", (5,))
+    assert len(dc.check.violations) == 1 and "which no leader had committed by then" in dc.check.violations[0]
+
