@@ -88,11 +88,11 @@ from cluster.logactions import (
     Retain,
     Truncate,
 )
+from cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, Readers
 from cluster.logrecords import (
     CURSOR,
     EPOCH,
     MESSAGE,
-    Held,
     LogFormatError,
     LogScan,
     State,
@@ -103,10 +103,10 @@ from cluster.logrecords import (
 from node.segmentlog import Record
 
 __all__ = [
-    "CURSOR", "EPOCH", "MESSAGE", "Append", "Committed", "LogAction", "LogFormatError", "LogScan", "LogSettings",
-    "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog", "Retain", "State", "Truncate", "decode_untrusted_body",
+    "CLAIMING", "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "Append", "Committed", "LogAction",
+    "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog", "Retain",
+    "State", "Truncate", "decode_untrusted_body",
 ]  # fmt: skip
-IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
 # DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
 # that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
 OK, NOT_LEADER, STALE, PROBED = 0, 1, 2, 3
@@ -122,7 +122,7 @@ class Claim:
     asked: dict[str, float] = field(default_factory=dict)
 
 
-class PartitionLog(Held):
+class PartitionLog(Readers):
     def __init__(self, partition: int, me: str, settings: LogSettings) -> None:
         self.p = partition
         self.me = me
@@ -424,53 +424,7 @@ class PartitionLog(Held):
             return [self._data(token[1], token[2], records[0].offset, records)] if records else []
         return [ReadDone(token, [r for r in records if r.offset < self.commit])]
 
-    def readable(self, now: float) -> bool:
-        """Whether we may serve readers (GET): we lead, and every follower in our map fetched from
-        us within fetch_wait + fetch_retry. A leader paused or cut off while another member claimed
-        the partition still leads in its own view, with cursors older than those committed since;
-        its follower stops fetching from it once it follows the other, so this lease runs out."""
-        lease = self.s.fetch_wait + self.s.fetch_retry
-        return self.role == LEADING and not self.reloading and bool(self.followers or self.alone) and all(
-            now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
-
-    def paused(self, now: float) -> None:
-        """Our process stood still (the member noticed: ``local_pause``). Fetches that waited in
-        our sockets meanwhile are read in a burst now; sent before their followers may have left
-        us, they renew no read lease for ``fetch_retry``."""
-        self.fetched_at.clear()
-        self.stale_until = now + self.s.fetch_retry
-
-    def read_committed(self, start: int, limit: int, token: Any) -> tuple[list[Record] | None, list[LogAction]]:
-        """Committed records from ``start`` (a durable reader's): from the cache, or (None and) a
-        ``ReadLog`` whose answer comes back as ``ReadDone(token)``."""
-        start = max(start, self.start)
-        if start >= self.commit:
-            return [], []
-        if start >= self.base_at:
-            out: list[Record] = []
-            for r, _ in self.tail:
-                if r.offset >= self.commit or len(out) >= limit:
-                    break
-                if r.offset >= start:
-                    out.append(r)
-            return out, []
-        return None, [ReadLog(self.p, start, limit, token)]
-
     # ------------------------------------------------------------ retention
-
-    def retain_limit(self) -> int:
-        """Retention may delete only records before this: committed, and no cursor's newest record."""
-        return min([self.commit, *self.state.cursor_at.values()])
-
-    def retained(self, start: int) -> None:
-        """Retention deleted everything before ``start`` (at most ``retain_limit``) from the disk."""
-        if start <= self.start:
-            return
-        self.start = start
-        while self.tail and self.tail[0][0].offset < start:  # (committed: its state is kept in base)
-            r, b = self.tail.popleft()
-            self.base.apply(r.offset, b)
-        self.base_at = max(self.base_at, start)
 
     def refresh_cursors(self, before: int, now_ms: int) -> list[LogAction]:
         """Leading: write again every cursor whose newest record lies before ``before`` (where
@@ -480,16 +434,6 @@ class PartitionLog(Held):
         old = sorted(k for k, at in self.state.cursor_at.items() if at < before)
         bodies = [cursor_body(self.epoch, cid, name, self.state.cursors[cid, name]) for cid, name in old]
         return self._append_local(bodies, now_ms) + self._advance()
-
-    def first_at(self, time_ms: int, token: Any) -> tuple[int | None, list[LogAction]]:
-        """The first committed offset at or after ``time_ms``: from the cache, or (None and) a
-        ``ReadLog`` of the record on disk, answered as ``ReadDone(token)``."""
-        if self.base_at <= self.start or (self.tail and self.tail[0][0].time_ms <= time_ms):  # (in the cache)
-            for r, _ in self.tail:
-                if r.time_ms >= time_ms:
-                    return min(r.offset, self.commit), []
-            return self.commit, []
-        return None, [ReadLog(self.p, self.start, 1, token, time_ms)]
 
     def _data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
               reset: int = -1) -> PeerFrame:  # fmt: skip
