@@ -225,7 +225,8 @@ class Durable(MemberParts):
         self._run_log(self._log_for(p).on_fetch(peer, epoch, end, last_epoch, claim, self.now))
 
     def _on_logdata(self, peer: str, f: list[Any]) -> None:
-        p, epoch, status, start, end, last_epoch, commit, truncate, reset, recs = check_logdata(f, self.s.partitions)
+        p, epoch, status, start, end, last_epoch, commit, truncate, reset, recs, asked = check_logdata(
+            f, self.s.partitions)
         log = self.plogs.get(p)
         if log is None:
             return
@@ -233,7 +234,7 @@ class Durable(MemberParts):
         self._logs_due_stale = True  # (also when the answer is refused half-way)
         try:
             actions = log.on_data(peer, epoch, status, start, end, last_epoch, commit, truncate, reset, records,
-                                  self.now)  # fmt: skip
+                                  asked, self.now)  # fmt: skip
         except LogFormatError as exc:
             raise PeerProtocolError(f"LOGDATA: {exc}") from None
         self._run_log(actions)

@@ -66,7 +66,10 @@ class Readers(Held):
         return None, [ReadLog(self.p, start, limit, token)]
 
     def retain_limit(self) -> int:
-        """Retention may delete only records before this: committed, and no cursor's newest record."""
+        """Retention may delete only records before this: committed, and no cursor's newest record
+        (none while a Reload is under way: the cursors are then not known; review)."""
+        if self.reloading:
+            return self.start
         return min([self.commit, *self.state.cursor_at.values()])
 
     def retained(self, start: int) -> None:

@@ -439,15 +439,21 @@ class PartitionLog(Readers):
               reset: int = -1) -> PeerFrame:  # fmt: skip
         recs = [[r.offset, r.time_ms, r.body] for r in records]
         return PeerFrame(member, ["DATA", self.p, self.seen, status, self.start, self.end, self.last_epoch,
-                                  self.commit, truncate, reset, recs])  # fmt: skip
+                                  self.commit, truncate, reset, recs, end])  # fmt: skip
 
     # ------------------------------------------------------------ fetch answers
 
     def on_data(self, member: str, epoch: int, status: int, start: int, end: int, last_epoch: int, commit: int,
-                truncate: int, reset: int, records: list[Record], now: float) -> list[LogAction]:  # fmt: skip
-        self.fetching = False
+                truncate: int, reset: int, records: list[Record], asked: int,
+                now: float) -> list[LogAction]:  # fmt: skip
+        """An answer to our FETCH from ``asked``. One asked from another end, or while a write of
+        ours is under way, answers a fetch from before that write (a fetch resent after
+        ``fetch_retry`` can be answered twice): its advice to cut or reset is stale (review)."""
         if epoch > self.seen and status != OK:
             self.seen = epoch
+        if asked != self.end or self.appending:
+            return []
+        self.fetching = False
         if self.role == CLAIMING and self.claim is not None:
             return self._claim_answer(member, epoch, status, start, end, last_epoch, truncate, reset, records, now)
         if self.role != FOLLOWING or member != self.leader or status != OK or epoch < self.seen:
@@ -544,10 +550,11 @@ class PartitionLog(Readers):
             out += self._fetch(self.leader, now)
             self.fetch_sent = now  # (also when a write in progress holds the fetch back: no spinning)
         elif self.role == LEADING:
-            # (a follower whose log is not active there does not know it follows: a FETCH of ours
-            # makes it active, or the commit waited for it for ever; seed 8, a member that joined)
-            for m, at in sorted(self.followers.items()):
-                if at < 0 and now >= self.poked.get(m, -1e18) + self.s.fetch_retry:
+            # (a follower whose log is not active there does not know it follows, and one a claim
+            # our map does not know of stepped down stays idle: a FETCH of ours makes it follow, or
+            # the commit waited for it for ever; seed 8, a member that joined; review)
+            for m in sorted(self.followers):
+                if now >= max(self.poked.get(m, -1e18), self.fetched_at.get(m, -1e18)) + self.s.fetch_retry:
                     self.poked[m] = now
                     out.append(self._fetch_frame(m, claim=False))
         elif self.role == CLAIMING and self.claim is not None:
@@ -570,5 +577,6 @@ class PartitionLog(Readers):
             c = self.claim
             times += [c.asked.get(m, -1e18) + self.s.fetch_retry for m in c.probes if m not in c.answers]
         if self.role == LEADING:
-            times += [self.poked.get(m, -1e18) + self.s.fetch_retry for m, at in self.followers.items() if at < 0]
+            times += [max(self.poked.get(m, -1e18), self.fetched_at.get(m, -1e18)) + self.s.fetch_retry
+                      for m in self.followers]  # fmt: skip
         return min(times, default=float("inf"))

@@ -290,10 +290,12 @@ def check_logfetch(f: list[Any], partitions: int) -> tuple[int, int, int, int, b
 
 def check_logdata(f: list[Any], partitions: int) -> tuple[Any, ...]:
     """Validate LOGDATA ``[type, partition, epoch, status, start, end, last epoch, commit,
-    truncate, reset, records]``; records ``[offset, time ms, body]`` with consecutive offsets.
-    (The bodies are checked where they are taken: cluster/partitionlog.py.)"""
-    if len(f) != 11 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[10].__class__ is not list:
+    truncate, reset, records, asked]``; records ``[offset, time ms, body]`` with consecutive offsets;
+    ``asked``: the end the FETCH answered came from. (The bodies are checked where they are taken:
+    cluster/partitionlog.py.)"""
+    if len(f) != 12 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[10].__class__ is not list:
         raise PeerProtocolError("malformed LOGDATA")
+    _u64(f[11], "a LOGDATA field")
     head = [_u64(v, "a LOGDATA field") for v in f[2:8]]
     cuts = [v for v in f[8:10] if v.__class__ is not int or not -1 <= v < 2**64]
     if cuts:
@@ -307,7 +309,7 @@ def check_logdata(f: list[Any], partitions: int) -> tuple[Any, ...]:
         if expect is not None and o != expect:
             raise PeerProtocolError("LOGDATA records must have consecutive offsets")
         expect = o + 1
-    return (f[1], *head, f[8], f[9], f[10])
+    return (f[1], *head, f[8], f[9], f[10], f[11])
 
 
 def check_partitions(parts: Any, partitions: int) -> set[int]:

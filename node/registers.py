@@ -441,13 +441,15 @@ class Registers(CoreBase):
         for cid, c in list(self.clients.items()):
             if c.parked is not None and c.parked[1] < park_limit_ms:
                 c.parked = None  # (a mailbox kept for a client given up: its time is over)
-            # (not while the client's mailbox here owes it messages: a live reliable register keeps
-            # the mailbox, which the client's last unsubscribe here would drop; seeds 791, 5790, 9943)
+            # (not while the client's mailbox here owes it messages, for at most tombstone_horizon:
+            # a live reliable register keeps the mailbox, which the client's last unsubscribe here
+            # would drop; seeds 791, 5790, 9943)
             owing = c.mailbox is not None and len(c.mailbox) > 0
             for tk, v in list(c.subs.items()):
                 # Partitioned: registers of a partition this member no longer owns go too
                 # (kept until now in case the partition came straight back).
-                foreign = own is not None and not c.local and not owing and not own.owned[own.partition(tk[0])]
+                foreign = own is not None and not c.local and not own.owned[own.partition(tk[0])] \
+                    and not (owing and versions.millis_of(v) >= limit_ms)  # fmt: skip
                 if foreign or (not v & versions.PRESENT and versions.millis_of(v) < limit_ms):
                     b, h = self._bucket(cid, tk)
                     self.digest[b] ^= self._share(h, v, c.cver)

@@ -485,6 +485,22 @@ def test_a_mailbox_that_owes_messages_of_a_partition_moved_away_outlives_the_las
     assert (t1, None) not in cl.subs
 
 
+def test_a_mailbox_always_owing_keeps_a_moved_partitions_registers_no_longer_than_the_horizon():
+    """Third review: steady traffic on t0 kept b's mailbox owing at every collection, and so the
+    client's t1 register (t1 moved away: b hears none of its changes) for ever; the client's
+    unsubscribe of t1 at its new owner, collected there, would come back with t1 to b."""
+    t0, t1 = TOPIC_OF[0], TOPIC_OF[2]
+    b = _pcore("b", 1, OWNERS)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])], 1.5)
+    b.reindex(*b.own.update(2, [("b", "c"), ("c", "b"), ("c", "a"), ("c", "b")]))  # (t1 moves away from b)
+    cl = b.clients[CID]
+    for seq, t in enumerate(range(2, 2000, 100), 1):
+        b.forwarded([[t0, None, None, b"m%d" % seq, PID, seq]], float(t))
+        b.collect_tombstones(t + 0.01)
+        assert cl.mailbox is not None and len(cl.mailbox) > 0
+        assert ((t1, None) in cl.subs) == (t + 0.01 - 1.002 < b.tombstone_horizon)
+
+
 def test_an_overflowed_peer_queue_holds_no_cmdack():
     """Review finding #8: entries dropped on overflow were never acknowledged, so every CMDACK
     waited down_after while anti-entropy repaired the peer."""

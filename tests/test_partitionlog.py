@@ -99,7 +99,7 @@ class Owners:
             recs = [Record(o, t, b) for o, t, b in f[10]]
             epoch, status, start, end, last_epoch, commit, truncate, reset = f[2:10]
             self.feed(a.member, to.on_data(sender, epoch, status, start, end, last_epoch, commit, truncate, reset,
-                                           recs, self.now))  # fmt: skip
+                                           recs, f[11], self.now))  # fmt: skip
 
     def assign(self, owners: str, previous: str = "", epoch: int = 1) -> None:
         for m in self.logs:
@@ -340,7 +340,7 @@ def test_a_fetch_answer_with_a_bad_record_body_takes_none_of_its_records() -> No
     good = Record(end, 1, msgpack.packb([1, 0, "t", None, None, b"x", b"P" * 16, 1]))
     bad = Record(end + 1, 1, b"\xc1")
     with pytest.raises(LogFormatError):
-        b.on_data("a", b.epoch, 0, 0, end + 2, b.last_epoch, end, -1, -1, [good, bad], o.now)
+        b.on_data("a", b.epoch, 0, 0, end + 2, b.last_epoch, end, -1, -1, [good, bad], end, o.now)
     assert (b.end, b.appending) == (end, 0)  # (nothing taken: the next fetch asks from the same end)
 
 
@@ -617,8 +617,8 @@ def test_a_leader_wakes_a_follower_that_never_fetched() -> None:
     assert [(f.member, f.frame[0]) for f in frames] == [("b", "FETCH")]  # (it makes b's log active)
     o.feed("b", o.logs["b"].assign(["a", "b"], [], 2, o.now))
     o.run()
-    assert a.followers["b"] >= 0
-    assert not [x for x in a.tick(o.now + 10) if isinstance(x, PeerFrame) and x.frame[0] == "FETCH"]
+    assert a.followers["b"] >= 0  # (b fetches: not woken again while it does)
+    assert not [x for x in a.tick(o.now + a.s.fetch_retry / 2) if isinstance(x, PeerFrame) and x.frame[0] == "FETCH"]
 
 
 def test_a_producer_acknowledged_past_what_a_log_holds_is_taken_from_its_floor() -> None:
@@ -745,7 +745,7 @@ def test_an_answer_to_a_claim_that_comes_after_the_claim_ended_is_not_a_leaders(
     answer = b.on_fetch("a", epoch, end, last_epoch, is_claim, o.now)  # (held back on the way)
     a.assign(["b", "a"], [], 4, o.now)  # a follows b again
     f = answer[0].frame
-    out = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], o.now)
+    out = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now)
     assert not [x for x in out if isinstance(x, Truncate)] and a.end == 2
 
 
@@ -886,3 +886,84 @@ def test_a_follower_takes_no_records_from_a_leader_below_the_highest_epoch_it_ac
     o.run()
     epochs = [msgpack.unpackb(r.body, raw=False)[0] for r in o.disk["b"]]
     assert epochs == sorted(epochs), epochs
+
+
+def _diverged(o: Owners) -> tuple[PartitionLog, PartitionLog]:
+    """a (30 never-committed cursor records, 10 in memory) back as b's follower; b leads a later branch."""
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.commit_cursor("a", b"c1", "s", 1)
+    o.crash("b")
+    for i in range(30):
+        o.commit_cursor("a", b"c%d" % i, "s", 2)
+    o.crash("a")
+    o.restart("b")
+    o.assign("bc", epoch=2)
+    o.put("b", ["y2"], first=2, token="by")
+    o.restart("a")
+    a, b = o.logs["a"], o.logs["b"]
+    o.feed("b", b.assign(["b", "a"], ["c"], 4, o.now))
+    o.run()
+    a.owners, a.role, a.leader = ["b", "a"], FOLLOWING, "b"
+    return a, b
+
+
+def test_an_answer_to_a_resent_fetch_is_not_taken_twice() -> None:
+    """Third review: a fetch resent after fetch_retry can be answered twice. The second "cut to 3",
+    taken while the first one's Reload was under way, cut all of a's epoch (a reset), and the
+    Reload then put back a log the disk no longer had; taken after a plain cut, it cut records the
+    leader had committed."""
+    o = Owners("abc", cache_records=10, max_uncommitted=10)
+    a, b = _diverged(o)
+    (d,) = [x for x in b.on_fetch("a", a.seen, a.end, a.last_epoch, False, o.now) if isinstance(x, PeerFrame)]
+    f = d.frame
+    first = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now)
+    assert first == [Reload(0, 3)] and a.reloading
+    assert a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now) == []
+    assert a.retain_limit() == a.start  # (the cursors are not known until the log is read again)
+    o.feed("a", first)
+    o.run()
+    assert not a.reloading and a.end == o.disk["a"][-1].offset + 1 and o.reloads == 1
+    assert a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now) == []  # (after it)
+    o.tick(2.0)
+    assert _records(o, "a") == _records(o, "b")
+
+
+def test_a_member_that_leads_while_its_reload_is_under_way_keeps_what_it_wrote_since() -> None:
+    """Its EPOCH goes to disk after the Reload: ``reloaded`` takes it again over what was read."""
+    o = Owners("abc", cache_records=10, max_uncommitted=10)
+    a, b = _diverged(o)
+    (d,) = [x for x in b.on_fetch("a", a.seen, a.end, a.last_epoch, False, o.now) if isinstance(x, PeerFrame)]
+    f = d.frame
+    reload = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now)
+    assert reload == [Reload(0, 3)]
+    epoch = a.assign(["a"], [], 5, o.now, alone=True)  # (left the only replica: it leads at once)
+    assert a.role == LEADING and a.reloading and [x.records[0].offset for x in epoch if isinstance(x, Append)] == [3]
+    assert a.put([["t", None, None, b"z"]], b"p9", 1, 1, lambda s: s, 5000)[0] == 2  # (busy: state unknown)
+    o.feed("a", reload + epoch)
+    o.run()
+    assert not a.reloading and a.end == 4 and [r.offset for r in o.disk["a"]] == [0, 1, 2, 3]
+    assert a.state.cursors == {(b"c1", "s"): 1} and a.last_epoch == a.epoch
+    assert o.put("a", ["z"], first=1, pid=b"p9", token="az") == 0 and "az" in o.committed["a"]
+
+
+def test_a_follower_stepped_down_by_a_claim_that_never_reached_its_leader_is_woken() -> None:
+    """Third review: b followed a and had fetched; x (a stale map, a out of its reach) claimed and b
+    stepped down; x died. The leader woke only followers that had never fetched: b stayed idle."""
+    o = Owners("abx")
+    o.down.add("x")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.down.discard("x")
+    o.down.add("a")
+    o.feed("x", o.logs["x"].assign(["x", "b"], [], 7, o.now))
+    o.run()
+    o.down.discard("a")
+    o.crash("x")
+    assert o.logs["b"].role != FOLLOWING and o.put("a", ["m2"], first=2, token="a2") == 0
+    for _ in range(3):
+        o.tick(1.0)
+    assert o.logs["b"].role == FOLLOWING
+    assert o.put("a", ["m2"], first=2, token="a2r") == 0  # (a claimed again: the publisher retries)
+    o.tick(1.0)
+    assert "a2r" in o.committed["a"] and o.payloads("b") == [b"m1", b"m2"]
