@@ -44,7 +44,7 @@ from client.durablewire import (
     encode_putack,
     encode_records,
 )
-from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, Send
+from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved, Send
 from cluster.memberparts import MemberParts
 from cluster.partitionlog import (
     LEADING,
@@ -103,7 +103,9 @@ class Durable(MemberParts):
         # before and after every event of the member, it cost a call per active log each time.
         self._logs_due, self._logs_due_stale = math.inf, True
 
-    def _on_log_event(self, ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded) -> None:
+    def _on_log_event(
+        self, ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved
+    ) -> None:
         """The runner's answers: a write, a read, a retention done; the logs read at start-up.
 
         A failed disk action stops the member (Kafka halts a broker whose only log directory
@@ -126,6 +128,8 @@ class Durable(MemberParts):
             self._run_log(log.read_done(ev.token, ev.records))
         elif isinstance(ev, LogReloaded):
             self._run_log(log.reloaded(ev.scan, self.now))
+        elif isinstance(ev, SeenSaved):
+            self._run_log(log.seen_saved(ev.epoch, self.now))
         else:
             log.retained(ev.start)
             self._run_log(log.refresh_cursors(ev.wanted, self._wall_ms()))

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from cluster.logrecords import LogScan
-from cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from node.core import Log, Send
 from node.segmentlog import Record
 
@@ -129,6 +129,13 @@ class LogFailed(NamedTuple):
     reason: str
 
 
+class SeenSaved(NamedTuple):
+    """Answer to ``SaveSeen``: the partition's accepted epoch is on disk."""
+
+    partition: int
+    epoch: int
+
+
 class LogReloaded(NamedTuple):
     """Answer to ``Reload``: the partition's log, cut and read again."""
 
@@ -147,7 +154,7 @@ class LogRecords(NamedTuple):
 Event = (
     Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkSent | LinkClosed
     | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords | LogRetained | LogFailed
-    | LogReloaded
+    | LogReloaded | SeenSaved
 )
 
 
@@ -198,12 +205,12 @@ class Exit(NamedTuple):
 
 Action = (
     Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit
-    | Append | Truncate | ResetLog | ReadLog | Retain | Reload
+    | Append | Truncate | ResetLog | ReadLog | Retain | Reload | SaveSeen
 )
 
 __all__ = [
     "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
     "LinkOpened", "LinkSent", "Log", "LogFailed", "LogRecords", "LogReloaded", "LogRetained", "LogWritten",
-    "LogsRead", "PersistDone", "ReadLog", "ReadSnapshot", "Reload", "ResetLog", "Retain", "Send", "SendFrame",
-    "ServeClients", "SnapshotRead", "Start", "Stop", "Tick", "Truncate", "WriteSnapshot",
+    "LogsRead", "PersistDone", "ReadLog", "ReadSnapshot", "Reload", "ResetLog", "Retain", "SaveSeen", "SeenSaved",
+    "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick", "Truncate", "WriteSnapshot",
 ]  # fmt: skip

@@ -3,7 +3,7 @@
 ``LogSettings`` are the [durable] settings the core uses. The actions are what
 one owner's log asks of its shell (node/segmentlog.py through cluster/logstore.py,
 or the simulator's disk, cluster/simlogs.py): disk work (``Append``,
-``Truncate``, ``ResetLog``, ``ReadLog``, ``Retain``), a frame for another owner
+``Truncate``, ``ResetLog``, ``ReadLog``, ``Retain``, ``SaveSeen``), a frame for another owner
 (``PeerFrame``), puts and cursors now committed (``Committed``), a reader's
 records read from disk (``ReadDone``), and ``Reload`` (a cut past the cache: the shell
 cuts the log and reads it again).
@@ -104,6 +104,15 @@ class Reload(NamedTuple):
     to: int
 
 
+class SaveSeen(NamedTuple):
+    """Put ``epoch``, the highest claim this owner accepted, on disk (synced), answered by
+    ``SeenSaved``: a claim is answered only once its promise outlives a restart (Raft persists
+    its term before it votes)."""
+
+    partition: int
+    epoch: int
+
+
 class ReadDone(NamedTuple):
     """Committed records a reader asked for (``read_committed``) that had to come from disk."""
 
@@ -111,4 +120,4 @@ class ReadDone(NamedTuple):
     records: list[Record]
 
 
-LogAction = Append | Truncate | ResetLog | ReadLog | Retain | PeerFrame | Committed | Reload | ReadDone
+LogAction = Append | Truncate | ResetLog | ReadLog | Retain | PeerFrame | Committed | Reload | ReadDone | SaveSeen

@@ -139,10 +139,11 @@ class Held:
 class LogScan(Held):
     """A log read at start-up, chunk by chunk: everything a ``PartitionLog`` needs to begin."""
 
-    def __init__(self, start: int, keep: int, commit: int = 0) -> None:
+    def __init__(self, start: int, keep: int, commit: int = 0, seen: int = 0) -> None:
         self.start = self.end = start
         self.keep = keep
         self.commit = commit  # the log's commit checkpoint (``Append.commit``): at most the true commit
+        self.seen = seen  # the highest claim accepted, as saved (``SaveSeen``)
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, its first offset), ascending
         self.state = State()  # every record's
         self.base = State()  # the records no longer in ``tail``
@@ -151,8 +152,8 @@ class LogScan(Held):
         self.last_ms = 0
 
     @classmethod
-    def of(cls, start: int, records: list[Record], keep: int = 1 << 62, commit: int = 0) -> LogScan:
-        scan = cls(start, keep, commit)
+    def of(cls, start: int, records: list[Record], keep: int = 1 << 62, commit: int = 0, seen: int = 0) -> LogScan:
+        scan = cls(start, keep, commit, seen)
         scan.feed(records)
         return scan
 

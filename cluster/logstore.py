@@ -20,13 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten
+from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
 from cluster.logrecords import LogFormatError, LogScan
-from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from node.segmentlog import LogCorrupt, LogUsage, SegmentLog
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
 CHECKPOINT = "commit"  # in a partition directory: a commit its member knew (decimal), Kafka's high watermark
+SEEN = "seen"  # in a partition directory: the highest claim its member accepted (decimal, synced)
 SCAN_BYTES = 4 << 20  # a log is read at start-up this much at a time
 
 
@@ -80,12 +81,12 @@ class LogStore:
                          reason=rec.cut_reason)  # fmt: skip
             self.logs[p] = log
             self.checkpointed[p] = scan.commit
-            if scan.records or scan.start:  # (an empty log reset to a start above 0 begins there; review)
+            if scan.records or scan.start or scan.seen:  # (an empty log reset to a later start begins there)
                 logs[p] = scan
         return LogsRead(logs, "")
 
     def _scan(self, log: SegmentLog, d: Path) -> LogScan:
-        scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT))
+        scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT), _read_checkpoint(d / SEEN))
         while scan.end < log.end:
             chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
             if not chunk:
@@ -112,6 +113,9 @@ class LogStore:
                 if gone:
                     self.log("info", "log_retained", partition=p, segments=len(gone), start=log.start)
                 return LogRetained(p, log.start, log.wanted)
+            if cls is SaveSeen:
+                _write_synced(self._dir(p), SEEN, a.epoch)
+                return SeenSaved(p, a.epoch)
             if cls is Reload:
                 log.truncate(a.to)
                 self._lower_checkpoint(p, log.end)
@@ -189,8 +193,24 @@ def _write_checkpoint(path: Path, commit: int) -> None:
     os.replace(tmp, path)
 
 
+def _write_synced(d: Path, name: str, value: int) -> None:
+    """Replaced whole and synced, with the directory: a promise (the accepted claim) must not
+    come back older after a power loss."""
+    tmp = d / (name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(f"{value}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, d / name)
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _read_checkpoint(path: Path) -> int:
-    """The commit checkpoint, or 0 (nothing known committed) if it is missing or not a number."""
+    """The commit checkpoint (or the accepted claim), or 0 if it is missing or not a number."""
     try:
         text = path.read_text()
     except OSError:

@@ -72,6 +72,7 @@ from cluster.events import (
     LogsRead,
     LogWritten,
     PersistDone,
+    SeenSaved,
     Send,
     SendFrame,
     SnapshotRead,
@@ -194,7 +195,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._on_snapshot(ev.data, ev.reason)
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
-        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded):
+        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved):
             self._on_log_event(ev)  # (cluster/durable.py)
         elif isinstance(ev, Start):
             self._start()

@@ -86,6 +86,7 @@ from cluster.logactions import (
     Reload,
     ResetLog,
     Retain,
+    SaveSeen,
     Truncate,
 )
 from cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, Readers
@@ -105,7 +106,7 @@ from node.segmentlog import Record
 __all__ = [
     "CLAIMING", "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "Append", "Committed", "LogAction",
     "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog", "Retain",
-    "State", "Truncate", "decode_untrusted_body",
+    "SaveSeen", "State", "Truncate", "decode_untrusted_body",
 ]  # fmt: skip
 # DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
 # that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
@@ -130,6 +131,8 @@ class PartitionLog(Readers):
         self.start = self.end = self.durable = self.commit = 0
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, its first offset), ascending
         self.seen = 0  # the highest leader epoch accepted for this partition
+        self.saved_seen = 0  # the highest claim accepted that is on disk (``SaveSeen``)
+        self.unsaved: dict[str, tuple[int, int, int]] = {}  # claimer -> (epoch, end, last epoch): answered once saved
         self.base, self.base_at = State(), 0
         self.state = State()
         self.tail: deque[tuple[Record, list[Any]]] = deque()  # records from base_at, decoded
@@ -159,7 +162,9 @@ class PartitionLog(Readers):
         self.start, self.end, self.durable = scan.start, scan.end, scan.end
         self.epochs, self.state, self.base, self.base_at = scan.epochs, scan.state, scan.base, scan.base_at
         self.tail, self.last_ms = scan.tail, scan.last_ms
-        self.seen = max(self.seen, self.last_epoch)  # (never again follow or accept a claim below what the log holds)
+        # (never again follow or accept a claim below what the log holds, or below a claim accepted)
+        self.saved_seen = max(self.saved_seen, self.last_epoch, scan.seen)
+        self.seen = max(self.seen, self.saved_seen)
         # (the checkpoint is a commit this owner knew, so never past the true one; what lies after it
         # is served once a claim and the followers' fetches commit it again)
         self.commit = max(self.start, min(scan.commit, self.end))
@@ -364,6 +369,10 @@ class PartitionLog(Readers):
                     self.epoch = epoch  # (our leader claiming: follow it at that epoch)
                 elif self.role != IDLE:
                     self._step_down()  # (never again follow or lead below it)
+            if epoch > self.saved_seen:  # (answered once the promise is on disk: a restart forgot it; seed 4613)
+                asked = any(e >= epoch for e, _, _ in self.unsaved.values())
+                self.unsaved[member] = (epoch, end, last_epoch)
+                return [] if asked else [SaveSeen(self.p, epoch)]
             return self._answer(member, end, last_epoch, PROBED) + self._follow_primary(member, epoch, now)
         if self.role == CLAIMING and epoch <= self.epoch:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
@@ -386,6 +395,17 @@ class PartitionLog(Readers):
             self.parked[member] = (now, end, last_epoch)
             return out
         return out + self._answer(member, end, last_epoch)
+
+    def seen_saved(self, epoch: int, now: float) -> list[LogAction]:
+        """A ``SaveSeen`` is done: the claims it covers are answered (one overtaken by a higher claim
+        meanwhile is told it is stale, as ``on_fetch`` tells it)."""
+        self.saved_seen = max(self.saved_seen, epoch)
+        out: list[LogAction] = []
+        for m, (e, end, last_epoch) in sorted(self.unsaved.items()):
+            if e <= self.saved_seen:
+                del self.unsaved[m]
+                out += self.on_fetch(m, e, end, last_epoch, True, now)
+        return out
 
     def _follow_primary(self, member: str, epoch: int, now: float) -> list[LogAction]:
         """Idle, an owner of our map whose primary asks at or above every epoch we accepted: follow

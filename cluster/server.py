@@ -61,14 +61,15 @@ from cluster.events import (
 )  # fmt: skip
 from cluster.logstore import LogStore, Sync
 from cluster.member import MemberCore
-from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from cluster.roster import decode_untrusted_roster
 from cluster.snapshot import SNAPSHOT_FILE
 from node.logs import EventLog
 
 T = TypeVar("T")
 
-_LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload)  # (durable partition logs: cluster/logstore.py)
+# (durable partition logs: cluster/logstore.py)
+_LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
 
 # Snapshot chunks handed to one worker-thread call.
 _CHUNKS_PER_WRITE = 8

@@ -62,7 +62,7 @@ from cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from cluster.member import MemberCore
-from cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from cluster.roster import decode_untrusted_roster
 from cluster.simaccounting import SimAccounting
 from cluster.simcheck import Checker, Published
@@ -81,7 +81,8 @@ from cluster.simworld import (
     sim_config,
 )
 
-LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload)  # (durable partition logs: cluster/simlogs.py)
+# (durable partition logs: cluster/simlogs.py)
+LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
 
 class Simulation(SimAccounting, Nemesis, DurableWorkload):
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,

@@ -14,9 +14,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten
+from cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
 from cluster.logrecords import LogScan
-from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from node.segmentlog import Record
 
 
@@ -26,6 +26,7 @@ class SimLog:
     records: list[Record] = field(default_factory=list)
     synced: int = 0  # records[:synced] survive a power loss
     checkpoint: int = 0  # the commit checkpoint (kept through a power loss: its worst case, the highest)
+    seen: int = 0  # the highest claim accepted (SaveSeen: synced, kept through a power loss)
 
     @property
     def end(self) -> int:
@@ -51,6 +52,9 @@ class SimLogDisk:
                 i = next((j for j, r in enumerate(log.records) if r.time_ms >= a.at_time), len(log.records))
             return at, LogRecords(a.partition, a.token, log.records[i:i + a.limit])
         log = logs.setdefault(a.partition, SimLog())
+        if cls is SaveSeen:
+            log.seen = max(log.seen, a.epoch)
+            return at, SeenSaved(a.partition, a.epoch)
         if cls is Append:
             assert a.records[0].offset == log.end, (member, a.partition, a.records[0].offset, log.end)
             log.records.extend(a.records)
@@ -62,7 +66,7 @@ class SimLogDisk:
             log.synced = min(log.synced, len(log.records))
             log.checkpoint = min(log.checkpoint, a.to)
             if cls is Reload:
-                scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint)
+                scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint, log.seen)
                 return at, LogReloaded(a.partition, scan)
         elif cls is ResetLog:
             log.start, log.records, log.synced = a.start, [], 0
@@ -83,8 +87,8 @@ class SimLogDisk:
     def read_all(self, member: str) -> LogsRead:
         logs = self.logs.get(member, {})
         keep = LogSettings().keep
-        return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint)
-                         for p, log in logs.items() if log.records or log.start}, "")  # fmt: skip
+        return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint, log.seen)
+                         for p, log in logs.items() if log.records or log.start or log.seen}, "")  # fmt: skip
 
     def power_loss(self, member: str) -> None:
         for log in self.logs.get(member, {}).values():

@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cluster.events import LogFailed, LogReloaded, LogWritten
+from cluster.events import LogFailed, LogReloaded, LogWritten, SeenSaved
 from cluster.logrecords import message_body
 from cluster.logstore import LogStore
-from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Truncate
+from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, SaveSeen, Truncate
 from node.segmentlog import Record
 
 
@@ -92,3 +92,12 @@ def test_an_empty_log_reset_to_a_later_start_begins_there_after_a_restart(tmp_pa
     scan = store.open_all().logs[0]
     assert (scan.start, scan.end) == (10, 10)
     assert store.perform_all([Append(0, _recs(10, 1), True)]) == [LogWritten(0, 11)]
+
+
+def test_an_accepted_claim_is_saved_synced_and_read_back_with_an_empty_log(tmp_path: Path) -> None:
+    store = _store(tmp_path, [])
+    assert store.perform_all([SaveSeen(0, 4242)]) == [SeenSaved(0, 4242)]
+    assert (tmp_path / "log" / "p00000" / "seen").read_text() == "4242\n"
+    store.close()
+    scan = _store(tmp_path, []).open_all().logs[0]  # (no record: still read, for its promise)
+    assert (scan.end, scan.seen) == (0, 4242)

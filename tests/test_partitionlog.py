@@ -25,6 +25,7 @@ from cluster.partitionlog import (
     ReadLog,
     Reload,
     ResetLog,
+    SaveSeen,
     Truncate,
     decode_untrusted_body,
 )
@@ -41,6 +42,7 @@ class Owners:
         self.checkpoint: dict[str, int] = {m: 0 for m in names}  # each disk's commit checkpoint (Append.commit)
         self.start: dict[str, int] = {m: 0 for m in names}  # where each disk's log begins (ResetLog, retention)
         self.reloads = 0
+        self.seen: dict[str, int] = {m: 0 for m in names}  # each disk's saved accepted claim (SaveSeen)
         self.queue: deque[tuple[str, Any]] = deque()
         self.down: set[str] = set()
         self.committed: dict[str, list[Any]] = {m: [] for m in names}
@@ -76,6 +78,9 @@ class Owners:
                 self.start[member] = a.start
                 self.checkpoint[member] = min(self.checkpoint[member], a.start)
                 self.feed(member, log.appended(a.start, self.now))
+            elif isinstance(a, SaveSeen):
+                self.seen[member] = max(self.seen[member], a.epoch)
+                self.feed(member, log.seen_saved(a.epoch, self.now))
             elif isinstance(a, ReadLog):
                 recs = [r for r in disk if (r.offset >= a.start if a.at_time < 0 else r.time_ms >= a.at_time)]
                 recs = recs[: a.limit]
@@ -144,7 +149,7 @@ class Owners:
     def scan(self, member: str) -> LogScan:
         disk = self.disk[member]
         return LogScan.of(disk[0].offset if disk else self.start[member], list(disk), self.s.keep,
-                          self.checkpoint[member])  # fmt: skip
+                          self.checkpoint[member], self.seen[member])  # fmt: skip
 
     def retain(self, member: str, start: int) -> None:
         """Retention deleted every record before ``start`` from ``member``'s disk."""
@@ -742,7 +747,8 @@ def test_an_answer_to_a_claim_that_comes_after_the_claim_ended_is_not_a_leaders(
     a.assign(["b", "a"], [], 2, o.now)  # (the maps move: a follows b; its fetch is not delivered)
     claim = [x for x in a.assign(["a", "b"], [], 3, o.now) if isinstance(x, PeerFrame)]  # a claims again
     _, _, epoch, end, last_epoch, is_claim = claim[0].frame
-    answer = b.on_fetch("a", epoch, end, last_epoch, is_claim, o.now)  # (held back on the way)
+    assert b.on_fetch("a", epoch, end, last_epoch, is_claim, o.now) == [SaveSeen(0, epoch)]
+    answer = b.seen_saved(epoch, o.now)  # (answered once b's promise is on disk; held back on the way)
     a.assign(["b", "a"], [], 4, o.now)  # a follows b again
     f = answer[0].frame
     out = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now)
@@ -967,3 +973,25 @@ def test_a_follower_stepped_down_by_a_claim_that_never_reached_its_leader_is_wok
     assert o.put("a", ["m2"], first=2, token="a2r") == 0  # (a claimed again: the publisher retries)
     o.tick(1.0)
     assert "a2r" in o.committed["a"] and o.payloads("b") == [b"m1", b"m2"]
+
+
+def test_an_owner_answers_a_claim_only_once_it_is_on_disk_and_remembers_it_after_a_restart() -> None:
+    """Simulator seed 4613: m2 accepted m1's claim, restarted with an empty log (the promise was in
+    memory only) and claimed below it, leading with m0, which committed a put; m1 came back, its
+    log of the higher epoch won its claim, and the committed put was cut."""
+    o = Owners("ab")
+    a, b = o.logs["a"], o.logs["b"]
+    frames = [x for x in a.assign(["a", "b"], [], 1, o.now) if isinstance(x, PeerFrame)]
+    _, _, epoch, end, last_epoch, is_claim = frames[0].frame
+    assert b.on_fetch("a", epoch, end, last_epoch, is_claim, o.now) == [SaveSeen(0, epoch)]
+    assert b.on_fetch("a", epoch, end, last_epoch, is_claim, o.now) == []  # (a resent claim: one save)
+    o.feed("b", [SaveSeen(0, epoch)])
+    o.run()
+    assert a.role == LEADING and o.seen["b"] == epoch
+    o.crash("a")
+    o.crash("b")
+    o.restart("b")
+    b = o.logs["b"]
+    assert b.seen == epoch and b.last_epoch == 0  # (b never got a's EPOCH record, but keeps its promise)
+    b.assign(["b"], [], 2, o.now, alone=True)
+    assert b.epoch > epoch  # (it claims above the claim it accepted, not below)
