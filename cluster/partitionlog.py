@@ -121,6 +121,8 @@ class Claim:
     answers: dict[str, tuple[int, int]] = field(default_factory=dict)  # member -> (last epoch, end)
     source: str | None = None  # the owner we copy from
     asked: dict[str, float] = field(default_factory=dict)
+    heard: dict[str, float] = field(default_factory=dict)  # member -> when its last answer came
+    started: float = 0.0
 
 
 class PartitionLog(Readers):
@@ -239,7 +241,7 @@ class PartitionLog(Readers):
         epoch = self._own_epoch(epoch)
         self._step_down()
         self.role, self.epoch, self.seen = CLAIMING, epoch, max(self.seen, epoch)
-        self.claim = Claim(epoch, probes)
+        self.claim = Claim(epoch, probes, started=now)
         if not probes:  # (a replicated log cut off from everyone waits: its log may be stale)
             return self._lead() if self.alone else []
         out: list[LogAction] = []
@@ -531,6 +533,7 @@ class PartitionLog(Readers):
                       truncate: int, reset: int, records: list[Record], now: float) -> list[LogAction]:  # fmt: skip
         c = self.claim
         assert c is not None
+        c.heard[member] = now
         if status == STALE or epoch > c.epoch:  # (someone claimed higher: claim above it)
             return self._begin_claim(max(epoch, self.seen) + 1, c.probes, now)
         if c.source is None:
@@ -579,6 +582,13 @@ class PartitionLog(Readers):
                     out.append(self._fetch_frame(m, claim=False))
         elif self.role == CLAIMING and self.claim is not None:
             c = self.claim
+            # (a member our map does not hold live, asked because it fetched from us at a higher
+            # epoch, that falls silent while we wait for its answer or copy from it: its death
+            # changes no map of ours, so the claim goes on without it; seed 9980)
+            gone = {m for m in c.probes - self.probes if (m not in c.answers or m == c.source)
+                    and now >= c.heard.get(m, c.started) + 3 * self.s.fetch_retry}  # fmt: skip
+            if gone:
+                return out + self._begin_claim(max(self.seen, c.epoch) + 1, c.probes - gone, now)
             for m in sorted(c.probes):
                 if m not in c.answers and now >= c.asked.get(m, -1e18) + self.s.fetch_retry:
                     c.asked[m] = now

@@ -995,3 +995,27 @@ def test_an_owner_answers_a_claim_only_once_it_is_on_disk_and_remembers_it_after
     assert b.seen == epoch and b.last_epoch == 0  # (b never got a's EPOCH record, but keeps its promise)
     b.assign(["b"], [], 2, o.now, alone=True)
     assert b.epoch > epoch  # (it claims above the claim it accepted, not below)
+
+
+
+def test_a_claim_goes_on_without_a_member_outside_its_map_that_falls_silent() -> None:
+    """Simulator seed 9980: a member our map did not hold live fetched from us at a higher epoch, so
+    our claim asked it too; it had the best log and became the claim's source, then died. Its
+    death changed no map of ours: the claim copied from it for ever and the partition stalled."""
+    o = Owners("abx")
+    o.down.add("x")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    a = o.logs["a"]
+    high = a.epoch + (1 << 22)
+    o.feed("a", a.on_fetch("x", high, 5, high, False, o.now))  # (x, outside a's map, above a's epoch)
+    o.run()
+    c = a.claim
+    assert c is not None and c.probes == {"b", "x"} and set(c.answers) == {"b"}
+    o.feed("a", a.on_data("x", c.epoch, 3, 0, 5, high, 0, -1, -1, [], a.end, o.now))  # (x's answer: the best log)
+    o.run()
+    assert a.claim is not None and a.claim.source == "x"  # (x dies before it sends a record)
+    for _ in range(4):
+        o.tick(1.0)
+    assert a.role == LEADING and a.epoch > c.epoch
+    assert o.put("a", ["m2"], first=2, token="a2") == 0 and "a2" in o.committed["a"]
