@@ -196,6 +196,7 @@ def test_a_whole_cluster_runs_in_one_process_without_a_socket(monkeypatch):
     # clients' digest check makes it end what a reset did not; the void is tested directly)
     ("no-handoff", 25, "partitioned", ("--members", "5", "--clients", "6", "--start", "9535")),
     ("early-ack", 8, "partitioned", ()),  # (durable mode: cluster/simdurablecheck.py)
+    ("no-fsync", 8, "partitioned", ()),  # (a power loss takes what was counted durable unsynced)
 ])  # fmt: skip
 def test_a_broken_build_is_caught_with_a_seed_that_replays(broken, seeds, mode, extra):
     run = [sys.executable, "scripts/simulate.py", "--jobs", "2", "--break", broken, "--mode", mode, *extra]
