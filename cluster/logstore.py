@@ -72,6 +72,11 @@ class LogStore:
                 continue
             p = int(name[len(PREFIX):])
             try:
+                if not any(d.glob("*.log")):  # (only a claim's promise: no log to open, no file held)
+                    seen = _read_seen(d)
+                    if seen:
+                        logs[p] = LogScan(0, self.settings.keep, 0, seen)
+                    continue
                 log, rec = self._open(d)
                 scan = self._scan(log, d)
             except (LogCorrupt, LogFormatError, OSError) as exc:
@@ -86,7 +91,7 @@ class LogStore:
         return LogsRead(logs, "")
 
     def _scan(self, log: SegmentLog, d: Path) -> LogScan:
-        scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT), _read_checkpoint(d / SEEN))
+        scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT), _read_seen(d))
         while scan.end < log.end:
             chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
             if not chunk:
@@ -97,9 +102,12 @@ class LogStore:
     def perform(self, a: Any) -> Any:
         """Do one disk action of the core; returns the event that answers it (None for ``Sync``)."""
         p = a.partition
-        log = self._log(p)
         cls = a.__class__
         try:
+            if cls is SaveSeen:  # (a claim answered: the promise only, no log opened for it)
+                _write_synced(self._dir(p), SEEN, a.epoch)
+                return SeenSaved(p, a.epoch)
+            log = self._log(p)
             if cls is Sync:
                 log.sync()
                 return None
@@ -113,9 +121,6 @@ class LogStore:
                 if gone:
                     self.log("info", "log_retained", partition=p, segments=len(gone), start=log.start)
                 return LogRetained(p, log.start, log.wanted)
-            if cls is SaveSeen:
-                _write_synced(self._dir(p), SEEN, a.epoch)
-                return SeenSaved(p, a.epoch)
             if cls is Reload:
                 log.truncate(a.to)
                 self._lower_checkpoint(p, log.end)
@@ -194,14 +199,21 @@ def _write_checkpoint(path: Path, commit: int) -> None:
 
 
 def _write_synced(d: Path, name: str, value: int) -> None:
-    """Replaced whole and synced, with the directory: a promise (the accepted claim) must not
-    come back older after a power loss."""
+    """Replaced whole and synced, with the directory (and its parent, if it was made now): a
+    promise (the accepted claim) must not come back older after a power loss."""
+    if not d.exists():
+        d.mkdir(parents=True)
+        _sync_dir(d.parent)
     tmp = d / (name + ".tmp")
     with open(tmp, "w") as f:
         f.write(f"{value}\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, d / name)
+    _sync_dir(d)
+
+
+def _sync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -209,8 +221,20 @@ def _write_synced(d: Path, name: str, value: int) -> None:
         os.close(fd)
 
 
+def _read_seen(d: Path) -> int:
+    """The accepted claim, 0 if none was saved; a garbled file is an error (the promise it held
+    cannot be forgotten quietly: the member must not answer a lower claim)."""
+    try:
+        text = (d / SEEN).read_text()
+    except FileNotFoundError:
+        return 0
+    if not text.strip().isdigit():
+        raise LogCorrupt(f"{d / SEEN} is not an epoch: {text[:40]!r}")
+    return int(text)
+
+
 def _read_checkpoint(path: Path) -> int:
-    """The commit checkpoint (or the accepted claim), or 0 if it is missing or not a number."""
+    """The commit checkpoint, or 0 (nothing known committed) if it is missing or not a number."""
     try:
         text = path.read_text()
     except OSError:

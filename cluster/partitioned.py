@@ -110,7 +110,7 @@ class Partitioned(MemberParts):
         self.cmap = cmap = dataclasses.replace(new, epoch=epoch)
         self.broker.set_cluster_map(clustermap.encode(cmap), epoch)  # (issue 9: WELCOME, REDIRECT)
         gained, lost = self.own.update(epoch, cmap.owners)
-        self.broker.reindex(gained, lost)
+        self.broker.reindex(gained, lost, self.now)
         if gained:  # (clients of a member down long enough expire in the partitions we now own too)
             self._expired.clear()
         primaries = sum(1 for o in cmap.owners if o and o[0] == self.id)

@@ -156,6 +156,7 @@ class PartitionLog(Readers):
         self.appending = 0  # Append/Truncate/ResetLog/Reload actions not yet reported done
         self.reloading = False  # a Reload is not done: ``state`` is not known
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
+        self.idle_since = float("inf")  # when a higher claim or fetch last stepped us down
 
     # ------------------------------------------------------------ recovery
 
@@ -366,7 +367,7 @@ class PartitionLog(Readers):
             if epoch == self.seen and self.role in (LEADING, CLAIMING) and self.epoch == epoch:
                 self._step_down()
             if epoch > self.seen:
-                self.seen = epoch
+                self.seen, self.idle_since = epoch, now
                 if self.role == FOLLOWING and member == self.leader:
                     self.epoch = epoch  # (our leader claiming: follow it at that epoch)
                 elif self.role != IDLE:
@@ -387,6 +388,7 @@ class PartitionLog(Readers):
                 out += self._begin_claim(max(epoch, self.seen) + 1, self.probes | {member}, now)
             elif epoch > self.epoch and self.role == LEADING:
                 self._step_down()
+                self.idle_since = now
             return out + self._follow_primary(member, epoch, now)
         if member in self.followers and now >= self.stale_until:
             self.fetched_at[member] = now
@@ -471,10 +473,10 @@ class PartitionLog(Readers):
         """An answer to our FETCH from ``asked``. One asked from another end, or while a write of
         ours is under way, answers a fetch from before that write (a fetch resent after
         ``fetch_retry`` can be answered twice): its advice to cut or reset is stale (review)."""
-        if epoch > self.seen and status != OK:
-            self.seen = epoch
         if asked != self.end or self.appending:
             return []
+        if epoch > self.seen and status != OK:
+            self.seen = epoch
         self.fetching = False
         if self.role == CLAIMING and self.claim is not None:
             return self._claim_answer(member, epoch, status, start, end, last_epoch, truncate, reset, records, now)
@@ -537,7 +539,7 @@ class PartitionLog(Readers):
         if status == STALE or epoch > c.epoch:  # (someone claimed higher: claim above it)
             return self._begin_claim(max(epoch, self.seen) + 1, c.probes, now)
         if c.source is None:
-            if member not in c.probes or status not in (OK, PROBED):
+            if member not in c.probes or status != PROBED:  # (a plain fetch's answer: the claim never got there)
                 return []
             c.answers[member] = (last_epoch, end)
             if len(c.answers) < len(c.probes):
@@ -580,13 +582,18 @@ class PartitionLog(Readers):
                 if now >= max(self.poked.get(m, -1e18), self.fetched_at.get(m, -1e18)) + self.s.fetch_retry:
                     self.poked[m] = now
                     out.append(self._fetch_frame(m, claim=False))
+        elif self.role == IDLE and self.owners[:1] == [self.me] and now >= self.idle_since + 3 * self.s.fetch_retry:
+            # (the primary of our map, stepped down by a claim or fetch of a member our map does not
+            # name, which never led or fell silent: nothing else wakes us; fourth review)
+            self.idle_since = float("inf")
+            out += self._begin_claim(self.seen + 1, set(self.probes), now)
         elif self.role == CLAIMING and self.claim is not None:
             c = self.claim
             # (a member our map does not hold live, asked because it fetched from us at a higher
             # epoch, that falls silent while we wait for its answer or copy from it: its death
             # changes no map of ours, so the claim goes on without it; seed 9980)
             gone = {m for m in c.probes - self.probes if (m not in c.answers or m == c.source)
-                    and now >= c.heard.get(m, c.started) + 3 * self.s.fetch_retry}  # fmt: skip
+                    and now >= c.heard.get(m, c.started) + 3 * self.s.fetch_retry} if not self.appending else ()
             if gone:
                 return out + self._begin_claim(max(self.seen, c.epoch) + 1, c.probes - gone, now)
             for m in sorted(c.probes):
@@ -606,6 +613,8 @@ class PartitionLog(Readers):
         if self.claim is not None:
             c = self.claim
             times += [c.asked.get(m, -1e18) + self.s.fetch_retry for m in c.probes if m not in c.answers]
+        if self.role == IDLE and self.owners[:1] == [self.me]:
+            times.append(self.idle_since + 3 * self.s.fetch_retry)
         if self.role == LEADING:
             times += [max(self.poked.get(m, -1e18), self.fetched_at.get(m, -1e18)) + self.s.fetch_retry
                       for m in self.followers]  # fmt: skip

@@ -189,6 +189,7 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             subs = [(c.index, c.number, c.session) if not c.publisher else None for c in self.clients]
             st = self.cc.settings  # (two collection rounds of margin, and the members' clock spread)
             collecting = WALL + self.now - st.tombstone_horizon + 2 * st.tombstone_horizon / 10 + 0.1
+            self.check.left = set(self.left)
             self.check.final(self.now, live, subs, int(collecting * 1000), self.partitioned)  # type: ignore[arg-type]
             if self.durable:
                 self._durable_final()

@@ -69,6 +69,8 @@ class Checker:
     isolated: list[int] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     unheard: set[str] = field(default_factory=set)  # joiners no other member knows (_final_partitioned)
+    join_taker: dict[str, str] = field(default_factory=dict)  # joiner -> the member that took its JOIN
+    left: set[str] = field(default_factory=set)  # members that left for good (the simulator's)
     checked: int = 0
 
     def violation(self, now: float, text: str) -> None:
@@ -184,7 +186,8 @@ class Checker:
         # (docs/cluster.md, "what it does not promise": a joiner whose JOIN reached no other member
         # before the member that took it left for good is refused by the others as unknown; it
         # is left out, as long as no other member's roster knows it; seed 9046)
-        unheard = {i for i in maps if all(i not in c.roster.known() for j, c in members.items() if j != i)}
+        unheard = {i for i in maps if self.join_taker.get(i) in self.left and self.join_taker.get(i) not in members
+                   and all(i not in c.roster.known() for j, c in members.items() if j != i)}  # fmt: skip
         if len(unheard) < len(maps):
             self.unheard = unheard  # (what it accepted no subscriber can take: it is in no map they get)
             maps = {i: o for i, o in maps.items() if i not in unheard}

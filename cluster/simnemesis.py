@@ -16,6 +16,9 @@ from cluster.events import Tick
 from cluster.peerwire import P
 from cluster.simworld import OWN_DRAWS, ClientDatagram, SimClient, SimMember
 
+if TYPE_CHECKING:
+    from cluster.simcheck import Checker
+
 
 class Nemesis:
     if TYPE_CHECKING:  # what Simulation provides
@@ -32,6 +35,7 @@ class Nemesis:
         client_cuts: set[tuple[int, str]]
         left: set[str]
         stats: dict[str, int]
+        check: Checker
         _inbound: dict[str, int]
 
         def at(self, t: float, fn: Callable[..., None], *args: Any) -> None: ...
@@ -146,6 +150,7 @@ class Nemesis:
 
         def joined() -> None:
             self.stats["joins"] += 1
+            self.check.join_taker[jid] = seed.id
             m = self.members[jid] = SimMember(jid, client)
             m.cc = dataclasses.replace(self.cc, members=[*self.cc.members, Member(jid, client, peer, f"/sim/{jid}")])
             m.roster = roster

@@ -89,6 +89,7 @@ class Registers(CoreBase):
         # Partitioned mode (node/ownership.py): the index holds owned partitions only, and the
         # digest has one bucket per partition; None in replicated mode and on a single node.
         self.own: Ownership | None = None
+        self.lost_at: dict[int, float] = {}  # partition -> when the map last took it from us (reindex)
         self._voiding = False  # inside _void_older (the delivery layer parks the mailbox)
         # Registers changed (local writes and merges), ever: a snapshot is due
         # when this moved since the last one.
@@ -373,11 +374,15 @@ class Registers(CoreBase):
         self.own = own
         self.digest = [0] * own.partitions
 
-    def reindex(self, gained: set[int], lost: set[int]) -> None:
+    def reindex(self, gained: set[int], lost: set[int], now: float | None = None) -> None:
         """The map changed: index the registers of partitions gained, unindex those lost."""
         own = self.own
         if own is None or not (gained or lost):
             return
+        for p in gained:
+            self.lost_at.pop(p, None)
+        for p in lost:
+            self.lost_at[p] = self._now if now is None else now
         index = self.index
         for c in self.clients.values():
             for (topic, key), v in c.subs.items():
@@ -441,15 +446,16 @@ class Registers(CoreBase):
         for cid, c in list(self.clients.items()):
             if c.parked is not None and c.parked[1] < park_limit_ms:
                 c.parked = None  # (a mailbox kept for a client given up: its time is over)
-            # (not while the client's mailbox here owes it messages, for at most tombstone_horizon:
-            # a live reliable register keeps the mailbox, which the client's last unsubscribe here
-            # would drop; seeds 791, 5790, 9943)
+            # (not while the client's mailbox here owes it messages, for at most tombstone_horizon
+            # after the map took the partition from us: a live reliable register keeps the mailbox,
+            # which the client's last unsubscribe here would drop; seeds 791, 5790, 9943)
             owing = c.mailbox is not None and len(c.mailbox) > 0
             for tk, v in list(c.subs.items()):
                 # Partitioned: registers of a partition this member no longer owns go too
                 # (kept until now in case the partition came straight back).
-                foreign = own is not None and not c.local and not own.owned[own.partition(tk[0])] \
-                    and not (owing and versions.millis_of(v) >= limit_ms)  # fmt: skip
+                p = own.partition(tk[0]) if own is not None else 0
+                foreign = own is not None and not c.local and not own.owned[p] \
+                    and not (owing and now - self.lost_at.get(p, now) < self.tombstone_horizon)  # fmt: skip
                 if foreign or (not v & versions.PRESENT and versions.millis_of(v) < limit_ms):
                     b, h = self._bucket(cid, tk)
                     self.digest[b] ^= self._share(h, v, c.cver)

@@ -101,3 +101,14 @@ def test_an_accepted_claim_is_saved_synced_and_read_back_with_an_empty_log(tmp_p
     store.close()
     scan = _store(tmp_path, []).open_all().logs[0]  # (no record: still read, for its promise)
     assert (scan.end, scan.seen) == (0, 4242)
+
+
+def test_an_accepted_claim_opens_no_log_and_a_garbled_one_stops_the_open(tmp_path: Path) -> None:
+    """Fourth review: every member is asked by every claim, and saving the promise opened a log
+    (a file held open) for every partition; a garbled promise read as 0 would be forgotten."""
+    store = _store(tmp_path, [])
+    store.perform_all([SaveSeen(p, 7) for p in range(50)])
+    assert not store.logs and not list((tmp_path / "log").glob("p*/*.log"))
+    (tmp_path / "log" / "p00003" / "seen").write_text("garbage")
+    read = _store(tmp_path, []).open_all()
+    assert read.logs == {} and "p00003" in read.error and "not an epoch" in read.error

@@ -485,6 +485,23 @@ def test_a_mailbox_that_owes_messages_of_a_partition_moved_away_outlives_the_las
     assert (t1, None) not in cl.subs
 
 
+def test_an_old_subscriptions_owing_mailbox_outlives_the_last_unsubscribe_too():
+    """Fourth review: the horizon was counted from the register's version (an hour-old subscription
+    lost the seed-791 fix at once), not from when the map took the partition away."""
+    t0, t1 = TOPIC_OF[0], TOPIC_OF[2]
+    b = _pcore("b", 1, OWNERS)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])], 1.5)
+    b.forwarded([[t1, None, None, b"owed", PID, 1]], 3600.0)
+    cl = b.clients[CID]
+    mailbox = cl.mailbox
+    assert mailbox is not None and len(mailbox) == 1
+    gained, lost = b.own.update(2, [("b", "c"), ("c", "b"), ("c", "a"), ("c", "b")])  # (t1 moves away from b)
+    b.reindex(gained, lost, 3600.2)
+    b.collect_tombstones(3600.5)
+    b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(3601, 0, present=False)]])], 3601.0)
+    assert cl.mailbox is mailbox and len(mailbox) == 1
+
+
 def test_a_mailbox_always_owing_keeps_a_moved_partitions_registers_no_longer_than_the_horizon():
     """Third review: steady traffic on t0 kept b's mailbox owing at every collection, and so the
     client's t1 register (t1 moved away: b hears none of its changes) for ever; the client's
@@ -492,7 +509,8 @@ def test_a_mailbox_always_owing_keeps_a_moved_partitions_registers_no_longer_tha
     t0, t1 = TOPIC_OF[0], TOPIC_OF[2]
     b = _pcore("b", 1, OWNERS)
     b.merge([_entry(_v(1, 0, flag=0), "a", [[t0, None, _v(1.001, 0)], [t1, None, _v(1.002, 0)]])], 1.5)
-    b.reindex(*b.own.update(2, [("b", "c"), ("c", "b"), ("c", "a"), ("c", "b")]))  # (t1 moves away from b)
+    gained, lost = b.own.update(2, [("b", "c"), ("c", "b"), ("c", "a"), ("c", "b")])  # (t1 moves away from b)
+    b.reindex(gained, lost, 1.002)
     cl = b.clients[CID]
     for seq, t in enumerate(range(2, 2000, 100), 1):
         b.forwarded([[t0, None, None, b"m%d" % seq, PID, seq]], float(t))

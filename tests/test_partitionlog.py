@@ -1019,3 +1019,66 @@ def test_a_claim_goes_on_without_a_member_outside_its_map_that_falls_silent() ->
         o.tick(1.0)
     assert a.role == LEADING and a.epoch > c.epoch
     assert o.put("a", ["m2"], first=2, token="a2") == 0 and "a2" in o.committed["a"]
+
+
+def test_owners_stepped_down_by_a_claimer_that_died_before_it_led_lead_again() -> None:
+    """Fourth review: x's stale map made it primary; its claim stepped a (leading) and b (following)
+    down, and x died before any answer reached it. No map of a's or b's changed: nothing woke them."""
+    o = Owners("abx")
+    o.down.add("x")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.down.discard("x")
+    frames = o.logs["x"].assign(["x", "a", "b"], [], 7, o.now)
+    o.down.add("x")
+    for f in frames:
+        if isinstance(f, PeerFrame):
+            o.deliver("x", f)
+    o.run()
+    a, b = o.logs["a"], o.logs["b"]
+    assert a.role != LEADING and b.role != FOLLOWING
+    assert a.next_deadline() <= o.now + 3 * a.s.fetch_retry
+    for _ in range(4):
+        o.tick(1.0)
+    assert a.role == LEADING and b.role == FOLLOWING
+    assert o.put("a", ["m2"], first=2, token="a2") == 0 and "a2" in o.committed["a"]
+
+
+def test_a_claim_counts_only_answers_to_the_claim() -> None:
+    """Fourth review: b's answer to a's plain fetch (parked at b) was counted as b's answer to a's
+    claim, which b never got: a led although b had not saved (nor seen) the claim."""
+    o = Owners("ab")
+    o.assign("ba")
+    o.put("b", ["m1"], first=1, token="b1")
+    a, b = o.logs["a"], o.logs["b"]
+    assert "a" in b.parked
+    a.assign(["a", "b"], [], 9, o.now)  # (the claim FETCH is lost)
+    o.now += 0.6
+    for f in b.tick(o.now):  # (b answers a's parked fetch)
+        if isinstance(f, PeerFrame):
+            o.deliver("b", f)
+    o.run()
+    assert a.role != LEADING
+    o.tick(1.0)  # (the claim is asked again: b saves it, answers, and a leads)
+    assert a.role == LEADING and o.seen["b"] >= a.epoch
+
+
+def test_a_source_is_not_dropped_while_our_own_write_holds_our_fetches_back() -> None:
+    """Fourth review: the silence of a claim's source outside our map was counted while our own
+    Append ran (we send no fetch then, and drop answers): a prompt source was dropped."""
+    o = Owners("abx")
+    o.down.add("x")
+    o.assign("ab")
+    o.put("a", ["m1"], first=1, token="a1")
+    a = o.logs["a"]
+    high = a.epoch + (1 << 22)
+    o.feed("a", a.on_fetch("x", high, 5, high, False, o.now))
+    o.run()
+    c = a.claim
+    assert c is not None
+    o.feed("a", a.on_data("x", c.epoch, 3, 0, 5, high, 0, -1, -1, [], a.end, o.now))
+    o.run()
+    rec = Record(a.end, 5000, msgpack.packb([high, 2], use_bin_type=True))
+    assert [type(x) for x in a.on_data("x", c.epoch, 3, 0, 5, high, 0, -1, -1, [rec], a.end, o.now)] == [Append]
+    a.tick(o.now + 3.01)  # (the Append is still under way)
+    assert a.claim is c and c.source == "x" and "x" in c.probes
