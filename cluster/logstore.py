@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
 from cluster.logrecords import LogFormatError, LogScan
 from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
-from node.segmentlog import LogCorrupt, LogUsage, SegmentLog
+from node.segmentlog import LogCorrupt, LogUsage, SegmentLog, sync_dir
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
 CHECKPOINT = "commit"  # in a partition directory: a commit its member knew (decimal), Kafka's high watermark
@@ -73,7 +73,7 @@ class LogStore:
             p = int(name[len(PREFIX):])
             try:
                 if not any(d.glob("*.log")):  # (only a claim's promise: no log to open, no file held)
-                    seen = _read_seen(d)
+                    seen = _read_number(d / SEEN, strict=True)
                     if seen:
                         logs[p] = LogScan(0, self.settings.keep, 0, seen)
                     continue
@@ -91,7 +91,7 @@ class LogStore:
         return LogsRead(logs, "")
 
     def _scan(self, log: SegmentLog, d: Path) -> LogScan:
-        scan = LogScan(log.start, self.settings.keep, _read_checkpoint(d / CHECKPOINT), _read_seen(d))
+        scan = LogScan(log.start, self.settings.keep, _read_number(d / CHECKPOINT), _read_number(d / SEEN, strict=True))
         while scan.end < log.end:
             chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
             if not chunk:
@@ -105,7 +105,7 @@ class LogStore:
         cls = a.__class__
         try:
             if cls is SaveSeen:  # (a claim answered: the promise only, no log opened for it)
-                _write_synced(self._dir(p), SEEN, a.epoch)
+                _write_number(self._dir(p) / SEEN, a.epoch, synced=True)
                 return SeenSaved(p, a.epoch)
             log = self._log(p)
             if cls is Sync:
@@ -138,7 +138,7 @@ class LogStore:
         """A cut (or reset) to ``end``: a checkpoint past it would count the next branch's records
         there as committed after a restart."""
         if self.checkpointed.get(p, 0) > end:  # (what the file holds: set at open and at every write)
-            _write_checkpoint(self._dir(p) / CHECKPOINT, end)
+            _write_number(self._dir(p) / CHECKPOINT, end)
             self.checkpointed[p] = end
 
     def _failed(self, p: int, exc: Exception) -> LogFailed:
@@ -173,7 +173,7 @@ class LogStore:
             durable = log.sync() if any(a.sync for a in run) else _flushed(log)
             commit = max(a.commit for a in run)
             if commit > self.checkpointed.get(p, -1):  # (after the records it covers are on disk)
-                _write_checkpoint(self._dir(p) / CHECKPOINT, commit)
+                _write_number(self._dir(p) / CHECKPOINT, commit)
                 self.checkpointed[p] = commit
         except (OSError, LogUsage, LogCorrupt) as exc:
             return [self._failed(p, exc)]
@@ -190,53 +190,40 @@ def _flushed(log: SegmentLog) -> int:
     return log.end
 
 
-def _write_checkpoint(path: Path, commit: int) -> None:
-    """Replaced whole, never fsynced: after a power loss it may be older, or gone, and either
-    only makes the next start believe less is committed (safe: a claim commits it again)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{commit}\n")
-    os.replace(tmp, path)
-
-
-def _write_synced(d: Path, name: str, value: int) -> None:
-    """Replaced whole and synced, with the directory (and its parent, if it was made now): a
-    promise (the accepted claim) must not come back older after a power loss."""
-    if not d.exists():
+def _write_number(path: Path, value: int, synced: bool = False) -> None:
+    """Replaced whole. The commit checkpoint is never fsynced: after a power loss it may be older,
+    or gone, and either only makes the next start believe less is committed (safe: a claim commits
+    it again). A promise (the accepted claim, ``synced``) must not come back older: the file and
+    its directory (and the directory's parent, if it was made now) are synced."""
+    d = path.parent
+    if synced and not d.exists():
         d.mkdir(parents=True)
-        _sync_dir(d.parent)
-    tmp = d / (name + ".tmp")
+        sync_dir(d.parent)
+    tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         f.write(f"{value}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, d / name)
-    _sync_dir(d)
+        if synced:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if synced:
+        sync_dir(d)
 
 
-def _sync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_seen(d: Path) -> int:
-    """The accepted claim, 0 if none was saved; a garbled file is an error (the promise it held
-    cannot be forgotten quietly: the member must not answer a lower claim)."""
-    try:
-        text = (d / SEEN).read_text()
-    except FileNotFoundError:
-        return 0
-    if not text.strip().isdigit():
-        raise LogCorrupt(f"{d / SEEN} is not an epoch: {text[:40]!r}")
-    return int(text)
-
-
-def _read_checkpoint(path: Path) -> int:
-    """The commit checkpoint, or 0 (nothing known committed) if it is missing or not a number."""
+def _read_number(path: Path, strict: bool = False) -> int:
+    """The number a file holds, 0 if it is missing. Not a number: 0 for the checkpoint (nothing
+    known committed); an error if ``strict`` (a promise cannot be forgotten quietly: the member
+    must not answer a lower claim)."""
     try:
         text = path.read_text()
-    except OSError:
+    except FileNotFoundError:
         return 0
-    return int(text) if text.strip().isdigit() else 0
+    except OSError:
+        if strict:
+            raise
+        return 0
+    if text.strip().isdigit():
+        return int(text)
+    if strict:
+        raise LogCorrupt(f"{path} is not an epoch: {text[:40]!r}")
+    return 0

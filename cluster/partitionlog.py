@@ -152,7 +152,7 @@ class PartitionLog(Readers):
         self.claim: Claim | None = None
         self.fetch_sent = -1e18  # following / claiming: when our last FETCH left
         self.fetching = False  # a FETCH of ours is unanswered
-        self.poked: dict[str, float] = {}  # leader: follower that never fetched -> when we last woke it
+        self.poked: dict[str, float] = {}  # leader: follower -> when we last woke it (``_wake_at``)
         self.appending = 0  # Append/Truncate/ResetLog/Reload actions not yet reported done
         self.reloading = False  # a Reload is not done: ``state`` is not known
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
@@ -579,10 +579,10 @@ class PartitionLog(Readers):
             # our map does not know of stepped down stays idle: a FETCH of ours makes it follow, or
             # the commit waited for it for ever; seed 8, a member that joined; review)
             for m in sorted(self.followers):
-                if now >= max(self.poked.get(m, -1e18), self.fetched_at.get(m, -1e18)) + self.s.fetch_retry:
+                if now >= self._wake_at(m):
                     self.poked[m] = now
                     out.append(self._fetch_frame(m, claim=False))
-        elif self.role == IDLE and self.owners[:1] == [self.me] and now >= self.idle_since + 3 * self.s.fetch_retry:
+        elif self.role == IDLE and self.owners[:1] == [self.me] and now >= self.idle_since + self._silence:
             # (the primary of our map, stepped down by a claim or fetch of a member our map does not
             # name, which never led or fell silent: nothing else wakes us; fourth review)
             self.idle_since = float("inf")
@@ -593,7 +593,7 @@ class PartitionLog(Readers):
             # epoch, that falls silent while we wait for its answer or copy from it: its death
             # changes no map of ours, so the claim goes on without it; seed 9980)
             gone = {m for m in c.probes - self.probes if (m not in c.answers or m == c.source)
-                    and now >= c.heard.get(m, c.started) + 3 * self.s.fetch_retry} if not self.appending else ()
+                    and now >= c.heard.get(m, c.started) + self._silence} if not self.appending else ()
             if gone:
                 return out + self._begin_claim(max(self.seen, c.epoch) + 1, c.probes - gone, now)
             for m in sorted(c.probes):
@@ -614,8 +614,16 @@ class PartitionLog(Readers):
             c = self.claim
             times += [c.asked.get(m, -1e18) + self.s.fetch_retry for m in c.probes if m not in c.answers]
         if self.role == IDLE and self.owners[:1] == [self.me]:
-            times.append(self.idle_since + 3 * self.s.fetch_retry)
+            times.append(self.idle_since + self._silence)
         if self.role == LEADING:
-            times += [max(self.poked.get(m, -1e18), self.fetched_at.get(m, -1e18)) + self.s.fetch_retry
-                      for m in self.followers]  # fmt: skip
+            times += [self._wake_at(m) for m in self.followers]
         return min(times, default=float("inf"))
+
+    @property
+    def _silence(self) -> float:
+        """How long a member stays silent before we act without it (re-claim, or drop it from a claim)."""
+        return 3 * self.s.fetch_retry
+
+    def _wake_at(self, follower: str) -> float:
+        """When a leader wakes ``follower`` (a FETCH of ours): once it has not fetched for fetch_retry."""
+        return max(self.poked.get(follower, -1e18), self.fetched_at.get(follower, -1e18)) + self.s.fetch_retry

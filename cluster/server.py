@@ -65,6 +65,7 @@ from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog,
 from cluster.roster import decode_untrusted_roster
 from cluster.snapshot import SNAPSHOT_FILE
 from node.logs import EventLog
+from node.segmentlog import sync_dir
 
 T = TypeVar("T")
 
@@ -440,11 +441,7 @@ def _fsync_file(f: Any) -> None:
 
 def _replace_and_sync_dir(tmp: str, path: str, d: str) -> None:
     os.replace(tmp, path)
-    dfd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    sync_dir(d)
 
 
 def _why(exc: BaseException) -> str:

@@ -94,6 +94,15 @@ class Segment:
         return self.path.with_suffix(".index")
 
 
+def sync_dir(d: str | Path) -> None:
+    """fsync a directory: the names made, replaced or removed in it last through a power loss."""
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _name(base: int) -> str:
     return f"{base:0{NAME_DIGITS}d}"
 
@@ -309,11 +318,7 @@ class SegmentLog:
         """Everything appended is on disk; returns the end offset that is now durable."""
         self._sync_file()
         if self._dir_dirty:
-            fd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            sync_dir(self.dir)
             self._dir_dirty = False
         return self.end
 

@@ -822,11 +822,9 @@ def test_a_returning_follower_cuts_its_divergent_tail_before_it_takes_the_leader
     assert _records(o, "a") == _records(o, "b")
 
 
-def test_a_cut_below_the_records_held_in_memory_reads_the_log_again() -> None:
-    """a restarts with 30 never-committed cursor records (cursors are outside the room check) and
-    keeps only 10 in memory; following b's branch it must cut below them: the shell reads the log
-    again (``Reload``), and a's cursors and producers are those of b's log."""
-    o = Owners("abc", cache_records=10, max_uncommitted=10)
+def _restart_behind_a_later_branch(o: Owners) -> None:
+    """a (b down) writes 30 cursor records that are never committed; b, restarted, leads a later
+    branch; a restarts holding them (with small caches, most of them not in memory)."""
     o.assign("ab")
     o.put("a", ["m1"], first=1, token="a1")
     o.commit_cursor("a", b"c1", "s", 1)
@@ -838,6 +836,14 @@ def test_a_cut_below_the_records_held_in_memory_reads_the_log_again() -> None:
     o.assign("bc", epoch=2)
     o.put("b", ["y2"], first=2, token="by")
     o.restart("a")
+
+
+def test_a_cut_below_the_records_held_in_memory_reads_the_log_again() -> None:
+    """a restarts with 30 never-committed cursor records (cursors are outside the room check) and
+    keeps only 10 in memory; following b's branch it must cut below them: the shell reads the log
+    again (``Reload``), and a's cursors and producers are those of b's log."""
+    o = Owners("abc", cache_records=10, max_uncommitted=10)
+    _restart_behind_a_later_branch(o)
     assert o.logs["a"].base_at > o.logs["a"].commit
     for m in "abc":
         o.feed(m, o.logs[m].assign(["b", "a"], ["c"], 4, o.now))
@@ -896,17 +902,7 @@ def test_a_follower_takes_no_records_from_a_leader_below_the_highest_epoch_it_ac
 
 def _diverged(o: Owners) -> tuple[PartitionLog, PartitionLog]:
     """a (30 never-committed cursor records, 10 in memory) back as b's follower; b leads a later branch."""
-    o.assign("ab")
-    o.put("a", ["m1"], first=1, token="a1")
-    o.commit_cursor("a", b"c1", "s", 1)
-    o.crash("b")
-    for i in range(30):
-        o.commit_cursor("a", b"c%d" % i, "s", 2)
-    o.crash("a")
-    o.restart("b")
-    o.assign("bc", epoch=2)
-    o.put("b", ["y2"], first=2, token="by")
-    o.restart("a")
+    _restart_behind_a_later_branch(o)
     a, b = o.logs["a"], o.logs["b"]
     o.feed("b", b.assign(["b", "a"], ["c"], 4, o.now))
     o.run()
