@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python scripts/netns.py ensure-tools --best-effort
 	@# Spark (the audit, the roost data source) needs Java 17 or later.
-	@$(BIN)/python -c 'import sys; from pipeline.spark import java_major; sys.exit((java_major() or 0) < 17)' || { \
+	@$(BIN)/python -c 'import sys; from roost.pipeline.spark import java_major; sys.exit((java_major() or 0) < 17)' || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "installing Java 17 for Spark: apt-get install openjdk-17-jre-headless"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check client node cluster pipeline scripts tests
+	$(BIN)/ruff check roost client node cluster pipeline scripts tests
 	$(BIN)/mypy
 	$(BIN)/pytest
 

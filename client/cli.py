@@ -10,9 +10,9 @@ from typing import Any
 
 import trio
 
-from client.library import Client, NodeLost
-from client.session import ClientConfig
-from client.wire import WireError
+from roost.client.library import Client, NodeLost
+from roost.client.session import ClientConfig
+from roost.client.wire import WireError
 
 
 def add_client_commands(sub: Any) -> None:

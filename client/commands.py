@@ -17,7 +17,7 @@ subscription is the session's business.
 
 from __future__ import annotations
 
-from client import wire
+from roost.client import wire
 
 Addr = tuple[str, int]
 Cmd = tuple[int, str, str | None, int]  # (op, topic, key, mode)

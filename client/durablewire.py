@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.wire import (
+from roost.client.wire import (
     COOKIE_LEN,
     ID_LEN,
     VERSION,

@@ -30,12 +30,12 @@ from typing import Any, NamedTuple
 
 import trio
 
-from client import durablewire
-from client.offsets import OffsetFile
-from client.router import Router
-from client.session import ClientConfig, ClientSession, Message, SubState
-from client.udp import drain
-from client.wire import MODE_NAMES, Reason, T
+from roost.client import durablewire
+from roost.client.offsets import OffsetFile
+from roost.client.router import Router
+from roost.client.session import ClientConfig, ClientSession, Message, SubState
+from roost.client.udp import drain
+from roost.client.wire import MODE_NAMES, Reason, T
 
 Addr = tuple[str, int]
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import deque
 from itertools import islice
 
-from client import wire
-from client.config import ClientConfig
-from client.wire import E, WireError
+from roost.client import wire
+from roost.client.config import ClientConfig
+from roost.client.wire import E, WireError
 
 Addr = tuple[str, int]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from client import durablewire, wire
-from client.config import ClientConfig
+from roost.client import durablewire, wire
+from roost.client.config import ClientConfig
 
 
 class PutStream:

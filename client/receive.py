@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from client import wire
-from client.config import ClientConfig
+from roost.client import wire
+from roost.client.config import ClientConfig
 
 Addr = tuple[str, int]
 SubKey = tuple[str, str | None]

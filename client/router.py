@@ -50,12 +50,12 @@ import hashlib
 from collections import deque
 from typing import TYPE_CHECKING
 
-from client import wire
-from client.putter import Putter
-from client.session import Addr, ClientConfig, ClientSession, SubState
+from roost.client import wire
+from roost.client.putter import Putter
+from roost.client.session import Addr, ClientConfig, ClientSession, SubState
 
 if TYPE_CHECKING:
-    from cluster.clustermap import ClusterMap
+    from roost.cluster.clustermap import ClusterMap
 
 __all__ = ["Router", "derive_id"]
 

@@ -21,15 +21,15 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from client import wire
-from client.commands import MAX_BATCH, CommandBatches
-from client.config import ClientConfig
-from client.publisher import Publisher
-from client.receive import Message, Receiver, SubKey, SubState
-from client.wire import E, Mode, Op, Reason, T, WireError
+from roost.client import wire
+from roost.client.commands import MAX_BATCH, CommandBatches
+from roost.client.config import ClientConfig
+from roost.client.publisher import Publisher
+from roost.client.receive import Message, Receiver, SubKey, SubState
+from roost.client.wire import E, Mode, Op, Reason, T, WireError
 
 if TYPE_CHECKING:
-    from cluster.clustermap import ClusterMap
+    from roost.cluster.clustermap import ClusterMap
 
 __all__ = ["Addr", "ClientConfig", "ClientSession", "Message", "SubState"]
 

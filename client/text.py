@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from client.wire import MAX_TOPIC_BYTES, WHITESPACE, E, WireError
+from roost.client.wire import MAX_TOPIC_BYTES, WHITESPACE, E, WireError
 
 _SPLIT = re.compile(WHITESPACE.pattern + "+")
 

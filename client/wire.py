@@ -483,7 +483,7 @@ def _hello(f: list[Any]) -> tuple[Any, ...]:
 def _cluster_map(v: Any) -> Any:
     """A cluster map's wire form, checked and placed (cluster/clustermap.py; imported here,
     not at the top: the cluster package builds on this module)."""
-    from cluster.clustermap import decode_untrusted_map
+    from roost.cluster.clustermap import decode_untrusted_map
 
     return decode_untrusted_map(v)
 
@@ -630,4 +630,4 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
     return validate(frame)
 
 
-from client import durablewire  # noqa: E402,F401  (registers the durable-mode frames' validators)
+from roost.client import durablewire  # noqa: E402,F401  (registers the durable-mode frames' validators)

@@ -13,9 +13,9 @@ import os
 import socket
 from typing import Any
 
-from cluster import ring
-from cluster.config import ClusterConfig
-from cluster.peerwire import (
+from roost.cluster import ring
+from roost.cluster.config import ClusterConfig
+from roost.cluster.peerwire import (
     ADMIN,
     NONCE_LEN,
     PROTOCOL,
@@ -26,7 +26,7 @@ from cluster.peerwire import (
     encode,
     mac,
 )  # fmt: skip
-from cluster.roster import Addr, Roster, decode_untrusted_roster
+from roost.cluster.roster import Addr, Roster, decode_untrusted_roster
 
 __all__ = ["AdminError", "moved_report", "request", "roster_from"]
 
@@ -103,7 +103,7 @@ def moved_report(cc: ClusterConfig, before: list[str], after: list[str]) -> str:
 def resolve_peer(cc: ClusterConfig, text: str) -> Addr:
     """A member given by its client or peer address (as in the config); any other address is
     taken for a peer address (a member that joined is not in the config)."""
-    from node.config import parse_hostport
+    from roost.node.config import parse_hostport
 
     try:
         addr = parse_hostport(text)

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import trio
 
-from client.cli import add_client_commands
-from cluster import admin
-from cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
-from cluster.launcher import DEFAULT_RUN_DIR, Launcher, free_tcp_port, node_command
-from cluster.server import ClusterNode
-from node.config import ConfigError, config_doc, load_node_config, parse_hostport, read_toml
-from node.procs import free_udp_port
-from node.server import NodeServer, run_until_signal, wait_for_signal
-from pipeline import audit
+from roost.client.cli import add_client_commands
+from roost.cluster import admin
+from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
+from roost.cluster.launcher import DEFAULT_RUN_DIR, Launcher, free_tcp_port, node_command
+from roost.cluster.server import ClusterNode
+from roost.node.config import ConfigError, config_doc, load_node_config, parse_hostport, read_toml
+from roost.node.procs import free_udp_port
+from roost.node.server import NodeServer, run_until_signal, wait_for_signal
+from roost.pipeline import audit
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from client.wire import E, WireError, _ip, _list, _node_id, _port, _uint
-from cluster import ring
+from roost.client.wire import E, WireError, _ip, _list, _node_id, _port, _uint
+from roost.cluster import ring
 
 Addr = tuple[str, int]
 MAP_VERSION = 1

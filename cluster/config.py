@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.config import (
+from roost.node.config import (
     NODE_SECTIONS,
     ConfigError,
     NodeConfig,

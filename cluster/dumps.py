@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from cluster.peerwire import P, encode
-from cluster.replication import chunked, subs_in
+from roost.cluster.peerwire import P, encode
+from roost.cluster.replication import chunked, subs_in
 
 # Frames produced per link per turn.
 FRAMES_PER_TURN = 4

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 
-from client.durablewire import (
+from roost.client.durablewire import (
     PUT_BUSY,
     PUT_NOT_LEADER,
     START_EARLIEST,
@@ -44,9 +44,9 @@ from client.durablewire import (
     encode_putack,
     encode_records,
 )
-from cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved, Send
-from cluster.memberparts import MemberParts
-from cluster.partitionlog import (
+from roost.cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved, Send
+from roost.cluster.memberparts import MemberParts
+from roost.cluster.partitionlog import (
     LEADING,
     MESSAGE,
     Committed,
@@ -58,12 +58,12 @@ from cluster.partitionlog import (
     Reload,
     Retain,
 )
-from cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
-from node.actions import DurableCommit, DurableGet, DurablePut
-from node.segmentlog import Record
+from roost.cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
+from roost.node.actions import DurableCommit, DurableGet, DurablePut
+from roost.node.segmentlog import Record
 
 if TYPE_CHECKING:
-    from cluster.links import Link
+    from roost.cluster.links import Link
 
 
 class PutToken(NamedTuple):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from cluster.logrecords import LogScan
-from cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
-from node.core import Log, Send
-from node.segmentlog import Record
+from roost.cluster.logrecords import LogScan
+from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.node.core import Log, Send
+from roost.node.segmentlog import Record
 
 Addr = tuple[str, int]
 

@@ -37,16 +37,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from client.wire import WireError, _ip, _port
-from cluster import clustermap
-from cluster.forwarding import ForwardQueue
-from cluster.memberparts import MemberParts
-from cluster.peerwire import ADMIN, P, PeerProtocolError, encode
-from cluster.replication import PeerQueue
-from cluster.roster import MEMBER_ID, Entry, Roster, RosterError, decode_untrusted_roster
+from roost.client.wire import WireError, _ip, _port
+from roost.cluster import clustermap
+from roost.cluster.forwarding import ForwardQueue
+from roost.cluster.memberparts import MemberParts
+from roost.cluster.peerwire import ADMIN, P, PeerProtocolError, encode
+from roost.cluster.replication import PeerQueue
+from roost.cluster.roster import MEMBER_ID, Entry, Roster, RosterError, decode_untrusted_roster
 
 if TYPE_CHECKING:
-    from cluster.links import Link
+    from roost.cluster.links import Link
 
 
 class Joining(MemberParts):

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cluster.config import ClusterConfig, load_cluster_config
-from node.procs import wait_listening
+from roost.cluster.config import ClusterConfig, load_cluster_config
+from roost.node.procs import wait_listening
 
 DEFAULT_RUN_DIR = "run/cluster"
 
@@ -38,7 +38,7 @@ def write_local_config(
     Returns {member id: (client UDP port, peer TCP port)}.
     """
 
-    from node.procs import free_udp_port
+    from roost.node.procs import free_udp_port
 
     taken: set[int] = set()  # (a port the kernel just freed may come back: never twice in one config)
 
@@ -68,7 +68,7 @@ def free_tcp_port(host: str) -> int:
 
 
 def node_command(config: str, member_id: str) -> list[str]:
-    return [sys.executable, "-m", "cluster.cli", "node", "--config", config, "--id", member_id]
+    return [sys.executable, "-m", "roost", "node", "--config", config, "--id", member_id]
 
 
 class Launcher:

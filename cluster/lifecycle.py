@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import math
 
-from cluster.events import Exit, ReadSnapshot, ServeClients, WriteSnapshot
-from cluster.memberparts import MemberParts
-from cluster.peerwire import P, encode
-from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
+from roost.cluster.events import Exit, ReadSnapshot, ServeClients, WriteSnapshot
+from roost.cluster.memberparts import MemberParts
+from roost.cluster.peerwire import P, encode
+from roost.cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
 
 
 class Lifecycle(MemberParts):

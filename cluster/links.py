@@ -28,7 +28,7 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from cluster.peerwire import (
+from roost.cluster.peerwire import (
     HANDSHAKE_MAX_FRAME,
     PROTOCOL,
     FrameDecoder,

@@ -17,7 +17,7 @@ This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
 
 from __future__ import annotations
 
-from cluster.memberparts import MemberParts
+from roost.cluster.memberparts import MemberParts
 
 
 class Liveness(MemberParts):

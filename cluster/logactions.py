@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from node.segmentlog import Record
+from roost.node.segmentlog import Record
 
 
 class LogSettings(NamedTuple):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.logactions import LogAction, LogSettings, ReadLog
-from cluster.logrecords import Held, State
-from node.segmentlog import Record
+from roost.cluster.logactions import LogAction, LogSettings, ReadLog
+from roost.cluster.logrecords import Held, State
+from roost.node.segmentlog import Record
 
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-from node.segmentlog import Record
+from roost.node.segmentlog import Record
 
 MESSAGE, CURSOR, EPOCH = 0, 1, 2
 

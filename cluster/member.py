@@ -49,11 +49,11 @@ import math
 import random
 from typing import Any
 
-from client.wire import encode_status_reply
-from cluster.config import ClusterConfig
-from cluster.dumps import DumpStreams
-from cluster.durable import Durable
-from cluster.events import (
+from roost.client.wire import encode_status_reply
+from roost.cluster.config import ClusterConfig
+from roost.cluster.dumps import DumpStreams
+from roost.cluster.durable import Durable
+from roost.cluster.events import (
     Accepted,
     Action,
     Close,
@@ -79,14 +79,14 @@ from cluster.events import (
     Start,
     Stop,
 )  # fmt: skip
-from cluster.joining import Joining
-from cluster.lifecycle import Lifecycle
-from cluster.links import Link
-from cluster.liveness import Liveness
-from cluster.membership import Membership
-from cluster.memberstatus import MemberStatus
-from cluster.partitioned import Partitioned
-from cluster.peerwire import (
+from roost.cluster.joining import Joining
+from roost.cluster.lifecycle import Lifecycle
+from roost.cluster.links import Link
+from roost.cluster.liveness import Liveness
+from roost.cluster.membership import Membership
+from roost.cluster.memberstatus import MemberStatus
+from roost.cluster.partitioned import Partitioned
+from roost.cluster.peerwire import (
     ADMIN,
     NONCE_LEN,
     P,
@@ -97,9 +97,19 @@ from cluster.peerwire import (
     check_partitions,
     encode,
 )  # fmt: skip
-from cluster.replication import PeerQueue
-from cluster.roster import Entry
-from node.core import BrokerCore, Confirm, DurableCommit, DurableGet, DurablePut, Forward, Relay, Replicate, StatusQuery
+from roost.cluster.replication import PeerQueue
+from roost.cluster.roster import Entry
+from roost.node.core import (
+    BrokerCore,
+    Confirm,
+    DurableCommit,
+    DurableGet,
+    DurablePut,
+    Forward,
+    Relay,
+    Replicate,
+    StatusQuery,
+)
 
 _BEAT = encode([P.BEAT])
 

@@ -9,17 +9,17 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cluster.clustermap import ClusterMap
-    from cluster.config import ClusterConfig, ClusterSettings
-    from cluster.events import Action, Send
-    from cluster.forwarding import ForwardQueue
-    from cluster.links import Link
-    from cluster.membership import Membership
-    from cluster.replication import PeerQueue
-    from cluster.roster import Roster
-    from node.config import NodeConfig
-    from node.core import BrokerCore
-    from node.ownership import Ownership
+    from roost.cluster.clustermap import ClusterMap
+    from roost.cluster.config import ClusterConfig, ClusterSettings
+    from roost.cluster.events import Action, Send
+    from roost.cluster.forwarding import ForwardQueue
+    from roost.cluster.links import Link
+    from roost.cluster.membership import Membership
+    from roost.cluster.replication import PeerQueue
+    from roost.cluster.roster import Roster
+    from roost.node.config import NodeConfig
+    from roost.node.core import BrokerCore
+    from roost.node.ownership import Ownership
 
 
 class MemberParts:

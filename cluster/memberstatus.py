@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from cluster.memberparts import MemberParts
+from roost.cluster.memberparts import MemberParts
 
 
 class MemberStatus(MemberParts):

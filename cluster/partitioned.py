@@ -41,15 +41,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from cluster import clustermap
-from cluster.events import Send
-from cluster.forwarding import ForwardQueue
-from cluster.memberparts import MemberParts
-from cluster.peerwire import P, PeerProtocolError, check_forwarded, check_relay, encode
-from node.ownership import Ownership
+from roost.cluster import clustermap
+from roost.cluster.events import Send
+from roost.cluster.forwarding import ForwardQueue
+from roost.cluster.memberparts import MemberParts
+from roost.cluster.peerwire import P, PeerProtocolError, check_forwarded, check_relay, encode
+from roost.node.ownership import Ownership
 
 if TYPE_CHECKING:
-    from cluster.links import Link
+    from roost.cluster.links import Link
 
 
 class Partitioned(MemberParts):

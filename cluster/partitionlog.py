@@ -75,7 +75,7 @@ from typing import Any
 
 import msgpack
 
-from cluster.logactions import (
+from roost.cluster.logactions import (
     Append,
     Committed,
     LogAction,
@@ -89,8 +89,8 @@ from cluster.logactions import (
     SaveSeen,
     Truncate,
 )
-from cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, Readers
-from cluster.logrecords import (
+from roost.cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, Readers
+from roost.cluster.logrecords import (
     CURSOR,
     EPOCH,
     MESSAGE,
@@ -101,7 +101,7 @@ from cluster.logrecords import (
     decode_untrusted_body,
     message_body,
 )
-from node.segmentlog import Record
+from roost.node.segmentlog import Record
 
 __all__ = [
     "CLAIMING", "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "Append", "Committed", "LogAction",

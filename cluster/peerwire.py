@@ -24,8 +24,8 @@ from typing import Any
 
 import msgpack
 
-from client import wire
-from client.wire import WireError
+from roost.client import wire
+from roost.client.wire import WireError
 
 # 6: ROSTER, JOIN, LEAVE, synced roster in HEARTBEAT; 5: FWDACK lists refusals;
 # 4: partitioned mode (FORWARD, RELAY, map epoch); 3: BEAT

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import mmh3
 
-from node.ownership import partition_of
+from roost.node.ownership import partition_of
 
 __all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "Assignment", "assign", "loads", "moved", "partition_of", "ranked"]
 

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from client.wire import WireError, _ip, _node_id, _port
+from roost.client.wire import WireError, _ip, _node_id, _port
 
 if TYPE_CHECKING:
-    from cluster.config import Member
+    from roost.cluster.config import Member
 
 Addr = tuple[str, int]
 MAX_ENTRIES = 1024

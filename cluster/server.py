@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 
 import trio
 
-from client.udp import drain, open_udp, send_all
-from cluster.config import ClusterConfig
-from cluster.events import (
+from roost.client.udp import drain, open_udp, send_all
+from roost.cluster.config import ClusterConfig
+from roost.cluster.events import (
     Accepted,
     Close,
     Datagrams,
@@ -59,13 +59,13 @@ from cluster.events import (
     Tick,
     WriteSnapshot,
 )  # fmt: skip
-from cluster.logstore import LogStore, Sync
-from cluster.member import MemberCore
-from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
-from cluster.roster import decode_untrusted_roster
-from cluster.snapshot import SNAPSHOT_FILE
-from node.logs import EventLog
-from node.segmentlog import sync_dir
+from roost.cluster.logstore import LogStore, Sync
+from roost.cluster.member import MemberCore
+from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.roster import decode_untrusted_roster
+from roost.cluster.snapshot import SNAPSHOT_FILE
+from roost.node.logs import EventLog
+from roost.node.segmentlog import sync_dir
 
 T = TypeVar("T")
 

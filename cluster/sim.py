@@ -38,9 +38,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from client.session import ClientConfig, ClientSession
-from client.wire import Mode
-from cluster.events import (
+from roost.client.session import ClientConfig, ClientSession
+from roost.client.wire import Mode
+from roost.cluster.events import (
     Accepted,
     Close,
     Dial,
@@ -61,15 +61,15 @@ from cluster.events import (
     Tick,
     WriteSnapshot,
 )  # fmt: skip
-from cluster.member import MemberCore
-from cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
-from cluster.roster import decode_untrusted_roster
-from cluster.simaccounting import SimAccounting
-from cluster.simcheck import Checker, Published
-from cluster.simdurable import DurableWorkload
-from cluster.simlogs import SimLogDisk
-from cluster.simnemesis import Nemesis
-from cluster.simworld import (
+from roost.cluster.member import MemberCore
+from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.roster import decode_untrusted_roster
+from roost.cluster.simaccounting import SimAccounting
+from roost.cluster.simcheck import Checker, Published
+from roost.cluster.simdurable import DurableWorkload
+from roost.cluster.simlogs import SimLogDisk
+from roost.cluster.simnemesis import Nemesis
+from roost.cluster.simworld import (
     FAULTS,
     PARTITIONED_TOPICS,
     TOPICS,

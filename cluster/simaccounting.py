@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from client import wire
-from client.wire import T
-from cluster.events import Datagrams
-from cluster.member import MemberCore
-from cluster.simcheck import Checker
-from cluster.simworld import ClientDatagram, SimClient, SimMember, parse_payload
-from node import versions
+from roost.client import wire
+from roost.client.wire import T
+from roost.cluster.events import Datagrams
+from roost.cluster.member import MemberCore
+from roost.cluster.simcheck import Checker
+from roost.cluster.simworld import ClientDatagram, SimClient, SimMember, parse_payload
+from roost.node import versions
 
 
 class SimAccounting:

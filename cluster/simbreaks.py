@@ -13,7 +13,7 @@ from typing import Any
 
 def _break_dedup() -> None:
     """Subscribers no longer drop a message they had already (by producer id and sequence)."""
-    from client.receive import Receiver
+    from roost.client.receive import Receiver
 
     deliver = Receiver._deliver
     Receiver._deliver = lambda self, m, seq: deliver(self, m[:4], seq)  # type: ignore[method-assign]
@@ -21,8 +21,8 @@ def _break_dedup() -> None:
 
 def _break_tombstones() -> None:
     """Replicas drop the tombstones that reach them: deletions do not replicate."""
-    from node import versions
-    from node.registers import Registers
+    from roost.node import versions
+    from roost.node.registers import Registers
 
     merge = Registers._merge
 
@@ -34,21 +34,21 @@ def _break_tombstones() -> None:
 
 def _break_restream() -> None:
     """A member keeps streaming to a client's new address where the old stream left off."""
-    from node.delivery import Delivery
+    from roost.node.delivery import Delivery
 
     Delivery._readdressed = lambda self, c, carry: None  # type: ignore[method-assign]
 
 
 def _break_handoff() -> None:
     """Partitioned mode: a member whose view gives a partition a new owner hands it nothing."""
-    from cluster.partitioned import Partitioned
+    from roost.cluster.partitioned import Partitioned
 
     Partitioned._hand_off = lambda self, parts, old: None  # type: ignore[method-assign]
 
 
 def _break_void() -> None:
     """Partitioned mode: a client's reset (new session, sync, timeout) ends nothing at the owners."""
-    from node.registers import Registers
+    from roost.node.registers import Registers
 
     Registers._void_older = lambda self, c, cver, now: None  # type: ignore[method-assign]
 
@@ -56,7 +56,7 @@ def _break_void() -> None:
 def _break_early_ack() -> None:
     """Durable mode: a leader commits (acknowledges puts, serves readers) once a record is on its own
     disk, without waiting for its followers' copies."""
-    from cluster.partitionlog import PartitionLog
+    from roost.cluster.partitionlog import PartitionLog
 
     advance = PartitionLog._advance
 
@@ -73,7 +73,7 @@ def _break_early_ack() -> None:
 def _break_no_fsync() -> None:
     """Durable mode: an owner's appends are written but not synced, and counted durable all the same
     (fsync = never, without saying so): a power loss takes what it acknowledged."""
-    from cluster.partitionlog import LogSettings
+    from roost.cluster.partitionlog import LogSettings
 
     of = LogSettings.of.__func__  # type: ignore[attr-defined]
     # (the members' settings come from their config, fsync = "always": a changed default did nothing)

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from node import versions
+from roost.node import versions
 
 # A message: (publisher index, number); numbers count from 1 per publisher.
 Msg = tuple[int, int]

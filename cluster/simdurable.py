@@ -43,20 +43,20 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from client.durablewire import START_EARLIEST, encode_commit, encode_get
-from client.router import Router
-from client.session import ClientConfig, ClientSession
-from client.wire import T, decode_untrusted_frame
-from cluster import ring
-from cluster.durable import cursor_key
-from cluster.events import Send
-from cluster.member import MemberCore
-from cluster.partitionlog import EPOCH, LEADING, Append, Committed, PartitionLog
-from cluster.simcheck import Checker
-from cluster.simdurablecheck import DurableCheck
-from cluster.simworld import WALL, SimMember
-from node.actions import DurableGet
-from node.segmentlog import Record
+from roost.client.durablewire import START_EARLIEST, encode_commit, encode_get
+from roost.client.router import Router
+from roost.client.session import ClientConfig, ClientSession
+from roost.client.wire import T, decode_untrusted_frame
+from roost.cluster import ring
+from roost.cluster.durable import cursor_key
+from roost.cluster.events import Send
+from roost.cluster.member import MemberCore
+from roost.cluster.partitionlog import EPOCH, LEADING, Append, Committed, PartitionLog
+from roost.cluster.simcheck import Checker
+from roost.cluster.simdurablecheck import DurableCheck
+from roost.cluster.simworld import WALL, SimMember
+from roost.node.actions import DurableGet
+from roost.node.segmentlog import Record
 
 Addr = tuple[str, int]
 DURABLE_TOPICS = ("d0", "d1", "d2")

@@ -53,9 +53,9 @@ from typing import Any
 
 import msgpack
 
-from cluster.partitionlog import CURSOR, MESSAGE
-from cluster.simcheck import Checker
-from node.segmentlog import Record
+from roost.cluster.partitionlog import CURSOR, MESSAGE
+from roost.cluster.simcheck import Checker
+from roost.node.segmentlog import Record
 
 RecKey = tuple[int, int, bytes]  # (partition, offset, body)
 

@@ -14,10 +14,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
-from cluster.logrecords import LogScan
-from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
-from node.segmentlog import Record
+from roost.cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
+from roost.cluster.logrecords import LogScan
+from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.node.segmentlog import Record
 
 
 @dataclass

@@ -11,13 +11,13 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cluster.config import ClusterConfig, Member
-from cluster.events import Tick
-from cluster.peerwire import P
-from cluster.simworld import OWN_DRAWS, ClientDatagram, SimClient, SimMember
+from roost.cluster.config import ClusterConfig, Member
+from roost.cluster.events import Tick
+from roost.cluster.peerwire import P
+from roost.cluster.simworld import OWN_DRAWS, ClientDatagram, SimClient, SimMember
 
 if TYPE_CHECKING:
-    from cluster.simcheck import Checker
+    from roost.cluster.simcheck import Checker
 
 
 class Nemesis:

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from client.session import ClientSession
-from cluster.config import ClusterConfig, load_cluster_config
-from cluster.member import MemberCore
+from roost.client.session import ClientSession
+from roost.cluster.config import ClusterConfig, load_cluster_config
+from roost.cluster.member import MemberCore
 
 WALL = 1_780_000_000.0  # simulated Unix time at t=0 (a day in 2026)
 TOPICS = ("t0", "t1", "t2")

@@ -20,9 +20,9 @@ from typing import Any
 
 import msgpack
 
-from cluster.peerwire import PeerProtocolError, check_entries
-from cluster.replication import chunked
-from cluster.roster import Entry, RosterError, decode_untrusted_roster
+from roost.cluster.peerwire import PeerProtocolError, check_entries
+from roost.cluster.replication import chunked
+from roost.cluster.roster import Entry, RosterError, decode_untrusted_roster
 
 SNAPSHOT_FILE = "state.msgpack"
 SNAPSHOT_FORMAT = 5  # 5: the roster in the header; 4: a trailer with the entry count; 3: no trailer;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from node.cookies import Addr
+from roost.node.cookies import Addr
 
 
 class Send(NamedTuple):

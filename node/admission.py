@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from client.wire import E, WireError
+from roost.client.wire import E, WireError
 
 
 class Admission:

@@ -18,13 +18,13 @@ import math
 from collections import Counter
 from typing import Any
 
-from client import wire
-from client.text import encode_text_error
-from client.wire import WireError
-from node.actions import Action, Log, Send
-from node.admission import Admission
-from node.config import NodeConfig
-from node.cookies import Addr
+from roost.client import wire
+from roost.client.text import encode_text_error
+from roost.client.wire import WireError
+from roost.node.actions import Action, Log, Send
+from roost.node.admission import Admission
+from roost.node.config import NodeConfig
+from roost.node.cookies import Addr
 
 # Timer kinds in the heap.
 TIMER_RTO, TIMER_LIVENESS, TIMER_LEASE, TIMER_PRODUCER = range(4)

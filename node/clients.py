@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from client import wire
-from node import versions
-from node.cookies import Addr
-from node.mailbox import Mailbox
+from roost.client import wire
+from roost.node import versions
+from roost.node.cookies import Addr
+from roost.node.mailbox import Mailbox
 
 #: Answers of this many most recent command batches are kept per client, so a
 #: retried batch gets its own answer (bounded: a client has one batch in flight).

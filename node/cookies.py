@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from client.wire import COOKIE_LEN
+from roost.client.wire import COOKIE_LEN
 
 Addr = tuple[str, int]
 

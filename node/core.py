@@ -33,9 +33,9 @@ import math
 import random
 from typing import Any
 
-from client import wire
-from client.wire import E, T, WireError
-from node.actions import (
+from roost.client import wire
+from roost.client.wire import E, T, WireError
+from roost.node.actions import (
     Action,
     Confirm,
     DurableCommit,
@@ -48,13 +48,13 @@ from node.actions import (
     Send,
     StatusQuery,
 )  # fmt: skip
-from node.base import AMPLIFICATION, TIMER_LEASE, TIMER_LIVENESS, TIMER_RTO
-from node.config import NodeConfig
-from node.cookies import Addr, CookieJar
-from node.producers import Producers
-from node.registers import DIGEST_BUCKETS
-from node.sessions import Sessions
-from node.textproto import TextProtocol
+from roost.node.base import AMPLIFICATION, TIMER_LEASE, TIMER_LIVENESS, TIMER_RTO
+from roost.node.config import NodeConfig
+from roost.node.cookies import Addr, CookieJar
+from roost.node.producers import Producers
+from roost.node.registers import DIGEST_BUCKETS
+from roost.node.sessions import Sessions
+from roost.node.textproto import TextProtocol
 
 __all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "DurableCommit", "DurableGet", "DurablePut", "Forward",
            "Log", "Relay", "Replicate", "Send", "StatusQuery"]

@@ -24,17 +24,17 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from client import wire
-from client.text import encode_text_msg
-from client.wire import Mode, Reason
-from node import versions
-from node.actions import Send
-from node.base import TIMER_RTO, fmt
-from node.clients import ClientState
-from node.config import NodeConfig
-from node.cookies import Addr
-from node.mailbox import Mailbox
-from node.registers import REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT, Registers
+from roost.client import wire
+from roost.client.text import encode_text_msg
+from roost.client.wire import Mode, Reason
+from roost.node import versions
+from roost.node.actions import Send
+from roost.node.base import TIMER_RTO, fmt
+from roost.node.clients import ClientState
+from roost.node.config import NodeConfig
+from roost.node.cookies import Addr
+from roost.node.mailbox import Mailbox
+from roost.node.registers import REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT, Registers
 
 _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
 #: Forwarded reliable messages remembered by (producer id, sequence) to drop a resend, at most

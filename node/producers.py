@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from client import wire
-from node.base import TIMER_PRODUCER
-from node.cookies import Addr
-from node.delivery import Delivery
+from roost.client import wire
+from roost.node.base import TIMER_PRODUCER
+from roost.node.cookies import Addr
+from roost.node.delivery import Delivery
 
 
 class Producers(Delivery):

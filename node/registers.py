@@ -34,14 +34,14 @@ from typing import Any
 
 import mmh3
 
-from client.wire import Reason
-from node import versions
-from node.base import TIMER_LIVENESS, CoreBase
-from node.clients import ClientState
-from node.config import NodeConfig
-from node.cookies import Addr
-from node.ownership import Ownership
-from node.subscriptions import SubscriptionIndex
+from roost.client.wire import Reason
+from roost.node import versions
+from roost.node.base import TIMER_LIVENESS, CoreBase
+from roost.node.clients import ClientState
+from roost.node.config import NodeConfig
+from roost.node.cookies import Addr
+from roost.node.ownership import Ownership
+from roost.node.subscriptions import SubscriptionIndex
 
 # Replica digests: registers hash into this many buckets; anti-entropy compares
 # bucket digests (XOR of (key hash, version) mixes) and ships differing buckets.

@@ -17,11 +17,11 @@ from typing import Any
 
 import trio
 
-from client import wire
-from client.udp import drain, open_udp, send_all
-from node.config import NodeConfig
-from node.core import BrokerCore, Log, Send, StatusQuery
-from node.logs import EventLog
+from roost.client import wire
+from roost.client.udp import drain, open_udp, send_all
+from roost.node.config import NodeConfig
+from roost.node.core import BrokerCore, Log, Send, StatusQuery
+from roost.node.logs import EventLog
 
 
 class NodeServer:

@@ -31,15 +31,15 @@ of silence.
 
 from __future__ import annotations
 
-from client import wire
-from client.wire import E, Op
-from node import versions
-from node.actions import Confirm, Send
-from node.base import TIMER_LIVENESS, fmt
-from node.clients import REMEMBERED_BATCHES, ClientState
-from node.cookies import Addr
-from node.delivery import Delivery
-from node.registers import REASON_TIMED_OUT
+from roost.client import wire
+from roost.client.wire import E, Op
+from roost.node import versions
+from roost.node.actions import Confirm, Send
+from roost.node.base import TIMER_LIVENESS, fmt
+from roost.node.clients import REMEMBERED_BATCHES, ClientState
+from roost.node.cookies import Addr
+from roost.node.delivery import Delivery
+from roost.node.registers import REASON_TIMED_OUT
 
 Command = tuple[int, str, str | None, int]  # op, topic, key, mode
 

@@ -16,13 +16,13 @@ renewal moved the expiry.
 
 from __future__ import annotations
 
-from client import wire
-from client.text import parse_untrusted_text
-from client.wire import E, Mode, WireError
-from node import versions
-from node.base import TIMER_LEASE, fmt
-from node.cookies import Addr
-from node.delivery import Delivery
+from roost.client import wire
+from roost.client.text import parse_untrusted_text
+from roost.client.wire import E, Mode, WireError
+from roost.node import versions
+from roost.node.base import TIMER_LEASE, fmt
+from roost.node.cookies import Addr
+from roost.node.delivery import Delivery
 
 
 class TextProtocol(Delivery):

@@ -42,10 +42,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 from pyspark.sql.window import Window as W
 
-from pipeline.durablerules import DURABLE_KINDS, DURABLE_VIOLATIONS, DurableCollector, judge
-from pipeline.eventlog import RunInfo
-from pipeline.eventsource import MALFORMED
-from pipeline.rules import (
+from roost.pipeline.durablerules import DURABLE_KINDS, DURABLE_VIOLATIONS, DurableCollector, judge
+from roost.pipeline.eventlog import RunInfo
+from roost.pipeline.eventsource import MALFORMED
+from roost.pipeline.rules import (
     COUNT_FIELDS,
     DEFAULT_FAULT_TAIL,
     DEFAULT_GRACE,

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import plots, report
-from pipeline.eventlog import InputError, event_files, load_run
-from pipeline.rules import DEFAULT_FAULT_TAIL, DEFAULT_GRACE, DEFAULT_HORIZON
-from pipeline.spark import DEFAULT_MASTER, SparkUnavailable
+from roost.pipeline import plots, report
+from roost.pipeline.eventlog import InputError, event_files, load_run
+from roost.pipeline.rules import DEFAULT_FAULT_TAIL, DEFAULT_GRACE, DEFAULT_HORIZON
+from roost.pipeline.spark import DEFAULT_MASTER, SparkUnavailable
 
 if TYPE_CHECKING:
-    from pipeline.analysis import Options
+    from roost.pipeline.analysis import Options
 
 STEPS = 13  # analysis stages (the step calls in analysis.analyze) + the plots
 
@@ -87,8 +87,8 @@ def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, op
     """Run the audit; returns the summary (also written to OUT/summary.json). `spark`: an existing
     session to use (the tests share one), else one is started for `master`; `chunk_bytes`: how
     the event files are split for reading (default 64 MiB)."""
-    from pipeline.analysis import Options
-    from pipeline.store import Store, run_id
+    from roost.pipeline.analysis import Options
+    from roost.pipeline.store import Store, run_id
 
     opts = opts or Options()
     out = Path(out)
@@ -102,8 +102,8 @@ def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, op
 
 def _audit(run_dirs: list[str], out: Path, store: Any, master: str, opts: Any, quiet: bool, spark: Any,
            chunk_bytes: int | None) -> dict[str, Any]:
-    from pipeline.analysis import analyze
-    from pipeline.spark import session
+    from roost.pipeline.analysis import analyze
+    from roost.pipeline.spark import session
 
     stale = [d for d in run_dirs if not store.fresh(d)]
     progress = Progress(STEPS + (1 if stale else 0), quiet)
@@ -160,7 +160,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     """`roost audit` with parsed arguments."""
-    from pipeline.analysis import Options
+    from roost.pipeline.analysis import Options
 
     for name in ("grace", "fault_tail", "horizon", "subscriber_timeout"):
         v = getattr(a, name)

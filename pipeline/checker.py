@@ -11,10 +11,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline import durablerules
-from pipeline.eventlog import InputError as InputError
-from pipeline.eventlog import RunInfo, event_files, load_run, read_events
-from pipeline.rules import (
+from roost.pipeline import durablerules
+from roost.pipeline.eventlog import InputError as InputError
+from roost.pipeline.eventlog import RunInfo, event_files, load_run, read_events
+from roost.pipeline.rules import (
     COUNT_FIELDS,
     DEFAULT_FAULT_TAIL,
     DEFAULT_GRACE,

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.rules import FaultIndex, latency_summary, path_gap
+from roost.pipeline.rules import FaultIndex, latency_summary, path_gap
 
 DURABLE_KINDS = frozenset({"put", "putack", "dsubscribe", "record", "commit", "crash"})
 DURABLE_VIOLATIONS = ("durable_lost", "durable_duplicated", "durable_reordered", "durable_phantom", "offset_conflict",

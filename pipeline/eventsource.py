@@ -28,7 +28,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
 
-from pipeline.eventlog import FIELDS, event_files, line_parser
+from roost.pipeline.eventlog import FIELDS, event_files, line_parser
 
 MALFORMED = "malformed"  # the `ev` of a malformed line's row (never an event kind)
 DEFAULT_CHUNK_BYTES = 64 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.rules import MODES
+from roost.pipeline.rules import MODES
 
 
 def _ms(v: float | None) -> str:

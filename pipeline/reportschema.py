@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.durablerules import DURABLE_COUNTS, DURABLE_VIOLATIONS
-from pipeline.rules import COUNT_FIELDS, LOSS_CLASSES, MODES
+from roost.pipeline.durablerules import DURABLE_COUNTS, DURABLE_VIOLATIONS
+from roost.pipeline.rules import COUNT_FIELDS, LOSS_CLASSES, MODES
 
 _N = {"type": ["number", "null"]}
 _NUM_S = {"type": "number"}

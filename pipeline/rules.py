@@ -228,8 +228,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.eventlog import MODES as MODES
-from pipeline.eventlog import RunInfo
+from roost.pipeline.eventlog import MODES as MODES
+from roost.pipeline.eventlog import RunInfo
 
 MEMBERSHIP_FAULTS = frozenset({"join", "leave"})
 
@@ -354,7 +354,7 @@ class Placement:
     once, on the driver of the audit too; only plain data travels to its executors."""
 
     def __init__(self, members: list[str], partitions: int, replicas: int) -> None:
-        from cluster.clustermap import compute
+        from roost.cluster.clustermap import compute
 
         self.partitions = partitions
         addrs = {m: (("", 0), ("", 0)) for m in members}
@@ -367,7 +367,7 @@ class Placement:
                     self.movers[p] |= {x}
 
     def movers_of(self, topic: str) -> frozenset[str]:
-        from cluster.ring import partition_of
+        from roost.cluster.ring import partition_of
 
         return self.movers[partition_of(topic, self.partitions)]
 

@@ -45,8 +45,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from pipeline.source import SCHEMA, RoostBatchReader, RoostStreamReader, check_schema, parse_nodes
-from pipeline.source import parse_options as parse_source_options
+from roost.pipeline.source import SCHEMA, RoostBatchReader, RoostStreamReader, check_schema, parse_nodes
+from roost.pipeline.source import parse_options as parse_source_options
 
 DEFAULT_TIMEOUT = 30.0
 COLUMNS = {"payload": "string or binary", "key": "string", "tags": "map<string,string>", "topic": "string"}
@@ -134,8 +134,8 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
     """Publish every row with acknowledgement; returns the count. Runs on an executor."""
     import trio
 
-    from client.library import Client, NodeLost
-    from client.wire import WireError
+    from roost.client.library import Client, NodeLost
+    from roost.client.wire import WireError
 
     nodes = opts.nodes
     names = ",".join(f"{h}:{p}" for h, p in nodes)

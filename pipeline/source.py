@@ -196,7 +196,7 @@ def run(opts: SourceOptions, job: Callable[[Any], Awaitable[T]]) -> T:
     answer into errors that say which, and which option is involved."""
     import trio
 
-    from client.library import Client, NodeLost
+    from roost.client.library import Client, NodeLost
 
     async def main() -> T:
         entered = False
@@ -283,7 +283,7 @@ async def read_range(c: Any, opts: SourceOptions, rng: OffsetRange) -> list[Row]
     retained offset above the position means retention deleted records before they were read."""
     import trio
 
-    from client.library import NodeLost
+    from roost.client.library import NodeLost
 
     rows: list[Row] = []
     pos, count, largest = rng.start, READ_FIRST, 1

@@ -80,8 +80,8 @@ def session(master: str = DEFAULT_MASTER, app: str = "roost", **conf: Any) -> An
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    from pipeline.eventsource import EventLogSource
-    from pipeline.sink import RoostSink
+    from roost.pipeline.eventsource import EventLogSource
+    from roost.pipeline.sink import RoostSink
 
     spark.dataSource.register(EventLogSource)
     spark.dataSource.register(RoostSink)

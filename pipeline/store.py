@@ -30,9 +30,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.analysis import RunMeta
-from pipeline.eventlog import RunInfo, event_files, load_run
-from pipeline.eventsource import EVENT_SCHEMA  # (explicit: partition values are not typed by guess)
+from roost.pipeline.analysis import RunMeta
+from roost.pipeline.eventlog import RunInfo, event_files, load_run
+from roost.pipeline.eventsource import EVENT_SCHEMA  # (explicit: partition values are not typed by guess)
 
 MANIFEST_VERSION = 2  # (2: the durable columns; a store of version 1 lacks them and is converted again)
 

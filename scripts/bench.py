@@ -29,8 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from client import Client, ClientConfig  # noqa: E402
-from node.procs import free_udp_port, wait_listening  # noqa: E402
+from roost.client import Client, ClientConfig  # noqa: E402
+from roost.node.procs import free_udp_port, wait_listening  # noqa: E402
 
 HEAD = struct.Struct("!Qd")  # index, send time
 
@@ -107,7 +107,7 @@ def start_node(port: int) -> subprocess.Popen[bytes]:
     with open(cfg, "w") as f:
         f.write(f'[node]\nid = "bench"\nclient_addr = "127.0.0.1:{port}"\nlog_level = "warning"\n'
                 "[limits]\nmailbox_capacity = 200000\nsend_window = 8192\n")  # fmt: skip
-    node = subprocess.Popen([sys.executable, "-m", "cluster.cli", "node", "--config", cfg], cwd=ROOT)
+    node = subprocess.Popen([sys.executable, "-m", "roost", "node", "--config", cfg], cwd=ROOT)
     wait_listening(node, "127.0.0.1", port)
     return node
 

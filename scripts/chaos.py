@@ -55,10 +55,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cluster import admin  # noqa: E402
-from cluster.config import ClusterConfig, load_cluster_config  # noqa: E402
-from cluster.launcher import free_tcp_port, node_command, write_local_config  # noqa: E402
-from node.procs import free_udp_port  # noqa: E402
+from roost.cluster import admin  # noqa: E402
+from roost.cluster.config import ClusterConfig, load_cluster_config  # noqa: E402
+from roost.cluster.launcher import free_tcp_port, node_command, write_local_config  # noqa: E402
+from roost.node.procs import free_udp_port  # noqa: E402
 from scripts import chaos_durable  # noqa: E402
 
 FAULTS = ("kill", "pause", "partition", "loss", "dup", "delay", "join", "leave")
@@ -531,7 +531,7 @@ def record_status(run: Run, ids: list[str]) -> None:
     with open(run.out / "events" / "status.jsonl", "a", encoding="utf-8") as f:
         for mid in ids:
             client = run.joined[mid][0] if mid in run.joined else run.cc.member(mid).client_addr
-            cmd = [sys.executable, "-m", "cluster.cli", "status", "--json", "--node", "{}:{}".format(*client)]
+            cmd = [sys.executable, "-m", "roost", "status", "--json", "--node", "{}:{}".format(*client)]
             r = subprocess.run([*run.prefix(run.client_ns), *cmd], cwd=ROOT,
                                capture_output=True, text=True, timeout=30)  # fmt: skip
             try:

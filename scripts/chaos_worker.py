@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
 
-from client import Client
-from client.library import NodeLost, Subscription
+from roost.client import Client
+from roost.client.library import NodeLost, Subscription
 
 TOPICS = ("chaos.a", "chaos.b")
 KEYS = (None, "k1", "k2")

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline import checker, rules
+from roost.pipeline import checker, rules
 
 
 def _ms(v: float | None) -> str:

@@ -60,10 +60,10 @@ from typing import IO, Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from client import wire  # noqa: E402
-from client.wire import T  # noqa: E402
-from cluster import clustermap  # noqa: E402
-from node.procs import free_udp_port, wait_listening  # noqa: E402
+from roost.client import wire  # noqa: E402
+from roost.client.wire import T  # noqa: E402
+from roost.cluster import clustermap  # noqa: E402
+from roost.node.procs import free_udp_port, wait_listening  # noqa: E402
 
 Cmd = tuple[int, str, str | None, int]
 MEMBERS = ("n1", "n2", "n3", "n4", "n5")
@@ -152,7 +152,7 @@ def replicated(a: argparse.Namespace) -> int:
         f.write(f'[node]\nlog_level = "info"\n[limits]\nmax_per_host = {clients + 10}\n'
                 f"max_clients = {clients + 10}\n[timeouts]\nsubscriber_timeout = 86400\n")  # fmt: skip
     logs = {i: open(os.path.join(tmp, f"{i}.log"), "w+") for i in ports}  # noqa: SIM115
-    cmd = [sys.executable, "-m", "cluster.cli", "node", "--config", cfg, "--id"]
+    cmd = [sys.executable, "-m", "roost", "node", "--config", cfg, "--id"]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         n1 = subprocess.Popen([*cmd, "n1"], cwd=ROOT, stderr=logs["n1"])
@@ -404,7 +404,7 @@ class Members:
     def start(self, m: str, log_name: str) -> subprocess.Popen[bytes]:
         log = open(os.path.join(self.tmp, log_name), "wb")  # noqa: SIM115 - closed in close()
         self.logs.append(log)
-        p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "node", "--config", self.cfg, "--id", m],
+        p = subprocess.Popen([sys.executable, "-m", "roost", "node", "--config", self.cfg, "--id", m],
                              cwd=ROOT, stdout=log, stderr=log)  # fmt: skip
         self.procs[m] = p
         self.started.append(p)

@@ -25,14 +25,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-ROOST = [sys.executable, "-m", "cluster.cli"]
+ROOST = [sys.executable, "-m", "roost"]
 CONFIG = "configs/cluster3.toml"
 RUN_DIR = "run/demo"
 
 import trio  # noqa: E402
 
-from client import Client  # noqa: E402
-from node.procs import fastpuss_roundtrip, free_udp_port, wait_listening  # noqa: E402
+from roost.client import Client  # noqa: E402
+from roost.node.procs import fastpuss_roundtrip, free_udp_port, wait_listening  # noqa: E402
 
 T0 = time.monotonic()
 

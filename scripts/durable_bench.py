@@ -45,11 +45,11 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client.library import Client  # noqa: E402
-from cluster.config import load_cluster_config  # noqa: E402
-from cluster.launcher import Launcher, write_local_config  # noqa: E402
-from node.procs import wait_listening  # noqa: E402
-from node.segmentlog import Record, SegmentLog  # noqa: E402
+from roost.client.library import Client  # noqa: E402
+from roost.cluster.config import load_cluster_config  # noqa: E402
+from roost.cluster.launcher import Launcher, write_local_config  # noqa: E402
+from roost.node.procs import wait_listening  # noqa: E402
+from roost.node.segmentlog import Record, SegmentLog  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

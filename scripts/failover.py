@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import checker, rules  # noqa: E402
+from roost.pipeline import checker, rules  # noqa: E402
 from scripts import chaos  # noqa: E402
 
 

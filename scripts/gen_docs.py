@@ -15,11 +15,11 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from client import wire  # noqa: E402
-from client.wire import E, T  # noqa: E402
-from cluster import clustermap  # noqa: E402
-from cluster.config import CLUSTER_SETTINGS  # noqa: E402
-from node.config import config_doc  # noqa: E402
+from roost.client import wire  # noqa: E402
+from roost.client.wire import E, T  # noqa: E402
+from roost.cluster import clustermap  # noqa: E402
+from roost.cluster.config import CLUSTER_SETTINGS  # noqa: E402
+from roost.node.config import config_doc  # noqa: E402
 
 CID = bytes.fromhex("c1" * 16)
 COOKIE = bytes.fromhex("5e" * 16)

@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cluster import ring
+from roost.cluster import ring
 
 
 def measure(placement: str, n: int, partitions: int, replicas: int) -> dict[str, float]:

@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cluster.sim import run_seed
-from cluster.simbreaks import BREAKS, apply_break
-from cluster.simworld import FAULTS
+from roost.cluster.sim import run_seed
+from roost.cluster.simbreaks import BREAKS, apply_break
+from roost.cluster.simworld import FAULTS
 
 
 def _run(job: tuple[int, dict[str, Any], str | None]) -> tuple[int, list[str], dict[str, int], int]:

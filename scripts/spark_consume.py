@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.spark import DEFAULT_MASTER, session
+from roost.pipeline.spark import DEFAULT_MASTER, session
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,13 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster.config import load_cluster_config
-from cluster.launcher import Launcher, write_local_config
-from node.procs import wait_listening
+from roost.cluster.config import load_cluster_config
+from roost.cluster.launcher import Launcher, write_local_config
+from roost.node.procs import wait_listening
 from tests.polling import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOST = [sys.executable, "-m", "cluster.cli"]
+ROOST = [sys.executable, "-m", "roost"]
 
 
 def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:

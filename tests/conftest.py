@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import trio
 
-from node.config import NodeConfig
-from node.logs import EventLog
-from node.server import NodeServer
+from roost.node.config import NodeConfig
+from roost.node.logs import EventLog
+from roost.node.server import NodeServer
 from tests.clusterkit import ROOT
 
 
@@ -60,7 +60,7 @@ def spark() -> Any:
     """One local Spark session for the whole test run (starting one costs 5-10 s). `local[2,4]`:
     two cores, and a failed task is tried up to 4 times, as on a cluster (local mode's default
     is once), so the data source's retry test can fail a task on purpose."""
-    from pipeline.spark import session
+    from roost.pipeline.spark import session
 
     s = session("local[2,4]", "roost-tests", **{"spark.sql.shuffle.partitions": "2"})
     yield s

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from client import wire
-from client.wire import T
-from node.config import NodeConfig
-from node.core import BrokerCore, Replicate, Send
+from roost.client import wire
+from roost.client.wire import T
+from roost.node.config import NodeConfig
+from roost.node.core import BrokerCore, Replicate, Send
 
 NODE = ("127.0.0.1", 7400)
 

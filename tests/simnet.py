@@ -10,8 +10,8 @@ import heapq
 import random
 from typing import Any
 
-from client.session import ClientConfig, ClientSession
-from node.core import BrokerCore, Send
+from roost.client.session import ClientConfig, ClientSession
+from roost.node.core import BrokerCore, Send
 from tests.corekit import NODE
 
 

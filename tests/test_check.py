@@ -16,8 +16,8 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from pipeline import checker, eventlog, reportschema, rules
-from pipeline.rules import ALLOWED_CUT, ALLOWED_DIED, ALLOWED_ENDED, VIOLATION
+from roost.pipeline import checker, eventlog, reportschema, rules
+from roost.pipeline.rules import ALLOWED_CUT, ALLOWED_DIED, ALLOWED_ENDED, VIOLATION
 from scripts import check, gen_events
 
 ROOT = Path(__file__).resolve().parent.parent

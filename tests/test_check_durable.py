@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from pipeline import checker, reportschema
+from roost.pipeline import checker, reportschema
 from scripts import check
 from tests.test_check import History
 

@@ -10,7 +10,7 @@ import sys
 import msgpack
 import pytest
 
-from cluster.peerwire import NONCE_LEN, PROTOCOL, P, encode
+from roost.cluster.peerwire import NONCE_LEN, PROTOCOL, P, encode
 from tests.clusterkit import ROOT, LocalCluster, read_lines, roost, start_sub, sub_lines
 from tests.polling import wait_until
 
@@ -125,7 +125,7 @@ def test_a_member_restarted_with_another_cluster_shape_is_refused_and_told_why(c
     odd.write_text(cluster.config.read_text().replace("[cluster]\n", '[cluster]\nmode = "partitioned"\n', 1))
     log = cluster.tmp / "odd.log"
     with open(log, "w") as err:
-        p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "node", "--config", str(odd), "--id", "n2"],
+        p = subprocess.Popen([sys.executable, "-m", "roost", "node", "--config", str(odd), "--id", "n2"],
                              cwd=ROOT, stderr=err)  # fmt: skip
     try:
         wait_until(lambda: "refused by the peer: peer runs 'partitioned/256/2', this member 'replicated'"
@@ -213,8 +213,8 @@ async def test_snapshot_writes_and_fsyncs_run_off_the_event_loop(tmp_path, monke
 
     import trio
 
-    from cluster.config import load_cluster_config
-    from cluster.server import ClusterNode
+    from roost.cluster.config import load_cluster_config
+    from roost.cluster.server import ClusterNode
     from tests.polling import eventually
 
     data = {
@@ -270,9 +270,9 @@ async def test_sends_left_by_a_full_buffer_outside_the_udp_task_go_out(tmp_path)
     import trio
     import trio.testing
 
-    from cluster.config import load_cluster_config
-    from cluster.events import Datagrams
-    from cluster.server import ClusterNode
+    from roost.cluster.config import load_cluster_config
+    from roost.cluster.events import Datagrams
+    from roost.cluster.server import ClusterNode
     from tests.polling import eventually
 
     quiet = {"heartbeat_interval": 10.0, "suspect_after": 20.0, "down_after": 40.0, "link_idle_timeout": 30.0,
@@ -321,9 +321,9 @@ async def test_a_hung_disk_does_not_hold_a_stopping_member_past_stop_timeout(tmp
 
     import trio
 
-    import cluster.server as server
-    from cluster.config import load_cluster_config
-    from cluster.server import ClusterNode
+    import roost.cluster.server as server
+    from roost.cluster.config import load_cluster_config
+    from roost.cluster.server import ClusterNode
     from tests.polling import eventually
 
     disk = threading.Event()
@@ -354,9 +354,9 @@ def test_a_subscription_taken_while_members_are_cut_apart_is_live_everywhere_soo
     and dialled again), not after TCP's retransmit back-off. Clients still reach every member."""
     import time
 
-    from cluster.config import load_cluster_config
-    from cluster.launcher import Launcher, write_local_config
-    from node.procs import wait_listening
+    from roost.cluster.config import load_cluster_config
+    from roost.cluster.launcher import Launcher, write_local_config
+    from roost.node.procs import wait_listening
     from scripts.faults import FaultTable
 
     hosts = ["127.0.0.21", "127.0.0.22", "127.0.0.23"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from client.wire import WireError
-from cluster import clustermap, ring
+from roost.client.wire import WireError
+from roost.cluster import clustermap, ring
 
 FIVE = {f"n{i}": ((f"127.0.0.{i}", 7400 + i), (f"127.0.0.{i}", 7500 + i)) for i in range(1, 6)}
 

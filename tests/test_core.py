@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from client import wire
-from client.text import parse_untrusted_text
-from client.wire import E, Mode, Reason, T
+from roost.client import wire
+from roost.client.text import parse_untrusted_text
+from roost.client.wire import E, Mode, Reason, T
 from tests.corekit import connect, delivered, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
@@ -468,7 +468,7 @@ def test_a_retried_batch_gets_its_own_answer_not_the_latest():
 
 
 def test_a_batch_older_than_those_remembered_is_answered_stale_and_changes_nothing():
-    from node.clients import REMEMBERED_BATCHES
+    from roost.node.clients import REMEMBERED_BATCHES
 
     core = make_core()
     (fc,) = connect(core, A)
@@ -499,7 +499,7 @@ def test_dropping_the_last_reliable_subscription_forgets_the_stream():
 
 
 def test_repeated_sack_ranges_cost_no_more_than_one():
-    from node.mailbox import Mailbox
+    from roost.node.mailbox import Mailbox
 
     mb = Mailbox(1, 10_000, 0.2, 2.0)
     for i in range(5000):

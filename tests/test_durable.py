@@ -12,11 +12,11 @@ from pathlib import Path
 import msgpack
 import trio
 
-from client.library import Client
-from client.offsets import OffsetFile
-from cluster.clustermap import compute
-from cluster.config import load_cluster_config
-from node.segmentlog import Record, SegmentLog, encode_record
+from roost.client.library import Client
+from roost.client.offsets import OffsetFile
+from roost.cluster.clustermap import compute
+from roost.cluster.config import load_cluster_config
+from roost.node.segmentlog import Record, SegmentLog, encode_record
 from tests.clusterkit import LocalCluster, roost
 from tests.polling import wait_until
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import msgpack
 
-from cluster.events import Tick
-from cluster.partitionlog import LEADING
-from cluster.sim import Simulation
+from roost.cluster.events import Tick
+from roost.cluster.partitionlog import LEADING
+from roost.cluster.sim import Simulation
 
 
 class Producer:

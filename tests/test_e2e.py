@@ -14,8 +14,8 @@ import time
 import msgpack
 import pytest
 
-from client import wire
-from node.procs import fastpuss_roundtrip, free_udp_port
+from roost.client import wire
+from roost.node.procs import fastpuss_roundtrip, free_udp_port
 from tests.clusterkit import ROOST, ROOT, roost, start_sub, sub_lines
 from tests.corekit import random_datagram
 from tests.polling import wait_until
@@ -177,7 +177,7 @@ def test_missing_config_file(tmp_path):
 
 
 def test_shipped_config_loads():
-    from node.config import load_node_config
+    from roost.node.config import load_node_config
 
     cfg = load_node_config(os.path.join(ROOT, "configs", "single.toml"))
     assert cfg.client_addr == ("127.0.0.1", 7400) and cfg.id == "n1"

@@ -13,9 +13,9 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client import wire
-from client.text import parse_untrusted_text
-from client.wire import T, WireError
+from roost.client import wire
+from roost.client.text import parse_untrusted_text
+from roost.client.wire import T, WireError
 from tests.corekit import connect, make_core, random_datagram
 
 A = ("127.0.0.1", 5001)

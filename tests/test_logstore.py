@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cluster.events import LogFailed, LogReloaded, LogWritten, SeenSaved
-from cluster.logrecords import message_body
-from cluster.logstore import LogStore
-from cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, SaveSeen, Truncate
-from node.segmentlog import Record
+from roost.cluster.events import LogFailed, LogReloaded, LogWritten, SeenSaved
+from roost.cluster.logrecords import message_body
+from roost.cluster.logstore import LogStore
+from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, SaveSeen, Truncate
+from roost.node.segmentlog import Record
 
 
 def _store(tmp_path: Path, lines: list[tuple[Any, ...]]) -> LogStore:

@@ -9,7 +9,7 @@ import re
 
 import trio
 
-from client import Client
+from roost.client import Client
 from tests.clusterkit import LocalCluster, roost
 from tests.polling import wait_until
 

@@ -9,8 +9,8 @@ import time
 import pytest
 import trio
 
-from client import Client
-from cluster import clustermap
+from roost.client import Client
+from roost.cluster import clustermap
 from tests.clusterkit import LocalCluster
 from tests.polling import wait_until
 

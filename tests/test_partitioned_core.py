@@ -10,19 +10,27 @@ from typing import Any
 
 import pytest
 
-from client import wire
-from client.wire import E, T
-from cluster import clustermap, ring
-from cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame, Tick
-from cluster.forwarding import ForwardQueue
-from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_forwarded, check_partitions, check_relay, encode
-from cluster.replication import PeerQueue
-from cluster.sim import Simulation
-from cluster.simcheck import Published
-from node import versions
-from node.config import NodeConfig
-from node.core import BrokerCore, Forward
-from node.ownership import Ownership, partition_of
+from roost.client import wire
+from roost.client.wire import E, T
+from roost.cluster import clustermap, ring
+from roost.cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame, Tick
+from roost.cluster.forwarding import ForwardQueue
+from roost.cluster.peerwire import (
+    FrameDecoder,
+    P,
+    PeerProtocolError,
+    check_forwarded,
+    check_partitions,
+    check_relay,
+    encode,
+)
+from roost.cluster.replication import PeerQueue
+from roost.cluster.sim import Simulation
+from roost.cluster.simcheck import Published
+from roost.node import versions
+from roost.node.config import NodeConfig
+from roost.node.core import BrokerCore, Forward
+from roost.node.ownership import Ownership, partition_of
 from tests.corekit import connect, frames_to, make_core, replicated, sends
 
 PID = b"p" * 16

@@ -9,8 +9,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from cluster.logrecords import LogScan, message_body
-from cluster.partitionlog import (
+from roost.cluster.logrecords import LogScan, message_body
+from roost.cluster.partitionlog import (
     CLAIMING,
     CURSOR,
     FOLLOWING,
@@ -29,7 +29,7 @@ from cluster.partitionlog import (
     Truncate,
     decode_untrusted_body,
 )
-from node.segmentlog import Record
+from roost.node.segmentlog import Record
 
 
 class Owners:

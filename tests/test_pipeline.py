@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pipeline import audit, checker
-from pipeline.durablerules import DURABLE_VIOLATIONS
-from pipeline.rules import COUNT_FIELDS, VIOLATION
+from roost.pipeline import audit, checker
+from roost.pipeline.durablerules import DURABLE_VIOLATIONS
+from roost.pipeline.rules import COUNT_FIELDS, VIOLATION
 from scripts import gen_events
 from tests.clusterkit import ROOT
 from tests.test_check import History
@@ -200,15 +200,15 @@ def test_audit_agrees_with_the_checker_on_durable_mode(tmp_path, spark, durable_
 
 
 def test_roost_audit_command_exits_2_on_a_missing_run_and_names_it(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(tmp_path / "nope"), "--out",
+    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(tmp_path / "nope"), "--out",
                         str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "nope/run.json: no such file" in r.stderr
     (tmp_path / "empty" / "events").mkdir(parents=True)
     (tmp_path / "empty" / "run.json").write_text("{}")
-    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(tmp_path / "empty"), "--grace", "-1"],
+    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(tmp_path / "empty"), "--grace", "-1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--grace must be a finite number >= 0" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(tmp_path / "empty")],
+    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(tmp_path / "empty")],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no *.jsonl event files" in r.stderr
 
@@ -218,7 +218,7 @@ def test_roost_audit_command_end_to_end(tmp_path):
     """The command as a user runs it: its own Spark session, a progress bar, exit 1 on a violation."""
     run = tmp_path / "gen"
     gen_events.generate(run, events=3000, seed=2, lose=1)
-    r = subprocess.run([sys.executable, "-m", "cluster.cli", "audit", str(run), "--out", str(tmp_path / "o"),
+    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(run), "--out", str(tmp_path / "o"),
                         "--master", "local[1]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAIL" in r.stdout and "1 violations" in r.stdout

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.config import load_cluster_config
-from cluster.membership import Membership
-from cluster.partitionlog import LogSettings
-from cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_entries, encode, mac
-from cluster.replication import PeerQueue
-from node import versions
-from node.config import ConfigError, NodeConfig
-from node.core import BrokerCore, Log
+from roost.cluster.config import load_cluster_config
+from roost.cluster.membership import Membership
+from roost.cluster.partitionlog import LogSettings
+from roost.cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_entries, encode, mac
+from roost.cluster.replication import PeerQueue
+from roost.node import versions
+from roost.node.config import ConfigError, NodeConfig
+from roost.node.core import BrokerCore, Log
 from tests.corekit import FakeClient, connect, delivered, frames_to, make_core, replicated
 
 WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from cluster import ring
+from roost.cluster import ring
 from tests.clusterkit import ROOT
 
 FIVE = [f"n{i}" for i in range(1, 6)]

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from cluster.roster import Entry, Roster, RosterError, decode_untrusted_roster
-from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
+from roost.cluster.roster import Entry, Roster, RosterError, decode_untrusted_roster
+from roost.cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
 
 BASE = {f"n{i}": (("127.0.0.1", 7400 + i), ("127.0.0.1", 7500 + i)) for i in range(1, 4)}
 

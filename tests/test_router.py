@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from client import wire
-from client.router import Router, derive_id
-from client.session import ClientConfig, ClientSession
-from client.wire import T
-from cluster import clustermap
+from roost.client import wire
+from roost.client.router import Router, derive_id
+from roost.client.session import ClientConfig, ClientSession
+from roost.client.wire import T
+from roost.cluster import clustermap
 
 CID, PID, FPID = b"c" * 16, b"p" * 16, b"f" * 16
 COOKIE = b"k" * 16
@@ -187,7 +187,7 @@ def test_every_put_datagram_fits_the_sessions_max_datagram():
     """A burst of durable puts is packed up to the datagram size: the PUT header (ids, cookie,
     sequences) counts too, or the member refuses the frame as too large and the go-back-N
     retry resends the same oversized frame forever (seen as a stall after 1,089 puts)."""
-    from client import durablewire
+    from roost.client import durablewire
 
     largest = 0
     for size in range(10, 30):  # (how close a datagram's last message comes to the limit depends on the size)

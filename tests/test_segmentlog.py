@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.segmentlog import HEADER, INDEX_ENTRY, LogCorrupt, LogUsage, Record, SegmentLog, encode_record
+from roost.node.segmentlog import HEADER, INDEX_ENTRY, LogCorrupt, LogUsage, Record, SegmentLog, encode_record
 
 
 def recs(start: int, n: int, size: int = 50, t0: int = 1000) -> list[Record]:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client import wire
-from client.session import ClientConfig, ClientSession
-from client.wire import E, Mode, Reason, T
+from roost.client import wire
+from roost.client.session import ClientConfig, ClientSession
+from roost.client.wire import E, Mode, Reason, T
 from tests.corekit import NODE, make_core
 from tests.simnet import SimNet
 
@@ -325,8 +325,8 @@ def test_a_producers_earlier_messages_arriving_after_its_first_one_heard_are_del
     """Simulator seed 949: a subscriber's first message from a producer came through one member
     (seq 144) before an earlier one (seq 133) it had accepted through another. Nothing below
     the first sequence heard had been seen: it is new, and delivered, once."""
-    from client.receive import Receiver
-    from client.session import SubState
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
 
     subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
     r = Receiver(subs, [], ClientConfig())
@@ -341,8 +341,8 @@ def test_a_message_that_arrived_while_no_subscription_was_in_force_is_delivered_
     """Simulator seed 949: a copy reached the client between an unsubscribe and a new
     subscribe to the topic (no application saw it); the copy another member delivered to
     the new subscription was then dropped as a duplicate."""
-    from client.receive import Receiver
-    from client.session import SubState
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
 
     subs: dict[tuple[str, str | None], SubState] = {}
     r = Receiver(subs, [], ClientConfig())
@@ -355,9 +355,9 @@ def test_a_message_that_arrived_while_no_subscription_was_in_force_is_delivered_
 
 
 def test_forgetting_early_sequences_past_the_bound_misses_rather_than_duplicates(monkeypatch):
-    import client.receive as receive
-    from client.receive import Receiver
-    from client.session import SubState
+    import roost.client.receive as receive
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
 
     monkeypatch.setattr(receive, "MAX_HOLES", 4)
     subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
@@ -369,8 +369,8 @@ def test_forgetting_early_sequences_past_the_bound_misses_rather_than_duplicates
 
 
 def test_a_fire_datagram_the_network_duplicated_is_delivered_once_and_equal_messages_twice():
-    from client.receive import Receiver
-    from client.session import SubState
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
 
     subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.FIRE)}
     r = Receiver(subs, [], ClientConfig())
@@ -388,7 +388,7 @@ def test_a_publisher_reusing_a_producer_id_the_node_acknowledged_further_sends_o
     PUBACK covers sequences this publisher queued but had not sent yet. They count as delivered
     (the node has them), and what comes after goes out from the next sequence; this used to
     crash emit() with a negative index."""
-    from client.publisher import Publisher
+    from roost.client.publisher import Publisher
 
     pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig())
     for i in range(3):

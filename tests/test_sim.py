@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cluster.events import (
+from roost.cluster.events import (
     Accepted,
     Close,
     Datagrams,
@@ -24,11 +24,11 @@ from cluster.events import (
     Tick,
     WriteSnapshot,
 )  # fmt: skip
-from cluster.member import MemberCore
-from cluster.peerwire import FrameDecoder, P, encode
-from cluster.sim import Simulation, run_seed
-from cluster.simworld import sim_config
-from cluster.snapshot import decode_untrusted_snapshot
+from roost.cluster.member import MemberCore
+from roost.cluster.peerwire import FrameDecoder, P, encode
+from roost.cluster.sim import Simulation, run_seed
+from roost.cluster.simworld import sim_config
+from roost.cluster.snapshot import decode_untrusted_snapshot
 from tests.clusterkit import ROOT
 
 SEEDS = 200
@@ -213,7 +213,7 @@ def test_a_broken_build_is_caught_with_a_seed_that_replays(broken, seeds, mode, 
 
 _TRAFFIC = """
 import hashlib, sys
-from cluster import sim
+from roost.cluster import sim
 digest = hashlib.blake2b()
 udp, tcp = sim.Simulation._udp, sim.Simulation._tcp
 def _udp(self, src, dst, data):
@@ -340,7 +340,7 @@ def test_stop_writes_a_last_snapshot_and_exits_only_after_it_is_on_disk():
 
 
 def test_a_truncated_snapshot_is_refused_whole_never_loaded_in_part():
-    from cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
+    from roost.cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
 
     sim = Simulation(7, members=3, clients=4, faults=(), fault_time=2.0, quiet=1.0)
     assert sim.run_until(3.0)
@@ -357,7 +357,7 @@ def test_a_truncated_snapshot_is_refused_whole_never_loaded_in_part():
 def test_snapshots_of_formats_2_and_3_are_still_read():
     import msgpack
 
-    from cluster.snapshot import decode_untrusted_snapshot
+    from roost.cluster.snapshot import decode_untrusted_snapshot
 
     sim = Simulation(7, members=3, clients=4, faults=(), fault_time=2.0, quiet=1.0)
     assert sim.run_until(3.0)
@@ -372,7 +372,7 @@ def test_a_dump_goes_out_only_as_fast_as_its_link_drains():
     """A PULL answered on a link whose runner sends nothing: the member queues
     about one frame's worth, then waits for LinkSent (no growing queue, no
     busy loop); a second PULL on the same link meanwhile is refused."""
-    from cluster.events import LinkSent
+    from roost.cluster.events import LinkSent
 
     sim = Simulation(5, members=3, clients=2, faults=(), fault_time=2.0, quiet=1.0)
     assert sim.run_until(3.0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import msgpack
 
-from cluster.logrecords import EPOCH, message_body
-from cluster.simcheck import Checker
-from cluster.simdurablecheck import DurableCheck
-from node.segmentlog import Record
+from roost.cluster.logrecords import EPOCH, message_body
+from roost.cluster.simcheck import Checker
+from roost.cluster.simdurablecheck import DurableCheck
+from roost.node.segmentlog import Record
 
 E0, EO, ER = 1, 2, 3
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.sink import producer_id
+from roost.pipeline.sink import producer_id
 from tests.clusterkit import LocalCluster, start_sub, sub_lines
 
 

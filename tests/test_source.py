@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import trio
 
-from client.library import Client
-from cluster.clustermap import compute
-from cluster.config import load_cluster_config
+from roost.client.library import Client
+from roost.cluster.clustermap import compute
+from roost.cluster.config import load_cluster_config
 from tests.clusterkit import LocalCluster
 from tests.polling import wait_until
 
@@ -205,7 +205,7 @@ def test_latest_means_the_same_offset_when_spark_asks_again_after_a_restart(clus
     them, in this process."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from pipeline.source import RoostStreamReader, parse_options
+    from roost.pipeline.source import RoostStreamReader, parse_options
 
     opts = parse_options({"nodes": nodes(cluster), "topic": "src.restart", "startingOffsets": "latest",
                           "maxRecordsPerTrigger": "10"}, streaming=True)  # fmt: skip
@@ -260,7 +260,7 @@ def test_starting_offsets_json_and_available_now_read_from_that_offset_to_the_en
 ])  # fmt: skip
 def test_a_bad_option_is_named_with_what_is_allowed(options, streaming, message):
     """The checks the planner runs before the query starts (their way through Spark: below)."""
-    from pipeline.source import SourceError, parse_options
+    from roost.pipeline.source import SourceError, parse_options
 
     with pytest.raises(SourceError, match=message):
         parse_options(options, streaming=streaming)

@@ -7,8 +7,8 @@ import os
 import pytest
 import trio
 
-from client import Client, ClientConfig, NodeLost, wire
-from client.wire import E, T
+from roost.client import Client, ClientConfig, NodeLost, wire
+from roost.client.wire import E, T
 from tests.polling import eventually
 
 pytestmark = pytest.mark.trio
@@ -119,9 +119,9 @@ async def test_unsubscribe_ends_iteration_without_error(node):
 
 
 async def test_node_lost_when_the_node_goes_away():
-    from node.config import NodeConfig
-    from node.logs import EventLog
-    from node.server import NodeServer
+    from roost.node.config import NodeConfig
+    from roost.node.logs import EventLog
+    from roost.node.server import NodeServer
 
     server = NodeServer(NodeConfig(client_addr=("127.0.0.1", 0)), EventLog("gone", "warning"))
     async with trio.open_nursery() as nursery:

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client import durablewire, wire
-from client.text import encode_text_msg, parse_untrusted_text
-from client.wire import E, T, WireError
-from cluster import clustermap
+from roost.client import durablewire, wire
+from roost.client.text import encode_text_msg, parse_untrusted_text
+from roost.client.wire import E, T, WireError
+from roost.cluster import clustermap
 
 CID, COOKIE, PID = b"c" * 16, b"k" * 16, b"p" * 16
 M = wire.pack_message("t", "k", {"a": "b"}, b"\x00payload")
