@@ -370,6 +370,10 @@ class ClientSession:
             self.failovers += 1
             self._resume_elsewhere()
 
+    def add_candidates(self, addrs: list[Addr]) -> None:
+        """More addresses to fail over to: the shell resolved a node's name again after a failover."""
+        self.candidates.extend(a for a in addrs if a not in self.candidates)
+
     def move_to(self, node: Addr, now: float) -> None:
         """Talk to ``node`` from now on, as a failover does (subscriptions and unacknowledged
         publishes go again). The router's: a durable request is served by its partition's

@@ -35,6 +35,16 @@ def open_udp(host: str, port: int) -> socket.socket:
     return sock
 
 
+def open_client_socket(node: Addr) -> socket.socket:
+    """A client session's socket: any local port, of the family of the node it talks to."""
+    family = socket.AF_INET6 if ":" in node[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)
+    sock.setblocking(False)
+    sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+    return sock
+
+
 def drain(sock: socket.socket, bufsize: int, limit: int = 1024) -> list[tuple[bytes, Addr]]:
     """Every datagram that is ready now (up to ``limit``), without blocking."""
     batch: list[tuple[bytes, Addr]] = []
@@ -69,4 +79,20 @@ async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]]) -> int:
             except (OSError, OverflowError, TypeError, ValueError):
                 failed += 1  # unreachable, refused by a firewall, or an unusable address
                 break
+    return failed
+
+
+def send_now(sock: socket.socket, datagrams: list[tuple[Addr, bytes]]) -> int:
+    """Send without waiting (a client's datagrams); returns how many could not be sent.
+
+    Unreachable, refused, a full send buffer, or an address the socket cannot use (another
+    family; a cluster map is validated, but a member list from the application is not): UDP
+    gives no promise, the session's retries and failover cover it."""
+    failed = 0
+    sendto = sock.sendto
+    for addr, d in datagrams:
+        try:
+            sendto(d, addr)
+        except (OSError, OverflowError, TypeError, ValueError):
+            failed += 1
     return failed

@@ -15,7 +15,7 @@ FASTPUSS_LINE = (b"SUB t1\n", b"PUB t1\nhello world  ")
 
 def free_udp_port(host: str = "127.0.0.1") -> int:
     """A UDP port nobody is bound to right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from roost.cluster.config import load_cluster_config
 from roost.cluster.launcher import Launcher, write_local_config
-from roost.node.procs import wait_listening
+from roost.node.procs import free_udp_port, wait_listening
 from tests.polling import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +52,30 @@ def sub_lines(p: subprocess.Popen[str], timeout: float = 60) -> list[str]:
     out = p.stdout.read()  # to EOF: the subscriber exits after --count messages or its --timeout
     assert p.wait(timeout) == 0, p.stderr.read()
     return out.splitlines()
+
+
+class Node:
+    """A `roost node` process on a free loopback port (``host`` "::1" for IPv6), started and logging."""
+
+    def __init__(self, tmp_path, extra: str = "", host: str = "127.0.0.1") -> None:
+        self.port = free_udp_port(host)
+        self.addr = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        self.cfg = tmp_path / "node.toml"
+        self.cfg.write_text(f'[node]\nid = "e2e"\nclient_addr = "{self.addr}"\n{extra}')
+        self.log = tmp_path / "node.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([*ROOST, "node", "--config", str(self.cfg)], cwd=ROOT, stderr=log)
+
+        def started() -> bool:
+            assert self.proc.poll() is None, self.log.read_text()
+            return "node_started" in self.log.read_text()
+
+        wait_until(started, what="node_started in the node's log")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(10)
 
 
 class LocalCluster:

@@ -16,7 +16,7 @@ import pytest
 
 from roost.client import wire
 from roost.node.procs import fastpuss_roundtrip, free_udp_port
-from tests.clusterkit import ROOST, ROOT, roost, start_sub, sub_lines
+from tests.clusterkit import ROOT, Node, roost, start_sub, sub_lines
 from tests.corekit import random_datagram
 from tests.polling import wait_until
 
@@ -29,28 +29,6 @@ def script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 def processes_mentioning(text: str) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in ps.splitlines() if text in line]
-
-
-class Node:
-    def __init__(self, tmp_path, extra: str = "") -> None:
-        self.port = free_udp_port()
-        self.addr = f"127.0.0.1:{self.port}"
-        self.cfg = tmp_path / "node.toml"
-        self.cfg.write_text(f'[node]\nid = "e2e"\nclient_addr = "{self.addr}"\n{extra}')
-        self.log = tmp_path / "node.log"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([*ROOST, "node", "--config", str(self.cfg)], cwd=ROOT, stderr=log)
-
-        def started() -> bool:
-            assert self.proc.poll() is None, self.log.read_text()
-            return "node_started" in self.log.read_text()
-
-        wait_until(started, what="node_started in the node's log")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(10)
 
 
 @pytest.fixture

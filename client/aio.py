@@ -1,0 +1,184 @@
+"""The asyncio client: :class:`Client`, the I/O of :class:`roost.client.api.ClientAPI` on asyncio.
+
+Callbacks rather than a task per session: each session's socket is watched with
+``loop.add_reader``, and a turn (drain every ready datagram, feed the router, fire due timers,
+send what the session produced, wake waiters) runs when it is readable, at the session's next
+deadline (``loop.call_at``), or soon after an API call changed the router (``_kick``; one turn
+for however many calls came before the loop ran). A ``create_datagram_endpoint`` transport would
+read one datagram per loop iteration and call the protocol once per datagram; draining the
+socket ourselves hands the router whole batches, as the trio shell does.
+
+    async with Client("127.0.0.1:7400") as c:
+        async with c.subscribe("prices") as sub:
+            await c.publish("prices", b"42")
+            async for msg in sub:
+                ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from roost.client import addresses
+from roost.client.api import ClientAPI, ClientClosed, LogRead, NodeLost, Request, Subscription, durable_id
+from roost.client.receive import Message
+from roost.client.session import ClientConfig, ClientSession
+from roost.client.udp import drain, open_client_socket, send_now
+
+Addr = tuple[str, int]
+
+__all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
+           "durable_id"]  # fmt: skip
+
+
+class Client(ClientAPI):
+    """The client for asyncio programs: ``async with Client(...) as c`` (see ClientAPI for the API)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._socks: dict[int, socket.socket] = {}  # id(session) -> its socket
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._changed: asyncio.Event | None = None
+        self._kicked = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("the client is not connected: use 'async with Client(...)' first")
+        return self._loop
+
+    # ------------------------------------------------------------ primitives (client/api.py)
+
+    def _now(self) -> float:
+        return self.loop.time()
+
+    async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
+        while not cond():
+            if self._closed:
+                raise ClientClosed("client is closed")
+            assert self._changed is not None
+            if deadline == math.inf:
+                await self._changed.wait()
+                continue
+            if self.loop.time() >= deadline:
+                return False
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._changed.wait()
+            except TimeoutError:
+                return cond()
+        return True
+
+    def _kick(self) -> None:
+        self._spawn()
+        if not self._kicked and not self._closed:
+            self._kicked = True
+            self.loop.call_soon(self._turn_all)
+
+    async def _sleep_until(self, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, deadline - self.loop.time()))
+
+    async def _checkpoint(self) -> None:
+        await asyncio.sleep(0)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def _resolve(self, host: str, port: int) -> list[tuple[Any, ...]]:
+        return await self.loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+
+    async def _open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+
+    def _background(self, fn: Callable[[], Any]) -> None:
+        if self._closed:
+            return
+        task = self.loop.create_task(fn())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        for timer in self._timers.values():
+            timer.cancel()
+        for sock in self._socks.values():
+            self.loop.remove_reader(sock)
+            sock.close()
+        self._wake()  # (waiters see the client closed)
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self) -> None:
+        """A socket and a reader for every session the router opened since we last looked."""
+        if self._closed or self._router is None:
+            return
+        for s in self._router.sessions:
+            if id(s) not in self._socks:
+                self._watch(s, open_client_socket(s.node))
+                self.loop.call_soon(self._turn, s)
+
+    def _watch(self, s: ClientSession, sock: socket.socket) -> None:
+        self._socks[id(s)] = sock
+        self.loop.add_reader(sock, self._turn, s)
+
+    # ------------------------------------------------------------ the I/O turn
+
+    def _turn_all(self) -> None:
+        self._kicked = False
+        if self._router is not None:
+            for s in self._router.sessions:
+                if id(s) in self._socks:
+                    self._turn(s)
+
+    def _turn(self, s: ClientSession) -> None:
+        if self._closed:
+            return
+        r, key = self.router, id(s)
+        sock = self._socks[key]
+        if sock.family != addresses.family(s.node):  # (failed over to an address of the other family)
+            self.loop.remove_reader(sock)
+            sock.close()
+            self._watch(s, sock := open_client_socket(s.node))
+        batch = drain(sock, 65536)
+        now = self.loop.time()
+        if batch:
+            try:  # (as in the trio shell: a datagram that finds a bug must not stop the client)
+                r.handle_datagrams(s, batch, now)
+            except Exception as exc:
+                self.session_errors += 1
+                self.last_session_error = exc
+        if now >= min(s.next_deadline(), r.put_deadline()):
+            r.tick(s, now)
+        if len(r.sessions) > len(self._socks):
+            self._spawn()
+        out = s.outgoing(now)
+        self.send_errors += send_now(sock, out)
+        if batch or s.events or out:
+            if s.events:
+                self._noticed(s)
+                s.events.clear()
+            self._wake()
+        deadline = min(s.next_deadline(), r.put_deadline())
+        timer = self._timers.get(key)
+        if timer is None or timer.when() != deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timers[key] = self.loop.call_at(deadline, self._on_timer, s)
+
+    def _on_timer(self, s: ClientSession) -> None:
+        self._timers.pop(id(s), None)
+        self._turn(s)
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()

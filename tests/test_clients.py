@@ -1,0 +1,238 @@
+"""The three client shells (trio, asyncio, plain threads) over real sockets, against a node process.
+
+Each runs the same 10-message reliable exchange, request/reply and the same error cases, so the
+API has one shape whichever loop a user has."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import trio
+
+import roost
+import roost.asyncio
+import roost.sync
+from roost.client import addresses
+from roost.client.api import REPLY_TO, Request
+from roost.client.session import ClientConfig
+from tests.clusterkit import Node
+
+N = 10
+FAST = ClientConfig(node_timeout=0.5)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    n = Node(tmp_path_factory.mktemp("clients"))
+    yield n
+    n.stop()
+
+
+def check_exchange(got: list[roost.Message], topic: str) -> None:
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(N)]
+    assert [m.sequence for m in got] == list(range(1, N + 1))
+    assert all(m.topic == topic and m.key == "k" and m.tags == {"n": str(i)} for i, m in enumerate(got))
+
+
+# ------------------------------------------------------------ the same exchange from each shell
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_trio_exchange(node, host):
+    where = f"{host}:{node.port}"
+    async with roost.Client(where) as sub_c, roost.Client(where) as pub_c:
+        assert sub_c.node == ("127.0.0.1", node.port)  # (resolved once, at connect)
+        async with sub_c.subscribe(f"x.trio.{host}") as sub:
+            for i in range(N):
+                await pub_c.publish(f"x.trio.{host}", f"m{i}", key="k", tags={"n": str(i)})
+            got = []
+            with trio.fail_after(10):
+                async for m in sub:
+                    got.append(m)
+                    if len(got) == N:
+                        break
+    check_exchange(got, f"x.trio.{host}")
+
+
+def test_asyncio_exchange(node):
+    async def main() -> list[roost.Message]:
+        async with roost.asyncio.Client(node.addr) as sub_c, roost.asyncio.Client(node.addr) as pub_c:
+            async with sub_c.subscribe("x.asyncio") as sub:
+                for i in range(N):
+                    await pub_c.publish("x.asyncio", f"m{i}", key="k", tags={"n": str(i)})
+                got = []
+                async with asyncio.timeout(10):
+                    async for m in sub:
+                        got.append(m)
+                        if len(got) == N:
+                            break
+                return got
+
+    check_exchange(asyncio.run(main()), "x.asyncio")
+
+
+def test_threads_exchange(node):
+    with roost.sync.Client(node.addr) as sub_c, roost.sync.Client(node.addr) as pub_c:
+        with sub_c.subscribe("x.sync") as sub:
+            sender = threading.Thread(target=lambda: [
+                pub_c.publish("x.sync", f"m{i}", key="k", tags={"n": str(i)}) for i in range(N)])  # fmt: skip
+            sender.start()
+            got = [sub.next(timeout=10) for _ in range(N)]
+            sender.join()
+            with pytest.raises(TimeoutError):
+                sub.next(timeout=0.2)  # (nothing more came)
+        assert pub_c.flush(5)
+    check_exchange(got, "x.sync")
+    with pytest.raises(roost.sync.ClientClosed):
+        pub_c.publish("x.sync", "after close")
+
+
+def test_threads_iteration_ends_with_the_subscription(node):
+    with roost.sync.Client(node.addr) as c:
+        sub = c.subscribe("x.ends")
+        sub.start()
+        c.publish("x.ends", "one", wait=True)
+        first = next(iter(sub))
+        sub.unsubscribe()
+        assert first.payload == b"one" and list(sub) == [] and sub.reason == "unsubscribed" and sub.error is None
+
+
+# ------------------------------------------------------------ request/reply from each shell
+
+
+async def test_trio_request_reply(node):
+    async with roost.Client(node.addr) as server, roost.Client(node.addr) as client:
+        async with server.subscribe("svc.trio") as sub, trio.open_nursery() as nursery:
+
+            async def serve() -> None:
+                async for m in sub:
+                    assert isinstance(m, Request) and m.reply_to.startswith("_INBOX.")
+                    await m.respond(m.payload.upper(), tags={"by": "trio"})
+
+            nursery.start_soon(serve)
+            with trio.fail_after(10):
+                answers = [await client.request("svc.trio", f"q{i}", timeout=5) for i in range(3)]
+            nursery.cancel_scope.cancel()
+        assert [a.payload for a in answers] == [b"Q0", b"Q1", b"Q2"]
+        assert answers[0].tags is not None and answers[0].tags["by"] == "trio" and REPLY_TO not in answers[0].tags
+        with pytest.raises(TimeoutError, match="no reply"):
+            await client.request("svc.nobody", "hello?", timeout=0.3)
+
+
+def test_asyncio_request_reply_with_a_callback(node):
+    async def main() -> list[bytes]:
+        async with roost.asyncio.Client(node.addr) as server, roost.asyncio.Client(node.addr) as client:
+
+            async def answer(m: roost.Message) -> None:
+                assert isinstance(m, Request)
+                await m.respond(m.payload[::-1])
+
+            async with server.subscribe("svc.asyncio", callback=answer):
+                got = await asyncio.gather(*(client.request("svc.asyncio", f"ab{i}", timeout=5) for i in range(3)))
+            with pytest.raises(TimeoutError):
+                await client.request("svc.nobody", "hello?", timeout=0.3)
+            return [m.payload for m in got]
+
+    assert asyncio.run(main()) == [b"0ba", b"1ba", b"2ba"]
+
+
+def test_threads_request_reply_with_a_callback(node):
+    calls = []
+    with roost.sync.Client(node.addr) as server, roost.sync.Client(node.addr) as client:
+
+        def answer(m: roost.Message) -> None:
+            calls.append(threading.current_thread().name)
+            assert isinstance(m, Request)
+            m.respond(b"re: " + m.payload)  # (blocking: returns once sent)
+
+        with server.subscribe("svc.sync", callback=answer):
+            assert client.request("svc.sync", "hi", timeout=5).payload == b"re: hi"
+        assert server.aclient.callback_errors == 0
+    assert calls and calls[0] != threading.main_thread().name
+
+
+def test_a_callback_that_raises_is_counted_and_the_subscription_goes_on(node):
+    seen = []
+
+    def flaky(m: roost.Message) -> None:
+        seen.append(m.payload)
+        if m.payload == b"bad":
+            raise RuntimeError("boom")
+
+    with roost.sync.Client(node.addr) as c:
+        with c.subscribe("x.flaky", callback=flaky):
+            for p in ("bad", "good"):
+                c.publish("x.flaky", p, wait=True)
+            deadline = time.monotonic() + 10
+            while len(seen) < 2 and time.monotonic() < deadline:  # (bounded polling: a real process)
+                time.sleep(0.01)
+        assert seen == [b"bad", b"good"] and c.aclient.callback_errors == 1
+        assert str(c.aclient.last_callback_error) == "boom"
+
+
+# ------------------------------------------------------------ addresses
+
+
+async def test_a_list_of_nodes_is_tried_in_turn(node):
+    dead = f"127.0.0.1:{node.port + 1 if node.port < 65535 else node.port - 1}"
+    async with roost.Client(f"{dead},{node.addr}", config=FAST) as c:
+        assert c.session.node == ("127.0.0.1", node.port) and c.session.failovers == 1
+        await c.publish("x.list", "ok", wait=True)
+
+
+async def test_roost_nodes_sets_the_default(node, monkeypatch):
+    monkeypatch.setenv("ROOST_NODES", f"localhost:{node.port}")
+    async with roost.Client() as c:
+        assert c.node == ("127.0.0.1", node.port)
+        await c.publish("x.env", "ok", wait=True)
+
+
+async def test_a_name_that_does_not_resolve_is_a_clear_error():
+    with pytest.raises(roost.NodeLost, match=r"cannot resolve no-such-host\.invalid:7400"):
+        async with roost.Client("no-such-host.invalid:7400"):
+            pass
+
+
+def test_ipv6_literal(tmp_path):
+    n = Node(tmp_path, host="::1")
+    try:
+        with roost.sync.Client(f"[::1]:{n.port}") as c, c.subscribe("x.v6") as sub:
+            assert c.session.node == ("::1", n.port)
+            c.publish("x.v6", "over v6")
+            assert sub.next(timeout=10).payload == b"over v6"
+    finally:
+        n.stop()
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("h:1", [("h", 1)]), ("h", [("h", 7400)]), ("[::1]:9", [("::1", 9)]), ("::1", [("::1", 7400)]),
+    ("[::1]", [("::1", 7400)]), ("a:1, b:2,a:1", [("a", 1), ("b", 2)]), (("h", 5), [("h", 5)]),
+    (["a:1", ("b", 2)], [("a", 1), ("b", 2)]),
+])  # fmt: skip
+def test_parse_nodes(text, want):
+    assert addresses.parse_nodes(text) == want
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("h:0", "valid port"), ("h:x", "valid port"), (":7", "no host"), ("[::1", "not \\[IPV6\\]:PORT"),
+    ("1:2:x", "not an IPv6"), ("h:70000", "valid port"), ("", "empty"), (",", "empty"),
+])  # fmt: skip
+def test_bad_node_addresses_are_refused(text, why):
+    with pytest.raises(ValueError, match=why):
+        addresses.parse_nodes(text)
+
+
+def test_roost_nodes_default_and_fallback():
+    assert addresses.parse_nodes(None, env={"ROOST_NODES": "a:1,b:2"}) == [("a", 1), ("b", 2)]
+    assert addresses.parse_nodes(None, env={}) == [("127.0.0.1", 7400)]
+
+
+def test_resolution_order_puts_ipv4_first():
+    import socket
+
+    v6 = (socket.AF_INET6, socket.SOCK_DGRAM, 17, "", ("::1", 7400, 0, 0))
+    v4 = (socket.AF_INET, socket.SOCK_DGRAM, 17, "", ("127.0.0.1", 7400))
+    assert addresses.ordered([v6, v4, v4]) == [("127.0.0.1", 7400), ("::1", 7400)]
