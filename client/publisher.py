@@ -21,7 +21,6 @@ from itertools import islice
 
 from roost.client import wire
 from roost.client.config import ClientConfig
-from roost.client.wire import E, WireError
 
 Addr = tuple[str, int]
 
@@ -49,8 +48,7 @@ class Publisher:
         wire.check_key(key)
         wire.check_tags(tags)
         packed = wire.pack_message(topic, key, tags, payload)
-        if len(packed) + wire.FRAME_OVERHEAD * 2 > self.max_datagram:
-            raise WireError(E.TOO_LARGE, f"message of {len(packed)} bytes does not fit a datagram")
+        wire.check_fits(len(packed), self.max_datagram)
         if not reliable:
             self.fire_pending.append(packed)
             return 0

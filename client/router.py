@@ -246,7 +246,9 @@ class Router:
         wire.check_key(key)
         wire.check_tags(tags)
         p = cmap.partition(topic)
-        seq = self.putter.put(p, wire.pack_message(topic, key, tags, payload))
+        packed = wire.pack_message(topic, key, tags, payload)
+        wire.check_fits(len(packed), self.first.max_datagram, wire.FRAME_OVERHEAD * 3)  # (PUT's header is longer)
+        seq = self.putter.put(p, packed)
         self._pump_puts(self._now)
         return p, seq
 

@@ -145,6 +145,19 @@ pack: Callable[[Any], bytes] = _packer.pack
 _array_header: Callable[[int], bytes] = _packer.pack_array_header
 
 
+UDP_CEILING = 65507  # the largest UDP payload over IPv4
+
+
+def check_fits(size: int, max_datagram: int, overhead: int = FRAME_OVERHEAD * 2) -> None:
+    """A message of ``size`` packed bytes must fit one datagram with its frame's header; the
+    error names the limit and the setting that raises it."""
+    if size + overhead > max_datagram:
+        raise WireError(E.TOO_LARGE, f"message of {size:,} bytes does not fit one datagram: at most "
+                        f"{max_datagram - overhead:,} bytes per message, as max_datagram is {max_datagram:,} "
+                        f"(the node's [limits] max_datagram or the client's ClientConfig.max_datagram, whichever "
+                        f"is lower; at most {UDP_CEILING:,}, the UDP ceiling)")  # fmt: skip
+
+
 def pack_message(topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes) -> bytes:
     """One message as it travels inside PUB and MSGS frames, packed once."""
     return pack([topic, key, tags, payload])

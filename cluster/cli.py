@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from roost import __version__
 from roost.client.cli import add_client_commands
 from roost.cluster import admin
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
@@ -25,8 +27,29 @@ from roost.node.server import NodeServer, run_until_signal, wait_for_signal
 from roost.pipeline import audit
 
 
+class Defaults(argparse.HelpFormatter):
+    """Each flag's help ends with its default, unless the help text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        d = action.default
+        shown = "none" if d is None or d == [] else "off" if d is False else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+class Parser(argparse.ArgumentParser):
+    """The subcommands inherit the class, and with it the formatter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Defaults)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="roost", description="Roost pub/sub broker")
+    parser = Parser(prog="roost", description="Roost pub/sub broker")
+    parser.add_argument("--version", action="version", version=f"roost {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     n = sub.add_parser("node", help="run a node (or one cluster member) until SIGINT/SIGTERM")
     n.add_argument("--config", default=None, metavar="FILE", help="TOML config (single node or cluster)")
@@ -46,13 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cluster", help="run a cluster's members as local processes")
     csub = c.add_subparsers(dest="action", required=True)
     up = csub.add_parser("up", help="start every member")
-    up.add_argument("config")
+    up.add_argument("config", help="the cluster's TOML config")
     up.add_argument("--detach", action="store_true", help="return once all serve; pid files and logs in --run-dir")
     down = csub.add_parser("down", help="stop the members started with --detach")
     kill = csub.add_parser("kill", help="SIGKILL one member (crash drill)")
-    kill.add_argument("id")
+    kill.add_argument("id", help="the member's id")
     start = csub.add_parser("start", help="start one member again")
-    start.add_argument("id")
+    start.add_argument("id", help="the member's id")
     join = csub.add_parser("join", help="start a new member that joins the running cluster")
     join.add_argument("--config", required=True, metavar="FILE", help="the cluster's config (its base members)")
     join.add_argument("--id", required=True, help="the new member's id")
@@ -64,11 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--data-dir", default=None, metavar="DIR",
                       help="its data directory (default: beside the first member's, named by its id)")
     leave = csub.add_parser("leave", help="a member hands its partitions off and stops")
-    leave.add_argument("id")
+    leave.add_argument("id", help="the member's id")
     leave.add_argument("--config", default=None, metavar="FILE", help="the cluster's config (default: the one "
                        "`cluster up` used)")
     for p in (up, down, kill, start, join, leave):
-        p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR")
+        p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR",
+                       help="where the members' pid files, logs and data go")
     c.set_defaults(func=cmd_cluster)
     au = sub.add_parser("audit", help="audit run event logs with Spark (report, summary, plots)",
                         description=audit.DESCRIPTION)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from roost.cluster.config import load_cluster_config
 from roost.cluster.launcher import Launcher, write_local_config
@@ -25,15 +26,17 @@ def roost(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 
 
 def start_sub(node: str, topic: str, count: int, timeout: float = 60, mode: str = "reliable",
-              key: str | None = None) -> subprocess.Popen[str]:  # fmt: skip
-    """A `roost sub` process, returned once it has subscribed."""
+              key: str | None = None, extra: list[str] | None = None) -> subprocess.Popen[Any]:  # fmt: skip
+    """A `roost sub` process, returned once it has subscribed (its stdout in bytes with ``extra`` flags)."""
     args = ["sub", topic, "--node", node, "--count", str(count), "--mode", mode, "--timeout", str(timeout)]
     if key is not None:
         args += ["--key", key]
-    p = subprocess.Popen([*ROOST, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([*ROOST, *args, *(extra or [])], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=extra is None)  # fmt: skip
     assert p.stderr is not None
     line = p.stderr.readline()
-    assert "subscribed to" in line, line + p.stderr.read()
+    line = line if isinstance(line, str) else line.decode()
+    assert "subscribed to" in line, line + str(p.stderr.read())
     return p
 
 

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from roost.cluster.peerwire import NONCE_LEN, PROTOCOL, P, encode
-from tests.clusterkit import ROOT, LocalCluster, read_lines, roost, start_sub, sub_lines
+from tests.clusterkit import ROOST, ROOT, LocalCluster, read_lines, roost, start_sub, sub_lines
 from tests.polling import wait_until
 
 
@@ -23,12 +23,25 @@ def cluster(tmp_path):
     c.stop()
 
 
-def test_subscribe_at_n1_publish_at_n3(cluster):
+def test_subscribe_at_n1_publish_at_n3_then_request_and_reply_across_members(cluster):
     sub = start_sub(cluster.addr("n1"), "t", 3)
     cluster.wait_subscriptions([1, 1, 1])
     r = roost("pub", "t", "m{n}", "--count", "3", "--node", cluster.addr("n3"))
     assert r.returncode == 0, r.stderr
     assert sub_lines(sub) == ["m0", "m1", "m2"]
+    cluster.wait_subscriptions([0, 0, 0])  # (the subscriber unsubscribed as it exited)
+    replier = subprocess.Popen([*ROOST, "reply", "svc", "--command", "tr a-z A-Z", "--count", "2", "--node",
+                                cluster.addr("n1")], cwd=ROOT, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert replier.stderr is not None and "answering requests on svc" in replier.stderr.readline()
+        cluster.wait_subscriptions([1, 1, 1])
+        for text in ("hello", "again"):
+            r = roost("request", "svc", text, "--node", cluster.addr("n3"), "--timeout", "10")
+            assert (r.returncode, r.stdout) == (0, text.upper() + "\n"), r.stderr
+        assert replier.wait(30) == 0
+    finally:
+        if replier.poll() is None:
+            replier.kill()
 
 
 def test_kill9_restart_pulls_state_and_keeps_subscriptions(cluster):

@@ -1,0 +1,137 @@
+"""The client command line: output formats, tags, binary and bad input, request/reply, help and
+refused values. The parser's checks run in this process; the rest runs `roost` processes
+against a node process."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import subprocess
+
+import pytest
+
+from roost import __version__
+from roost.cluster.cli import build_parser, main
+from tests.clusterkit import ROOST, ROOT, Node, roost, start_sub, sub_lines
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    n = Node(tmp_path_factory.mktemp("cli"))
+    yield n
+    n.stop()
+
+
+# ------------------------------------------------------------ in this process: the parser
+
+
+def options(parser: argparse.ArgumentParser, path: str = "roost"):
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from options(sub, f"{path} {name}")
+        elif not isinstance(a, argparse._HelpAction | argparse._VersionAction):
+            yield path, a, parser._get_formatter()._get_help_string(a)  # (what --help prints for it)
+
+
+def test_every_argument_has_help_text_and_every_flag_its_default():
+    seen = 0
+    for path, a, text in options(build_parser()):
+        assert a.help, f"{path} {a.option_strings or a.dest} has no help text"
+        if a.option_strings and not a.required:
+            assert "default" in text, f"{path} {a.option_strings} does not show its default"
+        seen += 1
+    assert seen > 60
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"roost {__version__}\n"
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["pub", "t", "x", "--timeout", "-1"], "--timeout: must be a number of seconds > 0, not '-1'"),
+    (["sub", "t", "--timeout", "0"], "--timeout: must be a number of seconds > 0"),
+    (["sub", "t", "--timeout", "soon"], "expected a number of seconds, not 'soon'"),
+    (["pub", "t", "x", "--count", "-1"], "--count: must be >= 0, not -1"),
+    (["sub", "t", "--count", "0"], "--count: must be >= 1, not 0"),
+    (["get", "t", "--durable", "d", "--count", "two"], "expected a whole number, not 'two'"),
+    (["pub", "t", "x", "--tag", "novalue"], "a tag is NAME=VALUE, not 'novalue'"),
+    (["pub", "t", "x", "--tag", "=v"], "a tag is NAME=VALUE, not '=v'"),
+    (["pub", "t", "x", "--node", "h:port"], "--node: 'h:port' has no valid port"),
+    (["status", "--node", "h:1,,"], "empty node address"),
+    (["sub", "t", "--json", "--raw"], "not allowed with argument"),
+    (["reply", "t"], "one of the arguments --echo --command is required"),
+    (["request", "t", "x", "--timeout", "nan"], "must be a number of seconds > 0"),
+])  # fmt: skip
+def test_bad_values_are_refused_before_anything_is_sent(argv, why, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_pub_refuses_a_message_with_file_input_and_a_missing_file(tmp_path):
+    r = roost("pub", "t", "x", "--binary", "--node", "127.0.0.1:9")
+    assert r.returncode != 0 and "give MESSAGE or --file/--binary input, not both" in r.stderr
+    r = roost("pub", "t", "--file", str(tmp_path / "nope"), "--node", "127.0.0.1:9")
+    assert r.returncode != 0 and "cannot read --file" in r.stderr and "No such file" in r.stderr
+
+
+# ------------------------------------------------------------ against a node process
+
+
+def test_localhost_node_reliable_exchange(node):
+    where = f"localhost:{node.port}"
+    sub = start_sub(where, "cli.local", 10)
+    r = roost("pub", "cli.local", "m{n}", "--count", "10", "--node", where)
+    assert r.returncode == 0, r.stderr
+    assert sub_lines(sub) == [f"m{i}" for i in range(10)]
+    assert "roost pub: 10 published, 10 acknowledged, in " in r.stderr and "msgs/s" in r.stderr
+
+
+def test_sub_verbose_json_and_raw_with_tags_and_binary(node, tmp_path):
+    blob = bytes(range(256))
+    (tmp_path / "blob").write_bytes(blob)
+    subs = {fmt: start_sub(node.addr, "cli.fmt", 2, extra=[fmt]) for fmt in ("-v", "--json", "--raw")}
+    r = roost("pub", "cli.fmt", "hello", "--key", "k1", "--tag", "kind=order", "--tag", "n=1", "--node", node.addr)
+    assert r.returncode == 0, r.stderr
+    r = roost("pub", "cli.fmt", "--binary", "--file", str(tmp_path / "blob"), "--node", node.addr, "-q")
+    assert (r.returncode, r.stderr) == (0, "")
+    verbose = subs["-v"].communicate(timeout=60)[0]
+    assert verbose.startswith(b"cli.fmt key=k1 seq=1 tags=kind=order,n=1 hello\ncli.fmt key=- seq=2 tags=- ")
+    assert verbose.endswith(blob + b"\n")
+    first, second = (json.loads(line) for line in subs["--json"].communicate(timeout=60)[0].splitlines())
+    assert first == {"topic": "cli.fmt", "key": "k1", "tags": {"kind": "order", "n": "1"}, "sequence": 1,
+                     "payload": "hello"}  # fmt: skip
+    assert "payload" not in second and base64.b64decode(second["payload_base64"]) == blob
+    assert subs["--raw"].communicate(timeout=60)[0] == b"hello" + blob
+    assert all(p.returncode == 0 for p in subs.values())
+
+
+def test_pub_reports_undecodable_lines_and_publishes_the_rest(node):
+    sub = start_sub(node.addr, "cli.bad", 3)
+    p = subprocess.run([*ROOST, "pub", "cli.bad", "--node", node.addr], cwd=ROOT, capture_output=True,
+                       input=b"one\ntw\xffo\nthree\n" + b"x" * 70000 + b"\nfour\n", timeout=60)  # fmt: skip
+    err = p.stderr.decode()
+    assert p.returncode == 1, err
+    assert "line 2: not UTF-8 at byte 2 (--binary sends raw bytes); skipped" in err
+    assert "line 4: message of 70,0" in err and "max_datagram is 16,384" in err and "65,507" in err
+    assert "3 published, 3 acknowledged" in err and "2 input line(s) skipped" in err
+    assert sub_lines(sub) == ["one", "three", "four"]
+
+
+def test_request_and_reply_echo(node):
+    replier = subprocess.Popen([*ROOST, "reply", "cli.svc", "--echo", "--count", "1", "--node", node.addr],
+                               cwd=ROOT, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert replier.stderr is not None and "answering requests on cli.svc" in replier.stderr.readline()
+        r = roost("request", "cli.svc", "ping?", "--node", node.addr)
+        assert (r.returncode, r.stdout) == (0, "ping?\n"), r.stderr
+        assert replier.wait(30) == 0
+    finally:
+        if replier.poll() is None:
+            replier.kill()
+    r = roost("request", "cli.nobody", "hello", "--node", node.addr, "--timeout", "0.3")
+    assert r.returncode == 1 and "no reply to the request on 'cli.nobody' within 0.3 s" in r.stderr
