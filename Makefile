@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check roost client node cluster pipeline scripts tests
+	$(BIN)/ruff check roost client node cluster pipeline scripts tests examples
 	$(BIN)/mypy
 	$(BIN)/pytest
 

@@ -162,10 +162,9 @@ class Client(ClientAPI):
             self._spawn()
         out = s.outgoing(now)
         self.send_errors += send_now(sock, out)
+        self._noticed(s, now)
         if batch or s.events or out:
-            if s.events:
-                self._noticed(s)
-                s.events.clear()
+            s.events.clear()
             self._wake()
         deadline = min(s.next_deadline(), r.put_deadline())
         timer = self._timers.get(key)

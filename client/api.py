@@ -119,7 +119,7 @@ class Request(Message):
 
     @property
     def reply_to(self) -> str:
-        return (self.tags or {})[REPLY_TO]
+        return (self.tags or {})[REPLY_TO]  # (a Request is made only when the tag is there)
 
     def respond(self, payload: bytes | str, tags: dict[str, str] | None = None) -> Any:
         return self._answer(self, payload, tags)
@@ -159,6 +159,8 @@ class ClientAPI:
         self._since_yield = 0
         self._closed = False
         self._resolving = False
+        self._resolve_after = 0.0
+        self._literal = all(addresses.is_literal(h) for h, _ in self._names)  # (nothing to look up again)
         self.send_errors = 0
         self.session_errors = 0  # datagrams the session failed on (a bug; the client carries on)
         self.last_session_error: Exception | None = None
@@ -263,14 +265,16 @@ class ClientAPI:
             why.append(f"{host}: {exc.strerror or exc}")
             return []
 
-    def _noticed(self, s: ClientSession) -> None:
-        """The I/O saw events on ``s``: when the user's session failed over, look its names up
-        again (a container that moved has a new address under the same name)."""
-        if self._resolving or s is not self.router.first or not any(e[0] == "node_silent" for e in s.events):
+    def _noticed(self, s: ClientSession, now: float) -> None:
+        """Every I/O turn: once the user's session misses a PONG (and when it fails over), look its
+        node names up again, at most once per ``node_timeout``: a container that moved has a new
+        address under the same name, and the session can only fail over to addresses it has."""
+        if self._resolving or now < self._resolve_after or s is not self.router.first or self._literal:
             return
-        if all(addresses.is_literal(h) for h, _ in self._names):
+        if now - s.last_heard < s.ping_interval * 1.5 and not any(e[0] == "node_silent" for e in s.events):
             return
         self._resolving = True
+        self._resolve_after = now + self.config.node_timeout
         self._background(functools.partial(self._reresolve, s))
 
     async def _reresolve(self, s: ClientSession) -> None:

@@ -123,10 +123,9 @@ class Client(ClientAPI):
                 self._spawn()  # (the router opened a session here: a put for a new primary)
             out = s.outgoing(now)
             self.send_errors += send_now(sock, out)
+            self._noticed(s, now)
             if batch or s.events or out:
-                if s.events:
-                    self._noticed(s)
-                    s.events.clear()
+                s.events.clear()
                 self._changed.set()
                 self._changed = trio.Event()
             if batch:

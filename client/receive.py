@@ -38,6 +38,15 @@ class Message(NamedTuple):
     payload: bytes
     sequence: int | None  # per-subscriber sequence (reliable); None for fire
 
+    @property
+    def reply_to(self) -> str | None:
+        """Where the answer to a request goes (client/api.py); None for a message that asks none."""
+        return None
+
+    def respond(self, payload: bytes | str, tags: dict[str, str] | None = None) -> Any:
+        """Answer a request (a :class:`roost.client.api.Request`); this message asks for none."""
+        raise ValueError(f"this message on {self.topic!r} asks for no answer (it was not sent by request())")
+
 
 class SubState:
     __slots__ = ("mode", "confirmed", "reason", "queue", "counted")

@@ -6,8 +6,12 @@ API has one shape whichever loop a user has."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import trio
@@ -18,7 +22,7 @@ import roost.sync
 from roost.client import addresses
 from roost.client.api import REPLY_TO, Request
 from roost.client.session import ClientConfig
-from tests.clusterkit import Node
+from tests.clusterkit import ROOT, Node
 
 N = 10
 FAST = ClientConfig(node_timeout=0.5)
@@ -55,6 +59,9 @@ async def test_trio_exchange(node, host):
                     if len(got) == N:
                         break
     check_exchange(got, f"x.trio.{host}")
+    assert got[0].reply_to is None and not isinstance(got[0], Request)
+    with pytest.raises(ValueError, match="asks for no answer"):
+        got[0].respond("nobody asked")
 
 
 def test_asyncio_exchange(node):
@@ -236,3 +243,43 @@ def test_resolution_order_puts_ipv4_first():
     v6 = (socket.AF_INET6, socket.SOCK_DGRAM, 17, "", ("::1", 7400, 0, 0))
     v4 = (socket.AF_INET, socket.SOCK_DGRAM, 17, "", ("127.0.0.1", 7400))
     assert addresses.ordered([v6, v4, v4]) == [("127.0.0.1", 7400), ("::1", 7400)]
+
+
+# ------------------------------------------------------------ the README's examples
+
+
+@pytest.mark.parametrize("example", ["trio_client.py", "asyncio_client.py", "threads_client.py"])
+def test_readme_examples_run(node, example, tmp_path):
+    code = (Path(ROOT) / "examples" / example).read_text()
+    body = code.split('"""', 2)[2].strip()  # (the README shows the code without the docstring)
+    assert body in (Path(ROOT) / "README.md").read_text(), f"README.md does not show examples/{example} as it is"
+    r = subprocess.run([sys.executable, str(Path(ROOT) / "examples" / example)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "ROOST_NODES": f"localhost:{node.port}"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"greetings hello {i}" for i in range(3)] + ["tea time"]
+
+
+class Renamed(roost.Client):
+    """The trio client with a resolver whose answers the test changes (the OS's getaddrinfo
+    cannot be told that a name moved)."""
+
+    where: dict[str, tuple[str, int]] = {}
+
+    async def _resolve(self, host, port):
+        return [(2, 2, 17, "", self.where[host])]
+
+
+async def test_a_name_is_resolved_again_when_its_node_goes_silent(node, tmp_path):
+    moved = Node(tmp_path)
+    Renamed.where = {"svc": ("127.0.0.1", moved.port)}
+    try:
+        async with Renamed("svc:1") as c, c.subscribe("x.moved") as sub:
+            assert c.session.node == ("127.0.0.1", moved.port)
+            Renamed.where["svc"] = ("127.0.0.1", node.port)  # (the name now means the other node...)
+            moved.stop()  # (...and the first is gone)
+            with trio.fail_after(15):
+                await c.publish("x.moved", "after the move", wait=True)
+                assert (await sub.next()).payload == b"after the move"
+            assert c.session.node == ("127.0.0.1", node.port) and not c.session.lost
+    finally:
+        moved.stop()

@@ -1,0 +1,38 @@
+"""The installed distribution: one ``roost`` namespace at the top of site-packages.
+
+The wheel ``pip install .`` installs is built here (without network: the build backend comes
+from the development environment) and installed into an empty directory; a Python that sees
+only that directory and the dependencies imports the client and runs the CLI from there."""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.clusterkit import ROOT
+
+
+def test_the_wheel_installs_roost_alone_and_it_imports(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), ROOT], check=True, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("roost-*.whl")
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    top = sorted(p.name for p in target.iterdir() if p.name != "bin")
+    assert top == ["roost", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"]
+    assert not any(Path(target, "roost", name).is_symlink() for name in ("client", "node", "cluster"))
+    # -S: no site-packages of the development environment (and so none of its .pth files, which
+    # map roost to the checkout); the dependencies come from the path we give, after the target.
+    deps = os.pathsep.join(site.getsitepackages())
+    code = ("import sys; sys.path[:0] = [sys.argv[1], *sys.argv[2].split(':')];"
+            "from roost import Client; import roost.asyncio, roost.sync, roost.cluster.cli as cli;"
+            "print(Client.__module__, roost.__file__);"
+            "import importlib.util as u; print([u.find_spec(m) for m in ('client', 'node', 'cluster')])")  # fmt: skip
+    r = subprocess.run([sys.executable, "-S", "-c", code, str(target), deps], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"roost.client.library {target}/roost/__init__.py", "[None, None, None]"]
