@@ -166,18 +166,6 @@ async def test_a_client_cannot_subscribe_another_address(node):
     assert wire.decode_untrusted_frame(await recv(attacker))[0] is T.WELCOME
 
 
-async def test_readme_example_runs(node):
-    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
-        readme = f.read()
-    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    code = code.replace("127.0.0.1:7400", addr(node)).replace("trio.run(main)", "")
-    ns: dict = {}
-    exec(compile(code, "README.md", "exec"), ns)
-    with trio.fail_after(10):
-        received = await ns["main"]()
-    assert received == [b"hello 0", b"hello 1", b"hello 2"]
-
-
 def client_addr(c: Client) -> tuple[str, int]:
     return ("127.0.0.1", c._socks[id(c.session)].getsockname()[1])
 
