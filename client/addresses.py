@@ -44,40 +44,55 @@ def parse_node(value: str) -> Addr:
         host, sep, port = text.partition(":")
         if not sep:
             port = str(DEFAULT_PORT)
-    if not host:
-        raise ValueError(f"{value!r} has no host (expected HOST:PORT)")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not port.isdigit():
+        raise ValueError(f"{value!r} has no valid port (1 to 65535)")
+    return checked(host, int(port), value)
+
+
+def checked(host: str, port: int, value: Any) -> Addr:
+    """A node's (host, port) as the session must see it: a literal in the kernel's own spelling
+    (replies come from ``::1``, never from ``0:0:0:0:0:0:0:1``), a port that exists."""
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f"{value!r} has no valid host (expected HOST:PORT)")
+    if not 0 < port < 65536:
         raise ValueError(f"{value!r} has no valid port (1 to 65535)")
     if ":" in host:
         try:
-            ipaddress.IPv6Address(host)
+            host = str(ipaddress.IPv6Address(host))
         except ValueError:
             raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
-    return host, int(port)
+    elif is_literal(host):
+        host = str(ipaddress.ip_address(host))
+    return host, port
 
 
 def parse_nodes(spec: NodeSpec, env: dict[str, str] | None = None) -> list[Addr]:
     """Every node ``spec`` names, in order, without repeats. None: ``ROOST_NODES``, then the default."""
+    source = ""
     if spec is None:
         spec = (os.environ if env is None else env).get(ENV) or DEFAULT_NODES
+        source = f"{ENV}: " if spec != DEFAULT_NODES else ""
     items: Iterable[Any] = spec.split(",") if isinstance(spec, str) else [spec] if _is_addr(spec) else spec
     out: list[Addr] = []
-    for item in items:
-        if isinstance(item, str):
-            addr = parse_node(item)
-        elif _is_addr(item):
-            addr = (str(item[0]).strip("[]"), int(item[1]))
-        else:
-            raise ValueError(f"a node is HOST:PORT or (host, port), not {item!r}")
-        if addr not in out:
-            out.append(addr)
+    try:
+        for item in items:
+            if isinstance(item, str):
+                addr = parse_node(item)
+            elif _is_addr(item):
+                addr = checked(item[0].strip("[]"), item[1], item)
+            else:
+                raise ValueError(f"a node is HOST:PORT or (host, port), not {item!r}")
+            if addr not in out:
+                out.append(addr)
+    except ValueError as exc:
+        raise ValueError(f"{source}{exc}") from None
     if not out:
         raise ValueError("no node address given")
     return out
 
 
 def _is_addr(x: Any) -> bool:
-    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], int)
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and type(x[1]) is int
 
 
 def is_literal(host: str) -> bool:

@@ -61,7 +61,7 @@ class Client(ClientAPI):
     async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
         while not cond():
             if self._closed:
-                raise ClientClosed("client is closed")
+                raise self._closed_error()
             assert self._changed is not None
             if deadline == math.inf:
                 await self._changed.wait()
@@ -105,17 +105,22 @@ class Client(ClientAPI):
         task.add_done_callback(self._tasks.discard)
 
     async def _shutdown(self) -> None:
-        self._closed = True
-        for timer in self._timers.values():
-            timer.cancel()
-        for sock in self._socks.values():
-            self.loop.remove_reader(sock)
-            sock.close()
+        self._stop_io()
         self._wake()  # (waiters see the client closed)
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _stop_io(self) -> None:
+        self._closed = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for sock in self._socks.values():
+            if sock.fileno() >= 0:
+                self.loop.remove_reader(sock)
+                sock.close()
 
     def _spawn(self) -> None:
         """A socket and a reader for every session the router opened since we last looked."""
@@ -142,6 +147,14 @@ class Client(ClientAPI):
     def _turn(self, s: ClientSession) -> None:
         if self._closed:
             return
+        try:
+            self._io(s)
+        except Exception as exc:  # (a socket that broke: the client ends, its waiters hear why)
+            self._fail(exc)
+            self._stop_io()
+            self._wake()
+
+    def _io(self, s: ClientSession) -> None:
         r, key = self.router, id(s)
         sock = self._socks[key]
         if sock.family != addresses.family(s.node):  # (failed over to an address of the other family)

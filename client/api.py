@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, NamedTuple, Self
 
-from roost.client import addresses, durablewire
+from roost.client import addresses, durablewire, wire
 from roost.client.addresses import Addr, NodeSpec
 from roost.client.offsets import OffsetFile
 from roost.client.receive import Message, SubState
@@ -158,6 +158,7 @@ class ClientAPI:
         self._router: Router | None = None
         self._since_yield = 0
         self._closed = False
+        self._error: BaseException | None = None  # what stopped the I/O, if it failed
         self._resolving = False
         self._resolve_after = 0.0
         self._literal = all(addresses.is_literal(h) for h, _ in self._names)  # (nothing to look up again)
@@ -215,6 +216,22 @@ class ClientAPI:
             raise RuntimeError("the client is not connected: use 'async with Client(...)' first")
         return self._router
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise self._closed_error()
+
+    def _closed_error(self) -> ClientClosed:
+        if self._error is not None:
+            return ClientClosed(f"the client's I/O failed: {self._error!r}")
+        return ClientClosed("the client is closed")
+
+    def _fail(self, exc: BaseException) -> None:
+        """The I/O hit an error it cannot carry on from (a socket that broke): the client ends,
+        and every call waiting on it raises ClientClosed instead of waiting for ever."""
+        if self._error is None:
+            self._error = exc
+        self._closed = True
+
     @property
     def session(self) -> ClientSession:
         """The first session: the user's client id, talking to ``node`` (the only one
@@ -261,8 +278,8 @@ class ClientAPI:
             return [(host, port)]
         try:
             return addresses.ordered(await self._resolve(host, port))
-        except OSError as exc:
-            why.append(f"{host}: {exc.strerror or exc}")
+        except (OSError, UnicodeError) as exc:  # (UnicodeError: a label IDNA cannot encode)
+            why.append(f"{host}: {getattr(exc, 'strerror', None) or exc}")
             return []
 
     def _noticed(self, s: ClientSession, now: float) -> None:
@@ -296,25 +313,33 @@ class ClientAPI:
         *,
         mode: str = "reliable",
         wait: bool = False,
+        timeout: float | None = None,
     ) -> int:
         """Publish one message; returns its producer sequence (0 for fire).
 
         ``reliable`` publishes are retried until the node acknowledges them;
         ``wait=True`` returns only after that PUBACK. With a full window of
-        unacknowledged publishes this waits for room (backpressure).
+        unacknowledged publishes this waits for room (backpressure). ``timeout``
+        bounds those waits: TimeoutError while waiting for room means the message
+        was not published; with ``wait=True`` after it, that it is queued (and
+        retried) but not acknowledged yet.
         """
+        self._check_open()
         if isinstance(payload, str):
             payload = payload.encode()
         reliable = _mode(mode) == RELIABLE
         r = self.router
+        deadline = math.inf if timeout is None else self._now() + timeout
         if reliable and r.window_full(topic):
             self._kick()
-            await self._until(lambda: not r.window_full(topic))
+            if not await self._until(lambda: not r.window_full(topic), deadline):
+                raise TimeoutError(f"no room in the publish window within {timeout} s: not published")
         seq = r.publish(topic, key, tags, payload, reliable)
         self._since_yield += 1
         self._kick()
         if wait and reliable:
-            await self._until(lambda: r.acked >= seq or r.lost)
+            if not await self._until(lambda: r.acked >= seq or r.lost, deadline):
+                raise TimeoutError(f"not acknowledged within {timeout} s (it stays queued and is retried)")
             if r.acked < seq:
                 raise NodeLost("node lost before acknowledging the publish")
         elif self._since_yield >= 64:
@@ -323,21 +348,27 @@ class ClientAPI:
         return seq
 
     async def put(self, topic: str, payload: bytes | str, key: str | None = None,
-                  tags: dict[str, str] | None = None, *, wait: bool = False) -> tuple[int, int]:  # fmt: skip
+                  tags: dict[str, str] | None = None, *, wait: bool = False,
+                  timeout: float | None = None) -> tuple[int, int]:  # fmt: skip
         """Publish one message durably (docs/durable.md): stored in the log of its topic's
         partition on both owners before it is acknowledged. Returns (partition, sequence);
-        ``wait=True`` returns only after the acknowledgement. Needs a partitioned cluster."""
+        ``wait=True`` returns only after the acknowledgement. Needs a partitioned cluster.
+        ``timeout`` bounds the waits, as for :meth:`publish`."""
+        self._check_open()
         if isinstance(payload, str):
             payload = payload.encode()
         r = self.router
+        deadline = math.inf if timeout is None else self._now() + timeout
         await self._need_map()
         if r.put_window_full(topic):
             self._kick()
-            await self._until(lambda: not r.put_window_full(topic))
+            if not await self._until(lambda: not r.put_window_full(topic), deadline):
+                raise TimeoutError(f"no room in the put window within {timeout} s: not put")
         p, seq = r.put(topic, key, tags, payload)
         self._kick()
         if wait:
-            await self._until(lambda: r.putter.streams[p].acked >= seq or r.lost)
+            if not await self._until(lambda: r.putter.streams[p].acked >= seq or r.lost, deadline):
+                raise TimeoutError(f"not acknowledged within {timeout} s (it stays queued and is retried)")
             if r.putter.streams[p].acked < seq:
                 raise NodeLost("node lost before acknowledging the put")
         return p, seq
@@ -497,6 +528,7 @@ class ClientAPI:
                       tags: dict[str, str] | None = None) -> Message:  # fmt: skip
         """Publish a request on ``topic`` and wait for the first reply (a subscriber's
         ``msg.respond(...)``); raises TimeoutError after ``timeout`` seconds without one."""
+        self._check_open()
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
         deadline = self._now() + timeout
@@ -537,10 +569,17 @@ class ClientAPI:
                 self._replies[n] = msg
         return self._replies[rid] is not None or st.reason is not None
 
-    def _answer(self, req: Request, payload: bytes | str, tags: dict[str, str] | None) -> Any:
-        return self.publish(req.reply_to, payload, None, {**(tags or {}), REQUEST_ID: (req.tags or {})[REQUEST_ID]})
+    def _answer(self, req: Request, payload: bytes | str, tags: dict[str, str] | None,
+                timeout: float | None = None) -> Any:  # fmt: skip
+        return self.publish(req.reply_to, payload, None, {**(tags or {}), REQUEST_ID: (req.tags or {})[REQUEST_ID]},
+                            timeout=timeout)  # fmt: skip
 
-    def _as_request(self, msg: Message) -> Request:
+    def _as_request(self, msg: Message) -> Message:
+        """A Request, if its reply topic is one we could answer on (anyone may send the tags)."""
+        try:
+            wire.check_topic((msg.tags or {})[REPLY_TO])
+        except wire.WireError:
+            return msg
         req = Request(*msg)
         req._answer = self._answer
         return req
@@ -586,6 +625,7 @@ class Subscription:
     def begin(self) -> None:
         """Send the subscription (the confirmation comes later)."""
         c = self.client
+        c._check_open()
         self._session, self._st = c.router.subscribe(self.topic, self.key, self.mode)
         c._kick()
 
@@ -594,10 +634,12 @@ class Subscription:
         st = self.state
         return await self.client._until(lambda: st.confirmed or st.reason is not None, deadline)
 
-    async def start(self) -> None:
-        """Subscribe and wait until the node confirms (or refuses); then start the callback, if any."""
+    async def start(self, timeout: float | None = None) -> None:
+        """Subscribe and wait until the node confirms (or refuses); then start the callback, if any.
+        TimeoutError after ``timeout`` seconds without an answer (the subscription stays asked for)."""
         self.begin()
-        await self.confirmation()
+        if not await self.confirmation(math.inf if timeout is None else self.client._now() + timeout):
+            raise TimeoutError(f"the subscription to {self.topic!r} was not confirmed within {timeout} s")
         if self.callback is not None and self.reason is None:
             self.client._background(self._dispatch)
 
@@ -633,22 +675,27 @@ class Subscription:
     def active(self) -> bool:
         return self._st is not None and self._st.confirmed and self._st.reason is None
 
-    async def next(self) -> Message:
-        st, s = self.state, self.session
-        c = self.client
-        if not st.queue:
-            await c._until(lambda: bool(st.queue) or st.reason is not None)
+    async def next(self, timeout: float | None = None) -> Message:
+        """The next message; StopAsyncIteration once the subscription ended, TimeoutError after
+        ``timeout`` seconds (None: wait) without one."""
+        st, c = self.state, self.client
+        deadline = math.inf if timeout is None else c._now() + timeout
+        while True:
             if not st.queue:
-                raise StopAsyncIteration
-        s.consumed(st)
-        c._since_yield += 1
-        if c._since_yield >= 64:  # let the I/O loop run during long bursts
-            c._since_yield = 0
-            await c._checkpoint()
-        msg = st.queue.popleft()
-        if msg.tags and REPLY_TO in msg.tags and REQUEST_ID in msg.tags:
-            return c._as_request(msg)
-        return msg
+                if not await c._until(lambda: bool(st.queue) or st.reason is not None, deadline):
+                    raise TimeoutError(f"no message on {self.topic!r} within {timeout} s")
+                if not st.queue:
+                    raise StopAsyncIteration
+            c._since_yield += 1
+            if c._since_yield >= 64:  # let the I/O loop run during long bursts
+                c._since_yield = 0
+                await c._checkpoint()
+                continue  # (look again: another task may have taken it meanwhile)
+            self.session.consumed(st)  # (taken and counted with no await between: a cancel cannot split them)
+            msg = st.queue.popleft()
+            if msg.tags and REPLY_TO in msg.tags and REQUEST_ID in msg.tags:
+                return c._as_request(msg)
+            return msg
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self

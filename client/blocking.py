@@ -35,6 +35,13 @@ __all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "Node
 R = TypeVar("R")
 
 
+class Default:
+    """The client's own ``timeout`` (a call's ``timeout=None`` means no limit)."""
+
+
+DEFAULT = Default()
+
+
 class Client:
     """The client for plain threads (see client/api.py's ClientAPI for what each call does).
 
@@ -49,7 +56,9 @@ class Client:
         self.aclient = aio.Client(node, **kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="roost-client", daemon=True)
+        self._lock = threading.Lock()  # (a call is submitted to the loop, or the client is closed: not both)
         self._open = False
+        self._ended = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -71,7 +80,8 @@ class Client:
         self._open = True
 
     def close(self, flush: bool = True) -> None:
-        """Wait (for ``node_timeout`` at most) until what was published is acknowledged, then stop."""
+        """Wait (for ``node_timeout`` at most) until what was published is acknowledged, then stop.
+        Calls other threads are waiting in raise ClientClosed."""
         if self._open:
             self._open = False
             try:
@@ -80,22 +90,35 @@ class Client:
                 self._stop()
 
     def _stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
+        """No call is taken from now on; every call under way ends (ClientClosed), then the loop."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        if self._thread.is_alive():
+            done = asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop)
+            try:
+                done.result()
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
         self._loop.close()
 
-    def _call(self, coro: Coroutine[Any, Any, R], timeout: float | str | None = "default") -> R:
-        wait = self.timeout if timeout == "default" else timeout
-        assert wait is None or isinstance(wait, float | int)
-        if not self._thread.is_alive():
-            coro.close()
-            raise ClientClosed("the client is not connected: use 'with Client(...)' or connect() first")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+    def _call(self, coro: Coroutine[Any, Any, R], timeout: float | None) -> R:
+        """Run ``coro`` on the client's loop and wait for it (at most ``timeout`` seconds: then it is
+        cancelled, so only calls that change nothing until they finish may pass one)."""
+        with self._lock:
+            if self._ended or not self._thread.is_alive():
+                coro.close()
+                raise ClientClosed("the client is closed (or was never connected: use 'with Client(...)')")
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return fut.result(wait)
+            return fut.result(timeout)
         except concurrent.futures.TimeoutError:
             fut.cancel()
-            raise TimeoutError(f"no answer within {wait} s") from None
+            raise TimeoutError(f"no answer within {timeout} s") from None
+        except concurrent.futures.CancelledError:
+            raise ClientClosed("the client was closed during the call") from None
 
     @property
     def session(self) -> Any:
@@ -105,11 +128,45 @@ class Client:
     def router(self) -> Any:
         return self.aclient.router
 
+    @property
+    def node(self) -> tuple[str, int]:
+        return self.aclient.node
+
+    @property
+    def client_id(self) -> bytes:
+        return self.aclient.client_id
+
+    @property
+    def producer_id(self) -> bytes:
+        return self.aclient.producer_id
+
+    @property
+    def config(self) -> ClientConfig:
+        return self.aclient.config
+
+    @property
+    def callback_errors(self) -> int:
+        return self.aclient.callback_errors
+
+    @property
+    def last_callback_error(self) -> BaseException | None:
+        return self.aclient.last_callback_error
+
+    @property
+    def send_errors(self) -> int:
+        return self.aclient.send_errors
+
+    @property
+    def session_errors(self) -> int:
+        return self.aclient.session_errors
+
     # ------------------------------------------------------------ the API
 
     def publish(self, topic: str, payload: bytes | str, key: str | None = None, tags: dict[str, str] | None = None,
-                *, mode: str = "reliable", wait: bool = False) -> int:  # fmt: skip
-        return self._call(self.aclient.publish(topic, payload, key, tags, mode=mode, wait=wait))
+                *, mode: str = "reliable", wait: bool = False,
+                timeout: float | Default | None = DEFAULT) -> int:  # fmt: skip
+        t = self._timeout(timeout)
+        return self._call(self.aclient.publish(topic, payload, key, tags, mode=mode, wait=wait, timeout=t), None)
 
     def flush(self, timeout: float = math.inf) -> bool:
         return self._call(self.aclient.flush(timeout), None)
@@ -118,8 +175,9 @@ class Client:
         return self._call(self.aclient.status(timeout), None)
 
     def put(self, topic: str, payload: bytes | str, key: str | None = None, tags: dict[str, str] | None = None,
-            *, wait: bool = False) -> tuple[int, int]:  # fmt: skip
-        return self._call(self.aclient.put(topic, payload, key, tags, wait=wait))
+            *, wait: bool = False, timeout: float | Default | None = DEFAULT) -> tuple[int, int]:  # fmt: skip
+        t = self._timeout(timeout)
+        return self._call(self.aclient.put(topic, payload, key, tags, wait=wait, timeout=t), None)
 
     def get(self, topic: str, durable: str, count: int = 1, *, start: str | int | datetime.datetime = "earliest",
             timeout: float | None = None, client: str = "default") -> list[Message]:  # fmt: skip
@@ -136,7 +194,8 @@ class Client:
 
     def request(self, topic: str, payload: bytes | str, *, timeout: float = 5.0, key: str | None = None,
                 tags: dict[str, str] | None = None) -> Message:  # fmt: skip
-        return self._call(self.aclient.request(topic, payload, timeout=timeout, key=key, tags=tags), None)
+        return self._blocking(self._call(self.aclient.request(topic, payload, timeout=timeout, key=key, tags=tags),
+                                         None))  # fmt: skip
 
     def subscribe(self, topic: str, key: str | None = None, mode: str = "reliable", *,
                   callback: Callable[[Message], Any] | None = None) -> Subscription:  # fmt: skip
@@ -144,12 +203,15 @@ class Client:
         ``callback`` runs in a worker thread for each message instead."""
         return Subscription(self, topic, key, mode, callback)
 
+    def _timeout(self, timeout: float | Default | None) -> float | None:
+        return self.timeout if isinstance(timeout, Default) else timeout
+
     def _blocking(self, msg: Message) -> Message:
         """A request's ``respond`` that returns once the answer is sent (not an awaitable)."""
         if not isinstance(msg, Request):
             return msg
         req = Request(*msg)
-        req._answer = lambda r, payload, tags: self._call(self.aclient._answer(r, payload, tags))
+        req._answer = lambda r, payload, tags: self._call(self.aclient._answer(r, payload, tags, self.timeout), None)
         return req
 
 
@@ -176,10 +238,10 @@ class Subscription:
             self.unsubscribe()
 
     def start(self) -> None:
-        self.client._call(self.asub.start())
+        self.client._call(self.asub.start(self.client.timeout), None)
 
     def unsubscribe(self) -> None:
-        self.client._call(self.asub.unsubscribe())
+        self.client._call(self.asub.unsubscribe(), None)
 
     @property
     def reason(self) -> str | None:
@@ -196,7 +258,7 @@ class Subscription:
     def next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError after ``timeout`` seconds (None: wait), StopIteration
         once the subscription ended."""
-        msg = self.client._call(_next_or_none(self.asub), timeout)
+        msg = self.client._call(_next_or_none(self.asub, timeout), None)  # (timed on the loop: nothing is lost)
         if msg is None:
             raise StopIteration
         return self.client._blocking(msg)
@@ -208,8 +270,19 @@ class Subscription:
         return self.next()
 
 
-async def _next_or_none(sub: aio.Subscription) -> Message | None:
+async def _next_or_none(sub: aio.Subscription, timeout: float | None) -> Message | None:
     try:
-        return await sub.next()
+        return await sub.next(timeout)
     except StopAsyncIteration:
         return None
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel every task on the loop but this one (calls of other threads, callbacks, the I/O's
+    own tasks) and wait until they are done, so that no caller waits on a loop that stopped."""
+    me = asyncio.current_task()
+    rest = [t for t in asyncio.all_tasks() if t is not me]
+    for t in rest:
+        t.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
+

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import trio
 
@@ -70,6 +70,12 @@ def tag(value: str) -> tuple[str, str]:
     if not sep or not k:
         raise argparse.ArgumentTypeError(f"a tag is NAME=VALUE, not {value!r}")
     return k, v
+
+
+def refuse(why: str) -> NoReturn:
+    """Input refused before anything was sent: exit status 2, as the argument parser's."""
+    print(why, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def add_client_commands(sub: Any) -> None:
@@ -184,11 +190,11 @@ class Input:
         self.total = self.count if args.message is not None else None
         file, binary = getattr(args, "file", None), getattr(args, "binary", False)
         if args.message is not None and (file or binary):
-            raise SystemExit(f"roost {command}: give MESSAGE or --file/--binary input, not both")
+            refuse(f"roost {command}: give MESSAGE or --file/--binary input, not both")
         try:
             self.src: IO[bytes] = open(file, "rb") if file else sys.stdin.buffer  # noqa: SIM115
         except OSError as exc:
-            raise SystemExit(f"roost {command}: cannot read --file {file}: {exc.strerror}") from None
+            refuse(f"roost {command}: cannot read --file {file}: {exc.strerror}")
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         a = self.args
@@ -369,6 +375,8 @@ def cmd_request(args: argparse.Namespace) -> int:
 
 def cmd_reply(args: argparse.Namespace) -> int:
     def run_command(payload: bytes) -> bytes | None:
+        """CMD's output without its last newline (as ``$(CMD)`` in a shell); None when CMD failed:
+        a request that gets no answer times out, where an answer would pass a failure off as one."""
         try:
             r = subprocess.run(args.command, shell=True, input=payload, capture_output=True,
                                timeout=args.command_timeout)  # fmt: skip
@@ -376,9 +384,10 @@ def cmd_reply(args: argparse.Namespace) -> int:
             print(f"roost reply: the command ran over {args.command_timeout} s; no answer", file=sys.stderr)
             return None
         if r.returncode != 0:
-            print(f"roost reply: the command exited with {r.returncode}: "
+            print(f"roost reply: the command exited with {r.returncode}; no answer: "
                   f"{r.stderr.decode(errors='replace').strip()[-200:]}", file=sys.stderr)  # fmt: skip
-        return r.stdout
+            return None
+        return r.stdout[:-1] if r.stdout.endswith(b"\n") else r.stdout
 
     async def main() -> int:
         answered = 0
@@ -390,9 +399,14 @@ def cmd_reply(args: argparse.Namespace) -> int:
                     print(f"roost reply: a message on {args.topic} asks for no answer; ignored", file=sys.stderr)
                     continue
                 answer = msg.payload if args.echo else await trio.to_thread.run_sync(run_command, msg.payload)
-                if answer is not None:
+                if answer is None:
+                    continue
+                try:
                     await msg.respond(answer)
-                    answered += 1
+                except (WireError, ValueError) as exc:  # (too large, say: this request goes unanswered)
+                    print(f"roost reply: cannot answer: {exc}", file=sys.stderr)
+                    continue
+                answered += 1
                 if args.count is not None and answered >= args.count:
                     break
             else:
@@ -411,8 +425,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         try:
             start = datetime.datetime.fromisoformat(args.start)
         except ValueError:
-            raise SystemExit(f"roost get: --start must be earliest, latest, an offset or an ISO 8601 time, "
-                             f"not {args.start!r}") from None  # fmt: skip
+            refuse(f"roost get: --start must be earliest, latest, an offset or an ISO 8601 time, not {args.start!r}")
 
     async def main() -> int:
         out = sys.stdout.buffer

@@ -51,7 +51,7 @@ class Client(ClientAPI):
         with trio.move_on_at(deadline):
             while not cond():
                 if self._closed:
-                    raise ClientClosed("client is closed")
+                    raise self._closed_error()
                 await self._changed.wait()
             return True
         return False
@@ -106,6 +106,13 @@ class Client(ClientAPI):
     # ------------------------------------------------------------ the I/O loop
 
     async def _run(self, s: ClientSession) -> None:
+        try:
+            await self._io(s)
+        except Exception as exc:  # (a socket that broke: the client ends, its waiters hear why)
+            self._fail(exc)
+            self._changed.set()
+
+    async def _io(self, s: ClientSession) -> None:
         r, key = self.router, id(s)
         sock = self._socks[key]
         while True:

@@ -247,7 +247,8 @@ class Router:
         wire.check_tags(tags)
         p = cmap.partition(topic)
         packed = wire.pack_message(topic, key, tags, payload)
-        wire.check_fits(len(packed), self.first.max_datagram, wire.FRAME_OVERHEAD * 3)  # (PUT's header is longer)
+        limit = min(s.max_datagram for s in self.sessions)  # (whichever owner leads it later must take it)
+        wire.check_fits(len(packed), limit, wire.FRAME_OVERHEAD * 3)  # (PUT's header is longer)
         seq = self.putter.put(p, packed)
         self._pump_puts(self._now)
         return p, seq

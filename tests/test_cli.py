@@ -26,23 +26,33 @@ def node(tmp_path_factory):
 # ------------------------------------------------------------ in this process: the parser
 
 
-def options(parser: argparse.ArgumentParser, path: str = "roost"):
+def parsers(parser: argparse.ArgumentParser, path: str = "roost"):
+    yield path, parser
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
             for name, sub in a.choices.items():
-                yield from options(sub, f"{path} {name}")
-        elif not isinstance(a, argparse._HelpAction | argparse._VersionAction):
-            yield path, a, parser._get_formatter()._get_help_string(a)  # (what --help prints for it)
+                yield from parsers(sub, f"{path} {name}")
 
 
 def test_every_argument_has_help_text_and_every_flag_its_default():
     seen = 0
-    for path, a, text in options(build_parser()):
-        assert a.help, f"{path} {a.option_strings or a.dest} has no help text"
-        if a.option_strings and not a.required:
-            assert "default" in text, f"{path} {a.option_strings} does not show its default"
-        seen += 1
+    for path, parser in parsers(build_parser()):
+        flat = " ".join(parser.format_help().split())
+        assert "(default: None)" not in flat and "(default: False)" not in flat, path
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction | argparse._HelpAction | argparse._VersionAction):
+                continue
+            assert a.help, f"{path} {a.option_strings or a.dest} has no help text"
+            seen += 1
+            if a.option_strings and not a.required:
+                text = " ".join(a.help.split()) % {"default": a.default}
+                assert text in flat, f"{path} {a.option_strings}"
+                shown = text + flat.split(text, 1)[1].split(" -", 1)[0]  # (up to the next flag)
+                assert "default" in shown and shown.count("(default:") <= 1, f"{path} {a.option_strings}: {shown}"
     assert seen > 60
+    flat = " ".join(build_parser()._subparsers._group_actions[0].choices["pub"].format_help().split())  # type: ignore
+    assert "within S seconds of the last (default: 30.0)" in flat
+    assert "(default: $ROOST_NODES or 127.0.0.1:7400)" in flat
 
 
 def test_version(capsys):
@@ -74,9 +84,9 @@ def test_bad_values_are_refused_before_anything_is_sent(argv, why, capsys):
 
 def test_pub_refuses_a_message_with_file_input_and_a_missing_file(tmp_path):
     r = roost("pub", "t", "x", "--binary", "--node", "127.0.0.1:9")
-    assert r.returncode != 0 and "give MESSAGE or --file/--binary input, not both" in r.stderr
+    assert r.returncode == 2 and "give MESSAGE or --file/--binary input, not both" in r.stderr
     r = roost("pub", "t", "--file", str(tmp_path / "nope"), "--node", "127.0.0.1:9")
-    assert r.returncode != 0 and "cannot read --file" in r.stderr and "No such file" in r.stderr
+    assert r.returncode == 2 and "cannot read --file" in r.stderr and "No such file" in r.stderr
 
 
 # ------------------------------------------------------------ against a node process
@@ -127,6 +137,10 @@ def test_request_and_reply_echo(node):
                                cwd=ROOT, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert replier.stderr is not None and "answering requests on cli.svc" in replier.stderr.readline()
+        # A message with the request tags but no usable reply topic (anyone may send one) is ignored.
+        r = roost("pub", "cli.svc", "evil", "--tag", "roost.reply_to=", "--tag", "roost.request=1", "--node", node.addr)
+        assert r.returncode == 0, r.stderr
+        assert "asks for no answer; ignored" in replier.stderr.readline()
         r = roost("request", "cli.svc", "ping?", "--node", node.addr)
         assert (r.returncode, r.stdout) == (0, "ping?\n"), r.stderr
         assert replier.wait(30) == 0
@@ -135,3 +149,20 @@ def test_request_and_reply_echo(node):
             replier.kill()
     r = roost("request", "cli.nobody", "hello", "--node", node.addr, "--timeout", "0.3")
     assert r.returncode == 1 and "no reply to the request on 'cli.nobody' within 0.3 s" in r.stderr
+
+
+def test_reply_command_output_and_failure(node):
+    cmd = 'read x; if [ "$x" = fail ]; then echo broken >&2; exit 3; fi; echo "got $x"'
+    replier = subprocess.Popen([*ROOST, "reply", "cli.cmd", "--command", cmd, "--count", "1", "--node", node.addr],
+                               cwd=ROOT, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert replier.stderr is not None and "answering requests on cli.cmd" in replier.stderr.readline()
+        r = roost("request", "cli.cmd", "fail", "--node", node.addr, "--timeout", "1")
+        assert r.returncode == 1 and r.stdout == ""  # (a failed command answers nothing)
+        assert "the command exited with 3; no answer: broken" in replier.stderr.readline()
+        r = roost("request", "cli.cmd", "this", "--node", node.addr)
+        assert (r.returncode, r.stdout) == (0, "got this\n"), r.stderr  # (the output's own newline, not two)
+        assert replier.wait(30) == 0
+    finally:
+        if replier.poll() is None:
+            replier.kill()

@@ -157,7 +157,7 @@ def test_threads_request_reply_with_a_callback(node):
 
         with server.subscribe("svc.sync", callback=answer):
             assert client.request("svc.sync", "hi", timeout=5).payload == b"re: hi"
-        assert server.aclient.callback_errors == 0
+        assert server.callback_errors == 0
     assert calls and calls[0] != threading.main_thread().name
 
 
@@ -176,8 +176,8 @@ def test_a_callback_that_raises_is_counted_and_the_subscription_goes_on(node):
             deadline = time.monotonic() + 10
             while len(seen) < 2 and time.monotonic() < deadline:  # (bounded polling: a real process)
                 time.sleep(0.01)
-        assert seen == [b"bad", b"good"] and c.aclient.callback_errors == 1
-        assert str(c.aclient.last_callback_error) == "boom"
+        assert seen == [b"bad", b"good"] and c.callback_errors == 1
+        assert str(c.last_callback_error) == "boom"
 
 
 # ------------------------------------------------------------ addresses
@@ -217,6 +217,7 @@ def test_ipv6_literal(tmp_path):
 @pytest.mark.parametrize(("text", "want"), [
     ("h:1", [("h", 1)]), ("h", [("h", 7400)]), ("[::1]:9", [("::1", 9)]), ("::1", [("::1", 7400)]),
     ("[::1]", [("::1", 7400)]), ("a:1, b:2,a:1", [("a", 1), ("b", 2)]), (("h", 5), [("h", 5)]),
+    ("[0:0:0:0:0:0:0:1]:9", [("::1", 9)]), ("0::1", [("::1", 7400)]), (("0:0::1", 9), [("::1", 9)]),
     (["a:1", ("b", 2)], [("a", 1), ("b", 2)]),
 ])  # fmt: skip
 def test_parse_nodes(text, want):
@@ -224,8 +225,10 @@ def test_parse_nodes(text, want):
 
 
 @pytest.mark.parametrize(("text", "why"), [
-    ("h:0", "valid port"), ("h:x", "valid port"), (":7", "no host"), ("[::1", "not \\[IPV6\\]:PORT"),
+    ("h:0", "valid port"), ("h:x", "valid port"), (":7", "no valid host"), ("[::1", "not \\[IPV6\\]:PORT"),
     ("1:2:x", "not an IPv6"), ("h:70000", "valid port"), ("", "empty"), (",", "empty"),
+    (("127.0.0.1", 70000), "valid port"), (("h", 0), "valid port"), (("bad host", 1), "valid host"),
+    (("1:2:x", 5), "not an IPv6"), (("h", True), "HOST:PORT or \\(host, port\\)"),
 ])  # fmt: skip
 def test_bad_node_addresses_are_refused(text, why):
     with pytest.raises(ValueError, match=why):
@@ -234,7 +237,10 @@ def test_bad_node_addresses_are_refused(text, why):
 
 def test_roost_nodes_default_and_fallback():
     assert addresses.parse_nodes(None, env={"ROOST_NODES": "a:1,b:2"}) == [("a", 1), ("b", 2)]
+    assert addresses.parse_nodes(None, env={}) == addresses.parse_nodes(None, env={"ROOST_NODES": ""})
     assert addresses.parse_nodes(None, env={}) == [("127.0.0.1", 7400)]
+    with pytest.raises(ValueError, match=r"^ROOST_NODES: 'a:x' has no valid port"):
+        addresses.parse_nodes(None, env={"ROOST_NODES": "a:x"})
 
 
 def test_resolution_order_puts_ipv4_first():
@@ -283,3 +289,96 @@ async def test_a_name_is_resolved_again_when_its_node_goes_silent(node, tmp_path
             assert c.session.node == ("127.0.0.1", node.port) and not c.session.lost
     finally:
         moved.stop()
+
+
+# ------------------------------------------------------------ what the cold review found
+
+
+async def test_a_request_whose_reply_topic_is_unusable_is_a_plain_message(node):
+    async with roost.Client(node.addr) as c, c.subscribe("x.evil") as sub:
+        for bad in ("", "has space", "tab\there"):
+            await c.publish("x.evil", "evil", tags={REPLY_TO: bad, "roost.request": "1"})
+        with trio.fail_after(10):
+            got = [await sub.next() for _ in range(3)]
+        assert not any(isinstance(m, Request) for m in got) and all(m.reply_to is None for m in got)
+
+
+def test_threads_next_with_short_timeouts_loses_nothing(node):
+    """A time-out that ends a wait must not drop a message the loop took meanwhile: the reader
+    here mostly waits (the publisher waits for each PUBACK) and times out often."""
+    n = 2000
+    with roost.sync.Client(node.addr) as c, roost.sync.Client(node.addr) as pub, c.subscribe("x.short") as sub:
+        sender = threading.Thread(target=lambda: [pub.publish("x.short", str(i), wait=True) for i in range(n)])
+        sender.start()
+        got, timeouts, deadline = [], 0, time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                got.append(sub.next(timeout=0.0003))
+            except TimeoutError:
+                timeouts += 1
+        sender.join()
+    assert timeouts > 0 and [int(m.payload) for m in got] == list(range(n))
+
+
+def test_threads_calls_under_way_end_when_another_thread_closes(node):
+    c = roost.sync.Client(node.addr, timeout=None)
+    c.connect()
+    errors: list[BaseException] = []
+
+    def publish_for_ever() -> None:
+        try:
+            for i in range(10_000_000):
+                c.publish("x.closing", str(i))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=publish_for_ever)
+    t.start()
+    while c.aclient.router.last_seq < 500:  # (bounded by the publisher, which runs until the close)
+        time.sleep(0.001)
+    c.close(flush=False)
+    t.join(10)
+    assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], roost.sync.ClientClosed)
+
+
+async def test_trio_calls_after_close_are_refused(node):
+    async with roost.Client(node.addr) as c:
+        pass
+    with pytest.raises(roost.ClientClosed):
+        await c.publish("x.after", "late")
+    with pytest.raises(roost.ClientClosed):
+        async with c.subscribe("x.after"):
+            pass
+
+
+def test_asyncio_calls_after_close_are_refused(node):
+    async def main() -> None:
+        async with roost.asyncio.Client(node.addr) as c:
+            pass
+        with pytest.raises(roost.asyncio.ClientClosed):
+            await c.publish("x.after", "late")
+        with pytest.raises(roost.asyncio.ClientClosed):
+            await c.request("x.after", "late")
+
+    asyncio.run(main())
+
+
+async def test_trio_waiters_hear_when_the_io_breaks(node):
+    async with roost.Client(node.addr) as c, c.subscribe("x.broken") as sub:
+        c._socks[id(c.session)].close()  # (the socket breaks under the I/O task)
+        c._kick()
+        with trio.fail_after(10), pytest.raises(roost.ClientClosed, match="I/O failed"):
+            await sub.next()
+
+
+def test_asyncio_waiters_hear_when_the_io_breaks(node):
+    async def main() -> None:
+        async with roost.asyncio.Client(node.addr) as c, c.subscribe("x.broken") as sub:
+            c.loop.remove_reader(c._socks[id(c.session)])
+            c._socks[id(c.session)].close()
+            c._kick()
+            async with asyncio.timeout(10):
+                with pytest.raises(roost.asyncio.ClientClosed, match="I/O failed"):
+                    await sub.next()
+
+    asyncio.run(main())

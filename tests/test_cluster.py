@@ -161,7 +161,7 @@ def test_subscriber_keeps_receiving_when_its_node_is_killed(cluster):
     cluster.wait_subscriptions([1, 1, 1])
     code = (
         "import sys, trio\n"
-        "from client import Client\n"
+        "from roost.client import Client\n"
         "async def main():\n"
         f"    async with Client('{cluster.addr('n1')}') as c:\n"
         f"        for i in range({n}):\n"

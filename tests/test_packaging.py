@@ -1,12 +1,14 @@
 """The installed distribution: one ``roost`` namespace at the top of site-packages.
 
-The wheel ``pip install .`` installs is built here (without network: the build backend comes
-from the development environment) and installed into an empty directory; a Python that sees
-only that directory and the dependencies imports the client and runs the CLI from there."""
+The wheel ``pip install .`` installs is built here from the tracked files, as a clean clone has
+them (without network: the build backend comes from the development environment), and
+installed into an empty directory; a Python that sees only that directory and the dependencies
+imports the client from there."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -16,8 +18,16 @@ from tests.clusterkit import ROOT
 
 
 def test_the_wheel_installs_roost_alone_and_it_imports(tmp_path):
+    src = tmp_path / "src"  # (a copy: the build writes build/ and *.egg-info beside the sources)
+    keep = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in keep:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        if os.path.islink(os.path.join(ROOT, name)):
+            (src / name).symlink_to(os.readlink(os.path.join(ROOT, name)))
+        elif os.path.isfile(os.path.join(ROOT, name)):
+            shutil.copyfile(os.path.join(ROOT, name), src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "dist"), ROOT], check=True, capture_output=True, timeout=300)  # fmt: skip
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)  # fmt: skip
     (wheel,) = (tmp_path / "dist").glob("roost-*.whl")
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),

@@ -36,7 +36,7 @@ def test_every_partition_has_distinct_owners_whatever_the_order_members_are_give
 
 def test_the_assignment_is_the_same_in_every_process():
     """No dependence on Python's per-process string hashing (PYTHONHASHSEED)."""
-    code = "from cluster import ring; print(ring.assign(['n1','n2','n3','n4','n5'], 256))"
+    code = "from roost.cluster import ring; print(ring.assign(['n1','n2','n3','n4','n5'], 256))"
     outs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outs) == 1 and outs.pop().strip() == repr(ring.assign(FIVE, 256))
