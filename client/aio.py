@@ -23,13 +23,10 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from roost.client import addresses
 from roost.client.api import ClientAPI, ClientClosed, LogRead, NodeLost, Request, Subscription, durable_id
 from roost.client.receive import Message
 from roost.client.session import ClientConfig, ClientSession
-from roost.client.udp import drain, open_client_socket, send_now
-
-Addr = tuple[str, int]
+from roost.client.udp import open_client_socket
 
 __all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
            "durable_id"]  # fmt: skip
@@ -41,7 +38,6 @@ class Client(ClientAPI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._socks: dict[int, socket.socket] = {}  # id(session) -> its socket
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._changed: asyncio.Event | None = None
         self._kicked = False
@@ -157,27 +153,12 @@ class Client(ClientAPI):
     def _io(self, s: ClientSession) -> None:
         r, key = self.router, id(s)
         sock = self._socks[key]
-        if sock.family != addresses.family(s.node):  # (failed over to an address of the other family)
+        new = self._socket_for(s, sock)
+        if new is not None:
             self.loop.remove_reader(sock)
             sock.close()
-            self._watch(s, sock := open_client_socket(s.node))
-        batch = drain(sock, 65536)
-        now = self.loop.time()
-        if batch:
-            try:  # (as in the trio shell: a datagram that finds a bug must not stop the client)
-                r.handle_datagrams(s, batch, now)
-            except Exception as exc:
-                self.session_errors += 1
-                self.last_session_error = exc
-        if now >= min(s.next_deadline(), r.put_deadline()):
-            r.tick(s, now)
-        if len(r.sessions) > len(self._socks):
-            self._spawn()
-        out = s.outgoing(now)
-        self.send_errors += send_now(sock, out)
-        self._noticed(s, now)
-        if batch or s.events or out:
-            s.events.clear()
+            self._watch(s, sock := new)
+        if self._exchange(s, sock)[1]:
             self._wake()
         deadline = min(s.next_deadline(), r.put_deadline())
         timer = self._timers.get(key)

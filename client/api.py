@@ -1,23 +1,6 @@
-"""The client API, written once for every shell: publish, subscribe, durable logs, request/reply.
-
-The protocol lives in the sans-IO :class:`roost.client.router.Router` and its sessions. What a
-user calls (``publish``, ``subscribe``, ``get``, ``request``...) is the same for trio and
-asyncio: change the router, wake the I/O, wait until some condition on the router holds. So
-:class:`ClientAPI` holds those methods as plain ``async def`` code over eight primitives that a
-shell provides for its event loop:
-
-- ``_now()``: the loop's clock (the sessions' ``now``);
-- ``_until(cond, deadline)``: wait until ``cond()`` holds (re-checked whenever the I/O changed
-  something) or the deadline passes;
-- ``_kick()``: make the I/O send what the router queued now, not at its next deadline;
-- ``_sleep_until(deadline)``, ``_checkpoint()``: the loop's sleep and yield;
-- ``_in_thread(fn, *args)``: blocking file I/O (a durable reader's offsets file);
-- ``_resolve(host, port)``: the loop's ``getaddrinfo``;
-- ``_open()``, ``_spawn()``, ``_background(fn)``, ``_shutdown()``: the shell's task group, one
-  socket and I/O task per session, a task that lives as long as the client, and the end.
-
-The trio shell (client/library.py) and the asyncio shell (client/aio.py) are those primitives
-and an I/O loop each; the blocking client (client/blocking.py) runs the asyncio one in a thread.
+"""The client API, written once for every shell: publish, subscribe, request/reply (and, through
+:class:`roost.client.durableapi.DurableAPI`, durable logs), over the primitives of
+client/clientbase.py.
 
 Request/reply is built on plain subscriptions, as in NATS: each client subscribes (reliably) to
 its own inbox topic ``_INBOX.<client id>`` on its first request, and a request is a reliable
@@ -28,64 +11,23 @@ answer to the inbox with the same number. Replies for requests that timed out ar
 
 from __future__ import annotations
 
-import datetime
-import functools
-import hashlib
 import inspect
 import math
-import os
-import time
 from collections.abc import AsyncIterator, Callable
-from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import Any
 
-from roost.client import addresses, durablewire, wire
-from roost.client.addresses import Addr, NodeSpec
-from roost.client.offsets import OffsetFile
+from roost.client import wire
+from roost.client.clientbase import ClientClosed, NodeLost
+from roost.client.durableapi import DurableAPI, LogRead, durable_id
 from roost.client.receive import Message, SubState
-from roost.client.router import Router
-from roost.client.session import ClientConfig, ClientSession
-from roost.client.wire import MODE_NAMES, Reason, T
+from roost.client.session import ClientSession
+from roost.client.wire import MODE_NAMES, Reason
 
 REPLY_TO = "roost.reply_to"
 REQUEST_ID = "roost.request"
 RELIABLE = MODE_NAMES["reliable"]
 
-__all__ = ["ClientAPI", "ClientClosed", "LogRead", "Message", "NodeLost", "Request", "Subscription"]
-
-
-class NodeLost(ConnectionError):
-    """No node answered within ``node_timeout`` (or none could be resolved)."""
-
-
-class ClientClosed(ConnectionError):
-    """A call waited on a client that was closed meanwhile."""
-
-
-def durable_id(client: str) -> bytes:
-    """The 16-byte id of a durable subscriber named ``client``: the same in every process."""
-    return hashlib.blake2b(client.encode(), digest_size=16, person=b"roost.durable").digest()
-
-
-def _start(start: str | int | datetime.datetime) -> tuple[int, int]:
-    if start == "earliest":
-        return durablewire.START_EARLIEST, 0
-    if start == "latest":
-        return durablewire.START_LATEST, 0
-    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
-        return durablewire.START_OFFSET, start
-    if isinstance(start, datetime.datetime):  # (naive: local time, as datetime.timestamp takes it)
-        return durablewire.START_TIME, max(0, int(start.timestamp() * 1000))
-    raise ValueError(f"start must be 'earliest', 'latest', an offset >= 0 or a datetime, not {start!r}")
-
-
-def _get_frame(did: bytes, name: str, topic: str, p: int, kind: int, at: int, most: int, since: int,
-               s: ClientSession) -> bytes:  # fmt: skip
-    return durablewire.encode_get(s.cid, s.cookie or b"", did, name, topic, p, kind, at, most, since)
-
-
-def _welcomed(s: ClientSession, r: Router) -> bool:
-    return s.cookie is not None or r.lost
+__all__ = ["ClientAPI", "ClientClosed", "LogRead", "Message", "NodeLost", "Request", "Subscription", "durable_id"]
 
 
 def _mode(mode: str) -> int:
@@ -94,19 +36,6 @@ def _mode(mode: str) -> int:
     except KeyError:
         raise ValueError(f"mode must be one of {', '.join(MODE_NAMES)}, not {mode!r}") from None
 
-
-class LogRead(NamedTuple):
-    """What :meth:`ClientAPI.read` got: the topic's partition, its messages (``sequence`` is the log
-    offset), the offset to read from next, the partition's first retained offset and its end (the
-    commit: nothing at or past it can be read yet), and for each message the time its primary
-    stored it (ms since the epoch: a reader's record time, as the Spark source's ``timestamp``)."""
-
-    partition: int
-    messages: list[Message]
-    next: int
-    first: int
-    end: int
-    times: list[int]
 
 
 class Request(Message):
@@ -125,182 +54,8 @@ class Request(Message):
         return self._answer(self, payload, tags)
 
 
-class ClientAPI:
-    """Everything a client does, over the primitives its shell provides (see the module)."""
-
-    def __init__(
-        self,
-        node: NodeSpec = None,
-        *,
-        members: NodeSpec = None,
-        client_id: bytes | None = None,
-        config: ClientConfig | None = None,
-        producer_id: bytes | None = None,
-        offsets_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
-        """``node``: the node to talk to first, as ``"host:port"``, ``(host, port)``, or a list of
-        them (``"h1:7400,h2:7400"``) tried in turn; None means ``ROOST_NODES`` or 127.0.0.1:7400.
-        Host names are resolved when the client connects and again when it fails over.
-        ``members`` (optional): more nodes to fail over to; the cluster map in WELCOME adds the
-        rest. ``producer_id`` (16 bytes, default random) names this client's reliable publishes:
-        a client that publishes the same sequence of messages again under the same producer id
-        (a retried Spark task) has them delivered once. ``offsets_dir``: where durable readers
-        record what they committed before the cluster hears it (client/offsets.py): no repeats
-        after a crash there."""
-        if producer_id is not None and len(producer_id) != 16:
-            raise ValueError(f"producer_id must be 16 bytes, not {len(producer_id)}")
-        self._names = addresses.parse_nodes(node)
-        self._names += [a for a in (addresses.parse_nodes(members) if members else []) if a not in self._names]
-        self.node: Addr = self._names[0]  # (the resolved address once connected)
-        self.config = config or ClientConfig()
-        self.client_id = client_id or os.urandom(16)
-        self.producer_id = producer_id or os.urandom(16)
-        self._router: Router | None = None
-        self._since_yield = 0
-        self._closed = False
-        self._error: BaseException | None = None  # what stopped the I/O, if it failed
-        self._resolving = False
-        self._resolve_after = 0.0
-        self._literal = all(addresses.is_literal(h) for h, _ in self._names)  # (nothing to look up again)
-        self.send_errors = 0
-        self.session_errors = 0  # datagrams the session failed on (a bug; the client carries on)
-        self.last_session_error: Exception | None = None
-        self.callback_errors = 0  # exceptions raised by subscription callbacks (the client carries on)
-        self.last_callback_error: BaseException | None = None
-        self._read_to: dict[tuple[str, str, str], int] = {}  # durable (client, name, topic) -> offset read to
-        self._offsets = OffsetFile(offsets_dir) if offsets_dir is not None else None
-        self._inbox: Subscription | None = None
-        self._requests = 0
-        self._replies: dict[str, Message | None] = {}  # request number -> its reply, while awaited
-
-    # ------------------------------------------------------------ the shell's primitives
-
-    def _now(self) -> float:
-        raise NotImplementedError
-
-    async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
-        raise NotImplementedError
-
-    def _kick(self) -> None:
-        raise NotImplementedError
-
-    async def _sleep_until(self, deadline: float) -> None:
-        raise NotImplementedError
-
-    async def _checkpoint(self) -> None:
-        raise NotImplementedError
-
-    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        raise NotImplementedError
-
-    async def _resolve(self, host: str, port: int) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    async def _open(self) -> None:
-        raise NotImplementedError
-
-    def _spawn(self) -> None:
-        raise NotImplementedError
-
-    def _background(self, fn: Callable[[], Any]) -> None:
-        raise NotImplementedError
-
-    async def _shutdown(self) -> None:
-        raise NotImplementedError
-
-    # ------------------------------------------------------------ lifecycle
-
-    @property
-    def router(self) -> Router:
-        if self._router is None:
-            raise RuntimeError("the client is not connected: use 'async with Client(...)' first")
-        return self._router
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise self._closed_error()
-
-    def _closed_error(self) -> ClientClosed:
-        if self._error is not None:
-            return ClientClosed(f"the client's I/O failed: {self._error!r}")
-        return ClientClosed("the client is closed")
-
-    def _fail(self, exc: BaseException) -> None:
-        """The I/O hit an error it cannot carry on from (a socket that broke): the client ends,
-        and every call waiting on it raises ClientClosed instead of waiting for ever."""
-        if self._error is None:
-            self._error = exc
-        self._closed = True
-
-    @property
-    def session(self) -> ClientSession:
-        """The first session: the user's client id, talking to ``node`` (the only one
-        unless a partitioned cluster sent its map)."""
-        return self.router.first
-
-    async def __aenter__(self) -> Self:
-        await self._open()
-        try:
-            await self._connect()
-        except BaseException:
-            await self._shutdown()
-            raise
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if et is None and self._router is not None and self.session.connected:
-            await self.flush(timeout=self.config.node_timeout)
-        await self._shutdown()
-
-    async def _connect(self) -> None:
-        addrs: list[Addr] = []
-        why: list[str] = []
-        for host, port in self._names:
-            for a in await self._addresses(host, port, why):
-                if a not in addrs:
-                    addrs.append(a)
-        if not addrs:
-            raise NodeLost(f"cannot resolve {addresses.show(self._names)}: {'; '.join(why)}")
-        self.node = addrs[0]
-        self._router = Router(
-            self.client_id, self.producer_id, os.urandom(16), self.config, self._now(),
-            node=addrs[0], members=addrs[1:], session=int(time.time() * 1000),
-        )  # fmt: skip
-        self._spawn()
-        await self._until(lambda: self.session.connected or self.session.lost)
-        if not self.session.connected:
-            raise NodeLost(f"no answer from node {addresses.show(self.session.candidates)}")
-
-    async def _addresses(self, host: str, port: int, why: list[str]) -> list[Addr]:
-        if addresses.is_literal(host):
-            return [(host, port)]
-        try:
-            return addresses.ordered(await self._resolve(host, port))
-        except (OSError, UnicodeError) as exc:  # (UnicodeError: a label IDNA cannot encode)
-            why.append(f"{host}: {getattr(exc, 'strerror', None) or exc}")
-            return []
-
-    def _noticed(self, s: ClientSession, now: float) -> None:
-        """Every I/O turn: once the user's session misses a PONG (and when it fails over), look its
-        node names up again, at most once per ``node_timeout``: a container that moved has a new
-        address under the same name, and the session can only fail over to addresses it has."""
-        if self._resolving or now < self._resolve_after or s is not self.router.first or self._literal:
-            return
-        if now - s.last_heard < s.ping_interval * 1.5 and not any(e[0] == "node_silent" for e in s.events):
-            return
-        self._resolving = True
-        self._resolve_after = now + self.config.node_timeout
-        self._background(functools.partial(self._reresolve, s))
-
-    async def _reresolve(self, s: ClientSession) -> None:
-        try:
-            for host, port in self._names:
-                if not addresses.is_literal(host):
-                    s.add_candidates(await self._addresses(host, port, []))
-        finally:
-            self._resolving = False
+class ClientAPI(DurableAPI):
+    """Everything a client does, over the primitives its shell provides (client/clientbase.py)."""
 
     # ------------------------------------------------------------ publishing
 
@@ -332,8 +87,10 @@ class ClientAPI:
         deadline = math.inf if timeout is None else self._now() + timeout
         if reliable and r.window_full(topic):
             self._kick()
-            if not await self._until(lambda: not r.window_full(topic), deadline):
+            if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):
                 raise TimeoutError(f"no room in the publish window within {timeout} s: not published")
+            if r.lost:
+                raise NodeLost("node lost: not published")
         seq = r.publish(topic, key, tags, payload, reliable)
         self._since_yield += 1
         self._kick()
@@ -347,32 +104,6 @@ class ClientAPI:
             await self._checkpoint()
         return seq
 
-    async def put(self, topic: str, payload: bytes | str, key: str | None = None,
-                  tags: dict[str, str] | None = None, *, wait: bool = False,
-                  timeout: float | None = None) -> tuple[int, int]:  # fmt: skip
-        """Publish one message durably (docs/durable.md): stored in the log of its topic's
-        partition on both owners before it is acknowledged. Returns (partition, sequence);
-        ``wait=True`` returns only after the acknowledgement. Needs a partitioned cluster.
-        ``timeout`` bounds the waits, as for :meth:`publish`."""
-        self._check_open()
-        if isinstance(payload, str):
-            payload = payload.encode()
-        r = self.router
-        deadline = math.inf if timeout is None else self._now() + timeout
-        await self._need_map()
-        if r.put_window_full(topic):
-            self._kick()
-            if not await self._until(lambda: not r.put_window_full(topic), deadline):
-                raise TimeoutError(f"no room in the put window within {timeout} s: not put")
-        p, seq = r.put(topic, key, tags, payload)
-        self._kick()
-        if wait:
-            if not await self._until(lambda: r.putter.streams[p].acked >= seq or r.lost, deadline):
-                raise TimeoutError(f"not acknowledged within {timeout} s (it stays queued and is retried)")
-            if r.putter.streams[p].acked < seq:
-                raise NodeLost("node lost before acknowledging the put")
-        return p, seq
-
     async def flush(self, timeout: float = math.inf) -> bool:
         """Wait until every reliable publish, every durable put and every command so far is
         acknowledged, on every session."""
@@ -384,7 +115,12 @@ class ClientAPI:
         def done() -> bool:
             return r.lost or (r.flushed(marks) and r.putter.flushed(puts))
 
-        return await self._until(done, self._now() + timeout) and not r.lost
+        if self._closed:
+            return False
+        try:
+            return await self._until(done, self._now() + timeout) and not r.lost
+        except ClientClosed:  # (closed meanwhile: not everything is known to be acknowledged)
+            return False
 
     async def status(self, timeout: float = 3.0) -> dict[str, Any]:
         """The status map of the node this client was given (what ``roost status`` prints)."""
@@ -396,122 +132,6 @@ class ClientAPI:
             raise NodeLost("no STATUS reply from the node")
         assert s.last_status is not None
         return s.last_status
-
-    # ------------------------------------------------------------ durable logs
-
-    async def get(self, topic: str, durable: str, count: int = 1, *,
-                  start: str | int | datetime.datetime = "earliest", timeout: float | None = None,
-                  client: str = "default") -> list[Message]:  # fmt: skip
-        """Read up to ``count`` messages of ``topic`` from durable subscription ``durable`` (docs/durable.md).
-
-        The subscription, named by (``client``, ``durable``), lives on the cluster: its cursor is
-        the first offset not yet committed; it is made at ``start`` ("earliest", "latest", an
-        offset, or a datetime: the first message stored at or after it) the first time.
-        Messages come with their log offset as ``sequence``, each once per call; call
-        :meth:`commit` once they are processed, or the next reader gets them again.
-        Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
-        r = self.router
-        await self._need_map()
-        assert r.cmap is not None
-        p = r.cmap.partition(topic)
-        kind, at = _start(start)
-        did = durable_id(client)
-        deadline = self._now() + timeout if timeout is not None else math.inf
-        out: list[Message] = []
-        key = (client, durable, topic)
-        nxt = self._read_to.get(key)
-        if nxt is None:  # (the first get of this process: what an earlier one committed is not repeated)
-            nxt = self._offsets.load(client, durable, topic) if self._offsets is not None else 0
-        while len(out) < count:
-            ask = functools.partial(_get_frame, did, durable, topic, p, kind, at, count - len(out), nxt)
-            f = await self._durable_ask(topic, T.RECORDS, durable, p, deadline, ask)
-            if f is None:
-                break
-            for offset, _ms, t, k, tags, payload in f[6]:
-                if offset >= nxt:  # (a record given before and not committed yet comes again: dropped)
-                    out.append(Message(t, k, tags, payload, offset))
-            nxt = max(nxt, f[4])
-            self._read_to[key] = nxt
-            if not f[6] and len(out) < count and f[4] >= f[8]:  # (scanned to the commit: wait for more)
-                await self._sleep_until(min(deadline, self._now() + self.config.pub_retry))  # (ask again)
-                if self._now() >= deadline:
-                    break
-        return out
-
-    async def read(self, topic: str, offset: int = 0, count: int = 1000, *, timeout: float = 10.0) -> LogRead:
-        """Read committed messages of ``topic`` from log offset ``offset`` (up to ``count``), without a
-        durable subscription: for readers that keep their own offsets (the Spark source). Raises
-        NodeLost when the partition's primary does not answer within ``timeout``."""
-        if offset < 0 or count < 1:
-            raise ValueError("read needs offset >= 0 and count >= 1")
-        r = self.router
-        await self._need_map()
-        assert r.cmap is not None
-        p = r.cmap.partition(topic)
-        ask = functools.partial(_get_frame, b"\0" * 16, "", topic, p, 0, 0, count, offset)
-        f = await self._durable_ask(topic, T.RECORDS, "", p, self._now() + timeout, ask)
-        if f is None:
-            raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
-        msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
-        return LogRead(p, msgs, max(f[4], offset), f[7], f[8], [r[1] for r in f[6]])
-
-    def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
-        """The offset :meth:`commit` would move the cursor of (``client``, ``durable``) on ``topic``
-        to: past everything :meth:`get` returned in this process (None before its first answer).
-        An application that records what it processed (docs/durable.md) logs this with the commit."""
-        return self._read_to.get((client, durable, topic))
-
-    async def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
-        """Move the cursor of durable subscription (``client``, ``durable``) past everything
-        :meth:`get` returned; True once that is on disk on the partition's owners."""
-        r = self.router
-        await self._need_map()
-        assert r.cmap is not None
-        p = r.cmap.partition(topic)
-        nxt = self._read_to.get((client, durable, topic))
-        if nxt is None:
-            return True
-        did = durable_id(client)
-        if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
-            await self._in_thread(self._offsets.save, client, durable, topic, nxt)
-        f = await self._durable_ask(topic, T.COMMITTED, durable, p, self._now() + timeout,
-                                    lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
-        return f is not None and f[3] >= nxt
-
-    async def _need_map(self) -> None:
-        r = self.router
-        if r.cmap is None:
-            self._kick()
-            await self._until(lambda: r.cmap is not None or r.lost, self._now() + self.config.node_timeout)
-            if r.cmap is None:
-                raise NodeLost("no cluster map from the node: durable publishes need a partitioned cluster")
-
-    async def _durable_ask(self, topic: str, want: Any, name: str, p: int, deadline: float,
-                           make: Any) -> tuple[Any, ...] | None:  # fmt: skip
-        """Send a durable request to the partition's primary until its answer comes (OK), or
-        the deadline; it goes again (maybe to another primary) on a time-out or a refusal."""
-        r = self.router
-        while self._now() < deadline:
-            s = r.durable_session_for(topic)
-            if s.cookie is None:
-                self._kick()
-                await self._until(functools.partial(_welcomed, s, r), min(deadline, self._now() + 1))
-                if r.lost:
-                    raise NodeLost("node lost")
-                continue
-            s.durable_replies.clear()
-            s.queue_raw([make(s)])
-            self._kick()
-
-            def answered(s: ClientSession = s) -> bool:
-                return any(f[0] is want and f[1] == name and f[2] == p for f in s.durable_replies)
-
-            await self._until(answered, min(deadline, self._now() + self.config.pub_retry * 5))
-            got = next((f for f in s.durable_replies if f[0] is want and f[1] == name and f[2] == p), None)
-            if got is not None and got[5 if want is T.RECORDS else 4] == 0:  # (status OK)
-                return got
-            await self._sleep_until(min(deadline, self._now() + self.config.pub_retry))  # (refused: not leader yet)
-        return None
 
     # ------------------------------------------------------------ subscribing
 
@@ -639,11 +259,18 @@ class Subscription:
         TimeoutError after ``timeout`` seconds without an answer (the subscription stays asked for)."""
         self.begin()
         if not await self.confirmation(math.inf if timeout is None else self.client._now() + timeout):
+            await self.unsubscribe()  # (not left to collect messages nobody reads)
             raise TimeoutError(f"the subscription to {self.topic!r} was not confirmed within {timeout} s")
         if self.callback is not None and self.reason is None:
             self.client._background(self._dispatch)
 
     async def _dispatch(self) -> None:
+        try:
+            await self._feed_callback()
+        except ClientClosed:  # (the client ended: so does the callback's task, quietly)
+            return
+
+    async def _feed_callback(self) -> None:
         assert self.callback is not None
         async for msg in self:
             try:
@@ -702,3 +329,4 @@ class Subscription:
 
     async def __anext__(self) -> Message:
         return await self.next()
+

@@ -26,11 +26,12 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from roost.client import aio
-from roost.client.api import ClientClosed, LogRead, NodeLost, Request
+from roost.client.api import ClientClosed, LogRead, NodeLost, Request, durable_id
 from roost.client.receive import Message
 from roost.client.session import ClientConfig
 
-__all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription"]
+__all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
+           "durable_id"]  # fmt: skip
 
 R = TypeVar("R")
 
@@ -54,11 +55,10 @@ class Client:
             raise ValueError(f"timeout must be > 0 seconds or None, not {timeout!r}")
         self.timeout = timeout
         self.aclient = aio.Client(node, **kwargs)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="roost-client", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None  # (made by connect: a client never used holds none)
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # (a call is submitted to the loop, or the client is closed: not both)
-        self._open = False
-        self._ended = False
+        self._state = "new"  # -> "open" -> "closing" -> "closed"
 
     # ------------------------------------------------------------ lifecycle
 
@@ -70,55 +70,71 @@ class Client:
         self.close(flush=et is None)
 
     def connect(self) -> None:
-        """Start the I/O thread and connect (NodeLost when no node answers)."""
-        self._thread.start()
+        """Start the I/O thread and connect (NodeLost when no node answers). Once per client."""
+        with self._lock:
+            if self._state != "new":
+                raise ClientClosed(f"connect() is called once per client (this one is {self._state})")
+            self._state = "open"
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="roost-client", daemon=True)
+            self._thread.start()
         try:
-            self._call(self.aclient.__aenter__(), None)
+            self._call(self.aclient.__aenter__())
         except BaseException:
             self._stop()
             raise
-        self._open = True
 
     def close(self, flush: bool = True) -> None:
         """Wait (for ``node_timeout`` at most) until what was published is acknowledged, then stop.
-        Calls other threads are waiting in raise ClientClosed."""
-        if self._open:
-            self._open = False
-            try:
-                self._call(self.aclient.__aexit__(None if flush else RuntimeError, None, None), None)
-            finally:
-                self._stop()
+        Calls other threads are waiting in raise ClientClosed; a second close waits for the first."""
+        with self._lock:
+            first = self._state == "open"
+            if first:
+                self._state = "closing"
+        if not first:
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join()
+            return
+        try:
+            self._call(self.aclient.__aexit__(None if flush else RuntimeError, None, None), closing=True)
+        finally:
+            self._stop()
 
     def _stop(self) -> None:
         """No call is taken from now on; every call under way ends (ClientClosed), then the loop."""
         with self._lock:
-            if self._ended:
+            if self._state == "closed":
                 return
-            self._ended = True
-        if self._thread.is_alive():
-            done = asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop)
+            self._state = "closed"
+        loop, thread = self._loop, self._thread
+        assert loop is not None and thread is not None
+        if thread.is_alive():
+            done = asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop)
             try:
                 done.result()
             finally:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join()
-        self._loop.close()
+                loop.call_soon_threadsafe(loop.stop)
+                if thread is not threading.current_thread():
+                    thread.join()
+        if not loop.is_running():
+            loop.close()
 
-    def _call(self, coro: Coroutine[Any, Any, R], timeout: float | None) -> R:
-        """Run ``coro`` on the client's loop and wait for it (at most ``timeout`` seconds: then it is
-        cancelled, so only calls that change nothing until they finish may pass one)."""
+    def _call(self, coro: Coroutine[Any, Any, R], closing: bool = False) -> R:
+        """Run ``coro`` on the client's loop and wait for it (the calls bound their own waits on
+        the loop, where a time-out cannot lose what they took). Interrupted (Ctrl-C), it is
+        cancelled there too, so no orphan goes on to take the next message."""
         with self._lock:
-            if self._ended or not self._thread.is_alive():
+            if self._state != ("closing" if closing else "open") or self._loop is None:
                 coro.close()
                 raise ClientClosed("the client is closed (or was never connected: use 'with Client(...)')")
             fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise TimeoutError(f"no answer within {timeout} s") from None
+            return fut.result()
         except concurrent.futures.CancelledError:
             raise ClientClosed("the client was closed during the call") from None
+        except BaseException:
+            fut.cancel()
+            raise
 
     @property
     def session(self) -> Any:
@@ -160,42 +176,45 @@ class Client:
     def session_errors(self) -> int:
         return self.aclient.session_errors
 
+    @property
+    def last_session_error(self) -> Exception | None:
+        return self.aclient.last_session_error
+
     # ------------------------------------------------------------ the API
 
     def publish(self, topic: str, payload: bytes | str, key: str | None = None, tags: dict[str, str] | None = None,
                 *, mode: str = "reliable", wait: bool = False,
                 timeout: float | Default | None = DEFAULT) -> int:  # fmt: skip
         t = self._timeout(timeout)
-        return self._call(self.aclient.publish(topic, payload, key, tags, mode=mode, wait=wait, timeout=t), None)
+        return self._call(self.aclient.publish(topic, payload, key, tags, mode=mode, wait=wait, timeout=t))
 
     def flush(self, timeout: float = math.inf) -> bool:
-        return self._call(self.aclient.flush(timeout), None)
+        return self._call(self.aclient.flush(timeout))
 
     def status(self, timeout: float = 3.0) -> dict[str, Any]:
-        return self._call(self.aclient.status(timeout), None)
+        return self._call(self.aclient.status(timeout))
 
     def put(self, topic: str, payload: bytes | str, key: str | None = None, tags: dict[str, str] | None = None,
             *, wait: bool = False, timeout: float | Default | None = DEFAULT) -> tuple[int, int]:  # fmt: skip
         t = self._timeout(timeout)
-        return self._call(self.aclient.put(topic, payload, key, tags, wait=wait, timeout=t), None)
+        return self._call(self.aclient.put(topic, payload, key, tags, wait=wait, timeout=t))
 
     def get(self, topic: str, durable: str, count: int = 1, *, start: str | int | datetime.datetime = "earliest",
             timeout: float | None = None, client: str = "default") -> list[Message]:  # fmt: skip
-        return self._call(self.aclient.get(topic, durable, count, start=start, timeout=timeout, client=client), None)
+        return self._call(self.aclient.get(topic, durable, count, start=start, timeout=timeout, client=client))
 
     def read(self, topic: str, offset: int = 0, count: int = 1000, *, timeout: float = 10.0) -> LogRead:
-        return self._call(self.aclient.read(topic, offset, count, timeout=timeout), None)
+        return self._call(self.aclient.read(topic, offset, count, timeout=timeout))
 
     def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
         return self.aclient.position(topic, durable, client=client)
 
     def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
-        return self._call(self.aclient.commit(topic, durable, client=client, timeout=timeout), None)
+        return self._call(self.aclient.commit(topic, durable, client=client, timeout=timeout))
 
     def request(self, topic: str, payload: bytes | str, *, timeout: float = 5.0, key: str | None = None,
                 tags: dict[str, str] | None = None) -> Message:  # fmt: skip
-        return self._blocking(self._call(self.aclient.request(topic, payload, timeout=timeout, key=key, tags=tags),
-                                         None))  # fmt: skip
+        return self._blocking(self._call(self.aclient.request(topic, payload, timeout=timeout, key=key, tags=tags)))
 
     def subscribe(self, topic: str, key: str | None = None, mode: str = "reliable", *,
                   callback: Callable[[Message], Any] | None = None) -> Subscription:  # fmt: skip
@@ -211,7 +230,7 @@ class Client:
         if not isinstance(msg, Request):
             return msg
         req = Request(*msg)
-        req._answer = lambda r, payload, tags: self._call(self.aclient._answer(r, payload, tags, self.timeout), None)
+        req._answer = lambda r, payload, tags: self._call(self.aclient._answer(r, payload, tags, self.timeout))
         return req
 
 
@@ -222,6 +241,7 @@ class Subscription:
     def __init__(self, client: Client, topic: str, key: str | None, mode: str,
                  callback: Callable[[Message], Any] | None) -> None:  # fmt: skip
         self.client = client
+        self.topic, self.key, self.callback = topic, key, callback
         wrapped = None
         if callback is not None:
             def wrapped(msg: Message) -> Any:
@@ -234,14 +254,20 @@ class Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.client._open:
+        if self.client._state == "open":
             self.unsubscribe()
 
-    def start(self) -> None:
-        self.client._call(self.asub.start(self.client.timeout), None)
+    @property
+    def mode(self) -> int:
+        return self.asub.mode
+
+    def start(self, timeout: float | Default | None = DEFAULT) -> None:
+        """Subscribe and wait until the node confirms (TimeoutError after ``timeout``, the client's
+        own by default; the subscription is then withdrawn)."""
+        self.client._call(self.asub.start(self.client._timeout(timeout)))
 
     def unsubscribe(self) -> None:
-        self.client._call(self.asub.unsubscribe(), None)
+        self.client._call(self.asub.unsubscribe())
 
     @property
     def reason(self) -> str | None:
@@ -258,7 +284,7 @@ class Subscription:
     def next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError after ``timeout`` seconds (None: wait), StopIteration
         once the subscription ended."""
-        msg = self.client._call(_next_or_none(self.asub, timeout), None)  # (timed on the loop: nothing is lost)
+        msg = self.client._call(_next_or_none(self.asub, timeout))  # (timed on the loop: nothing is lost)
         if msg is None:
             raise StopIteration
         return self.client._blocking(msg)

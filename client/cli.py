@@ -22,7 +22,7 @@ from typing import IO, Any, NoReturn
 import trio
 
 from roost.client import addresses
-from roost.client.library import Client, Message, NodeLost, Request
+from roost.client.library import Client, ClientClosed, Message, NodeLost, Request
 from roost.client.session import ClientConfig
 from roost.client.wire import WireError
 
@@ -267,9 +267,9 @@ def cmd_pub(args: argparse.Namespace) -> int:
                     f"{sent} acknowledged" if acked else f"NOT all acknowledged within {args.timeout} s")
                 print(f"roost pub: {sent} published, {what}, in {took:.2f} s ({sent / max(took, 1e-9):,.0f} msgs/s)"
                       + (f"; {messages.bad} input line(s) skipped" if messages.bad else ""), file=sys.stderr)
-            if acked is False:
+            if acked is False and c.router.lost:
                 raise NodeLost("node lost before acknowledging every publish")
-        return 1 if messages.bad else 0
+        return 1 if messages.bad or acked is False else 0
 
     return _run(main)
 
@@ -285,8 +285,11 @@ def cmd_put(args: argparse.Namespace) -> int:
                 except (WireError, ValueError) as exc:
                     messages.failed(number, str(exc))
             if not await c.flush(timeout=args.timeout):
-                raise NodeLost(f"not every put was acknowledged within {args.timeout} s (the node lost, or "
-                               "the partition's owners cannot commit: see the members' logs)")  # fmt: skip
+                if c.router.lost:
+                    raise NodeLost("node lost before acknowledging every put")
+                print(f"roost put: not every put was acknowledged within {args.timeout} s (the partition's "
+                      "owners cannot commit: see the members' logs)", file=sys.stderr)  # fmt: skip
+                return 1
         return 1 if messages.bad else 0
 
     return _run(main)
@@ -474,9 +477,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _run(main: Any) -> int:
     try:
         return int(trio.run(main))
-    except NodeLost as exc:
+    except (NodeLost, ClientClosed) as exc:
         print(f"roost: {exc}", file=sys.stderr)
         return 3
+    except TimeoutError as exc:
+        print(f"roost: {exc}", file=sys.stderr)
+        return 1
     except (WireError, ValueError, OSError) as exc:
         print(f"roost: {exc}", file=sys.stderr)
         return 2

@@ -20,11 +20,10 @@ from typing import Any
 
 import trio
 
-from roost.client import addresses
 from roost.client.api import ClientAPI, ClientClosed, LogRead, NodeLost, Request, Subscription, durable_id
 from roost.client.receive import Message
 from roost.client.session import ClientConfig, ClientSession
-from roost.client.udp import drain, open_client_socket, send_now
+from roost.client.udp import open_client_socket
 
 Addr = tuple[str, int]
 
@@ -37,7 +36,6 @@ class Client(ClientAPI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._socks: dict[int, socket.socket] = {}  # id(session) -> its socket
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
         self._wait_scopes: dict[int, trio.CancelScope] = {}
@@ -86,6 +84,7 @@ class Client(ClientAPI):
     async def _shutdown(self) -> None:
         """Stop the I/O tasks; the caller's own exception, if any, propagates unwrapped."""
         self._closed = True
+        self._wake()  # (tasks waiting on the client, outside its block too, hear it closed)
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
         try:
@@ -110,32 +109,22 @@ class Client(ClientAPI):
             await self._io(s)
         except Exception as exc:  # (a socket that broke: the client ends, its waiters hear why)
             self._fail(exc)
-            self._changed.set()
+            self._wake()
+            for scope in self._wait_scopes.values():  # (the other sessions' loops end too)
+                scope.cancel()
 
     async def _io(self, s: ClientSession) -> None:
         r, key = self.router, id(s)
-        sock = self._socks[key]
-        while True:
-            if sock.family != addresses.family(s.node):  # (failed over to an address of the other family)
+        while not self._closed:
+            sock = self._socks[key]
+            new = self._socket_for(s, sock)
+            if new is not None:
                 sock.close()
-                sock = self._socks[key] = open_client_socket(s.node)
-            batch = drain(sock, 65536)
-            now = trio.current_time()
-            if batch:
-                self._handle(s, batch, now)
-            deadline = min(s.next_deadline(), r.put_deadline())
-            if now >= deadline:
-                r.tick(s, now)
-            if len(r.sessions) > len(self._socks):
-                self._spawn()  # (the router opened a session here: a put for a new primary)
-            out = s.outgoing(now)
-            self.send_errors += send_now(sock, out)
-            self._noticed(s, now)
-            if batch or s.events or out:
-                s.events.clear()
-                self._changed.set()
-                self._changed = trio.Event()
-            if batch:
+                sock = self._socks[key] = new
+            came, busy = self._exchange(s, sock)
+            if busy:
+                self._wake()
+            if came:
                 await trio.lowlevel.checkpoint()
                 continue
             with trio.CancelScope(deadline=min(s.next_deadline(), r.put_deadline())) as scope:
@@ -143,18 +132,6 @@ class Client(ClientAPI):
                 await trio.lowlevel.wait_readable(sock)
             self._wait_scopes.pop(key, None)
 
-    def _handle(self, s: ClientSession, batch: list[tuple[bytes, Addr]], now: float) -> None:
-        """Feed the session; whatever arrives, the I/O task must live on.
-
-        The session validates every frame and ignores what it cannot use, so an
-        exception here is a bug the datagrams found. Anyone who can send from a
-        node's address could trigger it again and again, so it must not take
-        the client down: the rest of the batch is lost as UDP may lose it, and
-        the protocols' retries repair that.
-        """
-        try:
-            self.router.handle_datagrams(s, batch, now)
-        except Exception as exc:
-            self.session_errors += 1
-            self.last_session_error = exc
-
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()

@@ -38,7 +38,7 @@ Reliable publishes get a router-wide sequence (the first session's own
 sequence when there is no map), and ``acked`` is cumulative over them, so
 callers see one producer whatever the number of sessions.
 
-The shell (client/library.py) opens a socket for every session in
+A client shell (client/library.py for trio, client/aio.py for asyncio) opens a socket for every session in
 :attr:`Router.sessions` (it grows when a route needs a new member), feeds
 each session its own datagrams through :meth:`Router.handle_datagrams` and
 ticks it; MSGS for a session's client id come to that session's socket.
