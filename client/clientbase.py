@@ -69,7 +69,7 @@ class ClientBase:
     ) -> None:
         """``node``: the node to talk to first, as ``"host:port"``, ``(host, port)``, or a list of
         them (``"h1:7400,h2:7400"``) tried in turn; None means ``ROOST_NODES`` or 127.0.0.1:7400.
-        Host names are resolved when the client connects and again when it fails over.
+        Host names are resolved when the client connects and again when its node goes quiet.
         ``members`` (optional): more nodes to fail over to; the cluster map in WELCOME adds the
         rest. ``producer_id`` (16 bytes, default random) names this client's reliable publishes:
         a client that publishes the same sequence of messages again under the same producer id
