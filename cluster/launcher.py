@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from roost.cluster.config import ClusterConfig, load_cluster_config
-from roost.node.procs import wait_listening
+from roost.node.procs import free_port, wait_listening
 
 DEFAULT_RUN_DIR = "run/cluster"
 
@@ -62,9 +62,7 @@ def write_local_config(
 
 
 def free_tcp_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_port(host, socket.SOCK_STREAM)
 
 
 def node_command(config: str, member_id: str) -> list[str]:

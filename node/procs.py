@@ -6,6 +6,7 @@ cluster launcher to come), so that there is one way to start a node process.
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import time
@@ -13,11 +14,30 @@ import time
 FASTPUSS_LINE = (b"SUB t1\n", b"PUB t1\nhello world  ")
 
 
+# Ports handed out for nodes to bind later come from below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default): a port the kernel chose for
+# us and we released is next handed to any socket that binds port 0 (every client's), and a
+# node that binds it a moment later fails with "Address already in use".
+PORT_RANGE = (20000, 32768)
+
+
+def free_port(host: str = "127.0.0.1", kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
+    """A port nobody is bound to right now, outside the ephemeral range (see PORT_RANGE)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(200):
+        port = random.randrange(*PORT_RANGE)
+        with socket.socket(family, kind) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in {PORT_RANGE[0]}-{PORT_RANGE[1] - 1} after 200 tries")
+
+
 def free_udp_port(host: str = "127.0.0.1") -> int:
-    """A UDP port nobody is bound to right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A UDP port nobody is bound to right now."""
+    return free_port(host, socket.SOCK_DGRAM)
 
 
 def udp_port_taken(host: str, port: int) -> bool:
