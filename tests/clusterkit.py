@@ -104,8 +104,12 @@ class LocalCluster:
 
     def start(self, *members: str) -> None:
         procs = [self.launcher.start(self.cc, str(self.config), m, wait=False) for m in members or self.ids]
-        for p, m in zip(procs, members or self.ids, strict=True):
-            wait_listening(p, "127.0.0.1", self.client_ports[m], timeout=60)
+        try:
+            for p, m in zip(procs, members or self.ids, strict=True):
+                wait_listening(p, "127.0.0.1", self.client_ports[m], timeout=60)
+        except BaseException:
+            self.launcher.down()  # (a fixture that fails in set-up gets no tear-down: stop what started)
+            raise
 
     def kill(self, member: str) -> None:
         assert self.launcher.kill(member) == 0
