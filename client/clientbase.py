@@ -25,6 +25,7 @@ in a thread.
 
 from __future__ import annotations
 
+import abc
 import functools
 import math
 import os
@@ -54,7 +55,7 @@ class ClientClosed(ConnectionError):
     """A call on a client that was closed (or whose I/O failed), or that waited while it closed."""
 
 
-class ClientBase:
+class ClientBase(abc.ABC):
     """The state and the connection every client shell shares (see the module)."""
 
     def __init__(
@@ -105,38 +106,50 @@ class ClientBase:
 
     # ------------------------------------------------------------ the shell's primitives
 
+    @abc.abstractmethod
     def _now(self) -> float:
-        raise NotImplementedError
+        """The loop's clock: the sessions' ``now``."""
 
+    @abc.abstractmethod
     async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
-        raise NotImplementedError
+        """Wait until ``cond()`` holds (checked again whenever the I/O changed something) or the deadline
+        passes (False); ClientClosed once the client is closed."""
 
+    @abc.abstractmethod
     def _kick(self) -> None:
-        raise NotImplementedError
+        """Make the I/O send what the router queued now, not at its next deadline."""
 
+    @abc.abstractmethod
     async def _sleep_until(self, deadline: float) -> None:
-        raise NotImplementedError
+        """The loop's sleep."""
 
+    @abc.abstractmethod
     async def _checkpoint(self) -> None:
-        raise NotImplementedError
+        """The loop's yield: lets the I/O run during long bursts of calls."""
 
+    @abc.abstractmethod
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        raise NotImplementedError
+        """Blocking file I/O (a durable reader's offsets file) off the loop."""
 
+    @abc.abstractmethod
     async def _resolve(self, host: str, port: int) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
+        """The loop's ``getaddrinfo`` for UDP."""
 
+    @abc.abstractmethod
     async def _open(self) -> None:
-        raise NotImplementedError
+        """Open the shell's task group (in the task that enters the client)."""
 
+    @abc.abstractmethod
     def _spawn(self) -> None:
-        raise NotImplementedError
+        """A socket and an I/O loop for every session the router opened since the last call."""
 
+    @abc.abstractmethod
     def _background(self, fn: Callable[[], Any]) -> None:
-        raise NotImplementedError
+        """Run ``fn()`` as a task that lives at most as long as the client."""
 
+    @abc.abstractmethod
     async def _shutdown(self) -> None:
-        raise NotImplementedError
+        """Stop the I/O, close the sockets, wake every waiter (they raise ClientClosed)."""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -190,8 +203,9 @@ class ClientBase:
         """Close without ``async with`` (what leaving it does: flush for ``node_timeout`` at most)."""
         await self.__aexit__(None, None, None)
 
+    @abc.abstractmethod
     async def flush(self, timeout: float = math.inf) -> bool:
-        raise NotImplementedError
+        """(client/api.py's: leaving the client flushes what it published)"""
 
     async def _connect(self) -> None:
         addrs: list[Addr] = []

@@ -1,16 +1,6 @@
 """The Roost client for asyncio: ``from roost.asyncio import Client`` (client/aio.py)."""
 
-from roost.client.aio import (
-    Client,
-    ClientClosed,
-    ClientConfig,
-    LogRead,
-    Message,
-    NodeLost,
-    Request,
-    Subscription,
-    durable_id,
-)
+from roost.client import aio as _shell
+from roost.client.aio import *  # noqa: F403  (the shell's own __all__: one list per shell)
 
-__all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
-           "durable_id"]
+__all__ = _shell.__all__

@@ -1,16 +1,6 @@
 """The Roost client for plain threads: ``from roost.sync import Client`` (client/blocking.py)."""
 
-from roost.client.blocking import (
-    Client,
-    ClientClosed,
-    ClientConfig,
-    LogRead,
-    Message,
-    NodeLost,
-    Request,
-    Subscription,
-    durable_id,
-)
+from roost.client import blocking as _shell
+from roost.client.blocking import *  # noqa: F403  (the shell's own __all__: one list per shell)
 
-__all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
-           "durable_id"]
+__all__ = _shell.__all__

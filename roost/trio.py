@@ -1,16 +1,6 @@
 """The Roost client for trio (also ``from roost import Client``): client/library.py."""
 
-from roost.client.library import (
-    Client,
-    ClientClosed,
-    ClientConfig,
-    LogRead,
-    Message,
-    NodeLost,
-    Request,
-    Subscription,
-    durable_id,
-)
+from roost.client import library as _shell
+from roost.client.library import *  # noqa: F403  (the shell's own __all__: one list per shell)
 
-__all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
-           "durable_id"]
+__all__ = _shell.__all__

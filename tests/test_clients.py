@@ -203,7 +203,7 @@ async def test_roost_nodes_sets_the_default(node, monkeypatch):
 async def test_a_name_that_does_not_resolve_is_a_clear_error():
     with pytest.raises(roost.NodeLost, match=r"cannot resolve no-such-host\.invalid:7400"):
         async with roost.Client("no-such-host.invalid:7400"):
-            pass
+            pytest.fail("connected to a name that does not resolve")
 
 
 def test_ipv6_literal(tmp_path):
@@ -348,18 +348,17 @@ def test_threads_calls_under_way_end_when_another_thread_closes(node):
 
 async def test_trio_calls_after_close_are_refused(node):
     async with roost.Client(node.addr) as c:
-        pass
+        assert c.session.connected
     with pytest.raises(roost.ClientClosed):
         await c.publish("x.after", "late")
     with pytest.raises(roost.ClientClosed):
-        async with c.subscribe("x.after"):
-            pass
+        await c.subscribe("x.after").start()
 
 
 def test_asyncio_calls_after_close_are_refused(node):
     async def main() -> None:
         async with roost.asyncio.Client(node.addr) as c:
-            pass
+            assert c.session.connected
         with pytest.raises(roost.asyncio.ClientClosed):
             await c.publish("x.after", "late")
         with pytest.raises(roost.asyncio.ClientClosed):

@@ -994,17 +994,23 @@ def test_an_owner_answers_a_claim_only_once_it_is_on_disk_and_remembers_it_after
 
 
 
-def test_a_claim_goes_on_without_a_member_outside_its_map_that_falls_silent() -> None:
-    """Simulator seed 9980: a member our map did not hold live fetched from us at a higher epoch, so
-    our claim asked it too; it had the best log and became the claim's source, then died. Its
-    death changed no map of ours: the claim copied from it for ever and the partition stalled."""
+def fetched_by_an_outsider() -> tuple[Owners, PartitionLog, int]:
+    """Owners a and b; x, outside a's map, fetched from a at an epoch above a's (returned)."""
     o = Owners("abx")
     o.down.add("x")
     o.assign("ab")
     o.put("a", ["m1"], first=1, token="a1")
     a = o.logs["a"]
     high = a.epoch + (1 << 22)
-    o.feed("a", a.on_fetch("x", high, 5, high, False, o.now))  # (x, outside a's map, above a's epoch)
+    o.feed("a", a.on_fetch("x", high, 5, high, False, o.now))
+    return o, a, high
+
+
+def test_a_claim_goes_on_without_a_member_outside_its_map_that_falls_silent() -> None:
+    """Simulator seed 9980: a member our map did not hold live fetched from us at a higher epoch, so
+    our claim asked it too; it had the best log and became the claim's source, then died. Its
+    death changed no map of ours: the claim copied from it for ever and the partition stalled."""
+    o, a, high = fetched_by_an_outsider()
     o.run()
     c = a.claim
     assert c is not None and c.probes == {"b", "x"} and set(c.answers) == {"b"}
@@ -1062,13 +1068,7 @@ def test_a_claim_counts_only_answers_to_the_claim() -> None:
 def test_a_source_is_not_dropped_while_our_own_write_holds_our_fetches_back() -> None:
     """Fourth review: the silence of a claim's source outside our map was counted while our own
     Append ran (we send no fetch then, and drop answers): a prompt source was dropped."""
-    o = Owners("abx")
-    o.down.add("x")
-    o.assign("ab")
-    o.put("a", ["m1"], first=1, token="a1")
-    a = o.logs["a"]
-    high = a.epoch + (1 << 22)
-    o.feed("a", a.on_fetch("x", high, 5, high, False, o.now))
+    o, a, high = fetched_by_an_outsider()
     o.run()
     c = a.claim
     assert c is not None
