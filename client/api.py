@@ -16,7 +16,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from roost.client import wire
+from roost.client import subjects, wire
 from roost.client.clientbase import ClientClosed, NodeLost
 from roost.client.durableapi import DurableAPI, LogRead, durable_id
 from roost.client.receive import Message, SubState
@@ -136,11 +136,18 @@ class ClientAPI(DurableAPI):
     # ------------------------------------------------------------ subscribing
 
     def subscribe(self, topic: str, key: str | None = None, mode: str = "reliable", *,
+                  query: str | None = None, queue: str | None = None,
                   callback: Callable[[Message], Any] | None = None) -> Subscription:  # fmt: skip
-        """A subscription to use with ``async with`` and ``async for msg in sub``. With
-        ``callback`` (a function or a coroutine function of the message), a task of the client
-        calls it for each message instead; what it raises is counted in ``callback_errors``."""
-        return Subscription(self, topic, key, _mode(mode), callback)
+        """A subscription to use with ``async with`` and ``async for msg in sub``.
+
+        ``topic`` may hold wildcards: ``*`` for one token, ``>`` (last) for the rest
+        (``orders.*.paid``, ``orders.>``). ``query`` (Tendermint's language, as
+        ``"kind = 'order' AND amount > 100"``) passes only messages whose tags satisfy it;
+        ``queue`` joins a queue group, which gets each message once, at one of its members.
+        A bad pattern, query or group name raises ValueError saying what and where.
+        With ``callback`` (a function or a coroutine function of the message), a task of the
+        client calls it for each message instead; what it raises is counted in ``callback_errors``."""
+        return Subscription(self, topic, key, _mode(mode), callback, query=query, queue=queue)
 
     # ------------------------------------------------------------ request/reply
 
@@ -215,9 +222,15 @@ class Subscription:
     """
 
     def __init__(self, client: ClientAPI, topic: str, key: str | None, mode: int,
-                 callback: Callable[[Message], Any] | None = None) -> None:  # fmt: skip
+                 callback: Callable[[Message], Any] | None = None, *, query: str | None = None,
+                 queue: str | None = None) -> None:  # fmt: skip
         self.client = client
         self.topic = topic
+        # what the subscription is called on the wire and at the nodes (client/subjects.py)
+        plain = query is None and queue is None and subjects.is_plain(topic)
+        self.filter = topic if plain else subjects.make_filter(topic, queue, query)
+        self.query = query
+        self.queue = queue
         self.key = key
         self.mode = mode
         self.callback = callback
@@ -246,7 +259,7 @@ class Subscription:
         """Send the subscription (the confirmation comes later)."""
         c = self.client
         c._check_open()
-        self._session, self._st = c.router.subscribe(self.topic, self.key, self.mode)
+        self._session, self._st = c.router.subscribe(self.filter, self.key, self.mode)
         c._kick()
 
     async def confirmation(self, deadline: float = math.inf) -> bool:
@@ -284,7 +297,7 @@ class Subscription:
     async def unsubscribe(self) -> None:
         st = self._st
         if st is not None and st.reason is None:
-            self.client.router.unsubscribe(self.topic, self.key)
+            self.client.router.unsubscribe(self.filter, self.key)
             self.client._kick()
 
     @property

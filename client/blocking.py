@@ -217,10 +217,12 @@ class Client:
         return self._blocking(self._call(self.aclient.request(topic, payload, timeout=timeout, key=key, tags=tags)))
 
     def subscribe(self, topic: str, key: str | None = None, mode: str = "reliable", *,
+                  query: str | None = None, queue: str | None = None,
                   callback: Callable[[Message], Any] | None = None) -> Subscription:  # fmt: skip
-        """A subscription to use with ``with`` and ``for msg in sub`` (or ``sub.next(timeout)``).
-        ``callback`` runs in a worker thread for each message instead."""
-        return Subscription(self, topic, key, mode, callback)
+        """A subscription to use with ``with`` and ``for msg in sub`` (or ``sub.next(timeout)``);
+        ``topic``, ``query`` and ``queue`` as in the trio client. ``callback`` runs in a worker
+        thread for each message instead."""
+        return Subscription(self, topic, key, mode, callback, query, queue)
 
     def _timeout(self, timeout: float | Default | None) -> float | None:
         return self.timeout if isinstance(timeout, Default) else timeout
@@ -239,7 +241,8 @@ class Subscription:
     (``error`` says why, as in the async clients)."""
 
     def __init__(self, client: Client, topic: str, key: str | None, mode: str,
-                 callback: Callable[[Message], Any] | None) -> None:  # fmt: skip
+                 callback: Callable[[Message], Any] | None, query: str | None = None,
+                 queue: str | None = None) -> None:  # fmt: skip
         self.client = client
         self.topic, self.key, self.callback = topic, key, callback
         wrapped = None
@@ -247,7 +250,8 @@ class Subscription:
             def wrapped(msg: Message) -> Any:
                 return asyncio.to_thread(callback, client._blocking(msg))
 
-        self.asub = client.aclient.subscribe(topic, key, mode, callback=wrapped)
+        self.asub = client.aclient.subscribe(topic, key, mode, query=query, queue=queue, callback=wrapped)
+        self.filter, self.query, self.queue = self.asub.filter, query, queue
 
     def __enter__(self) -> Self:
         self.start()

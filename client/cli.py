@@ -94,7 +94,12 @@ def add_client_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_pub)
 
     s = sub.add_parser("sub", help="subscribe and print each message (payload and newline by default)")
-    s.add_argument("topic", help="the topic")
+    s.add_argument("topic", help="the topic, or a pattern: '*' matches one token, '>' (last) the rest, "
+                   "as in 'orders.*.paid' or 'orders.>'")
+    s.add_argument("--query", default=None, metavar="Q", help="only messages whose tags satisfy Q, as in "
+                   "\"kind = 'order' AND amount > 100\" (docs/protocol.md, Tag queries)")
+    s.add_argument("--queue", default=None, metavar="GROUP", help="join queue group GROUP: each message "
+                   "goes to one of the group's subscribers")
     _common(s, count_least=1, count_help="exit 0 after N messages (default: run until interrupted)")
     s.add_argument("--timeout", type=positive, default=None, metavar="S",
                    help="give up after S seconds (non-zero exit if --count was not reached)")
@@ -331,7 +336,8 @@ def cmd_sub(args: argparse.Namespace) -> int:
         got = 0
         deadline = trio.current_time() + args.timeout if args.timeout else float("inf")
         async with Client(args.node) as c:
-            async with c.subscribe(args.topic, key=args.key, mode=args.mode) as sub:
+            async with c.subscribe(args.topic, key=args.key, mode=args.mode, query=args.query,
+                                   queue=args.queue) as sub:  # fmt: skip
                 if sub.reason is not None:
                     print(f"roost sub: subscription refused: {sub.reason}", file=sys.stderr)
                     return 1

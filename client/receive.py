@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from roost.client import wire
+from roost.client import subjects, wire
 from roost.client.config import ClientConfig
 
 Addr = tuple[str, int]
@@ -89,6 +89,10 @@ class Receiver:
         self.buffered = 0
         self.held = False  # in-order messages wait in ``ooo`` for buffer room
         self.duplicates = 0
+        # Subscriptions to filters that are not bare topics (wildcards, queries), by filter:
+        # a message passes each filter it matches (client/subjects.py)
+        self.trie = subjects.PatternTrie()
+        self.filter_refs: dict[str, int] = {}
 
     def detach(self, st: SubState) -> None:
         """An ended subscription's queue no longer counts as buffered; what is
@@ -160,8 +164,48 @@ class Receiver:
                 rs.ooo[seq] = m
             seq += 1
 
+    def track(self, text: str, change: int) -> None:
+        """A subscription to a filter that is not a bare topic came (+1) or went (-1):
+        the filters in the trie are those with a subscription, whatever its key."""
+        n = self.filter_refs.get(text, 0) + change
+        if n > 0:
+            if text not in self.filter_refs:
+                self.trie.add(subjects.parse_filter_untrusted(text))
+            self.filter_refs[text] = n
+        elif text in self.filter_refs:
+            del self.filter_refs[text]
+            self.trie.remove(subjects.parse_filter_untrusted(text))
+
+    def _targets(self, m: tuple[Any, ...]) -> list[SubState]:
+        """The subscriptions in force that a message passes (wildcards, queries): slow path."""
+        topic, key, subs = m[0], m[1], self.subs
+        out = []
+        for st in (subs.get((topic, None)), subs.get((topic, key)) if key is not None else None):
+            if st is not None and st.reason is None:
+                out.append(st)
+        for text in self.trie.match(topic.split(".")):
+            f = subjects.parse_filter_untrusted(text)
+            if f.query is not None and not f.query.matches(m[2]):
+                continue
+            for k in (None, key) if key is not None else (None,):
+                st = subs.get((text, k))
+                if st is not None and st.reason is None:
+                    out.append(st)
+        return out
+
     def _deliver(self, m: tuple[Any, ...], seq: int | None) -> None:
         topic, key = m[0], m[1]
+        if self.trie.size:
+            targets = self._targets(m)
+            if not targets:
+                return
+            if len(m) == 6 and self._duplicate(m[4], m[5]):
+                return
+            msg = Message(topic, key, m[2], m[3], seq)
+            for st in targets:
+                st.queue.append(msg)
+                self.buffered += 1
+            return
         whole = self.subs.get((topic, None))
         if whole is not None and whole.reason is not None:
             whole = None
@@ -173,9 +217,9 @@ class Receiver:
         if len(m) == 6 and self._duplicate(m[4], m[5]):
             return
         msg = Message(topic, key, m[2], m[3], seq)
-        for st in (whole, keyed):
-            if st is not None:
-                st.queue.append(msg)
+        for one in (whole, keyed):
+            if one is not None:
+                one.queue.append(msg)
                 self.buffered += 1
 
     def _duplicate(self, pid: bytes, pseq: int) -> bool:

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 from roost.client import wire
 from roost.client.putter import Putter
 from roost.client.session import Addr, ClientConfig, ClientSession, SubState
+from roost.client.subjects import partition_topic
 
 if TYPE_CHECKING:
     from roost.cluster.clustermap import ClusterMap
@@ -286,7 +287,11 @@ class Router:
         """Subscribe at the topic's primary; a subscription in force stays where it is (a new
         mode replaces it there)."""
         old = self._sub_at.get((topic, key))
-        s = old if old is not None and (topic, key) in old.subs else self.session_for(topic)
+        if old is not None and (topic, key) in old.subs:
+            s = old
+        else:  # (a filter goes where its pattern's partition is; a wildcard spans them: any member)
+            home = partition_topic(topic)
+            s = self.session_for(home) if home is not None else self.first
         st = s.subscribe(topic, key, mode)
         self._sub_at[(topic, key)] = s
         return s, st

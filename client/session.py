@@ -26,6 +26,7 @@ from roost.client.commands import MAX_BATCH, CommandBatches
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
 from roost.client.receive import Message, Receiver, SubKey, SubState
+from roost.client.subjects import is_plain
 from roost.client.wire import E, Mode, Op, Reason, T, WireError
 
 if TYPE_CHECKING:
@@ -125,19 +126,29 @@ class ClientSession:
         return self.pub.acked >= through and self.cmds.idle and not self.pub.fire_pending
 
     def subscribe(self, topic: str, key: str | None, mode: int) -> SubState:
-        wire.check_topic(topic)
+        """``topic``: a topic or a filter (client/subjects.py), the subscription's name."""
+        wire.check_filter(topic)
         wire.check_key(key)
         st = SubState(mode)
         old = self.subs.get((topic, key))
         if old is not None and old.reason is None:
             old.reason = Reason.UNSUBSCRIBED  # replaced: last command wins
             self.recv.detach(old)
+        if old is None and not is_plain(topic):
+            self.recv.track(topic, 1)
         self.subs[(topic, key)] = st
         self.cmds.add((Op.SUB, topic, key, mode))
         return st
 
-    def unsubscribe(self, topic: str, key: str | None) -> None:
+    def _drop(self, topic: str, key: str | None) -> SubState | None:
+        """Take a subscription out of the map (ended, refused, unsubscribed)."""
         st = self.subs.pop((topic, key), None)
+        if st is not None and not is_plain(topic):
+            self.recv.track(topic, -1)
+        return st
+
+    def unsubscribe(self, topic: str, key: str | None) -> None:
+        st = self._drop(topic, key)
         if st is not None and st.reason is None:
             st.reason = Reason.UNSUBSCRIBED
             self.recv.detach(st)
@@ -270,7 +281,7 @@ class ClientSession:
                 # E.STALE_BATCH lands here too: the node will not apply this
                 # batch, so the subscription it carried never took effect.
                 st.reason = "refused: " + _error_name(code)
-                del self.subs[(topic, key)]
+                self._drop(topic, key)
         self.events.append(("cmdack", batch))
 
     def _digest(self) -> int:
@@ -322,7 +333,8 @@ class ClientSession:
         self.cmds.add((Op.UNSUB, topic, key, Mode.FIRE))
 
     def _end(self, topic: str, key: str | None, reason: str) -> None:
-        st = self.subs.pop((topic, key))
+        st = self._drop(topic, key)
+        assert st is not None
         st.reason = reason
         self.recv.detach(st)
         self.events.append(("cancelled", topic, key, reason))

@@ -27,6 +27,8 @@ from typing import Any
 
 import msgpack
 
+from roost.client import subjects
+
 VERSION = 1
 
 #: Bytes a MSGS/PUB frame needs around its messages (header, seq, counts).
@@ -315,10 +317,25 @@ def check_topic(topic: Any) -> str:
         raise WireError(E.BAD_TOPIC, f"topic longer than {MAX_TOPIC_BYTES} bytes")
     if WHITESPACE.search(topic):
         raise WireError(E.BAD_TOPIC, "topic contains whitespace")
+    if "*" in topic or ">" in topic:
+        raise WireError(E.BAD_TOPIC, f"'*' and '>' are wildcards, for subscriptions only: topic {topic!r}")
     if len(_valid_topics) >= 65536:
         _valid_topics.clear()
     _valid_topics[topic] = None
     return topic
+
+
+def check_filter(text: Any) -> str:
+    """What a subscription names: a topic, or a filter with wildcards, a queue group or
+    a query (client/subjects.py). Refused with ``bad_topic`` and the reason."""
+    if text.__class__ is str and text in _valid_topics:
+        return text  # type: ignore[no-any-return]
+    if text.__class__ is not str or subjects.is_plain(text):
+        return check_topic(text)
+    try:
+        return subjects.parse_filter_untrusted(text).text
+    except subjects.FilterError as exc:
+        raise WireError(E.BAD_TOPIC, f"topic filter: {exc}") from None
 
 
 def check_key(key: Any) -> str | None:
@@ -393,7 +410,7 @@ def _cmd(c: Any) -> tuple[int, str, str | None, int]:
         raise WireError(E.MALFORMED, "op must be 0 (unsub), 1 (sub) or 2 (sync)")
     if mode not in (0, 1) or mode.__class__ is not int:
         raise WireError(E.BAD_MODE, "mode must be 0 (fire) or 1 (reliable)")
-    return op, check_topic(topic), check_key(key), mode
+    return op, check_filter(topic), check_key(key), mode
 
 
 def _node_id(v: Any, what: str) -> str:
@@ -565,14 +582,14 @@ def _pong(f: list[Any]) -> tuple[Any, ...]:
     for c in _list(cancels, "cancels"):
         if c.__class__ is not list or len(c) != 3:
             raise WireError(E.MALFORMED, "a cancel is [topic, key, reason]")
-        cs.append((check_topic(c[0]), check_key(c[1]), _str(c[2], "reason")))
+        cs.append((check_filter(c[0]), check_key(c[1]), _str(c[2], "reason")))
     return T.PONG, _uint(token, "token"), known, _bytes(cookie, COOKIE_LEN, "cookie"), cs, _uint(digest, "digest")
 
 
 @_frame(T.CANCEL, 3)
 def _cancel(f: list[Any]) -> tuple[Any, ...]:
     _, _, topic, key, reason = f
-    return T.CANCEL, check_topic(topic), check_key(key), _str(reason, "reason")
+    return T.CANCEL, check_filter(topic), check_key(key), _str(reason, "reason")
 
 
 @_frame(T.REDIRECT, 2)

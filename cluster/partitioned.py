@@ -98,7 +98,7 @@ class Partitioned(MemberParts):
         """Compute the map of our current view; install it if its owners changed."""
         new = clustermap.compute(0, self._placed, self.live_view(), self.s.partitions, self.s.replicas)
         for peer, parts in self.pending.items():  # (a pending peer that now owns a partition gets it as owner)
-            parts.difference_update(p for p in list(parts) if peer in new.owners[p])
+            parts.difference_update(p for p in list(parts) if p < new.partitions and peer in new.owners[p])
         old = self.cmap
         if old is not None and new.owners == old.owners:
             if new.live != old.live:
@@ -150,9 +150,17 @@ class Partitioned(MemberParts):
             self.epoch_seen = epoch
 
     def shared(self, peer: str) -> list[int]:
-        """Partitions both this member and ``peer`` own in our map."""
+        """Partitions both this member and ``peer`` own in our map (the spanning one too)."""
         assert self.cmap is not None
-        return [p for p, o in enumerate(self.cmap.owners) if self.id in o and peer in o]
+        return [p for p, o in enumerate(self.cmap.owners) if self.id in o and peer in o] + [self.own.spanning]
+
+    def _owners_of(self, p: int) -> tuple[str, ...]:
+        """Who keeps the registers of partition ``p``: its owners, or for the spanning
+        partition (wildcard subscriptions) every member of the map."""
+        assert self.cmap is not None
+        if p < len(self.cmap.owners):
+            return self.cmap.owners[p]
+        return tuple(self.cmap.members)
 
     def map_status(self) -> dict[str, Any]:
         cmap = self.cmap
@@ -168,7 +176,7 @@ class Partitioned(MemberParts):
     def _route_entries(self, entries: list[Any]) -> dict[str, list[Any]]:
         """Per peer, the part of each replication entry it keeps."""
         assert self.cmap is not None
-        owners, part, me = self.cmap.owners, self.own.partition, self.id
+        owners, part, me = self._owners_of, self.own.partition, self.id
         clients = self.broker.clients
         staying = [m for m in self.peers if not self._gone(m)]  # (none to a member that left)
         per: dict[str, list[Any]] = {}
@@ -178,11 +186,11 @@ class Partitioned(MemberParts):
                 targets: dict[str, list[Any]] = {}
                 for sub in subs:
                     p = part(sub[0])
-                    for m in owners[p]:
+                    for m in owners(p):
                         if m != me:
                             targets.setdefault(m, []).append(sub)
                     for m, parts in self.pending.items():  # (peers pulling it: cluster/joining.py)
-                        if p in parts and m not in owners[p] and not self._gone(m):
+                        if p in parts and m not in owners(p) and not self._gone(m):
                             targets.setdefault(m, []).append(sub)
                 for m, mine in targets.items():
                     if m != home:
@@ -190,7 +198,7 @@ class Partitioned(MemberParts):
             else:  # the client register alone: wherever its registers are
                 who = e[0] if e[0].__class__ is bytes else tuple(e[0])
                 c = clients.get(who)
-                for m in dict.fromkeys(m for tk in (c.subs if c is not None else ()) for m in owners[part(tk[0])]):
+                for m in dict.fromkeys(m for tk in (c.subs if c is not None else ()) for m in owners(part(tk[0]))):
                     if m != me and m != home:
                         per.setdefault(m, []).append(e)
             if home != me and home in self.queues and not self._gone(home):

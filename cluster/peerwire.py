@@ -189,7 +189,7 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
     if entries.__class__ is not list:
         raise PeerProtocolError("entries must be an array")
     out = []
-    check_topic, check_key = wire.check_topic, wire.check_key
+    check_filter, check_key = wire.check_filter, wire.check_key
     try:
         for e in entries:
             if e.__class__ is not list or len(e) != 7:
@@ -211,7 +211,7 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
             for s in subs:
                 if s.__class__ is not list or len(s) != 3:
                     raise PeerProtocolError("a subscription is [topic, key, version]")
-                check_topic(s[0])
+                check_filter(s[0])
                 if s[1] is not None:
                     check_key(s[1])
                 _u64(s[2], "subscription version")

@@ -281,7 +281,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         return (
             sorted(
                 (t, repr(k), repr(w), m)
-                for t, keys in self.index.topics.items()
+                for t, keys in [*self.index.topics.items(), *((f, fs.keys) for f, fs in self.index.filters.items())]
                 for k, subs in keys.items()
                 for w, m in subs.items()
             ),
@@ -299,6 +299,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             "clients": sum(1 for c in self.clients.values() if c.live),
             "subscriptions": self.index.count,
             "topics": len(self.index.topics),
+            "filters": len(self.index.filters),  # (wildcards, queries, queue groups: client/subjects.py)
             "producers": len(self.producers),
             "metrics": dict(self.metrics),
         }

@@ -158,6 +158,8 @@ class Delivery(Registers):
     ) -> None:
         """Queue one message for every subscriber that matches (hot path)."""
         subs = self.index.match(topic, key)
+        if self.index.filters:
+            subs = self._filtered(topic, key, tags, subs)
         if not subs:
             return
         clients = self.clients
@@ -192,6 +194,24 @@ class Delivery(Registers):
             for c in full:
                 if c.mailbox is not None:
                     self._overflow(c)
+
+    def _filtered(
+        self, topic: str, key: str | None, tags: dict[str, str] | None, subs: dict[Any, int] | None
+    ) -> dict[Any, int] | None:
+        """Add the subscribers of wildcard and query filters the message passes (each once,
+        in its strongest mode) to those of its bare topic."""
+        found = self.index.matching_filters(topic, tags)
+        if not found:
+            return subs
+        merged = dict(subs) if subs else {}
+        for fs in found:
+            for k in (None, key) if key is not None else (None,):
+                group = fs.keys.get(k)
+                if group:
+                    for who, mode in group.items():
+                        if mode > merged.get(who, -1):
+                            merged[who] = mode
+        return merged
 
     def _forward(self, member: str, msg: list[Any]) -> None:
         self._forwards.setdefault(member, []).append(msg)

@@ -16,6 +16,13 @@ the broker core this table; the broker consults it on three paths:
 The table is replaced as a whole when the map changes (``update``); the
 partition of a topic is memoised, since the same few topics come again and
 again on the hot path.
+
+Subscriptions to filters (client/subjects.py) belong to the partition of their
+pattern; a wildcard pattern spans every partition, so its registers are in
+one more partition, number ``partitions`` (``spanning``), which every member
+owns and is primary of: every member holds every wildcard subscription, as in
+replicated mode, and the primary of a message's partition matches them
+(docs/cluster.md, "Wildcards in partitioned mode").
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import mmh3
+
+from roost.client.subjects import partition_topic
 
 _MEMO_MAX = 100_000
 
@@ -33,20 +42,23 @@ def partition_of(topic: str, partitions: int) -> int:
 
 
 class Ownership:
-    __slots__ = ("me", "partitions", "owned", "primaries", "epoch", "_memo")
+    __slots__ = ("me", "partitions", "spanning", "owned", "primaries", "epoch", "_memo")
 
     def __init__(self, me: str, partitions: int) -> None:
         self.me = me
         self.partitions = partitions
-        self.owned = bytearray(partitions)  # 1 where this member is primary or a replica
-        self.primaries: list[str | None] = [None] * partitions
+        self.spanning = partitions  # the partition of wildcard subscriptions: everybody's
+        self.owned = bytearray(partitions + 1)  # 1 where this member is primary or a replica
+        self.owned[partitions] = 1
+        self.primaries: list[str | None] = [None] * partitions + [me]
         self.epoch = 0
         self._memo: dict[str, int] = {}
 
     def partition(self, topic: str) -> int:
         p = self._memo.get(topic)
         if p is None:
-            p = partition_of(topic, self.partitions)
+            t = partition_topic(topic)
+            p = self.spanning if t is None else partition_of(t, self.partitions)
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
             self._memo[topic] = p

@@ -372,7 +372,7 @@ class Registers(CoreBase):
     def set_ownership(self, own: Ownership) -> None:
         """Partitioned mode, from the start (before any register): one digest bucket per partition."""
         self.own = own
-        self.digest = [0] * own.partitions
+        self.digest = [0] * (own.partitions + 1)  # (and the spanning partition: wildcards)
 
     def reindex(self, gained: set[int], lost: set[int], now: float | None = None) -> None:
         """The map changed: index the registers of partitions gained, unindex those lost."""

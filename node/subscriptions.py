@@ -1,38 +1,75 @@
-"""Who is subscribed to what: topic -> key -> subscriber -> mode.
+"""Who is subscribed to what: filter -> key -> subscriber -> mode.
 
 Ray's SubscriptionIndex/EntityState in one nested dict: the ``None`` key holds
 whole-topic subscribers ("subscribe to all"). A subscriber is either a binary
 client id (``bytes``) or a text-protocol source address (``tuple``); the
 broker tells them apart by type on the hot path. Adding or removing twice is a
 no-op, so commands are idempotent and the last one wins.
+
+A subscription names a filter (client/subjects.py): a bare topic, or a pattern
+with wildcards, a queue group or a tag query. Bare topics, by far the common
+case, stay in ``topics`` (one dict lookup per message). Every other filter is
+in ``filters`` and, by its pattern's tokens, in a :class:`PatternTrie`: a
+message's topic walks the trie (cost grows with its tokens, not with the
+number of filters), and each filter reached is checked against the message's
+tags and, for a queue group, picks one member (node/delivery.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from roost.client.subjects import Filter, PatternTrie, is_plain, parse_filter_untrusted
+
 Subscriber = Any  # bytes (binary client id) or (host, port) of a text client
 
 
+class FilterSubs:
+    """The subscribers of one filter that is not a bare topic."""
+
+    __slots__ = ("filter", "keys", "turn")
+
+    def __init__(self, f: Filter) -> None:
+        self.filter = f
+        self.keys: dict[str | None, dict[Subscriber, int]] = {}
+        self.turn = 0  # queue groups: where the next pick starts (round robin)
+
+
 class SubscriptionIndex:
-    __slots__ = ("topics", "names", "count")
+    __slots__ = ("topics", "names", "count", "filters", "trie")
 
     def __init__(self) -> None:
         self.topics: dict[str, dict[str | None, dict[Subscriber, int]]] = {}
         self.names: dict[str, str] = {}  # topic -> the one stored copy of it
         self.count = 0
+        self.filters: dict[str, FilterSubs] = {}
+        self.trie = PatternTrie()
+
+    def _keys(self, topic: str, create: bool) -> tuple[str, dict[str | None, dict[Subscriber, int]] | None]:
+        if is_plain(topic):
+            keys = self.topics.get(topic)
+            if keys is None and create:
+                keys = self.topics[topic] = {}
+                self.names[topic] = topic
+            elif keys is not None:
+                topic = self.names[topic]
+            return topic, keys
+        fs = self.filters.get(topic)
+        if fs is None and create:
+            f = parse_filter_untrusted(topic)  # (checked on the wire already: memoised)
+            fs = self.filters[topic] = FilterSubs(f)
+            self.trie.add(f)
+        if fs is None:
+            return topic, None
+        return fs.filter.text, fs.keys
 
     def add(self, topic: str, key: str | None, who: Subscriber, mode: int) -> str:
         """Subscribe (or change mode). Returns the index's own copy of ``topic``
         so that callers can store that one object instead of another copy
         (a million subscriptions to few topics would otherwise hold a million
         equal strings)."""
-        keys = self.topics.get(topic)
-        if keys is None:
-            keys = self.topics[topic] = {}
-            self.names[topic] = topic
-        else:
-            topic = self.names[topic]
+        topic, keys = self._keys(topic, True)
+        assert keys is not None
         subs = keys.get(key)
         if subs is None:
             subs = keys[key] = {}
@@ -43,7 +80,7 @@ class SubscriptionIndex:
 
     def remove(self, topic: str, key: str | None, who: Subscriber) -> bool:
         """Unsubscribe; True if there was something to remove. Empty levels go."""
-        keys = self.topics.get(topic)
+        topic, keys = self._keys(topic, False)
         if keys is None:
             return False
         subs = keys.get(key)
@@ -54,12 +91,15 @@ class SubscriptionIndex:
         if not subs:
             del keys[key]
             if not keys:
-                del self.topics[topic]
-                del self.names[topic]
+                if is_plain(topic):
+                    del self.topics[topic]
+                    del self.names[topic]
+                else:
+                    self.trie.remove(self.filters.pop(topic).filter)
         return True
 
     def match(self, topic: str, key: str | None) -> dict[Subscriber, int] | None:
-        """Subscribers of a message, each once, with the strongest mode.
+        """Subscribers of a message by bare topic, each once, with the strongest mode.
 
         Returns the stored dict itself in the common case (no keyed
         subscribers involved), so callers must not mutate it.
@@ -80,3 +120,14 @@ class SubscriptionIndex:
             if mode > merged.get(who, -1):
                 merged[who] = mode
         return merged
+
+    def matching_filters(self, topic: str, tags: dict[str, str] | None) -> list[FilterSubs]:
+        """The filters other than bare topics that a message passes (pattern and query)."""
+        out = []
+        filters = self.filters
+        for text in self.trie.match(topic.split(".")):
+            fs = filters[text]
+            q = fs.filter.query
+            if q is None or q.matches(tags):
+                out.append(fs)
+        return out

@@ -32,8 +32,8 @@ class TextProtocol(Delivery):
         if not self._text_allowed(addr[0]):
             raise WireError(E.FORBIDDEN, "text protocol not allowed from this network")
         verb, topic, body = parse_untrusted_text(data)
-        wire.check_topic(topic)
         if verb == "PUB":
+            wire.check_topic(topic)
             payload = body.encode()
             if len(payload) + len(topic) + wire.MSGS_HEADER_MAX + 16 > self._max:
                 raise WireError(E.TOO_LARGE, "body too large to be delivered in one datagram")
@@ -46,6 +46,7 @@ class TextProtocol(Delivery):
             else:
                 self._forward(dest, [topic, None, None, payload, None, None])
             return
+        wire.check_filter(topic)  # (a pattern: the text protocol has no queue groups or queries, no spaces)
         tk = (topic, None)
         c = self.clients.get(addr)
         if verb == "SUB":

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import msgpack
 import pytest
+import trio
 
+from roost.client import Client
 from roost.cluster.peerwire import NONCE_LEN, PROTOCOL, P, encode
 from tests.clusterkit import ROOST, ROOT, LocalCluster, read_lines, roost, start_sub, sub_lines
 from tests.polling import wait_until
@@ -42,6 +46,42 @@ def test_subscribe_at_n1_publish_at_n3_then_request_and_reply_across_members(clu
     finally:
         if replier.poll() is None:
             replier.kill()
+
+
+async def test_wildcard_and_query_subscriptions_across_members(cluster):
+    """`roost sub 'demo.>'` at n1 gets demo.a and demo.b.c published at n2 and not demox; a
+    subscription with a tag query gets exactly the matching messages of a mixed stream."""
+    sub = await trio.to_thread.run_sync(lambda: start_sub(cluster.addr("n1"), "demo.>", 2, extra=["-v"]))
+    await trio.to_thread.run_sync(cluster.wait_subscriptions, [1, 1, 1])
+    for topic in ("demox", "demo.a", "demo.b.c"):
+        r = await trio.to_thread.run_sync(functools.partial(roost, "pub", topic, f"to {topic}", "--node",
+                                                            cluster.addr("n2")))  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    raw: list[Any] = await trio.to_thread.run_sync(sub_lines, sub)  # (bytes: started with extra flags)
+    lines = [x.decode() for x in raw]
+    assert [line.split()[0] for line in lines] == ["demo.a", "demo.b.c"], lines
+    assert lines[0].endswith("to demo.a") and lines[1].endswith("to demo.b.c")
+
+    query = "kind = 'order' AND amount > 100"
+    stream = [{"kind": kind, "amount": str(amount)} for kind in ("order", "refund", "ORDER")
+              for amount in (-5, 99, 100, 101, 250, 1e3)] + [{"kind": "order"}, {"amount": "500"}, {}]  # fmt: skip
+    expected = [i for i, t in enumerate(stream) if t.get("kind") == "order" and float(t.get("amount", "0")) > 100]
+    async with Client(cluster.addr("n1")) as sc, Client(cluster.addr("n3")) as pc, \
+            sc.subscribe("shop.*", query=query) as qsub, sc.subscribe("shop.>") as every:  # fmt: skip
+        await trio.to_thread.run_sync(cluster.wait_subscriptions, [2, 2, 2])
+        for i, tags in enumerate(stream):
+            await pc.publish(f"shop.{i % 3}", str(i), tags=tags or None)
+        assert await pc.flush(10)
+        got = []
+        with trio.fail_after(20):
+            for _ in range(len(stream)):
+                got.append(int((await every.next()).payload))  # (every message arrived, in order)
+            while len(got) - len(stream) < len(expected):
+                got.append(int((await qsub.next()).payload))
+        assert got[: len(stream)] == list(range(len(stream)))
+        assert got[len(stream) :] == expected
+        with pytest.raises(TimeoutError):
+            await qsub.next(timeout=0.3)
 
 
 def test_kill9_restart_pulls_state_and_keeps_subscriptions(cluster):

@@ -66,6 +66,40 @@ async def _client(addr: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await trio.sleep_forever()
 
 
+async def test_a_wildcard_subscription_spans_every_partition(five):
+    """A wildcard subscription is held by every member (the spanning partition), and gets the
+    messages of topics in every partition, published at every member; a text client's wildcard
+    SUB too."""
+    c = five
+    before = c.subscriptions()
+    topics = [f"span.{i}.x" for i in range(40)]
+    assert len({owners_of(c, t)[0] for t in topics}) == 5  # (every member is the primary of some)
+    text = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        text.connect(("127.0.0.1", c.client_ports["n4"]))
+        text.settimeout(10)
+        async with Client(c.addr("n2")) as sc, Client(c.addr("n3")) as pc, sc.subscribe("span.*.x") as sub, \
+                sc.subscribe("span.>", query="n >= 20") as q:  # fmt: skip
+            text.send(b"SUB span.>\n")
+            await trio.to_thread.run_sync(lambda: wait_until(
+                lambda: [a - b for a, b in zip(c.subscriptions(), before, strict=True)] == [3] * 5,
+                what="the wildcard subscriptions on every member"))  # fmt: skip
+            for i, t in enumerate(topics):
+                await pc.publish(t, str(i), tags={"n": str(i)})
+            await pc.publish("span.1.y", "not for span.*.x")
+            with trio.fail_after(20):  # (each topic in order; topics of different primaries are not ordered)
+                assert sorted([int((await sub.next()).payload) for _ in topics]) == list(range(len(topics)))
+                assert sorted([int((await q.next()).payload) for _ in range(20)]) == list(range(20, 40))
+            with pytest.raises(TimeoutError):
+                await sub.next(timeout=0.3)
+            heard = sorted(text.recv(2048).split(b"\n", 1)[1] for _ in range(len(topics) + 1))
+            assert heard == sorted([str(i).encode() for i in range(len(topics))] + [b"not for span.*.x"])
+            text.send(b"UNSUB span.>\n")
+    finally:
+        text.close()
+    wait_until(lambda: c.subscriptions() == before, what="the wildcard subscriptions gone everywhere")
+
+
 def test_text_clients_work_against_any_member(five):
     """A text client cannot follow a redirect: its SUB and PUB go to members that own
     nothing of the topic, and it hears the messages from the member it talks to."""

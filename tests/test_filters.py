@@ -1,0 +1,120 @@
+"""Wildcard and query subscriptions in the broker core, the client session, and a real node."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from roost.client import Client, wire
+from roost.client.wire import Mode, T
+from tests.clusterkit import Node
+from tests.corekit import connect, delivered, frames_to, make_core, sends
+from tests.test_session import connected_session, wrap
+
+A = ("127.0.0.1", 5001)
+B = ("127.0.0.1", 5002)
+C = ("127.0.0.1", 5003)
+
+
+def text(core, data: bytes, addr=A, now=0.0):
+    return core.handle_datagrams([(data, addr)], now)
+
+
+def test_text_wildcard_subscription_and_wildcard_publish_refused():
+    core = make_core()
+    assert sends(text(core, b"SUB demo.*\n")) == []
+    text(core, b"SUB t1\n")  # a FASTPUSS topic without dots: exactly itself
+    out = core.handle_datagrams([(b"PUB demo.a\nx", B), (b"PUB demo.a.b\ny", B), (b"PUB demox\nz", B),
+                                 (b"PUB t1\nw", B), (b"PUB t1x\nv", B)], 0.0)  # fmt: skip
+    assert [s.data for s in sends(out)] == [b"MSG demo.a\nx", b"MSG t1\nw"]
+    before = core.state_digest()
+    for bad, says in ((b"PUB demo.*\nx", b"ERR bad_topic '*' and '>' are wildcards"),
+                      (b"SUB ord*\n", b"ERR bad_topic topic filter: '*' and '>' are wildcards and must be whole")):
+        (reply,) = sends(text(core, bad, addr=C))
+        assert reply.data.startswith(says), reply.data
+    assert core.state_digest() == before
+    text(core, b"UNSUB demo.*\n")
+    assert sends(text(core, b"PUB demo.a\nx", addr=B)) == []
+    assert core.index.filters == {}
+
+
+def test_overlapping_subscriptions_get_one_copy_in_the_strongest_mode():
+    core = make_core()
+    sub, pub = connect(core, A, B)
+    sub.cmds([(1, "orders.eu", None, 0), (1, "orders.*", None, 1), (1, "orders.>", "k", 0),
+              (1, "orders.* where amount > 100", None, 0)])  # fmt: skip
+    cases = [(None, None), ("k", {"amount": "500"}), (None, {"amount": "5"})]
+    packed = [wire.pack_message("orders.eu", k, tags, b"%d" % i) for i, (k, tags) in enumerate(cases)]
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, packed), 0.0)
+    got = delivered(out, A)
+    assert [p for _, _, p in got] == [b"0", b"1", b"2"]  # once each
+    assert all(stream > 0 for stream, _, _ in got)  # reliable: orders.* is the strongest
+    packed = [wire.pack_message(t, k, None, t.encode()) for t, k in
+              [("orders.eu.x", "k"), ("orders.eu.x", None), ("ordersx", "k")]]  # fmt: skip
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 4, 4, True, packed), 0.0)
+    assert [p for _, _, p in delivered(out, A)] == [b"orders.eu.x"]  # only orders.> with key k
+
+
+def test_a_malformed_filter_is_refused_and_changes_nothing():
+    core = make_core()
+    (sub,) = connect(core, A)
+    before = core.state_digest()
+    for bad in ("a.>.b", "a where amount >", "a queue=x y", "a.* where kind = 'x' OR y = 1"):
+        out = sub.cmds([(1, "ok", None, 0), (1, bad, None, 0)])
+        (f,) = frames_to(out, A)
+        assert f[0] is T.ERROR and f[1] == wire.E.BAD_TOPIC, f
+        assert core.state_digest() == before
+
+
+def test_the_session_hands_a_message_to_every_subscription_it_passes():
+    s = connected_session()
+    exact = s.subscribe("a.b", None, Mode.RELIABLE)
+    star = s.subscribe("a.*", None, Mode.RELIABLE)
+    rest = s.subscribe("a.>", None, Mode.RELIABLE)
+    big = s.subscribe("a.> where n > 1", None, Mode.RELIABLE)
+    msgs = [wire.pack_delivery(t, None, {"n": n}, t.encode(), b"p" * 16, i + 1)
+            for i, (t, n) in enumerate([("a.b", "5"), ("a.c.d", "0"), ("a.c.d", "9"), ("b.c", "9")])]  # fmt: skip
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, msgs)]), 0.1)
+    assert [m.payload for m in exact.queue] == [b"a.b"]
+    assert [m.payload for m in star.queue] == [b"a.b"]
+    assert [m.sequence for m in rest.queue] == [1, 2, 3]
+    assert [m.sequence for m in big.queue] == [1, 3]
+    s.unsubscribe("a.> where n > 1", None)
+    s.unsubscribe("a.>", None)
+    s.unsubscribe("a.*", None)
+    assert s.recv.trie.size == 0 and s.recv.filter_refs == {}
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(tmp_path)
+    yield n
+    n.stop()
+
+
+async def test_library_wildcards_queries_and_text_subscribers_on_a_real_node(node):
+    async with Client(node.addr) as c:
+        with pytest.raises(ValueError, match="must be whole tokens"):
+            c.subscribe("demo.a*")
+        with pytest.raises(ValueError, match="position 7"):
+            c.subscribe("demo.>", query="amount > 'x'")
+        with pytest.raises(wire.WireError, match="wildcards, for subscriptions only"):
+            await c.publish("demo.*", "x")
+        text = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        text.settimeout(5)
+        try:
+            text.sendto(b"SUB demo.>\n", ("127.0.0.1", node.port))
+            async with c.subscribe("demo.>") as every, c.subscribe("demo.*", query="kind = 'order'") as orders:
+                for topic, kind in (("demox", "order"), ("demo.a", "order"), ("demo.b.c", "order"), ("demo.d", "x")):
+                    await c.publish(topic, topic, tags={"kind": kind})
+                with trio.fail_after(10):
+                    assert [(await every.next()).topic for _ in range(3)] == ["demo.a", "demo.b.c", "demo.d"]
+                    assert (await orders.next()).topic == "demo.a"
+                with pytest.raises(TimeoutError):
+                    await orders.next(timeout=0.2)
+            got = sorted(text.recv(1024) for _ in range(3))
+            assert got == [b"MSG demo.a\ndemo.a", b"MSG demo.b.c\ndemo.b.c", b"MSG demo.d\ndemo.d"]
+        finally:
+            text.close()
