@@ -333,6 +333,8 @@ class Subscription:
                 continue  # (look again: another task may have taken it meanwhile)
             self.session.consumed(st)  # (taken and counted with no await between: a cancel cannot split them)
             msg = st.queue.popleft()
+            if st.origins is not None:
+                c._kick()  # (a queue group's message is acknowledged now that it is taken)
             if msg.tags and REPLY_TO in msg.tags and REQUEST_ID in msg.tags:
                 return c._as_request(msg)
             return msg

@@ -49,26 +49,32 @@ class Message(NamedTuple):
 
 
 class SubState:
-    __slots__ = ("mode", "confirmed", "reason", "queue", "counted")
+    __slots__ = ("mode", "confirmed", "reason", "queue", "counted", "origins")
 
-    def __init__(self, mode: int) -> None:
+    def __init__(self, mode: int, grouped: bool = False) -> None:
         self.mode = mode
         self.confirmed = False
         self.reason: str | None = None  # set once the subscription has ended
         self.queue: deque[Message] = deque()
         self.counted = True  # its queue counts towards Receiver.buffered
+        # A queue group's subscription: per queued message, (node, stream, seq) of its reliable
+        # delivery (seq None: fire), acknowledged only once the application takes it
+        self.origins: deque[tuple[Addr, int, int | None]] | None = deque() if grouped else None
 
 
 class RecvStream:
     """Reliable receive state for the messages one node delivers to us."""
 
-    __slots__ = ("stream", "expected", "ooo", "need_ack")
+    __slots__ = ("stream", "expected", "ooo", "need_ack", "unconsumed")
 
     def __init__(self) -> None:
         self.stream = 0
         self.expected = 1
         self.ooo: dict[int, tuple[Any, ...]] = {}
         self.need_ack = False
+        # Queue-group messages received and not yet taken by the application, in order (seq ->
+        # how many of our subscriptions hold it): the ACK stops below the first of them
+        self.unconsumed: dict[int, int] = {}
 
 
 class Receiver:
@@ -96,13 +102,31 @@ class Receiver:
 
     def detach(self, st: SubState) -> None:
         """An ended subscription's queue no longer counts as buffered; what is
-        in it stays readable by the application."""
+        in it stays readable by the application (and a queue group's is acknowledged)."""
         if st.counted:
             st.counted = False
             self.buffered -= len(st.queue)
+        if st.origins:
+            while st.origins:
+                self._taken(st.origins.popleft())
+            st.origins = None
+
+    def _taken(self, origin: tuple[Addr, int, int | None]) -> None:
+        src, stream, seq = origin
+        rs = self.streams.get(src)
+        if seq is None or rs is None or rs.stream != stream:
+            return
+        n = rs.unconsumed.get(seq, 0)
+        if n > 1:
+            rs.unconsumed[seq] = n - 1
+        elif n:
+            del rs.unconsumed[seq]
+            rs.need_ack = True
 
     def consumed(self, st: SubState) -> None:
-        """The application took one message from ``st``'s queue."""
+        """The application took one message (the first) from ``st``'s queue."""
+        if st.origins:
+            self._taken(st.origins.popleft())
         if st.counted:
             self.buffered -= 1
             if self.held and self.buffered < self.cfg.max_buffered:
@@ -112,12 +136,12 @@ class Receiver:
     def _drain_held(self) -> None:
         """Room again: deliver what waited in order behind a full buffer."""
         limit = self.cfg.max_buffered
-        for rs in self.streams.values():
+        for src, rs in self.streams.items():
             while rs.expected in rs.ooo:
                 if self.buffered >= limit:
                     self.held = True
                     return
-                self._deliver(rs.ooo.pop(rs.expected), rs.expected)
+                self._deliver(rs.ooo.pop(rs.expected), rs.expected, src, rs.stream)
                 rs.expected += 1
                 rs.need_ack = True
 
@@ -134,7 +158,7 @@ class Receiver:
                 if self.buffered >= self.cfg.max_buffered:
                     self.events.append(("fire_dropped", 1))
                     continue
-                self._deliver(m, None)
+                self._deliver(m, None, src, 0)
             return
         rs = self.streams.get(src)
         if rs is None:
@@ -144,15 +168,16 @@ class Receiver:
         if stream > rs.stream:
             rs.stream, rs.expected = stream, 1
             rs.ooo.clear()
+            rs.unconsumed.clear()
         rs.need_ack = True
         seq = first
         limit = self.cfg.max_buffered
         for m in msgs:
             if seq == rs.expected and self.buffered < limit:
-                self._deliver(m, seq)
+                self._deliver(m, seq, src, stream)
                 rs.expected += 1
                 while rs.expected in rs.ooo and self.buffered < limit:
-                    self._deliver(rs.ooo.pop(rs.expected), rs.expected)
+                    self._deliver(rs.ooo.pop(rs.expected), rs.expected, src, rs.stream)
                     rs.expected += 1
                 if rs.expected in rs.ooo:
                     self.held = True
@@ -177,7 +202,8 @@ class Receiver:
             self.trie.remove(subjects.parse_filter_untrusted(text))
 
     def _targets(self, m: tuple[Any, ...]) -> list[SubState]:
-        """The subscriptions in force that a message passes (wildcards, queries): slow path."""
+        """The subscriptions in force that a message passes (wildcards, queries): slow path.
+        A queue group's subscription gets only what the node picked us for (the marks)."""
         topic, key, subs = m[0], m[1], self.subs
         out = []
         for st in (subs.get((topic, None)), subs.get((topic, key)) if key is not None else None):
@@ -185,7 +211,7 @@ class Receiver:
                 out.append(st)
         for text in self.trie.match(topic.split(".")):
             f = subjects.parse_filter_untrusted(text)
-            if f.query is not None and not f.query.matches(m[2]):
+            if f.queue is not None or (f.query is not None and not f.query.matches(m[2])):
                 continue
             for k in (None, key) if key is not None else (None,):
                 st = subs.get((text, k))
@@ -193,13 +219,17 @@ class Receiver:
                     out.append(st)
         return out
 
-    def _deliver(self, m: tuple[Any, ...], seq: int | None) -> None:
+    def _deliver(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
         topic, key = m[0], m[1]
+        n = len(m)
+        if n == 5 or n == 7:  # picked for a queue group (docs/protocol.md, "Queue groups")
+            self._deliver_marked(m, seq, src, stream)
+            return
         if self.trie.size:
             targets = self._targets(m)
             if not targets:
                 return
-            if len(m) == 6 and self._duplicate(m[4], m[5]):
+            if n == 6 and self._duplicate(m[4], m[5]):
                 return
             msg = Message(topic, key, m[2], m[3], seq)
             for st in targets:
@@ -214,13 +244,39 @@ class Receiver:
             keyed = None
         if whole is None and keyed is None:
             return  # no subscription in force: not seen by the application, so not "seen" below
-        if len(m) == 6 and self._duplicate(m[4], m[5]):
+        if n == 6 and self._duplicate(m[4], m[5]):
             return
         msg = Message(topic, key, m[2], m[3], seq)
         for one in (whole, keyed):
             if one is not None:
                 one.queue.append(msg)
                 self.buffered += 1
+
+    def _deliver_marked(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
+        """A message the node picked us for in one or more queue groups: to those subscriptions
+        (acknowledged once the application takes it) and to any other we have that it passes.
+        No producer de-duplication: the group's members do not see each other's sequences."""
+        targets = self._targets(m) if self.trie.size or self.subs else []
+        grouped = []
+        for text, k in m[-1]:
+            st = self.subs.get((text, k))
+            if st is not None and st.reason is None and st.origins is not None:
+                grouped.append(st)
+        if not targets and not grouped:
+            return
+        msg = Message(m[0], m[1], m[2], m[3], seq)
+        for st in targets:
+            st.queue.append(msg)
+            self.buffered += 1
+        if grouped:
+            rs = self.streams.get(src)
+            for st in grouped:
+                st.queue.append(msg)
+                self.buffered += 1
+                assert st.origins is not None
+                st.origins.append((src, stream, seq))
+                if rs is not None and seq is not None:
+                    rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
 
     def _duplicate(self, pid: bytes, pseq: int) -> bool:
         """Reliable messages name their producer: a resend after failover that
@@ -262,7 +318,16 @@ class Receiver:
             if rs.need_ack:
                 rs.need_ack = False
                 sack = _ranges(sorted(rs.ooo))
-                out.append((src, wire.encode_ack(cid, cookie, rs.stream, rs.expected - 1, sack)))
+                processed = rs.expected - 1
+                if rs.unconsumed:
+                    # Up to the first queue-group message the application has not taken; what we
+                    # hold beyond it is SACKed, so the node does not send it again, but stays in
+                    # its mailbox, for another member of the group should we die.
+                    first = next(iter(rs.unconsumed))
+                    if first <= processed:
+                        sack = [[first, processed], *sack][:64]
+                        processed = first - 1
+                out.append((src, wire.encode_ack(cid, cookie, rs.stream, processed, sack)))
 
 
 def _ranges(seqs: list[int]) -> list[list[int]]:

@@ -26,7 +26,7 @@ from roost.client.commands import MAX_BATCH, CommandBatches
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
 from roost.client.receive import Message, Receiver, SubKey, SubState
-from roost.client.subjects import is_plain
+from roost.client.subjects import is_plain, parse_filter_untrusted
 from roost.client.wire import E, Mode, Op, Reason, T, WireError
 
 if TYPE_CHECKING:
@@ -122,14 +122,15 @@ class ClientSession:
 
     def flushed(self, through: int) -> bool:
         """Reliable publishes through ``through`` acknowledged, every command
-        acknowledged and every fire publish sent."""
-        return self.pub.acked >= through and self.cmds.idle and not self.pub.fire_pending
+        acknowledged, every fire publish sent and every acknowledgement we owe sent."""
+        return (self.pub.acked >= through and self.cmds.idle and not self.pub.fire_pending
+                and not any(rs.need_ack for rs in self.recv.streams.values()))  # fmt: skip
 
     def subscribe(self, topic: str, key: str | None, mode: int) -> SubState:
         """``topic``: a topic or a filter (client/subjects.py), the subscription's name."""
         wire.check_filter(topic)
         wire.check_key(key)
-        st = SubState(mode)
+        st = SubState(mode, grouped=not is_plain(topic) and parse_filter_untrusted(topic).queue is not None)
         old = self.subs.get((topic, key))
         if old is not None and old.reason is None:
             old.reason = Reason.UNSUBSCRIBED  # replaced: last command wins

@@ -174,6 +174,14 @@ def pack_delivery(
     return pack([topic, key, tags, payload, pid, pseq])
 
 
+def mark_delivery(packed: bytes, marks: list[list[Any]]) -> bytes:
+    """A delivered message (``pack_message`` or ``pack_delivery``) with one more element: the
+    queue-group subscriptions ``[[filter, key], ...]`` the node picked this subscriber for
+    (docs/protocol.md, "Queue groups"). A message is a msgpack fixarray (at most 15 elements),
+    so its first byte is 0x90 + length: one more element is that byte + 1 and the packed marks."""
+    return bytes((packed[0] + 1,)) + packed[1:] + pack(marks)
+
+
 def _header(n: int, *fields: Any) -> bytes:
     """Array header for ``n`` elements followed by the given fields."""
     return _array_header(n) + b"".join(pack(f) for f in fields)
@@ -378,6 +386,26 @@ def check_message(m: Any) -> tuple[Any, ...]:
     return tuple(m)
 
 
+MAX_MARKS = 16
+
+
+def check_delivered(m: Any) -> tuple[Any, ...]:
+    """A message in MSGS: as ``check_message``, or with the queue-group marks a node adds
+    (``mark_delivery``) as a last element: 5 elements (fire) or 7 (reliable)."""
+    n = len(m) if m.__class__ is list else 0
+    if n != 5 and n != 7:
+        return check_message(m)
+    marks = m[-1]
+    if marks.__class__ is not list or not 0 < len(marks) <= MAX_MARKS:
+        raise WireError(E.MALFORMED, f"queue marks must be an array of 1..{MAX_MARKS} [filter, key]")
+    for mk in marks:
+        if mk.__class__ is not list or len(mk) != 2:
+            raise WireError(E.MALFORMED, "a queue mark is [filter, key]")
+        check_filter(mk[0])
+        check_key(mk[1])
+    return (*check_message(m[:-1]), marks)
+
+
 def _bytes(v: Any, n: int, what: str) -> bytes:
     if not isinstance(v, bytes) or len(v) != n:
         raise WireError(E.MALFORMED, f"{what} must be {n} bytes")
@@ -481,7 +509,7 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
 def _msgs(f: list[Any]) -> tuple[Any, ...]:
     _, _, stream, first, msgs = f
     return T.MSGS, _uint(stream, "stream"), _uint(first, "first_seq"), [
-        check_message(m) for m in _list(msgs, "messages")
+        check_delivered(m) for m in _list(msgs, "messages")
     ]
 
 

@@ -16,7 +16,7 @@ def _break_dedup() -> None:
     from roost.client.receive import Receiver
 
     deliver = Receiver._deliver
-    Receiver._deliver = lambda self, m, seq: deliver(self, m[:4], seq)  # type: ignore[method-assign]
+    Receiver._deliver = lambda self, m, seq, src, stream: deliver(self, m[:4], seq, src, stream)  # type: ignore[method-assign]
 
 
 def _break_tombstones() -> None:

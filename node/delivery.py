@@ -100,6 +100,8 @@ class Delivery(Registers):
                     self._arm(c, mb)
                     self.metrics["mailboxes_resumed"] += 1
                     return
+                if parked is not None:
+                    self._discarded(c, parked[0])
                 self._next_stream += 1
                 c.mailbox = Mailbox(
                     self._next_stream, self.cfg.mailbox_capacity,
@@ -111,7 +113,10 @@ class Delivery(Registers):
             and not any(v & _LIVE_RELIABLE == _LIVE_RELIABLE for v in c.subs.values())
         ):
             voided = self._voiding or version >> versions.FLAG_BITS == c.cver >> versions.FLAG_BITS
-            if ((version >> 2) & 3 == REASON_TIMED_OUT and not c.local) or voided:
+            # (a mailbox with a queue group's messages is not kept: the group's other members take
+            # them now rather than when the park ends; a client alive behind a partition may then
+            # get some of them twice: docs/guarantees.md, "Queue groups")
+            if (((version >> 2) & 3 == REASON_TIMED_OUT and not c.local) or voided) and not c.mailbox.queued:
                 # Given up by another member (its home looked dead to it): kept a while,
                 # in case the client lives behind a partition and takes it up again.
                 # Voided by a reset (partitioned) whose renewal has not reached us yet
@@ -119,6 +124,8 @@ class Delivery(Registers):
                 # another member wrote comes as a tombstone stamped with the reset's own
                 # version, our client register's (seeds 215, 791, 5790, 9943).
                 c.parked = (c.mailbox, versions.millis_of(version), c.session, c.addr)
+            else:
+                self._discarded(c, c.mailbox)
             c.mailbox = None
 
     def _readdressed(self, c: ClientState, carry: bool) -> None:
@@ -141,6 +148,9 @@ class Delivery(Registers):
         if carry:
             for packed in old.buf[old.base :]:
                 mb.push(packed)
+            mb.queued = old.queued
+        else:
+            self._discarded(c, old)
         self.metrics["streams_restarted"] += 1
         if len(mb) and not c.dirty:
             c.dirty = True

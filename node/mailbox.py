@@ -20,7 +20,7 @@ from __future__ import annotations
 class Mailbox:
     __slots__ = (
         "stream_id", "acked", "buf", "base", "sent", "sacked", "capacity",
-        "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at", "armed", "nbytes", "max_bytes",
+        "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at", "armed", "nbytes", "max_bytes", "queued",
     )  # fmt: skip
 
     def __init__(
@@ -41,6 +41,7 @@ class Mailbox:
         self.rto = rto
         self.rto_at: float | None = None
         self.fast_ok_at = 0.0
+        self.queued = False  # it was given a queue group's message (node/delivery.py, _requeue)
 
     def __len__(self) -> int:
         return len(self.buf) - self.base

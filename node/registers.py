@@ -247,6 +247,10 @@ class Registers(CoreBase):
         its stream there; ``carry``: the same session, so what it had not
         acknowledged goes along)."""
 
+    def _discarded(self, c: ClientState, mailbox: Any) -> None:
+        """A mailbox of the client was dropped with what it held (the delivery layer
+        hands queue-group messages in it to another member of the group)."""
+
     def _merge(self, entries: list[Any], now: float) -> None:
         """Apply replicated entries (already validated): newer versions win."""
         clients = self.clients
@@ -445,7 +449,8 @@ class Registers(CoreBase):
         own = self.own
         for cid, c in list(self.clients.items()):
             if c.parked is not None and c.parked[1] < park_limit_ms:
-                c.parked = None  # (a mailbox kept for a client given up: its time is over)
+                parked, c.parked = c.parked, None  # (a mailbox kept for a client given up: its time is over)
+                self._discarded(c, parked[0])
             # (not while the client's mailbox here owes it messages, for at most tombstone_horizon
             # after the map took the partition from us: a live reliable register keeps the mailbox,
             # which the client's last unsubscribe here would drop; seeds 791, 5790, 9943)

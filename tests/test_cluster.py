@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import msgpack
@@ -82,6 +83,50 @@ async def test_wildcard_and_query_subscriptions_across_members(cluster):
         assert got[len(stream) :] == expected
         with pytest.raises(TimeoutError):
             await qsub.next(timeout=0.3)
+
+
+def _collect(p: subprocess.Popen[str], out: list[str]) -> None:
+    assert p.stdout is not None
+    out.extend(line.strip() for line in p.stdout)
+
+
+def test_a_queue_group_across_members_shares_30000_messages_also_when_one_member_is_killed(cluster):
+    """Three subscribers of one queue group, one per member; 30,000 reliable messages published at
+    n2; the subscriber at n3 stops taking messages after 4,000 and is killed (kill -9) while it
+    holds the ones it was given since: those go to the others once its member gives it up, and
+    the group gets every message exactly once."""
+    workers = {}
+    got: dict[str, list[str]] = {m: [] for m in cluster.ids}
+    readers = []
+    try:
+        for m in cluster.ids:
+            pause = ["--pause-after", "4000"] if m == "n3" else []
+            p = subprocess.Popen([sys.executable, "-m", "tests.queue_worker", cluster.addr(m), "jobs", "w", *pause],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            workers[m] = p
+            assert p.stderr is not None and p.stderr.readline() == "subscribed\n"
+            readers.append(threading.Thread(target=_collect, args=(p, got[m]), daemon=True))
+            readers[-1].start()
+        cluster.wait_subscriptions([3, 3, 3])
+        pub = subprocess.Popen([*ROOST, "pub", "jobs", "{n}", "--count", "30000", "--node", cluster.addr("n2"), "-q"],
+                               cwd=ROOT, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        victim = workers["n3"]
+        assert victim.stderr is not None and victim.stderr.readline() == "paused\n"
+        victim.kill()
+        victim.wait(10)
+        assert pub.wait(120) == 0, pub.stderr.read() if pub.stderr else ""
+        wait_until(lambda: sum(map(len, got.values())) >= 30000, timeout=60,
+                   what="all 30,000 messages at the group's members")  # fmt: skip
+        everything = [int(x) for lines in got.values() for x in lines]
+        print(f"per member {[len(v) for v in got.values()]}; redelivered by the members "
+              f"{[cluster.status(m)['metrics'].get('queue_redelivered', 0) for m in ('n1', 'n2')]}")
+        assert len(got["n3"]) == 4000
+        assert sorted(everything) == list(range(30000)), "lost or duplicated"
+    finally:
+        for p in workers.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
 
 
 def test_kill9_restart_pulls_state_and_keeps_subscriptions(cluster):

@@ -118,3 +118,53 @@ async def test_library_wildcards_queries_and_text_subscribers_on_a_real_node(nod
             assert got == [b"MSG demo.a\ndemo.a", b"MSG demo.b.c\ndemo.b.c", b"MSG demo.d\ndemo.d"]
         finally:
             text.close()
+
+
+# ---------------------------------------------------------------- queue groups in the core
+
+
+def _marked(actions, addr) -> list[tuple[bytes, list]]:
+    """(payload, marks) of each message to ``addr``, marks [] when the node picked nobody."""
+    out = []
+    for f in frames_to(actions, addr):
+        if f[0] is T.MSGS:
+            out += [(m[3], m[-1] if len(m) in (5, 7) else []) for m in f[3]]
+    return out
+
+
+def test_a_queue_group_gets_each_message_once_round_robin_and_marked():
+    core = make_core()
+    a, b, c, pub = connect(core, A, B, C, ("127.0.0.1", 5004))
+    for member in (a, b, c):
+        member.sub("jobs.* queue=w")
+    a.sub("jobs.>", mode=Mode.FIRE)  # a plain subscription of a member too: every message, once
+    out = pub.pub([("jobs.x", b"%d" % i) for i in range(30)])
+    got = {m.addr: _marked(out, m.addr) for m in (a, b, c)}
+    picked = {addr: [p for p, marks in msgs if marks == [["jobs.* queue=w", None]]] for addr, msgs in got.items()}
+    assert sorted(p for ps in picked.values() for p in ps) == sorted(b"%d" % i for i in range(30))
+    assert [len(ps) for ps in picked.values()] == [10, 10, 10]
+    # (a: all, once each; those picked for the group come reliably, the rest by fire: two streams)
+    assert sorted(p for p, _ in got[A]) == sorted(b"%d" % i for i in range(30))
+    assert len(got[B]) == len(got[C]) == 10
+
+
+def test_the_unacknowledged_messages_of_a_member_that_times_out_go_to_the_rest_of_the_group():
+    core = make_core(subscriber_timeout=3.0)
+    a, b, pub = connect(core, A, B, C)
+    a.sub("jobs queue=w")
+    b.sub("jobs queue=w")
+    out = pub.pub([("jobs", b"%d" % i) for i in range(10)], now=0.0)
+    to_a, to_b = delivered(out, A), delivered(out, B)
+    assert len(to_a) == len(to_b) == 5
+    a.ack(to_a[0][0], 2, now=0.1)  # a took two, then went silent
+    b.ack(to_b[0][0], 5, now=0.1)
+    again = []
+    for t in (1.0, 2.0, 3.0, 4.0):
+        b.ping(t)
+        again += delivered(core.tick(t), B)
+    assert a.cid not in core.clients
+    assert sorted(p for _, _, p in again) == sorted(p for _, _, p in to_a[2:])
+    assert [s for _, s, _ in again] == [6, 7, 8]  # (b's own stream goes on)
+    assert core.metrics["queue_redelivered"] == 3
+    # and the group is b alone now
+    assert [p for _, _, p in delivered(pub.pub([("jobs", b"late")], now=4.5), B)] == [b"late"]

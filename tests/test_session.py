@@ -332,7 +332,7 @@ def test_a_producers_earlier_messages_arriving_after_its_first_one_heard_are_del
     r = Receiver(subs, [], ClientConfig())
     pid = b"p" * 16
     for pseq in (144, 133, 150, 133, 144, 140):
-        r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1)
+        r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1, ("127.0.0.1", 1), 1)
     assert [int(m.payload) for m in subs[("t", None)].queue] == [144, 133, 150, 140]
     assert r.duplicates == 2  # the second 133 and the second 144
 
@@ -347,10 +347,10 @@ def test_a_message_that_arrived_while_no_subscription_was_in_force_is_delivered_
     subs: dict[tuple[str, str | None], SubState] = {}
     r = Receiver(subs, [], ClientConfig())
     pid = b"p" * 16
-    r._deliver(("t", None, None, b"1", pid, 1), 1)  # nobody subscribed to t right now
+    r._deliver(("t", None, None, b"1", pid, 1), 1, ("127.0.0.1", 1), 1)  # nobody subscribed to t right now
     subs[("t", None)] = SubState(Mode.RELIABLE)
-    r._deliver(("t", None, None, b"1", pid, 1), 1)  # the same message, from another member
-    r._deliver(("t", None, None, b"1", pid, 1), 2)  # and a true duplicate
+    r._deliver(("t", None, None, b"1", pid, 1), 1, ("127.0.0.1", 1), 1)  # the same message, from another member
+    r._deliver(("t", None, None, b"1", pid, 1), 2, ("127.0.0.1", 1), 1)  # and a true duplicate
     assert [m.payload for m in subs[("t", None)].queue] == [b"1"] and r.duplicates == 1
 
 
@@ -364,7 +364,7 @@ def test_forgetting_early_sequences_past_the_bound_misses_rather_than_duplicates
     r = Receiver(subs, [], ClientConfig())
     pid = b"p" * 16
     for pseq in (100, 1, 2, 3, 4, 5, 1):  # 6 early ones: the oldest is forgotten, then repeated
-        r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1)
+        r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1, ("127.0.0.1", 1), 1)
     assert [int(m.payload) for m in subs[("t", None)].queue] == [100, 1, 2, 3, 4, 5]
 
 
