@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import msgpack
+
 from roost.client import wire
 from roost.client.text import encode_text_msg
 from roost.client.wire import Mode, Reason
@@ -35,6 +37,7 @@ from roost.node.config import NodeConfig
 from roost.node.cookies import Addr
 from roost.node.mailbox import Mailbox
 from roost.node.registers import REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT, Registers
+from roost.node.subscriptions import FilterSubs
 
 _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
 #: Forwarded reliable messages remembered by (producer id, sequence) to drop a resend, at most
@@ -168,8 +171,9 @@ class Delivery(Registers):
     ) -> None:
         """Queue one message for every subscriber that matches (hot path)."""
         subs = self.index.match(topic, key)
+        picks = None
         if self.index.filters:
-            subs = self._filtered(topic, key, tags, subs)
+            subs, picks = self._filtered(topic, key, tags, subs)
         if not subs:
             return
         clients = self.clients
@@ -180,14 +184,19 @@ class Delivery(Registers):
                 c = clients[who]
                 if packed is None:
                     packed = wire.pack_message(topic, key, tags, payload)
+                mine = packed if picks is None or who not in picks else wire.mark_delivery(packed, picks[who])
                 if mode:
                     mb = c.mailbox
-                    if mb is None or not mb.push(packed):
+                    if mb is None or not mb.push(mine):
                         # cancelling changes ``subs``: do it after the loop
                         full = [c] if full is None else [*full, c]
+                        if mine is not packed:
+                            self._requeue_one(mine, c.cid)  # (the group's: another member takes it)
                         continue
+                    if mine is not packed:
+                        mb.queued = True
                 else:
-                    c.fire.append(packed)
+                    c.fire.append(mine)
                 if not c.dirty:
                     c.dirty = True
                     self._dirty.append(c)
@@ -207,21 +216,102 @@ class Delivery(Registers):
 
     def _filtered(
         self, topic: str, key: str | None, tags: dict[str, str] | None, subs: dict[Any, int] | None
-    ) -> dict[Any, int] | None:
+    ) -> tuple[dict[Any, int] | None, dict[Any, list[list[Any]]] | None]:
         """Add the subscribers of wildcard and query filters the message passes (each once,
-        in its strongest mode) to those of its bare topic."""
+        in its strongest mode) to those of its bare topic; of a queue group, one member,
+        which is told so (``picks``: subscriber -> the [filter, key] it was picked for)."""
         found = self.index.matching_filters(topic, tags)
         if not found:
-            return subs
+            return subs, None
         merged = dict(subs) if subs else {}
+        picks: dict[Any, list[list[Any]]] | None = None
         for fs in found:
             for k in (None, key) if key is not None else (None,):
                 group = fs.keys.get(k)
-                if group:
+                if not group:
+                    continue
+                if fs.filter.queue is None:
                     for who, mode in group.items():
                         if mode > merged.get(who, -1):
                             merged[who] = mode
-        return merged
+                    continue
+                who = self._pick(fs, group, None)
+                if who is None:
+                    continue
+                if group[who] > merged.get(who, -1):
+                    merged[who] = group[who]
+                if picks is None:
+                    picks = {}
+                picks.setdefault(who, []).append([fs.filter.text, k])
+        return merged, picks
+
+    def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Any) -> Any:
+        """The member of a queue group that gets the next message: round robin over the
+        group, passing over members whose mailbox already holds ``send_window`` messages
+        (a slow or paused consumer) while another has room; None if there is nobody."""
+        members = list(group)
+        n = len(members)
+        start = fs.turn % n
+        fs.turn += 1
+        window = self.cfg.send_window
+        clients = self.clients
+        best, best_load = None, 1 << 62
+        for i in range(n):
+            who = members[(start + i) - n if start + i >= n else start + i]
+            c = clients.get(who)
+            if who == exclude or c is None:
+                continue
+            if not group[who]:
+                return who  # (a fire member: no mailbox to weigh)
+            mb = c.mailbox
+            if mb is None:
+                continue  # (being dropped)
+            load = len(mb)
+            if load < window:
+                return who
+            if load < best_load:
+                best, best_load = who, load
+        return best
+
+    def _discarded(self, c: ClientState, mailbox: Any) -> None:
+        """A mailbox is dropped (its client timed out, overflowed, left, moved to a new process)
+        with messages it never acknowledged: each a queue group picked this client for goes to
+        another member of that group (docs/guarantees.md, "Queue groups")."""
+        if not mailbox.queued:
+            return
+        for packed in mailbox.buf[mailbox.base :]:
+            if packed[0] == 0x95 or packed[0] == 0x97:  # (a message with queue marks: 5 or 7 elements)
+                self._requeue_one(packed, c.cid)
+
+    def _requeue_one(self, packed: bytes, exclude: Any) -> None:
+        m = msgpack.unpackb(packed)
+        marks = m.pop()
+        base = wire.pack(m)
+        pseq = m[5] if len(m) == 6 else None
+        filters = self.index.filters
+        for text, k in marks:
+            fs = filters.get(text)
+            group = fs.keys.get(k) if fs is not None else None
+            who = self._pick(fs, group, exclude) if fs is not None and group else None
+            c = self.clients.get(who) if who is not None else None
+            if c is None:
+                self.metrics["queue_undeliverable"] += 1
+                self._log("warning", "queue_undeliverable", filter=text, topic=m[0], seq=pseq)
+                continue
+            mine = wire.mark_delivery(base, [[text, k]])
+            mb = c.mailbox
+            if mb is None:
+                c.fire.append(mine)
+            elif mb.push(mine):
+                mb.queued = True
+            else:
+                self.metrics["queue_undeliverable"] += 1
+                self._log("warning", "queue_undeliverable", filter=text, topic=m[0], seq=pseq)
+                continue
+            self.metrics["queue_redelivered"] += 1
+            if not c.dirty:
+                c.dirty = True
+                self._dirty.append(c)
 
     def _forward(self, member: str, msg: list[Any]) -> None:
         self._forwards.setdefault(member, []).append(msg)
