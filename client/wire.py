@@ -92,6 +92,7 @@ class E(IntEnum):
     BAD_MODE = 12
     BAD_TAGS = 13
     STALE_BATCH = 14  # CMDS of an older client session, or older than the node remembers
+    OVER_CAPACITY = 15  # a new subscription while the node is above admission_share of a limit
 
 
 

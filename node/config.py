@@ -102,6 +102,13 @@ SETTINGS: list[Setting] = [
             "Binary clients with subscriptions a node keeps state for."),
     number("limits", "max_subscriptions_per_client", 10000, int, 1, 10_000_000,
             "Subscriptions one client may hold."),
+    number("limits", "max_subscriptions", 1_000_000, int, 1, 1_000_000_000,
+            "Subscriptions a node holds (in a replicated cluster: every member holds every one)."),
+    Setting("limits", "max_mailbox_bytes", 1 << 30, int, "an integer from 1048576 to 2**44", _num(1 << 20, 1 << 44),
+            "Bytes of unacknowledged reliable messages all the subscribers of a node may hold together."),
+    Setting("limits", "admission_share", 0.8, float, "a number from 0.1 to 1", _num(0.1, 1.0),
+            "Share of max_subscriptions or max_mailbox_bytes above which a node refuses new "
+            "subscriptions with over_capacity (ADR 033), rather than fail the ones it has later."),
     number("limits", "max_text_subscribers", 100000, int, 0, 100_000_000,
             "Text-protocol subscriptions (address, topic) a node keeps."),
     number("limits", "max_producers", 100000, int, 1, 100_000_000,
@@ -145,6 +152,9 @@ class NodeConfig:
     send_window: int
     max_clients: int
     max_subscriptions_per_client: int
+    max_subscriptions: int
+    max_mailbox_bytes: int
+    admission_share: float
     max_text_subscribers: int
     max_producers: int
     subscriber_timeout: float

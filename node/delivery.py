@@ -82,6 +82,9 @@ class Delivery(Registers):
         self._fwd_seen: set[tuple[bytes, int]] = set()
         self._fwd_order: deque[tuple[float, bytes, int]] = deque()
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
+        self._bytes_at = -1e18  # when the mailboxes' bytes were last summed (_over_capacity)
+        self._mailbox_bytes = 0
+        self._over_logged = -1e18
         self._park_ms = int(config.subscriber_timeout * 1000)
 
     def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
@@ -312,6 +315,24 @@ class Delivery(Registers):
             if not c.dirty:
                 c.dirty = True
                 self._dirty.append(c)
+
+    def _over_capacity(self, now: float) -> bool:
+        """Above ``admission_share`` of the node's subscriptions or of its mailbox bytes: new
+        subscriptions are refused (over_capacity) while the ones in force keep their room
+        (ADR 033). Mailbox bytes are summed at most once a second, off the hot path."""
+        cfg = self.cfg
+        share = cfg.admission_share
+        if now >= self._bytes_at + 1.0:
+            self._bytes_at = now
+            self._mailbox_bytes = sum(c.mailbox.nbytes for c in self.clients.values() if c.mailbox is not None)
+        over = self.index.count >= share * cfg.max_subscriptions or self._mailbox_bytes >= share * cfg.max_mailbox_bytes
+        if over:
+            self.metrics["refused_over_capacity"] += 1
+            if now >= self._over_logged + 10.0:
+                self._over_logged = now
+                self._log("warning", "over_capacity", subscriptions=self.index.count,
+                          mailbox_bytes=self._mailbox_bytes, share=share)  # fmt: skip
+        return over
 
     def _forward(self, member: str, msg: list[Any]) -> None:
         self._forwards.setdefault(member, []).append(msg)

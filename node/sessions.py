@@ -136,6 +136,8 @@ class Sessions(Delivery):
             return E.OK
         if not present and c.live >= self.cfg.max_subscriptions_per_client:
             return E.OVERLOADED
+        if not present and self._over_capacity(now):
+            return E.OVER_CAPACITY
         self._write(c, tk, True, mode, now)
         self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
         return E.OK

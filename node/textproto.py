@@ -53,6 +53,9 @@ class TextProtocol(Delivery):
             if c is None or not c.subs.get(tk, 0) & versions.PRESENT:
                 if self.text_subs >= self.cfg.max_text_subscribers:
                     raise WireError(E.OVERLOADED, "too many text subscriptions on this node")
+                if self._over_capacity(now):
+                    raise WireError(E.OVER_CAPACITY, "this node takes no new subscriptions: above "
+                                    f"{self.cfg.admission_share:.0%} of a limit (max_subscriptions, max_mailbox_bytes)")
                 if c is None:
                     c = self._new_client(addr, addr, now)
                 self._write(c, tk, True, Mode.FIRE, now)

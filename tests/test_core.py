@@ -376,6 +376,8 @@ def _trigger(core, code):
     (fc,) = connect(core, B)
     cid, ck = fc.cid, fc.cookie
     bad_msg = lambda m: wire.pack([1, T.PUB, cid, ck, fc.pid, 1, 1, True, [m]])  # noqa: E731
+    if code is E.OVER_CAPACITY:
+        text(core, b"SUB first\n", addr=C)  # (the node's one subscription: it is full)
     return {
         E.MALFORMED: (b"\x93\x01", B),
         E.UNSUPPORTED_VERSION: (msgpack.packb([9, 1]), B),
@@ -390,13 +392,15 @@ def _trigger(core, code):
         E.BAD_KEY: (bad_msg(["t", "", None, b""]), B),
         E.BAD_MODE: (wire.pack([1, T.CMDS, cid, ck, 1, 1, [[1, "t", None, 5]]]), B),
         E.BAD_TAGS: (bad_msg(["t", None, {"a": 1}, b""]), B),
+        E.OVER_CAPACITY: (b"SUB second\n", A),
     }[code]
 
 
 # STALE_BATCH is never an ERROR frame, only a command's result in CMDACK (tested below).
 @pytest.mark.parametrize("code", [c for c in E if c not in (E.OK, E.STALE_BATCH)], ids=lambda c: c.name)
 def test_every_error_code(code):
-    core = make_core(max_clients=0 if code is E.OVERLOADED else 100)
+    core = make_core(max_clients=0 if code is E.OVERLOADED else 100,
+                     max_subscriptions=1 if code is E.OVER_CAPACITY else 100)
     data, addr = _trigger(core, code)
     before = core.state_digest()
     out = sends(core.handle_datagrams([(data, addr)], 0.0))

@@ -168,3 +168,37 @@ def test_the_unacknowledged_messages_of_a_member_that_times_out_go_to_the_rest_o
     assert core.metrics["queue_redelivered"] == 3
     # and the group is b alone now
     assert [p for _, _, p in delivered(pub.pub([("jobs", b"late")], now=4.5), B)] == [b"late"]
+
+
+# ---------------------------------------------------------------- limits near capacity (ADR 033)
+
+
+def test_new_subscriptions_are_refused_over_capacity_above_the_share_of_the_node_limit():
+    core = make_core(max_subscriptions=10, admission_share=0.8)
+    a, b = connect(core, A, B)
+    (ack,) = frames_to(a.cmds([(1, f"t{i}", None, 1) for i in range(8)]), A)
+    assert ack[3] == [0] * 8
+    (ack,) = frames_to(b.cmds([(1, "t0", None, 1), (1, "u", None, 1)]), B)
+    assert ack[3] == [wire.E.OVER_CAPACITY, wire.E.OVER_CAPACITY]  # 8 of 10 held: 80%
+    (ack,) = frames_to(a.cmds([(1, "t0", None, 0)]), A)  # (a change of one in force is no new one)
+    assert ack[3] == [0] and core.metrics["refused_over_capacity"] == 2
+    a.cmds([(0, "t7", None, 0)])
+    (ack,) = frames_to(b.cmds([(1, "u", None, 1)]), B)
+    assert ack[3] == [0]
+
+
+def test_mailbox_bytes_above_the_share_refuse_new_subscriptions_until_they_drain():
+    core = make_core(max_mailbox_bytes=1 << 20, admission_share=0.5, mailbox_max_bytes=1 << 20, send_window=1000)
+    slow, late, pub = connect(core, A, B, C)
+    slow.sub("big")
+    out = []
+    for i in range(70):  # 70 x 8 KB unacknowledged: above half of 1 MiB
+        out += pub.pub([("big", b"x" * 8000)], now=0.01 * i)
+    (ack,) = frames_to(late.cmds([(1, "other", None, 1)], now=1.0), B)
+    assert ack[3] == [wire.E.OVER_CAPACITY]
+    stream = delivered(out, A)[0][0]
+    slow.ack(stream, 70, now=1.5)
+    (ack,) = frames_to(late.cmds([(1, "other", None, 1)], now=1.6), B)  # (bytes are summed at most once a second)
+    assert ack[3] == [wire.E.OVER_CAPACITY]
+    (ack,) = frames_to(late.cmds([(1, "other", None, 1)], now=2.1), B)
+    assert ack[3] == [0]
