@@ -174,9 +174,12 @@ class Delivery(Registers):
     ) -> None:
         """Queue one message for every subscriber that matches (hot path)."""
         subs = self.index.match(topic, key)
-        picks = None
         if self.index.filters:
             subs, picks = self._filtered(topic, key, tags, subs)
+            if picks:
+                if packed is None:
+                    packed = wire.pack_message(topic, key, tags, payload)
+                self._give_picked(picks, packed)
         if not subs:
             return
         clients = self.clients
@@ -187,19 +190,14 @@ class Delivery(Registers):
                 c = clients[who]
                 if packed is None:
                     packed = wire.pack_message(topic, key, tags, payload)
-                mine = packed if picks is None or who not in picks else wire.mark_delivery(packed, picks[who])
                 if mode:
                     mb = c.mailbox
-                    if mb is None or not mb.push(mine):
+                    if mb is None or not mb.push(packed):
                         # cancelling changes ``subs``: do it after the loop
                         full = [c] if full is None else [*full, c]
-                        if mine is not packed:
-                            self._requeue_one(mine, c.cid)  # (the group's: another member takes it)
                         continue
-                    if mine is not packed:
-                        mb.queued = True
                 else:
-                    c.fire.append(mine)
+                    c.fire.append(packed)
                 if not c.dirty:
                     c.dirty = True
                     self._dirty.append(c)
@@ -219,15 +217,16 @@ class Delivery(Registers):
 
     def _filtered(
         self, topic: str, key: str | None, tags: dict[str, str] | None, subs: dict[Any, int] | None
-    ) -> tuple[dict[Any, int] | None, dict[Any, list[list[Any]]] | None]:
+    ) -> tuple[dict[Any, int] | None, dict[Any, list[Any]] | None]:
         """Add the subscribers of wildcard and query filters the message passes (each once,
         in its strongest mode) to those of its bare topic; of a queue group, one member,
-        which is told so (``picks``: subscriber -> the [filter, key] it was picked for)."""
+        which is told so. Returns (the others, ``picks``: subscriber -> [mode, the [filter,
+        key] pairs it was picked for]); a subscriber is in one of the two, not both."""
         found = self.index.matching_filters(topic, tags)
         if not found:
             return subs, None
         merged = dict(subs) if subs else {}
-        picks: dict[Any, list[list[Any]]] | None = None
+        picks: dict[Any, list[Any]] | None = None
         for fs in found:
             for k in (None, key) if key is not None else (None,):
                 group = fs.keys.get(k)
@@ -241,12 +240,38 @@ class Delivery(Registers):
                 who = self._pick(fs, group, None)
                 if who is None:
                     continue
-                if group[who] > merged.get(who, -1):
-                    merged[who] = group[who]
                 if picks is None:
                     picks = {}
-                picks.setdefault(who, []).append([fs.filter.text, k])
+                pick = picks.get(who)
+                if pick is None:
+                    picks[who] = [group[who], [[fs.filter.text, k]]]
+                else:
+                    pick[0] = max(pick[0], group[who])
+                    pick[1].append([fs.filter.text, k])
+        if picks:
+            for who, pick in picks.items():  # (one copy each: the marked one, in the stronger mode)
+                mode = merged.pop(who, -1)
+                if mode > pick[0]:
+                    pick[0] = mode
         return merged, picks
+
+    def _give_picked(self, picks: dict[Any, list[Any]], packed: bytes) -> None:
+        """The queue groups' copies of a message, marked for the members picked."""
+        for who, (mode, marks) in picks.items():
+            c = self.clients[who]
+            mine = wire.mark_delivery(packed, marks)
+            if not mode:
+                c.fire.append(mine)
+            elif c.mailbox is not None and c.mailbox.push(mine):
+                c.mailbox.queued = True
+            else:
+                self._requeue_one(mine, who)  # (full: another member takes it, and this one is cancelled)
+                if c.mailbox is not None:
+                    self._overflow(c)
+                continue
+            if not c.dirty:
+                c.dirty = True
+                self._dirty.append(c)
 
     def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Any) -> Any:
         """The member of a queue group that gets the next message: round robin over the
