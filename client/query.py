@@ -249,7 +249,7 @@ def compile_query(text: str) -> Query:
     q = _compiled.get(text)
     if q is None:
         q = _compile(text)
-        if len(_compiled) >= 65536:
+        if len(_compiled) >= 4096:
             _compiled.clear()
         _compiled[text] = q
     return q

@@ -100,16 +100,22 @@ class Receiver:
         self.trie = subjects.PatternTrie()
         self.filter_refs: dict[str, int] = {}
 
-    def detach(self, st: SubState) -> None:
+    def detach(self, st: SubState, release: bool = True) -> None:
         """An ended subscription's queue no longer counts as buffered; what is
-        in it stays readable by the application (and a queue group's is acknowledged)."""
+        in it stays readable by the application. A queue group's messages not taken
+        are acknowledged (``release``), or later by :meth:`release`."""
         if st.counted:
             st.counted = False
             self.buffered -= len(st.queue)
+        if release:
+            self.release(st)
+
+    def release(self, st: SubState) -> None:
+        """Acknowledge what a group subscription that ended held and the application did not take."""
         if st.origins:
             while st.origins:
                 self._taken(st.origins.popleft())
-            st.origins = None
+        st.origins = None
 
     def _taken(self, origin: tuple[Addr, int, int | None]) -> None:
         src, stream, seq = origin
@@ -257,6 +263,8 @@ class Receiver:
         (acknowledged once the application takes it) and to any other we have that it passes.
         No producer de-duplication: the group's members do not see each other's sequences."""
         targets = self._targets(m) if self.trie.size or self.subs else []
+        if targets and len(m) == 7 and self._duplicate(m[4], m[5]):
+            targets = []  # (our other subscriptions had it: a group's copy handed on from another member)
         grouped = []
         for text, k in m[-1]:
             st = self.subs.get((text, k))

@@ -78,6 +78,7 @@ class ClientSession:
         self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
         self.durable_replies: list[tuple[Any, ...]] = []  # RECORDS and COMMITTED for the library's get
         self.subs: dict[SubKey, SubState] = {}
+        self._leaving: dict[SubKey, SubState] = {}  # group subscriptions unsubscribed, UNSUB not yet acknowledged
         self.cmds = CommandBatches(session, config.cmd_retry)
         self.recv = Receiver(self.subs, self.events, config)
         self.pub = Publisher(producer_id, fire_producer_id, config)
@@ -152,8 +153,13 @@ class ClientSession:
         st = self._drop(topic, key)
         if st is not None and st.reason is None:
             st.reason = Reason.UNSUBSCRIBED
-            self.recv.detach(st)
+            # (a queue group's messages not taken are acknowledged only once the node has the
+            # UNSUB, which hands them to the group's other members: docs/guarantees.md)
+            grouped = st.origins is not None
+            self.recv.detach(st, release=not grouped)
             st.queue.clear()
+            if grouped:
+                self._leaving[(topic, key)] = st
         self.cmds.add((Op.UNSUB, topic, key, Mode.FIRE))
 
     def publish(
@@ -273,6 +279,8 @@ class ClientSession:
             return
         self.confirmed_token = self.ping_token
         for (op, topic, key, _), code in zip(cmds, results, strict=False):
+            if op == Op.UNSUB and (topic, key) in self._leaving:
+                self.recv.release(self._leaving.pop((topic, key)))
             st = self.subs.get((topic, key))
             if op != Op.SUB or st is None:
                 continue
@@ -337,6 +345,11 @@ class ClientSession:
         st = self._drop(topic, key)
         assert st is not None
         st.reason = reason
+        if st.origins is not None and reason != Reason.NODE_LOST:
+            # A group subscription the node ended (cancelled, timed out): it handed what we had not
+            # taken to the group's other members, so the application must not take it too.
+            self.recv.detach(st)
+            st.queue.clear()
         self.recv.detach(st)
         self.events.append(("cancelled", topic, key, reason))
 

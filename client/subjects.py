@@ -172,7 +172,7 @@ def parse_filter_untrusted(text: object) -> Filter:
     f = _parsed.get(text) if text.__class__ is str else None  # type: ignore[call-overload]
     if f is None:
         f = _parse(text)  # type: ignore[arg-type]
-        if len(_parsed) >= 65536:
+        if len(_parsed) >= 4096:  # (bounded: a query can be 1 KB of 32 conditions)
             _parsed.clear()
         _parsed[f.text] = f
     return f

@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from roost.client import wire
+from roost.client.subjects import is_plain
 from roost.client.text import encode_text_msg
 from roost.client.wire import Mode, Reason
 from roost.node import versions
@@ -133,6 +134,11 @@ class Delivery(Registers):
             else:
                 self._discarded(c, c.mailbox)
             c.mailbox = None
+        elif old & versions.PRESENT and not version & versions.PRESENT and c.mailbox is not None \
+                and c.mailbox.queued and not is_plain(tk[0]):  # fmt: skip
+            # A group subscription ended while the mailbox stays (the client has others): what
+            # it holds for that group and the client has not acknowledged goes to the others.
+            self._leave_group(c, c.mailbox, [tk[0], tk[1]])
 
     def _readdressed(self, c: ClientState, carry: bool) -> None:
         """The client is at a new address (it told us, or another member
@@ -274,6 +280,10 @@ class Delivery(Registers):
                 self._dirty.append(c)
 
     def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Any) -> Any:
+        """(``exclude``: a subscriber, or a set of them, not to pick.)"""
+        return self._pick_among(fs, group, exclude if exclude.__class__ is set else {exclude})
+
+    def _pick_among(self, fs: FilterSubs, group: dict[Any, int], exclude: set[Any]) -> Any:
         """The member of a queue group that gets the next message: round robin over the
         group, passing over members whose mailbox already holds ``send_window`` messages
         (a slow or paused consumer) while another has room; None if there is nobody."""
@@ -287,7 +297,7 @@ class Delivery(Registers):
         for i in range(n):
             who = members[(start + i) - n if start + i >= n else start + i]
             c = clients.get(who)
-            if who == exclude or c is None:
+            if c is None or who in exclude:
                 continue
             if not group[who]:
                 return who  # (a fire member: no mailbox to weigh)
@@ -311,28 +321,53 @@ class Delivery(Registers):
             if packed[0] == 0x95 or packed[0] == 0x97:  # (a message with queue marks: 5 or 7 elements)
                 self._requeue_one(packed, c.cid)
 
-    def _requeue_one(self, packed: bytes, exclude: Any) -> None:
+    def _leave_group(self, c: ClientState, mailbox: Mailbox, mark: list[Any]) -> None:
+        """Hand on what the mailbox holds for one group the client left, and take that group's
+        mark off those messages here (the client drops them; a later discard must not hand
+        them on again)."""
+        buf = mailbox.buf
+        for i in range(mailbox.base, len(buf)):
+            packed = buf[i]
+            if packed[0] != 0x95 and packed[0] != 0x97:
+                continue
+            m = msgpack.unpackb(packed)
+            if mark not in m[-1]:
+                continue
+            self._requeue_one(packed, c.cid, only=mark)
+            rest = [x for x in m[-1] if x != mark]
+            base = wire.pack(m[:-1])
+            buf[i] = wire.mark_delivery(base, rest) if rest else base
+            mailbox.nbytes += len(buf[i]) - len(packed)
+
+    def _requeue_one(self, packed: bytes, exclude: Any, only: list[Any] | None = None) -> None:
+        """Give a marked message to other members of its groups (``only``: of that one group)."""
         m = msgpack.unpackb(packed)
         marks = m.pop()
         base = wire.pack(m)
         pseq = m[5] if len(m) == 6 else None
         filters = self.index.filters
         for text, k in marks:
+            if only is not None and [text, k] != only:
+                continue
             fs = filters.get(text)
             group = fs.keys.get(k) if fs is not None else None
-            who = self._pick(fs, group, exclude) if fs is not None and group else None
-            c = self.clients.get(who) if who is not None else None
+            tried = {exclude}
+            while True:  # (a member whose mailbox is full is passed over for the next)
+                who = self._pick_among(fs, group, tried) if fs is not None and group else None
+                c = self.clients.get(who) if who is not None else None
+                if c is None:
+                    break
+                mine = wire.mark_delivery(base, [[text, k]])
+                mb = c.mailbox
+                if mb is None:
+                    c.fire.append(mine)
+                elif mb.push(mine):
+                    mb.queued = True
+                else:
+                    tried.add(who)
+                    continue
+                break
             if c is None:
-                self.metrics["queue_undeliverable"] += 1
-                self._log("warning", "queue_undeliverable", filter=text, topic=m[0], seq=pseq)
-                continue
-            mine = wire.mark_delivery(base, [[text, k]])
-            mb = c.mailbox
-            if mb is None:
-                c.fire.append(mine)
-            elif mb.push(mine):
-                mb.queued = True
-            else:
                 self.metrics["queue_undeliverable"] += 1
                 self._log("warning", "queue_undeliverable", filter=text, topic=m[0], seq=pseq)
                 continue

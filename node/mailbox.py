@@ -20,7 +20,7 @@ from __future__ import annotations
 class Mailbox:
     __slots__ = (
         "stream_id", "acked", "buf", "base", "sent", "sacked", "capacity",
-        "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at", "armed", "nbytes", "max_bytes", "queued",
+        "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at", "armed", "nbytes", "max_bytes", "queued", "sack_run",
     )  # fmt: skip
 
     def __init__(
@@ -42,6 +42,10 @@ class Mailbox:
         self.rto_at: float | None = None
         self.fast_ok_at = 0.0
         self.queued = False  # it was given a queue group's message (node/delivery.py, _requeue)
+        # Every sequence from acked + 1 through this one is SACKed: a client that holds a queue
+        # group's messages untaken SACKs the same long run in each ACK, and only what is new
+        # in it costs anything
+        self.sack_run = 0
 
     def __len__(self) -> int:
         return len(self.buf) - self.base
@@ -86,12 +90,18 @@ class Mailbox:
             # Merge the ranges first: overlapping or repeated ranges must not
             # multiply the work (an ACK could otherwise cost milliseconds).
             top = self.acked
+            run = max(self.sack_run, self.acked)
             for lo, hi in sorted(sack):
+                if lo <= run + 1:
+                    lo = max(lo, run + 1)  # (what the run covers is SACKed already)
                 lo = max(lo, top + 1)
                 hi = min(hi, self.sent)
                 if lo <= hi:
                     self.sacked.update(range(lo, hi + 1))
                     top = hi
+                    if lo <= run + 1:
+                        run = hi
+            self.sack_run = run
         if progressed:
             self.rto = self.rto_base
             self.rto_at = now + self.rto if self.sent > self.acked else None

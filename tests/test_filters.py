@@ -202,3 +202,138 @@ def test_mailbox_bytes_above_the_share_refuse_new_subscriptions_until_they_drain
     assert ack[3] == [wire.E.OVER_CAPACITY]
     (ack,) = frames_to(late.cmds([(1, "other", None, 1)], now=2.1), B)
     assert ack[3] == [0]
+
+
+# ---------------------------------------------------------------- queue groups: review findings
+
+
+def test_a_requeued_message_passes_over_a_member_whose_mailbox_is_full_by_bytes():
+    core = make_core(subscriber_timeout=3.0, mailbox_max_bytes=65536)
+    a, b, c, pub = connect(core, A, B, C, ("127.0.0.1", 5004))
+    for m in (a, b, c):
+        m.sub("jobs queue=w")
+    out = []
+    for i in range(12):
+        out += pub.pub([("jobs", bytes([65 + i]) * 15000)], now=0.0)
+    to = {m.addr: delivered(out, m.addr) for m in (a, b, c)}
+    assert [len(v) for v in to.values()] == [4, 4, 4]
+    c.ack(to[C][0][0], 4, now=0.1)  # c took all of its share; b holds 4 x 15 KB (full by bytes); a dies
+    for t in (1.0, 2.0, 3.0, 4.0):
+        b.ping(t)
+        c.ping(t)
+        core.tick(t)
+    assert a.cid not in core.clients
+    assert (core.metrics["queue_undeliverable"], core.metrics["queue_redelivered"]) == (0, 4)
+
+
+def test_leaving_a_group_with_another_reliable_subscription_hands_its_messages_on_once():
+    core = make_core(mailbox_capacity=16, send_window=16)
+    a, b, pub = connect(core, A, B, C)
+    a.sub("jobs queue=w")
+    b.sub("jobs queue=w")
+    a.sub("other")  # a keeps a reliable subscription: its mailbox stays
+    to_a = delivered(pub.pub([("jobs", b"%d" % i) for i in range(10)], now=0.0), A)
+    assert len(to_a) == 5
+    out = a.cmds([(0, "jobs queue=w", None, 0)], now=0.1)  # a leaves before it took them
+    assert sorted(p for _, _, p in delivered(out, B)) == sorted(p for _, _, p in to_a)
+    assert core.metrics["queue_redelivered"] == 5
+    # its mailbox no longer marks them for the group: an overflow later does not hand them on again
+    pub.pub([("other", b"o%d" % i) for i in range(20)], now=0.2)
+    assert core.metrics["cancelled_out_of_capacity"] == 1 and core.metrics["queue_redelivered"] == 5
+
+
+def test_an_overflowing_member_s_group_messages_go_to_the_others_once():
+    core = make_core(mailbox_capacity=16, send_window=16)
+    a, b, pub = connect(core, A, B, C)
+    a.sub("jobs queue=w")
+    b.sub("jobs queue=w")
+    a.sub("other")
+    to_a = delivered(pub.pub([("jobs", b"%d" % i) for i in range(4)], now=0.0), A)
+    a.ack(to_a[0][0], 0, sack=[[1, 2]], now=0.1)  # received, not yet taken (SACKed)
+    out = pub.pub([("other", b"o%d" % i) for i in range(20)], now=0.2)  # a's mailbox overflows
+    assert [f[3] for f in frames_to(out, A) if f[0] is T.CANCEL] == ["out_of_capacity", "out_of_capacity"]
+    assert core.metrics["queue_redelivered"] == 2
+
+
+G = "jobs queue=w"
+
+
+def _group_msg(i: int) -> bytes:
+    return wire.mark_delivery(wire.pack_delivery("jobs", None, None, b"%d" % i, b"p" * 16, i), [[G, None]])
+
+
+def _acks(s, now):
+    return [f for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(now)]) if f[0] is T.ACK]
+
+
+def test_the_client_acknowledges_a_group_s_messages_as_they_are_taken():
+    s = connected_session()
+    st = s.subscribe(G, None, Mode.RELIABLE)
+    plain = s.subscribe("other", None, Mode.RELIABLE)
+    msgs = [_group_msg(1), _group_msg(2), wire.pack_delivery("other", None, None, b"o", b"q" * 16, 1), _group_msg(4)]
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, msgs)]), 0.1)
+    (a,) = _acks(s, 0.1)
+    assert (a[4], a[5]) == (0, [(1, 4)])  # nothing taken: held, SACKed
+    s.consumed(st)
+    st.queue.popleft()
+    (a,) = _acks(s, 0.2)
+    assert (a[4], a[5]) == (1, [(2, 4)])
+    for _ in range(2):
+        s.consumed(st)
+        st.queue.popleft()
+    (a,) = _acks(s, 0.3)
+    assert (a[4], a[5]) == (4, [])  # (the plain message counted as taken on arrival)
+    assert [m.payload for m in plain.queue] == [b"o"]
+    assert not s.flushed(0) or not any(rs.need_ack for rs in s.recv.streams.values())
+
+
+def test_unsubscribing_a_group_drops_what_was_not_taken_and_acknowledges_it_after_the_node_has_the_unsub():
+    s = connected_session()
+    st = s.subscribe(G, None, Mode.RELIABLE)
+    s.outgoing(0.0)  # (the SUB's batch leaves)
+    s.handle_datagrams(wrap([wire.encode_cmdack(s.session, 1, [0])]), 0.05)
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [_group_msg(i) for i in (1, 2, 3)])]), 0.1)
+    _acks(s, 0.1)
+    s.unsubscribe(G, None)
+    assert len(st.queue) == 0
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 3, [_group_msg(3)])]), 0.15)  # (a retransmit: needs an ACK)
+    (a,) = _acks(s, 0.2)
+    assert a[4] == 0  # not yet: the node hands them on when the UNSUB reaches it
+    s.handle_datagrams(wrap([wire.encode_cmdack(s.session, 2, [0])]), 0.3)
+    (a,) = _acks(s, 0.3)
+    assert a[4] == 3
+
+
+def test_a_cancelled_group_subscription_drops_what_the_node_handed_on():
+    s = connected_session()
+    st = s.subscribe(G, None, Mode.RELIABLE)
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [_group_msg(i) for i in (1, 2, 3)])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_cancel(G, None, "out_of_capacity")]), 0.2)
+    assert st.reason == "out_of_capacity" and len(st.queue) == 0
+
+
+def test_a_plain_subscription_gets_a_group_message_handed_on_to_us_once():
+    s = connected_session()
+    plain = s.subscribe("jobs", None, Mode.RELIABLE)
+    grp = s.subscribe(G, None, Mode.RELIABLE)
+    first = wire.pack_delivery("jobs", None, None, b"x", b"p" * 16, 1)  # another member was picked
+    again = wire.mark_delivery(first, [[G, None]])  # it died: the node hands the message to us
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [first, again])]), 0.1)
+    assert (len(grp.queue), len(plain.queue)) == (1, 1)
+
+
+def test_a_repeated_sack_run_costs_only_what_is_new_in_it():
+    from roost.node.mailbox import Mailbox
+
+    mb = Mailbox(1, 10_000, 0.2, 2.0)
+    for i in range(5000):
+        mb.push(b"%d" % i)
+    mb.take_new(5000, 0.0)
+    mb.on_ack(0, [(1, 4000)], 0.1)
+    assert mb.sack_run == 4000 and len(mb.sacked) == 4000
+    mb.sacked.discard(17)  # (a marker: a run already SACKed is not added again)
+    mb.on_ack(0, [(1, 4001)], 0.2)
+    assert 17 not in mb.sacked and 4001 in mb.sacked and mb.sack_run == 4001
+    mb.on_ack(10, [(11, 4001), (4500, 4600)], 0.3)
+    assert mb.sack_run == 4001 and 4550 in mb.sacked
+    assert [first for first, _ in mb.runs(5000)] == [17, 4002, 4601]  # (17: the marker)
