@@ -112,9 +112,8 @@ class Receiver:
 
     def release(self, st: SubState) -> None:
         """Acknowledge what a group subscription that ended held and the application did not take."""
-        if st.origins:
-            while st.origins:
-                self._taken(st.origins.popleft())
+        while st.origins:
+            self._taken(st.origins.popleft())
         st.origins = None
 
     def _taken(self, origin: tuple[Addr, int, int | None]) -> None:

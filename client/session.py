@@ -345,12 +345,12 @@ class ClientSession:
         st = self._drop(topic, key)
         assert st is not None
         st.reason = reason
-        if st.origins is not None and reason != Reason.NODE_LOST:
+        grouped = st.origins is not None
+        self.recv.detach(st)
+        if grouped and reason != Reason.NODE_LOST:
             # A group subscription the node ended (cancelled, timed out): it handed what we had not
             # taken to the group's other members, so the application must not take it too.
-            self.recv.detach(st)
             st.queue.clear()
-        self.recv.detach(st)
         self.events.append(("cancelled", topic, key, reason))
 
     # ------------------------------------------------------------ time

@@ -22,6 +22,7 @@ resends everything unacknowledged with back-off (node/mailbox.py).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Container
 from typing import Any
 
 import msgpack
@@ -41,6 +42,7 @@ from roost.node.registers import REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT, Regis
 from roost.node.subscriptions import FilterSubs
 
 _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
+_NOBODY: frozenset[Any] = frozenset()  # (a queue pick that excludes no one)
 #: Forwarded reliable messages remembered by (producer id, sequence) to drop a resend, at most
 #: (well over what a sender can have in flight to us when its link drops: 8 frames of 256 per
 #: peer), and for at most producer_timeout (as a member forgets a silent producer).
@@ -243,7 +245,7 @@ class Delivery(Registers):
                         if mode > merged.get(who, -1):
                             merged[who] = mode
                     continue
-                who = self._pick(fs, group, None)
+                who = self._pick(fs, group, _NOBODY)
                 if who is None:
                     continue
                 if picks is None:
@@ -271,7 +273,8 @@ class Delivery(Registers):
             elif c.mailbox is not None and c.mailbox.push(mine):
                 c.mailbox.queued = True
             else:
-                self._requeue_one(mine, who)  # (full: another member takes it, and this one is cancelled)
+                # (full: another member takes it, and this one is cancelled)
+                self._requeue_one([*msgpack.unpackb(packed), marks], who)
                 if c.mailbox is not None:
                     self._overflow(c)
                 continue
@@ -279,14 +282,10 @@ class Delivery(Registers):
                 c.dirty = True
                 self._dirty.append(c)
 
-    def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Any) -> Any:
-        """(``exclude``: a subscriber, or a set of them, not to pick.)"""
-        return self._pick_among(fs, group, exclude if exclude.__class__ is set else {exclude})
-
-    def _pick_among(self, fs: FilterSubs, group: dict[Any, int], exclude: set[Any]) -> Any:
+    def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Container[Any]) -> Any:
         """The member of a queue group that gets the next message: round robin over the
-        group, passing over members whose mailbox already holds ``send_window`` messages
-        (a slow or paused consumer) while another has room; None if there is nobody."""
+        group but ``exclude``, passing over members whose mailbox already holds ``send_window``
+        messages (a slow or paused consumer) while another has room; None if there is nobody."""
         members = list(group)
         n = len(members)
         start = fs.turn % n
@@ -311,7 +310,7 @@ class Delivery(Registers):
                 best, best_load = who, load
         return best
 
-    def _discarded(self, c: ClientState, mailbox: Any) -> None:
+    def _discarded(self, c: ClientState, mailbox: Mailbox) -> None:
         """A mailbox is dropped (its client timed out, overflowed, left, moved to a new process)
         with messages it never acknowledged: each a queue group picked this client for goes to
         another member of that group (docs/guarantees.md, "Queue groups")."""
@@ -319,7 +318,7 @@ class Delivery(Registers):
             return
         for packed in mailbox.buf[mailbox.base :]:
             if packed[0] == 0x95 or packed[0] == 0x97:  # (a message with queue marks: 5 or 7 elements)
-                self._requeue_one(packed, c.cid)
+                self._requeue_one(msgpack.unpackb(packed), c.cid)
 
     def _leave_group(self, c: ClientState, mailbox: Mailbox, mark: list[Any]) -> None:
         """Hand on what the mailbox holds for one group the client left, and take that group's
@@ -333,18 +332,18 @@ class Delivery(Registers):
             m = msgpack.unpackb(packed)
             if mark not in m[-1]:
                 continue
-            self._requeue_one(packed, c.cid, only=mark)
+            self._requeue_one(m, c.cid, only=mark)
             rest = [x for x in m[-1] if x != mark]
             base = wire.pack(m[:-1])
             buf[i] = wire.mark_delivery(base, rest) if rest else base
             mailbox.nbytes += len(buf[i]) - len(packed)
 
-    def _requeue_one(self, packed: bytes, exclude: Any, only: list[Any] | None = None) -> None:
-        """Give a marked message to other members of its groups (``only``: of that one group)."""
-        m = msgpack.unpackb(packed)
-        marks = m.pop()
-        base = wire.pack(m)
-        pseq = m[5] if len(m) == 6 else None
+    def _requeue_one(self, m: list[Any], exclude: Any, only: list[Any] | None = None) -> None:
+        """Give a marked message (unpacked, its marks last) to other members of its groups
+        (``only``: of that one group)."""
+        marks = m[-1]
+        base = wire.pack(m[:-1])
+        pseq = m[5] if len(m) == 7 else None
         filters = self.index.filters
         for text, k in marks:
             if only is not None and [text, k] != only:
@@ -353,7 +352,7 @@ class Delivery(Registers):
             group = fs.keys.get(k) if fs is not None else None
             tried = {exclude}
             while True:  # (a member whose mailbox is full is passed over for the next)
-                who = self._pick_among(fs, group, tried) if fs is not None and group else None
+                who = self._pick(fs, group, tried) if fs is not None and group else None
                 c = self.clients.get(who) if who is not None else None
                 if c is None:
                     break
