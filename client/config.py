@@ -24,6 +24,9 @@ class ClientConfig:
     pub_window: int = 8192  # reliable publishes in flight
     max_buffered: int = 100_000  # messages received but not yet consumed
     max_datagram: int = 16384  # until the node's WELCOME says otherwise
+    max_payload: int = 1 << 20  # largest reliable payload, sent in parts (lowered to the node's WELCOME)
+    reassembly_bytes: int = 16 << 20  # large messages being put together, all of them
+    reassembly_timeout: float = 30.0  # a large message missing a part this long is dropped
 
     @classmethod
     def from_mapping(cls, source: str, table: dict[str, Any]) -> ClientConfig:
@@ -39,4 +42,7 @@ class ClientConfig:
             ):
                 raise ValueError(f"{source}: [client] {k} = {v!r}: must be a positive {kind.__name__}")
             setattr(cfg, k, kind(v))
+        if cfg.reassembly_bytes < cfg.max_payload:
+            raise ValueError(f"{source}: [client] reassembly_bytes = {cfg.reassembly_bytes}: must be at least "
+                             f"max_payload ({cfg.max_payload}), or no large message could be put together")
         return cfg

@@ -7,7 +7,8 @@ within ``pub_retry`` (doubling up to ``pub_retry_max``) everything in flight
 is sent again (go-back-N: the node refuses a batch that would leave a gap, so
 resending from the acknowledged point is what gets FIFO order back). Fire
 messages are sent once. Both are packed into as few PUB datagrams as
-``max_datagram`` allows.
+``max_datagram`` allows. A reliable message too large for one datagram goes as
+consecutive fragment messages (client/parts.py), each one sequence.
 
 A module of its own because it shares nothing with the receive side or the
 command batches but the node address and the cookie, which the session passes
@@ -19,8 +20,9 @@ from __future__ import annotations
 from collections import deque
 from itertools import islice
 
-from roost.client import wire
+from roost.client import parts, wire
 from roost.client.config import ClientConfig
+from roost.client.wire import E, WireError
 
 Addr = tuple[str, int]
 
@@ -29,6 +31,7 @@ class Publisher:
     def __init__(self, producer_id: bytes, fire_producer_id: bytes, config: ClientConfig) -> None:
         self.cfg = config
         self.max_datagram = config.max_datagram  # the session lowers it to the node's
+        self.max_payload = config.max_payload  # (and this one)
         self.pid = producer_id
         self.fire_pid = fire_producer_id
         self.next_seq = 1
@@ -47,8 +50,11 @@ class Publisher:
         wire.check_topic(topic)
         wire.check_key(key)
         wire.check_tags(tags)
+        if tags and wire.PART_TAG in tags:
+            raise WireError(E.BAD_TAGS, f"the tag {wire.PART_TAG} is reserved: it marks the parts of a large message")
         packed = wire.pack_message(topic, key, tags, payload)
-        wire.check_fits(len(packed), self.max_datagram)
+        if len(packed) > self.max_datagram - wire.MESSAGE_ROOM:
+            return self._publish_large(topic, key, tags, payload, packed, reliable)
         if not reliable:
             self.fire_pending.append(packed)
             return 0
@@ -56,6 +62,28 @@ class Publisher:
         self.next_seq += 1
         self.unacked.append((seq, packed))
         return seq
+
+    def _publish_large(
+        self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, packed: bytes, reliable: bool
+    ) -> int:
+        """A message over one datagram: refused in fire mode and over ``max_payload``, else
+        queued as its fragments (client/parts.py); returns the last one's sequence."""
+        mp = self.max_payload
+        if not reliable:
+            try:
+                wire.check_fits(len(packed), self.max_datagram)
+            except WireError as exc:
+                raise WireError(exc.code, f"{exc.text}; fire publishes are one datagram each, a reliable one "
+                                f"of up to max_payload ({mp:,} bytes) is sent in parts") from None  # fmt: skip
+        if len(payload) > mp:
+            raise WireError(E.TOO_LARGE, f"payload of {len(payload):,} bytes is over max_payload ({mp:,} bytes: "
+                            f"the node's [limits] max_payload or the client's ClientConfig.max_payload, whichever "
+                            f"is lower)")  # fmt: skip
+        ident = parts.part_id(self.pid, self.next_seq)
+        for p in parts.split(topic, key, tags, payload, ident, self.max_datagram):
+            self.unacked.append((self.next_seq, p))
+            self.next_seq += 1
+        return self.next_seq - 1
 
     @property
     def window_full(self) -> bool:

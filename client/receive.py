@@ -11,7 +11,11 @@ application sees it: its queue and, once it ended, why) and the
   subscriber remembers the highest producer sequence it delivered (and the
   holes below it, since two members' streams are not ordered with each other);
 - a bound on buffered messages: past ``max_buffered`` a reliable stream stops
-  acknowledging (the node resends later) and fire messages are dropped.
+  acknowledging (the node resends later) and fire messages are dropped;
+- the fragments of messages larger than a datagram, put together by a
+  :class:`~roost.client.parts.Reassembler` (shared by a client's sessions, since
+  a failover can bring the rest of a message from another member) before any
+  subscription sees them.
 
 A module of its own because this is the per-message hot path of a subscriber
 and the part with the subtlest invariants; the session only routes frames here.
@@ -22,8 +26,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from roost.client import subjects, wire
+from roost.client import parts, subjects, wire
 from roost.client.config import ClientConfig
+from roost.client.wire import PART_TAG
 
 Addr = tuple[str, int]
 SubKey = tuple[str, str | None]
@@ -59,7 +64,8 @@ class SubState:
         self.counted = True  # its queue counts towards Receiver.buffered
         # A queue group's subscription: per queued message, (node, stream, seq) of its reliable
         # delivery (seq None: fire), acknowledged only once the application takes it
-        self.origins: deque[tuple[Addr, int, int | None]] | None = deque() if grouped else None
+        # (a large message's: a list of its fragments' origins, client/parts.py)
+        self.origins: deque[Any] | None = deque() if grouped else None
 
 
 class RecvStream:
@@ -78,7 +84,10 @@ class RecvStream:
 
 
 class Receiver:
-    def __init__(self, subs: dict[SubKey, SubState], events: list[tuple[Any, ...]], config: ClientConfig) -> None:
+    def __init__(
+        self, subs: dict[SubKey, SubState], events: list[tuple[Any, ...]], config: ClientConfig,
+        reassembler: parts.Reassembler | None = None,
+    ) -> None:  # fmt: skip
         """``subs`` and ``events`` are the session's own (shared, never rebound):
         a message is queued only for subscriptions in force right now."""
         self.subs = subs
@@ -99,6 +108,10 @@ class Receiver:
         # a message passes each filter it matches (client/subjects.py)
         self.trie = subjects.PatternTrie()
         self.filter_refs: dict[str, int] = {}
+        self.marked: dict[int, SubKey] = {}  # our queue-group subscriptions by mark id (wire.mark_id)
+        self.parts = reassembler or parts.Reassembler(
+            config.max_payload, config.reassembly_bytes, config.reassembly_timeout)
+        self.now = 0.0  # set by the session before each batch of datagrams
 
     def detach(self, st: SubState, release: bool = True) -> None:
         """An ended subscription's queue no longer counts as buffered; what is
@@ -116,7 +129,13 @@ class Receiver:
             self._taken(st.origins.popleft())
         st.origins = None
 
-    def _taken(self, origin: tuple[Addr, int, int | None]) -> None:
+    def _taken(self, origin: Any) -> None:
+        """One message was taken (or given up): the ACK may move past it. A large message's
+        origin is the list of its fragments', each with the receiver it came through."""
+        if origin.__class__ is list:
+            for recv, one in origin:
+                recv._taken(one)
+            return
         src, stream, seq = origin
         rs = self.streams.get(src)
         if seq is None or rs is None or rs.stream != stream:
@@ -227,6 +246,9 @@ class Receiver:
     def _deliver(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
         topic, key = m[0], m[1]
         n = len(m)
+        if m[2] is not None and PART_TAG in m[2]:
+            self._deliver_part(m, seq, src, stream)
+            return
         if n == 5 or n == 7:  # picked for a queue group (docs/protocol.md, "Queue groups")
             self._deliver_marked(m, seq, src, stream)
             return
@@ -257,6 +279,68 @@ class Receiver:
                 one.queue.append(msg)
                 self.buffered += 1
 
+    def _grouped(self, marks: list[int]) -> list[SubState]:
+        """Our group subscriptions in force that the node picked us for."""
+        out = []
+        for mark in marks:
+            sk = self.marked.get(mark)
+            st = self.subs.get(sk) if sk is not None else None
+            if st is not None and st.reason is None and st.origins is not None:
+                out.append(st)
+        return out
+
+    def _deliver_part(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
+        """A fragment of a large message (client/parts.py): held until its message is whole,
+        which then goes to the subscriptions in force that its last fragment passes. Every
+        fragment is de-duplicated as a message of its own; a queue group's fragments are
+        acknowledged only once the whole message is taken, or given up."""
+        n = len(m)
+        targets = self._targets(m)
+        grouped = self._grouped(m[-1]) if n == 5 or n == 7 else []
+        if not targets and not grouped:
+            return
+        if targets and (n == 6 or n == 7) and self._duplicate(m[4], m[5]):
+            if not grouped:
+                return
+            targets = []
+        part = parts.parse_part_untrusted(m[2][PART_TAG]) if n == 6 or n == 7 else None
+        if part is None:  # (fire-published, or a tag some publisher made up)
+            self.parts.dropped += 1
+            return
+        origin = None
+        if grouped and seq is not None:
+            origin = (self, (src, stream, seq))
+            rs = self.streams[src]
+            rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
+        done, dropped = self.parts.add(m[4], part, m[3], origin, self.now)
+        for p in dropped:
+            self._taken(p.origins)
+        if done is None:
+            return
+        tags = {k: v for k, v in m[2].items() if k != PART_TAG} or None
+        msg = Message(m[0], m[1], tags, done.payload, seq)
+        for st in targets:
+            st.queue.append(msg)
+            self.buffered += 1
+        held = done.origins
+        if not grouped:
+            self._taken(held)
+            return
+        for recv, (osrc, ostream, oseq) in held:  # (each fragment: once per subscription that holds it)
+            ors = recv.streams.get(osrc)
+            if ors is not None and ors.stream == ostream and oseq in ors.unconsumed:
+                ors.unconsumed[oseq] += len(grouped) - 1
+        for st in grouped:
+            st.queue.append(msg)
+            self.buffered += 1
+            assert st.origins is not None
+            st.origins.append(list(held))  # type: ignore[arg-type]
+
+    def expire_parts(self, now: float) -> None:
+        """Give up large messages that waited too long for a part."""
+        for p in self.parts.expire(now):
+            self._taken(p.origins)
+
     def _deliver_marked(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
         """A message the node picked us for in one or more queue groups: to those subscriptions
         (acknowledged once the application takes it) and to any other we have that it passes.
@@ -264,11 +348,7 @@ class Receiver:
         targets = self._targets(m) if self.trie.size or self.subs else []
         if targets and len(m) == 7 and self._duplicate(m[4], m[5]):
             targets = []  # (our other subscriptions had it: a group's copy handed on from another member)
-        grouped = []
-        for text, k in m[-1]:
-            st = self.subs.get((text, k))
-            if st is not None and st.reason is None and st.origins is not None:
-                grouped.append(st)
+        grouped = self._grouped(m[-1])
         if not targets and not grouped:
             return
         msg = Message(m[0], m[1], m[2], m[3], seq)

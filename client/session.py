@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from roost.client import wire
 from roost.client.commands import MAX_BATCH, CommandBatches
 from roost.client.config import ClientConfig
+from roost.client.parts import Reassembler
 from roost.client.publisher import Publisher
 from roost.client.receive import Message, Receiver, SubKey, SubState
 from roost.client.subjects import is_plain, parse_filter_untrusted
@@ -41,11 +42,12 @@ class ClientSession:
     def __init__(
         self, client_id: bytes, producer_id: bytes, fire_producer_id: bytes,
         config: ClientConfig, now: float, node: Addr = ("127.0.0.1", 7400),
-        members: list[Addr] | None = None, session: int = 0,
+        members: list[Addr] | None = None, session: int = 0, reassembler: Reassembler | None = None,
     ) -> None:  # fmt: skip
         """``session`` names this client process in every command batch (the
         shells pass Unix milliseconds), so a node can tell a restarted process
-        that reuses its client id from a late retry of the old one."""
+        that reuses its client id from a late retry of the old one. A client's
+        sessions share one ``reassembler`` (client/parts.py)."""
         self.cid = client_id
         self.cfg = config
         self.ping_interval = config.ping_interval
@@ -80,7 +82,7 @@ class ClientSession:
         self.subs: dict[SubKey, SubState] = {}
         self._leaving: dict[SubKey, SubState] = {}  # group subscriptions unsubscribed, UNSUB not yet acknowledged
         self.cmds = CommandBatches(session, config.cmd_retry)
-        self.recv = Receiver(self.subs, self.events, config)
+        self.recv = Receiver(self.subs, self.events, config, reassembler)
         self.pub = Publisher(producer_id, fire_producer_id, config)
 
     # ------------------------------------------------------------ API
@@ -131,13 +133,16 @@ class ClientSession:
         """``topic``: a topic or a filter (client/subjects.py), the subscription's name."""
         wire.check_filter(topic)
         wire.check_key(key)
-        st = SubState(mode, grouped=not is_plain(topic) and parse_filter_untrusted(topic).queue is not None)
+        grouped = not is_plain(topic) and parse_filter_untrusted(topic).queue is not None
+        st = SubState(mode, grouped)
         old = self.subs.get((topic, key))
         if old is not None and old.reason is None:
             old.reason = Reason.UNSUBSCRIBED  # replaced: last command wins
             self.recv.detach(old)
         if old is None and not is_plain(topic):
             self.recv.track(topic, 1)
+            if grouped:
+                self.recv.marked[wire.mark_id(topic, key)] = (topic, key)
         self.subs[(topic, key)] = st
         self.cmds.add((Op.SUB, topic, key, mode))
         return st
@@ -147,6 +152,7 @@ class ClientSession:
         st = self.subs.pop((topic, key), None)
         if st is not None and not is_plain(topic):
             self.recv.track(topic, -1)
+            self.recv.marked.pop(wire.mark_id(topic, key), None)
         return st
 
     def unsubscribe(self, topic: str, key: str | None) -> None:
@@ -184,6 +190,7 @@ class ClientSession:
 
     def handle_datagrams(self, datagrams: list[tuple[bytes, Addr]], now: float) -> None:
         known = self.candidates
+        self.recv.now = now
         for data, src in datagrams:
             if src != self.node and src not in known:
                 self.events.append(("stranger", src))
@@ -246,6 +253,9 @@ class ClientSession:
         md = params.get("max_datagram")
         if isinstance(md, int) and 1200 <= md <= 65507:
             self.pub.max_datagram = min(md, self.cfg.max_datagram)
+        mp = params.get("max_payload")
+        if isinstance(mp, int) and 1024 <= mp <= 1 << 30:
+            self.pub.max_payload = min(mp, self.cfg.max_payload)
         pi = params.get("ping_interval")
         if isinstance(pi, (int, float)) and 0.01 <= pi <= 60:
             self.ping_interval = float(pi)
@@ -372,6 +382,8 @@ class ClientSession:
             again = self.cmds.due(self.cid, self.cookie, now)
             if again is not None:
                 self._out.append((self.node, again))
+        if self.recv.parts.partials:
+            self.recv.expire_parts(now)
         resent = self.pub.tick(now)
         if resent:
             self.events.append(("pub_retry", resent))

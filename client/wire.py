@@ -45,6 +45,15 @@ MAX_TAG_BYTES = 255
 #: Cluster maps: node ids are config names of 1..64 chars; at most 64 members.
 MAX_NODE_ID = 64
 MAX_MEMBERS = 64
+#: Queue marks one delivered message may carry (a node picks another member of a group for
+#: a client already picked for this many groups of one message), and the room they take.
+MAX_MARKS = 16
+MARKS_ROOM = 3 + 9 * MAX_MARKS
+#: What a datagram needs around one message: PUB's or MSGS's header, the producer id and
+#: sequence a node adds, and the room of queue marks (``check_fits``).
+MESSAGE_ROOM = 2 * FRAME_OVERHEAD + MARKS_ROOM
+#: The tag of one fragment of a message larger than a datagram (client/parts.py).
+PART_TAG = "roost.part"
 
 
 class T(IntEnum):
@@ -151,9 +160,10 @@ _array_header: Callable[[int], bytes] = _packer.pack_array_header
 UDP_CEILING = 65507  # the largest UDP payload over IPv4
 
 
-def check_fits(size: int, max_datagram: int, overhead: int = FRAME_OVERHEAD * 2) -> None:
-    """A message of ``size`` packed bytes must fit one datagram with its frame's header; the
-    error names the limit and the setting that raises it."""
+def check_fits(size: int, max_datagram: int, overhead: int = MESSAGE_ROOM) -> None:
+    """A message of ``size`` packed bytes must fit one datagram with its frame's header (and,
+    delivered, the room of its queue marks); the error names the limit and the setting that
+    raises it."""
     if size + overhead > max_datagram:
         raise WireError(E.TOO_LARGE, f"message of {size:,} bytes does not fit one datagram: at most "
                         f"{max_datagram - overhead:,} bytes per message, as max_datagram is {max_datagram:,} "
@@ -175,9 +185,16 @@ def pack_delivery(
     return pack([topic, key, tags, payload, pid, pseq])
 
 
-def mark_delivery(packed: bytes, marks: list[list[Any]]) -> bytes:
+def mark_id(group_filter: str, key: str | None) -> int:
+    """The short name of one queue-group subscription in queue marks: 8 bytes of a hash of its
+    filter and key, so that a mark costs 9 bytes in MSGS whatever the filter's length (a node
+    and a client compute it alike; docs/protocol.md, "Queue groups")."""
+    return int.from_bytes(hashlib.blake2b(pack([group_filter, key]), digest_size=8).digest(), "big")
+
+
+def mark_delivery(packed: bytes, marks: list[int]) -> bytes:
     """A delivered message (``pack_message`` or ``pack_delivery``) with one more element: the
-    queue-group subscriptions ``[[filter, key], ...]`` the node picked this subscriber for
+    ``mark_id`` of each queue-group subscription the node picked this subscriber for
     (docs/protocol.md, "Queue groups"). A message is a msgpack fixarray (at most 15 elements),
     so its first byte is 0x90 + length: one more element is that byte + 1 and the packed marks."""
     return bytes((packed[0] + 1,)) + packed[1:] + pack(marks)
@@ -387,9 +404,6 @@ def check_message(m: Any) -> tuple[Any, ...]:
     return tuple(m)
 
 
-MAX_MARKS = 16
-
-
 def check_delivered(m: Any) -> tuple[Any, ...]:
     """A message in MSGS: as ``check_message``, or with the queue-group marks a node adds
     (``mark_delivery``) as a last element: 5 elements (fire) or 7 (reliable)."""
@@ -398,12 +412,10 @@ def check_delivered(m: Any) -> tuple[Any, ...]:
         return check_message(m)
     marks = m[-1]
     if marks.__class__ is not list or not 0 < len(marks) <= MAX_MARKS:
-        raise WireError(E.MALFORMED, f"queue marks must be an array of 1..{MAX_MARKS} [filter, key]")
+        raise WireError(E.MALFORMED, f"queue marks must be an array of 1..{MAX_MARKS} mark ids")
     for mk in marks:
-        if mk.__class__ is not list or len(mk) != 2:
-            raise WireError(E.MALFORMED, "a queue mark is [filter, key]")
-        check_filter(mk[0])
-        check_key(mk[1])
+        if mk.__class__ is not int or not 0 <= mk < 1 << 64:
+            raise WireError(E.MALFORMED, "a queue mark is an unsigned 64-bit mark id")
     return (*check_message(m[:-1]), marks)
 
 

@@ -91,6 +91,10 @@ SETTINGS: list[Setting] = [
     number("limits", "max_datagram", 16384, int, 1200, 65507,
             "Largest datagram accepted or sent. Bigger datagrams are refused with "
             "too_large; outgoing batches are coalesced up to this size."),
+    number("limits", "max_payload", 1 << 20, int, 1024, 64 << 20,
+            "Largest message payload, told to clients in WELCOME. A reliable message larger than "
+            "one datagram is sent in parts that the subscriber puts together; fire messages are "
+            "one datagram each."),
     number("limits", "mailbox_capacity", 50000, int, 16, 10_000_000,
             "Reliable messages a subscriber may have unacknowledged before its "
             "reliable subscriptions are cancelled with out_of_capacity."),
@@ -146,6 +150,7 @@ class NodeConfig:
     text_networks: list[str]
     log_level: str
     max_datagram: int
+    max_payload: int
     mailbox_capacity: int
     mailbox_max_bytes: int
     max_per_host: int
@@ -255,6 +260,12 @@ def check_consistency(cfg: NodeConfig, source: str) -> None:
         raise ConfigError(
             f"{source}: [limits] send_window = {cfg.send_window}: must be at most "
             f"mailbox_capacity ({cfg.mailbox_capacity})"
+        )
+    if cfg.max_payload > cfg.send_window * (cfg.max_datagram // 2):
+        raise ConfigError(
+            f"{source}: [limits] max_payload = {cfg.max_payload}: must be at most send_window times half of "
+            f"max_datagram ({cfg.send_window * (cfg.max_datagram // 2)}), so that a queue group's member can "
+            f"hold every part of one message unacknowledged"
         )
     if cfg.subscriber_timeout <= cfg.ping_interval * 2:
         raise ConfigError(

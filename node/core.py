@@ -86,6 +86,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self.text_leases = {}
         self.params: dict[str, Any] = {
             "max_datagram": config.max_datagram,
+            "max_payload": config.max_payload,
             "ping_interval": config.ping_interval,
             "subscriber_timeout": config.subscriber_timeout,
         }

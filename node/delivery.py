@@ -21,6 +21,7 @@ resends everything unacknowledged with back-off (node/mailbox.py).
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from collections.abc import Container
 from typing import Any
@@ -43,6 +44,7 @@ from roost.node.subscriptions import FilterSubs
 
 _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
 _NOBODY: frozenset[Any] = frozenset()  # (a queue pick that excludes no one)
+_NO_GROUP: tuple[FilterSubs | None, None] = (None, None)
 #: Forwarded reliable messages remembered by (producer id, sequence) to drop a resend, at most
 #: (well over what a sender can have in flight to us when its link drops: 8 frames of 256 per
 #: peer), and for at most producer_timeout (as a member forgets a silent producer).
@@ -140,7 +142,7 @@ class Delivery(Registers):
                 and c.mailbox.queued and not is_plain(tk[0]):  # fmt: skip
             # A group subscription ended while the mailbox stays (the client has others): what
             # it holds for that group and the client has not acknowledged goes to the others.
-            self._leave_group(c, c.mailbox, [tk[0], tk[1]])
+            self._leave_group(c, c.mailbox, wire.mark_id(tk[0], tk[1]))
 
     def _readdressed(self, c: ClientState, carry: bool) -> None:
         """The client is at a new address (it told us, or another member
@@ -228,13 +230,15 @@ class Delivery(Registers):
     ) -> tuple[dict[Any, int] | None, dict[Any, list[Any]] | None]:
         """Add the subscribers of wildcard and query filters the message passes (each once,
         in its strongest mode) to those of its bare topic; of a queue group, one member,
-        which is told so. Returns (the others, ``picks``: subscriber -> [mode, the [filter,
-        key] pairs it was picked for]); a subscriber is in one of the two, not both."""
+        which is told so. Returns (the others, ``picks``: subscriber -> [mode, the mark ids
+        of the group subscriptions it was picked for]); a subscriber is in one of the two,
+        not both. Every fragment of one large message goes to the same member (``_pick``)."""
         found = self.index.matching_filters(topic, tags)
         if not found:
             return subs, None
         merged = dict(subs) if subs else {}
         picks: dict[Any, list[Any]] | None = None
+        part = tags.get(wire.PART_TAG) if tags else None
         for fs in found:
             for k in (None, key) if key is not None else (None,):
                 group = fs.keys.get(k)
@@ -245,17 +249,25 @@ class Delivery(Registers):
                         if mode > merged.get(who, -1):
                             merged[who] = mode
                     continue
-                who = self._pick(fs, group, _NOBODY)
+                who = self._pick(fs, group, _NOBODY, part)
                 if who is None:
                     continue
                 if picks is None:
                     picks = {}
                 pick = picks.get(who)
+                if pick is not None and len(pick[1]) >= wire.MAX_MARKS:
+                    # (picked for as many groups of this message as one copy can say: another member)
+                    crowded = {w for w, p in picks.items() if len(p[1]) >= wire.MAX_MARKS}
+                    who = self._pick(fs, group, crowded, part)
+                    if who is None:
+                        self.metrics["queue_undeliverable"] += 1
+                        continue
+                    pick = picks.get(who)
                 if pick is None:
-                    picks[who] = [group[who], [[fs.filter.text, k]]]
+                    picks[who] = [group[who], [fs.marks[k]]]
                 else:
                     pick[0] = max(pick[0], group[who])
-                    pick[1].append([fs.filter.text, k])
+                    pick[1].append(fs.marks[k])
         if picks:
             for who, pick in picks.items():  # (one copy each: the marked one, in the stronger mode)
                 mode = merged.pop(who, -1)
@@ -282,10 +294,15 @@ class Delivery(Registers):
                 c.dirty = True
                 self._dirty.append(c)
 
-    def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Container[Any]) -> Any:
+    def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Container[Any], part: str | None) -> Any:
         """The member of a queue group that gets the next message: round robin over the
         group but ``exclude``, passing over members whose mailbox already holds ``send_window``
-        messages (a slow or paused consumer) while another has room; None if there is nobody."""
+        messages (a slow or paused consumer) while another has room; None if there is nobody.
+        A fragment of a large message (``part``: its ``roost.part`` tag) goes where its id
+        hashes highest with the member (rendezvous hashing): every fragment to one member,
+        also from another cluster member after a failover, with no state to keep."""
+        if part is not None:
+            return self._pick_part(group, exclude, part)
         members = list(group)
         n = len(members)
         start = fs.turn % n
@@ -310,6 +327,20 @@ class Delivery(Registers):
                 best, best_load = who, load
         return best
 
+    def _pick_part(self, group: dict[Any, int], exclude: Container[Any], part: str) -> Any:
+        ident = part.split(" ", 1)[0].encode()
+        clients = self.clients
+        best, best_score = None, b""
+        for who, mode in group.items():
+            c = clients.get(who)
+            if c is None or who in exclude or (mode and c.mailbox is None):
+                continue
+            name = who if who.__class__ is bytes else repr(who).encode()
+            score = hashlib.blake2b(name, digest_size=8, key=ident[:64]).digest()
+            if score > best_score:
+                best, best_score = who, score
+        return best
+
     def _discarded(self, c: ClientState, mailbox: Mailbox) -> None:
         """A mailbox is dropped (its client timed out, overflowed, left, moved to a new process)
         with messages it never acknowledged: each a queue group picked this client for goes to
@@ -320,7 +351,7 @@ class Delivery(Registers):
             if packed[0] == 0x95 or packed[0] == 0x97:  # (a message with queue marks: 5 or 7 elements)
                 self._requeue_one(msgpack.unpackb(packed), c.cid)
 
-    def _leave_group(self, c: ClientState, mailbox: Mailbox, mark: list[Any]) -> None:
+    def _leave_group(self, c: ClientState, mailbox: Mailbox, mark: int) -> None:
         """Hand on what the mailbox holds for one group the client left, and take that group's
         mark off those messages here (the client drops them; a later discard must not hand
         them on again)."""
@@ -338,25 +369,27 @@ class Delivery(Registers):
             buf[i] = wire.mark_delivery(base, rest) if rest else base
             mailbox.nbytes += len(buf[i]) - len(packed)
 
-    def _requeue_one(self, m: list[Any], exclude: Any, only: list[Any] | None = None) -> None:
+    def _requeue_one(self, m: list[Any], exclude: Any, only: int | None = None) -> None:
         """Give a marked message (unpacked, its marks last) to other members of its groups
-        (``only``: of that one group)."""
+        (``only``: of that one group, by mark id)."""
         marks = m[-1]
         base = wire.pack(m[:-1])
         pseq = m[5] if len(m) == 7 else None
-        filters = self.index.filters
-        for text, k in marks:
-            if only is not None and [text, k] != only:
+        tags = m[2]
+        part = tags.get(wire.PART_TAG) if tags else None
+        groups = self.index.groups
+        for mark in marks:
+            if only is not None and mark != only:
                 continue
-            fs = filters.get(text)
+            fs, k = groups.get(mark, _NO_GROUP)
             group = fs.keys.get(k) if fs is not None else None
             tried = {exclude}
             while True:  # (a member whose mailbox is full is passed over for the next)
-                who = self._pick(fs, group, tried) if fs is not None and group else None
+                who = self._pick(fs, group, tried, part) if fs is not None and group else None
                 c = self.clients.get(who) if who is not None else None
                 if c is None:
                     break
-                mine = wire.mark_delivery(base, [[text, k]])
+                mine = wire.mark_delivery(base, [mark])
                 mb = c.mailbox
                 if mb is None:
                     c.fire.append(mine)
@@ -368,7 +401,8 @@ class Delivery(Registers):
                 break
             if c is None:
                 self.metrics["queue_undeliverable"] += 1
-                self._log("warning", "queue_undeliverable", filter=text, topic=m[0], seq=pseq)
+                self._log("warning", "queue_undeliverable", filter=fs.filter.text if fs else mark, topic=m[0],
+                          seq=pseq)  # fmt: skip
                 continue
             self.metrics["queue_redelivered"] += 1
             if not c.dirty:

@@ -12,7 +12,9 @@ case, stay in ``topics`` (one dict lookup per message). Every other filter is
 in ``filters`` and, by its pattern's tokens, in a :class:`PatternTrie`: a
 message's topic walks the trie (cost grows with its tokens, not with the
 number of filters), and each filter reached is checked against the message's
-tags and, for a queue group, picks one member (node/delivery.py).
+tags and, for a queue group, picks one member (node/delivery.py). Each key of
+a queue group's filter has a short ``mark_id`` (client/wire.py) that names it in
+the queue marks of MSGS; ``groups`` finds the group again by that id.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from roost.client.subjects import Filter, PatternTrie, is_plain, parse_filter_untrusted
+from roost.client.wire import mark_id
 
 Subscriber = Any  # bytes (binary client id) or (host, port) of a text client
 
@@ -27,16 +30,17 @@ Subscriber = Any  # bytes (binary client id) or (host, port) of a text client
 class FilterSubs:
     """The subscribers of one filter that is not a bare topic."""
 
-    __slots__ = ("filter", "keys", "turn")
+    __slots__ = ("filter", "keys", "turn", "marks")
 
     def __init__(self, f: Filter) -> None:
         self.filter = f
         self.keys: dict[str | None, dict[Subscriber, int]] = {}
         self.turn = 0  # queue groups: where the next pick starts (round robin)
+        self.marks: dict[str | None, int] = {}  # queue groups: key -> its mark id
 
 
 class SubscriptionIndex:
-    __slots__ = ("topics", "names", "count", "filters", "trie")
+    __slots__ = ("topics", "names", "count", "filters", "trie", "groups")
 
     def __init__(self) -> None:
         self.topics: dict[str, dict[str | None, dict[Subscriber, int]]] = {}
@@ -44,6 +48,7 @@ class SubscriptionIndex:
         self.count = 0
         self.filters: dict[str, FilterSubs] = {}
         self.trie = PatternTrie()
+        self.groups: dict[int, tuple[FilterSubs, str | None]] = {}  # mark id -> queue group (and key)
 
     def _keys(self, topic: str, create: bool) -> tuple[str, dict[str | None, dict[Subscriber, int]] | None]:
         if is_plain(topic):
@@ -73,6 +78,10 @@ class SubscriptionIndex:
         subs = keys.get(key)
         if subs is None:
             subs = keys[key] = {}
+            fs = self.filters.get(topic)
+            if fs is not None and fs.filter.queue is not None:
+                mark = fs.marks[key] = mark_id(topic, key)
+                self.groups[mark] = (fs, key)
         if who not in subs:
             self.count += 1
         subs[who] = mode
@@ -90,6 +99,9 @@ class SubscriptionIndex:
         self.count -= 1
         if not subs:
             del keys[key]
+            fs = self.filters.get(topic)
+            if fs is not None and key in fs.marks:
+                del self.groups[fs.marks.pop(key)]
             if not keys:
                 if is_plain(topic):
                     del self.topics[topic]

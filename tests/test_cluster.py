@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -83,6 +84,18 @@ async def test_wildcard_and_query_subscriptions_across_members(cluster):
         assert got[len(stream) :] == expected
         with pytest.raises(TimeoutError):
             await qsub.next(timeout=0.3)
+
+    # A 900 KB reliable message (in parts, docs/protocol.md "Large messages") published at n3
+    # arrives intact at n1, for a plain subscription and for a queue group's member alike.
+    payload = random.Random(12).randbytes(900_000)
+    async with Client(cluster.addr("n1")) as sc, Client(cluster.addr("n3")) as pc, \
+            sc.subscribe("big.blob") as big, sc.subscribe("big.*", queue="w") as grp:  # fmt: skip
+        await trio.to_thread.run_sync(cluster.wait_subscriptions, [2, 2, 2])
+        await pc.publish("big.blob", payload, tags={"kind": "blob"}, wait=True, timeout=20)
+        with trio.fail_after(20):
+            m = await big.next()
+            assert (m.payload, m.tags) == (payload, {"kind": "blob"})
+            assert (await grp.next()).payload == payload
 
 
 def _collect(p: subprocess.Popen[str], out: list[str]) -> None:

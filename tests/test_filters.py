@@ -140,7 +140,8 @@ def test_a_queue_group_gets_each_message_once_round_robin_and_marked():
     a.sub("jobs.>", mode=Mode.FIRE)  # a plain subscription of a member too: every message, once
     out = pub.pub([("jobs.x", b"%d" % i) for i in range(30)])
     got = {m.addr: _marked(out, m.addr) for m in (a, b, c)}
-    picked = {addr: [p for p, marks in msgs if marks == [["jobs.* queue=w", None]]] for addr, msgs in got.items()}
+    w = [wire.mark_id("jobs.* queue=w", None)]
+    picked = {addr: [p for p, marks in msgs if marks == w] for addr, msgs in got.items()}
     assert sorted(p for ps in picked.values() for p in ps) == sorted(b"%d" % i for i in range(30))
     assert [len(ps) for ps in picked.values()] == [10, 10, 10]
     # (a: all, once each; those picked for the group come reliably, the rest by fire: two streams)
@@ -259,7 +260,7 @@ G = "jobs queue=w"
 
 
 def _group_msg(i: int) -> bytes:
-    return wire.mark_delivery(wire.pack_delivery("jobs", None, None, b"%d" % i, b"p" * 16, i), [[G, None]])
+    return wire.mark_delivery(wire.pack_delivery("jobs", None, None, b"%d" % i, b"p" * 16, i), [wire.mark_id(G, None)])
 
 
 def _acks(s, now):
@@ -317,7 +318,7 @@ def test_a_plain_subscription_gets_a_group_message_handed_on_to_us_once():
     plain = s.subscribe("jobs", None, Mode.RELIABLE)
     grp = s.subscribe(G, None, Mode.RELIABLE)
     first = wire.pack_delivery("jobs", None, None, b"x", b"p" * 16, 1)  # another member was picked
-    again = wire.mark_delivery(first, [[G, None]])  # it died: the node hands the message to us
+    again = wire.mark_delivery(first, [wire.mark_id(G, None)])  # it died: the node hands the message to us
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [first, again])]), 0.1)
     assert (len(grp.queue), len(plain.queue)) == (1, 1)
 
@@ -337,3 +338,31 @@ def test_a_repeated_sack_run_costs_only_what_is_new_in_it():
     mb.on_ack(10, [(11, 4001), (4500, 4600)], 0.3)
     assert mb.sack_run == 4001 and 4550 in mb.sacked
     assert [first for first, _ in mb.runs(5000)] == [17, 4002, 4601]  # (17: the marker)
+
+
+def test_queue_marks_are_short_ids_so_many_long_group_filters_still_fit_one_datagram():
+    """A message of the largest size a client publishes, picked for 20 groups with filters of
+    about 800 bytes each: every datagram stays within max_datagram, no copy carries more than
+    MAX_MARKS marks, and each group picks exactly one member (review findings 5 and 6)."""
+    core = make_core()
+    a, b, pub = connect(core, A, B, C)
+    v = "v" * 250
+    query = " AND ".join([f"kind = '{v}'"] * 3)
+    groups = [f"jobs.* queue=g{i} where {query}" for i in range(20)]
+    for g in groups:
+        a.sub(g)
+        b.sub(g)
+    limit = 16384 - wire.MESSAGE_ROOM
+    bare = len(wire.pack_message("jobs.x", None, {"kind": v}, b""))
+    packed = wire.pack_message("jobs.x", None, {"kind": v}, b"p" * (limit - bare - 2))
+    wire.check_fits(len(packed), 16384)  # (the largest the client lets through, give or take 2)
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, [packed]), 0.0)
+    marks = []
+    for addr in (A, B):
+        datagrams = [s.data for s in sends(out) if s.addr == addr]
+        assert datagrams and all(len(d) <= 16384 for d in datagrams)
+        for d in datagrams:
+            (m,) = wire.decode_untrusted_frame(d)[3]
+            assert 0 < len(m[-1]) <= wire.MAX_MARKS
+            marks += m[-1]
+    assert sorted(marks) == sorted(wire.mark_id(g, None) for g in groups)
