@@ -54,7 +54,7 @@ class Message(NamedTuple):
 
 
 class SubState:
-    __slots__ = ("mode", "confirmed", "reason", "queue", "counted", "origins")
+    __slots__ = ("mode", "confirmed", "reason", "queue", "counted", "origins", "holding")
 
     def __init__(self, mode: int, grouped: bool = False) -> None:
         self.mode = mode
@@ -62,10 +62,13 @@ class SubState:
         self.reason: str | None = None  # set once the subscription has ended
         self.queue: deque[Message] = deque()
         self.counted = True  # its queue counts towards Receiver.buffered
-        # A queue group's subscription: per queued message, (node, stream, seq) of its reliable
-        # delivery (seq None: fire), acknowledged only once the application takes it
-        # (a large message's: a list of its fragments' origins, client/parts.py)
+        # A queue group's subscription: per queued message, [node, stream, seq, (producer id,
+        # seq)] of its delivery (seq None: fire), acknowledged only once the application takes
+        # it; a large message's is a tuple of its fragments' (receiver, [node, stream, seq, None])
         self.origins: deque[Any] | None = deque() if grouped else None
+        # (producer id, seq) of the reliable messages in ``queue`` -> their origin: a node that
+        # carries them over to a new stream (we moved address) is heard, not obeyed twice
+        self.holding: dict[tuple[bytes, int], list[Any]] = {}
 
 
 class RecvStream:
@@ -128,15 +131,16 @@ class Receiver:
         while st.origins:
             self._taken(st.origins.popleft())
         st.origins = None
+        st.holding = {}
 
     def _taken(self, origin: Any) -> None:
         """One message was taken (or given up): the ACK may move past it. A large message's
-        origin is the list of its fragments', each with the receiver it came through."""
-        if origin.__class__ is list:
+        origin is the tuple of its fragments', each with the receiver it came through."""
+        if origin.__class__ is tuple:
             for recv, one in origin:
                 recv._taken(one)
             return
-        src, stream, seq = origin
+        src, stream, seq = origin[0], origin[1], origin[2]
         rs = self.streams.get(src)
         if seq is None or rs is None or rs.stream != stream:
             return
@@ -150,7 +154,10 @@ class Receiver:
     def consumed(self, st: SubState) -> None:
         """The application took one message (the first) from ``st``'s queue."""
         if st.origins:
-            self._taken(st.origins.popleft())
+            origin = st.origins.popleft()
+            if origin.__class__ is list and origin[3] is not None:
+                del st.holding[origin[3]]
+            self._taken(origin)
         if st.counted:
             self.buffered -= 1
             if self.held and self.buffered < self.cfg.max_buffered:
@@ -309,12 +316,12 @@ class Receiver:
             return
         origin = None
         if grouped and seq is not None:
-            origin = (self, (src, stream, seq))
+            origin = (self, [src, stream, seq, None])
             rs = self.streams[src]
             rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
         done, dropped = self.parts.add(m[4], part, m[3], origin, self.now)
         for p in dropped:
-            self._taken(p.origins)
+            self._taken(tuple(p.origins))
         if done is None:
             return
         tags = {k: v for k, v in m[2].items() if k != PART_TAG} or None
@@ -324,9 +331,9 @@ class Receiver:
             self.buffered += 1
         held = done.origins
         if not grouped:
-            self._taken(held)
+            self._taken(tuple(held))
             return
-        for recv, (osrc, ostream, oseq) in held:  # (each fragment: once per subscription that holds it)
+        for recv, (osrc, ostream, oseq, _) in held:  # (each fragment: once per subscription that holds it)
             ors = recv.streams.get(osrc)
             if ors is not None and ors.stream == ostream and oseq in ors.unconsumed:
                 ors.unconsumed[oseq] += len(grouped) - 1
@@ -334,17 +341,19 @@ class Receiver:
             st.queue.append(msg)
             self.buffered += 1
             assert st.origins is not None
-            st.origins.append(list(held))  # type: ignore[arg-type]
+            st.origins.append(tuple(held))
 
     def expire_parts(self, now: float) -> None:
         """Give up large messages that waited too long for a part."""
         for p in self.parts.expire(now):
-            self._taken(p.origins)
+            self._taken(tuple(p.origins))
 
     def _deliver_marked(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
         """A message the node picked us for in one or more queue groups: to those subscriptions
         (acknowledged once the application takes it) and to any other we have that it passes.
-        No producer de-duplication: the group's members do not see each other's sequences."""
+        No producer de-duplication: the group's members do not see each other's sequences; but
+        a message a subscription holds already (the node carried it over to a new stream when
+        we moved) is not queued twice: its origin moves to the new stream."""
         targets = self._targets(m) if self.trie.size or self.subs else []
         if targets and len(m) == 7 and self._duplicate(m[4], m[5]):
             targets = []  # (our other subscriptions had it: a group's copy handed on from another member)
@@ -357,11 +366,19 @@ class Receiver:
             self.buffered += 1
         if grouped:
             rs = self.streams.get(src)
+            ident = (m[4], m[5]) if len(m) == 7 else None
             for st in grouped:
-                st.queue.append(msg)
-                self.buffered += 1
-                assert st.origins is not None
-                st.origins.append((src, stream, seq))
+                cell = st.holding.get(ident) if ident is not None else None
+                if cell is not None:
+                    cell[0], cell[1], cell[2] = src, stream, seq
+                else:
+                    st.queue.append(msg)
+                    self.buffered += 1
+                    assert st.origins is not None
+                    cell = [src, stream, seq, ident]
+                    st.origins.append(cell)
+                    if ident is not None:
+                        st.holding[ident] = cell
                 if rs is not None and seq is not None:
                     rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
 

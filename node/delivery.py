@@ -249,7 +249,7 @@ class Delivery(Registers):
                         if mode > merged.get(who, -1):
                             merged[who] = mode
                     continue
-                who = self._pick(fs, group, _NOBODY, part)
+                who = self._pick(fs, k, group, _NOBODY, part)
                 if who is None:
                     continue
                 if picks is None:
@@ -258,7 +258,7 @@ class Delivery(Registers):
                 if pick is not None and len(pick[1]) >= wire.MAX_MARKS:
                     # (picked for as many groups of this message as one copy can say: another member)
                     crowded = {w for w, p in picks.items() if len(p[1]) >= wire.MAX_MARKS}
-                    who = self._pick(fs, group, crowded, part)
+                    who = self._pick(fs, k, group, crowded, part)
                     if who is None:
                         self.metrics["queue_undeliverable"] += 1
                         continue
@@ -294,7 +294,9 @@ class Delivery(Registers):
                 c.dirty = True
                 self._dirty.append(c)
 
-    def _pick(self, fs: FilterSubs, group: dict[Any, int], exclude: Container[Any], part: str | None) -> Any:
+    def _pick(
+        self, fs: FilterSubs, k: str | None, group: dict[Any, int], exclude: Container[Any], part: str | None
+    ) -> Any:
         """The member of a queue group that gets the next message: round robin over the
         group but ``exclude``, passing over members whose mailbox already holds ``send_window``
         messages (a slow or paused consumer) while another has room; None if there is nobody.
@@ -303,7 +305,9 @@ class Delivery(Registers):
         also from another cluster member after a failover, with no state to keep."""
         if part is not None:
             return self._pick_part(group, exclude, part)
-        members = list(group)
+        members = fs.members.get(k)
+        if members is None:  # (kept until the group changes: not a copy per message)
+            members = fs.members[k] = list(group)
         n = len(members)
         start = fs.turn % n
         fs.turn += 1
@@ -385,7 +389,7 @@ class Delivery(Registers):
             group = fs.keys.get(k) if fs is not None else None
             tried = {exclude}
             while True:  # (a member whose mailbox is full is passed over for the next)
-                who = self._pick(fs, group, tried, part) if fs is not None and group else None
+                who = self._pick(fs, k, group, tried, part) if fs is not None and group else None
                 c = self.clients.get(who) if who is not None else None
                 if c is None:
                     break

@@ -30,13 +30,14 @@ Subscriber = Any  # bytes (binary client id) or (host, port) of a text client
 class FilterSubs:
     """The subscribers of one filter that is not a bare topic."""
 
-    __slots__ = ("filter", "keys", "turn", "marks")
+    __slots__ = ("filter", "keys", "turn", "marks", "members")
 
     def __init__(self, f: Filter) -> None:
         self.filter = f
         self.keys: dict[str | None, dict[Subscriber, int]] = {}
         self.turn = 0  # queue groups: where the next pick starts (round robin)
         self.marks: dict[str | None, int] = {}  # queue groups: key -> its mark id
+        self.members: dict[str | None, list[Subscriber]] = {}  # queue groups: key -> members, in order
 
 
 class SubscriptionIndex:
@@ -75,15 +76,17 @@ class SubscriptionIndex:
         equal strings)."""
         topic, keys = self._keys(topic, True)
         assert keys is not None
+        fs = self.filters.get(topic)  # (None for a bare topic)
         subs = keys.get(key)
         if subs is None:
             subs = keys[key] = {}
-            fs = self.filters.get(topic)
             if fs is not None and fs.filter.queue is not None:
                 mark = fs.marks[key] = mark_id(topic, key)
                 self.groups[mark] = (fs, key)
         if who not in subs:
             self.count += 1
+            if fs is not None:
+                fs.members.pop(key, None)
         subs[who] = mode
         return topic
 
@@ -97,9 +100,11 @@ class SubscriptionIndex:
             return False
         del subs[who]
         self.count -= 1
+        fs = self.filters.get(topic)
+        if fs is not None:
+            fs.members.pop(key, None)
         if not subs:
             del keys[key]
-            fs = self.filters.get(topic)
             if fs is not None and key in fs.marks:
                 del self.groups[fs.marks.pop(key)]
             if not keys:

@@ -123,11 +123,11 @@ def test_sub_verbose_json_and_raw_with_tags_and_binary(node, tmp_path):
 def test_pub_reports_undecodable_lines_and_publishes_the_rest(node):
     sub = start_sub(node.addr, "cli.bad", 3)
     p = subprocess.run([*ROOST, "pub", "cli.bad", "--node", node.addr], cwd=ROOT, capture_output=True,
-                       input=b"one\ntw\xffo\nthree\n" + b"x" * 70000 + b"\nfour\n", timeout=60)  # fmt: skip
+                       input=b"one\ntw\xffo\nthree\n" + b"x" * 1_100_000 + b"\nfour\n", timeout=60)  # fmt: skip
     err = p.stderr.decode()
     assert p.returncode == 1, err
     assert "line 2: not UTF-8 at byte 2 (--binary sends raw bytes); skipped" in err
-    assert "line 4: message of 70,0" in err and "max_datagram is 16,384" in err and "65,507" in err
+    assert "line 4: payload of 1,100,000 bytes is over max_payload (1,048,576 bytes" in err
     assert "3 published, 3 acknowledged" in err and "2 input line(s) skipped" in err
     assert sub_lines(sub) == ["one", "three", "four"]
 

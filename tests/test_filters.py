@@ -366,3 +366,22 @@ def test_queue_marks_are_short_ids_so_many_long_group_filters_still_fit_one_data
             assert 0 < len(m[-1]) <= wire.MAX_MARKS
             marks += m[-1]
     assert sorted(marks) == sorted(wire.mark_id(g, None) for g in groups)
+
+
+def test_group_messages_a_node_carries_over_to_a_new_stream_are_not_queued_twice():
+    """We moved address within one session: the node starts a new stream and sends again what
+    we had not acknowledged. A group's messages we hold untaken stay one copy each, and taking
+    them acknowledges them on the new stream (review finding 4)."""
+    s = connected_session()
+    st = s.subscribe(G, None, Mode.RELIABLE)
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [_group_msg(i) for i in (1, 2, 3)])]), 0.1)
+    _acks(s, 0.1)
+    s.handle_datagrams(wrap([wire.encode_msgs(9, 1, [_group_msg(i) for i in (1, 2, 3, 4)])]), 0.2)
+    assert [m.payload for m in st.queue] == [b"1", b"2", b"3", b"4"]
+    (a,) = _acks(s, 0.2)
+    assert (a[3], a[4], a[5]) == (9, 0, [(1, 4)])
+    for _ in range(4):
+        s.consumed(st)
+        st.queue.popleft()
+    (a,) = _acks(s, 0.3)
+    assert (a[3], a[4], a[5]) == (9, 4, []) and st.holding == {}
