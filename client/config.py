@@ -28,6 +28,11 @@ class ClientConfig:
     reassembly_bytes: int = 16 << 20  # large messages being put together, all of them
     reassembly_timeout: float = 30.0  # a large message missing a part this long is dropped
 
+    def __post_init__(self) -> None:
+        if self.reassembly_bytes < self.max_payload:
+            raise ValueError(f"ClientConfig: reassembly_bytes = {self.reassembly_bytes}: must be at least "
+                             f"max_payload ({self.max_payload}), or no large message could be put together")
+
     @classmethod
     def from_mapping(cls, source: str, table: dict[str, Any]) -> ClientConfig:
         cfg = cls()

@@ -15,7 +15,10 @@ The subscriber (:class:`Reassembler`, fed by client/receive.py) keeps partial me
 (producer id, id) until every index has arrived, in any order (a failover can interleave two
 nodes' streams), then hands the whole message on once. Memory is bounded twice: a declared
 ``total`` above the client's ``max_payload`` is refused on sight, and partial messages
-together hold at most ``reassembly_bytes``: past that, the oldest partial is dropped. A
+together hold at most ``reassembly_bytes``, each fragment charged ``FRAGMENT_COST`` bytes on
+top of its payload (so empty ones count too): past that, the oldest partial is dropped. A
+tag whose ``count`` is more than one fragment per ``MIN_FRAGMENT`` bytes of ``total`` does
+not parse: a real fragment carries at least half of a datagram of at least 1,200 bytes. A
 partial message that gets no new fragment for ``reassembly_timeout`` is dropped too (its
 publisher died mid-message, or a fire subscription lost a fragment). Every drop is counted.
 
@@ -32,6 +35,8 @@ from roost.client.wire import PART_TAG, E, WireError
 
 #: The ``roost.part`` value's longest possible tail after the id (index, count, total).
 _TAIL_MAX = len(" 4294967295 4294967295 4294967295")
+FRAGMENT_COST = 128  # bytes charged per fragment held, beyond its payload
+MIN_FRAGMENT = 512  # payload bytes every fragment but the last carries, at least
 
 
 def part_id(producer_id: bytes, first_seq: int) -> str:
@@ -77,15 +82,18 @@ def parse_part_untrusted(value: Any) -> tuple[str, int, int, int] | None:
         index, count, total = int(fields[1]), int(fields[2]), int(fields[3])
     except ValueError:
         return None
-    if not 0 <= index < count <= total or count > 1 << 20:
+    if not 0 <= index < count <= total // MIN_FRAGMENT + 1:
         return None
     return fields[0], index, count, total
+
+
+_NONE: list[Any] = []
 
 
 class Partial:
     """One message being put together."""
 
-    __slots__ = ("count", "total", "chunks", "size", "touched", "origins", "payload")
+    __slots__ = ("count", "total", "chunks", "size", "touched", "origins", "waiting", "payload")
 
     def __init__(self, count: int, total: int, now: float) -> None:
         self.count = count
@@ -94,6 +102,7 @@ class Partial:
         self.size = 0
         self.touched = now
         self.origins: list[Any] = []  # the receive side's notes on its fragments (queue groups)
+        self.waiting: list[Any] = []  # (and the queue-group subscriptions that wait for it)
         self.payload = b""  # once complete
 
 
@@ -109,11 +118,13 @@ class Reassembler:
         self.dropped = 0  # messages given up (over a bound, timed out, malformed fragments)
 
     def add(
-        self, pid: bytes, part: tuple[str, int, int, int], chunk: bytes, origin: Any, now: float
-    ) -> tuple[Partial | None, list[Partial]]:
-        """Take one fragment. Returns (the message once this fragment completes it, with its
-        ``payload``, else None; the partial messages dropped, whose origins the caller
-        releases). A fragment that contradicts its message's earlier ones, or declares a
+        self, pid: bytes, part: tuple[str, int, int, int], chunk: bytes, origin: Any, now: float,
+        waiting: list[Any] = _NONE,
+    ) -> tuple[Partial | None, list[Partial]]:  # fmt: skip
+        """Take one fragment (``origin``, ``waiting``: the caller's notes, kept with its message).
+        Returns (the message once this fragment completes it, with its ``payload``, else None;
+        the partial messages dropped, whose origins the caller releases, with a fragment refused
+        among them). A fragment that contradicts its message's earlier ones, or declares a
         message over ``max_payload``, drops that message."""
         ident, index, count, total = part
         dropped: list[Partial] = []
@@ -123,6 +134,10 @@ class Reassembler:
             self.dropped += 1
             if p is not None:
                 dropped.append(self._forget(k))
+            if origin is not None:
+                refused = Partial(count, total, now)
+                refused.origins.append(origin)
+                dropped.append(refused)
             return None, dropped
         if p is None:
             p = self.partials[k] = Partial(count, total, now)
@@ -131,11 +146,14 @@ class Reassembler:
             p.touched = now
         if origin is not None:
             p.origins.append(origin)
+        for w in waiting:
+            if w not in p.waiting:
+                p.waiting.append(w)
         if index in p.chunks:
             return None, dropped  # (a repeat: the stream or the producer check let it through)
         p.chunks[index] = chunk
-        p.size += len(chunk)
-        self.held += len(chunk)
+        p.size += len(chunk) + FRAGMENT_COST
+        self.held += len(chunk) + FRAGMENT_COST
         if len(p.chunks) == count:
             self._forget(k)
             p.payload = b"".join(p.chunks[i] for i in range(count))
@@ -145,7 +163,7 @@ class Reassembler:
                 dropped.append(p)
                 return None, dropped
             return p, dropped
-        while self.held > self.max_bytes:
+        while self.held > self.max_bytes and self.partials:
             oldest = next(iter(self.partials))
             self.dropped += 1
             dropped.append(self._forget(oldest))

@@ -32,6 +32,7 @@ class Publisher:
         self.cfg = config
         self.max_datagram = config.max_datagram  # the session lowers it to the node's
         self.max_payload = config.max_payload  # (and this one)
+        self.max_parts = 1024  # parts of one message: a quarter of the node's send_window (WELCOME)
         self.pid = producer_id
         self.fire_pid = fire_producer_id
         self.next_seq = 1
@@ -80,7 +81,13 @@ class Publisher:
                             f"the node's [limits] max_payload or the client's ClientConfig.max_payload, whichever "
                             f"is lower)")  # fmt: skip
         ident = parts.part_id(self.pid, self.next_seq)
-        for p in parts.split(topic, key, tags, payload, ident, self.max_datagram):
+        fragments = parts.split(topic, key, tags, payload, ident, self.max_datagram)
+        if len(fragments) > self.max_parts:
+            raise WireError(E.TOO_LARGE, f"payload of {len(payload):,} bytes would take {len(fragments):,} parts at "
+                            f"max_datagram {self.max_datagram:,}: at most {self.max_parts:,} (a quarter of the node's "
+                            f"[limits] send_window, so that a queue group's member can hold them); raise "
+                            f"max_datagram (the node's and ClientConfig's) or send_window")  # fmt: skip
+        for p in fragments:
             self.unacked.append((self.next_seq, p))
             self.next_seq += 1
         return self.next_seq - 1

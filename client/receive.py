@@ -13,9 +13,9 @@ application sees it: its queue and, once it ended, why) and the
 - a bound on buffered messages: past ``max_buffered`` a reliable stream stops
   acknowledging (the node resends later) and fire messages are dropped;
 - the fragments of messages larger than a datagram, put together by a
-  :class:`~roost.client.parts.Reassembler` (shared by a client's sessions, since
-  a failover can bring the rest of a message from another member) before any
-  subscription sees them.
+  :class:`~roost.client.parts.Reassembler` before any subscription sees them
+  (a session's own: a subscription's deliveries all come to its session, from
+  whichever member delivers them).
 
 A module of its own because this is the per-message hot path of a subscriber
 and the part with the subtlest invariants; the session only routes frames here.
@@ -64,7 +64,7 @@ class SubState:
         self.counted = True  # its queue counts towards Receiver.buffered
         # A queue group's subscription: per queued message, [node, stream, seq, (producer id,
         # seq)] of its delivery (seq None: fire), acknowledged only once the application takes
-        # it; a large message's is a tuple of its fragments' (receiver, [node, stream, seq, None])
+        # it; a large message's is the tuple of its fragments' origins
         self.origins: deque[Any] | None = deque() if grouped else None
         # (producer id, seq) of the reliable messages in ``queue`` -> their origin: a node that
         # carries them over to a new stream (we moved address) is heard, not obeyed twice
@@ -87,10 +87,7 @@ class RecvStream:
 
 
 class Receiver:
-    def __init__(
-        self, subs: dict[SubKey, SubState], events: list[tuple[Any, ...]], config: ClientConfig,
-        reassembler: parts.Reassembler | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, subs: dict[SubKey, SubState], events: list[tuple[Any, ...]], config: ClientConfig) -> None:
         """``subs`` and ``events`` are the session's own (shared, never rebound):
         a message is queued only for subscriptions in force right now."""
         self.subs = subs
@@ -111,9 +108,8 @@ class Receiver:
         # a message passes each filter it matches (client/subjects.py)
         self.trie = subjects.PatternTrie()
         self.filter_refs: dict[str, int] = {}
-        self.marked: dict[int, SubKey] = {}  # our queue-group subscriptions by mark id (wire.mark_id)
-        self.parts = reassembler or parts.Reassembler(
-            config.max_payload, config.reassembly_bytes, config.reassembly_timeout)
+        self.marked: dict[bytes, SubKey] = {}  # our queue-group subscriptions by mark id (wire.mark_id)
+        self.parts = parts.Reassembler(config.max_payload, config.reassembly_bytes, config.reassembly_timeout)
         self.now = 0.0  # set by the session before each batch of datagrams
 
     def detach(self, st: SubState, release: bool = True) -> None:
@@ -132,13 +128,19 @@ class Receiver:
             self._taken(st.origins.popleft())
         st.origins = None
         st.holding = {}
+        for p in self.parts.partials.values():  # (large messages it waited for: the node handed them on)
+            if st in p.waiting:
+                p.waiting.remove(st)
+                if not p.waiting:
+                    self._taken(tuple(p.origins))
+                    p.origins = []
 
     def _taken(self, origin: Any) -> None:
         """One message was taken (or given up): the ACK may move past it. A large message's
-        origin is the tuple of its fragments', each with the receiver it came through."""
+        origin is the tuple of its fragments'."""
         if origin.__class__ is tuple:
-            for recv, one in origin:
-                recv._taken(one)
+            for one in origin:
+                self._taken(one)
             return
         src, stream, seq = origin[0], origin[1], origin[2]
         rs = self.streams.get(src)
@@ -155,8 +157,9 @@ class Receiver:
         """The application took one message (the first) from ``st``'s queue."""
         if st.origins:
             origin = st.origins.popleft()
-            if origin.__class__ is list and origin[3] is not None:
-                del st.holding[origin[3]]
+            for cell in origin if origin.__class__ is tuple else (origin,):
+                if cell[3] is not None:
+                    st.holding.pop(cell[3], None)
             self._taken(origin)
         if st.counted:
             self.buffered -= 1
@@ -286,7 +289,7 @@ class Receiver:
                 one.queue.append(msg)
                 self.buffered += 1
 
-    def _grouped(self, marks: list[int]) -> list[SubState]:
+    def _grouped(self, marks: list[bytes]) -> list[SubState]:
         """Our group subscriptions in force that the node picked us for."""
         out = []
         for mark in marks:
@@ -304,6 +307,8 @@ class Receiver:
         n = len(m)
         targets = self._targets(m)
         grouped = self._grouped(m[-1]) if n == 5 or n == 7 else []
+        if grouped and n == 7:
+            grouped = self._carried(grouped, (m[4], m[5]), src, stream, seq)
         if not targets and not grouped:
             return
         if targets and (n == 6 or n == 7) and self._duplicate(m[4], m[5]):
@@ -316,10 +321,10 @@ class Receiver:
             return
         origin = None
         if grouped and seq is not None:
-            origin = (self, [src, stream, seq, None])
+            origin = [src, stream, seq, (m[4], m[5])]
             rs = self.streams[src]
             rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
-        done, dropped = self.parts.add(m[4], part, m[3], origin, self.now)
+        done, dropped = self.parts.add(m[4], part, m[3], origin, self.now, grouped)
         for p in dropped:
             self._taken(tuple(p.origins))
         if done is None:
@@ -333,15 +338,36 @@ class Receiver:
         if not grouped:
             self._taken(tuple(held))
             return
-        for recv, (osrc, ostream, oseq, _) in held:  # (each fragment: once per subscription that holds it)
-            ors = recv.streams.get(osrc)
-            if ors is not None and ors.stream == ostream and oseq in ors.unconsumed:
-                ors.unconsumed[oseq] += len(grouped) - 1
-        for st in grouped:
+        for cell in held:  # (each fragment: held once per subscription that holds the message)
+            ors = self.streams.get(cell[0])
+            if ors is not None and ors.stream == cell[1] and cell[2] in ors.unconsumed:
+                ors.unconsumed[cell[2]] += len(grouped) - 1
+        for i, st in enumerate(grouped):
+            cells = held if i == 0 else [list(c) for c in held]
             st.queue.append(msg)
             self.buffered += 1
             assert st.origins is not None
-            st.origins.append(tuple(held))
+            st.origins.append(tuple(cells))
+            for c in cells:
+                st.holding[c[3]] = c
+
+    def _carried(
+        self, grouped: list[SubState], ident: tuple[bytes, int], src: Addr, stream: int, seq: int | None
+    ) -> list[SubState]:
+        """Those of ``grouped`` that do not hold the message (or fragment) ``ident`` already. One
+        that does had it carried over to a new stream (we moved address): it is not queued
+        again, and taking it acknowledges it on the new stream."""
+        fresh = []
+        rs = self.streams.get(src)
+        for st in grouped:
+            cell = st.holding.get(ident)
+            if cell is None:
+                fresh.append(st)
+                continue
+            cell[0], cell[1], cell[2] = src, stream, seq
+            if rs is not None and seq is not None:
+                rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
+        return fresh
 
     def expire_parts(self, now: float) -> None:
         """Give up large messages that waited too long for a part."""
@@ -358,6 +384,9 @@ class Receiver:
         if targets and len(m) == 7 and self._duplicate(m[4], m[5]):
             targets = []  # (our other subscriptions had it: a group's copy handed on from another member)
         grouped = self._grouped(m[-1])
+        ident = (m[4], m[5]) if len(m) == 7 else None
+        if grouped and ident is not None:
+            grouped = self._carried(grouped, ident, src, stream, seq)
         if not targets and not grouped:
             return
         msg = Message(m[0], m[1], m[2], m[3], seq)
@@ -366,19 +395,14 @@ class Receiver:
             self.buffered += 1
         if grouped:
             rs = self.streams.get(src)
-            ident = (m[4], m[5]) if len(m) == 7 else None
             for st in grouped:
-                cell = st.holding.get(ident) if ident is not None else None
-                if cell is not None:
-                    cell[0], cell[1], cell[2] = src, stream, seq
-                else:
-                    st.queue.append(msg)
-                    self.buffered += 1
-                    assert st.origins is not None
-                    cell = [src, stream, seq, ident]
-                    st.origins.append(cell)
-                    if ident is not None:
-                        st.holding[ident] = cell
+                st.queue.append(msg)
+                self.buffered += 1
+                assert st.origins is not None
+                cell = [src, stream, seq, ident]
+                st.origins.append(cell)
+                if ident is not None:
+                    st.holding[ident] = cell
                 if rs is not None and seq is not None:
                     rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
 

@@ -51,7 +51,6 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from roost.client import wire
-from roost.client.parts import Reassembler
 from roost.client.putter import Putter
 from roost.client.session import Addr, ClientConfig, ClientSession, SubState
 from roost.client.subjects import partition_topic
@@ -79,10 +78,8 @@ class Router:
         self.ids = (client_id, producer_id, fire_producer_id)
         self.cfg = config
         self.session_number = session
-        # (one for all sessions: after a failover the rest of a large message may come from another)
-        self.reassembler = Reassembler(config.max_payload, config.reassembly_bytes, config.reassembly_timeout)
         self.first = ClientSession(client_id, producer_id, fire_producer_id, config, now, node=node,
-                                   members=members, session=session, reassembler=self.reassembler)  # fmt: skip
+                                   members=members, session=session)  # fmt: skip
         self.sessions: list[ClientSession] = [self.first]
         self.by_member: dict[str, ClientSession] = {}  # member -> the session opened for it
         self.cmap: ClusterMap | None = None
@@ -139,7 +136,7 @@ class Router:
         cid, pid, fpid = (derive_id(x, member) for x in self.ids)
         others = [cmap.address(m) for m in sorted(cmap.members) if m != member]
         s = ClientSession(cid, pid, fpid, self.cfg, self._now, node=cmap.address(member), members=others,
-                          session=self.session_number, reassembler=self.reassembler)  # fmt: skip
+                          session=self.session_number)  # fmt: skip
         self.by_member[member] = s
         self.sessions.append(s)
         return s

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from roost.client import wire
 from roost.client.commands import MAX_BATCH, CommandBatches
 from roost.client.config import ClientConfig
-from roost.client.parts import Reassembler
 from roost.client.publisher import Publisher
 from roost.client.receive import Message, Receiver, SubKey, SubState
 from roost.client.subjects import is_plain, parse_filter_untrusted
@@ -42,12 +41,11 @@ class ClientSession:
     def __init__(
         self, client_id: bytes, producer_id: bytes, fire_producer_id: bytes,
         config: ClientConfig, now: float, node: Addr = ("127.0.0.1", 7400),
-        members: list[Addr] | None = None, session: int = 0, reassembler: Reassembler | None = None,
+        members: list[Addr] | None = None, session: int = 0,
     ) -> None:  # fmt: skip
         """``session`` names this client process in every command batch (the
         shells pass Unix milliseconds), so a node can tell a restarted process
-        that reuses its client id from a late retry of the old one. A client's
-        sessions share one ``reassembler`` (client/parts.py)."""
+        that reuses its client id from a late retry of the old one."""
         self.cid = client_id
         self.cfg = config
         self.ping_interval = config.ping_interval
@@ -82,7 +80,7 @@ class ClientSession:
         self.subs: dict[SubKey, SubState] = {}
         self._leaving: dict[SubKey, SubState] = {}  # group subscriptions unsubscribed, UNSUB not yet acknowledged
         self.cmds = CommandBatches(session, config.cmd_retry)
-        self.recv = Receiver(self.subs, self.events, config, reassembler)
+        self.recv = Receiver(self.subs, self.events, config)
         self.pub = Publisher(producer_id, fire_producer_id, config)
 
     # ------------------------------------------------------------ API
@@ -256,6 +254,9 @@ class ClientSession:
         mp = params.get("max_payload")
         if isinstance(mp, int) and 1024 <= mp <= 1 << 30:
             self.pub.max_payload = min(mp, self.cfg.max_payload)
+        sw = params.get("send_window")
+        if isinstance(sw, int) and 1 <= sw <= 1 << 30:
+            self.pub.max_parts = max(1, sw // 4)
         pi = params.get("ping_interval")
         if isinstance(pi, (int, float)) and 0.01 <= pi <= 60:
             self.ping_interval = float(pi)

@@ -48,7 +48,8 @@ MAX_MEMBERS = 64
 #: Queue marks one delivered message may carry (a node picks another member of a group for
 #: a client already picked for this many groups of one message), and the room they take.
 MAX_MARKS = 16
-MARKS_ROOM = 3 + 9 * MAX_MARKS
+MARK_LEN = 16
+MARKS_ROOM = 3 + 18 * MAX_MARKS
 #: What a datagram needs around one message: PUB's or MSGS's header, the producer id and
 #: sequence a node adds, and the room of queue marks (``check_fits``).
 MESSAGE_ROOM = 2 * FRAME_OVERHEAD + MARKS_ROOM
@@ -185,14 +186,15 @@ def pack_delivery(
     return pack([topic, key, tags, payload, pid, pseq])
 
 
-def mark_id(group_filter: str, key: str | None) -> int:
-    """The short name of one queue-group subscription in queue marks: 8 bytes of a hash of its
-    filter and key, so that a mark costs 9 bytes in MSGS whatever the filter's length (a node
-    and a client compute it alike; docs/protocol.md, "Queue groups")."""
-    return int.from_bytes(hashlib.blake2b(pack([group_filter, key]), digest_size=8).digest(), "big")
+def mark_id(group_filter: str, key: str | None) -> bytes:
+    """The short name of one queue-group subscription in queue marks: 16 bytes of a hash of its
+    filter and key, so that a mark costs 18 bytes in MSGS whatever the filter's length, and
+    nobody can make two groups share one (a node and a client compute it alike;
+    docs/protocol.md, "Queue groups")."""
+    return hashlib.blake2b(pack([group_filter, key]), digest_size=MARK_LEN).digest()
 
 
-def mark_delivery(packed: bytes, marks: list[int]) -> bytes:
+def mark_delivery(packed: bytes, marks: list[bytes]) -> bytes:
     """A delivered message (``pack_message`` or ``pack_delivery``) with one more element: the
     ``mark_id`` of each queue-group subscription the node picked this subscriber for
     (docs/protocol.md, "Queue groups"). A message is a msgpack fixarray (at most 15 elements),
@@ -414,8 +416,8 @@ def check_delivered(m: Any) -> tuple[Any, ...]:
     if marks.__class__ is not list or not 0 < len(marks) <= MAX_MARKS:
         raise WireError(E.MALFORMED, f"queue marks must be an array of 1..{MAX_MARKS} mark ids")
     for mk in marks:
-        if mk.__class__ is not int or not 0 <= mk < 1 << 64:
-            raise WireError(E.MALFORMED, "a queue mark is an unsigned 64-bit mark id")
+        if mk.__class__ is not bytes or len(mk) != MARK_LEN:
+            raise WireError(E.MALFORMED, f"a queue mark is a mark id of {MARK_LEN} bytes")
     return (*check_message(m[:-1]), marks)
 
 

@@ -38,8 +38,11 @@ Msg = list[Any]  # [topic, key, tags, payload, producer id | None, sequence | No
 
 
 class ForwardQueue:
-    def __init__(self, max_queue: int, chunk: int = 256, window: int = 8) -> None:
+    def __init__(self, max_queue: int, max_bytes: int = 1 << 22, chunk: int = 256, window: int = 8) -> None:
+        """A FORWARD frame holds at most ``chunk`` messages and about ``max_bytes`` (half of
+        the peer link's max_frame: 256 messages of 64 KB would not fit one)."""
         self.max_queue = max_queue
+        self.max_bytes = max_bytes
         self.chunk = chunk
         self.window = window
         self.pending: deque[Msg] = deque()
@@ -63,7 +66,12 @@ class ForwardQueue:
         if not self.pending or len(self.inflight) >= self.window:
             return None
         n = min(self.chunk, len(self.pending))
-        batch = [self.pending.popleft() for _ in range(n)]
+        pending, limit = self.pending, self.max_bytes
+        batch = [pending.popleft()]
+        size = len(batch[0][3]) + 256  # (a payload and about its topic, key and tags)
+        while len(batch) < n and size + len(pending[0][3]) + 256 <= limit:
+            size += len(pending[0][3]) + 256
+            batch.append(pending.popleft())
         fid = self.next_id
         self.next_id += 1
         self.inflight[fid] = batch

@@ -85,7 +85,7 @@ class Joining(MemberParts):
         self.peer_addr[peer] = addr
         self.membership.add(peer, self.now)
         self.queues[peer] = PeerQueue(s.max_peer_queue, s.chunk_subscriptions)
-        self.fwd[peer] = ForwardQueue(s.max_forward_queue)
+        self.fwd[peer] = ForwardQueue(s.max_forward_queue, s.max_frame // 2)
         self.out[peer] = None
         self.was_up[peer] = None
         self.next_digest[peer] = math.inf

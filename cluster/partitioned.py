@@ -59,7 +59,7 @@ class Partitioned(MemberParts):
         self.own = Ownership(self.id, s.partitions)
         self.cmap: clustermap.ClusterMap | None = None
         self.epoch_seen = 0
-        self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue) for p in self.peers}
+        self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue, s.max_frame // 2) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         # Reliable messages with no live owner in our map (a leaver that hears no placed member):
         # kept unacknowledged and routed again at the next map change (review, 2026-11-24: they were

@@ -92,9 +92,10 @@ SETTINGS: list[Setting] = [
             "Largest datagram accepted or sent. Bigger datagrams are refused with "
             "too_large; outgoing batches are coalesced up to this size."),
     number("limits", "max_payload", 1 << 20, int, 1024, 64 << 20,
-            "Largest message payload, told to clients in WELCOME. A reliable message larger than "
-            "one datagram is sent in parts that the subscriber puts together; fire messages are "
-            "one datagram each."),
+            "Largest payload of a message sent in parts, told to clients in WELCOME: a reliable "
+            "message larger than one datagram is sent in parts that the subscriber puts together, "
+            "at most a quarter of send_window of them; fire messages are one datagram each. At "
+            "most send_window / 4 times max_datagram / 2."),
     number("limits", "mailbox_capacity", 50000, int, 16, 10_000_000,
             "Reliable messages a subscriber may have unacknowledged before its "
             "reliable subscriptions are cancelled with out_of_capacity."),
@@ -261,11 +262,11 @@ def check_consistency(cfg: NodeConfig, source: str) -> None:
             f"{source}: [limits] send_window = {cfg.send_window}: must be at most "
             f"mailbox_capacity ({cfg.mailbox_capacity})"
         )
-    if cfg.max_payload > cfg.send_window * (cfg.max_datagram // 2):
+    if cfg.max_payload > cfg.send_window // 4 * (cfg.max_datagram // 2):
         raise ConfigError(
-            f"{source}: [limits] max_payload = {cfg.max_payload}: must be at most send_window times half of "
-            f"max_datagram ({cfg.send_window * (cfg.max_datagram // 2)}), so that a queue group's member can "
-            f"hold every part of one message unacknowledged"
+            f"{source}: [limits] max_payload = {cfg.max_payload}: must be at most a quarter of send_window "
+            f"times half of max_datagram ({cfg.send_window // 4 * (cfg.max_datagram // 2)}), so that a queue "
+            f"group's member can hold every part of four such messages unacknowledged"
         )
     if cfg.subscriber_timeout <= cfg.ping_interval * 2:
         raise ConfigError(

@@ -87,6 +87,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self.params: dict[str, Any] = {
             "max_datagram": config.max_datagram,
             "max_payload": config.max_payload,
+            "send_window": config.send_window,
             "ping_interval": config.ping_interval,
             "subscriber_timeout": config.subscriber_timeout,
         }

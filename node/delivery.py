@@ -355,7 +355,7 @@ class Delivery(Registers):
             if packed[0] == 0x95 or packed[0] == 0x97:  # (a message with queue marks: 5 or 7 elements)
                 self._requeue_one(msgpack.unpackb(packed), c.cid)
 
-    def _leave_group(self, c: ClientState, mailbox: Mailbox, mark: int) -> None:
+    def _leave_group(self, c: ClientState, mailbox: Mailbox, mark: bytes) -> None:
         """Hand on what the mailbox holds for one group the client left, and take that group's
         mark off those messages here (the client drops them; a later discard must not hand
         them on again)."""
@@ -373,7 +373,7 @@ class Delivery(Registers):
             buf[i] = wire.mark_delivery(base, rest) if rest else base
             mailbox.nbytes += len(buf[i]) - len(packed)
 
-    def _requeue_one(self, m: list[Any], exclude: Any, only: int | None = None) -> None:
+    def _requeue_one(self, m: list[Any], exclude: Any, only: bytes | None = None) -> None:
         """Give a marked message (unpacked, its marks last) to other members of its groups
         (``only``: of that one group, by mark id)."""
         marks = m[-1]

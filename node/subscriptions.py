@@ -36,7 +36,7 @@ class FilterSubs:
         self.filter = f
         self.keys: dict[str | None, dict[Subscriber, int]] = {}
         self.turn = 0  # queue groups: where the next pick starts (round robin)
-        self.marks: dict[str | None, int] = {}  # queue groups: key -> its mark id
+        self.marks: dict[str | None, bytes] = {}  # queue groups: key -> its mark id
         self.members: dict[str | None, list[Subscriber]] = {}  # queue groups: key -> members, in order
 
 
@@ -49,7 +49,7 @@ class SubscriptionIndex:
         self.count = 0
         self.filters: dict[str, FilterSubs] = {}
         self.trie = PatternTrie()
-        self.groups: dict[int, tuple[FilterSubs, str | None]] = {}  # mark id -> queue group (and key)
+        self.groups: dict[bytes, tuple[FilterSubs, str | None]] = {}  # mark id -> queue group (and key)
 
     def _keys(self, topic: str, create: bool) -> tuple[str, dict[str | None, dict[Subscriber, int]] | None]:
         if is_plain(topic):
@@ -106,7 +106,7 @@ class SubscriptionIndex:
         if not subs:
             del keys[key]
             if fs is not None and key in fs.marks:
-                del self.groups[fs.marks.pop(key)]
+                self.groups.pop(fs.marks.pop(key), None)
             if not keys:
                 if is_plain(topic):
                     del self.topics[topic]

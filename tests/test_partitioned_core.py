@@ -53,13 +53,27 @@ def test_ownership_update_reports_what_moved_and_routes_by_primary():
     assert (gained, lost) == ({2, 3}, {1}) and own.epoch == 2
 
 
+def _fmsg(topic: str, size: int = 0) -> list[Any]:
+    return [topic, None, None, b"x" * size, None, None]
+
+
+def test_a_forward_frame_holds_at_most_about_max_bytes():
+    """Large messages come in parts of up to 64 KB: 256 of them would not fit one peer frame."""
+    q = ForwardQueue(max_queue=1000, max_bytes=200_000, window=100)
+    q.add([_fmsg(f"m{i}", 65_000) for i in range(7)] + [_fmsg("huge", 300_000), _fmsg("s1"), _fmsg("s2")])
+    sizes = []
+    while (f := q.next_frame()) is not None:
+        sizes.append([m[0] for m in f[1]])
+    assert sizes == [["m0", "m1", "m2"], ["m3", "m4", "m5"], ["m6"], ["huge"], ["s1", "s2"]]
+
+
 def test_forward_queue_windows_requeues_in_order_and_bounds_memory():
     q = ForwardQueue(max_queue=5, chunk=2, window=2)
-    assert q.add([[f"m{i}"] for i in range(7)]) == [["m5"], ["m6"]]  # (dropped: to give up)
+    assert [m[0] for m in q.add([_fmsg(f"m{i}") for i in range(7)])] == ["m5", "m6"]  # (dropped: to give up)
     assert len(q) == 5
     f1, f2 = q.next_frame(), q.next_frame()
     assert f1 is not None and f2 is not None and q.next_frame() is None  # window of 2
-    assert q.acked(f1[0], []) == [["m0"], ["m1"]]
+    assert [m[0] for m in q.acked(f1[0], [])] == ["m0", "m1"]
     q.disconnected()  # f2 was in flight: back in front, in order
     assert [m[0] for m in q.pending] == ["m2", "m3", "m4"]
     f3 = q.next_frame()
@@ -382,16 +396,17 @@ def test_a_member_restarted_while_another_is_down_leaves_it_out_of_its_map_at_on
 
 def test_a_forward_queue_parks_what_the_receiver_refused_until_routed_again():
     q = ForwardQueue(max_queue=10, chunk=3, window=2)
-    q.add([["a"], ["b"], ["c"]])
+    a, b, c, d, e = (_fmsg(t) for t in "abcde")
+    q.add([a, b, c])
     fid = (q.next_frame() or (0, []))[0]
-    assert q.acked(fid, [0, 2, 99]) == [["b"]]  # (an index past the frame is ignored)
-    assert q.parked == [["a"], ["c"]] and len(q) == 2 and not q.inflight
+    assert q.acked(fid, [0, 2, 99]) == [b]  # (an index past the frame is ignored)
+    assert q.parked == [a, c] and len(q) == 2 and not q.inflight
     assert q.acked(fid, []) == []  # (a frame acknowledged twice settles nothing twice)
-    assert q.take(everything=False) == [["a"], ["c"]] and len(q) == 0
-    q.add([["d"]])
+    assert q.take(everything=False) == [a, c] and len(q) == 0
+    q.add([d])
     q.acked(q.next_frame()[0], [0])  # type: ignore[index]
-    q.add([["e"]])
-    assert q.take(everything=False) == [["d"], ["e"]] and len(q) == 0  # (oldest first: d was sent first)
+    q.add([e])
+    assert q.take(everything=False) == [d, e] and len(q) == 0  # (oldest first: d was sent first)
 
 
 def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():

@@ -56,7 +56,8 @@ def test_split_refuses_what_leaves_too_little_room_and_a_full_tag_set():
 
 
 @pytest.mark.parametrize("value", [None, 5, "", "a 0 1", "a 0 1 2 3", "a x 1 2", "a 1 1 5", "a -1 2 5",
-                                   " 0 1 5", "a 0 3 2", "a 0 2000000 9000000"])  # fmt: skip
+                                   " 0 1 5", "a 0 3 2", "a 0 2000000 9000000",
+                                   "a 0 3 1000"])  # fmt: skip
 def test_a_malformed_part_tag_does_not_parse(value):
     assert parts.parse_part_untrusted(value) is None
 
@@ -65,7 +66,8 @@ def test_a_malformed_part_tag_does_not_parse(value):
 
 
 def test_the_reassembler_takes_parts_in_any_order_once_and_within_its_bounds():
-    r = parts.Reassembler(max_payload=100, max_bytes=150, timeout=5.0)
+    cost = parts.FRAGMENT_COST  # (charged per fragment held: empty ones count too)
+    r = parts.Reassembler(max_payload=100, max_bytes=2 * (60 + cost) + 10, timeout=5.0)
     chunks = [b"a" * 40, b"b" * 40, b"c" * 20]
     order = [2, 0, 2, 1]  # (one repeat)
     done = None
@@ -80,10 +82,10 @@ def test_the_reassembler_takes_parts_in_any_order_once_and_within_its_bounds():
     r.add(b"p1", ("o1", 0, 2, 100), b"x" * 60, "o1", 1.0)
     r.add(b"p2", ("o2", 0, 2, 100), b"y" * 60, "o2", 2.0)
     done, dropped = r.add(b"p3", ("o3", 0, 2, 100), b"z" * 60, "o3", 3.0)
-    assert done is None and [p.origins for p in dropped] == [["o1"]] and r.held == 120
+    assert done is None and [p.origins for p in dropped] == [["o1"]] and r.held == 2 * (60 + cost)
     # a part that contradicts its message's others drops that message
-    done, dropped = r.add(b"p2", ("o2", 1, 3, 100), b"y", None, 3.0)
-    assert [p.origins for p in dropped] == [["o2"]] and r.dropped == 3
+    done, dropped = r.add(b"p2", ("o2", 1, 3, 100), b"y", "o2b", 3.0)
+    assert [p.origins for p in dropped] == [["o2"], ["o2b"]] and r.dropped == 3  # (the refused one's too)
     # timed out
     assert [p.origins for p in r.expire(7.9)] == []
     assert [p.origins for p in r.expire(8.0)] == [["o3"]] and r.held == 0 and r.dropped == 4
@@ -112,11 +114,15 @@ def test_the_publisher_sends_a_large_reliable_message_in_parts_and_refuses_the_r
     assert pub.next_seq == 9 and not pub.fire_pending  # (nothing refused was queued)
 
 
-def test_a_session_takes_the_node_s_max_payload_from_welcome():
+def test_a_session_takes_the_node_s_max_payload_and_send_window_from_welcome():
     s = connected_session()
-    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"max_payload": 50_000}, [])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"max_payload": 50_000, "send_window": 8}, [])]),
+                       0.1)  # fmt: skip
     with pytest.raises(WireError, match=r"over max_payload \(50,000"):
         s.publish("t", None, None, bytes(50_001), True)
+    assert s.publish("t", None, None, bytes(30_000), True) == 2  # (2 parts: a quarter of 8)
+    with pytest.raises(WireError, match=r"would take 3 parts at max_datagram 16,384: at most 2 \(a quarter"):
+        s.publish("t", None, None, bytes(40_000), True)
 
 
 # ---------------------------------------------------------------- the receive side
@@ -218,3 +224,57 @@ async def test_a_900_kb_reliable_message_through_a_real_node(node):
                 assert (await grp.next()).payload == payload
         with pytest.raises(WireError, match="fire publishes are one datagram each"):
             await c.publish("big.x", payload, mode="fire")
+
+
+# ---------------------------------------------------------------- review findings (second review)
+
+
+G = "big.* queue=w"
+
+
+def _group_session():
+    s = connected_session(cfg=ClientConfig(reassembly_timeout=0.5))
+    return s, s.subscribe(G, None, Mode.RELIABLE)
+
+
+def _acked(s, now) -> list[tuple[int, int, list]]:
+    return [(f[3], f[4], f[5]) for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(now)])
+            if f[0] is T.ACK]  # fmt: skip
+
+
+def _marked(frags):
+    return [wire.mark_delivery(f, [wire.mark_id(G, None)]) for f in frags]
+
+
+def test_a_group_fragment_the_reassembler_refuses_is_acknowledged_at_once():
+    s, st = _group_session()
+    bogus = wire.mark_delivery(wire.pack_delivery("big.x", None, {wire.PART_TAG: "x 0 2 2000000"}, b"x", PID, 1),
+                               [wire.mark_id(G, None)])  # fmt: skip
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [bogus])]), 0.1)
+    assert _acked(s, 0.1) == [(7, 1, [])] and not st.queue and s.recv.parts.dropped == 1
+
+
+def test_a_whole_large_message_carried_over_to_a_new_stream_is_not_queued_twice():
+    s, st = _group_session()
+    frags = _marked(_fragments(_payload(40_000)))
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, frags)]), 0.1)
+    assert len(st.queue) == 1
+    s.handle_datagrams(wrap([wire.encode_msgs(8, 1, frags)]), 0.2)  # (we moved: the node starts over)
+    assert len(st.queue) == 1 and not s.recv.parts.partials
+    assert _acked(s, 0.2) == [(8, 0, [(1, 3)])]
+    s.consumed(st)
+    st.queue.popleft()
+    assert _acked(s, 0.3) == [(8, 3, [])] and st.holding == {}
+
+
+def test_leaving_a_group_in_the_middle_of_a_large_message_acknowledges_its_parts_once_unsubscribed():
+    s, _ = _group_session()
+    s.outgoing(0.0)
+    s.handle_datagrams(wrap([wire.encode_cmdack(s.session, 1, [0])]), 0.05)
+    frags = _marked(_fragments(_payload(40_000)))
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, frags[:2])]), 0.1)
+    assert _acked(s, 0.1) == [(7, 0, [(1, 2)])]
+    s.unsubscribe(G, None)
+    s.outgoing(0.15)
+    s.handle_datagrams(wrap([wire.encode_cmdack(s.session, 2, [0])]), 0.2)
+    assert _acked(s, 0.2) == [(7, 2, [])]  # (not after reassembly_timeout: the node handed them on)

@@ -202,8 +202,9 @@ def test_a_node_that_dies_mid_write_fails_the_job_instead_of_hanging(spark, tmp_
 
 
 def test_a_row_too_large_fails_the_job_naming_the_row(spark, cluster):
-    df = spark.range(3).selectExpr("IF(id = 2, repeat('x', 100000), 'small') AS payload").coalesce(1)
-    with pytest.raises(Exception, match=r"row 3 of partition 0 \(attempt \d\) \(key None, 100000 bytes payload\)"):
+    """(a row larger than one datagram goes in parts: one over max_payload, 1 MiB, is refused)"""
+    df = spark.range(3).selectExpr("IF(id = 2, repeat('x', 1100000), 'small') AS payload").coalesce(1)
+    with pytest.raises(Exception, match=r"row 3 of partition 0 \(attempt \d\) \(key None, 1100000 bytes payload\)"):
         df.write.format("roost").option("nodes", nodes(cluster)).option("topic", "t").mode("append").save()
 
 
