@@ -305,16 +305,9 @@ class Receiver:
         fragment is de-duplicated as a message of its own; a queue group's fragments are
         acknowledged only once the whole message is taken, or given up."""
         n = len(m)
-        targets = self._targets(m)
-        grouped = self._grouped(m[-1]) if n == 5 or n == 7 else []
-        if grouped and n == 7:
-            grouped = self._carried(grouped, (m[4], m[5]), src, stream, seq)
+        targets, grouped = self._recipients(m, seq, src, stream)
         if not targets and not grouped:
             return
-        if targets and (n == 6 or n == 7) and self._duplicate(m[4], m[5]):
-            if not grouped:
-                return
-            targets = []
         part = parts.parse_part_untrusted(m[2][PART_TAG]) if n == 6 or n == 7 else None
         if part is None:  # (fire-published, or a tag some publisher made up)
             self.parts.dropped += 1
@@ -322,8 +315,7 @@ class Receiver:
         origin = None
         if grouped and seq is not None:
             origin = [src, stream, seq, (m[4], m[5])]
-            rs = self.streams[src]
-            rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
+            self._unconsumed(src, seq)
         done, dropped = self.parts.add(m[4], part, m[3], origin, self.now, grouped)
         for p in dropped:
             self._taken(tuple(p.origins))
@@ -332,8 +324,7 @@ class Receiver:
         tags = {k: v for k, v in m[2].items() if k != PART_TAG} or None
         msg = Message(m[0], m[1], tags, done.payload, seq)
         for st in targets:
-            st.queue.append(msg)
-            self.buffered += 1
+            self._give(st, msg, None)
         held = done.origins
         if not grouped:
             self._taken(tuple(held))
@@ -343,13 +334,41 @@ class Receiver:
             if ors is not None and ors.stream == cell[1] and cell[2] in ors.unconsumed:
                 ors.unconsumed[cell[2]] += len(grouped) - 1
         for i, st in enumerate(grouped):
-            cells = held if i == 0 else [list(c) for c in held]
-            st.queue.append(msg)
-            self.buffered += 1
+            self._give(st, msg, tuple(held if i == 0 else [list(c) for c in held]))
+
+    def _recipients(
+        self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int
+    ) -> tuple[list[SubState], list[SubState]]:
+        """Of a marked message or a fragment: (the subscriptions in force it passes, unless its
+        producer sequence was seen; the group subscriptions the node picked us for that do not
+        hold it already, ``_carried``). No producer de-duplication for the second: the group's
+        members do not see each other's sequences."""
+        n = len(m)
+        targets = self._targets(m)
+        grouped = self._grouped(m[-1]) if n == 5 or n == 7 else []
+        if grouped and n == 7:
+            grouped = self._carried(grouped, (m[4], m[5]), src, stream, seq)
+        if targets and (n == 6 or n == 7) and self._duplicate(m[4], m[5]):
+            targets = []  # (our other subscriptions had it: e.g. a group's copy handed on from another member)
+        return targets, grouped
+
+    def _give(self, st: SubState, msg: Message, origin: Any) -> None:
+        """Queue a message for a subscription; a queue group's with its ``origin`` (one cell, or
+        a large message's tuple of cells), remembered by (producer id, seq) while held."""
+        st.queue.append(msg)
+        self.buffered += 1
+        if origin is not None:
             assert st.origins is not None
-            st.origins.append(tuple(cells))
-            for c in cells:
-                st.holding[c[3]] = c
+            st.origins.append(origin)
+            for cell in origin if origin.__class__ is tuple else (origin,):
+                if cell[3] is not None:
+                    st.holding[cell[3]] = cell
+
+    def _unconsumed(self, src: Addr, seq: int) -> None:
+        """One more subscription holds the message ``seq`` of ``src``'s stream untaken."""
+        rs = self.streams.get(src)
+        if rs is not None:
+            rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
 
     def _carried(
         self, grouped: list[SubState], ident: tuple[bytes, int], src: Addr, stream: int, seq: int | None
@@ -358,15 +377,14 @@ class Receiver:
         that does had it carried over to a new stream (we moved address): it is not queued
         again, and taking it acknowledges it on the new stream."""
         fresh = []
-        rs = self.streams.get(src)
         for st in grouped:
             cell = st.holding.get(ident)
             if cell is None:
                 fresh.append(st)
                 continue
             cell[0], cell[1], cell[2] = src, stream, seq
-            if rs is not None and seq is not None:
-                rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
+            if seq is not None:
+                self._unconsumed(src, seq)
         return fresh
 
     def expire_parts(self, now: float) -> None:
@@ -376,35 +394,18 @@ class Receiver:
 
     def _deliver_marked(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
         """A message the node picked us for in one or more queue groups: to those subscriptions
-        (acknowledged once the application takes it) and to any other we have that it passes.
-        No producer de-duplication: the group's members do not see each other's sequences; but
-        a message a subscription holds already (the node carried it over to a new stream when
-        we moved) is not queued twice: its origin moves to the new stream."""
-        targets = self._targets(m) if self.trie.size or self.subs else []
-        if targets and len(m) == 7 and self._duplicate(m[4], m[5]):
-            targets = []  # (our other subscriptions had it: a group's copy handed on from another member)
-        grouped = self._grouped(m[-1])
-        ident = (m[4], m[5]) if len(m) == 7 else None
-        if grouped and ident is not None:
-            grouped = self._carried(grouped, ident, src, stream, seq)
+        (acknowledged once the application takes it) and to any other we have that it passes."""
+        targets, grouped = self._recipients(m, seq, src, stream)
         if not targets and not grouped:
             return
         msg = Message(m[0], m[1], m[2], m[3], seq)
         for st in targets:
-            st.queue.append(msg)
-            self.buffered += 1
-        if grouped:
-            rs = self.streams.get(src)
-            for st in grouped:
-                st.queue.append(msg)
-                self.buffered += 1
-                assert st.origins is not None
-                cell = [src, stream, seq, ident]
-                st.origins.append(cell)
-                if ident is not None:
-                    st.holding[ident] = cell
-                if rs is not None and seq is not None:
-                    rs.unconsumed[seq] = rs.unconsumed.get(seq, 0) + 1
+            self._give(st, msg, None)
+        ident = (m[4], m[5]) if len(m) == 7 else None
+        for st in grouped:
+            self._give(st, msg, [src, stream, seq, ident])
+            if seq is not None:
+                self._unconsumed(src, seq)
 
     def _duplicate(self, pid: bytes, pseq: int) -> bool:
         """Reliable messages name their producer: a resend after failover that
