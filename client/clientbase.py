@@ -197,7 +197,19 @@ class ClientBase(abc.ABC):
             if et is None and self._router is not None and self.session.connected:
                 await self.flush(timeout=self.config.node_timeout)
         finally:
+            self._goodbye()
             await self._shutdown()
+
+    def _goodbye(self) -> None:
+        """Tell every node we talk to that we are closing (BYE), so that each drops our
+        subscriptions now rather than log a time-out ``subscriber_timeout`` later. Once, on
+        each session's own socket; a lost BYE leaves the time-out to do it."""
+        if self._router is None or self._error is not None or self._closed:
+            return
+        for s in self._router.sessions:
+            sock, frame = self._socks.get(id(s)), s.bye()
+            if sock is not None and frame is not None and sock.fileno() >= 0:
+                self.send_errors += send_now(sock, [(s.node, frame)])
 
     async def aclose(self) -> None:
         """Close without ``async with`` (what leaving it does: flush for ``node_timeout`` at most)."""

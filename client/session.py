@@ -447,6 +447,10 @@ class ClientSession:
 
     # ------------------------------------------------------------ output
 
+    def bye(self) -> bytes | None:
+        """The BYE frame that tells our node we closed (None before it welcomed us)."""
+        return None if self.cookie is None else wire.encode_bye(self.cid, self.cookie, self.cmds.session)
+
     def outgoing(self, now: float) -> list[tuple[Addr, bytes]]:
         """Everything to send now, with its destination."""
         cookie = self.cookie

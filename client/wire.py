@@ -82,6 +82,7 @@ class T(IntEnum):
     RECORDS = 20  # n -> c: [name, partition, cursor, scanned to, status, records, first, end]
     COMMIT = 21  # c -> n: move a durable subscription's cursor
     COMMITTED = 22  # n -> c: [name, partition, cursor, status]
+    BYE = 23  # c -> n: [client id, cookie, session]: the client closed; drop its state now
 
 
 class E(IntEnum):
@@ -315,6 +316,12 @@ def encode_redirect(node_id: str, cmap: list[Any]) -> bytes:
 def encode_map_request(client_id: bytes, cookie: bytes) -> bytes:
     """Ask for the cluster map (when WELCOME announced one by ``map_epoch`` but had no room for it)."""
     return pack([VERSION, T.MAP, client_id, cookie])
+
+
+def encode_bye(client_id: bytes, cookie: bytes, session: int) -> bytes:
+    """A client that closes cleanly says so, so that its node drops its subscriptions at once
+    instead of after ``subscriber_timeout`` of silence. Not answered: a lost BYE is a time-out."""
+    return pack([VERSION, T.BYE, client_id, cookie, session])
 
 
 def encode_error(code: E, text: str) -> bytes:
@@ -645,6 +652,12 @@ def _redirect(f: list[Any]) -> tuple[Any, ...]:
 def _map(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie = f
     return T.MAP, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
+
+
+@_frame(T.BYE, 3)
+def _bye(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, session = f
+    return T.BYE, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(session, "session")
 
 
 @_frame(T.ERROR, 2)

@@ -59,7 +59,7 @@ from roost.node.textproto import TextProtocol
 __all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "DurableCommit", "DurableGet", "DurablePut", "Forward",
            "Log", "Relay", "Replicate", "Send", "StatusQuery"]
 
-_CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT)
+_CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT, T.BYE)
 
 
 class BrokerCore(Sessions, TextProtocol, Producers):
@@ -230,6 +230,9 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         c = self.clients.get(cid)
         if ftype is T.CMDS:
             self._on_cmds(c, cid, addr, f[3], f[4], f[5], now)  # (a stale session must not touch c)
+            return
+        if ftype is T.BYE:
+            self._on_bye(c, addr, f[3], now)
             return
         # A PING of a process the client id has since been restarted in (a lower session) is
         # answered, but is neither liveness nor a reason to move the client to its address.

@@ -189,6 +189,17 @@ class Sessions(Delivery):
         self._log("info", "client_timed_out", client=cid.hex(), addr=fmt(c.addr), subs=c.live)
         self.drop_client(c, now)
 
+    def _on_bye(self, c: ClientState | None, addr: Addr, session: int, now: float) -> None:
+        """The client closed: what a time-out would do, now. Only its home acts, and only on a BYE
+        of the client's current session: a late BYE of a process the client id has since been
+        restarted in must not end the new process's subscriptions."""
+        if c is None or not c.local or (c.session > 0 and session != c.session):
+            self.metrics["bye_ignored"] += 1
+            return
+        self.metrics["clients_closed"] += 1
+        self._log("info", "client_closed", client=c.cid.hex(), addr=fmt(addr), subs=c.live)
+        self.drop_client(c, now)
+
     def drop_client(self, c: ClientState, now: float) -> None:
         """The client is gone: end its subscriptions everywhere and free its state."""
         for tk, v in list(c.subs.items()):

@@ -57,6 +57,7 @@ EXAMPLES: list[tuple[T, str, bytes]] = [
     (T.STATUS_REPLY, "a (shortened) status map",
      wire.encode_status_reply({"node": "n1", "state": "ready", "subscriptions": 3})),
     (T.MAP, "send me your cluster map", wire.encode_map_request(CID, COOKIE)),
+    (T.BYE, "the client closed (session 1764000000000)", wire.encode_bye(CID, COOKIE, 1764000000000)),
 ]  # fmt: skip
 
 

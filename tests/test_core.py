@@ -9,6 +9,7 @@ import pytest
 from roost.client import wire
 from roost.client.text import parse_untrusted_text
 from roost.client.wire import E, Mode, Reason, T
+from roost.node.actions import Log
 from tests.corekit import connect, delivered, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
@@ -218,6 +219,35 @@ def test_silent_subscriber_is_dropped_after_timeout():
     assert delivered(pub.pub([("t", b"x")], now=8.0), A) == []
     (pong,) = frames_to(sub.ping(8.0), A)
     assert pong[2] is False  # the client learns it was forgotten
+
+
+def test_bye_drops_the_client_at_once_and_logs_client_closed():
+    core = make_core(subscriber_timeout=3.0, ping_interval=0.5)
+    sub, pub = connect(core, A, B)
+    sub.sub("t")
+    sub.sub("u", mode=0)
+    out = sub.send(wire.encode_bye(sub.cid, sub.cookie, sub.session), 1.0)
+    assert sends(out) == []  # (a BYE is not answered)
+    assert [(a.event, a.fields["subs"]) for a in out if isinstance(a, Log)] == [("client_closed", 2)]
+    assert sub.cid not in core.clients and core.index.count == 0
+    assert core.metrics["clients_closed"] == 1
+    assert delivered(pub.pub([("t", b"x")], now=1.5), A) == []
+    later = core.tick(20.0)  # nothing is left to time out
+    assert [a.event for a in later if isinstance(a, Log)] == []
+    assert core.metrics["clients_timed_out"] == 0
+
+
+def test_a_bye_of_another_session_or_with_a_bad_cookie_changes_nothing():
+    core = make_core()
+    sub, intruder = connect(core, A, B)
+    sub.sub("t")
+    before = core.state_digest()
+    stale = sub.send(wire.encode_bye(sub.cid, sub.cookie, sub.session + 1), 1.0)  # (not this process's)
+    forged = core.handle_datagrams([(wire.encode_bye(sub.cid, intruder.cookie, sub.session), B)], 1.0)
+    assert core.state_digest() == before and core.metrics["bye_ignored"] == 1
+    assert [f[:2] for f in frames_to(forged, B)] == [(T.ERROR, E.BAD_COOKIE)]
+    assert [a for a in stale if isinstance(a, Log)] == []
+    assert delivered(intruder.pub([("t", b"x")], now=2.0), A) != []
 
 
 def test_cannot_subscribe_another_address():

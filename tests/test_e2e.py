@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -67,6 +68,23 @@ def test_sub_timeout_exits_non_zero_with_a_message(node):
     assert "timed out after 0.5 s with 0 of 1 messages" in r.stderr
 
 
+def test_a_cli_client_that_exits_says_bye_and_leaves_no_time_out(tmp_path):
+    node = Node(tmp_path, extra="[timeouts]\nsubscriber_timeout = 60.0\n")
+    try:
+        sub = start_sub(node.addr, "bye", 1)
+        assert roost("pub", "bye", "one", "--node", node.addr).returncode == 0
+        assert sub_lines(sub) == ["one"]
+        # The subscriber closed; with a 60 s time-out, only its BYE can have dropped it by now (the
+        # publisher held no subscription: the node kept no record of it to drop).
+        wait_until(lambda: "event=client_closed" in node.log.read_text(), what="client_closed in the log")
+        status = json.loads(roost("status", "--node", node.addr, "--json").stdout)
+        assert status["clients"] == 0 and status["metrics"]["clients_closed"] == 1
+    finally:
+        assert node.stop() == 0
+    log = node.log.read_text()
+    assert "client_timed_out" not in log and log.count("event=node_stopped") == 1
+
+
 def test_pub_to_a_dead_node_fails_clearly():
     r = roost("pub", "t", "x", "--node", f"127.0.0.1:{free_udp_port()}")
     assert r.returncode != 0 and "no answer from node" in r.stderr
@@ -122,7 +140,7 @@ def test_clean_shutdown_on_signal(tmp_path, sig):
     n = Node(tmp_path)
     assert n.stop(sig) == 0
     log = n.log.read_text()
-    assert "node=e2e event=signal" in log and "event=node_stopped" in log
+    assert "node=e2e event=signal" in log and log.count("event=node_stopped") == 1
     for line in log.splitlines():
         assert " node=e2e " in line
 

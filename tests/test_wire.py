@@ -58,6 +58,7 @@ EVERY_FRAME = {
     T.COMMIT: (durablewire.encode_commit(CID, COOKIE, PID, "w", "t", 3, 15),
                (T.COMMIT, CID, COOKIE, PID, "w", "t", 3, 15)),
     T.COMMITTED: (durablewire.encode_committed("w", 3, 15, 0), (T.COMMITTED, "w", 3, 15, 0)),
+    T.BYE: (wire.encode_bye(CID, COOKIE, 2**64 - 1), (T.BYE, CID, COOKIE, 2**64 - 1)),
 }  # fmt: skip
 
 
