@@ -19,11 +19,11 @@ from roost import __version__
 from roost.client.cli import add_client_commands
 from roost.cluster import admin
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
-from roost.cluster.launcher import DEFAULT_RUN_DIR, Launcher, free_tcp_port, node_command
+from roost.cluster.launcher import DEFAULT_RUN_DIR, Launcher, find_run_dir, free_tcp_port, node_command
 from roost.cluster.server import ClusterNode
 from roost.node.config import ConfigError, config_doc, load_node_config, parse_hostport, read_toml
 from roost.node.procs import free_udp_port
-from roost.node.server import NodeServer, run_until_signal, wait_for_signal
+from roost.node.server import CannotBind, NodeServer, run_until_signal, wait_for_signal
 from roost.pipeline import audit
 
 
@@ -90,9 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     leave.add_argument("id", help="the member's id")
     leave.add_argument("--config", default=None, metavar="FILE", help="the cluster's config (default: the one "
                        "`cluster up` used)")
-    for p in (up, down, kill, start, join, leave):
+    for p in (up, join):
         p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR",
-                       help="where the members' pid files, logs and data go")
+                       help="where the members' pid files and logs go")
+    for p in (down, kill, start, leave):
+        p.add_argument("--run-dir", default=None, metavar="DIR",
+                       help="the cluster's run directory (default: the one `cluster up` used, found by the member)")
     c.set_defaults(func=cmd_cluster)
     au = sub.add_parser("audit", help="audit run event logs with Spark (report, summary, plots)",
                         description=audit.DESCRIPTION)
@@ -113,14 +116,16 @@ def cmd_node(args: argparse.Namespace) -> int:
         cfg = load_node_config(args.config, data) if args.config else load_node_config(None)
         if args.bind_host:
             cfg.client_addr = (args.bind_host, cfg.client_addr[1])
+            if cfg.monitor_addr:
+                port = parse_hostport(cfg.monitor_addr)[1]
+                cfg.monitor_addr = f"[{args.bind_host}]:{port}" if ":" in args.bind_host else f"{args.bind_host}:{port}"
     except ConfigError as exc:
         print(f"roost node: {exc}", file=sys.stderr)
         return 2
     try:
         trio.run(run_until_signal, lambda: NodeServer(cfg))
-    except OSError as exc:
-        print(f"roost node: cannot bind {cfg.client_addr[0]}:{cfg.client_addr[1]}: {exc.strerror}",
-              file=sys.stderr)  # fmt: skip
+    except CannotBind as exc:
+        print(f"roost node: {cfg.id}: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -144,14 +149,13 @@ def _run_member(args: argparse.Namespace, data: dict[str, object]) -> int:
     node = ClusterNode(cc, args.id, bind_host=args.bind_host, peer_hosts=hosts, roster=roster)
     try:
         trio.run(_run_cluster_node, node)
-    except OSError as exc:  # the peer (TCP) port
-        host, port = node.bind_host or node.me.peer_addr[0], node.me.peer_addr[1]
-        print(f"roost node: {args.id}: cannot bind {host}:{port} (peer port): {exc.strerror or exc}",
-              file=sys.stderr)  # fmt: skip
+    except CannotBind as exc:  # the peer (TCP) port or the monitoring port
+        print(f"roost node: {args.id}: {exc}", file=sys.stderr)
         return 1
     if node.bind_error is not None:
         host, port = node.cfg.client_addr
-        print(f"roost node: {args.id}: cannot bind {host}:{port}: {node.bind_error.strerror}", file=sys.stderr)
+        print(f"roost node: {args.id}: cannot bind {host}:{port} (client port): {node.bind_error.strerror}",
+              file=sys.stderr)  # fmt: skip
         return 1
     if node.fatal:
         print(f"roost node: {args.id}: {node.fatal}", file=sys.stderr)
@@ -227,12 +231,12 @@ async def _run_cluster_node(node: ClusterNode) -> None:
         await wait_for_signal(node.log)
         await node.stop()
 
-    error: OSError | None = None
+    error: CannotBind | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stop_on_signal)
         try:
             await node.run()
-        except OSError as exc:  # the peer port (raised here, not inside the nursery's group)
+        except CannotBind as exc:  # (raised here, not inside the nursery's group: one plain error)
             error = exc
         nursery.cancel_scope.cancel()
     if error is not None:
@@ -240,8 +244,10 @@ async def _run_cluster_node(node: ClusterNode) -> None:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    launcher = Launcher(args.run_dir)
     try:
+        if args.run_dir is None:
+            args.run_dir = find_run_dir(getattr(args, "id", None), running=args.action in ("kill", "down", "leave"))
+        launcher = Launcher(args.run_dir)
         if args.action == "join":
             return cmd_join(args)
         if args.action == "leave":

@@ -2,7 +2,8 @@
 
     [cluster]   secret, mode and the cluster timeouts (table below)
     [durable]   fsync policy, segments, retention and limits of durable partition logs
-    [[members]] id, client_addr (UDP), peer_addr (TCP), data_dir
+    [[members]] id, client_addr (UDP), peer_addr (TCP), data_dir; optional advertise_addr (what
+                clients are told, default client_addr) and monitor_addr (HTTP monitoring)
     [node] [limits] [timeouts]   node settings shared by every member
 
 Validated at load with the same messages as a node config (file, key, what is
@@ -117,6 +118,7 @@ CLUSTER_SETTINGS: list[Setting] = [
 ]  # fmt: skip
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MEMBER_KEYS = ("id", "client_addr", "peer_addr", "data_dir", "advertise_addr", "monitor_addr")
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,13 @@ class Member:
     client_addr: tuple[str, int]
     peer_addr: tuple[str, int]
     data_dir: str
+    advertise_addr: tuple[str, int] | None = None  # what clients are told, when not client_addr
+    monitor_addr: tuple[str, int] | None = None  # this member's HTTP monitoring endpoint
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """The client address WELCOME and the cluster map name for this member."""
+        return self.advertise_addr or self.client_addr
 
 
 class ClusterSettings:
@@ -188,6 +197,10 @@ class ClusterConfig:
         check_consistency(cfg, self.source)
         cfg.id = m.id
         cfg.client_addr = (bind_host or m.client_addr[0], m.client_addr[1])
+        cfg.advertise_addr = f"{m.advertised[0]}:{m.advertised[1]}"
+        if m.monitor_addr is not None:
+            host = bind_host or m.monitor_addr[0]
+            cfg.monitor_addr = f"[{host}]:{m.monitor_addr[1]}" if ":" in host else f"{host}:{m.monitor_addr[1]}"
         cfg.source = self.source
         return cfg
 
@@ -207,8 +220,9 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
         if section not in allowed:
             raise ConfigError(f"{source}: unknown section [{section}]; allowed: "
                               + ", ".join(f"[{s}]" for s in allowed))  # fmt: skip
-    if "id" in data.get("node", {}) or "client_addr" in data.get("node", {}):
-        raise ConfigError(f"{source}: [node] id/client_addr: set per member in [[members]], not in [node]")
+    for key in ("id", "client_addr", "advertise_addr"):
+        if key in data.get("node", {}):
+            raise ConfigError(f"{source}: [node] {key}: set per member in [[members]], not in [node]")
     settings = ClusterSettings()
     apply_sections(settings, source, data, ("cluster", "durable"), CLUSTER_SETTINGS)
     if not settings.secret:
@@ -232,25 +246,34 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
         where = f"{source}: [[members]] #{i + 1}"
         if not isinstance(m, dict):
             raise ConfigError(f"{where}: must be a table")
-        extra = set(m) - {"id", "client_addr", "peer_addr", "data_dir"}
+        extra = set(m) - set(MEMBER_KEYS)
         if extra:
-            raise ConfigError(f"{where} {sorted(extra)[0]}: unknown key; known keys: "
-                              "id, client_addr, peer_addr, data_dir")  # fmt: skip
+            raise ConfigError(f"{where} {sorted(extra)[0]}: unknown key; known keys: {', '.join(MEMBER_KEYS)}")
         mid = m.get("id")
         if not isinstance(mid, str) or not _ID.match(mid):
             raise ConfigError(f"{where} id = {mid!r}: must be 1..64 chars of [A-Za-z0-9_.-]")
-        addrs = []
+        addrs: list[tuple[str, int] | None] = []
         for key in ("client_addr", "peer_addr"):
             try:
                 addrs.append(parse_hostport(m.get(key)))  # type: ignore[arg-type]
             except (ValueError, AttributeError, TypeError):
                 raise ConfigError(f"{where} {key} = {m.get(key)!r}: must be HOST:PORT with an IP address") from None
+        for key in ("advertise_addr", "monitor_addr"):
+            if key in m:
+                try:
+                    addrs.append(parse_hostport(m[key]))
+                except (ValueError, AttributeError, TypeError):
+                    raise ConfigError(f"{where} {key} = {m[key]!r}: must be HOST:PORT with an IP address") from None
+            else:
+                addrs.append(None)
         dd = m.get("data_dir")
         if not isinstance(dd, str) or not dd:
             raise ConfigError(f"{where} data_dir = {dd!r}: must be a directory path")
-        members.append(Member(mid, addrs[0], addrs[1], dd))
-    for key in ("id", "client_addr", "peer_addr", "data_dir"):
-        seen = [getattr(m, key) for m in members]
+        client, peer, advertise, monitor = addrs
+        assert client is not None and peer is not None
+        members.append(Member(mid, client, peer, dd, advertise, monitor))
+    for key in ("id", "client_addr", "peer_addr", "data_dir", "advertise_addr", "monitor_addr"):
+        seen = [getattr(m, key) for m in members if getattr(m, key) is not None]
         dup = next((v for v in seen if seen.count(v) > 1), None)
         if dup is not None:
             raise ConfigError(f"{source}: [[members]] {key} = {dup!r}: must be unique across members")

@@ -22,18 +22,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from roost.cluster.config import ClusterConfig, load_cluster_config
-from roost.node.procs import free_port, wait_listening
+from roost.node.config import ConfigError
+from roost.node.procs import free_port, is_ready, not_ready, wait_ready
 
 DEFAULT_RUN_DIR = "run/cluster"
+#: How long a member may take to be ready (a PULL of millions of subscriptions takes a while); a
+#: member that exits is reported at once.
+READY_TIMEOUT = 60.0
 
 
 def write_local_config(
     path: Path, n: int = 3, secret: str = "local-secret-0123456789", cluster_extra: str = "", node_extra: str = "",
-    hosts: list[str] | None = None,
+    hosts: list[str] | None = None, monitor: bool = False,
 ) -> dict[str, tuple[int, int]]:
     """A cluster config for ``n`` members on free loopback ports (tests, scripts);
     ``hosts``: one loopback address per member (chaos runs tell members apart by
-    address), 127.0.0.1 for all by default.
+    address), 127.0.0.1 for all by default; ``monitor``: each member gets a monitoring
+    endpoint on a free port too (its ``monitor_addr`` in the loaded config).
 
     Returns {member id: (client UDP port, peer TCP port)}.
     """
@@ -54,8 +59,9 @@ def write_local_config(
     ports = {f"n{i + 1}": (fresh(free_udp_port, where[i]), fresh(free_tcp, where[i])) for i in range(n)}
     parts = [f'[cluster]\nsecret = "{secret}"\n{cluster_extra}']
     for (mid, (udp, tcp)), host in zip(ports.items(), where, strict=True):
+        http = f'monitor_addr = "{host}:{fresh(free_tcp, host)}"\n' if monitor else ""
         parts.append(f'[[members]]\nid = "{mid}"\nclient_addr = "{host}:{udp}"\n'
-                     f'peer_addr = "{host}:{tcp}"\ndata_dir = "{path.parent}/data/{mid}"\n')  # fmt: skip
+                     f'peer_addr = "{host}:{tcp}"\ndata_dir = "{path.parent}/data/{mid}"\n{http}')  # fmt: skip
     parts.append(node_extra)
     path.write_text("\n".join(parts))
     return ports
@@ -91,6 +97,14 @@ class Launcher:
         except (OSError, ValueError, KeyError):
             raise SystemExit(f"roost cluster: no cluster was started with run dir {self.run_dir}") from None
 
+    def has_member(self, member_id: str) -> bool:
+        """Is ``member_id`` in the config this run directory's cluster was started with?"""
+        try:
+            cc = load_cluster_config(self.config_path())
+        except (ConfigError, SystemExit):
+            return False
+        return any(m.id == member_id for m in cc.members)
+
     def pid_of(self, member_id: str) -> int | None:
         """The pid of our running member, or None (stale pid files are removed)."""
         try:
@@ -111,15 +125,11 @@ class Launcher:
     def start(self, cc: ClusterConfig, config: str, member_id: str, wait: bool = True) -> subprocess.Popen[bytes]:
         cc.member(member_id)
         if self.pid_of(member_id) is not None:
-            raise SystemExit(f"roost cluster: {member_id} is already running (pid {self.pid_of(member_id)})")
+            raise RuntimeError(f"{member_id} is already running (pid {self.pid_of(member_id)})")
         self._save_config_path(config)
-        log = open(self._logfile(member_id), "ab")  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(node_command(config, member_id), stdout=log, stderr=log, start_new_session=True)
-        log.close()
-        self._pidfile(member_id).write_text(str(proc.pid))
+        proc = self._spawn(member_id, node_command(config, member_id))
         if wait:
-            m = cc.member(member_id)
-            wait_listening(proc, m.client_addr[0], m.client_addr[1], timeout=60)
+            self.wait_ready(proc, member_id, cc.member(member_id).client_addr)
         return proc
 
     def start_command(self, member_id: str, command: list[str], client: tuple[str, int]) -> subprocess.Popen[bytes]:
@@ -127,12 +137,27 @@ class Launcher:
         if self.pid_of(member_id) is not None:
             raise RuntimeError(f"{member_id} is already running (pid {self.pid_of(member_id)})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        proc = self._spawn(member_id, command)
+        self.wait_ready(proc, member_id, client)
+        return proc
+
+    def _spawn(self, member_id: str, command: list[str]) -> subprocess.Popen[bytes]:
         log = open(self._logfile(member_id), "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
         log.close()
         self._pidfile(member_id).write_text(str(proc.pid))
-        wait_listening(proc, client[0], client[1], timeout=60)
+        remember(self.run_dir)
         return proc
+
+    def wait_ready(self, proc: subprocess.Popen[bytes], member_id: str, client: tuple[str, int]) -> None:
+        """Until the member's own STATUS answers (its id and pid; a syncing member does not answer
+        yet); RuntimeError naming it, with the end of its log, when it exits first."""
+        try:
+            wait_ready(proc, member_id, client, READY_TIMEOUT, self._logfile(member_id))
+        except RuntimeError:
+            if proc.poll() is not None:
+                self._pidfile(member_id).unlink(missing_ok=True)
+            raise
 
     def logfile(self, member_id: str) -> Path:
         return self._logfile(member_id)
@@ -142,11 +167,16 @@ class Launcher:
 
     def up(self, config: str, detach: bool) -> int:
         cc = load_cluster_config(config)
+        running = {m.id: pid for m in cc.members if (pid := self.pid_of(m.id)) is not None}
+        if running:
+            raise RuntimeError(f"already running from {self.run_dir}: "
+                               + ", ".join(f"{m} (pid {p})" for m, p in running.items()))  # fmt: skip
         procs = {m.id: self.start(cc, config, m.id, wait=False) for m in cc.members}
-        for m in cc.members:
-            wait_listening(procs[m.id], m.client_addr[0], m.client_addr[1], timeout=60)
-            print(f"{m.id} ready: clients udp://{m.client_addr[0]}:{m.client_addr[1]}, "
-                  f"pid {procs[m.id].pid}, log {self._logfile(m.id)}", flush=True)  # fmt: skip
+        try:
+            self._all_ready(cc, procs)
+        except RuntimeError:
+            self._stop_all(procs)
+            raise
         if detach:
             return 0
 
@@ -161,6 +191,39 @@ class Launcher:
         for m in cc.members:
             self._pidfile(m.id).unlink(missing_ok=True)
         return 0 if all(c == 0 for c in codes) else 1
+
+    def _all_ready(self, cc: ClusterConfig, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        """Each member ready, in any order: a member that exits is reported at once (a busy port
+        within a second, not after the others' time-outs)."""
+        waiting = dict(procs)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while waiting:
+            for mid, proc in list(waiting.items()):
+                m = cc.member(mid)
+                if not is_ready(proc, mid, m.client_addr, self._logfile(mid)):
+                    if time.monotonic() >= deadline:
+                        raise not_ready(proc, mid, m.client_addr, READY_TIMEOUT, self._logfile(mid))
+                    continue
+                del waiting[mid]
+                monitor = f", monitor http://{m.monitor_addr[0]}:{m.monitor_addr[1]}" if m.monitor_addr else ""
+                print(f"{mid} ready: clients udp://{m.advertised[0]}:{m.advertised[1]}{monitor}, pid {proc.pid}, "
+                      f"log {self._logfile(mid)}", flush=True)  # fmt: skip
+            if waiting:
+                time.sleep(0.05)
+
+    def _stop_all(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        """``up`` failed: the members it started stop (SIGTERM, then SIGKILL) and are forgotten."""
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for mid, p in procs.items():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            self._pidfile(mid).unlink(missing_ok=True)
+        print(f"roost cluster: stopped the {len(procs)} member(s) this up started", file=sys.stderr)
 
     def signal_member(self, member_id: str, sig: int) -> int | None:
         pid = self.pid_of(member_id)
@@ -207,6 +270,64 @@ class Launcher:
             self._pidfile(member_id).unlink(missing_ok=True)
             print(f"stopped {member_id} (pid {pid})")
         return 0
+
+
+# ------------------------------------------------------------ which run directory
+
+#: Run directories ``up`` used, so that ``kill``/``start``/``down`` without --run-dir find the
+#: cluster wherever it was started (another --run-dir, another working directory).
+REGISTRY_MAX = 50
+
+
+def registry_path() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "roost" / "run-dirs.json"
+
+
+def _registered() -> list[str]:
+    try:
+        dirs = json.loads(registry_path().read_text())
+    except (OSError, ValueError):
+        return []
+    return [d for d in dirs if isinstance(d, str)] if isinstance(dirs, list) else []
+
+
+def remember(run_dir: Path) -> None:
+    """Record ``run_dir`` (best effort: a read-only home only costs the lookup)."""
+    path, me = registry_path(), str(run_dir.resolve())
+    dirs = [me, *(d for d in _registered() if d != me and os.path.isdir(d))][:REGISTRY_MAX]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dirs))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def find_run_dir(member_id: str | None, running: bool) -> str:
+    """The run directory of the cluster a command without --run-dir means: the one whose
+    ``member_id`` (any member, for None) is running, or for ``start`` (``running`` False) the
+    running cluster whose config has ``member_id`` while it is not running. The default
+    directory when none matches; RuntimeError naming them when several do."""
+    found: list[str] = []
+    for d in dict.fromkeys([str(Path(DEFAULT_RUN_DIR).resolve()), *_registered()]):
+        launcher = Launcher(d)
+        if not (Path(d) / "cluster.json").exists():
+            continue
+        alive = any(launcher.pid_of(p.stem) is not None for p in Path(d).glob("*.pid"))
+        if member_id is None:
+            hit = alive
+        elif running:
+            hit = launcher.pid_of(member_id) is not None
+        else:  # (start: a member of a cluster that runs without it)
+            hit = alive and launcher.pid_of(member_id) is None and launcher.has_member(member_id)
+        if hit:
+            found.append(d)
+    if len(found) > 1:
+        what = "a running cluster" if member_id is None else member_id
+        raise RuntimeError(f"{what} in several run directories ({', '.join(found)}): say which with --run-dir")
+    return found[0] if found else DEFAULT_RUN_DIR
 
 
 def _is_zombie(pid: int) -> bool:

@@ -12,7 +12,7 @@ class MemberStatus(MemberParts):
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``)."""
         members = []
-        config = {m.id: m.client_addr for m in self.cc.members}
+        config = {m.id: m.advertised for m in self.cc.members}
         for m in sorted([self.id, *self.peers]):
             e = self.roster.entries.get(m)  # (a member that left keeps the addresses it had)
             client = e.client if e is not None else config[m]

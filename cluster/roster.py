@@ -73,7 +73,7 @@ class Roster:
         """The roster of a config's members and these entries. A member that joined is not
         part of the base even where its own config lists it (``roost node --join``)."""
         joined = {m for m, e in entries if e.joined}
-        r = cls({m.id: (m.client_addr, m.peer_addr) for m in config_members if m.id not in joined})
+        r = cls({m.id: (m.advertised, m.peer_addr) for m in config_members if m.id not in joined})
         r.merge(entries)
         return r
 

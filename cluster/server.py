@@ -34,8 +34,9 @@ from typing import Any, TypeVar
 
 import trio
 
+from roost import __version__
 from roost.client.udp import drain, open_udp, send_all
-from roost.cluster.config import ClusterConfig
+from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig
 from roost.cluster.events import (
     Accepted,
     Close,
@@ -64,8 +65,11 @@ from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from roost.cluster.roster import decode_untrusted_roster
 from roost.cluster.snapshot import SNAPSHOT_FILE
+from roost.node import monitor, monitorhttp
+from roost.node.core import BrokerCore
 from roost.node.logs import EventLog
 from roost.node.segmentlog import sync_dir
+from roost.node.server import CannotBind, open_monitor
 
 T = TypeVar("T")
 
@@ -102,7 +106,7 @@ class ClusterNode:
         self.peer_hosts = peer_hosts
         self.roster = roster or []  # (a member that joined: the roster its JOIN was answered with)
         self.cfg = cc.node_config(member_id, bind_host)
-        self.log = log or EventLog(member_id, self.cfg.log_level)
+        self.log = log or EventLog(member_id, self.cfg.log_level, fmt=self.cfg.log_format)
         self.member: MemberCore | None = None
         self.addr: tuple[str, int] | None = None
         self._links: dict[int, _LinkIO] = {}
@@ -136,12 +140,19 @@ class ClusterNode:
             incarnation=int(time.time() * 1000), bind_host=self.bind_host, peer_hosts=self.peer_hosts,
             roster=decode_untrusted_roster(self.roster),
         )  # fmt: skip
+        self.member.broker.pid = os.getpid()
         host = self.bind_host or self.me.peer_addr[0]
-        listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)
+        except OSError as exc:
+            raise CannotBind(f"cannot bind {host}:{self.me.peer_addr[1]} (peer port): {exc.strerror or exc}") from None
+        monitors = await open_monitor(self.cfg)  # (the monitor answers 503 while we sync)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(trio.serve_listeners, self._inbound, listeners)
+                if monitors:
+                    nursery.start_soon(monitorhttp.serve, monitors, self.documents(), self.log)
                 nursery.start_soon(self._timers)
                 if self.cc.settings.fsync == "interval":
                     nursery.start_soon(self._fsync_timer)
@@ -156,6 +167,25 @@ class ClusterNode:
             if self._sock is not None:
                 self._sock.close()
             self._logs.close()
+
+    def documents(self) -> monitorhttp.Documents:
+        """What the monitoring endpoint shows of this member."""
+        settings = {s.key: getattr(self.cc.settings, s.key) for s in CLUSTER_SETTINGS}
+        info = monitor.Info(self.id, __version__, self.cc.settings.mode, time.time(), trio.current_time(),
+                            monitor.node_settings(self.cfg, settings), self.cfg.monitor_addr)  # fmt: skip
+        return monitorhttp.Documents(info, self._broker, self._health, self._status)
+
+    def _broker(self) -> BrokerCore | None:
+        return None if self.member is None else self.member.broker
+
+    def _health(self) -> tuple[bool, str]:
+        """Ready: synced (the core's phase) and serving clients (the UDP port is bound)."""
+        if self.member is None:
+            return False, "starting"
+        return self.member.phase == "ready" and self.addr is not None, self.member.phase
+
+    def _status(self) -> dict[str, Any] | None:
+        return None if self.member is None else self.member.status()
 
     async def stop(self) -> None:
         """Ask the core to stop (last snapshot), waiting at most stop_timeout."""

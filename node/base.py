@@ -49,6 +49,9 @@ class CoreBase:
         # the REDIRECT frame that carries it (node/core.py, ``set_cluster_map``).
         self.map_epoch = 0
         self.redirect_frame: bytes | None = None
+        # The process serving this core, set by the shell: STATUS tells it, so that a launcher
+        # knows the process it started answers, and not another that holds the port.
+        self.pid: int | None = None
 
     def _send(self, addr: Addr, data: bytes) -> None:
         self._out.append(Send(addr, data))

@@ -37,7 +37,7 @@ class ClientState:
     __slots__ = (
         "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "heard", "mailbox", "parked", "fire",
         "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
-        "redirected",
+        "redirected", "since",
     )  # fmt: skip
 
     def __init__(self, cid: Any, addr: Addr, home: str, now: float) -> None:
@@ -49,6 +49,7 @@ class ClientState:
         self.subs: dict[tuple[str, str | None], int] = {}  # -> version (tombstones too)
         self.live = 0  # subscriptions present (not tombstones)
         self.last_seen = now
+        self.since = now  # when this node made the record (/connz shows the age)
         self.heard = -math.inf  # when the client itself last sent this node a datagram
         self.mailbox: Mailbox | None = None
         # The mailbox of subscriptions another member timed out, with the time (Unix ms) of

@@ -86,8 +86,21 @@ SETTINGS: list[Setting] = [
             "a list of CIDR networks", _nets_ok,
             "Source networks allowed to use the text protocol (it has no address "
             "validation, so it must stay on networks you trust)."),
+    Setting("node", "advertise_addr", "", str, "empty (client_addr) or HOST:PORT with an IP address",
+            lambda v: v == "" or _addr_ok(v),
+            "The address WELCOME and cluster maps tell clients to use for this node, when it is not "
+            "the bound one: a published container port, a NAT, a load balancer's address."),
     Setting("node", "log_level", "info", str, "one of debug, info, warning, error",
             lambda v: v in ("debug", "info", "warning", "error"), "Log verbosity."),
+    Setting("node", "log_format", "logfmt", str, '"logfmt" or "json"', lambda v: v in ("logfmt", "json"),
+            "logfmt: `time LEVEL node=ID event=NAME key=value...`; json: one JSON object per line "
+            "with the same fields (`ts`, `level`, `node`, `event`, ...). Rotation is the platform's "
+            "(journald, Docker's log driver, logrotate with copytruncate)."),
+    Setting("monitor", "addr", "", str, "empty (off) or HOST:PORT with an IP address",
+            lambda v: v == "" or _addr_ok(v),
+            "HTTP monitoring endpoint (/healthz, /varz, /connz, /subsz, /clusterz, /metrics; "
+            "docs/operations.md). Off by default; keep it on loopback or a private network: it "
+            "has no authentication."),
     number("limits", "max_datagram", 16384, int, 1200, 65507,
             "Largest datagram accepted or sent. Bigger datagrams are refused with "
             "too_large; outgoing batches are coalesced up to this size."),
@@ -148,8 +161,11 @@ class NodeConfig:
 
     id: str
     client_addr: tuple[str, int]
+    advertise_addr: str
     text_networks: list[str]
     log_level: str
+    log_format: str
+    monitor_addr: str
     max_datagram: int
     max_payload: int
     mailbox_capacity: int
@@ -180,10 +196,17 @@ class NodeConfig:
         self.source = "<defaults>"
 
 
+def attr_of(section: str, key: str) -> str:
+    """The attribute a setting is stored in: its key, or ``monitor_addr`` for [monitor] addr
+    (a NodeConfig holds the settings of several sections side by side)."""
+    return f"monitor_{key}" if section == "monitor" else key
+
+
 def fill_defaults(obj: Any, table: list[Setting]) -> None:
     """Set every setting of ``table`` on ``obj`` to its documented default."""
     for s in table:
-        setattr(obj, s.key, parse_hostport(s.default) if s.key == "client_addr" else copy(s.default))
+        value = parse_hostport(s.default) if s.key == "client_addr" else copy(s.default)
+        setattr(obj, attr_of(s.section, s.key), value)
 
 
 def validate_value(
@@ -215,10 +238,10 @@ def apply_sections(
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
         for key, value in values.items():
-            setattr(cfg, key, validate_value(source, section, key, value, table))
+            setattr(cfg, attr_of(section, key), validate_value(source, section, key, value, table))
 
 
-NODE_SECTIONS = ("node", "limits", "timeouts")
+NODE_SECTIONS = ("node", "limits", "timeouts", "monitor")
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -6,10 +6,15 @@ cluster launcher to come), so that there is one way to start a node process.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import subprocess
 import time
+from pathlib import Path
+from typing import Any
+
+from roost.client import wire
 
 FASTPUSS_LINE = (b"SUB t1\n", b"PUB t1\nhello world  ")
 
@@ -59,6 +64,82 @@ def wait_listening(proc: subprocess.Popen[bytes], host: str, port: int, timeout:
             return
         time.sleep(0.05)
     raise RuntimeError(f"node did not listen on {host}:{port} within {timeout} s")
+
+
+def probe_status(host: str, port: int, timeout: float = 0.25) -> dict[str, Any] | None:
+    """What the node at ``host:port`` says of itself (HELLO, then STATUS), or None when nothing
+    answers within ``timeout``. Its ``node`` and ``pid`` tell a launcher that the process it
+    started is the one serving, and not another that holds the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    cid = os.urandom(wire.ID_LEN)
+    deadline = time.monotonic() + timeout
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.sendto(wire.encode_hello(cid), (host, port))
+            welcome = _reply(s, wire.T.WELCOME, deadline)
+            if welcome is None:
+                return None
+            s.sendto(wire.encode_status(cid, welcome[2]), (host, port))
+            reply = _reply(s, wire.T.STATUS_REPLY, deadline)
+        except OSError:
+            return None
+    return reply[1] if reply is not None and isinstance(reply[1], dict) else None
+
+
+def _reply(s: socket.socket, ftype: wire.T, deadline: float) -> tuple[Any, ...] | None:
+    while (left := deadline - time.monotonic()) > 0:
+        s.settimeout(left)
+        try:
+            data = s.recv(65536)
+        except (TimeoutError, OSError):
+            return None
+        try:
+            frame = wire.decode_untrusted_frame(data)
+        except wire.WireError:
+            continue
+        if frame[0] is ftype:
+            return frame
+    return None
+
+
+def log_tail(path: Path, lines: int = 8) -> str:
+    """The last lines of a process's log, indented, for an error message."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "    (no log)"
+    return "\n".join("    " + line for line in text) or "    (the log is empty)"
+
+
+def is_ready(proc: subprocess.Popen[bytes], member: str, addr: tuple[str, int], log: Path | None = None) -> bool:
+    """Does ``proc`` serve at ``addr`` as ``member`` now? Its own STATUS must name the member and
+    the process id. Raises RuntimeError naming the member (and the end of its log) if the
+    process has exited."""
+    code = proc.poll()
+    if code is not None:
+        tail = f"; the end of its log ({log}):\n{log_tail(log)}" if log is not None else ""
+        raise RuntimeError(f"{member} exited with status {code} before it was ready{tail}")
+    st = probe_status(*addr)
+    return st is not None and st.get("node") == member and st.get("pid") == proc.pid and \
+        st.get("state", "ready") == "ready"  # fmt: skip
+
+
+def wait_ready(proc: subprocess.Popen[bytes], member: str, addr: tuple[str, int], timeout: float,
+               log: Path | None = None) -> None:  # fmt: skip
+    """Block until :func:`is_ready`; RuntimeError when the process exits or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not is_ready(proc, member, addr, log):
+        if time.monotonic() >= deadline:
+            raise not_ready(proc, member, addr, timeout, log)
+        time.sleep(0.05)
+
+
+def not_ready(proc: subprocess.Popen[bytes], member: str, addr: tuple[str, int], timeout: float,
+              log: Path | None) -> RuntimeError:  # fmt: skip
+    st = probe_status(*addr)
+    who = "" if st is None else f" (udp://{addr[0]}:{addr[1]} is answered by {st.get('node')}, pid {st.get('pid')})"
+    tail = f"; the end of its log ({log}):\n{log_tail(log)}" if log is not None else ""
+    return RuntimeError(f"{member} (pid {proc.pid}) was not ready within {timeout:g} s{who}{tail}")
 
 
 def fastpuss_roundtrip(host: str, port: int, timeout: float = 3.0) -> bytes:

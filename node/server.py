@@ -8,6 +8,7 @@ cleanly on SIGINT/SIGTERM or cancellation.
 from __future__ import annotations
 
 import math
+import os
 import random
 import secrets
 import signal
@@ -17,9 +18,11 @@ from typing import Any
 
 import trio
 
+from roost import __version__
 from roost.client import wire
 from roost.client.udp import drain, open_udp, send_all
-from roost.node.config import NodeConfig
+from roost.node import monitor, monitorhttp
+from roost.node.config import NodeConfig, parse_hostport
 from roost.node.core import BrokerCore, Log, Send, StatusQuery
 from roost.node.logs import EventLog
 
@@ -27,15 +30,23 @@ from roost.node.logs import EventLog
 class NodeServer:
     def __init__(self, cfg: NodeConfig, log: EventLog | None = None, core: BrokerCore | None = None) -> None:
         self.cfg = cfg
-        self.log = log or EventLog(cfg.id, cfg.log_level)
-        self.sock = open_udp(*cfg.client_addr)
+        self.log = log or EventLog(cfg.id, cfg.log_level, fmt=cfg.log_format)
+        try:
+            self.sock = open_udp(*cfg.client_addr)
+        except OSError as exc:
+            host, port = cfg.client_addr
+            raise CannotBind(f"cannot bind {host}:{port} (client port): {exc.strerror or exc}") from None
         self.addr = self.sock.getsockname()[:2]
+        self.stopping = False
+        self.listeners: list[trio.SocketListener] | None = None
+        advertised = parse_hostport(cfg.advertise_addr) if cfg.advertise_addr else self.addr
         # The cluster map in WELCOME names the port actually bound: with port 0
         # in the config it is only known now, and clients refuse a map with port 0.
         self.core = core or BrokerCore(
             cfg, secrets.token_bytes(32), random.Random(), int(time.time() * 1000),
-            members=[[cfg.id, *self.addr]],
+            members=[[cfg.id, *advertised]],
         )  # fmt: skip
+        self.core.pid = os.getpid()
         # Actions beyond Send and Log (a cluster member handles Replicate and
         # adds its view to StatusQuery); returns what to send instead.
         self.on_action: Callable[[Any], list[tuple[Any, bytes]]] | None = None
@@ -54,7 +65,30 @@ class NodeServer:
                 sends.append(Send(a.addr, wire.encode_status_reply(a.status)))
         return sends
 
+    def documents(self) -> monitorhttp.Documents:
+        """What the monitoring endpoint shows of this node."""
+        info = monitor.Info(self.cfg.id, __version__, "single", time.time(), trio.current_time(),
+                            monitor.node_settings(self.cfg), self.cfg.monitor_addr)  # fmt: skip
+        return monitorhttp.Documents(info, lambda: self.core, self._health)
+
+    def _health(self) -> tuple[bool, str]:
+        return (False, "stopping") if self.stopping else (True, "ready")
+
+    async def open(self) -> None:
+        """Bind the monitoring port, if any (CannotBind). ``run`` does it when nobody did: a
+        caller that wants the error plain, outside any nursery, calls this first."""
+        self.listeners = await open_monitor(self.cfg)
+
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        if self.listeners is None:
+            await self.open()
+        async with trio.open_nursery() as nursery:
+            if self.listeners:
+                nursery.start_soon(monitorhttp.serve, self.listeners, self.documents(), self.log)
+            await self._serve(task_status)
+            nursery.cancel_scope.cancel()
+
+    async def _serve(self, task_status: Any) -> None:
         core, sock = self.core, self.sock
         bufsize = self.cfg.max_datagram + 1  # one more byte tells "too large" apart
         self.log("info", "node_started", addr=f"{self.addr[0]}:{self.addr[1]}",
@@ -79,8 +113,24 @@ class NodeServer:
                     with trio.move_on_at(deadline if deadline is not None else math.inf):
                         await trio.lowlevel.wait_readable(sock)
         finally:
+            self.stopping = True
             sock.close()
             self.log("info", "node_stopped", **_summary(core))
+
+
+class CannotBind(Exception):
+    """A port this node needs is taken or not ours to bind: the message says which, in one line."""
+
+
+async def open_monitor(cfg: NodeConfig) -> list[trio.SocketListener]:
+    """The monitoring endpoint's listeners ([monitor] addr), or none when it is off."""
+    if not cfg.monitor_addr:
+        return []
+    host, port = parse_hostport(cfg.monitor_addr)
+    try:
+        return await monitorhttp.open_listeners((host, port))
+    except OSError as exc:
+        raise CannotBind(f"cannot bind {cfg.monitor_addr} (monitor port): {exc.strerror or exc}") from None
 
 
 def _summary(core: BrokerCore) -> dict[str, Any]:
@@ -104,6 +154,7 @@ async def wait_for_signal(log: EventLog) -> None:
 async def run_until_signal(make: Callable[[], NodeServer]) -> None:
     """Run a node until SIGINT or SIGTERM, then shut it down cleanly."""
     server = make()
+    await server.open()
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         await wait_for_signal(server.log)

@@ -83,7 +83,7 @@ class Node:
 
 class LocalCluster:
     def __init__(self, tmp: Path, n: int = 3, secret: str = "test-secret-0123456789", limits: str = "",
-                 cluster_extra: str = "") -> None:  # fmt: skip
+                 cluster_extra: str = "", monitor: bool = False) -> None:  # fmt: skip
         self.tmp = tmp
         self.config = tmp / "cluster.toml"
         ports = write_local_config(
@@ -91,7 +91,7 @@ class LocalCluster:
             cluster_extra="heartbeat_interval = 0.1\nsuspect_after = 0.3\ndown_after = 0.8\n"
             "anti_entropy_interval = 1.0\nsnapshot_interval = 1.0\n" + cluster_extra,
             node_extra='[node]\nlog_level = "info"\n[timeouts]\nsubscriber_timeout = 5.0\n'
-            + (f"[limits]\n{limits}\n" if limits else ""),
+            + (f"[limits]\n{limits}\n" if limits else ""), monitor=monitor,
         )  # fmt: skip
         self.ids = list(ports)
         self.client_ports = {m: p[0] for m, p in ports.items()}
@@ -101,6 +101,12 @@ class LocalCluster:
 
     def addr(self, member: str) -> str:
         return f"127.0.0.1:{self.client_ports[member]}"
+
+    def monitor(self, member: str) -> str:
+        """The member's monitoring endpoint, ``http://HOST:PORT`` (with ``monitor=True``)."""
+        m = self.cc.member(member).monitor_addr
+        assert m is not None, "LocalCluster(monitor=True) gives members a monitoring endpoint"
+        return f"http://{m[0]}:{m[1]}"
 
     def start(self, *members: str) -> None:
         procs = [self.launcher.start(self.cc, str(self.config), m, wait=False) for m in members or self.ids]

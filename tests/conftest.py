@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,11 @@ from roost.node.config import NodeConfig
 from roost.node.logs import EventLog
 from roost.node.server import NodeServer
 from tests.clusterkit import ROOT
+
+# `roost cluster up` records its run directories under $XDG_STATE_HOME/roost (cluster/launcher.py):
+# the tests' clusters go into a directory of this session's, not the user's.
+_STATE = os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="roost-test-state-")
+atexit.register(shutil.rmtree, _STATE, True)
 
 
 @pytest.fixture

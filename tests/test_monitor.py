@@ -1,0 +1,229 @@
+"""The monitoring endpoint: its documents from a core driven by hand, then the HTTP server of a
+real node in this process, then a real cluster member's /healthz through its start-up."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from roost import Client
+from roost.cluster.config import CLUSTER_SETTINGS
+from roost.node import monitor
+from roost.node.config import NodeConfig
+from roost.node.logs import EventLog
+from roost.node.server import NodeServer
+from tests.clusterkit import LocalCluster
+from tests.corekit import connect, make_core
+from tests.polling import wait_until
+
+INFO = monitor.Info("n1", "9.9", "single", 1.7e9, 0.0, {"max_datagram": 16384})
+
+
+def families(text: bytes) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
+
+
+def sample(fams: dict[str, Any], name: str, **labels: str) -> float:
+    (value,) = [s.value for f in fams.values() for s in f.samples
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]  # fmt: skip
+    return float(value)
+
+
+# ------------------------------------------------------------ documents, from a core
+
+
+def test_varz_counts_traffic_and_messages_and_names_drops():
+    core = make_core()
+    sub, pub = connect(core, ("127.0.0.1", 5001), ("127.0.0.1", 5002))
+    sub.sub("t")
+    pub.pub([("t", b"x")] * 3, now=1.0)
+    core.handle_datagrams([(b"FOO t\n", ("203.0.113.9", 1))], 1.0)  # (not a text network: dropped)
+    v = monitor.varz(core, INFO, 5.0)
+    assert (v["server_id"], v["version"], v["uptime_s"]) == ("n1", "9.9", 5.0)
+    assert v["in_msgs"] == 3 and v["out_msgs"] == 3 and v["clients"] == 1 and v["subscriptions"] == 1
+    assert v["in_datagrams"] == core.metrics["datagrams_in"] > 0 and v["in_bytes"] > v["in_datagrams"]
+    assert v["out_datagrams"] > 0 and v["out_bytes"] > v["out_datagrams"]
+    assert v["drops"] == {"dropped_forbidden": 1, "error_forbidden": 1}
+    assert v["config"] == {"max_datagram": 16384}
+
+
+def test_settings_shown_never_include_the_secret():
+    settings = {s.key: s.default for s in CLUSTER_SETTINGS} | {"secret": "do-not-show-0123456789"}
+    shown = monitor.node_settings(NodeConfig(monitor_addr="127.0.0.1:8222"), settings)
+    assert "secret" not in shown and "do-not-show" not in json.dumps(shown)
+    assert shown["monitor_addr"] == "127.0.0.1:8222" and shown["client_addr"] == "127.0.0.1:7400"
+    assert shown["pull_timeout"] == 30.0
+
+
+def test_connz_pages_by_address_and_lists_subscriptions_on_request():
+    core = make_core()
+    clients = connect(core, *[("127.0.0.1", 6000 + i) for i in range(5)])
+    for i, c in enumerate(clients):
+        c.sub(f"t{i}", now=float(i))
+    page = monitor.connz(core, 10.0, {"offset": "1", "limit": "2", "subs": "1"})
+    assert (page["total"], page["offset"], page["count"]) == (5, 1, 2)
+    assert [r["addr"] for r in page["connections"]] == ["127.0.0.1:6001", "127.0.0.1:6002"]
+    assert page["connections"][0]["subs"] == [["t1", "reliable"]] and page["connections"][0]["age_s"] == 9.0
+    assert monitor.connz(core, 10.0, {"offset": "4"})["count"] == 1
+    for bad in ({"limit": "0"}, {"limit": "5000"}, {"offset": "-1"}, {"limit": "x"}):
+        with pytest.raises(monitor.BadQuery):
+            monitor.connz(core, 10.0, bad)
+
+
+def test_subsz_by_topic_keeps_the_filters_a_message_would_match():
+    core = make_core()
+    (c,) = connect(core, ("127.0.0.1", 6000))
+    c.cmds([(1, "a.b", None, 1), (1, "a.*", None, 0), (1, "a.>", "k", 1), (1, "x.y", None, 1)])
+    every = monitor.subsz(core, {})
+    assert every["num_subscriptions"] == 4 and every["total"] == 4
+    hit = monitor.subsz(core, {"topic": "a.b"})
+    assert [(s["filter"], s["key"], s["reliable"]) for s in hit["subscriptions"]] == [
+        ("a.*", None, 0), ("a.>", "k", 1), ("a.b", None, 1)]
+    assert [s["filter"] for s in monitor.subsz(core, {"topic": "a.b.c"})["subscriptions"]] == ["a.>"]
+    with pytest.raises(monitor.BadQuery, match="wildcards"):
+        monitor.subsz(core, {"topic": "a.*"})
+
+
+def test_metrics_parse_and_agree_with_the_core():
+    core = make_core()
+    sub, pub = connect(core, ("127.0.0.1", 5001), ("127.0.0.1", 5002))
+    sub.sub("t")
+    pub.pub([("t", b"x")] * 7)
+    status = {"state": "ready", "members": [{"id": "n1", "state": "ready", "queue": 0},
+                                            {"id": "n2", "state": "down", "queue": 12}], "map": {"epoch": 4}}
+    fams = families(monitor.metrics(core, INFO, 2.0, status))
+    assert sample(fams, "roost_messages_in_total", node="n1") == 7
+    assert sample(fams, "roost_events_total", event="datagrams_in") == core.metrics["datagrams_in"]
+    assert sample(fams, "roost_subscriptions", node="n1") == 1
+    assert sample(fams, "roost_cluster_member_up", member="n2") == 0
+    assert sample(fams, "roost_cluster_peer_queue", member="n2") == 12
+    assert sample(fams, "roost_cluster_map_epoch") == 4
+
+
+# ------------------------------------------------------------ the HTTP server of a real node
+
+
+async def get(url: str, method: str = "GET", data: bytes | None = None) -> tuple[int, str, bytes]:
+    def fetch() -> tuple[int, str, bytes]:
+        req = urllib.request.Request(url, method=method, data=data)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.headers["content-type"], r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["content-type"], exc.read()
+
+    return await trio.to_thread.run_sync(fetch)
+
+
+async def raw(port: int, data: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(data)
+        out = b""
+        with trio.move_on_after(5):
+            while chunk := await stream.receive_some(65536):
+                out += chunk
+        return out
+
+
+@pytest.fixture
+async def monitored() -> Any:
+    server = NodeServer(NodeConfig(client_addr=("127.0.0.1", 0), monitor_addr="127.0.0.1:0"), EventLog("m", "warning"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        assert server.listeners
+        port = server.listeners[0].socket.getsockname()[1]
+        yield server, f"http://127.0.0.1:{port}", port
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_serves_every_path_over_http(monitored):
+    server, url, _ = monitored
+    code, ctype, body = await get(url + "/healthz")
+    assert (code, ctype, json.loads(body)) == (200, "application/json", {"state": "ready", "status": "ok"})
+    before = json.loads((await get(url + "/varz"))[2])
+    async with Client(f"127.0.0.1:{server.addr[1]}") as c, c.subscribe("m.t") as sub:
+        for i in range(20):
+            await c.publish("m.t", b"%d" % i, wait=True)
+        got = []
+        async for m in sub:
+            got.append(m.payload)
+            if len(got) == 20:
+                break
+        assert got == [b"%d" % i for i in range(20)]
+        conns = json.loads((await get(url + "/connz?subs=1"))[2])
+        assert conns["total"] == 1 and conns["connections"][0]["subs"] == [["m.t", "reliable"]]
+        subs = json.loads((await get(url + "/subsz?topic=m.t"))[2])
+        assert [s["filter"] for s in subs["subscriptions"]] == ["m.t"]
+    after = json.loads((await get(url + "/varz"))[2])
+    assert after["in_msgs"] - before["in_msgs"] == 20 and after["out_msgs"] - before["out_msgs"] == 20
+    assert after["in_datagrams"] > before["in_datagrams"] and after["uptime_s"] >= before["uptime_s"]
+    assert after["rss_bytes"] > 1 << 20 and after["cpu_seconds"] > 0
+    code, ctype, body = await get(url + "/metrics")
+    assert code == 200 and ctype.startswith("text/plain")
+    assert sample(families(body), "roost_messages_in_total") == after["in_msgs"]
+    assert json.loads((await get(url + "/clusterz"))[2])["mode"] == "single"
+
+
+async def test_bad_requests_get_an_error_and_the_node_carries_on(monitored):
+    server, url, port = monitored
+    assert (await get(url + "/nope"))[0] == 404
+    assert (await get(url + "/varz", method="POST", data=b"x"))[0] == 405
+    assert (await get(url + "/connz?limit=0"))[0] == 400
+    assert (await raw(port, b"GARBAGE\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+    assert (await raw(port, b"GET /" + b"x" * 10000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 4")
+    head = await raw(port, b"HEAD /varz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and head.endswith(b"\r\n\r\n")  # (no body)
+    # two requests on one connection (keep-alive)
+    two = await raw(port, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n"
+                          b"connection: close\r\n\r\n")  # fmt: skip
+    assert two.count(b"HTTP/1.1 200 OK") == 2
+    assert (await get(url + "/healthz"))[0] == 200
+
+
+# ------------------------------------------------------------ a cluster member's health
+
+
+def http_get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except OSError:
+        return 0, {}
+
+
+@pytest.mark.slow
+def test_a_members_healthz_is_503_while_it_syncs_and_200_once_ready(tmp_path):
+    # n2's peer port takes connections and says nothing: n1's PULL waits for the handshake
+    # (handshake_timeout), syncing, before it gives up and serves alone.
+    c = LocalCluster(tmp_path, n=2, cluster_extra="handshake_timeout = 3.0\n", monitor=True)
+    silent = socket.create_server(("127.0.0.1", c.peer_ports["n2"]))
+    proc = c.launcher.start(c.cc, str(c.config), "n1", wait=False)
+    try:
+        seen: list[tuple[int, str]] = []
+
+        def ready() -> bool:
+            code, doc = http_get(c.monitor("n1") + "/healthz")
+            if code:
+                seen.append((code, doc.get("state", "")))
+            return code == 200
+
+        wait_until(ready, timeout=30, what="n1's /healthz to say 200")
+        assert seen[0] == (503, "syncing") and seen[-1] == (200, "ready"), seen
+        clusterz = http_get(c.monitor("n1") + "/clusterz")[1]
+        assert [(m["id"], m["state"]) for m in clusterz["members"]] == [("n1", "ready"), ("n2", "down")]
+        assert http_get(c.monitor("n1") + "/varz")[1]["mode"] == "replicated"
+    finally:
+        silent.close()
+        proc.terminate()
+        assert proc.wait(20) == 0
+    assert (tmp_path / "run" / "n1.log").read_text().count("event=node_stopped") == 1
