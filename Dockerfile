@@ -1,5 +1,5 @@
 # Roost broker image. Used by docker-compose.yml for the 3-member cluster in
-# configs/cluster3.toml; see docs/docker.md.
+# configs/compose3.toml (and docker-compose.partitioned.yml); see docs/docker.md.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -21,15 +21,18 @@ RUN groupadd --system --gid 10001 roost \
         --no-create-home --shell /usr/sbin/nologin roost \
     && mkdir -p /etc/roost \
         /var/lib/roost/run/data/n1 /var/lib/roost/run/data/n2 /var/lib/roost/run/data/n3 \
+        /var/lib/roost/run/data/n4 /var/lib/roost/run/data/n5 \
     && chown -R roost:roost /var/lib/roost
 
 # Relative data_dir values in the config (run/data/<id>) resolve against this.
 WORKDIR /var/lib/roost
 USER roost
 
-# Client ports (UDP) and peer ports (TCP) of configs/cluster3.toml.
+# Client ports (UDP), peer ports (TCP) and monitoring ports (HTTP) of configs/compose3.toml and
+# configs/compose5-partitioned.toml.
 EXPOSE 7401/udp 7402/udp 7403/udp 7411/udp 7412/udp 7413/udp 7414/udp 7415/udp
 EXPOSE 7501/tcp 7502/tcp 7503/tcp 7511/tcp 7512/tcp 7513/tcp 7514/tcp 7515/tcp
+EXPOSE 8401/tcp 8402/tcp 8403/tcp 8411/tcp 8412/tcp 8413/tcp 8414/tcp 8415/tcp
 
 # The node exits cleanly on SIGTERM (the compose file's stop_signal).
 STOPSIGNAL SIGTERM

@@ -161,11 +161,6 @@ def add_client_commands(sub: Any) -> None:
     g.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
     g.set_defaults(func=cmd_get)
 
-    st = sub.add_parser("status", help="show a node's view of itself and its cluster")
-    st.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
-    st.add_argument("--json", action="store_true", help="print the status map as JSON")
-    st.set_defaults(func=cmd_status)
-
 
 def _common(p: argparse.ArgumentParser, count_least: int, count_help: str) -> None:
     p.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
@@ -450,31 +445,6 @@ def cmd_get(args: argparse.Namespace) -> int:
             print(f"roost get: timed out after {args.timeout} s with {len(got)} of {args.count} messages",
                   file=sys.stderr)  # fmt: skip
             return 1
-        return 0
-
-    return _run(main)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        async with Client(args.node, config=ClientConfig(node_timeout=2.0)) as c:
-            status = await c.status()
-            where = addresses.show([c.node])
-        if args.json:
-            print(json.dumps(status, indent=2, sort_keys=True))
-            return 0
-        members = status.get("members") or [
-            {"id": status["node"], "state": status.get("state", "ready"), "subscriptions": status["subscriptions"],
-             "clients": status["clients"], "queue": 0, "client_addr": where}
-        ]  # fmt: skip
-        gone = sum(1 for m in members if m["state"] == "left")
-        print(f"node {status['node']} ({status.get('state', 'ready')}), "
-              f"{status.get('mode', 'single')}, {len(members) - gone} member(s)"
-              + (f" and {gone} that left" if gone else ""))  # fmt: skip
-        print(f"{'ID':8} {'STATE':8} {'SUBSCRIPTIONS':>13} {'CLIENTS':>8} {'QUEUE':>8}  CLIENT ADDR")
-        for m in members:
-            print(f"{m['id']:8} {m['state']:8} {m['subscriptions']:>13} {m['clients']:>8} {m['queue']:>8}  "
-                  f"{m['client_addr']}")  # fmt: skip
         return 0
 
     return _run(main)

@@ -17,6 +17,7 @@ import trio
 
 from roost import __version__
 from roost.client.cli import add_client_commands
+from roost.client.statuscli import add_status_commands
 from roost.cluster import admin
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
 from roost.cluster.launcher import DEFAULT_RUN_DIR, Launcher, find_run_dir, free_tcp_port, node_command
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--data-dir", default=None, metavar="DIR", help="with --join: our data directory")
     n.set_defaults(func=cmd_node)
     add_client_commands(sub)
+    add_status_commands(sub)
     c = sub.add_parser("cluster", help="run a cluster's members as local processes")
     csub = c.add_subparsers(dest="action", required=True)
     up = csub.add_parser("up", help="start every member")

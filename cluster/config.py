@@ -12,6 +12,7 @@ allowed). ``roost node --config FILE --id n2`` picks one member.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,11 @@ CLUSTER_SETTINGS: list[Setting] = [
             lambda v: len(v) >= 16,
             "Shared by every member; peers prove they know it (HMAC over fresh nonces). "
             "It also keys the address-validation cookies, so a cookie from one member is "
-            "valid at all of them."),
+            "valid at all of them. Keep it out of tracked files: use secret_file or the "
+            "environment variable ROOST_CLUSTER_SECRET instead (one of the three is required)."),
+    Setting("cluster", "secret_file", "", str, "a file path", lambda v: len(v) > 0,
+            "A file holding the secret (its first line; Compose and Kubernetes secrets mount "
+            "such files). Instead of secret; ROOST_CLUSTER_SECRET is read when neither is set."),
     Setting("cluster", "mode", "replicated", str, '"replicated" or "partitioned"',
             lambda v: v in ("replicated", "partitioned"),
             "replicated: every member holds every subscription. partitioned: each topic's "
@@ -138,6 +143,7 @@ class Member:
 
 class ClusterSettings:
     secret: str
+    secret_file: str
     mode: str
     partitions: int
     replicas: int
@@ -208,6 +214,36 @@ class ClusterConfig:
         return [m.id for m in self.members].index(member_id)
 
 
+SECRET_ENV = "ROOST_CLUSTER_SECRET"
+
+
+def _secret(source: str, settings: ClusterSettings) -> str:
+    """The cluster secret from [cluster] secret, or the file [cluster] secret_file names, or
+    (when the config has neither) the environment variable ROOST_CLUSTER_SECRET."""
+    if settings.secret and settings.secret_file:
+        raise ConfigError(f"{source}: [cluster] secret and secret_file: set one of them, not both")
+    if settings.secret_file:
+        path = Path(source).parent / settings.secret_file if not Path(settings.secret_file).is_absolute() \
+            else Path(settings.secret_file)  # fmt: skip
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise ConfigError(f"{source}: [cluster] secret_file = {settings.secret_file!r}: cannot read {path}: "
+                              f"{why}") from None  # fmt: skip
+        secret, where = (lines[0].strip() if lines else ""), f"[cluster] secret_file = {settings.secret_file!r}"
+    elif settings.secret:
+        return settings.secret
+    else:
+        secret, where = os.environ.get(SECRET_ENV, ""), f"[cluster] secret (or secret_file, or ${SECRET_ENV})"
+        if not secret:
+            raise ConfigError(f"{source}: {where}: required, a string of at least 16 characters")
+    if len(secret) < 16:
+        raise ConfigError(f"{source}: {where}: the secret must be a string of at least 16 characters "
+                          f"(it has {len(secret)})")  # fmt: skip
+    return secret
+
+
 def is_cluster_config(data: dict[str, Any]) -> bool:
     return "cluster" in data or "members" in data
 
@@ -225,8 +261,7 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
             raise ConfigError(f"{source}: [node] {key}: set per member in [[members]], not in [node]")
     settings = ClusterSettings()
     apply_sections(settings, source, data, ("cluster", "durable"), CLUSTER_SETTINGS)
-    if not settings.secret:
-        raise ConfigError(f"{source}: [cluster] secret: required, a string of at least 16 characters")
+    settings.secret = _secret(source, settings)
     if settings.down_after <= settings.suspect_after:
         raise ConfigError(f"{source}: [cluster] down_after = {settings.down_after}: must be more than "
                           f"suspect_after ({settings.suspect_after})")  # fmt: skip

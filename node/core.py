@@ -312,5 +312,6 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             "filters": len(self.index.filters),  # (wildcards, queries, queue groups: client/subjects.py)
             "producers": len(self.producers),
             "pid": self.pid,
+            "monitor": self.cfg.monitor_addr or None,  # (roost status and top read it)
             "metrics": dict(self.metrics),
         }

@@ -10,11 +10,11 @@ It has no authentication: bind it to loopback or a private network (docs/operati
 from __future__ import annotations
 
 import json
-from http import HTTPStatus
 import os
 import resource
 import urllib.parse
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 import h11

@@ -45,6 +45,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -318,6 +319,20 @@ def _remove_host(ns: str) -> None:
     # kernel frees a deleted namespace's devices asynchronously.
     _remove("link", veth_of(ns))
     _remove("ns", ns)
+    shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
+
+
+#: ``ip netns exec NS`` bind-mounts the files of /etc/netns/NS/ over those of /etc: a hosts file
+#: there names the other hosts inside NS only (as Docker's DNS names a compose service).
+ETC_NETNS = Path("/etc/netns")
+
+
+def set_hosts(ns: str, names: dict[str, str]) -> None:
+    """Inside ``ns``, resolve each name to its address (``down`` removes the file)."""
+    d = ETC_NETNS / ns
+    d.mkdir(parents=True, exist_ok=True)
+    lines = ["127.0.0.1 localhost", "::1 localhost", *(f"{a} {n}" for n, a in names.items())]
+    (d / "hosts").write_text("\n".join(lines) + "\n")
 
 
 def pids_in(ns: str) -> list[int]:
@@ -346,6 +361,8 @@ def down() -> list[str]:
             _remove("link", veth)
         for ns in namespaces():
             _remove("ns", ns)
+        for d in ETC_NETNS.glob(f"{NS_PREFIX}*") if ETC_NETNS.is_dir() else []:
+            shutil.rmtree(d, ignore_errors=True)
         if BRIDGE in links:
             _remove("link", BRIDGE)
         left = [n for n in _links() if n == BRIDGE or _VETH_RE.match(n)] + namespaces()

@@ -27,8 +27,8 @@ SCHEMA = os.path.join(ROOT, "tests", "data", "compose-spec.json")
 SHARED_SCHEMA = os.path.join(ROOT, "..", "shared", "schemas", "compose-spec.json")
 
 # (compose file, the cluster config its services run)
-SETUPS = [("docker-compose.yml", "configs/cluster3.toml"),
-          ("docker-compose.partitioned.yml", "configs/cluster5-partitioned.toml")]
+SETUPS = [("docker-compose.yml", "configs/compose3.toml"),
+          ("docker-compose.partitioned.yml", "configs/compose5-partitioned.toml")]
 setups = pytest.mark.parametrize("setup", SETUPS, ids=[c for c, _ in SETUPS])
 WORKDIR = "/var/lib/roost"
 HOST_IP = "127.0.0.1"
@@ -61,7 +61,8 @@ def port_of(addr: str) -> int:
 
 
 def expected_ports(member: dict[str, Any]) -> set[tuple[int, str]]:
-    return {(port_of(member["client_addr"]), "udp"), (port_of(member["peer_addr"]), "tcp")}
+    return {(port_of(member["client_addr"]), "udp"), (port_of(member["peer_addr"]), "tcp"),
+            (port_of(member["monitor_addr"]), "tcp")}
 
 
 def command_args(service: dict[str, Any]) -> list[str]:

@@ -173,7 +173,7 @@ async def test_a_node_serves_every_path_over_http(monitored):
 
 
 async def test_bad_requests_get_an_error_and_the_node_carries_on(monitored):
-    server, url, port = monitored
+    _, url, port = monitored
     assert (await get(url + "/nope"))[0] == 404
     assert (await get(url + "/varz", method="POST", data=b"x"))[0] == 405
     assert (await get(url + "/connz?limit=0"))[0] == 400

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roost.cluster.config import load_cluster_config
+from roost.cluster.member import MemberCore
 from roost.cluster.membership import Membership
 from roost.cluster.partitionlog import LogSettings
 from roost.cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_entries, encode, mac
@@ -379,7 +380,7 @@ data_dir = "d2"
     ("change", "needle"),
     [
         (('secret = "0123456789abcdef"', 'secret = "short"'), "secret = 'short': must be a string of at least 16"),
-        (('secret = "0123456789abcdef"', ""), "[cluster] secret: required"),
+        (('secret = "0123456789abcdef"', ""), "[cluster] secret (or secret_file, or $ROOST_CLUSTER_SECRET): required"),
         (('"127.0.0.1:7402"', '"127.0.0.1:7401"'), "client_addr = ('127.0.0.1', 7401): must be unique"),
         (('id = "n2"', 'id = "n 2"'), "id = 'n 2': must be 1..64 chars"),
         (('data_dir = "d2"', 'data_dir = "d2"\nport = 5'), "port: unknown key"),
@@ -392,6 +393,17 @@ data_dir = "d2"
          "[durable] fsync_every: unknown key; known keys: fsync,"),
         (('[cluster]', '[durable]\nfetch_bytes = 100000\n[cluster]\nmax_frame = 65536'),
          "[durable] fetch_bytes = 100000: must be at most half of [cluster] max_frame (65536)"),
+        (('secret = "0123456789abcdef"', 'secret = "0123456789abcdef"\nsecret_file = "s"'),
+         "[cluster] secret and secret_file: set one of them, not both"),
+        (('secret = "0123456789abcdef"', 'secret_file = "missing"'),
+         "[cluster] secret_file = 'missing': cannot read"),
+        (('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "x:1"'), "monitor_addr = 'x:1': must be HOST:PORT"),
+        (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"\n'
+                             '[[members]]\nid="n3"\nclient_addr="127.0.0.1:7403"\npeer_addr="127.0.0.1:7503"\n'
+                             'data_dir="d3"\nadvertise_addr = "127.0.0.1:7401"'),
+         "advertise_addr = ('127.0.0.1', 7401): must be unique"),
+        (('[cluster]', '[node]\nadvertise_addr = "127.0.0.1:1"\n[cluster]'),
+         "[node] advertise_addr: set per member in [[members]]"),
     ],
 )
 def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needle):
@@ -400,6 +412,38 @@ def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needl
     with pytest.raises(ConfigError) as exc:
         load_cluster_config(p)
     assert str(p) in str(exc.value) and needle in str(exc.value)
+
+
+def test_the_secret_comes_from_a_file_or_the_environment_when_the_config_has_none(tmp_path, monkeypatch):
+    p = tmp_path / "c.toml"
+    (tmp_path / "secret").write_text("from-a-file-0123456789\nignored\n")
+    p.write_text(GOOD.replace('secret = "0123456789abcdef"', 'secret_file = "secret"'))  # (beside the config)
+    monkeypatch.setenv("ROOST_CLUSTER_SECRET", "from-the-environment-0123")
+    assert load_cluster_config(p).settings.secret == "from-a-file-0123456789"
+    p.write_text(GOOD.replace('secret = "0123456789abcdef"', ""))
+    assert load_cluster_config(p).settings.secret == "from-the-environment-0123"
+    p.write_text(GOOD)  # (a secret in the config is used as it is)
+    assert load_cluster_config(p).settings.secret == "0123456789abcdef"
+    monkeypatch.setenv("ROOST_CLUSTER_SECRET", "short")
+    p.write_text(GOOD.replace('secret = "0123456789abcdef"', ""))
+    with pytest.raises(ConfigError, match=r"ROOST_CLUSTER_SECRET\): the secret must be a string of at least 16"):
+        load_cluster_config(p)
+    monkeypatch.delenv("ROOST_CLUSTER_SECRET")
+    with pytest.raises(ConfigError, match="required"):
+        load_cluster_config(p)
+
+
+def test_advertise_and_monitor_addresses_reach_the_member(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD.replace('data_dir = "d1"', 'data_dir = "d1"\nadvertise_addr = "127.0.0.9:17401"\n'
+                              'monitor_addr = "127.0.0.1:8401"'))  # fmt: skip
+    cc = load_cluster_config(p)
+    n1 = cc.node_config("n1", bind_host="0.0.0.0")
+    assert (n1.client_addr, n1.advertise_addr, n1.monitor_addr) == (("0.0.0.0", 7401), "127.0.0.9:17401",
+                                                                     "0.0.0.0:8401")  # fmt: skip
+    assert cc.node_config("n2").monitor_addr == "" and cc.node_config("n2").advertise_addr == "127.0.0.1:7402"
+    core = MemberCore(cc, "n2", rng=random.Random(1), now=0.0, wall_offset=0.0, incarnation=1)
+    assert core.broker.members[0] == ["n1", "127.0.0.9", 17401]  # (what WELCOME tells clients)
 
 
 def test_durable_settings_reach_the_member_core_and_its_logs(tmp_path):
