@@ -139,5 +139,5 @@ def test_compose_services_form_a_cluster_as_local_processes(tmp_path: Path, host
         codes = {name: p.wait(30) for name, p in procs.items()}
     assert codes == dict.fromkeys(services, 0), {n: (tmp_path / f"{n}.log").read_text()[-2000:] for n in services}
     for name in services:
-        log = (tmp_path / f"{name}.log").read_text()
-        assert log.count("event=node_stopped") == 1 and "Traceback" not in log
+        text = (tmp_path / f"{name}.log").read_text()
+        assert text.count("event=node_stopped") == 1 and "Traceback" not in text
