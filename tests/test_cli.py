@@ -8,6 +8,7 @@ import argparse
 import base64
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -166,3 +167,44 @@ def test_reply_command_output_and_failure(node):
     finally:
         if replier.poll() is None:
             replier.kill()
+
+
+@pytest.mark.slow
+def test_cluster_up_against_busy_ports_exits_at_once_naming_the_member(tmp_path):
+    from roost.cluster.launcher import write_local_config
+
+    config = tmp_path / "c.toml"
+    write_local_config(config, 2)
+    first = roost("cluster", "up", str(config), "--detach", "--run-dir", str(tmp_path / "a"), timeout=90)
+    try:
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.count(" ready: clients udp://") == 2
+        started = time.monotonic()
+        second = roost("cluster", "up", str(config), "--detach", "--run-dir", str(tmp_path / "b"), timeout=90)
+        took = time.monotonic() - started
+        assert second.returncode == 1 and took < 5, (took, second.stderr)
+        assert "ready" not in second.stdout
+        assert "exited with status 1 before it was ready" in second.stderr and "cannot bind" in second.stderr
+        assert "stopped the 2 member(s) this up started" in second.stderr
+        # kill without --run-dir finds the cluster that runs (a), not the one that failed (b)
+        kill = roost("cluster", "kill", "n2")
+        assert kill.returncode == 0 and "killed n2" in kill.stdout, kill.stderr
+    finally:
+        down = roost("cluster", "down", "--run-dir", str(tmp_path / "a"))
+        assert down.returncode == 0, down.stderr
+
+
+def test_json_log_lines_carry_the_same_fields():
+    import io
+
+    from roost.node.logs import EventLog
+
+    out = io.StringIO()
+    log = EventLog("j1", "info", out, fmt="json")
+    log("info", "client_new", client="ab", addr="127.0.0.1:1", subs=3, gone=None)
+    log("debug", "hidden")
+    (line,) = out.getvalue().splitlines()
+    doc = json.loads(line)
+    assert doc.pop("ts").endswith("Z")
+    assert doc == {"level": "info", "node": "j1", "event": "client_new", "client": "ab", "addr": "127.0.0.1:1",
+                   "subs": 3}
