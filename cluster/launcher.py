@@ -171,10 +171,12 @@ class Launcher:
         if running:
             raise RuntimeError(f"already running from {self.run_dir}: "
                                + ", ".join(f"{m} (pid {p})" for m, p in running.items()))  # fmt: skip
-        procs = {m.id: self.start(cc, config, m.id, wait=False) for m in cc.members}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
+            for m in cc.members:
+                procs[m.id] = self.start(cc, config, m.id, wait=False)
             self._all_ready(cc, procs)
-        except RuntimeError:
+        except BaseException:  # (a member that exited, or Ctrl-C while waiting: none is left running)
             self._stop_all(procs)
             raise
         if detach:

@@ -3,7 +3,8 @@
 A handful of GET paths answered from the live cores on the event loop (node/monitor.py builds
 each document), so a scrape never sees a core half-way through a call. The server is small on
 purpose: GET and HEAD only, keep-alive, a request head of at most 8 KiB, a connection idle for
-``IDLE_TIMEOUT`` closed, at most ``MAX_CONNECTIONS`` at once (more wait in the listen backlog).
+``IDLE_TIMEOUT`` or open for ``CONNECTION_TIMEOUT`` closed, at most ``MAX_CONNECTIONS`` at once
+(more are closed at once).
 It has no authentication: bind it to loopback or a private network (docs/operations.md).
 """
 
@@ -25,6 +26,7 @@ from roost.node.core import BrokerCore
 from roost.node.logs import EventLog
 
 IDLE_TIMEOUT = 10.0
+CONNECTION_TIMEOUT = 30.0  # a whole connection, however busy: one that does not read is closed
 MAX_CONNECTIONS = 32
 MAX_HEAD = 8192
 
@@ -104,13 +106,23 @@ async def serve(listeners: list[trio.SocketListener], documents: Documents, log:
     limit = trio.CapacityLimiter(MAX_CONNECTIONS)
 
     async def handler(stream: trio.SocketStream) -> None:
-        async with limit:
-            try:
+        try:
+            limit.acquire_nowait()
+        except trio.WouldBlock:  # (full: refused at once, not queued, so files cannot pile up)
+            with trio.move_on_after(1):
+                await stream.aclose()
+            return
+        try:
+            with trio.move_on_after(CONNECTION_TIMEOUT):  # (a slow or non-reading client lets go)
                 await _connection(stream, documents)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass  # (the scraper went away)
-            except Exception as exc:  # a bug must cost one scrape, never the node
-                log("error", "monitor_error", error=repr(exc)[:200])
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # (the scraper went away)
+        except Exception as exc:  # a bug must cost one scrape, never the node
+            log("error", "monitor_error", error=repr(exc)[:200])
+        finally:
+            limit.release_on_behalf_of(trio.lowlevel.current_task())
+            with trio.move_on_after(1):
+                await stream.aclose()
 
     await trio.serve_listeners(handler, listeners)
 
@@ -131,8 +143,12 @@ async def _connection(stream: trio.SocketStream, documents: Documents) -> None:
             else:
                 target = event.target.decode("ascii", "replace")
                 path, _, qs = target.partition("?")
-                query = dict(urllib.parse.parse_qsl(qs, max_num_fields=20))
-                code, ctype, body = documents.get(path.rstrip("/") or "/", query)
+                try:
+                    query = dict(urllib.parse.parse_qsl(qs, max_num_fields=20))
+                except ValueError:
+                    code, ctype, body = _json(400, {"error": "at most 20 query fields"})
+                else:
+                    code, ctype, body = documents.get(path.rstrip("/") or "/", query)
             await _send(conn, stream, code, ctype, b"" if event.method == b"HEAD" else body, len(body))
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                 return
@@ -141,8 +157,6 @@ async def _connection(stream: trio.SocketStream, documents: Documents) -> None:
         if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             code, ctype, body = _json(exc.error_status_hint, {"error": str(exc)})
             await _send(conn, stream, code, ctype, body, len(body))
-    finally:
-        await stream.aclose()
 
 
 async def _next(conn: h11.Connection, stream: trio.SocketStream) -> Any:

@@ -177,6 +177,7 @@ async def test_bad_requests_get_an_error_and_the_node_carries_on(monitored):
     assert (await get(url + "/nope"))[0] == 404
     assert (await get(url + "/varz", method="POST", data=b"x"))[0] == 405
     assert (await get(url + "/connz?limit=0"))[0] == 400
+    assert (await get(url + "/connz?" + "&".join(f"a{i}=1" for i in range(25))))[0] == 400
     assert (await raw(port, b"GARBAGE\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
     assert (await raw(port, b"GET /" + b"x" * 10000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 4")
     head = await raw(port, b"HEAD /varz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
