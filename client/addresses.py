@@ -119,5 +119,10 @@ def family(addr: Addr) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
 
 
+def hostport(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 literal in brackets (what parse_nodes and configs read back)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def show(addrs: Sequence[Addr]) -> str:
-    return ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addrs)
+    return ", ".join(hostport(h, p) for h, p in addrs)

@@ -70,7 +70,7 @@ def monitor_url(status: dict[str, Any], node: tuple[str, int] | None) -> str | N
     host = host.strip("[]")
     if host in ("0.0.0.0", "::") and node is not None:
         host = node[0]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return "http://" + addresses.hostport(host, int(port))
 
 
 async def _ask_status(node: str | None) -> tuple[dict[str, Any], str, tuple[str, int]]:

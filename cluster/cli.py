@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from roost import __version__
+from roost.client.addresses import hostport
 from roost.client.cli import add_client_commands
 from roost.client.statuscli import add_status_commands
 from roost.cluster import admin
@@ -119,8 +120,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         if args.bind_host:
             cfg.client_addr = (args.bind_host, cfg.client_addr[1])
             if cfg.monitor_addr:
-                port = parse_hostport(cfg.monitor_addr)[1]
-                cfg.monitor_addr = f"[{args.bind_host}]:{port}" if ":" in args.bind_host else f"{args.bind_host}:{port}"
+                cfg.monitor_addr = hostport(args.bind_host, parse_hostport(cfg.monitor_addr)[1])
     except ConfigError as exc:
         print(f"roost node: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from roost.client.addresses import hostport
 from roost.node.config import (
     NODE_SECTIONS,
     ConfigError,
@@ -203,10 +204,9 @@ class ClusterConfig:
         check_consistency(cfg, self.source)
         cfg.id = m.id
         cfg.client_addr = (bind_host or m.client_addr[0], m.client_addr[1])
-        cfg.advertise_addr = f"{m.advertised[0]}:{m.advertised[1]}"
+        cfg.advertise_addr = hostport(*m.advertised)
         if m.monitor_addr is not None:
-            host = bind_host or m.monitor_addr[0]
-            cfg.monitor_addr = f"[{host}]:{m.monitor_addr[1]}" if ":" in host else f"{host}:{m.monitor_addr[1]}"
+            cfg.monitor_addr = hostport(bind_host or m.monitor_addr[0], m.monitor_addr[1])
         cfg.source = self.source
         return cfg
 

@@ -11,6 +11,7 @@ checks that the process is still the member it started (a pid can be reused).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from roost.client.addresses import hostport
 from roost.cluster.config import ClusterConfig, load_cluster_config
 from roost.node.config import ConfigError
 from roost.node.procs import free_port, is_ready, not_ready, wait_ready
@@ -207,8 +209,8 @@ class Launcher:
                         raise not_ready(proc, mid, m.client_addr, READY_TIMEOUT, self._logfile(mid))
                     continue
                 del waiting[mid]
-                monitor = f", monitor http://{m.monitor_addr[0]}:{m.monitor_addr[1]}" if m.monitor_addr else ""
-                print(f"{mid} ready: clients udp://{m.advertised[0]}:{m.advertised[1]}{monitor}, pid {proc.pid}, "
+                monitor = f", monitor http://{hostport(*m.monitor_addr)}" if m.monitor_addr else ""
+                print(f"{mid} ready: clients udp://{hostport(*m.advertised)}{monitor}, pid {proc.pid}, "
                       f"log {self._logfile(mid)}", flush=True)  # fmt: skip
             if waiting:
                 time.sleep(0.05)
@@ -298,13 +300,11 @@ def remember(run_dir: Path) -> None:
     """Record ``run_dir`` (best effort: a read-only home only costs the lookup)."""
     path, me = registry_path(), str(run_dir.resolve())
     dirs = [me, *(d for d in _registered() if d != me and os.path.isdir(d))][:REGISTRY_MAX]
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(dirs))
         os.replace(tmp, path)
-    except OSError:
-        pass
 
 
 def find_run_dir(member_id: str | None, running: bool) -> str:

@@ -10,6 +10,7 @@ It has no authentication: bind it to loopback or a private network (docs/operati
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -40,6 +41,7 @@ PATHS = {
 }
 
 Response = tuple[int, str, bytes]
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 def process_figures() -> dict[str, float]:
@@ -113,14 +115,13 @@ async def serve(listeners: list[trio.SocketListener], documents: Documents, log:
                 await stream.aclose()
             return
         try:
-            with trio.move_on_after(CONNECTION_TIMEOUT):  # (a slow or non-reading client lets go)
+            # (a slow or non-reading client lets go; one that went away ends its connection)
+            with trio.move_on_after(CONNECTION_TIMEOUT), contextlib.suppress(*_GONE):
                 await _connection(stream, documents)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # (the scraper went away)
         except Exception as exc:  # a bug must cost one scrape, never the node
             log("error", "monitor_error", error=repr(exc)[:200])
         finally:
-            limit.release_on_behalf_of(trio.lowlevel.current_task())
+            limit.release()
             with trio.move_on_after(1):
                 await stream.aclose()
 
@@ -136,8 +137,9 @@ async def _connection(stream: trio.SocketStream, documents: Documents) -> None:
                 return
             if not isinstance(event, h11.Request):
                 return
-            while not isinstance(await _next(conn, stream), h11.EndOfMessage | None):
-                pass  # (a body is read and ignored)
+            end = await _next(conn, stream)
+            while not isinstance(end, h11.EndOfMessage | None):  # (a body is read and ignored)
+                end = await _next(conn, stream)
             if event.method not in (b"GET", b"HEAD"):
                 code, ctype, body = _json(405, {"error": "only GET and HEAD"})
             else:

@@ -66,38 +66,45 @@ def wait_listening(proc: subprocess.Popen[bytes], host: str, port: int, timeout:
     raise RuntimeError(f"node did not listen on {host}:{port} within {timeout} s")
 
 
+def probe_welcome(host: str, port: int, timeout: float = 0.25) -> tuple[Any, ...] | None:
+    """The node's WELCOME to a HELLO (its id, cookie, params and members), or None when nothing
+    answers within ``timeout``."""
+    cid = os.urandom(wire.ID_LEN)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return _ask(s, (host, port), wire.encode_hello(cid), wire.T.WELCOME, time.monotonic() + timeout)
+
+
 def probe_status(host: str, port: int, timeout: float = 0.25) -> dict[str, Any] | None:
     """What the node at ``host:port`` says of itself (HELLO, then STATUS), or None when nothing
     answers within ``timeout``. Its ``node`` and ``pid`` tell a launcher that the process it
     started is the one serving, and not another that holds the port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    cid = os.urandom(wire.ID_LEN)
-    deadline = time.monotonic() + timeout
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.sendto(wire.encode_hello(cid), (host, port))
-            welcome = _reply(s, wire.T.WELCOME, deadline)
-            if welcome is None:
-                return None
-            s.sendto(wire.encode_status(cid, welcome[2]), (host, port))
-            reply = _reply(s, wire.T.STATUS_REPLY, deadline)
-        except OSError:
-            return None
+    cid, node, deadline = os.urandom(wire.ID_LEN), (host, port), time.monotonic() + timeout
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        welcome = _ask(s, node, wire.encode_hello(cid), wire.T.WELCOME, deadline)
+        reply = None if welcome is None else _ask(s, node, wire.encode_status(cid, welcome[2]),
+                                                  wire.T.STATUS_REPLY, deadline)  # fmt: skip
     return reply[1] if reply is not None and isinstance(reply[1], dict) else None
 
 
-def _reply(s: socket.socket, ftype: wire.T, deadline: float) -> tuple[Any, ...] | None:
+def _ask(s: socket.socket, node: tuple[str, int], data: bytes, want: wire.T, deadline: float) -> tuple[Any, ...] | None:
+    """Send ``data`` to ``node``; its first frame of type ``want`` before ``deadline``, or None."""
+    try:
+        s.sendto(data, node)
+    except OSError:
+        return None
     while (left := deadline - time.monotonic()) > 0:
         s.settimeout(left)
         try:
-            data = s.recv(65536)
-        except (TimeoutError, OSError):
+            data, addr = s.recvfrom(70000)
+        except OSError:  # (a time-out, or ICMP port unreachable from the last send)
             return None
+        if addr[:2] != node:
+            continue
         try:
             frame = wire.decode_untrusted_frame(data)
         except wire.WireError:
             continue
-        if frame[0] is ftype:
+        if frame[0] is want:
             return frame
     return None
 

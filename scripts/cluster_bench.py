@@ -63,7 +63,7 @@ sys.path.insert(0, ROOT)
 from roost.client import wire  # noqa: E402
 from roost.client.wire import T  # noqa: E402
 from roost.cluster import clustermap  # noqa: E402
-from roost.node.procs import free_udp_port, wait_listening  # noqa: E402
+from roost.node.procs import free_udp_port, probe_status, probe_welcome, wait_listening  # noqa: E402
 
 Cmd = tuple[int, str, str | None, int]
 MEMBERS = ("n1", "n2", "n3", "n4", "n5")
@@ -208,47 +208,6 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 # ---------------------------------------------------------------- partitioned mode
-
-
-class Prober:
-    """STATUS of a member over raw frames (HELLO for a cookie, then STATUS)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.cid = os.urandom(16)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _ask(self, port: int, data: bytes, want: T, timeout: float) -> tuple[Any, ...] | None:
-        node = ("127.0.0.1", port)
-        self.sock.sendto(data, node)
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            self.sock.settimeout(left)
-            try:
-                data, addr = self.sock.recvfrom(70000)
-            except (TimeoutError, ConnectionRefusedError):
-                return None
-            if addr != node:
-                continue
-            try:
-                f = wire.decode_untrusted_frame(data)
-            except wire.WireError:
-                continue
-            if f[0] is want:
-                return f
-        return None
-
-    def welcome(self, port: int, timeout: float = 2.0) -> tuple[Any, ...] | None:
-        return self._ask(port, wire.encode_hello(self.cid), T.WELCOME, timeout)
-
-    def status(self, port: int, timeout: float = 2.0) -> dict[str, Any] | None:
-        w = self.welcome(port, timeout)
-        if w is None:
-            return None
-        r = self._ask(port, wire.encode_status(self.cid, w[2]), T.STATUS_REPLY, timeout)
-        return None if r is None else r[1]  # type: ignore[no-any-return]
 
 
 def progress(what: str) -> None:
@@ -399,7 +358,6 @@ class Members:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.started: list[subprocess.Popen[bytes]] = []
         self.logs: list[IO[bytes]] = []
-        self.prober = Prober()
 
     def start(self, m: str, log_name: str) -> subprocess.Popen[bytes]:
         log = open(os.path.join(self.tmp, log_name), "wb")  # noqa: SIM115 - closed in close()
@@ -415,7 +373,7 @@ class Members:
             return f.read()
 
     def status(self, m: str) -> dict[str, Any] | None:
-        return self.prober.status(self.ports[m][0])
+        return probe_status("127.0.0.1", self.ports[m][0], timeout=4.0)
 
     def statuses(self, ids: list[str]) -> dict[str, dict[str, Any]] | None:
         out = {}
@@ -430,7 +388,6 @@ class Members:
         stop(self.started)
         for f in self.logs:
             f.close()
-        self.prober.close()
 
 
 def partitioned(a: argparse.Namespace) -> int:
@@ -480,7 +437,7 @@ def partitioned(a: argparse.Namespace) -> int:
             return 1
         time.sleep(0.5)
         before = {m: rss_kib(c.procs[m].pid) for m in ids}
-        w = c.prober.welcome(ports["n1"][0])
+        w = probe_welcome("127.0.0.1", ports["n1"][0], timeout=2.0)
         assert w is not None
         cmap = w[5]
         if cmap is None:  # (the WELCOME had no room for the map: compute it as the members do)

@@ -154,6 +154,18 @@ def ensure_tools(quiet: bool = False) -> None:
     require_tools()
 
 
+def why_unusable(who: str) -> str | None:
+    """Why namespaces cannot be made here (not root, tools missing and not installable), for
+    ``who`` (a test file) to fail with, saying what to do; None when they can."""
+    if os.geteuid() != 0:
+        return f"{who} needs root (nft rules, namespaces); as root: {INSTALL_CMD}"
+    try:
+        ensure_tools(quiet=True)
+    except ToolsMissing as exc:
+        return str(exc)
+    return None
+
+
 # ------------------------------------------------------------------ commands
 
 

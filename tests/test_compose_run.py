@@ -69,12 +69,9 @@ def healthcheck(service: dict[str, Any]) -> list[str]:
 
 @pytest.fixture
 def hosts() -> Any:
-    if os.geteuid() != 0:
-        pytest.fail(f"tests/test_compose_run.py needs root (network namespaces); as root: {netns.INSTALL_CMD}")
-    try:
-        netns.ensure_tools(quiet=True)
-    except netns.ToolsMissing as exc:
-        pytest.fail(str(exc))
+    why = netns.why_unusable("tests/test_compose_run.py")
+    if why is not None:
+        pytest.fail(why)
     yield netns
     assert netns.down() == []
 

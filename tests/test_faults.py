@@ -14,7 +14,6 @@ everything sent before it has either arrived already or was dropped.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -33,12 +32,9 @@ MARKER = b"marker"
 @pytest.fixture(scope="module", autouse=True)
 def tools() -> None:
     """Install nft and ip if missing; fail (not skip) with the install command if impossible."""
-    if os.geteuid() != 0:
-        pytest.fail(f"tests/test_faults.py needs root (nft rules, namespaces); as root: {netns.INSTALL_CMD}")
-    try:
-        netns.ensure_tools(quiet=True)
-    except netns.ToolsMissing as exc:
-        pytest.fail(str(exc))
+    why = netns.why_unusable("tests/test_faults.py")
+    if why is not None:
+        pytest.fail(why)
 
 
 @pytest.fixture
