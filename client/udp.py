@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections import Counter
 
 import trio
 
@@ -61,25 +62,39 @@ def drain(sock: socket.socket, bufsize: int, limit: int = 1024) -> list[tuple[by
     return batch
 
 
-async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]]) -> int:
-    """Send datagrams in order; waits only while the send buffer is full.
+def send_ready(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Counter[str]) -> list[tuple[Addr, bytes]]:
+    """Send datagrams in order until the send buffer is full; return those left unsent.
 
-    Returns how many could not be sent (unreachable, refused by a firewall);
-    UDP gives no promise, the protocols above repair or report the loss.
+    The node's counters of what left its client port are kept here, where ``sendto`` has
+    succeeded, so every reply counts (broker, STATUS, durable, relayed) and a failed send does
+    not: ``datagrams_out``, ``bytes_out``, and ``send_failed`` for a datagram that could not be
+    sent (unreachable, refused by a firewall, an unusable address). UDP gives no promise; the
+    protocols above repair or report the loss.
     """
-    failed = 0
     sendto = sock.sendto
-    for addr, data in sends:
-        while True:
-            try:
-                sendto(data, addr)
-                break
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(sock)
-            except (OSError, OverflowError, TypeError, ValueError):
-                failed += 1  # unreachable, refused by a firewall, or an unusable address
-                break
-    return failed
+    n = nbytes = failed = 0
+    rest: list[tuple[Addr, bytes]] = []
+    for i, (addr, data) in enumerate(sends):
+        try:
+            nbytes += sendto(data, addr)
+            n += 1
+        except BlockingIOError:
+            rest = sends[i:]
+            break
+        except (OSError, OverflowError, TypeError, ValueError):
+            failed += 1
+    metrics["datagrams_out"] += n
+    metrics["bytes_out"] += nbytes
+    if failed:
+        metrics["send_failed"] += failed
+    return rest
+
+
+async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Counter[str]) -> None:
+    """Send datagrams in order (counted as :func:`send_ready` does); waits only while the send
+    buffer is full."""
+    while sends := send_ready(sock, sends, metrics):
+        await trio.lowlevel.wait_writable(sock)
 
 
 def send_now(sock: socket.socket, datagrams: list[tuple[Addr, bytes]]) -> int:

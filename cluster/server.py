@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import trio
 
 from roost import __version__
-from roost.client.udp import drain, open_udp, send_all
+from roost.client.udp import drain, open_udp, send_all, send_ready
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig
 from roost.cluster.events import (
     Accepted,
@@ -152,7 +152,7 @@ class ClusterNode:
                 self._nursery = nursery
                 nursery.start_soon(trio.serve_listeners, self._inbound, listeners)
                 if monitors:
-                    nursery.start_soon(monitorhttp.serve, monitors, self.documents(), self.log)
+                    nursery.start_soon(monitorhttp.serve, monitors, self.documents(), self.log, self.cfg)
                 nursery.start_soon(self._timers)
                 if self.cc.settings.fsync == "interval":
                     nursery.start_soon(self._fsync_timer)
@@ -285,18 +285,10 @@ class ClusterNode:
     def _flush_udp(self) -> None:
         """Send what the core produced; what would block waits for the UDP task."""
         sock = self._sock
-        assert sock is not None
-        pending, self._udp_pending = self._udp_pending, []
-        for i, (addr, data) in enumerate(pending):
-            try:
-                sock.sendto(data, addr)
-            except BlockingIOError:
-                self._udp_pending = pending[i:]
-                self._udp_idle.cancel()  # the UDP task sends the rest once the buffer drains
-                return
-            except (OSError, OverflowError, TypeError, ValueError):
-                assert self.member is not None
-                self.member.broker.metrics["send_failed"] += 1
+        assert sock is not None and self.member is not None
+        self._udp_pending = send_ready(sock, self._udp_pending, self.member.broker.metrics)
+        if self._udp_pending:
+            self._udp_idle.cancel()  # the UDP task sends the rest once the buffer drains
 
     async def _udp(self) -> None:
         sock = self._sock
@@ -305,7 +297,7 @@ class ClusterNode:
         while True:
             if self._udp_pending:
                 pending, self._udp_pending = self._udp_pending, []
-                self.member.broker.metrics["send_failed"] += await send_all(sock, pending)
+                await send_all(sock, pending, self.member.broker.metrics)
             batch = drain(sock, bufsize)
             if batch:
                 self._feed(Datagrams(batch))

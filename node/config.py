@@ -101,6 +101,16 @@ SETTINGS: list[Setting] = [
             "HTTP monitoring endpoint (/healthz, /varz, /connz, /subsz, /clusterz, /metrics; "
             "docs/operations.md). Off by default; keep it on loopback or a private network: it "
             "has no authentication."),
+    number("monitor", "max_connections", 32, int, 1, 10000,
+            "Monitoring connections served at once; more are closed at once rather than queued, "
+            "so scrapers that hang cannot use up the node's files or starve /healthz."),
+    number("monitor", "idle_timeout", 10.0, float, 0.1, 3600,
+            "A monitoring connection that sends nothing for this long is closed."),
+    number("monitor", "connection_timeout", 30.0, float, 0.1, 3600,
+            "Any monitoring connection is closed after this long, busy or not: a client that "
+            "does not read its answers lets go of its slot."),
+    number("monitor", "max_request_head", 8192, int, 1024, 1 << 20,
+            "Largest HTTP request line and headers accepted by the monitoring endpoint (431 above)."),
     number("limits", "max_datagram", 16384, int, 1200, 65507,
             "Largest datagram accepted or sent. Bigger datagrams are refused with "
             "too_large; outgoing batches are coalesced up to this size."),
@@ -166,6 +176,10 @@ class NodeConfig:
     log_level: str
     log_format: str
     monitor_addr: str
+    monitor_max_connections: int
+    monitor_idle_timeout: float
+    monitor_connection_timeout: float
+    monitor_max_request_head: int
     max_datagram: int
     max_payload: int
     mailbox_capacity: int

@@ -206,11 +206,6 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         if self._changed:
             self._out.append(Replicate(self._take_changes()))
         out, self._out = self._out, []
-        if out:
-            sent = [len(a.data) for a in out if a.__class__ is Send]
-            m = self.metrics
-            m["datagrams_out"] += len(sent)
-            m["bytes_out"] += sum(sent)
         return out
 
     # ------------------------------------------------------------ dispatch

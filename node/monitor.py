@@ -15,6 +15,7 @@ The cluster secret is never shown: ``config`` lists every setting but it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from roost.client.subjects import is_plain, tokens_match
 from roost.client.wire import WireError, check_topic
 from roost.node.config import SETTINGS, attr_of
 from roost.node.core import BrokerCore
@@ -122,15 +122,21 @@ def page(query: dict[str, str]) -> tuple[int, int]:
     return offset, limit
 
 
+def _served(core: BrokerCore) -> Iterator[Any]:
+    """The clients this node serves: binary ones whose home it is, and text subscribers."""
+    return (c for c in core.clients.values() if c.local or c.cid.__class__ is tuple)
+
+
 def connz(core: BrokerCore, now: float, query: dict[str, str]) -> dict[str, Any]:
-    """The clients this node serves (binary ones whose home it is, and text subscribers), by
-    address; ``?subs=1`` lists each one's subscriptions."""
+    """The clients this node serves, oldest first (the order they arrived in, as NATS lists by
+    connection id); ``?subs=1`` lists each one's subscriptions.
+
+    Nothing is sorted: a page is sliced from the core's own client table, so a request costs
+    one count of the table plus the page, not a sort of every client on the event loop."""
     offset, limit = page(query)
     detail = query.get("subs") in ("1", "true")
-    mine = sorted((c for c in core.clients.values() if c.local or c.cid.__class__ is tuple),
-                  key=lambda c: (c.addr, repr(c.cid)))  # fmt: skip
     rows = []
-    for c in mine[offset : offset + limit]:
+    for c in itertools.islice(_served(core), offset, offset + limit):
         mb = c.mailbox
         binary = c.cid.__class__ is bytes
         row: dict[str, Any] = {
@@ -148,43 +154,64 @@ def connz(core: BrokerCore, now: float, query: dict[str, str]) -> dict[str, Any]
             row["subs"] = sorted([t if k is None else f"{t} key={k}", "reliable" if mode else "fire"]
                                  for (t, k), mode in c.modes().items())  # fmt: skip
         rows.append(row)
-    return {"server_id": core.node_id, "now_s": round(now, 3), "total": len(mine), "offset": offset,
+    total = sum(1 for _ in _served(core))
+    return {"server_id": core.node_id, "now_s": round(now, 3), "total": total, "offset": offset,
             "limit": limit, "count": len(rows), "connections": rows}  # fmt: skip
 
 
-def _subscription_rows(core: BrokerCore) -> Iterator[tuple[str, str | None, int, int]]:
-    """(filter, key, subscribers, reliable ones) of every filter and key in the index."""
-    idx = core.index
-    for topic, keys in idx.topics.items():
-        for k, subs in keys.items():
-            yield topic, k, len(subs), sum(1 for mode in subs.values() if mode)
-    for text, fs in idx.filters.items():
-        for k, subs in fs.keys.items():
-            yield text, k, len(subs), sum(1 for mode in subs.values() if mode)
+_Row = tuple[str, str | None, int, int]
+
+
+def _rows(text: str, keys: dict[str | None, dict[Any, int]]) -> Iterator[_Row]:
+    """(filter, key, subscribers, reliable ones) of each key of one filter."""
+    for k, subs in keys.items():
+        yield text, k, len(subs), sum(1 for mode in subs.values() if mode)
+
+
+def _page_of(filters: Iterator[tuple[str, dict[str | None, dict[Any, int]]]], offset: int, limit: int) -> list[_Row]:
+    """Rows ``offset`` to ``offset + limit`` of the filters' keys: a filter before the page is
+    skipped by its number of keys, without looking at its subscribers."""
+    out: list[_Row] = []
+    for text, keys in filters:
+        if offset >= len(keys):
+            offset -= len(keys)
+            continue
+        out += itertools.islice(_rows(text, keys), offset, offset + limit - len(out))
+        offset = 0
+        if len(out) >= limit:
+            break
+    return out
 
 
 def subsz(core: BrokerCore, query: dict[str, str]) -> dict[str, Any]:
-    """Subscriptions by filter and key with their subscriber counts; ``?topic=T`` keeps the
-    filters a message on T would match (NATS's ``test``), so an operator sees who gets it."""
+    """Subscriptions by filter and key with their subscriber counts, bare topics first, each in
+    the order it was first subscribed; ``?topic=T`` keeps the filters a message on T would match
+    (NATS's ``test``), so an operator sees who gets it.
+
+    Like /connz, a page is sliced rather than sorted: the whole listing costs one pass over the
+    filters for the total; ``?topic=`` looks up the topic and walks the pattern trie, the path a
+    message takes (a filter with a query is listed by its pattern: whether a message passes it
+    also depends on the message's tags)."""
     offset, limit = page(query)
-    topic = query.get("topic")
-    rows = sorted(_subscription_rows(core), key=lambda r: (r[0], r[1] or ""))
-    if topic is not None:
+    topic, idx = query.get("topic"), core.index
+    if topic is None:
+        total = sum(len(keys) for keys in idx.topics.values()) + sum(len(fs.keys) for fs in idx.filters.values())
+        every = itertools.chain(idx.topics.items(), ((t, fs.keys) for t, fs in idx.filters.items()))
+        rows = _page_of(every, offset, limit)
+    else:
         try:
             check_topic(topic)
         except WireError as exc:
             raise BadQuery(f"topic {topic!r}: {exc.text}") from None
-        tokens, filters = topic.split("."), core.index.filters
-        # (a filter with a query matches by its pattern here: whether a message passes also
-        # depends on its tags)
-        rows = [r for r in rows if (r[0] == topic if is_plain(r[0]) else tokens_match(filters[r[0]].filter.tokens,
-                                                                                       tokens))]  # fmt: skip
-    items = [{"filter": f, "key": k, "subscribers": n, "reliable": rel}
-             for f, k, n, rel in rows[offset : offset + limit]]  # fmt: skip
+        hits = sorted([*_rows(topic, idx.topics.get(topic, {})),
+                       *(r for text in idx.trie.match(topic.split(".")) for r in _rows(text, idx.filters[text].keys))],
+                      key=lambda r: (r[0], r[1] or ""))  # fmt: skip
+        total, rows = len(hits), hits[offset : offset + limit]
+    items = [{"filter": f, "key": k, "subscribers": n, "reliable": rel} for f, k, n, rel in rows]
     return {
-        "server_id": core.node_id, "num_subscriptions": core.index.count, "num_filters": len(rows),
-        "num_delivered": core.metrics["delivered"], "topic": topic, "total": len(rows), "offset": offset,
-        "limit": limit, "count": len(items), "subscriptions": items,
+        "server_id": core.node_id, "num_subscriptions": idx.count, "num_delivered": core.metrics["delivered"],
+        "topic": topic, "total": total, "offset": offset, "limit": limit, "count": len(items),
+        "subscriptions": items,
     }  # fmt: skip
 
 

@@ -2,9 +2,9 @@
 
 A handful of GET paths answered from the live cores on the event loop (node/monitor.py builds
 each document), so a scrape never sees a core half-way through a call. The server is small on
-purpose: GET and HEAD only, keep-alive, a request head of at most 8 KiB, a connection idle for
-``IDLE_TIMEOUT`` or open for ``CONNECTION_TIMEOUT`` closed, at most ``MAX_CONNECTIONS`` at once
-(more are closed at once).
+purpose: GET and HEAD only, keep-alive, and the limits of ``[monitor]`` (docs/configuration.md):
+a bounded request head, a connection idle or open too long closed, a bounded number at once (more
+are closed at once).
 It has no authentication: bind it to loopback or a private network (docs/operations.md).
 """
 
@@ -23,13 +23,9 @@ import h11
 import trio
 
 from roost.node import monitor
+from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 from roost.node.logs import EventLog
-
-IDLE_TIMEOUT = 10.0
-CONNECTION_TIMEOUT = 30.0  # a whole connection, however busy: one that does not read is closed
-MAX_CONNECTIONS = 32
-MAX_HEAD = 8192
 
 PATHS = {
     "/healthz": "200 when the node serves (a cluster member: synced), 503 otherwise",
@@ -104,8 +100,8 @@ async def open_listeners(addr: tuple[str, int]) -> list[trio.SocketListener]:
     return await trio.open_tcp_listeners(addr[1], host=addr[0])
 
 
-async def serve(listeners: list[trio.SocketListener], documents: Documents, log: EventLog) -> None:
-    limit = trio.CapacityLimiter(MAX_CONNECTIONS)
+async def serve(listeners: list[trio.SocketListener], documents: Documents, log: EventLog, cfg: NodeConfig) -> None:
+    limit = trio.CapacityLimiter(cfg.monitor_max_connections)
 
     async def handler(stream: trio.SocketStream) -> None:
         try:
@@ -116,8 +112,8 @@ async def serve(listeners: list[trio.SocketListener], documents: Documents, log:
             return
         try:
             # (a slow or non-reading client lets go; one that went away ends its connection)
-            with trio.move_on_after(CONNECTION_TIMEOUT), contextlib.suppress(*_GONE):
-                await _connection(stream, documents)
+            with trio.move_on_after(cfg.monitor_connection_timeout), contextlib.suppress(*_GONE):
+                await _connection(stream, documents, cfg)
         except Exception as exc:  # a bug must cost one scrape, never the node
             log("error", "monitor_error", error=repr(exc)[:200])
         finally:
@@ -128,18 +124,19 @@ async def serve(listeners: list[trio.SocketListener], documents: Documents, log:
     await trio.serve_listeners(handler, listeners)
 
 
-async def _connection(stream: trio.SocketStream, documents: Documents) -> None:
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+async def _connection(stream: trio.SocketStream, documents: Documents, cfg: NodeConfig) -> None:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=cfg.monitor_max_request_head)
+    idle = cfg.monitor_idle_timeout
     try:
         while True:
-            event = await _next(conn, stream)
+            event = await _next(conn, stream, idle)
             if event is None or isinstance(event, h11.ConnectionClosed):
                 return
             if not isinstance(event, h11.Request):
                 return
-            end = await _next(conn, stream)
+            end = await _next(conn, stream, idle)
             while not isinstance(end, h11.EndOfMessage | None):  # (a body is read and ignored)
-                end = await _next(conn, stream)
+                end = await _next(conn, stream, idle)
             if event.method not in (b"GET", b"HEAD"):
                 code, ctype, body = _json(405, {"error": "only GET and HEAD"})
             else:
@@ -161,13 +158,13 @@ async def _connection(stream: trio.SocketStream, documents: Documents) -> None:
             await _send(conn, stream, code, ctype, body, len(body))
 
 
-async def _next(conn: h11.Connection, stream: trio.SocketStream) -> Any:
-    """The next h11 event; None when the client stays silent for IDLE_TIMEOUT."""
+async def _next(conn: h11.Connection, stream: trio.SocketStream, idle: float) -> Any:
+    """The next h11 event; None when the client stays silent for ``idle`` seconds."""
     while True:
         event = conn.next_event()
         if event is not h11.NEED_DATA:
             return event
-        with trio.move_on_after(IDLE_TIMEOUT):
+        with trio.move_on_after(idle):
             conn.receive_data(await stream.receive_some(65536))
             continue
         return None

@@ -84,7 +84,7 @@ class NodeServer:
             await self.open()
         async with trio.open_nursery() as nursery:
             if self.listeners:
-                nursery.start_soon(monitorhttp.serve, self.listeners, self.documents(), self.log)
+                nursery.start_soon(monitorhttp.serve, self.listeners, self.documents(), self.log, self.cfg)
             await self._serve(task_status)
             nursery.cancel_scope.cancel()
 
@@ -104,9 +104,7 @@ class NodeServer:
                     actions += core.tick(now)
                     deadline = core.next_deadline()
                 if actions:
-                    failed = await send_all(sock, self.perform(actions))
-                    if failed:
-                        core.metrics["send_failed"] += failed
+                    await send_all(sock, self.perform(actions), core.metrics)
                 if batch:
                     await trio.lowlevel.checkpoint()
                 else:

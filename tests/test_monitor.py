@@ -3,10 +3,13 @@ real node in this process, then a real cluster member's /healthz through its sta
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from roost import Client
+from roost.client import wire
 from roost.cluster.config import CLUSTER_SETTINGS
 from roost.node import monitor
 from roost.node.config import NodeConfig
@@ -49,7 +53,7 @@ def test_varz_counts_traffic_and_messages_and_names_drops():
     assert (v["server_id"], v["version"], v["uptime_s"]) == ("n1", "9.9", 5.0)
     assert v["in_msgs"] == 3 and v["out_msgs"] == 3 and v["clients"] == 1 and v["subscriptions"] == 1
     assert v["in_datagrams"] == core.metrics["datagrams_in"] > 0 and v["in_bytes"] > v["in_datagrams"]
-    assert v["out_datagrams"] > 0 and v["out_bytes"] > v["out_datagrams"]
+    assert (v["out_datagrams"], v["out_bytes"]) == (0, 0)  # (counted by the shell that sends: tests/test_udp.py)
     assert v["drops"] == {"dropped_forbidden": 1, "error_forbidden": 1}
     assert v["config"] == {"max_datagram": 16384}
 
@@ -62,19 +66,38 @@ def test_settings_shown_never_include_the_secret():
     assert shown["pull_timeout"] == 30.0
 
 
-def test_connz_pages_by_address_and_lists_subscriptions_on_request():
+def test_connz_pages_clients_in_the_order_they_arrived():
     core = make_core()
-    clients = connect(core, *[("127.0.0.1", 6000 + i) for i in range(5)])
+    ports = [6004, 6001, 6003, 6000, 6002]  # (arrival order, not address order)
+    clients = connect(core, *[("127.0.0.1", p) for p in ports])
     for i, c in enumerate(clients):
         c.sub(f"t{i}", now=float(i))
     page = monitor.connz(core, 10.0, {"offset": "1", "limit": "2", "subs": "1"})
     assert (page["total"], page["offset"], page["count"]) == (5, 1, 2)
-    assert [r["addr"] for r in page["connections"]] == ["127.0.0.1:6001", "127.0.0.1:6002"]
+    assert [r["addr"] for r in page["connections"]] == ["127.0.0.1:6001", "127.0.0.1:6003"]
     assert page["connections"][0]["subs"] == [["t1", "reliable"]] and page["connections"][0]["age_s"] == 9.0
     assert monitor.connz(core, 10.0, {"offset": "4"})["count"] == 1
+    assert monitor.connz(core, 10.0, {"offset": "5"})["connections"] == []
     for bad in ({"limit": "0"}, {"limit": "5000"}, {"offset": "-1"}, {"limit": "x"}):
         with pytest.raises(monitor.BadQuery):
             monitor.connz(core, 10.0, bad)
+
+
+def test_subsz_pages_cut_anywhere_agree_with_the_whole_listing():
+    """A page is sliced across filters of several keys (skipped by their key counts), so every
+    offset and limit must give the same rows as the one page that holds them all."""
+    core = make_core()
+    (c,) = connect(core, ("127.0.0.1", 6000))
+    c.cmds([(1, "a", None, 1), (1, "a", "k1", 0), (1, "a", "k2", 1), (1, "b", None, 1),
+            (1, "c.*", "k", 1), (1, "c.*", None, 0), (1, "d.>", None, 1)])  # fmt: skip
+    whole = monitor.subsz(core, {"limit": "1024"})["subscriptions"]
+    assert [(s["filter"], s["key"]) for s in whole] == [
+        ("a", None), ("a", "k1"), ("a", "k2"), ("b", None), ("c.*", "k"), ("c.*", None), ("d.>", None)]
+    for offset in range(9):
+        for limit in range(1, 9):
+            got = monitor.subsz(core, {"offset": str(offset), "limit": str(limit)})
+            assert got["subscriptions"] == whole[offset : offset + limit], (offset, limit)
+            assert got["total"] == 7
 
 
 def test_subsz_by_topic_keeps_the_filters_a_message_would_match():
@@ -133,15 +156,22 @@ async def raw(port: int, data: bytes) -> bytes:
         return out
 
 
-@pytest.fixture
-async def monitored() -> Any:
-    server = NodeServer(NodeConfig(client_addr=("127.0.0.1", 0), monitor_addr="127.0.0.1:0"), EventLog("m", "warning"))
+@contextlib.asynccontextmanager
+async def monitored_node(**settings: Any) -> AsyncIterator[tuple[NodeServer, str, int]]:
+    cfg = NodeConfig(client_addr=("127.0.0.1", 0), monitor_addr="127.0.0.1:0", **settings)
+    server = NodeServer(cfg, EventLog("m", "warning"))
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         assert server.listeners
         port = server.listeners[0].socket.getsockname()[1]
         yield server, f"http://127.0.0.1:{port}", port
         nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def monitored() -> Any:
+    async with monitored_node() as node:
+        yield node
 
 
 async def test_a_node_serves_every_path_over_http(monitored):
@@ -189,6 +219,35 @@ async def test_bad_requests_get_an_error_and_the_node_carries_on(monitored):
     assert (await get(url + "/healthz"))[0] == 200
 
 
+async def closed_by_server(stream: trio.SocketStream, within: float) -> bool:
+    """Did the server close ``stream`` (end of file) within ``within`` seconds?"""
+    with trio.move_on_after(within):
+        return await stream.receive_some(1024) == b""
+    return False
+
+
+async def test_connections_beyond_the_limit_are_refused_and_silent_ones_are_let_go():
+    """[monitor] max_connections silent clients hold every slot: one more is closed at once,
+    not queued; connection_timeout frees the slots, and /healthz answers again."""
+    async with monitored_node(monitor_max_connections=2, monitor_connection_timeout=1.0) as (_, url, port):
+        silent = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+        await silent[0].send_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")  # (served, then silent)
+        extra = await trio.open_tcp_stream("127.0.0.1", port)
+        assert await closed_by_server(extra, within=0.5)
+        for s in silent:  # (idle_timeout is 10 s: only connection_timeout can end these)
+            assert await closed_by_server(s, within=5) or (await s.receive_some(1024)) == b""
+        assert (await get(url + "/healthz"))[0] == 200
+        for s in [*silent, extra]:
+            await s.aclose()
+
+
+async def test_an_idle_connection_is_closed_after_idle_timeout():
+    async with monitored_node(monitor_idle_timeout=0.3) as (_, _url, port):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        assert await closed_by_server(stream, within=5)
+        await stream.aclose()
+
+
 # ------------------------------------------------------------ a cluster member's health
 
 
@@ -200,6 +259,19 @@ def http_get(url: str) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
     except OSError:
         return 0, {}
+
+
+def status_exchange(port: int) -> tuple[int, int]:
+    """HELLO then STATUS to a node: the datagrams and bytes it sent back."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5)
+        cid = os.urandom(wire.ID_LEN)
+        s.sendto(wire.encode_hello(cid), ("127.0.0.1", port))
+        welcome = s.recv(70000)
+        s.sendto(wire.encode_status(cid, wire.decode_untrusted_frame(welcome)[2]), ("127.0.0.1", port))
+        reply = s.recv(70000)
+        assert wire.decode_untrusted_frame(reply)[0] is wire.T.STATUS_REPLY
+    return 2, len(welcome) + len(reply)
 
 
 @pytest.mark.slow
@@ -222,7 +294,12 @@ def test_a_members_healthz_is_503_while_it_syncs_and_200_once_ready(tmp_path):
         assert seen[0] == (503, "syncing") and seen[-1] == (200, "ready"), seen
         clusterz = http_get(c.monitor("n1") + "/clusterz")[1]
         assert [(m["id"], m["state"]) for m in clusterz["members"]] == [("n1", "ready"), ("n2", "down")]
-        assert http_get(c.monitor("n1") + "/varz")[1]["mode"] == "replicated"
+        before = http_get(c.monitor("n1") + "/varz")[1]
+        assert before["mode"] == "replicated"
+        # (a member counts what leaves its client port where it sends it: a STATUS reply too)
+        sent = status_exchange(c.client_ports["n1"])
+        after = http_get(c.monitor("n1") + "/varz")[1]
+        assert (after["out_datagrams"] - before["out_datagrams"], after["out_bytes"] - before["out_bytes"]) == sent
     finally:
         silent.close()
         proc.terminate()

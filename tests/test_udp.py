@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections import Counter
 
 import pytest
 import trio
 
 from roost.client import Client, ClientConfig, NodeLost, wire
-from roost.client.udp import send_now
+from roost.client.udp import send_now, send_ready
 from roost.client.wire import E, T
 from tests.polling import eventually
 
@@ -233,3 +235,29 @@ async def test_unusable_addresses_do_not_stop_the_client(node):
         assert send_now(c._socks[id(c.session)], bad) == 4  # type: ignore[arg-type]
         with trio.fail_after(5):
             assert await c.publish("t", b"x", wait=True) == 1
+
+
+async def test_what_a_node_sends_is_counted_where_it_is_sent(node):
+    """datagrams_out and bytes_out are what left the port: a STATUS reply too (it is not a
+    broker Send), byte for byte as the client received it."""
+    before = dict(node.core.metrics)
+    s, cid = await udp(), os.urandom(wire.ID_LEN)
+    await s.sendto(wire.encode_hello(cid), node.addr)
+    welcome = await recv(s)
+    await s.sendto(wire.encode_status(cid, wire.decode_untrusted_frame(welcome)[2]), node.addr)
+    reply = await recv(s)
+    assert wire.decode_untrusted_frame(reply)[0] is T.STATUS_REPLY
+    m = node.core.metrics
+    assert m["datagrams_out"] - before.get("datagrams_out", 0) == 2
+    assert m["bytes_out"] - before.get("bytes_out", 0) == len(welcome) + len(reply)
+
+
+async def test_send_ready_counts_only_datagrams_that_left_and_keeps_order():
+    a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), await udp()
+    a.setblocking(False)
+    metrics: Counter[str] = Counter()
+    to = b.getsockname()
+    rest = send_ready(a, [(to, b"one"), (("256.0.0.1", 1), b"bad"), (to, b"three")], metrics)
+    assert rest == [] and (await recv(b), await recv(b)) == (b"one", b"three")
+    assert metrics == Counter(datagrams_out=2, bytes_out=8, send_failed=1)
+    a.close()
