@@ -124,7 +124,8 @@ def cmd_top(args: argparse.Namespace) -> int:
             url = monitor_url(status, addr)
             if url is None:
                 print(f"roost top: node {status['node']} has no monitoring endpoint: set [monitor] addr in its "
-                      f"config, or name one with --monitor", file=sys.stderr)  # fmt: skip
+                      "config (a cluster member: monitor_addr in its [[members]] entry), or name one with "
+                      "--monitor", file=sys.stderr)  # fmt: skip
                 return 2
             urls = [url]
         before: dict[str, tuple[float, dict[str, Any]]] = {}

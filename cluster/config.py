@@ -12,6 +12,7 @@ allowed). ``roost node --config FILE --id n2`` picks one member.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -248,6 +249,25 @@ def is_cluster_config(data: dict[str, Any]) -> bool:
     return "cluster" in data or "members" in data
 
 
+def _check_ports(source: str, members: list[Member]) -> None:
+    """No two sockets of one transport on one port of one host: client ports (UDP), and peer and
+    monitoring ports (TCP, which share one port space), across every member and within one.
+    A wildcard host (0.0.0.0, ::) takes the port on every address, so it clashes with any."""
+    for keys in (("client_addr",), ("peer_addr", "monitor_addr")):
+        ends = [(m.id, key, addr) for m in members for key in keys if (addr := getattr(m, key)) is not None]
+        by_port: dict[int, list[tuple[str, str, tuple[str, int]]]] = {}
+        for end in ends:
+            by_port.setdefault(end[2][1], []).append(end)
+        for same in by_port.values():
+            for i, (ma, ka, a) in enumerate(same):
+                for mb, kb, b in same[i + 1 :]:
+                    if a[0] == b[0] or ipaddress.ip_address(a[0]).is_unspecified \
+                            or ipaddress.ip_address(b[0]).is_unspecified:  # fmt: skip
+                        raise ConfigError(f"{source}: [[members]] {ma} {ka} = {hostport(*a)!r} and {mb} {kb} = "
+                                          f"{hostport(*b)!r}: the same port on the same host; each needs its "
+                                          "own")  # fmt: skip
+
+
 def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) -> ClusterConfig:
     source = str(path)
     data = read_toml(path) if data is None else data
@@ -259,6 +279,9 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
     for key in ("id", "client_addr", "advertise_addr"):
         if key in data.get("node", {}):
             raise ConfigError(f"{source}: [node] {key}: set per member in [[members]], not in [node]")
+    if "addr" in data.get("monitor", {}):  # (one address shared by every member: they would clash)
+        raise ConfigError(f"{source}: [monitor] addr: set per member as monitor_addr in [[members]], not in "
+                          "[monitor]")  # fmt: skip
     settings = ClusterSettings()
     apply_sections(settings, source, data, ("cluster", "durable"), CLUSTER_SETTINGS)
     settings.secret = _secret(source, settings)
@@ -307,11 +330,12 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
         client, peer, advertise, monitor = addrs
         assert client is not None and peer is not None
         members.append(Member(mid, client, peer, dd, advertise, monitor))
-    for key in ("id", "client_addr", "peer_addr", "data_dir", "advertise_addr", "monitor_addr"):
+    for key in ("id", "data_dir", "advertise_addr"):
         seen = [getattr(m, key) for m in members if getattr(m, key) is not None]
         dup = next((v for v in seen if seen.count(v) > 1), None)
         if dup is not None:
             raise ConfigError(f"{source}: [[members]] {key} = {dup!r}: must be unique across members")
+    _check_ports(source, members)
     members.sort(key=lambda m: m.id)  # the index of a member is its position here
     cfg = ClusterConfig(source, settings, members, {k: data.get(k, {}) for k in NODE_SECTIONS})
     cfg.node_config(members[0].id)  # validate the shared node settings now
