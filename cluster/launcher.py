@@ -100,12 +100,9 @@ class Launcher:
             raise SystemExit(f"roost cluster: no cluster was started with run dir {self.run_dir}") from None
 
     def has_member(self, member_id: str) -> bool:
-        """Is ``member_id`` in the config this run directory's cluster was started with?"""
-        try:
-            cc = load_cluster_config(self.config_path())
-        except (ConfigError, SystemExit):
-            return False
-        return any(m.id == member_id for m in cc.members)
+        """Is ``member_id`` in the config this run directory's cluster was started with?
+        (ConfigError when that config no longer loads: the caller decides if it matters.)"""
+        return any(m.id == member_id for m in load_cluster_config(self.config_path()).members)
 
     def pid_of(self, member_id: str) -> int | None:
         """The pid of our running member, or None (stale pid files are removed)."""
@@ -113,10 +110,7 @@ class Launcher:
             pid = int(self._pidfile(member_id).read_text())
         except (OSError, ValueError):
             return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            cmdline = []
+        cmdline = _cmdline(pid)
         if b"--id" not in cmdline or member_id.encode() not in cmdline:
             self._pidfile(member_id).unlink(missing_ok=True)
             return None
@@ -307,29 +301,69 @@ def remember(run_dir: Path) -> None:
         os.replace(tmp, path)
 
 
+def _run_dirs() -> list[str]:
+    """Run directories that hold a cluster, most recently used first (the default directory
+    where the registry puts it, else last)."""
+    dirs = dict.fromkeys([*_registered(), str(Path(DEFAULT_RUN_DIR).resolve())])
+    return [d for d in dirs if (Path(d) / "cluster.json").exists()]
+
+
 def find_run_dir(member_id: str | None, running: bool) -> str:
-    """The run directory of the cluster a command without --run-dir means: the one whose
-    ``member_id`` (any member, for None) is running, or for ``start`` (``running`` False) the
-    running cluster whose config has ``member_id`` while it is not running. The default
-    directory when none matches; RuntimeError naming them when several do."""
+    """The run directory of the cluster a command without --run-dir means.
+
+    - ``down`` (no member): the cluster that runs.
+    - ``kill``/``leave`` (``running``): the one where ``member_id`` runs.
+    - ``start``: the cluster that runs without ``member_id`` while its config has it; else, when
+      the member runs somewhere, RuntimeError saying so; else the most recently used cluster
+      whose config has the member (every member was stopped), skipping one whose config is gone.
+
+    The default directory when none matches; RuntimeError naming them when several running
+    clusters do; ConfigError when a running cluster's config no longer loads."""
     found: list[str] = []
-    for d in dict.fromkeys([str(Path(DEFAULT_RUN_DIR).resolve()), *_registered()]):
+    running_in: list[tuple[str, int]] = []  # (start: where the member already runs)
+    stopped: list[str] = []  # (start: clusters that do not run, whose config has the member)
+    for d in _run_dirs():
         launcher = Launcher(d)
-        if not (Path(d) / "cluster.json").exists():
-            continue
         alive = any(launcher.pid_of(p.stem) is not None for p in Path(d).glob("*.pid"))
-        if member_id is None:
-            hit = alive
-        elif running:
-            hit = launcher.pid_of(member_id) is not None
-        else:  # (start: a member of a cluster that runs without it)
-            hit = alive and launcher.pid_of(member_id) is None and launcher.has_member(member_id)
+        pid = None if member_id is None else launcher.pid_of(member_id)
+        if member_id is None or running:
+            hit = alive if member_id is None else pid is not None
+        elif pid is not None:
+            running_in.append((d, pid))
+            hit = False
+        elif alive:
+            hit = launcher.has_member(member_id)
+        else:
+            with contextlib.suppress(ConfigError, SystemExit):  # (a cluster long gone: its config too)
+                if launcher.has_member(member_id):
+                    stopped.append(d)
+            hit = False
         if hit:
             found.append(d)
     if len(found) > 1:
         what = "a running cluster" if member_id is None else member_id
         raise RuntimeError(f"{what} in several run directories ({', '.join(found)}): say which with --run-dir")
-    return found[0] if found else DEFAULT_RUN_DIR
+    if found:
+        return found[0]
+    if running_in:
+        d, pid = running_in[0]
+        raise RuntimeError(f"{member_id} is already running (pid {pid}, run dir {d})")
+    return stopped[0] if stopped else DEFAULT_RUN_DIR
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    """The process's arguments; [] when it is gone. A process that is still in execve (its
+    parent's Popen has returned, and a pid file may already name it) shows an empty command line
+    for a moment: that is waited out, briefly, rather than taken for a stale pid."""
+    for _ in range(50):
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return []
+        if raw or _is_zombie(pid):
+            return raw.split(b"\0")
+        time.sleep(0.002)
+    return []
 
 
 def _is_zombie(pid: int) -> bool:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -189,9 +191,62 @@ def test_cluster_up_against_busy_ports_exits_at_once_naming_the_member(tmp_path)
         # kill without --run-dir finds the cluster that runs (a), not the one that failed (b)
         kill = roost("cluster", "kill", "n2")
         assert kill.returncode == 0 and "killed n2" in kill.stdout, kill.stderr
+        # and so does start: a runs without n2 (b, used later, runs nothing)
+        start = roost("cluster", "start", "n2", timeout=90)
+        assert start.returncode == 0 and "started n2" in start.stdout, start.stderr
+        assert (tmp_path / "a" / "n2.pid").exists() and not (tmp_path / "b" / "n2.pid").exists()
+        again = roost("cluster", "start", "n2")
+        assert again.returncode == 1 and f"n2 is already running (pid {(tmp_path / 'a' / 'n2.pid').read_text()}, " \
+            f"run dir {tmp_path / 'a'})" in again.stderr, again.stderr  # fmt: skip
     finally:
         down = roost("cluster", "down", "--run-dir", str(tmp_path / "a"))
         assert down.returncode == 0, down.stderr
+
+
+def test_start_without_run_dir_takes_the_running_cluster_else_the_last_one_used(tmp_path):
+    """Which run directory ``cluster start ID`` means, with stand-in member processes (the
+    launcher knows a member by ``--id ID`` in the process's command line)."""
+    from roost.cluster.launcher import Launcher, find_run_dir, remember, write_local_config
+    from roost.node.config import ConfigError
+
+    dirs = {}
+    for name in ("a", "b"):  # (b is used last)
+        config = tmp_path / f"{name}.toml"
+        write_local_config(config, 2)
+        dirs[name] = Launcher(str(tmp_path / name))
+        dirs[name]._save_config_path(str(config))
+        remember(dirs[name].run_dir)
+    a, b = (str(dirs[n].run_dir.resolve()) for n in "ab")
+    assert find_run_dir("n1", running=False) == b  # (nothing runs: the last one used)
+    procs = []
+
+    def stand_in(launcher: Launcher, member: str) -> int:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--id", member])
+        procs.append(proc)
+        (launcher.run_dir / f"{member}.pid").write_text(str(proc.pid))
+        return proc.pid
+
+    try:
+        stand_in(dirs["a"], "n2")
+        assert find_run_dir("n1", running=False) == a  # (a runs without n1; its stand-in may be in execve)
+        assert find_run_dir("n2", running=True) == a
+        pid = stand_in(dirs["a"], "n1")
+        with pytest.raises(RuntimeError, match=re.escape(f"n1 is already running (pid {pid}, run dir {a})")):
+            find_run_dir("n1", running=False)
+        (dirs["a"].run_dir / "n1.pid").unlink()
+        (tmp_path / "a.toml").write_text("[cluster\n")  # (a running cluster's config that no longer loads)
+        with pytest.raises(ConfigError, match=r"a\.toml"):
+            find_run_dir("n1", running=False)
+        for p in procs:
+            p.kill()
+            p.wait(10)
+        (tmp_path / "b.toml").unlink()  # (a stopped cluster whose config is gone is passed over)
+        write_local_config(tmp_path / "a.toml", 2)
+        assert find_run_dir("n1", running=False) == a
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
 
 
 def test_json_log_lines_carry_the_same_fields():
