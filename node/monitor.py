@@ -30,6 +30,7 @@ from roost.node.core import BrokerCore
 
 #: /connz and /subsz return at most this many entries per page (NATS's default limit is 1024).
 MAX_LIMIT = 1024
+MAX_OFFSET = 1_000_000_000  # (beyond any table a node holds; islice refuses past sys.maxsize)
 DEFAULT_LIMIT = 100
 
 
@@ -117,14 +118,16 @@ def page(query: dict[str, str]) -> tuple[int, int]:
         limit = int(query.get("limit", str(DEFAULT_LIMIT)))
     except ValueError:
         raise BadQuery("offset and limit must be integers") from None
-    if offset < 0 or not 1 <= limit <= MAX_LIMIT:
-        raise BadQuery(f"offset must be at least 0 and limit from 1 to {MAX_LIMIT}")
+    if not 0 <= offset <= MAX_OFFSET or not 1 <= limit <= MAX_LIMIT:
+        raise BadQuery(f"offset must be from 0 to {MAX_OFFSET} and limit from 1 to {MAX_LIMIT}")
     return offset, limit
 
 
 def _served(core: BrokerCore) -> Iterator[Any]:
-    """The clients this node serves: binary ones whose home it is, and text subscribers."""
-    return (c for c in core.clients.values() if c.local or c.cid.__class__ is tuple)
+    """The clients this node serves: those whose home it is (a binary client that said HELLO
+    here, subscriber or publisher; a text client with a subscription here). The records other
+    members replicate to it are theirs to list."""
+    return (c for c in core.clients.values() if c.local)
 
 
 def connz(core: BrokerCore, now: float, query: dict[str, str]) -> dict[str, Any]:

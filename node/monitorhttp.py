@@ -137,6 +137,8 @@ async def _connection(stream: trio.SocketStream, documents: Documents, cfg: Node
             end = await _next(conn, stream, idle)
             while not isinstance(end, h11.EndOfMessage | None):  # (a body is read and ignored)
                 end = await _next(conn, stream, idle)
+            if end is None:  # (a body announced and never sent: nothing to answer)
+                return
             if event.method not in (b"GET", b"HEAD"):
                 code, ctype, body = _json(405, {"error": "only GET and HEAD"})
             else:

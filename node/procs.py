@@ -66,10 +66,18 @@ def wait_listening(proc: subprocess.Popen[bytes], host: str, port: int, timeout:
     raise RuntimeError(f"node did not listen on {host}:{port} within {timeout} s")
 
 
+def reachable(host: str) -> str:
+    """Where to ask a node bound to ``host``: a wildcard (0.0.0.0, ::) is answered from loopback,
+    and a reply is taken only from the address asked."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    return "::1" if host == "::" else host
+
+
 def probe_welcome(host: str, port: int, timeout: float = 0.25) -> tuple[Any, ...] | None:
     """The node's WELCOME to a HELLO (its id, cookie, params and members), or None when nothing
     answers within ``timeout``."""
-    cid = os.urandom(wire.ID_LEN)
+    host, cid = reachable(host), os.urandom(wire.ID_LEN)
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
         return _ask(s, (host, port), wire.encode_hello(cid), wire.T.WELCOME, time.monotonic() + timeout)
 
@@ -78,7 +86,7 @@ def probe_status(host: str, port: int, timeout: float = 0.25) -> dict[str, Any] 
     """What the node at ``host:port`` says of itself (HELLO, then STATUS), or None when nothing
     answers within ``timeout``. Its ``node`` and ``pid`` tell a launcher that the process it
     started is the one serving, and not another that holds the port."""
-    cid, node, deadline = os.urandom(wire.ID_LEN), (host, port), time.monotonic() + timeout
+    cid, node, deadline = os.urandom(wire.ID_LEN), (reachable(host), port), time.monotonic() + timeout
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
         welcome = _ask(s, node, wire.encode_hello(cid), wire.T.WELCOME, deadline)
         reply = None if welcome is None else _ask(s, node, wire.encode_status(cid, welcome[2]),

@@ -193,8 +193,10 @@ class Sessions(Delivery):
         """The client closed: what a time-out would do, now. Only its home acts, and only on a BYE
         of the client's current session: a late BYE of a process the client id has since been
         restarted in must not end the new process's subscriptions."""
-        if c is None or not c.local or (c.session > 0 and session != c.session):
-            self.metrics["bye_ignored"] += 1
+        if c is None or not c.local:  # (a publisher has no record; other members are not its home)
+            return
+        if c.session > 0 and session != c.session:
+            self.metrics["bye_ignored"] += 1  # (a late BYE of an earlier process of this client id)
             return
         self.metrics["clients_closed"] += 1
         self._log("info", "client_closed", client=c.cid.hex(), addr=fmt(addr), subs=c.live)

@@ -27,8 +27,7 @@ atexit.register(shutil.rmtree, _STATE, True)
 @pytest.fixture
 async def node(request: pytest.FixtureRequest) -> AsyncIterator[NodeServer]:
     """A real node on a free loopback UDP port, in this process."""
-    overrides = getattr(request, "param", {})
-    cfg = NodeConfig(client_addr=("127.0.0.1", 0), **overrides)
+    cfg = NodeConfig(**{"client_addr": ("127.0.0.1", 0), **getattr(request, "param", {})})
     server = NodeServer(cfg, EventLog("test", "warning"))
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)

@@ -261,3 +261,13 @@ async def test_send_ready_counts_only_datagrams_that_left_and_keeps_order():
     assert rest == [] and (await recv(b), await recv(b)) == (b"one", b"three")
     assert metrics == Counter(datagrams_out=2, bytes_out=8, send_failed=1)
     a.close()
+
+
+@pytest.mark.parametrize("node", [{"client_addr": ("0.0.0.0", 0)}], indirect=True)
+async def test_a_node_bound_to_a_wildcard_answers_the_launchers_probe(node):
+    """``cluster up`` asks each member's own STATUS at its client_addr: for 0.0.0.0 it asks
+    loopback, and takes the reply that comes from there."""
+    from roost.node.procs import probe_status
+
+    status = await trio.to_thread.run_sync(probe_status, "0.0.0.0", node.addr[1], 2.0)
+    assert status is not None and status["node"] == node.cfg.id
