@@ -17,11 +17,11 @@ import trio
 
 from roost import __version__
 from roost.client.addresses import hostport
-from roost.client.cli import add_client_commands
+from roost.client.cli import add_client_commands, positive
 from roost.client.statuscli import add_status_commands
 from roost.cluster import admin
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
-from roost.cluster.launcher import DEFAULT_RUN_DIR, Launcher, find_run_dir, free_tcp_port, node_command
+from roost.cluster.launcher import DEFAULT_RUN_DIR, READY_TIMEOUT, Launcher, find_run_dir, free_tcp_port, node_command
 from roost.cluster.server import ClusterNode
 from roost.node.config import ConfigError, config_doc, load_node_config, parse_hostport, read_toml
 from roost.node.procs import free_udp_port
@@ -93,9 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     leave.add_argument("id", help="the member's id")
     leave.add_argument("--config", default=None, metavar="FILE", help="the cluster's config (default: the one "
                        "`cluster up` used)")
-    for p in (up, join):
-        p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR",
-                       help="where the members' pid files and logs go")
+    up.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR", help="where the members' pid files and "
+                    "logs go")  # fmt: skip
+    join.add_argument("--run-dir", default=None, metavar="DIR", help="where its pid file and log go (default: the "
+                      "run directory of the cluster that runs, so that down stops it too)")  # fmt: skip
+    for p in (up, start, join):
+        p.add_argument("--ready-timeout", type=positive, default=READY_TIMEOUT, metavar="S",
+                       help=f"how long a member may take to sync and answer before it counts as failed "
+                            f"(default {READY_TIMEOUT:g})")  # fmt: skip
     for p in (down, kill, start, leave):
         p.add_argument("--run-dir", default=None, metavar="DIR",
                        help="the cluster's run directory (default: the one `cluster up` used, found by the member)")
@@ -195,7 +200,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     after = admin.roster_from(cc, entries).members()
     print(message)
     print(admin.moved_report(cc, [m for m in after if m != args.id], list(after)))
-    launcher = Launcher(args.run_dir)
+    launcher = Launcher(args.run_dir, getattr(args, "ready_timeout", READY_TIMEOUT))
     command = [*node_command(args.config, args.id), "--join", f"{seed[0]}:{seed[1]}",
                "--client-addr", f"{client[0]}:{client[1]}", "--peer-addr", f"{peer[0]}:{peer[1]}",
                "--data-dir", data_dir]  # fmt: skip
@@ -208,7 +213,7 @@ def cmd_join(args: argparse.Namespace) -> int:
 def cmd_leave(args: argparse.Namespace) -> int:
     """A member leaves: the others pull what they gain, the map moves, it delivers what it holds
     and stops."""
-    launcher = Launcher(args.run_dir)
+    launcher = Launcher(args.run_dir, getattr(args, "ready_timeout", READY_TIMEOUT))
     config = args.config or launcher.config_path()
     cc = load_cluster_config(config)
     message, members, taken_by = admin.leave(cc, args.id)
@@ -248,8 +253,9 @@ async def _run_cluster_node(node: ClusterNode) -> None:
 def cmd_cluster(args: argparse.Namespace) -> int:
     try:
         if args.run_dir is None:
-            args.run_dir = find_run_dir(getattr(args, "id", None), running=args.action in ("kill", "down", "leave"))
-        launcher = Launcher(args.run_dir)
+            member = None if args.action == "join" else getattr(args, "id", None)  # (a joiner: the cluster that runs)
+            args.run_dir = find_run_dir(member, running=args.action in ("kill", "down", "leave", "join"))
+        launcher = Launcher(args.run_dir, getattr(args, "ready_timeout", READY_TIMEOUT))
         if args.action == "join":
             return cmd_join(args)
         if args.action == "leave":
@@ -267,6 +273,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"roost cluster: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (up has stopped what it started, and said so)
+        return 130
     except (RuntimeError, ValueError) as exc:  # (AdminError is a RuntimeError)
         print(f"roost cluster: {exc}", file=sys.stderr)
         return 1

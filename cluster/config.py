@@ -25,6 +25,7 @@ from roost.node.config import (
     ConfigError,
     NodeConfig,
     Setting,
+    advertisable,
     apply_sections,
     check_consistency,
     fill_defaults,
@@ -249,26 +250,41 @@ def is_cluster_config(data: dict[str, Any]) -> bool:
     return "cluster" in data or "members" in data
 
 
+def _machine(m: Member) -> str:
+    """Which machine a member runs on, as far as the config tells: its peer address's host (the
+    one its peers reach), every loopback address being this one."""
+    host = ipaddress.ip_address(m.peer_addr[0])
+    return "loopback" if host.is_loopback else str(host)
+
+
 def _check_ports(source: str, members: list[Member]) -> None:
     """No two sockets of one transport on one port of one host: client ports (UDP), and peer and
-    monitoring ports (TCP, which share one port space), across every member and within one.
-    A wildcard host (0.0.0.0, ::) takes the port on every address, so it clashes with any."""
+    monitoring ports (TCP, which share one port space), across members and within one.
+
+    The same address twice always clashes. A wildcard host (0.0.0.0, ::) takes the port on every
+    address of its machine, so it clashes with the same port of any member on that machine
+    (:func:`_machine`); ``monitor_addr = "0.0.0.0:8222"`` on members of different machines is fine."""
     for keys in (("client_addr",), ("peer_addr", "monitor_addr")):
-        ends = [(m.id, key, addr) for m in members for key in keys if (addr := getattr(m, key)) is not None]
-        by_port: dict[int, list[tuple[str, str, tuple[str, int]]]] = {}
-        for end in ends:
-            by_port.setdefault(end[2][1], []).append(end)
+        by_port: dict[int, list[tuple[Member, str, tuple[str, int]]]] = {}
+        for m in members:
+            for key in keys:
+                if (addr := getattr(m, key)) is not None:
+                    by_port.setdefault(addr[1], []).append((m, key, addr))
         for same in by_port.values():
             for i, (ma, ka, a) in enumerate(same):
                 for mb, kb, b in same[i + 1 :]:
-                    if a[0] == b[0] or ipaddress.ip_address(a[0]).is_unspecified \
-                            or ipaddress.ip_address(b[0]).is_unspecified:  # fmt: skip
-                        raise ConfigError(f"{source}: [[members]] {ma} {ka} = {hostport(*a)!r} and {mb} {kb} = "
+                    wild = ipaddress.ip_address(a[0]).is_unspecified or ipaddress.ip_address(b[0]).is_unspecified
+                    if (ma is mb or _machine(ma) == _machine(mb)) if wild else a[0] == b[0]:
+                        raise ConfigError(f"{source}: [[members]] {ma.id} {ka} = {hostport(*a)!r} and {mb.id} {kb} = "
                                           f"{hostport(*b)!r}: the same port on the same host; each needs its "
                                           "own")  # fmt: skip
 
 
-def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) -> ClusterConfig:
+def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None, *,
+                        need_secret: bool = True) -> ClusterConfig:  # fmt: skip
+    """The cluster config at ``path``, validated. ``need_secret`` False (the secret is left
+    empty) serves commands that only read the member list, such as ``cluster down`` from a
+    shell that lacks $ROOST_CLUSTER_SECRET: stopping processes needs no secret."""
     source = str(path)
     data = read_toml(path) if data is None else data
     allowed = ("cluster", "durable", "members", *NODE_SECTIONS)
@@ -284,7 +300,7 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
                           "[monitor]")  # fmt: skip
     settings = ClusterSettings()
     apply_sections(settings, source, data, ("cluster", "durable"), CLUSTER_SETTINGS)
-    settings.secret = _secret(source, settings)
+    settings.secret = _secret(source, settings) if need_secret else ""
     if settings.down_after <= settings.suspect_after:
         raise ConfigError(f"{source}: [cluster] down_after = {settings.down_after}: must be more than "
                           f"suspect_after ({settings.suspect_after})")  # fmt: skip
@@ -324,18 +340,23 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None) ->
                     raise ConfigError(f"{where} {key} = {m[key]!r}: must be HOST:PORT with an IP address") from None
             else:
                 addrs.append(None)
+        if addrs[2] is not None and not advertisable(addrs[2]):
+            raise ConfigError(f"{where} advertise_addr = {m['advertise_addr']!r}: must be an address clients can "
+                              "be sent to: not a wildcard, a port other than 0")  # fmt: skip
         dd = m.get("data_dir")
         if not isinstance(dd, str) or not dd:
             raise ConfigError(f"{where} data_dir = {dd!r}: must be a directory path")
         client, peer, advertise, monitor = addrs
         assert client is not None and peer is not None
         members.append(Member(mid, client, peer, dd, advertise, monitor))
-    for key in ("id", "data_dir", "advertise_addr"):
-        seen = [getattr(m, key) for m in members if getattr(m, key) is not None]
+    _check_ports(source, members)
+    for key in ("id", "data_dir", "advertised"):  # (advertised: advertise_addr, else client_addr)
+        seen = [getattr(m, key) for m in members]
         dup = next((v for v in seen if seen.count(v) > 1), None)
         if dup is not None:
-            raise ConfigError(f"{source}: [[members]] {key} = {dup!r}: must be unique across members")
-    _check_ports(source, members)
+            what = "the address advertised to clients (advertise_addr, else client_addr)" if key == "advertised" \
+                else key  # fmt: skip
+            raise ConfigError(f"{source}: [[members]] {what} = {dup!r}: must be unique across members")
     members.sort(key=lambda m: m.id)  # the index of a member is its position here
     cfg = ClusterConfig(source, settings, members, {k: data.get(k, {}) for k in NODE_SECTIONS})
     cfg.node_config(members[0].id)  # validate the shared node settings now

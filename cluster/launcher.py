@@ -78,8 +78,9 @@ def node_command(config: str, member_id: str) -> list[str]:
 
 
 class Launcher:
-    def __init__(self, run_dir: str = DEFAULT_RUN_DIR) -> None:
+    def __init__(self, run_dir: str = DEFAULT_RUN_DIR, ready_timeout: float = READY_TIMEOUT) -> None:
         self.run_dir = Path(run_dir)
+        self.ready_timeout = ready_timeout  # (a member is ready once synced: a big PULL takes a while)
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -102,7 +103,7 @@ class Launcher:
     def has_member(self, member_id: str) -> bool:
         """Is ``member_id`` in the config this run directory's cluster was started with?
         (ConfigError when that config no longer loads: the caller decides if it matters.)"""
-        return any(m.id == member_id for m in load_cluster_config(self.config_path()).members)
+        return any(m.id == member_id for m in load_cluster_config(self.config_path(), need_secret=False).members)
 
     def pid_of(self, member_id: str) -> int | None:
         """The pid of our running member, or None (stale pid files are removed)."""
@@ -149,7 +150,7 @@ class Launcher:
         """Until the member's own STATUS answers (its id and pid; a syncing member does not answer
         yet); RuntimeError naming it, with the end of its log, when it exits first."""
         try:
-            wait_ready(proc, member_id, client, READY_TIMEOUT, self._logfile(member_id))
+            wait_ready(proc, member_id, client, self.ready_timeout, self._logfile(member_id))
         except RuntimeError:
             if proc.poll() is not None:
                 self._pidfile(member_id).unlink(missing_ok=True)
@@ -194,13 +195,13 @@ class Launcher:
         """Each member ready, in any order: a member that exits is reported at once (a busy port
         within a second, not after the others' time-outs)."""
         waiting = dict(procs)
-        deadline = time.monotonic() + READY_TIMEOUT
+        deadline = time.monotonic() + self.ready_timeout
         while waiting:
             for mid, proc in list(waiting.items()):
                 m = cc.member(mid)
                 if not is_ready(proc, mid, m.client_addr, self._logfile(mid)):
                     if time.monotonic() >= deadline:
-                        raise not_ready(proc, mid, m.client_addr, READY_TIMEOUT, self._logfile(mid))
+                        raise not_ready(proc, mid, m.client_addr, self.ready_timeout, self._logfile(mid))
                     continue
                 del waiting[mid]
                 monitor = f", monitor http://{hostport(*m.monitor_addr)}" if m.monitor_addr else ""
@@ -253,7 +254,7 @@ class Launcher:
         return 0
 
     def down(self) -> int:
-        cc = load_cluster_config(self.config_path())
+        cc = load_cluster_config(self.config_path(), need_secret=False)
         stopped = []
         # (the config's members, and members that joined: they have pid files here too)
         ids = dict.fromkeys([m.id for m in cc.members] + sorted(p.stem for p in self.run_dir.glob("*.pid")))

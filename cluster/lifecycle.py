@@ -53,6 +53,7 @@ class Lifecycle(MemberParts):
         self.pull_count = 0
         self.pull_done = False
         self.pulled_from: str | None = None
+        self.last_synced: dict[str, float] = {}  # peer -> when a PULL from it or an anti-entropy round with it ended
         self.snapshot_done = False
         # Snapshots: ``persisted`` is ``state_version`` as of the last fsynced snapshot.
         self.persisted = 0

@@ -579,6 +579,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                 self._log("info", "anti_entropy", peer=peer, buckets=len(buckets))
             self.digest_pending.discard(peer)
             self.next_digest[peer] = self.now + self.s.anti_entropy_interval
+            self.last_synced[peer] = self.now
             self._pump_pushes(peer)
         elif kind == P.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
             entries = check_entries(f[1])
@@ -589,7 +590,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                 self._pull_failed("peer is not ready itself", close=False)
             else:
                 self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
-                self.pulled_from = peer
+                self.pulled_from, self.last_synced[peer] = peer, self.now
                 self.pull_ok.add(peer)
                 if self.partitioned:
                     self._next_pull()  # (each peer holds only its own partitions: ask them all)

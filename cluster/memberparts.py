@@ -40,6 +40,7 @@ class MemberParts:
         queues: dict[str, PeerQueue]
         fwd: dict[str, ForwardQueue]
         next_digest: dict[str, float]
+        last_synced: dict[str, float]
         _out: list[Action]
         partitioned: bool
         own: Ownership

@@ -23,10 +23,12 @@ class MemberStatus(MemberParts):
                                 "client_addr": addr})  # fmt: skip
                 continue
             v = self.membership.peers[m]
-            lid = self.out[m]
+            lid, synced = self.out[m], self.last_synced.get(m)
             members.append({"id": m, "state": "left" if self._gone(m) else v.state, "subscriptions": v.subscriptions,
                             "clients": v.clients, "queue": len(self.queues[m]),
-                            "link": lid is not None and self.links[lid].up, "client_addr": addr})  # fmt: skip
+                            "link": lid is not None and self.links[lid].up, "client_addr": addr,
+                            # (seconds since a PULL from it or an anti-entropy round with it ended)
+                            "last_sync_s": None if synced is None else round(self.now - synced, 3)})  # fmt: skip
         # (one hash of the 256 bucket digests: members that agree on every register show the same)
         digest = hashlib.blake2b(b"".join(d.to_bytes(8, "big") for d in self.broker.digest), digest_size=8)
         out: dict[str, Any] = {"state": self.phase, "mode": self.s.mode, "digest": digest.hexdigest(),

@@ -146,7 +146,13 @@ class ClusterNode:
             listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)
         except OSError as exc:
             raise CannotBind(f"cannot bind {host}:{self.me.peer_addr[1]} (peer port): {exc.strerror or exc}") from None
-        monitors = await open_monitor(self.cfg)  # (the monitor answers 503 while we sync)
+        try:
+            monitors = await open_monitor(self.cfg)  # (the monitor answers 503 while we sync)
+        except CannotBind:
+            for listener in listeners:
+                await listener.aclose()
+            self._logs.close()
+            raise
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -235,6 +241,8 @@ class ClusterNode:
                     io.scope.cancel()
             elif cls is ServeClients:
                 self._serve_clients(nursery)
+                if self.bind_error is not None:
+                    return  # (the member exits: no node_ready after cannot_bind, nothing more to do)
             elif cls is ReadSnapshot:
                 nursery.start_soon(self._read_snapshot)
             elif cls is WriteSnapshot:

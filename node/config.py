@@ -67,6 +67,18 @@ def _addr_ok(v: str) -> bool:
     return True
 
 
+def advertisable(addr: tuple[str, int]) -> bool:
+    """An address a client can be sent to: a port, and a host that is not a wildcard."""
+    return addr[1] != 0 and not ipaddress.ip_address(addr[0]).is_unspecified
+
+
+def _advertise_ok(v: str) -> bool:
+    try:
+        return advertisable(parse_hostport(v))
+    except ValueError:
+        return False
+
+
 def _nets_ok(v: list[Any]) -> bool:
     try:
         for n in v:
@@ -86,8 +98,9 @@ SETTINGS: list[Setting] = [
             "a list of CIDR networks", _nets_ok,
             "Source networks allowed to use the text protocol (it has no address "
             "validation, so it must stay on networks you trust)."),
-    Setting("node", "advertise_addr", "", str, "empty (client_addr) or HOST:PORT with an IP address",
-            lambda v: v == "" or _addr_ok(v),
+    Setting("node", "advertise_addr", "", str,
+            "empty (client_addr) or HOST:PORT with an IP address that is not a wildcard, and a port other than 0",
+            lambda v: v == "" or _advertise_ok(v),
             "The address WELCOME and cluster maps tell clients to use for this node, when it is not "
             "the bound one: a published container port, a NAT, a load balancer's address."),
     Setting("node", "log_level", "info", str, "one of debug, info, warning, error",

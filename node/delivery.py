@@ -184,6 +184,9 @@ class Delivery(Registers):
     ) -> None:
         """Queue one message for every subscriber that matches (hot path)."""
         subs = self.index.match(topic, key)
+        if subs:  # (what /subsz shows: one dict update per message, not per subscriber)
+            matched = self.index.matched
+            matched[topic] = matched.get(topic, 0) + 1
         if self.index.filters:
             subs, picks = self._filtered(topic, key, tags, subs)
             if picks:
@@ -240,6 +243,8 @@ class Delivery(Registers):
         picks: dict[Any, list[Any]] | None = None
         part = tags.get(wire.PART_TAG) if tags else None
         for fs in found:
+            if fs.keys.get(None) or (key is not None and fs.keys.get(key)):
+                fs.matched += 1  # (as for a bare topic: a message some subscriber of the filter takes)
             for k in (None, key) if key is not None else (None,):
                 group = fs.keys.get(k)
                 if not group:

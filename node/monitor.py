@@ -162,24 +162,26 @@ def connz(core: BrokerCore, now: float, query: dict[str, str]) -> dict[str, Any]
             "limit": limit, "count": len(rows), "connections": rows}  # fmt: skip
 
 
-_Row = tuple[str, str | None, int, int]
+_Row = tuple[str, str | None, int, int, int]
+_Filter = tuple[str, dict[str | None, dict[Any, int]], int]  # (text, key -> subscribers, messages matched)
 
 
-def _rows(text: str, keys: dict[str | None, dict[Any, int]]) -> Iterator[_Row]:
-    """(filter, key, subscribers, reliable ones) of each key of one filter."""
+def _rows(text: str, keys: dict[str | None, dict[Any, int]], matched: int) -> Iterator[_Row]:
+    """(filter, key, subscribers, reliable ones, messages the filter matched) of each key of
+    one filter."""
     for k, subs in keys.items():
-        yield text, k, len(subs), sum(1 for mode in subs.values() if mode)
+        yield text, k, len(subs), sum(1 for mode in subs.values() if mode), matched
 
 
-def _page_of(filters: Iterator[tuple[str, dict[str | None, dict[Any, int]]]], offset: int, limit: int) -> list[_Row]:
+def _page_of(filters: Iterator[_Filter], offset: int, limit: int) -> list[_Row]:
     """Rows ``offset`` to ``offset + limit`` of the filters' keys: a filter before the page is
     skipped by its number of keys, without looking at its subscribers."""
     out: list[_Row] = []
-    for text, keys in filters:
+    for text, keys, matched in filters:
         if offset >= len(keys):
             offset -= len(keys)
             continue
-        out += itertools.islice(_rows(text, keys), offset, offset + limit - len(out))
+        out += itertools.islice(_rows(text, keys, matched), offset, offset + limit - len(out))
         offset = 0
         if len(out) >= limit:
             break
@@ -194,23 +196,31 @@ def subsz(core: BrokerCore, query: dict[str, str]) -> dict[str, Any]:
     Like /connz, a page is sliced rather than sorted: the whole listing costs one pass over the
     filters for the total; ``?topic=`` looks up the topic and walks the pattern trie, the path a
     message takes (a filter with a query is listed by its pattern: whether a message passes it
-    also depends on the message's tags)."""
+    also depends on the message's tags).
+
+    ``matches`` counts the messages the filter delivered to at least one of its subscribers (any
+    key), since the filter was first subscribed here: NATS's per-subscription match count at the
+    cost of one counter per message, not per subscriber. A message sent in parts counts per part."""
     offset, limit = page(query)
     topic, idx = query.get("topic"), core.index
     if topic is None:
         total = sum(len(keys) for keys in idx.topics.values()) + sum(len(fs.keys) for fs in idx.filters.values())
-        every = itertools.chain(idx.topics.items(), ((t, fs.keys) for t, fs in idx.filters.items()))
+        every = itertools.chain(((t, keys, idx.matched.get(t, 0)) for t, keys in idx.topics.items()),
+                                ((t, fs.keys, fs.matched) for t, fs in idx.filters.items()))  # fmt: skip
         rows = _page_of(every, offset, limit)
     else:
         try:
             check_topic(topic)
         except WireError as exc:
             raise BadQuery(f"topic {topic!r}: {exc.text}") from None
-        hits = sorted([*_rows(topic, idx.topics.get(topic, {})),
-                       *(r for text in idx.trie.match(topic.split(".")) for r in _rows(text, idx.filters[text].keys))],
+        filters = idx.filters
+        hits = sorted([*_rows(topic, idx.topics.get(topic, {}), idx.matched.get(topic, 0)),
+                       *(r for text in idx.trie.match(topic.split("."))
+                         for r in _rows(text, filters[text].keys, filters[text].matched))],
                       key=lambda r: (r[0], r[1] or ""))  # fmt: skip
         total, rows = len(hits), hits[offset : offset + limit]
-    items = [{"filter": f, "key": k, "subscribers": n, "reliable": rel} for f, k, n, rel in rows]
+    items = [{"filter": f, "key": k, "subscribers": n, "reliable": rel, "matches": hits}
+             for f, k, n, rel, hits in rows]  # fmt: skip
     return {
         "server_id": core.node_id, "num_subscriptions": idx.count, "num_delivered": core.metrics["delivered"],
         "topic": topic, "total": total, "offset": offset, "limit": limit, "count": len(items),

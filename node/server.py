@@ -20,6 +20,7 @@ import trio
 
 from roost import __version__
 from roost.client import wire
+from roost.client.addresses import hostport
 from roost.client.udp import drain, open_udp, send_all
 from roost.node import monitor, monitorhttp
 from roost.node.config import NodeConfig, parse_hostport
@@ -126,9 +127,12 @@ async def open_monitor(cfg: NodeConfig) -> list[trio.SocketListener]:
         return []
     host, port = parse_hostport(cfg.monitor_addr)
     try:
-        return await monitorhttp.open_listeners((host, port))
+        listeners = await monitorhttp.open_listeners((host, port))
     except OSError as exc:
         raise CannotBind(f"cannot bind {cfg.monitor_addr} (monitor port): {exc.strerror or exc}") from None
+    if port == 0:  # (STATUS and /varz name the port bound, which roost status and top then read)
+        cfg.monitor_addr = hostport(host, listeners[0].socket.getsockname()[1])
+    return listeners
 
 
 def _summary(core: BrokerCore) -> dict[str, Any]:
@@ -152,7 +156,11 @@ async def wait_for_signal(log: EventLog) -> None:
 async def run_until_signal(make: Callable[[], NodeServer]) -> None:
     """Run a node until SIGINT or SIGTERM, then shut it down cleanly."""
     server = make()
-    await server.open()
+    try:
+        await server.open()
+    except CannotBind:
+        server.sock.close()
+        raise
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         await wait_for_signal(server.log)

@@ -30,7 +30,7 @@ Subscriber = Any  # bytes (binary client id) or (host, port) of a text client
 class FilterSubs:
     """The subscribers of one filter that is not a bare topic."""
 
-    __slots__ = ("filter", "keys", "turn", "marks", "members")
+    __slots__ = ("filter", "keys", "turn", "marks", "members", "matched")
 
     def __init__(self, f: Filter) -> None:
         self.filter = f
@@ -38,10 +38,11 @@ class FilterSubs:
         self.turn = 0  # queue groups: where the next pick starts (round robin)
         self.marks: dict[str | None, bytes] = {}  # queue groups: key -> its mark id
         self.members: dict[str | None, list[Subscriber]] = {}  # queue groups: key -> members, in order
+        self.matched = 0  # messages that passed this filter (/subsz)
 
 
 class SubscriptionIndex:
-    __slots__ = ("topics", "names", "count", "filters", "trie", "groups")
+    __slots__ = ("topics", "names", "count", "filters", "trie", "groups", "matched")
 
     def __init__(self) -> None:
         self.topics: dict[str, dict[str | None, dict[Subscriber, int]]] = {}
@@ -50,6 +51,7 @@ class SubscriptionIndex:
         self.filters: dict[str, FilterSubs] = {}
         self.trie = PatternTrie()
         self.groups: dict[bytes, tuple[FilterSubs, str | None]] = {}  # mark id -> queue group (and key)
+        self.matched: dict[str, int] = {}  # bare topic -> messages delivered to its subscribers (/subsz)
 
     def _keys(self, topic: str, create: bool) -> tuple[str, dict[str | None, dict[Subscriber, int]] | None]:
         if is_plain(topic):
@@ -111,6 +113,7 @@ class SubscriptionIndex:
                 if is_plain(topic):
                     del self.topics[topic]
                     del self.names[topic]
+                    self.matched.pop(topic, None)
                 else:
                     self.trie.remove(self.filters.pop(topic).filter)
         return True

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -177,6 +178,9 @@ def test_cluster_up_against_busy_ports_exits_at_once_naming_the_member(tmp_path)
 
     config = tmp_path / "c.toml"
     write_local_config(config, 2)
+    hasty = roost("cluster", "up", str(config), "--detach", "--run-dir", str(tmp_path / "h"), "--ready-timeout", "0.05")
+    assert hasty.returncode == 1 and "was not ready within 0.05 s" in hasty.stderr, hasty.stderr
+    assert "stopped the 2 member(s) this up started" in hasty.stderr
     first = roost("cluster", "up", str(config), "--detach", "--run-dir", str(tmp_path / "a"), timeout=90)
     try:
         assert first.returncode == 0, first.stderr
@@ -203,6 +207,34 @@ def test_cluster_up_against_busy_ports_exits_at_once_naming_the_member(tmp_path)
         assert down.returncode == 0, down.stderr
 
 
+def member_stand_in(launcher: Any, member: str) -> subprocess.Popen[bytes]:
+    """A process the launcher takes for ``member`` (``--id member`` in its command line)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--id", member])
+    (launcher.run_dir / f"{member}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def test_down_and_start_lookup_need_no_secret(tmp_path, monkeypatch, capsys):
+    """A cluster whose secret came from $ROOST_CLUSTER_SECRET stops from a shell without it."""
+    from roost.cluster.launcher import Launcher, find_run_dir, remember, write_local_config
+
+    config = tmp_path / "c.toml"
+    write_local_config(config, 2)
+    config.write_text(config.read_text().replace('secret = "local-secret-0123456789"', ""))
+    monkeypatch.delenv("ROOST_CLUSTER_SECRET", raising=False)
+    launcher = Launcher(str(tmp_path / "run"))
+    launcher._save_config_path(str(config))
+    remember(launcher.run_dir)
+    proc = member_stand_in(launcher, "n1")
+    try:
+        assert find_run_dir("n2", running=False) == str(launcher.run_dir.resolve())
+        assert launcher.down() == 0 and proc.wait(20) == -15
+        assert f"stopped n1 (pid {proc.pid})" in capsys.readouterr().out
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_start_without_run_dir_takes_the_running_cluster_else_the_last_one_used(tmp_path):
     """Which run directory ``cluster start ID`` means, with stand-in member processes (the
     launcher knows a member by ``--id ID`` in the process's command line)."""
@@ -218,13 +250,11 @@ def test_start_without_run_dir_takes_the_running_cluster_else_the_last_one_used(
         remember(dirs[name].run_dir)
     a, b = (str(dirs[n].run_dir.resolve()) for n in "ab")
     assert find_run_dir("n1", running=False) == b  # (nothing runs: the last one used)
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
 
     def stand_in(launcher: Launcher, member: str) -> int:
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--id", member])
-        procs.append(proc)
-        (launcher.run_dir / f"{member}.pid").write_text(str(proc.pid))
-        return proc.pid
+        procs.append(member_stand_in(launcher, member))
+        return procs[-1].pid
 
     try:
         stand_in(dirs["a"], "n2")

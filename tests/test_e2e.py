@@ -158,6 +158,8 @@ def test_clean_shutdown_on_signal(tmp_path, sig):
         ("[node]\nlog_level = 'loud'\n", "must be one of debug, info, warning, error"),
         ("[timeouts]\nretransmit_timeout = 5\nretransmit_max = 1\n", "retransmit_max = 1.0: must be at least"),
         ("[limits]\nsend_window = 64\n", "[limits] max_payload = 1048576: must be at most a quarter of send_window"),
+        ("[node]\nadvertise_addr = '127.0.0.1:0'\n", "advertise_addr = '127.0.0.1:0': must be empty (client_addr) or "
+         "HOST:PORT with an IP address that is not a wildcard, and a port other than 0"),
     ],
 )
 def test_bad_config_exits_non_zero_naming_file_key_and_allowed(tmp_path, content, needle):

@@ -113,9 +113,13 @@ def test_subsz_by_topic_keeps_the_filters_a_message_would_match():
     c.cmds([(1, "a.b", None, 1), (1, "a.*", None, 0), (1, "a.>", "k", 1), (1, "x.y", None, 1)])
     every = monitor.subsz(core, {})
     assert every["num_subscriptions"] == 4 and every["total"] == 4
+    (pub,) = connect(core, ("127.0.0.1", 6001))
+    pub.pub([("a.b", b"1"), ("a.b", b"2"), ("a.c", b"3")])
+    pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, pub.seq, pub.seq, True,
+                             [wire.pack_message("a.b", "k", None, b"4")]), 0.0)  # (a keyed message)
     hit = monitor.subsz(core, {"topic": "a.b"})
-    assert [(s["filter"], s["key"], s["reliable"]) for s in hit["subscriptions"]] == [
-        ("a.*", None, 0), ("a.>", "k", 1), ("a.b", None, 1)]
+    assert [(s["filter"], s["key"], s["reliable"], s["matches"]) for s in hit["subscriptions"]] == [
+        ("a.*", None, 0, 4), ("a.>", "k", 1, 1), ("a.b", None, 1, 3)]
     assert [s["filter"] for s in monitor.subsz(core, {"topic": "a.b.c"})["subscriptions"]] == ["a.>"]
     with pytest.raises(monitor.BadQuery, match="wildcards"):
         monitor.subsz(core, {"topic": "a.*"})
@@ -186,6 +190,8 @@ async def test_a_node_serves_every_path_over_http(monitored):
     code, ctype, body = await get(url + "/healthz")
     assert (code, ctype, json.loads(body)) == (200, "application/json", {"state": "ready", "status": "ok"})
     before = json.loads((await get(url + "/varz"))[2])
+    assert before["monitor_addr"] == url.removeprefix("http://")  # (port 0 in the config: the one bound)
+    assert server.core.status()["monitor"] == before["monitor_addr"]
     async with Client(f"127.0.0.1:{server.addr[1]}") as c, c.subscribe("m.t") as sub:
         for i in range(20):
             await c.publish("m.t", b"%d" % i, wait=True)

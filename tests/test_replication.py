@@ -408,7 +408,12 @@ data_dir = "d2"
         (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"\n'
                              '[[members]]\nid="n3"\nclient_addr="127.0.0.1:7403"\npeer_addr="127.0.0.1:7503"\n'
                              'data_dir="d3"\nadvertise_addr = "127.0.0.1:7401"'),
-         "advertise_addr = ('127.0.0.1', 7401): must be unique"),
+         "advertise_addr, else client_addr) = ('127.0.0.1', 7401): must be unique"),
+        (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"'),  # (n1's client_addr)
+         "advertise_addr, else client_addr) = ('127.0.0.1', 7401): must be unique"),
+        (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:0"'), "advertise_addr = '127.0.0.1:0': must "
+         "be an address clients can be sent to"),
+        (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "0.0.0.0:7402"'), "not a wildcard"),
         (('[cluster]', '[node]\nadvertise_addr = "127.0.0.1:1"\n[cluster]'),
          "[node] advertise_addr: set per member in [[members]]"),
     ],
@@ -437,6 +442,20 @@ def test_the_secret_comes_from_a_file_or_the_environment_when_the_config_has_non
         load_cluster_config(p)
     monkeypatch.delenv("ROOST_CLUSTER_SECRET")
     with pytest.raises(ConfigError, match="required"):
+        load_cluster_config(p)
+
+
+def test_members_of_different_machines_may_each_take_a_wildcard_monitoring_port(tmp_path):
+    """Ports clash per machine: 0.0.0.0:8222 on two members at different addresses is fine
+    (no traffic: the config is only loaded), and refused for two members of one machine."""
+    p = tmp_path / "c.toml"
+    apart = GOOD.replace('"127.0.0.1:7501"', '"192.0.2.1:7501"').replace('"127.0.0.1:7502"', '"192.0.2.2:7501"')
+    apart = apart.replace('data_dir = "d1"', 'data_dir = "d1"\nmonitor_addr = "0.0.0.0:8222"')
+    p.write_text(apart.replace('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "0.0.0.0:8222"'))
+    assert [m.monitor_addr for m in load_cluster_config(p).members] == [("0.0.0.0", 8222)] * 2
+    p.write_text(p.read_text().replace('"192.0.2.2:7501"', '"192.0.2.1:7502"'))
+    clash = "n1 monitor_addr = '0.0.0.0:8222' and n2 monitor_addr = '0.0.0.0:8222'"
+    with pytest.raises(ConfigError, match=re.escape(clash)):
         load_cluster_config(p)
 
 

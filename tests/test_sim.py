@@ -263,9 +263,14 @@ def test_anti_entropy_repairs_what_pushes_lost_over_real_digest_and_diff_frames(
             q.pending_subs = 0
             q.inflight.clear()
     assert m0.core.broker.digest != m1.core.broker.digest
+    before = m0.core.last_synced.get("m1", -1.0)
     sim.heal()
     assert sim.run_until(2.1 + sim.cc.settings.anti_entropy_interval * 3)
     assert m0.core.broker.digest == m1.core.broker.digest
+    # /clusterz and roost status tell when each peer was last synced with (here: a round after the heal)
+    assert m0.core.last_synced["m1"] > max(before, 2.1)
+    (seen,) = [m for m in m0.core.status()["members"] if m["id"] == "m1"]
+    assert seen["last_sync_s"] == round(m0.core.now - m0.core.last_synced["m1"], 3)
     assert ("127.0.0.1", 9501) in m0.core.broker.clients and ("127.0.0.1", 9500) in m1.core.broker.clients
     assert any(event == "anti_entropy" for _, event, _ in sim.logs)
 
