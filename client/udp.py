@@ -62,8 +62,10 @@ def drain(sock: socket.socket, bufsize: int, limit: int = 1024) -> list[tuple[by
     return batch
 
 
-def send_ready(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Counter[str]) -> list[tuple[Addr, bytes]]:
-    """Send datagrams in order until the send buffer is full; return those left unsent.
+def send_ready(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Counter[str], start: int = 0) -> int:
+    """Send ``sends[start:]`` in order until the send buffer is full; returns the index of the
+    first datagram not sent (``len(sends)`` when all went), so a caller that waits and goes on
+    copies nothing.
 
     The node's counters of what left its client port are kept here, where ``sendto`` has
     succeeded, so every reply counts (broker, STATUS, durable, relayed) and a failed send does
@@ -73,28 +75,31 @@ def send_ready(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Co
     """
     sendto = sock.sendto
     n = nbytes = failed = 0
-    rest: list[tuple[Addr, bytes]] = []
-    for i, (addr, data) in enumerate(sends):
+    i, end = start, len(sends)
+    while i < end:
+        addr, data = sends[i]
         try:
             nbytes += sendto(data, addr)
             n += 1
         except BlockingIOError:
-            rest = sends[i:]
             break
         except (OSError, OverflowError, TypeError, ValueError):
             failed += 1
+        i += 1
     metrics["datagrams_out"] += n
     metrics["bytes_out"] += nbytes
     if failed:
         metrics["send_failed"] += failed
-    return rest
+    return i
 
 
 async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Counter[str]) -> None:
     """Send datagrams in order (counted as :func:`send_ready` does); waits only while the send
-    buffer is full."""
-    while sends := send_ready(sock, sends, metrics):
+    buffer is full. ``sends`` may grow while it waits (the datagrams added go out too)."""
+    i = send_ready(sock, sends, metrics)
+    while i < len(sends):
         await trio.lowlevel.wait_writable(sock)
+        i = send_ready(sock, sends, metrics, i)
 
 
 def send_now(sock: socket.socket, datagrams: list[tuple[Addr, bytes]]) -> int:

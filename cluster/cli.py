@@ -253,8 +253,11 @@ async def _run_cluster_node(node: ClusterNode) -> None:
 def cmd_cluster(args: argparse.Namespace) -> int:
     try:
         if args.run_dir is None:
-            member = None if args.action == "join" else getattr(args, "id", None)  # (a joiner: the cluster that runs)
-            args.run_dir = find_run_dir(member, running=args.action in ("kill", "down", "leave", "join"))
+            if args.action == "join":  # (the running cluster started from this config)
+                args.run_dir = find_run_dir(None, running=True, config=args.config)
+            else:
+                args.run_dir = find_run_dir(args.id if args.action != "down" else None,
+                                            running=args.action in ("kill", "down", "leave"))  # fmt: skip
         launcher = Launcher(args.run_dir, getattr(args, "ready_timeout", READY_TIMEOUT))
         if args.action == "join":
             return cmd_join(args)

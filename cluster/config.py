@@ -261,20 +261,23 @@ def _check_ports(source: str, members: list[Member]) -> None:
     """No two sockets of one transport on one port of one host: client ports (UDP), and peer and
     monitoring ports (TCP, which share one port space), across members and within one.
 
-    The same address twice always clashes. A wildcard host (0.0.0.0, ::) takes the port on every
-    address of its machine, so it clashes with the same port of any member on that machine
-    (:func:`_machine`); ``monitor_addr = "0.0.0.0:8222"`` on members of different machines is fine."""
+    On one machine (:func:`_machine`) the same address twice clashes, and a wildcard host (0.0.0.0,
+    ::) takes the port on every address, so it clashes with the same port of anything there.
+    Members of different machines clash only on one non-loopback address: ``monitor_addr =
+    "0.0.0.0:8222"`` or ``"127.0.0.1:8222"`` on every machine is fine."""
     for keys in (("client_addr",), ("peer_addr", "monitor_addr")):
         by_port: dict[int, list[tuple[Member, str, tuple[str, int]]]] = {}
         for m in members:
             for key in keys:
-                if (addr := getattr(m, key)) is not None:
+                if (addr := getattr(m, key)) is not None and addr[1] != 0:  # (0: a free port, each its own)
                     by_port.setdefault(addr[1], []).append((m, key, addr))
         for same in by_port.values():
             for i, (ma, ka, a) in enumerate(same):
                 for mb, kb, b in same[i + 1 :]:
-                    wild = ipaddress.ip_address(a[0]).is_unspecified or ipaddress.ip_address(b[0]).is_unspecified
-                    if (ma is mb or _machine(ma) == _machine(mb)) if wild else a[0] == b[0]:
+                    ia, ib = ipaddress.ip_address(a[0]), ipaddress.ip_address(b[0])
+                    wild = ia.is_unspecified or ib.is_unspecified
+                    same_machine = ma is mb or _machine(ma) == _machine(mb)
+                    if (same_machine and (wild or ia == ib)) or (ia == ib and not ia.is_loopback and not wild):
                         raise ConfigError(f"{source}: [[members]] {ma.id} {ka} = {hostport(*a)!r} and {mb.id} {kb} = "
                                           f"{hostport(*b)!r}: the same port on the same host; each needs its "
                                           "own")  # fmt: skip
@@ -343,6 +346,10 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None, *,
         if addrs[2] is not None and not advertisable(addrs[2]):
             raise ConfigError(f"{where} advertise_addr = {m['advertise_addr']!r}: must be an address clients can "
                               "be sent to: not a wildcard, a port other than 0")  # fmt: skip
+        if addrs[2] is None and addrs[0] is not None and ipaddress.ip_address(addrs[0][0]).is_unspecified:
+            raise ConfigError(f"{where} client_addr = {m['client_addr']!r}: clients cannot be sent to a wildcard: "
+                              "set advertise_addr to the address they reach this member at (or bind with "
+                              "--bind-host)")  # fmt: skip
         dd = m.get("data_dir")
         if not isinstance(dd, str) or not dd:
             raise ConfigError(f"{where} data_dir = {dd!r}: must be a directory path")

@@ -95,10 +95,10 @@ class Launcher:
         (self.run_dir / "cluster.json").write_text(json.dumps({"config": os.path.abspath(config)}))
 
     def config_path(self) -> str:
-        try:
-            return str(json.loads((self.run_dir / "cluster.json").read_text())["config"])
-        except (OSError, ValueError, KeyError):
-            raise SystemExit(f"roost cluster: no cluster was started with run dir {self.run_dir}") from None
+        path = _started_from(str(self.run_dir))
+        if path is None:
+            raise SystemExit(f"roost cluster: no cluster was started with run dir {self.run_dir}")
+        return path
 
     def has_member(self, member_id: str) -> bool:
         """Is ``member_id`` in the config this run directory's cluster was started with?
@@ -309,10 +309,18 @@ def _run_dirs() -> list[str]:
     return [d for d in dirs if (Path(d) / "cluster.json").exists()]
 
 
-def find_run_dir(member_id: str | None, running: bool) -> str:
+def _started_from(run_dir: str) -> str | None:
+    try:
+        return str(json.loads((Path(run_dir) / "cluster.json").read_text())["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def find_run_dir(member_id: str | None, running: bool, config: str | None = None) -> str:
     """The run directory of the cluster a command without --run-dir means.
 
-    - ``down`` (no member): the cluster that runs.
+    - ``down`` (no member): the cluster that runs; ``join`` (``config``): the one that runs and
+      was started from that config file.
     - ``kill``/``leave`` (``running``): the one where ``member_id`` runs.
     - ``start``: the cluster that runs without ``member_id`` while its config has it; else, when
       the member runs somewhere, RuntimeError saying so; else the most recently used cluster
@@ -325,6 +333,8 @@ def find_run_dir(member_id: str | None, running: bool) -> str:
     stopped: list[str] = []  # (start: clusters that do not run, whose config has the member)
     for d in _run_dirs():
         launcher = Launcher(d)
+        if config is not None and _started_from(d) != os.path.abspath(config):
+            continue
         alive = any(launcher.pid_of(p.stem) is not None for p in Path(d).glob("*.pid"))
         pid = None if member_id is None else launcher.pid_of(member_id)
         if member_id is None or running:

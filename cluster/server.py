@@ -124,6 +124,7 @@ class ClusterNode:
         # UDP task (a timer or a peer link): the UDP task then sends them.
         self._udp_idle = trio.CancelScope()
         self._udp_pending: list[tuple[Any, bytes]] = []
+        self._udp_draining = False  # the UDP task is sending _udp_pending, waiting for buffer room
         self._nursery: trio.Nursery | None = None
         st = cc.settings
         self._logs = LogStore(Path(self.me.data_dir) / "log", self.log,  # durable partition logs
@@ -145,6 +146,7 @@ class ClusterNode:
         try:
             listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)
         except OSError as exc:
+            self._logs.close()
             raise CannotBind(f"cannot bind {host}:{self.me.peer_addr[1]} (peer port): {exc.strerror or exc}") from None
         try:
             monitors = await open_monitor(self.cfg)  # (the monitor answers 503 while we sync)
@@ -153,6 +155,7 @@ class ClusterNode:
                 await listener.aclose()
             self._logs.close()
             raise
+        self.member.broker.cfg.monitor_addr = self.cfg.monitor_addr  # (the port bound: STATUS names it)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -291,10 +294,15 @@ class ClusterNode:
         self._ready.set()
 
     def _flush_udp(self) -> None:
-        """Send what the core produced; what would block waits for the UDP task."""
+        """Send what the core produced; what would block waits for the UDP task. While that
+        task drains a full buffer, new datagrams queue behind the ones it holds (in order)."""
         sock = self._sock
         assert sock is not None and self.member is not None
-        self._udp_pending = send_ready(sock, self._udp_pending, self.member.broker.metrics)
+        if self._udp_draining:
+            return
+        pending = self._udp_pending
+        sent = send_ready(sock, pending, self.member.broker.metrics)
+        self._udp_pending = pending[sent:] if sent < len(pending) else []
         if self._udp_pending:
             self._udp_idle.cancel()  # the UDP task sends the rest once the buffer drains
 
@@ -304,8 +312,12 @@ class ClusterNode:
         bufsize = self.cfg.max_datagram + 1  # one more byte tells "too large" apart
         while True:
             if self._udp_pending:
-                pending, self._udp_pending = self._udp_pending, []
-                await send_all(sock, pending, self.member.broker.metrics)
+                self._udp_draining = True
+                try:  # (in place: what _perform appends meanwhile goes out after it, in order)
+                    await send_all(sock, self._udp_pending, self.member.broker.metrics)
+                finally:
+                    self._udp_draining = False
+                self._udp_pending = []
             batch = drain(sock, bufsize)
             if batch:
                 self._feed(Datagrams(batch))

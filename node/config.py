@@ -114,7 +114,7 @@ SETTINGS: list[Setting] = [
             "HTTP monitoring endpoint (/healthz, /varz, /connz, /subsz, /clusterz, /metrics; "
             "docs/operations.md). Off by default; keep it on loopback or a private network: it "
             "has no authentication. A cluster member sets it as `monitor_addr` in its `[[members]]` "
-            "entry (each member needs its own port), never in a cluster config's [monitor]."),
+            "entry, never in a cluster config's [monitor]."),
     number("monitor", "max_connections", 32, int, 1, 10000,
             "Monitoring connections served at once; more are closed at once rather than queued, "
             "so scrapers that hang cannot use up the node's files or starve /healthz."),

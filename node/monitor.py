@@ -124,9 +124,10 @@ def page(query: dict[str, str]) -> tuple[int, int]:
 
 
 def _served(core: BrokerCore) -> Iterator[Any]:
-    """The clients this node serves: those whose home it is (a binary client that said HELLO
-    here, subscriber or publisher; a text client with a subscription here). The records other
-    members replicate to it are theirs to list."""
+    """The clients this node serves: those whose home it is (a binary client that sent it
+    subscription commands; a text client while it has a subscription here). A publisher that
+    never subscribed has no record. The records other members replicate here are theirs to
+    list."""
     return (c for c in core.clients.values() if c.local)
 
 
@@ -199,8 +200,10 @@ def subsz(core: BrokerCore, query: dict[str, str]) -> dict[str, Any]:
     also depends on the message's tags).
 
     ``matches`` counts the messages the filter delivered to at least one of its subscribers (any
-    key), since the filter was first subscribed here: NATS's per-subscription match count at the
-    cost of one counter per message, not per subscriber. A message sent in parts counts per part."""
+    key) since it was last created here (it starts again when its last subscriber leaves): NATS's
+    per-subscription match count at the cost of one counter per message, not per subscriber. A
+    message sent in parts counts per part.
+    """
     offset, limit = page(query)
     topic, idx = query.get("topic"), core.index
     if topic is None:

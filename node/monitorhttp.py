@@ -126,7 +126,7 @@ async def serve(listeners: list[trio.SocketListener], documents: Documents, log:
 
 async def _connection(stream: trio.SocketStream, documents: Documents, cfg: NodeConfig) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=cfg.monitor_max_request_head)
-    idle = cfg.monitor_idle_timeout
+    idle, head = cfg.monitor_idle_timeout, cfg.monitor_max_request_head
     try:
         while True:
             event = await _next(conn, stream, idle)
@@ -134,6 +134,8 @@ async def _connection(stream: trio.SocketStream, documents: Documents, cfg: Node
                 return
             if not isinstance(event, h11.Request):
                 return
+            if _head_size(event) > head:  # (h11 bounds only a head it has not seen the end of)
+                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
             end = await _next(conn, stream, idle)
             while not isinstance(end, h11.EndOfMessage | None):  # (a body is read and ignored)
                 end = await _next(conn, stream, idle)
@@ -158,6 +160,11 @@ async def _connection(stream: trio.SocketStream, documents: Documents, cfg: Node
         if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             code, ctype, body = _json(exc.error_status_hint, {"error": str(exc)})
             await _send(conn, stream, code, ctype, body, len(body))
+
+
+def _head_size(request: h11.Request) -> int:
+    """The bytes of a request line and headers, as sent (give or take the spaces h11 strips)."""
+    return len(request.method) + len(request.target) + 12 + sum(len(k) + len(v) + 4 for k, v in request.headers)
 
 
 async def _next(conn: h11.Connection, stream: trio.SocketStream, idle: float) -> Any:

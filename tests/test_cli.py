@@ -238,7 +238,7 @@ def test_down_and_start_lookup_need_no_secret(tmp_path, monkeypatch, capsys):
 def test_start_without_run_dir_takes_the_running_cluster_else_the_last_one_used(tmp_path):
     """Which run directory ``cluster start ID`` means, with stand-in member processes (the
     launcher knows a member by ``--id ID`` in the process's command line)."""
-    from roost.cluster.launcher import Launcher, find_run_dir, remember, write_local_config
+    from roost.cluster.launcher import DEFAULT_RUN_DIR, Launcher, find_run_dir, remember, write_local_config
     from roost.node.config import ConfigError
 
     dirs = {}
@@ -273,6 +273,10 @@ def test_start_without_run_dir_takes_the_running_cluster_else_the_last_one_used(
         (tmp_path / "b.toml").unlink()  # (a stopped cluster whose config is gone is passed over)
         write_local_config(tmp_path / "a.toml", 2)
         assert find_run_dir("n1", running=False) == a
+        # join (no member: the running cluster of its --config): b runs, a does not
+        stand_in(dirs["b"], "n1")
+        assert find_run_dir(None, running=True, config=str(tmp_path / "b.toml")) == b
+        assert find_run_dir(None, running=True, config=str(tmp_path / "a.toml")) == DEFAULT_RUN_DIR
     finally:
         for p in procs:
             p.kill()

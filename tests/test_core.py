@@ -248,6 +248,9 @@ def test_a_bye_of_another_session_or_with_a_bad_cookie_changes_nothing():
     assert [f[:2] for f in frames_to(forged, B)] == [(T.ERROR, E.BAD_COOKIE)]
     assert [a for a in stale if isinstance(a, Log)] == []
     assert delivered(intruder.pub([("t", b"x")], now=2.0), A) != []
+    # a publisher's BYE (it has no record here) is the normal end of a run: not counted as ignored
+    out = intruder.send(wire.encode_bye(intruder.cid, intruder.cookie, intruder.session), 3.0)
+    assert sends(out) == [] and core.metrics["bye_ignored"] == 1 and intruder.cid not in core.clients
 
 
 def test_cannot_subscribe_another_address():

@@ -123,6 +123,9 @@ def test_subsz_by_topic_keeps_the_filters_a_message_would_match():
     assert [s["filter"] for s in monitor.subsz(core, {"topic": "a.b.c"})["subscriptions"]] == ["a.>"]
     with pytest.raises(monitor.BadQuery, match="wildcards"):
         monitor.subsz(core, {"topic": "a.*"})
+    assert core.index.matched == {"a.b": 3}  # (x.y: nothing delivered, no entry)
+    c.cmds([(0, "a.b", None, 1)])  # (the bare topic's last subscriber leaves: its count goes with it)
+    assert core.index.matched == {}
 
 
 def test_metrics_parse_and_agree_with_the_core():
@@ -223,7 +226,9 @@ async def test_bad_requests_get_an_error_and_the_node_carries_on(monitored):
     assert (await get(url + "/connz?offset=99999999999999999999999"))[0] == 400
     assert (await get(url + "/connz?" + "&".join(f"a{i}=1" for i in range(25))))[0] == 400
     assert (await raw(port, b"GARBAGE\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
-    assert (await raw(port, b"GET /" + b"x" * 10000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 4")
+    assert (await raw(port, b"GET /" + b"x" * 10000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 431")
+    big_header = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"y" * 20000 + b"\r\n\r\n"  # (in one send)
+    assert (await raw(port, big_header)).startswith(b"HTTP/1.1 431 ")
     head = await raw(port, b"HEAD /varz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK") and head.endswith(b"\r\n\r\n")  # (no body)
     # two requests on one connection (keep-alive)
@@ -278,6 +283,27 @@ def http_get(url: str) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
     except OSError:
         return 0, {}
+
+
+async def test_a_members_status_names_the_monitor_port_it_bound(tmp_path):
+    """``monitor_addr`` with port 0: STATUS (what roost status and top read) names the port bound,
+    not 0 (the member core holds its own copy of the node settings)."""
+    from roost.cluster.config import load_cluster_config
+    from roost.cluster.server import ClusterNode
+
+    member = {"id": "n1", "client_addr": "127.0.0.1:0", "peer_addr": "127.0.0.1:0", "data_dir": str(tmp_path),
+              "monitor_addr": "127.0.0.1:0"}  # fmt: skip
+    node = ClusterNode(load_cluster_config("<test>", {"cluster": {"secret": "x" * 16}, "members": [member]}), "n1",
+                       log=EventLog("n1", "warning"))  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        assert node.member is not None
+        shown = node.member.broker.status()["monitor"]
+        assert shown == node.cfg.monitor_addr and not shown.endswith(":0")
+        code, _, body = await get(f"http://{shown}/varz")
+        assert code == 200 and json.loads(body)["monitor_addr"] == shown
+        await node.stop()
+        nursery.cancel_scope.cancel()
 
 
 def status_exchange(port: int) -> tuple[int, int]:

@@ -414,6 +414,7 @@ data_dir = "d2"
         (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:0"'), "advertise_addr = '127.0.0.1:0': must "
          "be an address clients can be sent to"),
         (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "0.0.0.0:7402"'), "not a wildcard"),
+        (('"127.0.0.1:7402"', '"0.0.0.0:7402"'), "client_addr = '0.0.0.0:7402': clients cannot be sent to a wildcard"),
         (('[cluster]', '[node]\nadvertise_addr = "127.0.0.1:1"\n[cluster]'),
          "[node] advertise_addr: set per member in [[members]]"),
     ],
@@ -453,6 +454,9 @@ def test_members_of_different_machines_may_each_take_a_wildcard_monitoring_port(
     apart = apart.replace('data_dir = "d1"', 'data_dir = "d1"\nmonitor_addr = "0.0.0.0:8222"')
     p.write_text(apart.replace('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "0.0.0.0:8222"'))
     assert [m.monitor_addr for m in load_cluster_config(p).members] == [("0.0.0.0", 8222)] * 2
+    p.write_text(p.read_text().replace("0.0.0.0:8222", "127.0.0.1:8222"))  # (each machine's own loopback)
+    assert [m.monitor_addr for m in load_cluster_config(p).members] == [("127.0.0.1", 8222)] * 2
+    p.write_text(p.read_text().replace("127.0.0.1:8222", "0.0.0.0:8222"))
     p.write_text(p.read_text().replace('"192.0.2.2:7501"', '"192.0.2.1:7502"'))
     clash = "n1 monitor_addr = '0.0.0.0:8222' and n2 monitor_addr = '0.0.0.0:8222'"
     with pytest.raises(ConfigError, match=re.escape(clash)):
