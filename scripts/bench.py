@@ -1,14 +1,23 @@
-"""Roost benchmark: fan-in and fan-out, fire and reliable, plus paced latency.
+"""Roost side by side with NATS, Redis and Mosquitto: the same workloads, one run, one table.
 
-Every role is its own process (node, publisher, each subscriber) on loopback.
-Payloads carry the message index and the publisher's send time
-(CLOCK_MONOTONIC, shared by all processes of one Linux machine), so each
-subscriber counts lost, duplicated and out-of-order messages and measures
-latency by itself.
+Every role is its own process on loopback: the server, the publisher, each subscriber
+(scripts/benchsystems.py says how each system is driven and measured). Each subscriber checks
+every message by the index in its payload and measures one-way latency against the publisher's
+send time (CLOCK_MONOTONIC, shared by the processes of one machine).
 
-    python scripts/bench.py                 # all scenarios, default sizes
-    python scripts/bench.py --quick         # a smaller run for a smoke test
-    python scripts/bench.py --only fanin    # one scenario
+Workloads (100-byte messages unless said):
+
+- W1 fan-in: one publisher, one subscriber, 200,000 messages
+- W2 fan-out: one publisher, ten subscribers, 20,000 messages each
+- W3 latency: 2,000 messages/s paced, 5,000 measured after 500 of warm-up
+- W4 many topics: 1,000 topics, 100 subscribers on 10 topics each, 100,000 messages
+- W5 sizes: fan-in at 16 B, 1 KB, 8 KB and 60 KB
+
+    python scripts/bench.py                                  # Roost alone, every workload
+    python scripts/bench.py --peers nats,redis,mosquitto     # and its peers, in the same run
+    python scripts/bench.py --workloads W1,W3 --modes reliable --repeat 3 --json
+
+A peer whose server or client is missing is skipped, and the script says how to install it.
 """
 
 from __future__ import annotations
@@ -17,200 +26,232 @@ import argparse
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import time
 from typing import Any
 
-import trio
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from roost.client import Client, ClientConfig  # noqa: E402
-from roost.node.procs import free_udp_port, wait_listening  # noqa: E402
+from scripts.benchsystems import MODES, missing, process_cpu, run_role, start_server  # noqa: E402
 
-HEAD = struct.Struct("!Qd")  # index, send time
-
-
-# ------------------------------------------------------------------ roles
+SYSTEMS = ("roost", "nats", "redis", "mosquitto")
 
 
-async def run_sub(node: str, topic: str, mode: str, n: int, idle: float) -> dict[str, Any]:
-    seen = bytearray(n)
-    got = dups = ooo = 0
-    last_idx = -1
-    lat: list[float] = []
-    first_t = last_t = 0.0
-    cfg = ClientConfig(max_buffered=1_000_000)
-    async with Client(node, config=cfg) as c, c.subscribe(topic, mode=mode) as sub:
-        print("ready", flush=True)
-        while got < n:
-            with trio.move_on_after(idle) as scope:
-                msg = await sub.next()
-            if scope.cancelled_caught:
-                break
-            now = time.monotonic()
-            idx, sent = HEAD.unpack_from(msg.payload)
-            if got == 0 and not first_t:
-                first_t = now
-            last_t = now
-            if idx >= n or seen[idx]:
-                dups += 1
-                continue
-            seen[idx] = 1
-            got += 1
-            if idx < last_idx:
-                ooo += 1
-            last_idx = idx
-            lat.append(now - sent)
-        reason = sub.reason
+def workloads(scale: int) -> dict[str, list[dict[str, Any]]]:
+    """Workload -> its runs (a run: subscribers and their topics, messages, size, rate)."""
+    w4 = [[f"w4.t{10 * s + j}" for j in range(10)] for s in range(100)]
     return {
-        "received": got, "lost": n - got, "duplicates": dups, "out_of_order": ooo,
-        "first": first_t, "last": last_t, "latencies": lat, "reason": reason,
-        "client_dups_dropped": c.router.duplicates,
+        "W1": [dict(subs=[["w1"]], n=200_000 // scale, size=100, rate=0.0, label="fan-in 1->1")],
+        "W2": [dict(subs=[["w2"]] * 10, n=20_000 // scale, size=100, rate=0.0, label="fan-out 1->10")],
+        "W3": [dict(subs=[["w3"]], n=5_500 // scale, size=100, rate=2000.0, warmup=500 // scale,
+                    label="latency, 2,000 msg/s")],
+        "W4": [dict(subs=w4, n=100_000 // scale, size=100, rate=0.0, topics=[t for ts in w4 for t in ts],
+                    label="1,000 topics, 100 subs x 10")],
+        "W5": [dict(subs=[["w5"]], n=max(1000, n // scale), size=size, rate=0.0, label=f"fan-in {size} B")
+               for size, n in ((16, 200_000), (1024, 100_000), (8192, 40_000), (60_000, 10_000))],
     }  # fmt: skip
-
-
-async def run_pub(node: str, topic: str, mode: str, n: int, size: int, rate: float) -> dict[str, Any]:
-    pad = b"x" * max(0, size - HEAD.size)
-    async with Client(node) as c:
-        t0 = time.monotonic()
-        for i in range(n):
-            if rate:
-                due = t0 + i / rate
-                delay = due - time.monotonic()
-                if delay > 0:
-                    await trio.sleep(delay)
-            await c.publish(topic, HEAD.pack(i, time.monotonic()) + pad, mode=mode)
-        t1 = time.monotonic()
-        ok = await c.flush(timeout=30) if mode == "reliable" else True
-        t2 = time.monotonic()
-    return {"sent": n, "publish_s": t1 - t0, "acked_s": t2 - t0, "all_acked": ok}
-
-
-# ------------------------------------------------------------------ driver
 
 
 def spawn(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), *args],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT)  # fmt: skip
 
 
-def start_node(port: int) -> subprocess.Popen[bytes]:
-    cfg = os.path.join(ROOT, "run", f"bench-{port}.toml")
-    os.makedirs(os.path.dirname(cfg), exist_ok=True)
-    with open(cfg, "w") as f:
-        f.write(f'[node]\nid = "bench"\nclient_addr = "127.0.0.1:{port}"\nlog_level = "warning"\n'
-                "[limits]\nmailbox_capacity = 200000\nsend_window = 8192\n")  # fmt: skip
-    node = subprocess.Popen([sys.executable, "-m", "roost", "node", "--config", cfg], cwd=ROOT)
-    wait_listening(node, "127.0.0.1", port)
-    return node
-
-
-def scenario(name: str, mode: str, subs: int, n: int, size: int, rate: float) -> dict[str, Any]:
-    port = free_udp_port()
-    node = start_node(port)
-    addr = f"127.0.0.1:{port}"
-    topic = f"bench.{name}"
+def run_once(system: str, workload: str, mode: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """One run: a fresh server, the subscribers (each says ready), then the publisher."""
+    server = start_server(system)
+    node_cpu0 = process_cpu(server.proc.pid)
+    topics = spec.get("topics") or spec["subs"][0]
+    n_total = spec["n"]
+    share = {t: 0 for t in topics}  # (what each subscriber is due: messages go round-robin over topics)
+    for i in range(len(topics)):
+        share[topics[i]] = n_total // len(topics) + (1 if i < n_total % len(topics) else 0)
+    common = ["--system", system, "--addr", server.addr, "--mode", mode]
+    idle = "5" if spec["rate"] else "3"
     try:
-        idle = "3" if not rate else "5"
-        procs = [spawn(["--role", "sub", "--node", addr, "--topic", topic, "--mode", mode,
-                        "-n", str(n), "--idle", idle]) for _ in range(subs)]  # fmt: skip
-        for p in procs:
+        subs = []
+        for sub_topics in spec["subs"]:
+            due = sum(share[t] for t in sub_topics)
+            subs.append(spawn(["--role", "sub", *common, "--topics", ",".join(sub_topics), "-n", str(due),
+                               "--space", str(n_total), "--warmup", str(spec.get("warmup", 0)), "--idle", idle]))
+        for p in subs:
             assert p.stdout is not None
             if p.stdout.readline().strip() != "ready":
-                raise RuntimeError("subscriber failed to start")
-        pub = spawn(["--role", "pub", "--node", addr, "--topic", topic, "--mode", mode, "-n", str(n),
-                     "--size", str(size), "--rate", str(rate)])  # fmt: skip
-        pub_out, _ = pub.communicate(timeout=300)
-        results = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+                raise RuntimeError(f"{system}: a subscriber failed to start")
+        pub = spawn(["--role", "pub", *common, "--topics", ",".join(topics), "-n", str(n_total),
+                     "--size", str(spec["size"]), "--rate", str(spec["rate"])])  # fmt: skip
+        pub_out, _ = pub.communicate(timeout=600)
+        results = [json.loads(p.communicate(timeout=600)[0]) for p in subs]
+        node_cpu = process_cpu(server.proc.pid) - node_cpu0
     finally:
-        node.terminate()
-        node.wait(10)
+        for p in [*subs, *([pub] if "pub" in locals() else [])]:
+            if p.poll() is None:
+                p.kill()
+        server.stop()
     p = json.loads(pub_out)
     delivered = sum(r["received"] for r in results)
-    start = min(r["first"] for r in results if r["received"]) if delivered else 0
-    end = max(r["last"] for r in results if r["received"]) if delivered else 0
+    got = [r for r in results if r["received"]]
+    span = max(r["last"] for r in got) - min(r["first"] for r in got) if got else 0.0
     lat = sorted(x for r in results for x in r["latencies"])
-    out = {
-        "scenario": name, "mode": mode, "subscribers": subs, "messages": n, "size": size,
-        "paced_rate": rate, "delivered": delivered,
-        "lost": sum(r["lost"] for r in results), "duplicated": sum(r["duplicates"] for r in results),
+    return {
+        "system": system, "workload": workload, "mode": mode, "label": spec["label"], "size": spec["size"],
+        "subscribers": len(spec["subs"]), "messages": n_total, "delivered": delivered,
+        "msgs_per_s": delivered / span if span > 0 else 0.0,
+        "lost": sum(r["lost"] for r in results), "duplicated": sum(r["duplicated"] for r in results),
         "out_of_order": sum(r["out_of_order"] for r in results),
-        "delivered_per_s": delivered / (end - start) if end > start else 0.0,
-        "publish_per_s": n / p["publish_s"] if p["publish_s"] else 0.0,
-        "p50_ms": 1000 * lat[len(lat) // 2] if lat else None,
-        "p99_ms": 1000 * lat[int(len(lat) * 0.99)] if lat else None,
-        "cancel_reasons": sorted({str(r["reason"]) for r in results if r["reason"]}),
+        "p50_us": 1e6 * lat[len(lat) // 2] if lat else None,
+        "p99_us": 1e6 * lat[int(len(lat) * 0.99)] if lat else None,
+        "max_us": 1e6 * lat[-1] if lat else None,
+        "cpu": {"node": round(node_cpu, 2), "publisher": round(p["cpu"], 2),
+                "subscriber": round(sum(r["cpu"] for r in results), 2)},
+        "all_acked": p["all_acked"],
     }  # fmt: skip
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of the rates and latencies over repeats; lost and duplicated summed."""
+    out = dict(rows[0])
+    for k in ("msgs_per_s", "p50_us", "p99_us", "max_us"):
+        vals = [r[k] for r in rows if r[k] is not None]
+        out[k] = statistics.median(vals) if vals else None
+    for k in ("lost", "duplicated", "out_of_order", "delivered"):
+        out[k] = sum(r[k] for r in rows)
+    out["cpu"] = {k: round(statistics.median(r["cpu"][k] for r in rows), 2) for k in rows[0]["cpu"]}
+    out["runs"] = len(rows)
     return out
 
 
-def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians of the rates and latencies; lost/duplicated/out-of-order summed over runs."""
-    r = dict(runs[0])
-    for k in ("delivered_per_s", "publish_per_s", "p50_ms", "p99_ms"):
-        vals = [x[k] for x in runs if x[k] is not None]
-        r[k] = statistics.median(vals) if vals else None
-    for k in ("lost", "duplicated", "out_of_order", "delivered"):
-        r[k] = sum(x[k] for x in runs)
-    r["runs"] = len(runs)
-    r["cancel_reasons"] = sorted({c for x in runs for c in x["cancel_reasons"]})
-    return r
+def ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """Roost's msgs/s (and W3 latency) over each peer's, for the same workload and size: the
+    peer's row of the same mode, else its only mode."""
+    lines = []
+    for r in rows:
+        if r["system"] != "roost":
+            continue
+        for peer in SYSTEMS[1:]:
+            same = [p for p in rows if p["system"] == peer and p["workload"] == r["workload"]
+                    and p["size"] == r["size"]]  # fmt: skip
+            match = [p for p in same if p["mode"] == r["mode"]] or same
+            if not match or not match[0]["msgs_per_s"]:
+                continue
+            q = match[0]
+            text = f"{r['workload']} {r['label']:28} roost {r['mode']:8} / {peer} {q['mode']:8}: " \
+                   f"{r['msgs_per_s'] / q['msgs_per_s']:5.2f}x msgs/s"  # fmt: skip
+            if r["workload"] == "W3" and r["p50_us"] and q["p50_us"]:
+                text += f", p50 {r['p50_us'] / q['p50_us']:.2f}x, p99 {r['p99_us'] / q['p99_us']:.2f}x " \
+                        "(lower is better)"  # fmt: skip
+            lines.append(text)
+    return lines
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    def us(x: float | None) -> str:
+        return f"{x:,.0f}" if x is not None else "-"
+
+    out = ["| workload | system | mode | msgs/s | lost | dup | p50 us | p99 us | max us | cpu s node/pub/sub |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        c = r["cpu"]
+        out.append(f"| {r['workload']} {r['label']} | {r['system']} | {r['mode']} | {r['msgs_per_s']:,.0f} | "
+                   f"{r['lost']} | {r['duplicated']} | {us(r['p50_us'])} | {us(r['p99_us'])} | {us(r['max_us'])} | "
+                   f"{c['node']}/{c['publisher']}/{c['subscriber']} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """msgs/s of each workload (and size) by system and mode, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["workload"], r["size"]) for r in rows}, key=lambda g: (g[0], g[1]))
+    series = sorted({(r["system"], r["mode"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    width = 0.8 / max(1, len(series))
+    for i, (system, mode) in enumerate(series):
+        ys = [next((r["msgs_per_s"] for r in rows if (r["workload"], r["size"], r["system"], r["mode"]) ==
+                    (w, s, system, mode)), 0) for w, s in groups]  # fmt: skip
+        ax.bar([g + i * width for g in range(len(groups))], ys, width, label=f"{system} {mode}")
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+    ax.set_xticklabels([f"{w}\n{s} B" for w, s in groups])
+    ax.set_ylabel("messages/s delivered")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--role", choices=("sub", "pub"))
-    ap.add_argument("--node")
-    ap.add_argument("--topic")
-    ap.add_argument("--mode", default="reliable")
-    ap.add_argument("-n", type=int, default=0)
-    ap.add_argument("--size", type=int, default=100)
-    ap.add_argument("--rate", type=float, default=0.0)
-    ap.add_argument("--idle", type=float, default=3.0)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("fanin", "fanout", "latency"))
-    ap.add_argument("--json", action="store_true", help="print one JSON line per scenario")
-    ap.add_argument("--repeat", type=int, default=1, help="run each scenario N times, report medians")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", default="", help="comma list of nats, redis, mosquitto")
+    ap.add_argument("--workloads", default="W1,W2,W3,W4,W5", help="comma list of W1..W5")
+    ap.add_argument("--modes", default="reliable,fire", help="comma list of reliable, fire")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each, medians reported")
+    ap.add_argument("--quick", action="store_true", help="a tenth of the messages (a smoke test)")
+    ap.add_argument("--json", action="store_true", help="one JSON row per line instead of the table")
+    ap.add_argument("--plot", default="", metavar="PNG", help="write a bar chart of msgs/s there")
+    # (a role in a child process)
+    ap.add_argument("--role", choices=("sub", "pub"), help=argparse.SUPPRESS)
+    ap.add_argument("--system", default="roost", help=argparse.SUPPRESS)
+    ap.add_argument("--addr", help=argparse.SUPPRESS)
+    ap.add_argument("--topics", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="reliable", help=argparse.SUPPRESS)
+    ap.add_argument("-n", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--space", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--size", type=int, default=100, help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--idle", type=float, default=3.0, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.role == "sub":
-        print(json.dumps(trio.run(run_sub, a.node, a.topic, a.mode, a.n, a.idle)))
+    if a.role:
+        print(json.dumps(run_role(a.role, a.system, a.addr, a.topics.split(","), a.mode, a.n, a.size, a.rate,
+                                  a.idle, a.space, a.warmup)), flush=True)  # fmt: skip
         return
-    if a.role == "pub":
-        print(json.dumps(trio.run(run_pub, a.node, a.topic, a.mode, a.n, a.size, a.rate)))
+    from tqdm import tqdm
+
+    systems = ["roost"]
+    for peer in filter(None, a.peers.split(",")):
+        if peer not in SYSTEMS[1:]:
+            sys.exit(f"bench: unknown peer {peer!r}; known: {', '.join(SYSTEMS[1:])}")
+        why = missing(peer)
+        if why:
+            print(f"# skipped {peer}: {why}", file=sys.stderr)
+        else:
+            systems.append(peer)
+    every = workloads(10 if a.quick else 1)
+    chosen = [w.strip().upper() for w in a.workloads.split(",") if w.strip()]
+    for w in chosen:
+        if w not in every:
+            sys.exit(f"bench: unknown workload {w!r}; known: {', '.join(every)}")
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    plan = [(s, w, m, spec) for w in chosen for spec in every[w] for s in systems for m in modes
+            if m in MODES[s] or (m == modes[0] and not set(modes) & set(MODES[s]))]  # fmt: skip
+    rows = []
+    started = time.time()
+    with tqdm(total=len(plan) * a.repeat, unit="run", file=sys.stderr, disable=None) as bar:
+        for system, w, mode, spec in plan:
+            mode = mode if mode in MODES[system] else MODES[system][0]
+            runs = []
+            for _ in range(a.repeat):
+                bar.set_description(f"{w} {system} {mode}")
+                runs.append(run_once(system, w, mode, spec))
+                bar.update()
+            row = median_row(runs)
+            rows.append(row)
+            if a.json:
+                print(json.dumps(row), flush=True)
+    if a.plot:
+        plot(rows, a.plot)
+    if a.json:
         return
-    scale = 10 if a.quick else 1
-    plan = []
-    for mode in ("fire", "reliable"):
-        if a.only in (None, "fanin"):
-            plan.append(("fanin", mode, 1, 200_000 // scale, 100, 0.0))
-        if a.only in (None, "fanout"):
-            plan.append(("fanout", mode, 10, 20_000 // scale, 100, 0.0))
-        if a.only in (None, "latency"):
-            plan.append(("latency", mode, 1, 6_000 // scale, 100, 2000.0))
-    print(f"# roost bench on {os.cpu_count()} cores, python {sys.version.split()[0]}, "
-          f"median of {a.repeat} run(s); lost/dup/ooo summed over runs")
-    hdr = f"{'scenario':8} {'mode':8} {'subs':>4} {'msgs/sub':>8} {'delivered/s':>11} " \
-          f"{'lost':>6} {'dup':>4} {'ooo':>4} {'p50 ms':>7} {'p99 ms':>7}"  # fmt: skip
-    print(hdr)
-    for sc in plan:
-        r = median_of([scenario(*sc) for _ in range(a.repeat)])
-        if a.json:
-            print(json.dumps(r))
-            continue
-        p50 = f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-"
-        p99 = f"{r['p99_ms']:.2f}" if r["p99_ms"] is not None else "-"
-        print(f"{r['scenario']:8} {r['mode']:8} {r['subscribers']:>4} {r['messages']:>8} "
-              f"{r['delivered_per_s']:>11,.0f} {r['lost']:>6} {r['duplicated']:>4} "
-              f"{r['out_of_order']:>4} {p50:>7} {p99:>7}"
-              + (f"  cancelled: {','.join(r['cancel_reasons'])}" if r["cancel_reasons"] else ""),
-              flush=True)  # fmt: skip
+    print(f"# roost bench: {os.cpu_count()} cores, python {sys.version.split()[0]}, {len(systems)} system(s), "
+          f"median of {a.repeat} run(s), {time.time() - started:.0f} s")  # fmt: skip
+    print(table(rows))
+    for line in ratios(rows):
+        print(line)
 
 
 if __name__ == "__main__":

@@ -207,10 +207,23 @@ def test_generated_docs_are_up_to_date():
 def test_bench_script_runs_and_reliable_loses_nothing():
     import json
 
-    r = script("scripts/bench.py", "--quick", "--only", "latency", "--json")
+    r = script("scripts/bench.py", "--quick", "--workloads", "W3", "--json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert [row["mode"] for row in rows] == ["fire", "reliable"]
-    reliable = rows[1]
-    assert reliable["delivered"] == reliable["messages"] == 600
+    assert [(row["system"], row["workload"], row["mode"]) for row in rows] == [("roost", "W3", "reliable"),
+                                                                              ("roost", "W3", "fire")]
+    reliable = rows[0]
+    assert reliable["delivered"] == reliable["messages"] == 550 and reliable["lost"] == 0
     assert reliable["duplicated"] == reliable["out_of_order"] == 0
+    assert 0 < reliable["p50_us"] <= reliable["p99_us"] <= reliable["max_us"]
+    assert reliable["cpu"]["node"] > 0 and reliable["cpu"]["publisher"] > 0 and reliable["cpu"]["subscriber"] > 0
+
+
+def test_bench_names_a_missing_peer_and_how_to_install_it(monkeypatch):
+    from scripts.benchsystems import missing
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert missing("roost") is None
+    assert missing("nats") == "nats-server is not installed: apt-get install nats-server (and pip install nats-py)"
+    r = script("scripts/bench.py", "--peers", "nats,kafka", "--workloads", "W3")
+    assert r.returncode == 1 and "unknown peer 'kafka'; known: nats, redis, mosquitto" in r.stderr
