@@ -39,13 +39,19 @@ INSTALL = {"nats": "apt-get install nats-server (and pip install nats-py)",
            "mosquitto": "apt-get install mosquitto (and pip install paho-mqtt)"}  # fmt: skip
 SERVER = {"nats": "nats-server", "redis": "redis-server", "mosquitto": "mosquitto"}
 CLIENT = {"nats": "nats", "redis": "redis", "mosquitto": "paho.mqtt.client"}
+SBIN = ("/usr/sbin", "/sbin")  # (Debian puts nats-server and mosquitto there, off a user's PATH)
+
+
+def server_binary(system: str) -> str | None:
+    name = SERVER[system]
+    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.path.exists(f"{d}/{name}")), None)
 
 
 def missing(system: str) -> str | None:
     """Why a peer cannot run here (its server or client library is missing), or None."""
     if system == "roost":
         return None
-    if shutil.which(SERVER[system]) is None and not os.path.exists(f"/usr/sbin/{SERVER[system]}"):
+    if server_binary(system) is None:
         return f"{SERVER[system]} is not installed: {INSTALL[system]}"
     try:
         __import__(CLIENT[system])
@@ -130,20 +136,19 @@ def start_server(system: str, roost_limits: str = "") -> Server:
         return Server(system, proc, f"127.0.0.1:{port}", work)
     port = free_port()
     if system == "nats":
-        proc = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(port)], **quiet)  # type: ignore[call-overload]
+        proc = subprocess.Popen([server_binary(system) or "nats-server", "-a", "127.0.0.1", "-p", str(port)], **quiet)  # type: ignore[call-overload]
     elif system == "redis":
         # (no persistence; no output limit for subscribers: the default 32 MB/8 MB/60 s limit
         # disconnects a subscriber that falls behind, which would count as loss)
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0"],
+        proc = subprocess.Popen([server_binary(system) or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                 "--save", "", "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0"],
                                 **quiet)  # type: ignore[call-overload]  # fmt: skip
     else:
         conf = os.path.join(work, "mosquitto.conf")
         with open(conf, "w") as f:  # (default max_queued_messages is 1000: QoS 1 would drop under load)
             f.write(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
                     "max_queued_messages 1000000\nmax_inflight_messages 1000\n")  # fmt: skip
-        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        proc = subprocess.Popen([binary, "-c", conf], **quiet)  # type: ignore[call-overload]
+        proc = subprocess.Popen([server_binary(system) or "mosquitto", "-c", conf], **quiet)  # type: ignore[call-overload]
     _wait_tcp(port, proc, SERVER[system])
     return Server(system, proc, f"127.0.0.1:{port}", work)
 

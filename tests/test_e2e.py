@@ -220,9 +220,11 @@ def test_bench_script_runs_and_reliable_loses_nothing():
 
 
 def test_bench_names_a_missing_peer_and_how_to_install_it(monkeypatch):
+    from scripts import benchsystems
     from scripts.benchsystems import missing
 
     monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(benchsystems, "SBIN", ())
     assert missing("roost") is None
     assert missing("nats") == "nats-server is not installed: apt-get install nats-server (and pip install nats-py)"
     r = script("scripts/bench.py", "--peers", "nats,kafka", "--workloads", "W3")
