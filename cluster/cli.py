@@ -188,7 +188,7 @@ def _join_as(cc: ClusterConfig, args: argparse.Namespace) -> list[object]:
     return entries
 
 
-def cmd_join(args: argparse.Namespace) -> int:
+def cmd_join(args: argparse.Namespace, launcher: Launcher) -> int:
     """Join a new member: the seed records it, then its process starts and pulls what it owns."""
     cc = load_cluster_config(args.config)
     seed = admin.resolve_peer(cc, args.seed)
@@ -200,7 +200,6 @@ def cmd_join(args: argparse.Namespace) -> int:
     after = admin.roster_from(cc, entries).members()
     print(message)
     print(admin.moved_report(cc, [m for m in after if m != args.id], list(after)))
-    launcher = Launcher(args.run_dir, getattr(args, "ready_timeout", READY_TIMEOUT))
     command = [*node_command(args.config, args.id), "--join", f"{seed[0]}:{seed[1]}",
                "--client-addr", f"{client[0]}:{client[1]}", "--peer-addr", f"{peer[0]}:{peer[1]}",
                "--data-dir", data_dir]  # fmt: skip
@@ -210,10 +209,9 @@ def cmd_join(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_leave(args: argparse.Namespace) -> int:
+def cmd_leave(args: argparse.Namespace, launcher: Launcher) -> int:
     """A member leaves: the others pull what they gain, the map moves, it delivers what it holds
     and stops."""
-    launcher = Launcher(args.run_dir, getattr(args, "ready_timeout", READY_TIMEOUT))
     config = args.config or launcher.config_path()
     cc = load_cluster_config(config)
     message, members, taken_by = admin.leave(cc, args.id)
@@ -260,9 +258,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                                             running=args.action in ("kill", "down", "leave"))  # fmt: skip
         launcher = Launcher(args.run_dir, getattr(args, "ready_timeout", READY_TIMEOUT))
         if args.action == "join":
-            return cmd_join(args)
+            return cmd_join(args, launcher)
         if args.action == "leave":
-            return cmd_leave(args)
+            return cmd_leave(args, launcher)
         if args.action == "up":
             return launcher.up(args.config, args.detach)
         if args.action == "down":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import shutil
 import socket
 import struct
@@ -27,6 +26,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from roost.node.monitorhttp import process_figures
+from roost.node.procs import free_port, wait_listening
 
 HEAD = struct.Struct("!Qd")  # index, send time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +63,7 @@ def missing(system: str) -> str | None:
 
 
 def cpu_seconds() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+    return process_figures()["cpu_seconds"]
 
 
 def process_cpu(pid: int) -> float:
@@ -73,12 +74,6 @@ def process_cpu(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------ servers
@@ -124,9 +119,7 @@ def start_server(system: str, roost_limits: str = "") -> Server:
     work = tempfile.mkdtemp(prefix=f"roost-bench-{system}-")
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     if system == "roost":
-        from roost.node.procs import free_udp_port, wait_listening
-
-        port = free_udp_port()
+        port = free_port()
         cfg = os.path.join(work, "node.toml")
         with open(cfg, "w") as f:
             f.write(f'[node]\nid = "bench"\nclient_addr = "127.0.0.1:{port}"\nlog_level = "warning"\n'
@@ -134,7 +127,7 @@ def start_server(system: str, roost_limits: str = "") -> Server:
         proc = subprocess.Popen([sys.executable, "-m", "roost", "node", "--config", cfg], cwd=ROOT)
         wait_listening(proc, "127.0.0.1", port)
         return Server(system, proc, f"127.0.0.1:{port}", work)
-    port = free_port()
+    port = free_port("127.0.0.1", socket.SOCK_STREAM)
     if system == "nats":
         proc = subprocess.Popen([server_binary(system) or "nats-server", "-a", "127.0.0.1", "-p", str(port)], **quiet)  # type: ignore[call-overload]
     elif system == "redis":

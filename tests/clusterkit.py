@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from roost.cluster.config import load_cluster_config
 from roost.cluster.launcher import Launcher, write_local_config
 from roost.node.procs import free_udp_port, wait_listening
@@ -138,3 +140,12 @@ class LocalCluster:
     def wait_subscriptions(self, counts: list[int], members: list[str] | None = None) -> None:
         wait_until(lambda: self.subscriptions(members) == counts,
                    what=f"subscriptions {counts} at {members or self.ids}")  # fmt: skip
+
+
+@pytest.fixture(name="node")
+def node_process(tmp_path: Path) -> Any:
+    """A `roost node` process, for modules that import this fixture: it stands in for the
+    in-process ``node`` of tests/conftest.py where a test needs a real process."""
+    n = Node(tmp_path)
+    yield n
+    n.stop()

@@ -9,7 +9,7 @@ import trio
 
 from roost.client import Client, wire
 from roost.client.wire import Mode, T
-from tests.clusterkit import Node
+from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
 from tests.corekit import connect, delivered, frames_to, make_core, sends
 from tests.test_session import connected_session, wrap
 
@@ -85,13 +85,6 @@ def test_the_session_hands_a_message_to_every_subscription_it_passes():
     s.unsubscribe("a.>", None)
     s.unsubscribe("a.*", None)
     assert s.recv.trie.size == 0 and s.recv.filter_refs == {}
-
-
-@pytest.fixture
-def node(tmp_path):
-    n = Node(tmp_path)
-    yield n
-    n.stop()
 
 
 async def test_library_wildcards_queries_and_text_subscribers_on_a_real_node(node):

@@ -12,7 +12,7 @@ from roost.client import Client, parts, wire
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
 from roost.client.wire import Mode, T, WireError
-from tests.clusterkit import Node
+from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
 from tests.corekit import connect, frames_to, make_core
 from tests.test_session import connected_session, wrap
 
@@ -202,13 +202,6 @@ def test_a_queue_group_gets_every_part_of_a_message_at_one_member_also_when_it_i
 
 
 # ---------------------------------------------------------------- a real node
-
-
-@pytest.fixture
-def node(tmp_path):
-    n = Node(tmp_path)
-    yield n
-    n.stop()
 
 
 async def test_a_900_kb_reliable_message_through_a_real_node(node):
