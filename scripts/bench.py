@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from scripts import benchprofile  # noqa: E402
 from scripts.benchsystems import MODES, missing, process_cpu, run_role, start_server  # noqa: E402
 
 SYSTEMS = ("roost", "nats", "redis", "mosquitto")
@@ -60,9 +61,19 @@ def spawn(args: list[str]) -> subprocess.Popen[str]:
                             text=True, cwd=ROOT)  # fmt: skip
 
 
-def run_once(system: str, workload: str, mode: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """One run: a fresh server, the subscribers (each says ready), then the publisher."""
+def run_once(system: str, workload: str, mode: str, spec: dict[str, Any], profile: str = "") -> dict[str, Any]:
+    """One run: a fresh server, the subscribers (each says ready), then the publisher. With
+    ``profile`` (a directory), py-spy samples Roost's node, publisher and first subscriber
+    (scripts/benchprofile.py) into ``<workload>-<size>-<mode>-<role>.raw`` there."""
+    spies: list[subprocess.Popen[bytes] | None] = []
+
+    def spy(pid: int, role: str) -> None:
+        if profile and system == "roost":
+            os.makedirs(profile, exist_ok=True)
+            spies.append(benchprofile.start(pid, os.path.join(profile, f"{workload}-{spec['size']}-{mode}-{role}.raw")))
+
     server = start_server(system)
+    spy(server.proc.pid, "node")
     node_cpu0 = process_cpu(server.proc.pid)
     topics = spec.get("topics") or spec["subs"][0]
     n_total = spec["n"]
@@ -77,12 +88,14 @@ def run_once(system: str, workload: str, mode: str, spec: dict[str, Any]) -> dic
             due = sum(share[t] for t in sub_topics)
             subs.append(spawn(["--role", "sub", *common, "--topics", ",".join(sub_topics), "-n", str(due),
                                "--space", str(n_total), "--warmup", str(spec.get("warmup", 0)), "--idle", idle]))
+        spy(subs[0].pid, "sub")
         for p in subs:
             assert p.stdout is not None
             if p.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"{system}: a subscriber failed to start")
         pub = spawn(["--role", "pub", *common, "--topics", ",".join(topics), "-n", str(n_total),
                      "--size", str(spec["size"]), "--rate", str(spec["rate"])])  # fmt: skip
+        spy(pub.pid, "pub")
         pub_out, _ = pub.communicate(timeout=600)
         results = [json.loads(p.communicate(timeout=600)[0]) for p in subs]
         node_cpu = process_cpu(server.proc.pid) - node_cpu0
@@ -91,6 +104,9 @@ def run_once(system: str, workload: str, mode: str, spec: dict[str, Any]) -> dic
             if p.poll() is None:
                 p.kill()
         server.stop()
+        for sp in spies:
+            if sp is not None:
+                sp.wait(30)
     p = json.loads(pub_out)
     delivered = sum(r["received"] for r in results)
     got = [r for r in results if r["received"]]
@@ -193,6 +209,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages (a smoke test)")
     ap.add_argument("--json", action="store_true", help="one JSON row per line instead of the table")
     ap.add_argument("--plot", default="", metavar="PNG", help="write a bar chart of msgs/s there")
+    ap.add_argument("--profile", default="", metavar="DIR",
+                    help="sample Roost's node, publisher and a subscriber with py-spy; profiles go there")
     # (a role in a child process)
     ap.add_argument("--role", choices=("sub", "pub"), help=argparse.SUPPRESS)
     ap.add_argument("--system", default="roost", help=argparse.SUPPRESS)
@@ -237,7 +255,7 @@ def main() -> None:
             runs = []
             for _ in range(a.repeat):
                 bar.set_description(f"{w} {system} {mode}")
-                runs.append(run_once(system, w, mode, spec))
+                runs.append(run_once(system, w, mode, spec, a.profile))
                 bar.update()
             row = median_row(runs)
             rows.append(row)
@@ -245,6 +263,12 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     if a.plot:
         plot(rows, a.plot)
+    if a.profile:
+        for name in sorted(os.listdir(a.profile)):
+            if name.endswith(".raw"):
+                path = os.path.join(a.profile, name)
+                with open(path[:-4] + ".md", "w") as f:
+                    f.write(f"## {name[:-4]}\n\n{benchprofile.summary(path)}\n")
     if a.json:
         return
     print(f"# roost bench: {os.cpu_count()} cores, python {sys.version.split()[0]}, {len(systems)} system(s), "
