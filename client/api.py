@@ -80,18 +80,19 @@ class ClientAPI(DurableAPI):
         retried) but not acknowledged yet.
         """
         self._check_open()
-        if isinstance(payload, str):
+        if payload.__class__ is not bytes and isinstance(payload, str):
             payload = payload.encode()
         reliable = _mode(mode) == RELIABLE
         r = self.router
         deadline = math.inf if timeout is None else self._now() + timeout
-        if reliable and r.window_full(topic):
+        seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
+        if seq is None:
             self._kick()
             if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):
                 raise TimeoutError(f"no room in the publish window within {timeout} s: not published")
             if r.lost:
                 raise NodeLost("node lost: not published")
-        seq = r.publish(topic, key, tags, payload, reliable)
+            seq = r.publish(topic, key, tags, payload, reliable)
         self._since_yield += 1
         self._kick()
         if wait and reliable:

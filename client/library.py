@@ -57,9 +57,13 @@ class Client(ClientAPI):
     def _kick(self) -> None:
         """Make the I/O loops flush now instead of at their next deadline (and start the
         loop of any session the router just opened)."""
-        self._spawn()
-        for scope in self._wait_scopes.values():
-            scope.cancel()
+        r = self._router
+        if r is not None and len(r.sessions) > len(self._socks):
+            self._spawn()
+        if self._wait_scopes:  # (once per wait: trio's cancel costs a few microseconds)
+            for scope in self._wait_scopes.values():
+                scope.cancel()
+            self._wait_scopes.clear()
 
     async def _sleep_until(self, deadline: float) -> None:
         await trio.sleep_until(deadline)

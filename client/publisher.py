@@ -17,8 +17,9 @@ in when it is time to send.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
-from itertools import islice
+from itertools import accumulate, islice
 
 from roost.client import parts, wire
 from roost.client.config import ClientConfig
@@ -30,7 +31,7 @@ Addr = tuple[str, int]
 class Publisher:
     def __init__(self, producer_id: bytes, fire_producer_id: bytes, config: ClientConfig) -> None:
         self.cfg = config
-        self.max_datagram = config.max_datagram  # the session lowers it to the node's
+        self._max_datagram = config.max_datagram
         self.max_payload = config.max_payload  # (and this one)
         self.max_parts = 1024  # parts of one message: a quarter of the node's send_window (WELCOME)
         self.pid = producer_id
@@ -38,30 +39,46 @@ class Publisher:
         self.next_seq = 1
         self.fire_seq = 1
         self.acked = 0
-        self.unacked: deque[tuple[int, bytes]] = deque()
+        # Reliable publishes in flight, packed: unacked[i] has sequence acked + 1 + i (a PUBACK
+        # is cumulative, and a message's parts take consecutive sequences).
+        self.unacked: deque[bytes] = deque()
         self.unsent_from = 1  # first reliable sequence not sent to the current node
         self.fire_pending: list[bytes] = []
         self.rto = config.pub_retry
         self.retry_at: float | None = None
+        self.room = self.max_datagram - wire.MESSAGE_ROOM  # (a packed message larger goes in parts)
+
+    @property
+    def max_datagram(self) -> int:
+        return self._max_datagram
+
+    @max_datagram.setter
+    def max_datagram(self, size: int) -> None:
+        """The session lowers it to the node's (WELCOME)."""
+        self._max_datagram = size
+        self.room = size - wire.MESSAGE_ROOM
 
     def publish(
         self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool
     ) -> int:
         """Queue a message; returns its producer sequence (0 for fire)."""
         wire.check_topic(topic)
-        wire.check_key(key)
-        wire.check_tags(tags)
-        if tags and wire.PART_TAG in tags:
-            raise WireError(E.BAD_TAGS, f"the tag {wire.PART_TAG} is reserved: it marks the parts of a large message")
+        if key is not None:
+            wire.check_key(key)
+        if tags is not None:
+            wire.check_tags(tags)
+            if wire.PART_TAG in tags:
+                raise WireError(E.BAD_TAGS, f"the tag {wire.PART_TAG} is reserved: it marks the parts of a large "
+                                "message")  # fmt: skip
         packed = wire.pack_message(topic, key, tags, payload)
-        if len(packed) > self.max_datagram - wire.MESSAGE_ROOM:
+        if len(packed) > self.room:
             return self._publish_large(topic, key, tags, payload, packed, reliable)
         if not reliable:
             self.fire_pending.append(packed)
             return 0
         seq = self.next_seq
-        self.next_seq += 1
-        self.unacked.append((seq, packed))
+        self.next_seq = seq + 1
+        self.unacked.append(packed)
         return seq
 
     def _publish_large(
@@ -87,9 +104,8 @@ class Publisher:
                             f"max_datagram {self.max_datagram:,}: at most {self.max_parts:,} (a quarter of the node's "
                             f"[limits] send_window, so that a queue group's member can hold them); raise "
                             f"max_datagram (the node's and ClientConfig's) or send_window")  # fmt: skip
-        for p in fragments:
-            self.unacked.append((self.next_seq, p))
-            self.next_seq += 1
+        self.unacked.extend(fragments)
+        self.next_seq += len(fragments)
         return self.next_seq - 1
 
     @property
@@ -101,23 +117,23 @@ class Publisher:
         if pid != self.pid or acked <= self.acked:
             return False
         acked = min(acked, self.next_seq - 1)  # a node cannot acknowledge what we never sent
-        self.acked = acked
         q = self.unacked
-        while q and q[0][0] <= acked:
+        for _ in range(acked - self.acked):
             q.popleft()
+        self.acked = acked
         # The node may acknowledge what we queued but never sent: it has those sequences of this
         # producer id already (a retried Spark task publishing the same rows under it).
         if self.unsent_from <= acked:
             self.unsent_from = acked + 1
         self.rto = self.cfg.pub_retry
-        self.retry_at = now + self.rto if q and self.unsent_from > q[0][0] else None
+        self.retry_at = now + self.rto if q and self.unsent_from > acked + 1 else None
         return True
 
     def tick(self, now: float) -> int:
         """Go back N when the PUBACK is overdue; returns how many will be resent (0: none)."""
         if self.retry_at is None or now < self.retry_at or not self.unacked:
             return 0
-        self.unsent_from = self.unacked[0][0]
+        self.unsent_from = self.acked + 1
         self.rto = min(self.rto * 2, self.cfg.pub_retry_max)
         self.retry_at = now + self.rto
         return len(self.unacked)
@@ -126,7 +142,7 @@ class Publisher:
         """A new node: everything unacknowledged goes to it (its producer
         sequence keeps it from being delivered twice)."""
         if self.unacked:
-            self.unsent_from = self.unacked[0][0]
+            self.unsent_from = self.acked + 1
         self.rto = self.cfg.pub_retry
 
     def emit(self, node: Addr, cid: bytes, cookie: bytes, now: float, out: list[tuple[Addr, bytes]]) -> None:
@@ -136,11 +152,11 @@ class Publisher:
                                        self.fire_pending)  # fmt: skip
             self.fire_pending = []
         q = self.unacked
-        if q and self.unsent_from <= q[-1][0]:
-            start = self.unsent_from - q[0][0]
-            todo = [p for _, p in (q if start == 0 else islice(q, start, None))]
+        if q and self.unsent_from < self.next_seq:
+            start = self.unsent_from - self.acked - 1
+            todo = list(q) if start == 0 else list(islice(q, start, None))
             self._pack(out, node, cid, cookie, self.pid, self.unsent_from, self.acked + 1, True, todo)
-            self.unsent_from = q[-1][0] + 1
+            self.unsent_from = self.next_seq
             if self.retry_at is None:
                 self.retry_at = now + self.rto
 
@@ -148,16 +164,17 @@ class Publisher:
         self, out: list[tuple[Addr, bytes]], node: Addr, cid: bytes, cookie: bytes,
         pid: bytes, first: int, floor: int, reliable: bool, packed: list[bytes],
     ) -> int:  # fmt: skip
-        """PUB datagrams for consecutive sequences from ``first``; returns the next one."""
+        """PUB datagrams for consecutive sequences from ``first``; returns the next one. The cuts
+        come from the running total of sizes (accumulate and bisect, no Python step per message)."""
         budget = self.max_datagram - wire.FRAME_OVERHEAD - 2 * wire.ID_LEN - wire.COOKIE_LEN
-        start = size = 0
-        for i, p in enumerate(packed):
-            if size + len(p) > budget and i > start:
-                out.append((node, wire.encode_pub(cid, cookie, pid, first, floor, reliable, packed[start:i])))
-                first += i - start
-                if not reliable:
-                    floor = first
-                start, size = i, 0
-            size += len(p)
-        out.append((node, wire.encode_pub(cid, cookie, pid, first, floor, reliable, packed[start:])))
-        return first + len(packed) - start
+        ends = list(accumulate(map(len, packed)))
+        start, base, n = 0, 0, len(packed)
+        while start < n:
+            end = max(bisect_right(ends, base + budget, start), start + 1)  # (one at least, whatever its size)
+            out.append((node, wire.encode_pub(cid, cookie, pid, first, floor, reliable,
+                                              packed if start == 0 and end == n else packed[start:end])))  # fmt: skip
+            first += end - start
+            if not reliable:
+                floor = first
+            base, start = ends[end - 1], end
+        return first

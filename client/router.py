@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from roost.client import wire
 from roost.client.putter import Putter
@@ -86,7 +86,7 @@ class Router:
         self._now = now
         self._bind: dict[str, tuple[ClientSession, int]] = {}  # topic -> (session, its last reliable seq of it)
         self._sub_at: dict[SubKey, ClientSession] = {}
-        self._pending: deque[tuple[int, ClientSession, int]] = deque()  # (router seq, session, its seq)
+        self._pending: deque[list[Any]] = deque()  # runs [router seq, session, its seq, count] (see _queue)
         self._next = 1  # the next router-wide reliable sequence
         self._acked = 0
         # Durable publishes: one producer id for every session, a stream per partition (client/putter.py)
@@ -198,17 +198,37 @@ class Router:
         """Would a reliable publish of ``topic`` have to wait for room?"""
         return self.pub_session(topic).window_full
 
+    def offer(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
+              reliable: bool) -> int | None:  # fmt: skip
+        """``publish``, unless a reliable publish would have to wait for room (None): the API's
+        common case in one call, the session looked up once."""
+        s = self.pub_session(topic)
+        if reliable and s.pub.window_full:
+            return None
+        return self._queue(s, topic, key, tags, payload, reliable)
+
     def publish(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
                 reliable: bool) -> int:  # fmt: skip
         """Queue a message; returns its router-wide reliable sequence (0 for fire)."""
-        s = self.pub_session(topic)
-        seq = s.publish(topic, key, tags, payload, reliable)
+        return self._queue(self.pub_session(topic), topic, key, tags, payload, reliable)
+
+    def _queue(self, s: ClientSession, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
+               reliable: bool) -> int:  # fmt: skip
+        seq = s.pub.publish(topic, key, tags, payload, reliable)
         if not reliable:
             return 0
         self._bind[topic] = (s, seq)
         g = self._next
         self._next += 1
-        self._pending.append((g, s, seq))
+        # (a run of consecutive publishes through one session is one entry: [router seq, session,
+        # its seq, count]; a message is a sequence or, past the window, parts with one each)
+        p = self._pending
+        if p:
+            last = p[-1]
+            if last[1] is s and last[0] + last[3] == g and last[2] + last[3] == seq:
+                last[3] += 1
+                return g
+        p.append([g, s, seq, 1])
         return g
 
     @property
@@ -224,8 +244,16 @@ class Router:
 
     def _advance(self) -> None:
         p = self._pending
-        while p and p[0][1].acked >= p[0][2]:
-            self._acked = p.popleft()[0]
+        while p:
+            g, s, seq, n = p[0]
+            done = s.acked - seq  # (how far into the run its session's acknowledgements reach)
+            if done >= n - 1:
+                self._acked = g + n - 1
+                p.popleft()
+                continue
+            if done >= 0:
+                self._acked = g + done
+            return
 
     def flush_marks(self) -> list[tuple[ClientSession, int]]:
         """What ``flushed`` waits for: each session's last reliable sequence now."""

@@ -104,7 +104,7 @@ def test_the_publisher_sends_a_large_reliable_message_in_parts_and_refuses_the_r
     pub = _publisher()
     assert pub.publish("t", None, None, b"small", True) == 1
     last = pub.publish("t", None, {"a": "b"}, _payload(100_000), True)
-    assert last == 1 + 7 and [s for s, _ in pub.unacked] == list(range(1, 9))
+    assert last == 1 + 7 and len(pub.unacked) == 8 and pub.next_seq == 9
     with pytest.raises(WireError, match=r"fire publishes are one datagram each.*max_payload \(1,048,576 bytes\)"):
         pub.publish("t", None, None, _payload(20_000), False)
     with pytest.raises(WireError, match=r"payload of 1,048,577 bytes is over max_payload \(1,048,576"):
