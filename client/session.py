@@ -108,11 +108,6 @@ class ClientSession:
         return self.pub.acked
 
     @property
-    def unacked(self) -> deque[tuple[int, bytes]]:
-        """Reliable publishes in flight: (producer sequence, packed message)."""
-        return self.pub.unacked
-
-    @property
     def last_seq(self) -> int:
         """The producer sequence of the last reliable publish (0: none yet)."""
         return self.pub.next_seq - 1
