@@ -18,7 +18,6 @@ Inputs: API calls, datagrams and ticks, each with ``now``. Outputs:
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from roost.client import wire
