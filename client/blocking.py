@@ -293,6 +293,22 @@ class Subscription:
             raise StopIteration
         return self.client._blocking(msg)
 
+    def next_batch(self, max_count: int = 1024, timeout: float | None = None) -> list[Message]:
+        """What is queued, up to ``max_count`` messages, waiting as ``next`` does for the first:
+        one call into the client's loop for the lot (each is a hop between threads)."""
+        batch = self.client._call(_batch_or_none(self.asub, max_count, timeout))
+        if batch is None:
+            raise StopIteration
+        return [self.client._blocking(m) for m in batch]
+
+    def batches(self, max_count: int = 1024) -> Iterator[list[Message]]:
+        """``for batch in sub.batches()``: ``next_batch`` until the subscription ends."""
+        while True:
+            try:
+                yield self.next_batch(max_count)
+            except StopIteration:
+                return
+
     def __iter__(self) -> Iterator[Message]:
         return self
 
@@ -303,6 +319,13 @@ class Subscription:
 async def _next_or_none(sub: aio.Subscription, timeout: float | None) -> Message | None:
     try:
         return await sub.next(timeout)
+    except StopAsyncIteration:
+        return None
+
+
+async def _batch_or_none(sub: aio.Subscription, max_count: int, timeout: float | None) -> list[Message] | None:
+    try:
+        return await sub.next_batch(max_count, timeout)
     except StopAsyncIteration:
         return None
 

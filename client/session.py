@@ -166,9 +166,9 @@ class ClientSession:
         """Queue a message; returns its producer sequence (0 for fire)."""
         return self.pub.publish(topic, key, tags, payload, reliable)
 
-    def consumed(self, st: SubState) -> None:
-        """The application took one message from ``st``'s queue."""
-        self.recv.consumed(st)
+    def consumed(self, st: SubState, n: int = 1) -> None:
+        """The application took ``n`` messages from ``st``'s queue."""
+        self.recv.consumed(st, n)
 
     def queue_raw(self, datagrams: list[bytes]) -> None:
         """Datagrams for our node that another part of the client made (durable PUTs)."""

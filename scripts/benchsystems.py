@@ -15,7 +15,9 @@ and QoS 1 (``reliable``: at least once).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import select
 import shutil
 import socket
 import struct
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,9 @@ INSTALL = {"nats": "apt-get install nats-server (and pip install nats-py)",
 SERVER = {"nats": "nats-server", "redis": "redis-server", "mosquitto": "mosquitto"}
 CLIENT = {"nats": "nats", "redis": "redis", "mosquitto": "paho.mqtt.client"}
 SBIN = ("/usr/sbin", "/sbin")  # (Debian puts nats-server and mosquitto there, off a user's PATH)
+#: Roost's limits in every bench run, single node or cluster member: mailboxes and a send window
+#: large enough that an unpaced publisher is not refused while its subscribers catch up
+ROOST_LIMITS = "[limits]\nmailbox_capacity = 200000\nsend_window = 8192\n"
 
 
 def server_binary(system: str) -> str | None:
@@ -83,15 +89,21 @@ def process_cpu(pid: int) -> float:
 class Server:
     system: str
     proc: subprocess.Popen[bytes]
-    addr: str  # what the clients connect to
+    addr: str  # what the clients connect to (a cluster: each member's, comma-separated)
     workdir: str = ""
-    extra: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    extra: list[subprocess.Popen[bytes]] = field(default_factory=list)  # (a cluster's other members)
+    #: a cluster's wait until its members hold the subscriptions made (scripts/benchcluster.py)
+    settle: Callable[[int], None] | None = None
+
+    @property
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        return [self.proc, *self.extra]
 
     def stop(self) -> None:
-        for p in [self.proc, *self.extra]:
+        for p in self.processes:
             if p.poll() is None:
                 p.terminate()
-        for p in [self.proc, *self.extra]:
+        for p in self.processes:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
@@ -123,7 +135,7 @@ def start_server(system: str, roost_limits: str = "") -> Server:
         cfg = os.path.join(work, "node.toml")
         with open(cfg, "w") as f:
             f.write(f'[node]\nid = "bench"\nclient_addr = "127.0.0.1:{port}"\nlog_level = "warning"\n'
-                    f"[limits]\nmailbox_capacity = 200000\nsend_window = 8192\n{roost_limits}")  # fmt: skip
+                    f"{ROOST_LIMITS}{roost_limits}")  # fmt: skip
         proc = subprocess.Popen([sys.executable, "-m", "roost", "node", "--config", cfg], cwd=ROOT)
         wait_listening(proc, "127.0.0.1", port)
         return Server(system, proc, f"127.0.0.1:{port}", work)
@@ -152,12 +164,18 @@ def start_server(system: str, roost_limits: str = "") -> Server:
 class Tally:
     """What one subscriber saw: each index once (lost, duplicated), order, latency.
 
-    ``n`` messages are due to it out of the publisher's ``space`` indexes (a subscriber of some
-    topics gets some of them); latencies count from index ``warmup`` on."""
+    ``n`` messages are due to it out of the publishers' ``space`` indexes (a subscriber of some
+    topics gets some of them); latencies count from index ``warmup`` on. Order is what each
+    mode promises: FIFO per publisher (``publishers`` of them, each with an equal block of the
+    indexes, the last one the rest), and with ``topics`` > 1 per publisher and topic (index mod
+    ``topics``, the publisher's round-robin): in a partitioned cluster a publisher's topics go
+    through different primaries, so only each topic's order holds."""
 
-    def __init__(self, n: int, space: int = 0, warmup: int = 0) -> None:
-        self.n, self.seen, self.got, self.dups, self.ooo, self.last = n, bytearray(space or n), 0, 0, 0, -1
-        self.warmup = warmup
+    def __init__(self, n: int, space: int = 0, warmup: int = 0, publishers: int = 1, topics: int = 1) -> None:
+        self.n, self.seen, self.got, self.dups, self.ooo = n, bytearray(space or n), 0, 0, 0
+        self.warmup, self.publishers, self.topics = warmup, publishers, topics
+        self.block = max(1, len(self.seen) // publishers)
+        self.lasts = [-1] * (publishers * topics)  # the last index of each (publisher, topic) stream
         self.lat: list[float] = []
         self.first = self.last_t = 0.0
 
@@ -173,9 +191,10 @@ class Tally:
             return False
         self.seen[idx] = 1
         self.got += 1
-        if idx < self.last:
+        stream = min(idx // self.block, self.publishers - 1) * self.topics + idx % self.topics
+        if idx < self.lasts[stream]:
             self.ooo += 1
-        self.last = idx
+        self.lasts[stream] = idx
         if idx >= self.warmup:
             self.lat.append(now - sent)
         return self.got >= self.n
@@ -185,9 +204,16 @@ class Tally:
         return time.monotonic() - (self.last_t or start) >= idle * (1 if self.last_t else 4)
 
     def result(self, cpu0: float) -> dict[str, Any]:
-        return {"received": self.got, "lost": self.n - self.got, "duplicated": self.dups, "out_of_order": self.ooo,
-                "first": self.first, "last": self.last_t, "latencies": self.lat,
-                "cpu": cpu_seconds() - cpu0}  # fmt: skip
+        return Tally.merged([self], cpu0)
+
+    @staticmethod
+    def merged(tallies: list[Tally], cpu0: float) -> dict[str, Any]:
+        """What the subscribers of one process saw, summed (its role's result)."""
+        firsts = [t.first for t in tallies if t.first]
+        return {"received": sum(t.got for t in tallies), "lost": sum(t.n - t.got for t in tallies),
+                "duplicated": sum(t.dups for t in tallies), "out_of_order": sum(t.ooo for t in tallies),
+                "first": min(firsts, default=0.0), "last": max(t.last_t for t in tallies),
+                "latencies": [x for t in tallies for x in t.lat], "cpu": cpu_seconds() - cpu0}  # fmt: skip
 
 
 def payload(i: int, pad: bytes) -> bytes:
@@ -204,41 +230,56 @@ async def _pace(t0: float, i: int, rate: float, sleep: Any) -> None:
 # ------------------------------------------------------------------ Roost (trio)
 
 
-async def roost_sub(addr: str, topics: list[str], mode: str, n: int, idle: float, space: int,
-                    warmup: int) -> dict[str, Any]:  # fmt: skip
+async def roost_sub(addr: str, topics: list[str], mode: str, n: int, idle: float, space: int, warmup: int,
+                    clients: int = 1, publishers: int = 1, order_topics: int = 1) -> dict[str, Any]:  # fmt: skip
+    """``clients`` subscribers in this process (each a Client of its own, with its own socket and
+    a subscription to every topic: scripts/benchcluster.py's 1,000 subscribers do not fit in
+    1,000 processes), ready once all are subscribed, done once all have their ``n``."""
     import trio
 
     from roost.client import Client, ClientConfig
 
-    cpu0, tally = cpu_seconds(), Tally(n, space, warmup)
-    async with Client(addr, config=ClientConfig(max_buffered=1_000_000)) as c, trio.open_nursery() as nursery:
-        done = trio.Event()
+    cpu0 = cpu_seconds()
+    tallies = [Tally(n, space, warmup, publishers, order_topics) for _ in range(clients)]
+    subscribed, finished, done = [0], [0], trio.Event()
 
-        async def one(topic: str) -> None:
-            async with c.subscribe(topic, mode=mode) as sub:
-                ready.append(topic)
-                if len(ready) == len(topics):
-                    print("ready", flush=True)
-                async for msg in sub:  # (the README's way)
-                    if tally.take(msg.payload):
-                        done.set()
-                        return
+    async def subscriber(tally: Tally) -> None:
+        async with Client(addr, config=ClientConfig(max_buffered=1_000_000)) as c, trio.open_nursery() as nursery:
+
+            async def one(topic: str) -> None:
+                async with c.subscribe(topic, mode=mode) as sub:
+                    subscribed[0] += 1
+                    if subscribed[0] == clients * len(topics):
+                        print("ready", flush=True)
+                    async for msg in sub:  # (the README's way)
+                        if tally.take(msg.payload):
+                            finished[0] += 1
+                            if finished[0] == clients:
+                                done.set()
+                            return
+
+            for t in topics:
+                nursery.start_soon(one, t)
+
+    async with trio.open_nursery() as nursery:
 
         async def watchdog() -> None:
             start = time.monotonic()
-            while not done.is_set() and not tally.idle_for(idle, start):
+            while not done.is_set() and not all(t.idle_for(idle, start) for t in tallies):
                 with trio.move_on_after(idle / 4):
                     await done.wait()
             nursery.cancel_scope.cancel()
 
-        ready: list[str] = []
-        for t in topics:
-            nursery.start_soon(one, t)
+        for tally in tallies:
+            nursery.start_soon(subscriber, tally)
         nursery.start_soon(watchdog)
-    return tally.result(cpu0)
+    return Tally.merged(tallies, cpu0)
 
 
-async def roost_pub(addr: str, topics: list[str], mode: str, n: int, size: int, rate: float) -> dict[str, Any]:
+async def roost_pub(addr: str, topics: list[str], mode: str, n: int, size: int, rate: float,
+                    offset: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Indexes ``offset`` ... ``offset + n - 1`` (several publishers: a block each), index i to
+    topic i mod len(topics)."""
     import trio
 
     from roost.client import Client
@@ -247,8 +288,8 @@ async def roost_pub(addr: str, topics: list[str], mode: str, n: int, size: int, 
     async with Client(addr) as c:
         t0 = time.monotonic()
         k = len(topics)
-        for i in range(n):
-            await _pace(t0, i, rate, trio.sleep)
+        for i in range(offset, offset + n):
+            await _pace(t0, i - offset, rate, trio.sleep)
             await c.publish(topics[i % k], payload(i, pad), mode=mode)
         t1 = time.monotonic()
         ok = await c.flush(timeout=60) if mode == "reliable" else True
@@ -407,14 +448,19 @@ def mosquitto_pub(addr: str, topics: list[str], mode: str, n: int, size: int, ra
 
 
 def run_role(role: str, system: str, addr: str, topics: list[str], mode: str, n: int, size: int, rate: float,
-             idle: float, space: int, warmup: int) -> dict[str, Any]:  # fmt: skip
-    """Play one role in this process (scripts/bench.py starts one process per role)."""
+             idle: float, space: int, warmup: int, offset: int = 0, clients: int = 1, publishers: int = 1,
+             order_topics: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Play one role in this process (scripts/bench.py starts one process per role). Several
+    publishers (``offset``, ``publishers``, ``order_topics``) and several subscribers in one
+    process (``clients``) are Roost's only: the cluster and scaling runs (scripts/benchcluster.py)."""
     if system == "roost":
         import trio
 
         if role == "sub":
-            return trio.run(roost_sub, addr, topics, mode, n, idle, space, warmup)
-        return trio.run(roost_pub, addr, topics, mode, n, size, rate)
+            return trio.run(roost_sub, addr, topics, mode, n, idle, space, warmup, clients, publishers, order_topics)
+        return trio.run(roost_pub, addr, topics, mode, n, size, rate, offset)
+    if (offset, clients, publishers, order_topics) != (0, 1, 1, 1):
+        raise ValueError(f"{system}: one publisher and one subscriber per process only (Roost's runs have more)")
     if system == "mosquitto":
         return mosquitto_sub(addr, topics, mode, n, idle, space, warmup) if role == "sub" else \
             mosquitto_pub(addr, topics, mode, n, size, rate)  # fmt: skip
@@ -422,3 +468,47 @@ def run_role(role: str, system: str, addr: str, topics: list[str], mode: str, n:
     if role == "sub":
         return asyncio.run(sub(addr, topics, mode, n, idle, space, warmup))
     return asyncio.run(pub(addr, topics, mode, n, size, rate))
+
+
+# ------------------------------------------------------------------ role processes
+
+
+def spawn(args: list[str]) -> subprocess.Popen[str]:
+    """A role process (``scripts/bench.py --role ...``): a subscriber prints ``ready`` once
+    subscribed, every role its result as one JSON line at the end."""
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), *args],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+
+
+def said_ready(procs: list[subprocess.Popen[str]], timeout: float) -> None:
+    """Until every subscriber process has said ``ready``, ``timeout`` seconds for all of them;
+    RuntimeError when one exits first or time runs out (the caller stops them)."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        assert p.stdout is not None
+        readable, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = p.stdout.readline().strip() if readable else ""
+        if line != "ready":
+            why = f"exited with {p.poll()}" if p.poll() is not None else f"not ready within {timeout:g} s"
+            raise RuntimeError(f"a subscriber process (pid {p.pid}) {why}: {line[:200]!r}")
+
+
+def results(procs: list[subprocess.Popen[str]], deadline: float) -> list[dict[str, Any]]:
+    """Each role process's JSON result, waiting until ``deadline`` (time.monotonic()) at most
+    (subprocess.TimeoutExpired then; the caller stops them)."""
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        lines = stdout.strip().splitlines()
+        if p.returncode != 0 or not lines:
+            raise RuntimeError(f"a role process (pid {p.pid}) exited with {p.returncode}")
+        out.append(json.loads(lines[-1]))
+    return out
+
+
+def stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill the role processes that still run (by their pid) and reap them."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
