@@ -79,13 +79,14 @@ class ClientAPI(DurableAPI):
         was not published; with ``wait=True`` after it, that it is queued (and
         retried) but not acknowledged yet.
         """
-        self._check_open()
+        if self._closed:
+            raise self._closed_error()
         if payload.__class__ is not bytes and isinstance(payload, str):
             payload = payload.encode()
-        reliable = _mode(mode) == RELIABLE
-        r = self.router
-        deadline = math.inf if timeout is None else self._now() + timeout
+        reliable = (MODE_NAMES.get(mode) if mode in MODE_NAMES else _mode(mode)) == RELIABLE  # (_mode: the error)
+        r = self._router or self.router
         seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
+        deadline = math.inf if timeout is None else self._now() + timeout
         if seq is None:
             self._kick()
             if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):

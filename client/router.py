@@ -85,6 +85,10 @@ class Router:
         self.cmap: ClusterMap | None = None
         self._now = now
         self._bind: dict[str, tuple[ClientSession, int]] = {}  # topic -> (session, its last reliable seq of it)
+        # Without a map every publish goes to the first session and binds nothing; the first map
+        # fences them: until the first session has acknowledged all it had then, every topic's
+        # publishes stay there (and bind), so no topic's order is split across two members.
+        self._fence: tuple[ClientSession, int] | None = None
         self._sub_at: dict[SubKey, ClientSession] = {}
         self._pending: deque[list[Any]] = deque()  # runs [router seq, session, its seq, count] (see _queue)
         self._next = 1  # the next router-wide reliable sequence
@@ -157,6 +161,8 @@ class Router:
         if m is None:
             return
         if ours is None or m.epoch > ours.epoch:
+            if ours is None:  # (publishes bound to no topic so far: all of them stay on the first session)
+                self._fence = (self.first, self.first.last_seq)
             self.cmap = m
         elif s.node_id is not None and m.partitions == ours.partitions:  # (older, or as old: epochs are per member)
             me = (s.node_id,)
@@ -176,6 +182,13 @@ class Router:
     def pub_session(self, topic: str) -> ClientSession:
         """The session a publish of ``topic`` goes to now: its bound session until that one has
         every message of the topic acknowledged, then the primary's."""
+        if self.cmap is None:
+            return self.first
+        fence = self._fence
+        if fence is not None:
+            if not fence[0].flushed(fence[1]):
+                return fence[0]
+            self._fence = None
         target = self.session_for(topic)
         b = self._bind.get(topic)
         if b is None:
@@ -217,7 +230,8 @@ class Router:
         seq = s.pub.publish(topic, key, tags, payload, reliable)
         if not reliable:
             return 0
-        self._bind[topic] = (s, seq)
+        if self.cmap is not None:
+            self._bind[topic] = (s, seq)
         g = self._next
         self._next += 1
         # (a run of consecutive publishes through one session is one entry: [router seq, session,
