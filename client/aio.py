@@ -124,7 +124,7 @@ class Client(ClientAPI):
             return
         for s in self._router.sessions:
             if id(s) not in self._socks:
-                self._watch(s, open_client_socket(s.node))
+                self._watch(s, open_client_socket(s.node, self.config.socket_buffer))
                 self.loop.call_soon(self._turn, s)
 
     def _watch(self, s: ClientSession, sock: socket.socket) -> None:

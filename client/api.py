@@ -101,7 +101,7 @@ class ClientAPI(DurableAPI):
                 raise TimeoutError(f"not acknowledged within {timeout} s (it stays queued and is retried)")
             if r.acked < seq:
                 raise NodeLost("node lost before acknowledging the publish")
-        elif self._since_yield >= 64:
+        elif self._since_yield >= self.config.yield_every:
             self._since_yield = 0
             await self._checkpoint()
         return seq
@@ -329,7 +329,7 @@ class Subscription:
                 if not st.queue:
                     raise StopAsyncIteration
             c._since_yield += 1
-            if c._since_yield >= 64:  # let the I/O loop run during long bursts
+            if c._since_yield >= c.config.yield_every:  # let the I/O loop run during long bursts
                 c._since_yield = 0
                 await c._checkpoint()
                 continue  # (look again: another task may have taken it meanwhile)
@@ -373,7 +373,7 @@ class Subscription:
         # (the common case without a second coroutine: a message is queued, no queue group, no
         # checkpoint due; anything else is next's)
         st, c = self._st, self.client
-        if st is not None and st.queue and st.origins is None and c._since_yield < 63:
+        if st is not None and st.queue and st.origins is None and c._since_yield < c.config.yield_every - 1:
             c._since_yield += 1
             self.session.recv.consumed(st)
             msg = st.queue.popleft()

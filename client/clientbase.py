@@ -303,7 +303,7 @@ class ClientBase(abc.ABC):
         if sock.family == addresses.family(s.node):
             return None
         try:
-            return open_client_socket(s.node)
+            return open_client_socket(s.node, self.config.socket_buffer)
         except OSError:
             return None
 

@@ -27,6 +27,11 @@ class ClientConfig:
     max_payload: int = 1 << 20  # largest reliable payload, sent in parts (lowered to the node's WELCOME)
     reassembly_bytes: int = 16 << 20  # large messages being put together, all of them
     reassembly_timeout: float = 30.0  # a large message missing a part this long is dropped
+    # Adaptive batching: a publish wakes the I/O loop, which sends at its next turn: at once when
+    # the caller next waits (an idle path), else after at most this many publishes (or messages
+    # taken) without a wait, when the API yields to it (a busy path: one datagram for the lot)
+    yield_every: int = 64
+    socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
 
     def __post_init__(self) -> None:
         if self.reassembly_bytes < self.max_payload:

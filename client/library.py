@@ -103,7 +103,7 @@ class Client(ClientAPI):
             return
         for s in self._router.sessions:
             if id(s) not in self._socks:
-                self._socks[id(s)] = open_client_socket(s.node)
+                self._socks[id(s)] = open_client_socket(s.node, self.config.socket_buffer)
                 self._nursery.start_soon(self._run, s)
 
     # ------------------------------------------------------------ the I/O loop

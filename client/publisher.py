@@ -17,9 +17,8 @@ in when it is time to send.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import deque
-from itertools import accumulate, islice
+from itertools import islice
 
 from roost.client import parts, wire
 from roost.client.config import ClientConfig
@@ -164,17 +163,13 @@ class Publisher:
         self, out: list[tuple[Addr, bytes]], node: Addr, cid: bytes, cookie: bytes,
         pid: bytes, first: int, floor: int, reliable: bool, packed: list[bytes],
     ) -> int:  # fmt: skip
-        """PUB datagrams for consecutive sequences from ``first``; returns the next one. The cuts
-        come from the running total of sizes (accumulate and bisect, no Python step per message)."""
+        """PUB datagrams for consecutive sequences from ``first``; returns the next one."""
         budget = self.max_datagram - wire.FRAME_OVERHEAD - 2 * wire.ID_LEN - wire.COOKIE_LEN
-        ends = list(accumulate(map(len, packed)))
-        start, base, n = 0, 0, len(packed)
-        while start < n:
-            end = max(bisect_right(ends, base + budget, start), start + 1)  # (one at least, whatever its size)
+        n = len(packed)
+        for start, end in wire.runs(packed, budget):
             out.append((node, wire.encode_pub(cid, cookie, pid, first, floor, reliable,
                                               packed if start == 0 and end == n else packed[start:end])))  # fmt: skip
             first += end - start
             if not reliable:
                 floor = first
-            base, start = ends[end - 1], end
         return first

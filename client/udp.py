@@ -18,15 +18,11 @@ Addr = tuple[str, int]
 BUFFER_BYTES = 8 * 1024 * 1024
 
 
-def open_udp(host: str, port: int) -> socket.socket:
-    """A bound non-blocking UDP socket with large kernel buffers."""
+def open_udp(host: str, port: int, buffer: int = BUFFER_BYTES) -> socket.socket:
+    """A bound non-blocking UDP socket with large kernel buffers (``buffer`` bytes each way)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
-    for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, BUFFER_BYTES)
-        except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, opt, BUFFER_BYTES)
+    _buffers(sock, buffer)
     sock.setblocking(False)
     try:
         sock.bind((host, port))
@@ -36,11 +32,21 @@ def open_udp(host: str, port: int) -> socket.socket:
     return sock
 
 
-def open_client_socket(node: Addr) -> socket.socket:
+def _buffers(sock: socket.socket, size: int) -> None:
+    """Receive and send buffers of ``size`` bytes: forced past the system's limit (rmem_max)
+    where we may (root), else as much of it as the limit allows."""
+    for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+
+
+def open_client_socket(node: Addr, buffer: int = BUFFER_BYTES) -> socket.socket:
     """A client session's socket: any local port, of the family of the node it talks to."""
     family = socket.AF_INET6 if ":" in node[0] else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)
+    _buffers(sock, buffer)
     sock.setblocking(False)
     sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
     return sock

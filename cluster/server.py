@@ -279,7 +279,7 @@ class ClusterNode:
     def _serve_clients(self, nursery: trio.Nursery) -> None:
         host, port = self.cfg.client_addr
         try:
-            self._sock = open_udp(host, port)
+            self._sock = open_udp(host, port, self.cfg.socket_buffer)
         except OSError as exc:
             self.log("error", "cannot_bind", addr=f"{host}:{port}", reason=exc.strerror or str(exc))
             self.bind_error = exc

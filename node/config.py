@@ -128,6 +128,10 @@ SETTINGS: list[Setting] = [
     number("limits", "max_datagram", 16384, int, 1200, 65507,
             "Largest datagram accepted or sent. Bigger datagrams are refused with "
             "too_large; outgoing batches are coalesced up to this size."),
+    number("limits", "socket_buffer", 8 << 20, int, 65536, 1 << 30,
+            "Kernel receive and send buffer of the client port (SO_RCVBUF, SO_SNDBUF), bytes: set "
+            "past the system's net.core.rmem_max/wmem_max when the node runs as root, else up to "
+            "them. Datagrams of a burst beyond it are dropped by the kernel (reliable ones resent)."),
     number("limits", "max_payload", 1 << 20, int, 1024, 64 << 20,
             "Largest payload of a message sent in parts, told to clients in WELCOME: a reliable "
             "message larger than one datagram is sent in parts that the subscriber puts together, "
@@ -195,6 +199,7 @@ class NodeConfig:
     monitor_connection_timeout: float
     monitor_max_request_head: int
     max_datagram: int
+    socket_buffer: int
     max_payload: int
     mailbox_capacity: int
     mailbox_max_bytes: int

@@ -33,7 +33,7 @@ class NodeServer:
         self.cfg = cfg
         self.log = log or EventLog(cfg.id, cfg.log_level, fmt=cfg.log_format)
         try:
-            self.sock = open_udp(*cfg.client_addr)
+            self.sock = open_udp(*cfg.client_addr, cfg.socket_buffer)
         except OSError as exc:
             host, port = cfg.client_addr
             raise CannotBind(f"cannot bind {host}:{port} (client port): {exc.strerror or exc}") from None
