@@ -110,6 +110,61 @@ def test_threads_iteration_ends_with_the_subscription(node):
         assert first.payload == b"one" and list(sub) == [] and sub.reason == "unsubscribed" and sub.error is None
 
 
+# ------------------------------------------------------------ batches (next_batch, batches) from each shell
+
+
+async def test_trio_batches_take_what_is_queued_in_order(node):
+    async with roost.Client(node.addr) as sub_c, roost.Client(node.addr) as pub_c:
+        async with sub_c.subscribe("x.batch.trio") as sub:
+            for i in range(300):
+                await pub_c.publish("x.batch.trio", b"%d" % i, key="k" if i == 150 else None)
+            assert await pub_c.flush(10)
+            got: list[list[roost.Message]] = []
+            with trio.fail_after(10):
+                async for batch in sub.batches(max_count=100):
+                    got.append(batch)
+                    if sum(map(len, got)) == 300:
+                        break
+            with pytest.raises(ValueError, match="max_count must be at least 1"):
+                await sub.next_batch(0)
+            with pytest.raises(TimeoutError):
+                await sub.next_batch(timeout=0.1)
+    flat = [m for b in got for m in b]
+    assert [m.payload for m in flat] == [b"%d" % i for i in range(300)]
+    assert [m.sequence for m in flat] == list(range(1, 301)) and flat[150].key == "k"
+    assert all(1 <= len(b) <= 100 for b in got) and len(got) >= 3
+
+
+def test_asyncio_next_batch(node):
+    async def main() -> list[roost.Message]:
+        async with roost.asyncio.Client(node.addr) as sub_c, roost.asyncio.Client(node.addr) as pub_c:
+            async with sub_c.subscribe("x.batch.asyncio") as sub:
+                for i in range(N):
+                    await pub_c.publish("x.batch.asyncio", f"m{i}", key="k", tags={"n": str(i)})
+                got: list[roost.Message] = []
+                async with asyncio.timeout(10):
+                    while len(got) < N:
+                        got += await sub.next_batch(N)
+                return got
+
+    check_exchange(asyncio.run(main()), "x.batch.asyncio")
+
+
+def test_threads_batches_end_with_the_subscription(node):
+    with roost.sync.Client(node.addr) as sub_c, roost.sync.Client(node.addr) as pub_c:
+        sub = sub_c.subscribe("x.batch.sync")
+        sub.start()
+        for i in range(N):
+            pub_c.publish("x.batch.sync", f"m{i}", key="k", tags={"n": str(i)})
+        assert pub_c.flush(5)
+        got = sub.next_batch(timeout=10)
+        while len(got) < N:
+            got += sub.next_batch(timeout=10)
+        sub.unsubscribe()
+        assert list(sub.batches()) == [] and sub.reason == "unsubscribed"
+    check_exchange(got, "x.batch.sync")
+
+
 # ------------------------------------------------------------ request/reply from each shell
 
 

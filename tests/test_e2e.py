@@ -219,6 +219,17 @@ def test_bench_script_runs_and_reliable_loses_nothing():
     assert reliable["cpu"]["node"] > 0 and reliable["cpu"]["publisher"] > 0 and reliable["cpu"]["subscriber"] > 0
 
 
+def test_bench_replicated_cluster_w6_loses_nothing():
+    r = script("scripts/bench.py", "--quick", "--workloads", "W6", "--modes", "reliable", "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [(row["system"], row["workload"], row["mode"]) for row in rows] == [("roost", "W6", "reliable")]
+    w6 = rows[0]  # (3 publishers at 3 members, each of the 3 subscribers due every message)
+    assert w6["delivered"] == 3 * w6["messages"] == 18_000 and w6["lost"] == 0 and w6["all_acked"]
+    assert w6["duplicated"] == w6["out_of_order"] == 0 and w6["msgs_per_s"] > 0
+    assert w6["cpu"]["node"] > 0 and w6["cpu"]["publisher"] > 0 and w6["cpu"]["subscriber"] > 0
+
+
 def test_bench_names_a_missing_peer_and_how_to_install_it(monkeypatch):
     from scripts import benchsystems
     from scripts.benchsystems import missing

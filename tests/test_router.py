@@ -308,3 +308,33 @@ def test_a_map_without_a_live_owner_gives_way_to_an_older_one_that_has_one() -> 
     assert r.cmap == empty and not any(empty.owners)
     r.handle_datagrams(r.first, [(welcome("n1", MAP1), addr("n1"))], 0.5)
     assert r.cmap == MAP1
+
+
+def test_acked_moves_through_a_run_of_publishes_as_its_session_acknowledges_part_of_it():
+    """Consecutive publishes through one session are one pending entry: ``acked`` still moves
+    message by message within it, and a large message's parts count once."""
+    r = router()
+    connect(r, r.first, "n1", None)
+    g = [r.publish("t", None, None, b"x", True) for _ in range(5)]
+    assert g == [1, 2, 3, 4, 5]
+    for through, want in ((2, 2), (2, 2), (4, 4), (5, 5)):
+        r.handle_datagrams(r.first, [(wire.encode_puback(PID, through), addr("n1"))], 0.1)
+        assert r.acked == want
+
+
+def test_the_first_map_keeps_every_topic_on_the_first_session_until_what_it_had_is_acknowledged():
+    """Without a map nothing is bound per topic; when the first map comes, a topic another
+    member leads still goes to the first session while publishes sent before are unacknowledged
+    (they could be overtaken), and moves once they are."""
+    r = router()
+    connect(r, r.first, "n1", None)
+    t2 = topic_led_by(MAP1, "n2")
+    r.publish(t2, None, None, b"before", True)
+    frames(r.first)
+    r.handle_datagrams(r.first, [(welcome("n1", MAP1), addr("n1"))], 0.1)  # (a map, as a member's WELCOME has it)
+    assert r.cmap == MAP1
+    r.publish(t2, None, None, b"during", True)
+    assert r.sessions == [r.first] and r.first.last_seq == 2
+    r.handle_datagrams(r.first, [(wire.encode_puback(PID, 2), addr("n1"))], 0.2)
+    r.publish(t2, None, None, b"after", True)
+    assert r.by_member["n2"].last_seq == 1 and r.first.last_seq == 2

@@ -405,3 +405,48 @@ def test_a_publisher_reusing_a_producer_id_the_node_acknowledged_further_sends_o
     [(_, dgram)] = out
     frame = wire.decode_untrusted_frame(dgram)
     assert frame[0] == T.PUB and frame[4] == 7 and len(frame[7]) == 1  # only the new message, from 7
+
+
+# ------------------------------------------------------------ the in-order hot path (Receiver._in_order)
+
+
+def test_an_in_order_datagram_delivers_like_message_by_message_with_duplicates_and_odd_messages():
+    """The hot path of a whole in-order datagram gives the same queues, buffered count and
+    duplicate count as ``_deliver`` one by one: a repeat of a producer sequence is dropped, a
+    jump still goes through ``_duplicate`` (a hole that may be filled later), and a message with
+    a key or tags goes through ``_deliver`` in its place in the order."""
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
+
+    pid, node = b"p" * 16, ("127.0.0.1", 7400)
+    msgs = [("t", None, None, b"1", pid, 1), ("t", None, None, b"2", pid, 2), ("t", None, None, b"2", pid, 2),
+            ("t", "k", None, b"k3", pid, 3), ("t", None, {"a": "b"}, b"4", pid, 4), ("u", None, None, b"u5", pid, 5),
+            ("t", None, None, b"9", pid, 9), ("t", None, None, b"7", pid, 7)]  # fmt: skip
+    queues = []
+    for whole_datagram in (True, False):
+        subs = {("t", None): SubState(Mode.RELIABLE), ("t", "k"): SubState(Mode.RELIABLE)}
+        r = Receiver(subs, [], ClientConfig())
+        if whole_datagram:
+            r.on_msgs(node, 1, 1, msgs)
+            assert r.streams[node].expected == 1 + len(msgs)
+        else:
+            for i, m in enumerate(msgs):
+                r._deliver(m, 1 + i, node, 1)
+        queues.append(([(m.payload, m.sequence) for m in subs[("t", None)].queue],
+                       [m.payload for m in subs[("t", "k")].queue], r.buffered, r.duplicates))  # fmt: skip
+    assert queues[0] == queues[1]
+    assert queues[0] == ([(b"1", 1), (b"2", 2), (b"k3", 4), (b"4", 5), (b"9", 7), (b"7", 8)], [b"k3"], 7, 1)
+
+
+def test_an_in_order_fire_datagram_is_queued_whole_and_one_past_the_buffer_goes_message_by_message():
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
+
+    subs = {("t", None): SubState(Mode.FIRE)}
+    r = Receiver(subs, [], ClientConfig(max_buffered=3))
+    node = ("127.0.0.1", 7400)
+    r.on_msgs(node, 0, 1, [("t", None, None, b"a"), ("x", None, None, b"-"), ("t", None, None, b"b")])
+    assert [m.payload for m in subs[("t", None)].queue] == [b"a", b"b"] and r.buffered == 2
+    r.on_msgs(node, 0, 2, [("t", None, None, b"c"), ("t", None, None, b"d")])  # room for one: the other dropped
+    assert [m.payload for m in subs[("t", None)].queue] == [b"a", b"b", b"c"] and r.buffered == 3
+    assert r.events == [("fire_dropped", 1)]

@@ -254,3 +254,31 @@ def test_session_and_batch_are_uint64(frame):
     with pytest.raises(WireError) as exc:
         wire.decode_untrusted_frame(msgpack.packb(frame))
     assert exc.value.code == E.MALFORMED
+
+
+def test_runs_fill_each_datagram_and_keep_the_order():
+    """wire.runs (PUB and MSGS batches): every message once, in order; each run within the
+    budget unless it is one message; the next message would not have fitted."""
+    sizes = [30, 30, 30, 100, 5, 5, 200, 1, 60, 40]
+    packed = [b"x" * n for n in sizes]
+    cuts = list(wire.runs(packed, 100))
+    assert cuts == [(0, 3), (3, 4), (4, 6), (6, 7), (7, 9), (9, 10)]
+    for start, end in cuts:
+        total = sum(sizes[start:end])
+        assert total <= 100 or end - start == 1
+        assert end == len(sizes) or total + sizes[end] > 100
+    assert list(wire.runs([], 100)) == []
+
+
+@pytest.mark.parametrize("bad", [
+    ["t", None, None, b"x", b"p" * 15, 1],  # short producer id
+    ["t", None, None, b"x", b"p" * 16, -1],  # negative sequence
+    ["t", None, None, b"x", b"p" * 16, 1.0],  # not an integer
+    ["t", None, None, "text", b"p" * 16, 1],  # payload not bytes
+    ["t x", None, None, b"x"],  # a topic with whitespace (not a known one)
+])  # fmt: skip
+def test_msgs_refuses_a_malformed_message_that_looks_like_a_plain_one(bad):
+    wire.check_topic("t")  # (a known topic: the one-expression check applies)
+    frame = msgpack.packb([wire.VERSION, T.MSGS, 1, 1, [bad]])
+    with pytest.raises(WireError):
+        wire.decode_untrusted_frame(frame)
