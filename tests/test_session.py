@@ -442,7 +442,7 @@ def test_an_in_order_fire_datagram_is_queued_whole_and_one_past_the_buffer_goes_
     from roost.client.receive import Receiver
     from roost.client.session import SubState
 
-    subs = {("t", None): SubState(Mode.FIRE)}
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.FIRE)}
     r = Receiver(subs, [], ClientConfig(max_buffered=3))
     node = ("127.0.0.1", 7400)
     r.on_msgs(node, 0, 1, [("t", None, None, b"a"), ("x", None, None, b"-"), ("t", None, None, b"b")])
