@@ -1,0 +1,143 @@
+"""The latency floor under W3: what three processes passing one datagram along cost on this
+machine with no broker logic at all, so the bench's figures can be read against it.
+
+A source sends a timestamped 100-byte datagram 2,000 times a second to a relay, which sends it
+on to a sink, which measures the one-way latency (CLOCK_MONOTONIC is shared by the processes).
+This is Roost's W3 path (publisher -> node -> subscriber) with every message, table and
+acknowledgement taken out. Two ways:
+
+- ``trio``: each process waits in ``trio.lowlevel.wait_readable`` and paces with
+  ``trio.sleep``, as Roost's shells do;
+- ``blocking``: plain blocking ``recvfrom`` and ``time.sleep`` (the kernel's part alone).
+
+    python scripts/benchfloor.py            # both, 5,000 datagrams after 500 of warm-up
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+HEAD = struct.Struct("!Qd")
+
+
+def _sock(port: int = 0) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", port))
+    return s
+
+
+def role(name: str, way: str, port: int, to: int, n: int, warmup: int) -> None:
+    s = _sock(port)
+    print(s.getsockname()[1], flush=True)
+    if way == "blocking":
+        _blocking(name, s, to, n, warmup)
+    else:
+        import trio
+
+        trio.run(_trio, name, s, to, n, warmup)
+
+
+def _blocking(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None:
+    lat = []
+    if name == "source":
+        t0 = time.monotonic()
+        for i in range(n):
+            delay = t0 + i / 2000 - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            s.sendto(HEAD.pack(i, time.monotonic()) + b"x" * 84, ("127.0.0.1", to))
+        return
+    for _ in range(n):
+        d = s.recv(2048)
+        if name == "relay":
+            s.sendto(d, ("127.0.0.1", to))
+        else:
+            i, sent = HEAD.unpack_from(d)
+            if i >= warmup:
+                lat.append(time.monotonic() - sent)
+    _report(lat)
+
+
+async def _trio(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None:
+    import trio
+
+    s.setblocking(False)
+    lat = []
+    if name == "source":
+        t0 = time.monotonic()
+        for i in range(n):
+            delay = t0 + i / 2000 - time.monotonic()
+            if delay > 0:
+                await trio.sleep(delay)
+            s.sendto(HEAD.pack(i, time.monotonic()) + b"x" * 84, ("127.0.0.1", to))
+        return
+    got = 0
+    while got < n:
+        await trio.lowlevel.wait_readable(s)
+        while True:
+            try:
+                d = s.recv(2048)
+            except BlockingIOError:
+                break
+            got += 1
+            if name == "relay":
+                s.sendto(d, ("127.0.0.1", to))
+            else:
+                i, sent = HEAD.unpack_from(d)
+                if i >= warmup:
+                    lat.append(time.monotonic() - sent)
+    _report(lat)
+
+
+def _report(lat: list[float]) -> None:
+    if lat:
+        lat.sort()
+        print(f"{1e6 * lat[len(lat) // 2]:.0f} {1e6 * lat[int(len(lat) * 0.99)]:.0f}", flush=True)
+
+
+def run(way: str, n: int, warmup: int) -> tuple[str, str]:
+    def start(name: str, to: int) -> tuple[subprocess.Popen[str], int]:
+        p = subprocess.Popen([sys.executable, __file__, "--role", name, "--way", way, "--to", str(to), "-n", str(n),
+                              "--warmup", str(warmup)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert p.stdout is not None
+        return p, int(p.stdout.readline())
+
+    sink, sink_port = start("sink", 0)
+    relay, relay_port = start("relay", sink_port)
+    source, _ = start("source", relay_port)
+    try:
+        source.wait(60)
+        out, _ = sink.communicate(timeout=10)
+        p50, p99 = out.split()
+        return p50, p99
+    finally:
+        for p in (source, relay, sink):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", help=argparse.SUPPRESS)
+    ap.add_argument("--way", default="trio", help=argparse.SUPPRESS)
+    ap.add_argument("--to", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("-n", type=int, default=5500, help="datagrams sent (the first 500 are warm-up)")
+    ap.add_argument("--warmup", type=int, default=500, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role:
+        role(a.role, a.way, 0, a.to, a.n, a.warmup)
+        return
+    print("| way | p50 us | p99 us |\n|---|---|---|")
+    for way in ("blocking", "trio"):
+        p50, p99 = run(way, a.n, a.warmup)
+        print(f"| {way} | {p50} | {p99} |")
+
+
+if __name__ == "__main__":
+    main()
