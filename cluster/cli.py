@@ -9,6 +9,8 @@ runs a whole cluster as local processes.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--run-dir", default=None, metavar="DIR",
                        help="the cluster's run directory (default: the one `cluster up` used, found by the member)")
     c.set_defaults(func=cmd_cluster)
+    b = sub.add_parser("bench", help="the side-by-side benchmark: runs scripts/bench.py of a source checkout "
+                       "with the arguments that follow (roost bench --help for its options)", add_help=False)
+    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to scripts/bench.py")
+    b.set_defaults(func=cmd_bench)
     au = sub.add_parser("audit", help="audit run event logs with Spark (report, summary, plots)",
                         description=audit.DESCRIPTION)
     audit.add_arguments(au)
@@ -281,7 +287,27 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    return bench(args.args)
+
+
+def bench(rest: list[str]) -> int:
+    """Run scripts/bench.py of the checkout this package runs from: the bench drives peers'
+    servers and many processes, and lives with the repository, not in the installed package."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    script = os.path.join(root, "scripts", "bench.py")
+    if not os.path.exists(script):
+        print(f"roost bench: no scripts/bench.py beside this package ({root}); it runs from a source checkout: "
+              "git clone the repository and run make bench there", file=sys.stderr)  # fmt: skip
+        return 2
+    rest = rest[1:] if rest[:1] == ["--"] else rest
+    return subprocess.call([sys.executable, script, *rest])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # (everything after it is the script's, options too)
+        return bench(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

@@ -297,3 +297,11 @@ def test_json_log_lines_carry_the_same_fields():
     assert doc.pop("ts").endswith("Z")
     assert doc == {"level": "info", "node": "j1", "event": "client_new", "client": "ab", "addr": "127.0.0.1:1",
                    "subs": 3}
+
+
+def test_roost_bench_runs_the_checkouts_script_with_its_own_options():
+    """Everything after ``bench`` is the script's (its options start with --)."""
+    r = roost("bench", "--workloads", "W0")
+    assert r.returncode != 0 and "unknown workload 'W0'" in r.stderr
+    r = roost("bench", "--help")
+    assert r.returncode == 0 and "--peers" in r.stdout
