@@ -283,14 +283,18 @@ async def roost_pub(addr: str, topics: list[str], mode: str, n: int, size: int, 
     import trio
 
     from roost.client import Client
+    from roost.client.wire import WireError
 
     pad, cpu0 = b"x" * max(0, size - HEAD.size), cpu_seconds()
     async with Client(addr) as c:
         t0 = time.monotonic()
         k = len(topics)
-        for i in range(offset, offset + n):
-            await _pace(t0, i - offset, rate, trio.sleep)
-            await c.publish(topics[i % k], payload(i, pad), mode=mode)
+        try:
+            for i in range(offset, offset + n):
+                await _pace(t0, i - offset, rate, trio.sleep)
+                await c.publish(topics[i % k], payload(i, pad), mode=mode)
+        except WireError as e:  # (a fire message larger than a datagram: the run cannot be made)
+            return {"refused": str(e)}
         t1 = time.monotonic()
         ok = await c.flush(timeout=60) if mode == "reliable" else True
     return {"sent": n, "publish_s": t1 - t0, "all_acked": ok, "cpu": cpu_seconds() - cpu0}

@@ -225,7 +225,7 @@ def test_bench_replicated_cluster_w6_loses_nothing():
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert [(row["system"], row["workload"], row["mode"]) for row in rows] == [("roost", "W6", "reliable")]
     w6 = rows[0]  # (3 publishers at 3 members, each of the 3 subscribers due every message)
-    assert w6["delivered"] == 3 * w6["messages"] == 18_000 and w6["lost"] == 0 and w6["all_acked"]
+    assert w6["delivered"] == 3 * w6["messages"] == 90_000 and w6["lost"] == 0 and w6["all_acked"]
     assert w6["duplicated"] == w6["out_of_order"] == 0 and w6["msgs_per_s"] > 0
     assert w6["cpu"]["node"] > 0 and w6["cpu"]["publisher"] > 0 and w6["cpu"]["subscriber"] > 0
 
