@@ -22,6 +22,7 @@ class ClientConfig:
     pub_retry: float = 0.2
     pub_retry_max: float = 2.0
     pub_window: int = 8192  # reliable publishes in flight
+    pub_window_bytes: int = 2 << 20  # and their bytes (one at least): under the node's socket buffer
     max_buffered: int = 100_000  # messages received but not yet consumed
     max_datagram: int = 16384  # until the node's WELCOME says otherwise
     max_payload: int = 1 << 20  # largest reliable payload, sent in parts (lowered to the node's WELCOME)

@@ -41,6 +41,7 @@ class Publisher:
         # Reliable publishes in flight, packed: unacked[i] has sequence acked + 1 + i (a PUBACK
         # is cumulative, and a message's parts take consecutive sequences).
         self.unacked: deque[bytes] = deque()
+        self.unacked_bytes = 0
         self.unsent_from = 1  # first reliable sequence not sent to the current node
         self.fire_pending: list[bytes] = []
         self.rto = config.pub_retry
@@ -78,6 +79,7 @@ class Publisher:
         seq = self.next_seq
         self.next_seq = seq + 1
         self.unacked.append(packed)
+        self.unacked_bytes += len(packed)
         return seq
 
     def _publish_large(
@@ -104,12 +106,16 @@ class Publisher:
                             f"[limits] send_window, so that a queue group's member can hold them); raise "
                             f"max_datagram (the node's and ClientConfig's) or send_window")  # fmt: skip
         self.unacked.extend(fragments)
+        self.unacked_bytes += sum(map(len, fragments))
         self.next_seq += len(fragments)
         return self.next_seq - 1
 
     @property
     def window_full(self) -> bool:
-        return len(self.unacked) >= self.cfg.pub_window
+        """No room for another reliable publish: ``pub_window`` messages or ``pub_window_bytes``
+        in flight (a window of messages alone lets large ones overrun the node's socket buffer,
+        and a loss resends the whole window)."""
+        return len(self.unacked) >= self.cfg.pub_window or self.unacked_bytes >= self.cfg.pub_window_bytes
 
     def on_puback(self, pid: bytes, acked: int, now: float) -> bool:
         """Drop what the node acknowledged; False if the PUBACK told us nothing new."""
@@ -117,8 +123,10 @@ class Publisher:
             return False
         acked = min(acked, self.next_seq - 1)  # a node cannot acknowledge what we never sent
         q = self.unacked
+        popleft, done = q.popleft, 0
         for _ in range(acked - self.acked):
-            q.popleft()
+            done += len(popleft())
+        self.unacked_bytes -= done
         self.acked = acked
         # The node may acknowledge what we queued but never sent: it has those sequences of this
         # producer id already (a retried Spark task publishing the same rows under it).

@@ -144,6 +144,10 @@ SETTINGS: list[Setting] = [
             "Bytes of unacknowledged reliable messages one subscriber may hold."),
     number("limits", "send_window", 4096, int, 1, 1_000_000,
             "Reliable messages sent to one subscriber but not yet acknowledged."),
+    number("limits", "send_window_bytes", 2 << 20, int, 65536, 1 << 30,
+            "Bytes of reliable messages sent to one subscriber but not yet acknowledged (one "
+            "message at least): keep it under the subscribers' socket receive buffer, or a burst "
+            "of large messages overruns it and is resent."),
     number("limits", "max_clients", 100000, int, 1, 100_000_000,
             "Binary clients with subscriptions a node keeps state for."),
     number("limits", "max_subscriptions_per_client", 10000, int, 1, 10_000_000,
@@ -205,6 +209,7 @@ class NodeConfig:
     mailbox_max_bytes: int
     max_per_host: int
     send_window: int
+    send_window_bytes: int
     max_clients: int
     max_subscriptions_per_client: int
     max_subscriptions: int

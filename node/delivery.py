@@ -377,6 +377,8 @@ class Delivery(Registers):
             base = wire.pack(m[:-1])
             buf[i] = wire.mark_delivery(base, rest) if rest else base
             mailbox.nbytes += len(buf[i]) - len(packed)
+            if i - mailbox.base < mailbox.sent - mailbox.acked:  # (sent: in flight)
+                mailbox.inflight += len(buf[i]) - len(packed)
 
     def _requeue_one(self, m: list[Any], exclude: Any, only: bytes | None = None) -> None:
         """Give a marked message (unpacked, its marks last) to other members of its groups
@@ -584,7 +586,7 @@ class Delivery(Registers):
                 c.fire = []
             mb = c.mailbox
             if mb is not None:
-                first, entries = mb.take_new(window, now)
+                first, entries = mb.take_new(window, now, self.cfg.send_window_bytes)
                 if entries:
                     self._emit(c.addr, mb.stream_id, first, entries)
                     self._arm(c, mb)

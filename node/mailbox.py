@@ -5,7 +5,9 @@ Messages get consecutive sequence numbers within a *stream*; a new stream
 it had for the subscriber, so the client can tell a restart from a gap. A
 message leaves the mailbox only when the client acknowledges it cumulatively
 (``max_processed_seq``, as in Ray). Up to ``window`` messages are in flight;
-the rest wait. Lost datagrams are repaired two ways: selective ACK ranges let
+the rest wait, and so do those past ``window_bytes`` of messages in flight (a window
+counted in messages alone would let 8 KB messages overrun the subscriber's socket buffer many
+times over, and every loss costs a resend). Lost datagrams are repaired two ways: selective ACK ranges let
 the node resend the holes at once (fast retransmit), and a retransmission
 timeout with exponential back-off resends everything unacknowledged.
 
@@ -16,11 +18,15 @@ subscriber costs the node bounded memory and never slows anybody else
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
+
 
 class Mailbox:
     __slots__ = (
         "stream_id", "acked", "buf", "base", "sent", "sacked", "capacity",
         "rto_base", "rto_max", "rto", "rto_at", "fast_ok_at", "armed", "nbytes", "max_bytes", "queued", "sack_run",
+        "inflight",
     )  # fmt: skip
 
     def __init__(
@@ -30,6 +36,7 @@ class Mailbox:
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.nbytes = 0  # bytes of unacknowledged messages held
+        self.inflight = 0  # bytes of them sent (sequences acked + 1 .. sent)
         self.armed = False  # a timer entry for rto_at (or earlier) is pending
         self.rto_base = rto
         self.rto_max = rto_max
@@ -57,8 +64,9 @@ class Mailbox:
         self.nbytes += len(packed)
         return True
 
-    def take_new(self, window: int, now: float) -> tuple[int, list[bytes]]:
-        """Messages never sent before that the window allows, and their first seq."""
+    def take_new(self, window: int, now: float, window_bytes: int = 1 << 62) -> tuple[int, list[bytes]]:
+        """Messages never sent before that the window allows (``window`` messages and
+        ``window_bytes`` bytes in flight; one at least when none is), and their first seq."""
         first = self.sent + 1
         limit = self.acked + window
         last = min(limit, self.acked + len(self))
@@ -66,6 +74,15 @@ class Mailbox:
             return first, []
         i = self.base + (first - self.acked - 1)
         out = self.buf[i : i + (last - first + 1)]
+        ends = list(accumulate(map(len, out)))
+        room = window_bytes - self.inflight
+        if ends[-1] > room:
+            k = bisect_right(ends, room) or (0 if self.sent > self.acked else 1)
+            if not k:
+                return first, []
+            out = out[:k]
+            last = first + k - 1
+        self.inflight += ends[len(out) - 1]
         self.sent = last
         if self.rto_at is None:
             self.rto_at = now + self.rto
@@ -77,7 +94,9 @@ class Mailbox:
         if max_seq > self.acked:
             max_seq = min(max_seq, self.sent)
             n = max_seq - self.acked
-            self.nbytes -= sum(map(len, self.buf[self.base : self.base + n]))
+            done = sum(map(len, self.buf[self.base : self.base + n]))
+            self.nbytes -= done
+            self.inflight -= done
             self.base += n
             self.acked = max_seq
             if self.base > 4096 and self.base * 2 > len(self.buf):

@@ -589,3 +589,33 @@ def test_fire_datagrams_are_numbered_so_a_network_duplicate_can_be_told_apart():
         out = pub.pub([("t", b"same")], now=1.0 + i, reliable=False)  # identical messages
         firsts += [f[2] for f in frames_to(out, sub.addr) if f[0] is T.MSGS and f[1] == 0]
     assert len(firsts) == 3 and len(set(firsts)) == 3 and all(firsts)
+
+
+def test_the_mailbox_window_in_bytes_holds_large_messages_back_until_acknowledged():
+    """send_window_bytes: in flight at most that many bytes (one message at least, when none
+    is), whatever the window in messages allows; an ACK frees its bytes."""
+    from roost.node.mailbox import Mailbox
+
+    mb = Mailbox(1, 100, 0.2, 2.0)
+    for i in range(6):
+        assert mb.push(bytes([i]) * 4000)
+    assert mb.take_new(100, 0.0, 10_000) == (1, [b"\0" * 4000, b"\1" * 4000])
+    assert mb.take_new(100, 0.0, 10_000) == (3, [])  # (8,000 in flight: no room for 4,000 more)
+    assert mb.on_ack(1, [], 0.1) and mb.inflight == 4000
+    assert mb.take_new(100, 0.1, 10_000) == (3, [b"\2" * 4000])
+    mb.on_ack(3, [], 0.2)
+    assert mb.inflight == 0 and mb.take_new(100, 0.2, 1000) == (4, [b"\3" * 4000])  # larger than the window: alone
+    assert mb.take_new(100, 0.2, 1000) == (5, [])
+
+
+def test_a_reliable_publisher_waits_for_room_in_bytes_as_well_as_in_messages():
+    from roost.client.config import ClientConfig
+    from roost.client.publisher import Publisher
+
+    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig(pub_window_bytes=10_000))
+    pub.publish("t", None, None, b"x" * 4000, True)
+    pub.publish("t", None, None, b"x" * 4000, True)
+    assert not pub.window_full
+    pub.publish("t", None, None, b"x" * 4000, True)
+    assert pub.window_full and len(pub.unacked) == 3
+    assert pub.on_puback(b"p" * 16, 2, 0.1) and not pub.window_full and len(pub.unacked) == 1
