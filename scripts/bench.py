@@ -321,6 +321,12 @@ def main() -> None:
                 print(notes[-1], file=sys.stderr)
                 bar.update(a.repeat - len(runs))
                 continue
+            except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as e:
+                # (one run that fails, a peer's client giving up say, costs its row, not the whole run)
+                notes.append(f"# {w} {spec['label']} {system} {mode}: FAILED: {e}")
+                print(notes[-1], file=sys.stderr)
+                bar.update(a.repeat - len(runs))
+                continue
             row = median_row(runs)
             rows.append(row)
             if a.json:

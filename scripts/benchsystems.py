@@ -399,6 +399,9 @@ async def redis_pub(addr: str, topics: list[str], mode: str, n: int, size: int, 
 # ------------------------------------------------------------------ Mosquitto (paho-mqtt, its own thread)
 
 
+QUEUE_SIZE = 15  # paho's MQTT_ERR_QUEUE_SIZE
+
+
 def _mqtt(addr: str) -> Any:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
@@ -443,6 +446,9 @@ def mosquitto_pub(addr: str, topics: list[str], mode: str, n: int, size: int, ra
             if delay > 0:
                 time.sleep(delay)
         info = c.publish(topics[i % k], payload(i, pad), qos=qos)
+        while info.rc == QUEUE_SIZE:  # (QoS 1: 65,535 message ids in flight, the next one taken: wait)
+            time.sleep(0.001)
+            info = c.publish(topics[i % k], payload(i, pad), qos=qos)
     t1 = time.monotonic()
     if info is not None:
         info.wait_for_publish(60)
