@@ -24,6 +24,7 @@ and the part with the subtlest invariants; the session only routes frames here.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Any, NamedTuple
 
 from roost.client import parts, subjects, wire
@@ -95,7 +96,7 @@ class Receiver:
         self.cfg = config
         self.streams: dict[Addr, RecvStream] = {}  # one sequence space per delivering node
         self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
-        self.holes: dict[bytes, set[int]] = {}  # producer id -> sequences below it not yet seen
+        self.holes: dict[bytes, dict[int, None]] = {}  # producer id -> sequences below it not yet seen, oldest first
         # producer id -> [the first sequence heard from it, those below it delivered since,
         # the highest of them forgotten (bounded memory): it and all below count as seen]
         self.early: dict[bytes, list[Any]] = {}
@@ -460,7 +461,7 @@ class Receiver:
         if pseq <= high:
             holes = self.holes.get(pid)
             if holes is not None and pseq in holes:
-                holes.discard(pseq)
+                del holes[pseq]
                 return False
             early = self.early.get(pid)
             if early is None or pseq >= early[0] or pseq <= early[2] or pseq in early[1]:
@@ -475,11 +476,13 @@ class Receiver:
             if pseq > 1:
                 self.early[pid] = [pseq, set(), 0]
         elif pseq > high + 1:
-            holes = self.holes.setdefault(pid, set())
-            holes.update(range(max(high + 1, pseq - MAX_HOLES), pseq))
-            if len(holes) > MAX_HOLES:
-                for s in sorted(holes)[: len(holes) - MAX_HOLES]:
-                    holes.discard(s)
+            holes = self.holes.setdefault(pid, {})
+            holes.update(dict.fromkeys(range(max(high + 1, pseq - MAX_HOLES), pseq)))
+            if len(holes) > MAX_HOLES:  # (the oldest go: holes are added above every one held, so
+                # a dict's order is theirs, and no sort is needed: a subscriber that sees a sliver
+                # of a producer's sequences makes holes with every message)
+                for old in list(islice(holes, len(holes) - MAX_HOLES)):
+                    del holes[old]
         self.seen[pid] = pseq
         return False
 

@@ -450,3 +450,23 @@ def test_an_in_order_fire_datagram_is_queued_whole_and_one_past_the_buffer_goes_
     r.on_msgs(node, 0, 2, [("t", None, None, b"c"), ("t", None, None, b"d")])  # room for one: the other dropped
     assert [m.payload for m in subs[("t", None)].queue] == [b"a", b"b", b"c"] and r.buffered == 3
     assert r.events == [("fire_dropped", 1)]
+
+
+def test_holes_stay_bounded_and_keep_the_newest_when_a_subscriber_sees_a_sliver_of_a_producer(monkeypatch):
+    """A subscriber of one topic in a hundred sees each producer sequence after a jump: every
+    jump adds holes. They are trimmed to the newest MAX_HOLES (oldest first, without a sort on
+    every message), so a late copy of a recent one is still taken."""
+    import roost.client.receive as receive
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
+
+    monkeypatch.setattr(receive, "MAX_HOLES", 4)
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
+    r = Receiver(subs, [], ClientConfig())
+    pid = b"p" * 16
+    for pseq in range(1, 40, 3):  # 1, 4, 7, ... each after a jump of 3
+        r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1, ("127.0.0.1", 1), 1)
+        assert len(r.holes.get(pid, ())) <= 4
+    r._deliver(("t", None, None, b"38", pid, 38), 1, ("127.0.0.1", 1), 1)  # a recent hole: new
+    r._deliver(("t", None, None, b"2", pid, 2), 1, ("127.0.0.1", 1), 1)  # long forgotten: counted as seen
+    assert [int(m.payload) for m in subs[("t", None)].queue][-1] == 38 and r.duplicates == 1
