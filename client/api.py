@@ -332,7 +332,8 @@ class Subscription:
             if c._since_yield >= c.config.yield_every:  # let the I/O loop run during long bursts
                 c._since_yield = 0
                 await c._checkpoint()
-                continue  # (look again: another task may have taken it meanwhile)
+                if not st.queue:
+                    continue  # (another task took it meanwhile: wait again)
             self.session.consumed(st)  # (taken and counted with no await between: a cancel cannot split them)
             msg = st.queue.popleft()
             if st.origins is not None:
@@ -346,8 +347,8 @@ class Subscription:
         for a subscriber that works on lists (one call, one checkpoint, one count of what it
         took, however many came). StopAsyncIteration once the subscription ended and nothing
         is left, TimeoutError after ``timeout`` seconds without a message."""
-        if max_count < 1:
-            raise ValueError(f"max_count must be at least 1, not {max_count!r}")
+        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            raise ValueError(f"max_count must be an integer of at least 1, not {max_count!r}")
         out = [await self.next(timeout)]
         st, c = self.state, self.client
         q = st.queue

@@ -35,6 +35,10 @@ class ClientConfig:
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
 
     def __post_init__(self) -> None:
+        for name in ("yield_every", "pub_window", "pub_window_bytes", "socket_buffer", "max_buffered"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"ClientConfig: {name} = {v!r}: must be a positive integer")
         if self.reassembly_bytes < self.max_payload:
             raise ValueError(f"ClientConfig: reassembly_bytes = {self.reassembly_bytes}: must be at least "
                              f"max_payload ({self.max_payload}), or no large message could be put together")

@@ -115,7 +115,8 @@ class Publisher:
         """No room for another reliable publish: ``pub_window`` messages or ``pub_window_bytes``
         in flight (a window of messages alone lets large ones overrun the node's socket buffer,
         and a loss resends the whole window)."""
-        return len(self.unacked) >= self.cfg.pub_window or self.unacked_bytes >= self.cfg.pub_window_bytes
+        q = self.unacked
+        return len(q) >= self.cfg.pub_window or (self.unacked_bytes >= self.cfg.pub_window_bytes and bool(q))
 
     def on_puback(self, pid: bytes, acked: int, now: float) -> bool:
         """Drop what the node acknowledged; False if the PUBACK told us nothing new."""

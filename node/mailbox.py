@@ -76,7 +76,10 @@ class Mailbox:
         out = self.buf[i : i + (last - first + 1)]
         ends = list(accumulate(map(len, out)))
         room = window_bytes - self.inflight
-        if ends[-1] > room:
+        # (not while the client SACKs: what it SACKed has left its socket buffer, and a queue
+        # group's member SACKs the fragments of a large message it holds until all came; counting
+        # them would leave it waiting for ever for the rest)
+        if ends[-1] > room and not self.sacked and self.sack_run <= self.acked:
             k = bisect_right(ends, room) or (0 if self.sent > self.acked else 1)
             if not k:
                 return first, []

@@ -125,14 +125,31 @@ async def test_trio_batches_take_what_is_queued_in_order(node):
                     got.append(batch)
                     if sum(map(len, got)) == 300:
                         break
-            with pytest.raises(ValueError, match="max_count must be at least 1"):
+            with pytest.raises(ValueError, match="max_count must be an integer of at least 1"):
                 await sub.next_batch(0)
             with pytest.raises(TimeoutError):
                 await sub.next_batch(timeout=0.1)
+            assert sub.session.recv.buffered == 0  # (every message taken is counted as taken)
     flat = [m for b in got for m in b]
     assert [m.payload for m in flat] == [b"%d" % i for i in range(300)]
     assert [m.sequence for m in flat] == list(range(1, 301)) and flat[150].key == "k"
     assert all(1 <= len(b) <= 100 for b in got) and len(got) >= 3
+
+
+async def test_a_yield_after_every_message_still_delivers(node):
+    """yield_every = 1: next() yields before each message and then takes it (it used to yield
+    again and again, for ever)."""
+    async with roost.Client(node.addr, config=ClientConfig(yield_every=1)) as c:
+        async with c.subscribe("x.yield1") as sub:
+            for i in range(3):
+                await c.publish("x.yield1", b"%d" % i)
+            with trio.fail_after(10):
+                got = [await sub.next(), *(await sub.next_batch(2))]
+                while len(got) < 3:
+                    got += await sub.next_batch(2)
+            with pytest.raises(ValueError, match="max_count must be an integer"):
+                await sub.next_batch(2.5)  # type: ignore[arg-type]
+    assert [m.payload for m in got] == [b"0", b"1", b"2"]
 
 
 def test_asyncio_next_batch(node):

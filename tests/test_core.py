@@ -619,3 +619,30 @@ def test_a_reliable_publisher_waits_for_room_in_bytes_as_well_as_in_messages():
     pub.publish("t", None, None, b"x" * 4000, True)
     assert pub.window_full and len(pub.unacked) == 3
     assert pub.on_puback(b"p" * 16, 2, 0.1) and not pub.window_full and len(pub.unacked) == 1
+
+
+def test_the_mailbox_window_in_bytes_does_not_hold_back_a_client_that_sacks():
+    """A queue group's member SACKs the fragments of a large message it holds until all came:
+    counting them as in flight would leave it waiting for the rest for ever (review finding)."""
+    from roost.node.mailbox import Mailbox
+
+    mb = Mailbox(1, 100, 0.2, 2.0)
+    for i in range(4):
+        assert mb.push(bytes([i]) * 4000)
+    assert len(mb.take_new(100, 0.0, 8000)[1]) == 2
+    assert mb.take_new(100, 0.0, 8000)[1] == []
+    mb.on_ack(0, [(1, 2)], 0.1)  # both held, SACKed, not acknowledged
+    assert mb.take_new(100, 0.1, 8000) == (3, [b"\2" * 4000, b"\3" * 4000])
+
+
+def test_client_config_refuses_windows_and_yields_below_one():
+    from roost.client.config import ClientConfig
+    from roost.client.publisher import Publisher
+
+    for name in ("yield_every", "pub_window_bytes", "pub_window"):
+        with pytest.raises(ValueError, match=f"{name} = 0: must be a positive integer"):
+            ClientConfig(**{name: 0})
+    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig(pub_window_bytes=1000))
+    assert not pub.window_full  # (empty: one message of any size may go)
+    pub.publish("t", None, None, b"x" * 5000, True)
+    assert pub.window_full

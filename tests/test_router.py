@@ -312,7 +312,7 @@ def test_a_map_without_a_live_owner_gives_way_to_an_older_one_that_has_one() -> 
 
 def test_acked_moves_through_a_run_of_publishes_as_its_session_acknowledges_part_of_it():
     """Consecutive publishes through one session are one pending entry: ``acked`` still moves
-    message by message within it, and a large message's parts count once."""
+    message by message within it."""
     r = router()
     connect(r, r.first, "n1", None)
     g = [r.publish("t", None, None, b"x", True) for _ in range(5)]
