@@ -43,7 +43,7 @@ def role(name: str, way: str, port: int, to: int, n: int, warmup: int) -> None:
 
 
 def _blocking(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None:
-    lat = []
+    lat: list[float] = []
     if name == "source":
         t0 = time.monotonic()
         for i in range(n):
@@ -53,21 +53,25 @@ def _blocking(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None
             s.sendto(HEAD.pack(i, time.monotonic()) + b"x" * 84, ("127.0.0.1", to))
         return
     for _ in range(n):
-        d = s.recv(2048)
-        if name == "relay":
-            s.sendto(d, ("127.0.0.1", to))
-        else:
-            i, sent = HEAD.unpack_from(d)
-            if i >= warmup:
-                lat.append(time.monotonic() - sent)
+        _pass(name, s, s.recv(2048), to, warmup, lat)
     _report(lat)
+
+
+def _pass(name: str, s: socket.socket, d: bytes, to: int, warmup: int, lat: list[float]) -> None:
+    """A relay sends the datagram on; the sink notes its latency."""
+    if name == "relay":
+        s.sendto(d, ("127.0.0.1", to))
+        return
+    i, sent = HEAD.unpack_from(d)
+    if i >= warmup:
+        lat.append(time.monotonic() - sent)
 
 
 async def _trio(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None:
     import trio
 
     s.setblocking(False)
-    lat = []
+    lat: list[float] = []
     if name == "source":
         t0 = time.monotonic()
         for i in range(n):
@@ -85,12 +89,7 @@ async def _trio(name: str, s: socket.socket, to: int, n: int, warmup: int) -> No
             except BlockingIOError:
                 break
             got += 1
-            if name == "relay":
-                s.sendto(d, ("127.0.0.1", to))
-            else:
-                i, sent = HEAD.unpack_from(d)
-                if i >= warmup:
-                    lat.append(time.monotonic() - sent)
+            _pass(name, s, d, to, warmup, lat)
     _report(lat)
 
 
