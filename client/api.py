@@ -204,9 +204,13 @@ class ClientAPI(DurableAPI):
                             timeout=timeout)  # fmt: skip
 
     def _as_request(self, msg: Message) -> Message:
-        """A Request, if its reply topic is one we could answer on (anyone may send the tags)."""
+        """A message with tags as the application gets it: a Request if it asks for an answer
+        and its reply topic is one we could answer on (anyone may send the tags)."""
+        tags = msg.tags or {}
+        if REPLY_TO not in tags or REQUEST_ID not in tags:
+            return msg
         try:
-            wire.check_topic((msg.tags or {})[REPLY_TO])
+            wire.check_topic(tags[REPLY_TO])
         except wire.WireError:
             return msg
         req = Request(*msg)
@@ -338,9 +342,7 @@ class Subscription:
             msg = st.queue.popleft()
             if st.origins is not None:
                 c._kick()  # (a queue group's message is acknowledged now that it is taken)
-            if msg.tags and REPLY_TO in msg.tags and REQUEST_ID in msg.tags:
-                return c._as_request(msg)
-            return msg
+            return c._as_request(msg) if msg.tags else msg
 
     async def next_batch(self, max_count: int = 1024, timeout: float | None = None) -> list[Message]:
         """What is queued, up to ``max_count`` messages, waiting as ``next`` does for the first:
@@ -357,8 +359,7 @@ class Subscription:
             self.session.consumed(st, take)  # (counted and taken with no await between, as in next)
             for _ in range(take):
                 msg = q.popleft()
-                out.append(c._as_request(msg) if msg.tags and REPLY_TO in msg.tags and REQUEST_ID in msg.tags
-                           else msg)  # fmt: skip
+                out.append(c._as_request(msg) if msg.tags else msg)
             if st.origins is not None:
                 c._kick()
         return out
@@ -378,9 +379,7 @@ class Subscription:
             c._since_yield += 1
             self.session.recv.consumed(st)
             msg = st.queue.popleft()
-            if msg.tags and REPLY_TO in msg.tags and REQUEST_ID in msg.tags:
-                return c._as_request(msg)
-            return msg
+            return c._as_request(msg) if msg.tags else msg
         return await self.next()
 
 

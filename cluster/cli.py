@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="the side-by-side benchmark: runs scripts/bench.py of a source checkout "
                        "with the arguments that follow (roost bench --help for its options)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to scripts/bench.py")
-    b.set_defaults(func=cmd_bench)
+    b.set_defaults(func=lambda a: bench(a.args))  # (main passes "bench ..." on before parsing)
     au = sub.add_parser("audit", help="audit run event logs with Spark (report, summary, plots)",
                         description=audit.DESCRIPTION)
     audit.add_arguments(au)
@@ -285,10 +285,6 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as exc:  # (AdminError is a RuntimeError)
         print(f"roost cluster: {exc}", file=sys.stderr)
         return 1
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    return bench(args.args)
 
 
 def bench(rest: list[str]) -> int:
