@@ -30,8 +30,10 @@ class ClientConfig:
     reassembly_timeout: float = 30.0  # a large message missing a part this long is dropped
     # Adaptive batching: a publish wakes the I/O loop, which sends at its next turn: at once when
     # the caller next waits (an idle path), else after at most this many publishes (or messages
-    # taken) without a wait, when the API yields to it (a busy path: one datagram for the lot)
-    yield_every: int = 64
+    # taken) without a wait, when the API yields to it (a busy path: the lot in a few datagrams
+    # of one turn; 256 measured best on W1, 64 and 128 lower, 512 and 1024 no better:
+    # docs/performance.md)
+    yield_every: int = 256
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
 
     def __post_init__(self) -> None:

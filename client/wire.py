@@ -537,7 +537,9 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
     return (
         T.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), _uint(first, "first_seq"),
-        _uint(floor, "floor"), rel, [check_message(m) for m in msgs],
+        _uint(floor, "floor"), rel, [
+            tuple(m) if _plain_delivery(m) and len(m) == 4 else check_message(m) for m in msgs
+        ],
     )  # fmt: skip
 
 

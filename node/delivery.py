@@ -217,16 +217,20 @@ class Delivery(Registers):
             else:
                 if text_msg is None:
                     text_msg = encode_text_msg(topic, payload)
-                home = clients[who].home if self.own is not None else self.node_id
-                if home == self.node_id:
-                    self._out.append(Send(who, text_msg))
-                else:  # (a text client hears only the member it sent its SUB to)
-                    self._relays.setdefault(home, []).append([who[0], who[1], text_msg])
-                self.metrics["delivered"] += 1
+                self._to_text(who, text_msg)
         if full is not None:
             for c in full:
                 if c.mailbox is not None:
                     self._overflow(c)
+
+    def _to_text(self, who: Addr, text_msg: bytes) -> None:
+        """A message to a text client (its MSG line)."""
+        home = self.clients[who].home if self.own is not None else self.node_id
+        if home == self.node_id:
+            self._out.append(Send(who, text_msg))
+        else:  # (a text client hears only the member it sent its SUB to)
+            self._relays.setdefault(home, []).append([who[0], who[1], text_msg])
+        self.metrics["delivered"] += 1
 
     def _filtered(
         self, topic: str, key: str | None, tags: dict[str, str] | None, subs: dict[Any, int] | None

@@ -64,6 +64,15 @@ class Mailbox:
         self.nbytes += len(packed)
         return True
 
+    def push_many(self, packed: list[bytes], size: int) -> bool:
+        """``push`` of each of ``packed`` (``size`` bytes in all) in one call when all fit (a
+        run of one publisher's datagram); else as many as fit, in order, and False."""
+        if len(self.buf) - self.base + len(packed) <= self.capacity and self.nbytes + size <= self.max_bytes:
+            self.buf += packed
+            self.nbytes += size
+            return True
+        return all(self.push(p) for p in packed)
+
     def take_new(self, window: int, now: float, window_bytes: int = 1 << 62) -> tuple[int, list[bytes]]:
         """Messages never sent before that the window allows (``window`` messages and
         ``window_bytes`` bytes in flight; one at least when none is), and their first seq."""

@@ -15,6 +15,8 @@ from tests.corekit import connect, delivered, frames_to, make_core, sends
 A = ("127.0.0.1", 5001)
 B = ("127.0.0.1", 5002)
 C = ("127.0.0.1", 5003)
+D = ("127.0.0.1", 5004)
+E_ = ("127.0.0.1", 5005)
 FAR = ("203.0.113.9", 6000)  # not on a text network
 
 
@@ -193,6 +195,47 @@ def test_out_of_capacity_cancels_reliable_and_spares_others():
     slow.cmds([(0, "t", None, 0)], now=1.0)
     (pong,) = frames_to(slow.ping(1.1, token=2), A)
     assert pong[4] == []
+
+
+def _fan_out_20(as_run: bool):
+    """What each kind of subscriber of "t" gets from one PUB of 20 reliable messages of "t": a
+    reliable subscriber whose mailbox holds 16, a fire one, a text one. Unless ``as_run``, an
+    unrelated wildcard subscription makes the node take the messages one at a time."""
+    core = make_core(mailbox_capacity=16, send_window=64)
+    rel, fire, pub, other = connect(core, A, B, C, E_)
+    rel.sub("t")
+    fire.sub("t", mode=Mode.FIRE)
+    text(core, b"SUB t\n", addr=D)
+    if not as_run:
+        other.sub("x.>")
+    out = pub.pub([("t", b"%d" % i) for i in range(20)])
+    cancels = [(f[1], f[3]) for f in frames_to(out, A) if f[0] is T.CANCEL]
+    texts = [s.data for s in sends(out) if s.addr == D]
+    return delivered(out, A), cancels, delivered(out, B), texts, dict(core.index.matched), core.state_digest()
+
+
+def test_a_datagram_of_one_topic_fans_out_as_a_run_like_one_message_at_a_time():
+    """A publisher's datagram of one topic goes to each subscriber in one call (the node's
+    ``_publish_run``); what every subscriber gets, and when a full mailbox cancels, is the same
+    as when the node takes the messages one at a time (``_publish``)."""
+    run = _fan_out_20(as_run=True)
+    each = _fan_out_20(as_run=False)
+    got_rel, cancels, got_fire, texts, matched, _ = run
+    assert got_rel == []  # (the 17th overflowed the mailbox: its messages were discarded)
+    assert cancels == [("t", Reason.OUT_OF_CAPACITY)]
+    assert [p for _, _, p in got_fire] == [b"%d" % i for i in range(20)]
+    assert texts == [b"MSG t\n%d" % i for i in range(20)]
+    assert matched == {"t": 20}
+    assert run[:5] == each[:5]
+
+
+def test_a_run_fills_a_mailbox_to_its_capacity_exactly():
+    core = make_core(mailbox_capacity=16, send_window=64)
+    sub, pub = connect(core, A, B)
+    sub.sub("t")
+    got = delivered(pub.pub([("t", b"%d" % i) for i in range(16)]), A)
+    assert [(s, p) for _, s, p in got] == [(i + 1, b"%d" % i) for i in range(16)]
+    assert [f for f in frames_to(pub.pub([("t", b"x")] * 2), A) if f[0] is T.CANCEL]
 
 
 def test_resubscribe_after_cancel_starts_a_new_stream():
