@@ -24,11 +24,11 @@ and the part with the subtlest invariants; the session only routes frames here.
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from typing import Any, NamedTuple
 
 from roost.client import parts, subjects, wire
 from roost.client.config import ClientConfig
+from roost.client.holes import Holes
 from roost.client.wire import PART_TAG
 
 Addr = tuple[str, int]
@@ -96,7 +96,7 @@ class Receiver:
         self.cfg = config
         self.streams: dict[Addr, RecvStream] = {}  # one sequence space per delivering node
         self.seen: dict[bytes, int] = {}  # producer id -> highest sequence delivered
-        self.holes: dict[bytes, dict[int, None]] = {}  # producer id -> sequences below it not yet seen, oldest first
+        self.holes: dict[bytes, Holes] = {}  # producer id -> sequences below it not yet seen
         # producer id -> [the first sequence heard from it, those below it delivered since,
         # the highest of them forgotten (bounded memory): it and all below count as seen]
         self.early: dict[bytes, list[Any]] = {}
@@ -460,8 +460,7 @@ class Receiver:
         high = self.seen.get(pid, 0)
         if pseq <= high:
             holes = self.holes.get(pid)
-            if holes is not None and pseq in holes:
-                del holes[pseq]
+            if holes is not None and holes.take(pseq):
                 return False
             early = self.early.get(pid)
             if early is None or pseq >= early[0] or pseq <= early[2] or pseq in early[1]:
@@ -476,13 +475,10 @@ class Receiver:
             if pseq > 1:
                 self.early[pid] = [pseq, set(), 0]
         elif pseq > high + 1:
-            holes = self.holes.setdefault(pid, {})
-            holes.update(dict.fromkeys(range(max(high + 1, pseq - MAX_HOLES), pseq)))
-            if len(holes) > MAX_HOLES:  # (the oldest go: holes are added above every one held, so
-                # a dict's order is theirs, and no sort is needed: a subscriber that sees a sliver
-                # of a producer's sequences makes holes with every message)
-                for old in list(islice(holes, len(holes) - MAX_HOLES)):
-                    del holes[old]
+            holes = self.holes.get(pid)
+            if holes is None:
+                holes = self.holes[pid] = Holes()
+            holes.add(max(high + 1, pseq - MAX_HOLES), pseq - 1, MAX_HOLES)  # (the oldest go)
         self.seen[pid] = pseq
         return False
 
