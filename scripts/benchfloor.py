@@ -8,14 +8,18 @@ acknowledgement taken out. Two ways:
 
 - ``trio``: each process waits in ``trio.lowlevel.wait_readable`` and paces with
   ``trio.sleep``, as Roost's shells do;
-- ``blocking``: plain blocking ``recvfrom`` and ``time.sleep`` (the kernel's part alone).
+- ``blocking``: plain blocking ``recvfrom`` and ``time.sleep`` (the kernel's part alone);
+- ``trio-tasks``: as ``trio``, with the task layout of Roost's clients: the source's caller hands
+  each datagram to an I/O task, and the sink's I/O task hands each to the application's task
+  (a memory channel each): the cost of those two hand-offs, still with no broker logic.
 
-    python scripts/benchfloor.py            # both, 5,000 datagrams after 500 of warm-up
+    python scripts/benchfloor.py            # the three, 5,000 datagrams after 500 of warm-up
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import struct
 import subprocess
@@ -39,7 +43,7 @@ def role(name: str, way: str, port: int, to: int, n: int, warmup: int) -> None:
     else:
         import trio
 
-        trio.run(_trio, name, s, to, n, warmup)
+        trio.run(_trio_tasks if way == "trio-tasks" and name != "relay" else _trio, name, s, to, n, warmup)
 
 
 def _blocking(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None:
@@ -93,6 +97,46 @@ async def _trio(name: str, s: socket.socket, to: int, n: int, warmup: int) -> No
     _report(lat)
 
 
+async def _trio_tasks(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None:
+    """The source or the sink of ``trio-tasks``: two tasks joined by a memory channel."""
+    import trio
+
+    s.setblocking(False)
+    give, take = trio.open_memory_channel[bytes](math.inf)
+    lat: list[float] = []
+    async with trio.open_nursery() as nursery:
+        if name == "source":
+
+            async def sender() -> None:
+                async for d in take:
+                    s.sendto(d, ("127.0.0.1", to))
+
+            nursery.start_soon(sender)
+            t0 = time.monotonic()
+            for i in range(n):
+                delay = t0 + i / 2000 - time.monotonic()
+                if delay > 0:
+                    await trio.sleep(delay)
+                give.send_nowait(HEAD.pack(i, time.monotonic()) + b"x" * 84)
+            give.close()
+            return
+
+        async def receiver() -> None:
+            while True:
+                await trio.lowlevel.wait_readable(s)
+                while True:
+                    try:
+                        give.send_nowait(s.recv(2048))
+                    except BlockingIOError:
+                        break
+
+        nursery.start_soon(receiver)
+        for _ in range(n):
+            _pass(name, s, await take.receive(), to, warmup, lat)
+        nursery.cancel_scope.cancel()
+    _report(lat)
+
+
 def _report(lat: list[float]) -> None:
     if lat:
         lat.sort()
@@ -133,7 +177,7 @@ def main() -> None:
         role(a.role, a.way, 0, a.to, a.n, a.warmup)
         return
     print("| way | p50 us | p99 us |\n|---|---|---|")
-    for way in ("blocking", "trio"):
+    for way in ("blocking", "trio", "trio-tasks"):
         p50, p99 = run(way, a.n, a.warmup)
         print(f"| {way} | {p50} | {p99} |")
 

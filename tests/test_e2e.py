@@ -219,6 +219,17 @@ def test_bench_script_runs_and_reliable_loses_nothing():
     assert reliable["cpu"]["node"] > 0 and reliable["cpu"]["publisher"] > 0 and reliable["cpu"]["subscriber"] > 0
 
 
+def test_benchfloor_measures_each_way_from_the_sink():
+    """scripts/benchfloor.py's three ways, shortened: each row's latencies come from the sink's
+    report (a way whose sink heard nothing would fail the run, not print a row)."""
+    r = script("scripts/benchfloor.py", "-n", "400", "--warmup", "100", timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [line.strip("|").split("|") for line in r.stdout.splitlines()[2:]]
+    assert [w.strip() for w, _, _ in rows] == ["blocking", "trio", "trio-tasks"]
+    for _, p50, p99 in rows:
+        assert 0 < int(p50) <= int(p99)
+
+
 def test_bench_replicated_cluster_w6_loses_nothing():
     r = script("scripts/bench.py", "--quick", "--workloads", "W6", "--modes", "reliable", "--json", timeout=60)
     assert r.returncode == 0, r.stderr
