@@ -10,7 +10,7 @@ third of its subscribers' CPU there). Kept as ranges they cost one entry per jum
 
 A jump's range always lies above every hole held (the jump starts above the highest sequence
 seen), so the ranges are added in order: two sorted lists of starts and ends, a bisection to
-find one, and the oldest trimmed from the front. At most ``limit`` sequences are held; those
+find one, and the oldest trimmed from the front by moving a pointer. At most ``limit`` sequences are held; those
 trimmed count as seen (a late copy of one of them is taken as a duplicate: bounded memory).
 """
 
@@ -18,53 +18,66 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+COMPACT_AFTER = 1024  # trimmed ranges left in the lists before they are dropped (and past half)
+
 
 class Holes:
-    __slots__ = ("starts", "ends", "count")
+    __slots__ = ("starts", "ends", "head", "count")
 
     def __init__(self) -> None:
+        # The ranges from index ``head`` on (those before it were trimmed: a pointer moves, as
+        # the node's mailbox's ``base`` does, and the lists are compacted now and then, so that
+        # trimming 65,536 ranges of one sequence each costs no list move per message)
         self.starts: list[int] = []  # first sequence of each range, ascending
         self.ends: list[int] = []  # last sequence of each range (inclusive)
+        self.head = 0
         self.count = 0  # sequences held, all ranges together
 
     def __len__(self) -> int:
         return self.count
 
+    def ranges(self) -> list[tuple[int, int]]:
+        """The ranges held, oldest first (first, last)."""
+        return list(zip(self.starts[self.head :], self.ends[self.head :], strict=True))
+
     def __contains__(self, seq: int) -> bool:
-        i = bisect_right(self.starts, seq) - 1
-        return i >= 0 and seq <= self.ends[i]
+        i = bisect_right(self.starts, seq, self.head) - 1
+        return i >= self.head and seq <= self.ends[i]
 
     def add(self, first: int, last: int, limit: int) -> None:
         """Hold ``first`` .. ``last``, which lie above every sequence held, and then only the
         newest ``limit`` sequences."""
         if last < first:
             return
-        if self.starts and first <= self.ends[-1]:
-            raise ValueError(f"holes {first}..{last} are not above the highest held, {self.ends[-1]}")
-        self.starts.append(first)
-        self.ends.append(last)
+        starts, ends = self.starts, self.ends
+        if len(starts) > self.head and first <= ends[-1]:
+            raise ValueError(f"holes {first}..{last} are not above the highest held, {ends[-1]}")
+        starts.append(first)
+        ends.append(last)
         self.count += last - first + 1
         excess = self.count - limit
         if excess <= 0:
             return
-        starts, ends = self.starts, self.ends
-        gone = 0
+        head = self.head
         while excess > 0:
-            n = ends[gone] - starts[gone] + 1
+            n = ends[head] - starts[head] + 1
             if n > excess:
-                starts[gone] += excess
+                starts[head] += excess
                 self.count -= excess
                 break
             excess -= n
             self.count -= n
-            gone += 1
-        del starts[:gone], ends[:gone]
+            head += 1
+        if head > COMPACT_AFTER and head > len(starts) // 2:
+            del starts[:head], ends[:head]
+            head = 0
+        self.head = head
 
     def take(self, seq: int) -> bool:
         """True if ``seq`` was a hole, which it no longer is."""
         starts, ends = self.starts, self.ends
-        i = bisect_right(starts, seq) - 1
-        if i < 0 or seq > ends[i]:
+        i = bisect_right(starts, seq, self.head) - 1
+        if i < self.head or seq > ends[i]:
             return False
         first, last = starts[i], ends[i]
         if first == last:

@@ -534,9 +534,10 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
     msgs = _list(msgs, "messages")
     if not msgs:
         raise WireError(E.MALFORMED, "PUB carries at least one message")
+    _last_seq(_uint(first, "first_seq"), msgs)
     return (
         T.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _bytes(pid, ID_LEN, "producer id"), _uint(first, "first_seq"),
+        _bytes(pid, ID_LEN, "producer id"), first,
         _uint(floor, "floor"), rel, [
             tuple(m) if _plain_delivery(m) and len(m) == 4 else check_message(m) for m in msgs
         ],
@@ -546,9 +547,18 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
 @_frame(T.MSGS, 3)
 def _msgs(f: list[Any]) -> tuple[Any, ...]:
     _, _, stream, first, msgs = f
-    return T.MSGS, _uint(stream, "stream"), _uint(first, "first_seq"), [
-        tuple(m) if _plain_delivery(m) else check_delivered(m) for m in _list(msgs, "messages")
+    msgs = _list(msgs, "messages")
+    _last_seq(_uint(first, "first_seq"), msgs)
+    return T.MSGS, _uint(stream, "stream"), first, [
+        tuple(m) if _plain_delivery(m) else check_delivered(m) for m in msgs
     ]
+
+
+def _last_seq(first: int, msgs: list[Any]) -> None:
+    """The messages of a PUB or MSGS take the sequences ``first`` on: the last must be a
+    uint64 too (one past it would overflow every frame that acknowledges it, and the process)."""
+    if first + len(msgs) - 1 >= 1 << 64:
+        raise WireError(E.MALFORMED, "first_seq + messages - 1 must be below 2**64")
 
 
 def _plain_delivery(m: Any) -> bool:

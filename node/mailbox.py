@@ -64,14 +64,15 @@ class Mailbox:
         self.nbytes += len(packed)
         return True
 
-    def push_many(self, packed: list[bytes], size: int) -> bool:
-        """``push`` of each of ``packed`` (``size`` bytes in all) in one call when all fit (a
-        run of one publisher's datagram); else as many as fit, in order, and False."""
-        if len(self.buf) - self.base + len(packed) <= self.capacity and self.nbytes + size <= self.max_bytes:
-            self.buf += packed
-            self.nbytes += size
-            return True
-        return all(self.push(p) for p in packed)
+    def fits(self, count: int, size: int) -> bool:
+        """Room for ``count`` more messages of ``size`` bytes in all (``push`` of each would hold)."""
+        return len(self.buf) - self.base + count <= self.capacity and self.nbytes + size <= self.max_bytes
+
+    def push_many(self, packed: list[bytes], size: int) -> None:
+        """``push`` of each of ``packed`` (``size`` bytes in all), which ``fits``: one call for a
+        run of one publisher's datagram."""
+        self.buf += packed
+        self.nbytes += size
 
     def take_new(self, window: int, now: float, window_bytes: int = 1 << 62) -> tuple[int, list[bytes]]:
         """Messages never sent before that the window allows (``window`` messages and

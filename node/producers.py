@@ -21,8 +21,10 @@ clients cannot get one; an older library) is still served by forwarding.
 
 The PUB loop is the hot path: one decode per datagram, one pack per message, and
 a datagram's messages of one topic and key (a publisher's batch, as a rule) fanned out as one
-run (``_publish_run``: matched once, each subscriber given the run in one call); any other
-datagram is one ``_publish`` call per message.
+run (``_publish_run``: matched once, each subscriber given the run in one call). Any other
+datagram is one ``_publish`` call per message, and so is every datagram while the node has a
+filter subscription (wildcard, query or queue group, on any topic: each message's tags may
+decide who gets it) or while a reliable subscriber's mailbox lacks room for the whole run.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Any
 from roost.client import wire
 from roost.client.text import encode_text_msg
 from roost.node.base import TIMER_PRODUCER
-from roost.node.clients import ClientState
 from roost.node.cookies import Addr
 from roost.node.delivery import Delivery
 
@@ -90,25 +91,32 @@ class Producers(Delivery):
         if not packs:
             return
         topic, key = msgs[0][0], msgs[0][1]
-        if len(msgs) > 1 and not self.index.filters and all(m[0] == topic and m[1] == key for m in msgs):
-            self._publish_run(msgs, packs)
-        else:
+        if not (len(msgs) > 1 and not self.index.filters and all(m[0] == topic and m[1] == key for m in msgs)
+                and self._publish_run(msgs, packs)):  # fmt: skip
             for m, packed in zip(msgs, packs, strict=True):
                 publish(m[0], m[1], m[2], m[3], packed)
 
-    def _publish_run(self, msgs: list[Any], packs: list[bytes]) -> None:
+    def _publish_run(self, msgs: list[Any], packs: list[bytes]) -> bool:
         """``_publish`` of a run of messages of one topic and key (a publisher's datagram, as a
-        rule) with no filters to ask about each one's tags: the subscribers are matched once and
-        each given the run in one call, the per-message work of the fan-out done per batch."""
+        rule) with no filters on the node to ask about each one's tags: the subscribers are
+        matched once and each given the run in one call, the per-message work of the fan-out
+        done per batch. False, with nothing done, when a reliable subscriber's mailbox lacks room
+        for the run: then each message goes on its own (``_publish``), so that a mailbox fills
+        and its subscription is cancelled at the message it would have been, and what follows
+        is matched again (the client may have a fire subscription that still takes it)."""
         topic = msgs[0][0]
         subs = self.index.match(topic, msgs[0][1])
         if not subs:
-            return
-        matched = self.index.matched
-        matched[topic] = matched.get(topic, 0) + len(packs)
+            return True
         clients, dirty = self.clients, self._dirty
-        size = 0
-        full: list[ClientState] = []
+        n, size = len(packs), sum(map(len, packs))
+        for who, mode in subs.items():
+            if mode and who.__class__ is bytes:
+                mb = clients[who].mailbox
+                if mb is not None and not mb.fits(n, size):
+                    return False
+        matched = self.index.matched
+        matched[topic] = matched.get(topic, 0) + n
         for who, mode in subs.items():
             if who.__class__ is not bytes:  # (a text client: one line per message)
                 for m in msgs:
@@ -117,19 +125,15 @@ class Producers(Delivery):
             c = clients[who]
             if mode:
                 mb = c.mailbox
-                if not size:
-                    size = sum(map(len, packs))
-                if mb is None or not mb.push_many(packs, size):
-                    full.append(c)  # (cancelling changes ``subs``: after the loop)
+                if mb is None:  # (another member's client: its home member delivers; as _publish)
                     continue
+                mb.push_many(packs, size)
             else:
                 c.fire += packs
             if not c.dirty:
                 c.dirty = True
                 dirty.append(c)
-        for c in full:
-            if c.mailbox is not None:
-                self._overflow(c)
+        return True
 
     def _route_pub(self, pid: bytes, seq: int, reliable: bool, msgs: list[Any]) -> bool:
         """Partitioned mode: each message to its partition's primary, here or over a peer link;

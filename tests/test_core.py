@@ -229,6 +229,39 @@ def test_a_datagram_of_one_topic_fans_out_as_a_run_like_one_message_at_a_time():
     assert run[:5] == each[:5]
 
 
+def _overflow_beside_fire(as_run: bool):
+    """A client with a reliable subscription to "t" and a fire one to "t" with key "k", whose
+    mailbox holds 16, and one PUB of 20 messages of ("t", "k") (review finding: the run once
+    matched them once and dropped what followed the overflow)."""
+    core = make_core(mailbox_capacity=16, send_window=64)
+    a, pub, other = connect(core, A, C, E_)
+    a.cmds([(1, "t", None, Mode.RELIABLE), (1, "t", "k", Mode.FIRE)])
+    if not as_run:
+        other.sub("x.>")
+    packed = [wire.pack_message("t", "k", None, b"%d" % i) for i in range(20)]
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, packed), 0.0)
+    cancels = [(f[1], f[3]) for f in frames_to(out, A) if f[0] is T.CANCEL]
+    return delivered(out, A), cancels, dict(core.index.matched), core.metrics["delivered"]
+
+
+def test_after_a_mailbox_overflows_the_clients_fire_subscription_takes_the_rest_of_the_datagram():
+    run, each = _overflow_beside_fire(as_run=True), _overflow_beside_fire(as_run=False)
+    got, cancels, matched, _ = run
+    assert [(s, p) for s, _, p in got] == [(0, b"17"), (0, b"18"), (0, b"19")]  # (by fire)
+    assert cancels == [("t", Reason.OUT_OF_CAPACITY)] and matched == {"t": 20}
+    assert run == each
+
+
+def test_mailbox_fits_a_run_up_to_its_capacity_and_bytes():
+    from roost.node.mailbox import Mailbox
+
+    mb = Mailbox(1, capacity=4, rto=0.2, rto_max=1.0, max_bytes=100)
+    assert mb.push(b"x" * 10)
+    assert mb.fits(3, 90) and not mb.fits(4, 40) and not mb.fits(3, 91)
+    mb.push_many([b"y" * 30] * 3, 90)
+    assert len(mb) == 4 and mb.nbytes == 100 and not mb.fits(1, 0) and not mb.push(b"z")
+
+
 def test_a_run_fills_a_mailbox_to_its_capacity_exactly():
     core = make_core(mailbox_capacity=16, send_window=64)
     sub, pub = connect(core, A, B)
@@ -470,6 +503,25 @@ def _trigger(core, code):
         E.BAD_TAGS: (bad_msg(["t", None, {"a": 1}, b""]), B),
         E.OVER_CAPACITY: (b"SUB second\n", A),
     }[code]
+
+
+@pytest.mark.parametrize("reliable", [True, False], ids=["reliable", "fire"])
+def test_a_pub_whose_last_sequence_passes_2_64_is_refused_and_the_node_goes_on(reliable):
+    """Review finding: sequences up to 2**64 - 1 each passed, but a PUB's last one (first +
+    messages - 1) past it made the node raise OverflowError packing a delivery or a PUBACK,
+    which no handler caught."""
+    core = make_core()
+    sub, pub = connect(core, A, B)
+    sub.sub("t")
+    top = (1 << 64) - 1
+    packed = [wire.pack_message("t", None, None, b"x")] * 2
+    before = core.state_digest()
+    out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, top, top, reliable, packed), 0.0)
+    assert [(f[0], f[1]) for f in frames_to(out, B)] == [(T.ERROR, E.MALFORMED)]
+    assert core.metrics["error_malformed"] == 1 and core.state_digest() == before
+    assert [p for _, _, p in delivered(pub.pub([("t", b"after")]), A)] == [b"after"]
+    with pytest.raises(wire.WireError, match="below 2"):  # (and a client refuses such a MSGS)
+        wire.decode_untrusted_frame(wire.encode_msgs(1, top, packed))
 
 
 # STALE_BATCH is never an ERROR frame, only a command's result in CMDACK (tested below).
