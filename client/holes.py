@@ -10,8 +10,9 @@ third of its subscribers' CPU there). Kept as ranges they cost one entry per jum
 
 A jump's range always lies above every hole held (the jump starts above the highest sequence
 seen), so the ranges are added in order: two sorted lists of starts and ends, a bisection to
-find one, and the oldest trimmed from the front by moving a pointer. At most ``limit`` sequences are held; those
-trimmed count as seen (a late copy of one of them is taken as a duplicate: bounded memory).
+find one, and the oldest trimmed from the front by moving a pointer. At most ``limit``
+sequences are held; those trimmed count as seen (a late copy of one of them is taken as a
+duplicate: bounded memory).
 """
 
 from __future__ import annotations
