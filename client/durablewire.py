@@ -19,6 +19,7 @@ from roost.client.wire import (
     _bytes,
     _frame,
     _header,
+    _last_seq,
     _list,
     _str,
     _uint,
@@ -86,9 +87,10 @@ def _put(f: list[Any]) -> tuple[Any, ...]:
     msgs = _list(msgs, "messages")
     if not msgs:
         raise WireError(E.MALFORMED, "PUT carries at least one message")
+    _last_seq(_uint(first, "first_seq"), msgs)
     return (
         T.PUT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _uint(first, "first_seq"),
+        _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), first,
         _uint(floor, "floor"), [check_message(m) for m in msgs],
     )  # fmt: skip
 

@@ -548,15 +548,17 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
 def _msgs(f: list[Any]) -> tuple[Any, ...]:
     _, _, stream, first, msgs = f
     msgs = _list(msgs, "messages")
-    _last_seq(_uint(first, "first_seq"), msgs)
-    return T.MSGS, _uint(stream, "stream"), first, [
+    if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, not its messages)
+        _last_seq(_uint(first, "first_seq"), msgs)
+    return T.MSGS, stream, _uint(first, "first_seq"), [
         tuple(m) if _plain_delivery(m) else check_delivered(m) for m in msgs
     ]
 
 
 def _last_seq(first: int, msgs: list[Any]) -> None:
-    """The messages of a PUB or MSGS take the sequences ``first`` on: the last must be a
-    uint64 too (one past it would overflow every frame that acknowledges it, and the process)."""
+    """The messages of a PUB, a PUT or a reliable MSGS take the sequences ``first`` on: the last
+    must be a uint64 too (one past it would overflow every frame that carries or acknowledges
+    it, and the process packing it)."""
     if first + len(msgs) - 1 >= 1 << 64:
         raise WireError(E.MALFORMED, "first_seq + messages - 1 must be below 2**64")
 

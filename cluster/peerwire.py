@@ -262,7 +262,7 @@ def check_forwarded(msgs: Any) -> list[list[Any]]:
                 if m[5] is not None:
                     raise PeerProtocolError("a fire message has no sequence")
             elif m[4].__class__ is not bytes or len(m[4]) != wire.ID_LEN or m[5].__class__ is not int \
-                    or not 0 < m[5] < 2**63:  # fmt: skip
+                    or not 0 < m[5] < 2**64:  # fmt: skip  (as the client's PUB allows)
                 raise PeerProtocolError("a reliable message has a producer id and a sequence")
     except WireError as exc:
         raise PeerProtocolError(f"bad forwarded message: {exc.text}") from None

@@ -125,7 +125,7 @@ class Producers(Delivery):
             c = clients[who]
             if mode:
                 mb = c.mailbox
-                if mb is None:  # (another member's client: its home member delivers; as _publish)
+                if mb is None:  # (skipped, as _publish skips it)
                     continue
                 mb.push_many(packs, size)
             else:

@@ -282,3 +282,20 @@ def test_msgs_refuses_a_malformed_message_that_looks_like_a_plain_one(bad):
     frame = msgpack.packb([wire.VERSION, T.MSGS, 1, 1, [bad]])
     with pytest.raises(WireError):
         wire.decode_untrusted_frame(frame)
+
+
+def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():
+    """The last sequence of a PUB, a PUT or a reliable MSGS (first + messages - 1) must be a
+    uint64: one past it crashed the process packing it (review findings). A fire MSGS's
+    first_seq numbers the datagram, so it is not checked that way."""
+    top, ids, m = (1 << 64) - 1, b"i" * 16, [wire.pack_message("t", None, None, b"x")]
+    frames = {
+        "PUB": lambda first, n: wire.encode_pub(ids, ids, ids, first, 1, True, m * n),
+        "PUT": lambda first, n: durablewire.encode_put(ids, ids, ids, 0, first, 1, m * n),
+        "MSGS": lambda first, n: wire.encode_msgs(7, first, m * n),
+    }
+    for name, frame in frames.items():
+        assert wire.decode_untrusted_frame(frame(top - 1, 2))[0].name == name  # (up to 2**64 - 1)
+        with pytest.raises(WireError, match="below 2"):
+            wire.decode_untrusted_frame(frame(top, 2))
+    assert wire.decode_untrusted_frame(wire.encode_msgs(0, top, m * 2))[3] == [("t", None, None, b"x")] * 2
