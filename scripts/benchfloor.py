@@ -25,6 +25,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 HEAD = struct.Struct("!Qd")
 
@@ -46,15 +47,26 @@ def role(name: str, way: str, port: int, to: int, n: int, warmup: int) -> None:
         trio.run(_trio_tasks if way == "trio-tasks" and name != "relay" else _trio, name, s, to, n, warmup)
 
 
+def _paced(n: int) -> Iterator[tuple[int, float]]:
+    """The source's schedule, 2,000 a second: each datagram's index and how long to wait before
+    sending it (computed when asked, after the previous send)."""
+    t0 = time.monotonic()
+    for i in range(n):
+        yield i, t0 + i / 2000 - time.monotonic()
+
+
+def _datagram(i: int) -> bytes:
+    """The source's datagram ``i``: its index and send time, padded to 100 bytes."""
+    return HEAD.pack(i, time.monotonic()) + b"x" * 84
+
+
 def _blocking(name: str, s: socket.socket, to: int, n: int, warmup: int) -> None:
     lat: list[float] = []
     if name == "source":
-        t0 = time.monotonic()
-        for i in range(n):
-            delay = t0 + i / 2000 - time.monotonic()
+        for i, delay in _paced(n):
             if delay > 0:
                 time.sleep(delay)
-            s.sendto(HEAD.pack(i, time.monotonic()) + b"x" * 84, ("127.0.0.1", to))
+            s.sendto(_datagram(i), ("127.0.0.1", to))
         return
     for _ in range(n):
         _pass(name, s, s.recv(2048), to, warmup, lat)
@@ -77,12 +89,10 @@ async def _trio(name: str, s: socket.socket, to: int, n: int, warmup: int) -> No
     s.setblocking(False)
     lat: list[float] = []
     if name == "source":
-        t0 = time.monotonic()
-        for i in range(n):
-            delay = t0 + i / 2000 - time.monotonic()
+        for i, delay in _paced(n):
             if delay > 0:
                 await trio.sleep(delay)
-            s.sendto(HEAD.pack(i, time.monotonic()) + b"x" * 84, ("127.0.0.1", to))
+            s.sendto(_datagram(i), ("127.0.0.1", to))
         return
     got = 0
     while got < n:
@@ -112,12 +122,10 @@ async def _trio_tasks(name: str, s: socket.socket, to: int, n: int, warmup: int)
                     s.sendto(d, ("127.0.0.1", to))
 
             nursery.start_soon(sender)
-            t0 = time.monotonic()
-            for i in range(n):
-                delay = t0 + i / 2000 - time.monotonic()
+            for i, delay in _paced(n):
                 if delay > 0:
                     await trio.sleep(delay)
-                give.send_nowait(HEAD.pack(i, time.monotonic()) + b"x" * 84)
+                give.send_nowait(_datagram(i))
             give.close()
             return
 
