@@ -34,6 +34,10 @@ class ClientConfig:
     # of one turn; 256 measured best on W1, 64 and 128 lower, 512 and 1024 no better:
     # docs/performance.md)
     yield_every: int = 256
+    # An idle path: a publish on a session that sent and received nothing for this long (s), its
+    # I/O loop waiting, is sent by the publishing task itself before publish returns (W3 ~40 us
+    # sooner); within it, the I/O loop sends it with whatever follows (docs/performance.md)
+    idle_gap: float = 0.0002
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
 
     def __post_init__(self) -> None:

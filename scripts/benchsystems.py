@@ -15,6 +15,7 @@ and QoS 1 (``reliable``: at least once).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import select
@@ -34,6 +35,8 @@ from roost.node.monitorhttp import process_figures
 from roost.node.procs import free_port, wait_listening
 
 HEAD = struct.Struct("!Qd")  # index, send time
+#: Where scripts/benchhops.py notes when the application took each message (None: not traced).
+_HOPS: list[tuple[int, str, int]] | None = getattr(builtins, "__roost_hops__", None)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: system -> the modes it has (see the module docstring)
@@ -197,6 +200,8 @@ class Tally:
         self.lasts[stream] = idx
         if idx >= self.warmup:
             self.lat.append(now - sent)
+        if _HOPS is not None:
+            _HOPS.append((int(now * 1e9), "app", idx))
         return self.got >= self.n
 
     def idle_for(self, idle: float, start: float) -> bool:

@@ -230,6 +230,19 @@ def test_benchfloor_measures_each_way_from_the_sink():
         assert 0 < int(p50) <= int(p99)
 
 
+def test_benchhops_follows_w3_messages_through_every_hop():
+    """scripts/benchhops.py, shortened: every step's figures come from messages followed through
+    the three processes' sends and receives (none followed fails the run instead)."""
+    r = script("scripts/benchhops.py", "--mode", "reliable", "--quick", timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert "| W3 latency" in r.stdout and "| reliable |" in r.stdout
+    steps = [line.strip("|").split("|") for line in r.stdout.splitlines() if line.startswith("| ") and "->" in line]
+    assert len(steps) == 5
+    total = next(line for line in r.stdout.splitlines() if line.startswith("| total"))
+    p50s = [int(p50) for _, p50, _ in steps]
+    assert all(x > 0 for x in p50s) and int(total.split("|")[2]) > 0
+
+
 def test_bench_replicated_cluster_w6_loses_nothing():
     r = script("scripts/bench.py", "--quick", "--workloads", "W6", "--modes", "reliable", "--json", timeout=60)
     assert r.returncode == 0, r.stderr

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections import Counter
 
 import pytest
 import trio
+import trio.testing
 
 from roost.client import Client, ClientConfig, NodeLost, wire
-from roost.client.udp import send_now, send_ready
+from roost.client import udp as udp_module
+from roost.client.udp import send_all, send_now, send_ready
 from roost.client.wire import E, T
 from tests.polling import eventually
 
@@ -272,3 +275,86 @@ async def test_a_node_bound_to_a_wildcard_answers_the_launchers_probe(node):
 
     status = await trio.to_thread.run_sync(probe_status, "0.0.0.0", node.addr[1], 2.0)
     assert status is not None and status["node"] == node.cfg.id
+
+
+def _queued_frames(sock: socket.socket) -> list[T]:
+    """The kinds of the datagrams waiting in a node's socket (read, so the node never sees them)."""
+    kinds = []
+    while True:
+        try:
+            kinds.append(wire.decode_untrusted_frame(sock.recv(70000))[0])
+        except BlockingIOError:
+            return kinds
+
+
+async def _idle_client(node, **config):
+    """A connected client whose I/O loop waits, with the node drained."""
+    c = Client(addr(node), config=ClientConfig(**config))
+    await c.__aenter__()
+    await trio.testing.wait_all_tasks_blocked()
+    return c
+
+
+async def test_a_publish_on_an_idle_path_is_sent_before_publish_returns(node):
+    c = await _idle_client(node, idle_gap=1e-9)
+    try:
+        # (no await gives the node a turn between the publishes and the look at its socket)
+        assert await c.publish("t.idle", b"fire", mode="fire") == 0
+        assert c.session.pub.fire_pending == []
+        assert _queued_frames(node.sock) == [T.PUB]
+        seq = await c.publish("t.idle", b"one")
+        assert c.session.pub.unsent_from == seq + 1 and _queued_frames(node.sock) == [T.PUB]
+        # A reliable publish in flight (the node has not answered): the next waits for the loop.
+        await c.publish("t.idle", b"two")
+        assert c.session.pub.unsent_from == seq + 1 and _queued_frames(node.sock) == []
+        with trio.fail_after(5):
+            await trio.lowlevel.checkpoint()
+            while c.session.pub.unsent_from != seq + 2:  # (the loop's turn sends it: the node takes the retry)
+                await trio.sleep(0.01)
+        assert await c.flush(5)
+    finally:
+        await c.aclose()
+
+
+async def test_a_busy_publishers_messages_wait_for_the_loop_and_share_a_datagram(node):
+    c = await _idle_client(node, idle_gap=60.0)
+    try:
+        async with c.subscribe("t.busy", mode="fire") as sub:
+            await sub.start()
+            await trio.testing.wait_all_tasks_blocked()
+            c._busy_at = -math.inf  # (quiet for longer than idle_gap: the subscription's turn is forgotten)
+            before = node.core.metrics["datagrams_in"]
+            for i in range(5):
+                await c.publish("t.busy", str(i), mode="fire")
+            # The first went at once; the other four came within idle_gap: queued for the loop.
+            assert len(c.session.pub.fire_pending) == 4
+            with trio.fail_after(5):
+                got = [m.payload for m in [await sub.next() for _ in range(5)]]
+            assert got == [b"0", b"1", b"2", b"3", b"4"]
+            assert node.core.metrics["datagrams_in"] - before == 2  # (the first alone, the four together)
+    finally:
+        await c.aclose()
+
+
+async def test_send_all_yields_the_cpu_only_after_every_datagram_left(monkeypatch):
+    a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    b.bind(("127.0.0.1", 0))
+    b.setblocking(False)
+    seen: list[list[bytes]] = []
+
+    def yield_cpu() -> None:  # (what the receiver holds when the sender gives up its core)
+        got = []
+        while True:
+            try:
+                got.append(b.recv(100))
+            except BlockingIOError:
+                break
+        seen.append(got)
+
+    monkeypatch.setattr(udp_module, "yield_cpu", yield_cpu)
+    to = b.getsockname()
+    await send_all(a, [(to, b"one"), (to, b"two")], Counter())
+    assert seen == [[b"one", b"two"]]
+    a.close()
+    b.close()
