@@ -28,15 +28,17 @@ class ClientConfig:
     max_payload: int = 1 << 20  # largest reliable payload, sent in parts (lowered to the node's WELCOME)
     reassembly_bytes: int = 16 << 20  # large messages being put together, all of them
     reassembly_timeout: float = 30.0  # a large message missing a part this long is dropped
-    # Adaptive batching: a publish wakes the I/O loop, which sends at its next turn: at once when
-    # the caller next waits (an idle path), else after at most this many publishes (or messages
-    # taken) without a wait, when the API yields to it (a busy path: the lot in a few datagrams
-    # of one turn; 256 measured best on W1, 64 and 128 lower, 512 and 1024 no better:
-    # docs/performance.md)
+    # Adaptive batching: a publish on a quiet path (idle_gap) is sent at once by the publishing
+    # task; else it wakes the I/O loop, which sends at its next turn: when the caller next
+    # waits, or after at most this many publishes (or messages taken) without a wait, when the
+    # API yields to it (a busy caller: the lot in a few datagrams of one turn; 256 measured best
+    # on W1, 64 and 128 lower, 512 and 1024 no better: docs/performance.md)
     yield_every: int = 256
-    # An idle path: a publish on a session that sent and received nothing for this long (s), its
-    # I/O loop waiting, is sent by the publishing task itself before publish returns (W3 ~40 us
-    # sooner); within it, the I/O loop sends it with whatever follows (docs/performance.md)
+    # Quiet path (the trio Client): when its one session sent and received nothing for this long
+    # (s), its I/O loop waiting and at most the call's own reliable publish in flight, an API
+    # call that queued something (a publish, subscribe, flush...) makes the loop's turn itself:
+    # sent before the call returns (W3 p50 ~50 us sooner, docs/performance.md). Within it the
+    # loop sends it with whatever follows. 0: always when the loop waits; inf: never
     idle_gap: float = 0.0002
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
 
@@ -45,6 +47,10 @@ class ClientConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"ClientConfig: {name} = {v!r}: must be a positive integer")
+        gap = self.idle_gap
+        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap >= 0:  # (not NaN)
+            raise ValueError(f"ClientConfig: idle_gap = {gap!r}: must be a number of seconds, 0 or more "
+                             "(inf: never send from the caller)")
         if self.reassembly_bytes < self.max_payload:
             raise ValueError(f"ClientConfig: reassembly_bytes = {self.reassembly_bytes}: must be at least "
                              f"max_payload ({self.max_payload}), or no large message could be put together")
@@ -58,7 +64,7 @@ class ClientConfig:
             if f is None:
                 raise ValueError(f"{source}: [client] {k}: unknown key; known: {', '.join(known)}")
             kind = int if f.type in ("int", int) else float
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or (  # (not NaN either)
                 kind is int and not isinstance(v, int)
             ):
                 raise ValueError(f"{source}: [client] {k} = {v!r}: must be a positive {kind.__name__}")

@@ -60,7 +60,7 @@ class Client(ClientAPI):
 
     def _kick(self) -> None:
         """Make the I/O loops flush now instead of at their next deadline (and start the
-        loop of any session the router just opened): on an idle path by a turn made here
+        loop of any session the router just opened): on a quiet path by a turn made here
         (:meth:`_turn_here`), else by waking them."""
         r = self._router
         if r is not None and len(r.sessions) > len(self._socks):
@@ -71,15 +71,16 @@ class Client(ClientAPI):
             self._wait_scopes.clear()
 
     def _turn_here(self, r: Router) -> bool:
-        """On an idle path, make the I/O loop's turn in the calling task (drain, feed the router,
-        send) while the loop goes on waiting, its deadline moved: a publish's datagram leaves
-        before ``publish`` returns instead of after the I/O task was woken and scheduled (W3
-        fire p50 ~340 -> ~300 us, docs/performance.md). Idle: one session, its loop waiting
-        on the same socket, no reliable publish in flight but the one just queued, and nothing
-        sent or received for ``ClientConfig.idle_gap``; so a busy caller's publishes wake the
-        loop and go out together at its turn, as before. False when the path is not idle."""
-        if len(r.sessions) != 1 or self._turning or r.acked < r.last_seq - 1:
-            return False
+        """On a quiet path, make the I/O loop's turn in the calling task (drain, feed the router,
+        send) while the loop goes on waiting, its deadline moved, then yield the CPU: a
+        publish's datagram leaves before ``publish`` returns instead of after the I/O task was
+        woken and scheduled (W3 p50 ~50 us sooner with the shells' yield, docs/performance.md).
+        Quiet: an open client, one session, its loop waiting on the same socket, at most the
+        call's own reliable publish in flight, and nothing sent or received for
+        ``ClientConfig.idle_gap``; so a busy caller's publishes wake the loop and go out
+        together at its turn, as before. False when the path is not quiet."""
+        if self._closed or len(r.sessions) != 1 or self._turning or r.acked < r.last_seq - 1:
+            return False  # (closed or closing: no turn after BYE, none on a closed socket)
         s = r.sessions[0]
         scope = self._wait_scopes.get(id(s))
         if scope is None or self._socks[id(s)].family != addresses.family(s.node):
@@ -88,7 +89,8 @@ class Client(ClientAPI):
             return False
         self._turning = True
         try:
-            if self._turn(s)[1]:
+            busy = self._turn(s)[1]
+            if busy:
                 self._wake()
         except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)
             self._broke(exc)
@@ -96,7 +98,8 @@ class Client(ClientAPI):
         finally:
             self._turning = False
         scope.deadline = min(s.next_deadline(), r.put_deadline())
-        yield_cpu()
+        if busy:
+            yield_cpu()  # (the node, woken on this core by the datagram, runs now: see udp.send_all)
         return True
 
     async def _sleep_until(self, deadline: float) -> None:
@@ -166,8 +169,11 @@ class Client(ClientAPI):
                 continue
             with trio.CancelScope(deadline=min(s.next_deadline(), r.put_deadline())) as scope:
                 self._wait_scopes[key] = scope
-                await trio.lowlevel.wait_readable(self._socks[key])
-            self._wait_scopes.pop(key, None)
+                try:
+                    await trio.lowlevel.wait_readable(self._socks[key])
+                finally:  # (also when the nursery is cancelled: a closed client keeps no waiting loop)
+                    if self._wait_scopes.get(key) is scope:
+                        del self._wait_scopes[key]
 
     def _turn(self, s: ClientSession) -> tuple[int, bool]:
         """One turn of session ``s``'s socket (``_exchange``), on a new socket first when it

@@ -107,14 +107,14 @@ async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics
     Then it gives up the CPU (``sched_yield``). Linux wakes the receiver of a loopback datagram
     on the sender's core, and that receiver (a subscriber, the publisher awaiting its PUBACK)
     waits there until the sender sleeps: without the yield, the rest of the node's turn (its
-    bookkeeping, the next drain, trio's scheduler) was added to every delivery's latency. W3
-    reliable p50 ~370 -> ~320 us (docs/performance.md); alone on its core, the call returns
-    at once."""
+    bookkeeping, the next drain, trio's scheduler) was added to every delivery's latency
+    (docs/performance.md has the A/B); alone on its core, the call returns at once."""
     i = send_ready(sock, sends, metrics)
     while i < len(sends):
         await trio.lowlevel.wait_writable(sock)
         i = send_ready(sock, sends, metrics, i)
-    yield_cpu()
+    if sends:
+        yield_cpu()
 
 
 yield_cpu = getattr(os, "sched_yield", lambda: None)  # (not on every platform)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import trio
 
 from roost import __version__
-from roost.client.udp import drain, open_udp, send_all, send_ready
+from roost.client.udp import drain, open_udp, send_all, send_ready, yield_cpu
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig
 from roost.cluster.events import (
     Accepted,
@@ -303,6 +303,8 @@ class ClusterNode:
         pending = self._udp_pending
         sent = send_ready(sock, pending, self.member.broker.metrics)
         self._udp_pending = pending[sent:] if sent < len(pending) else []
+        if sent:
+            yield_cpu()  # (a receiver woken on this core runs first: see udp.send_all)
         if self._udp_pending:
             self._udp_idle.cancel()  # the UDP task sends the rest once the buffer drains
 

@@ -737,6 +737,12 @@ def test_client_config_refuses_windows_and_yields_below_one():
     for name in ("yield_every", "pub_window_bytes", "pub_window"):
         with pytest.raises(ValueError, match=f"{name} = 0: must be a positive integer"):
             ClientConfig(**{name: 0})
+    for gap in (-1.0, float("nan"), "0.001", None, True):
+        with pytest.raises(ValueError, match=r"idle_gap = .*: must be a number of seconds, 0 or more"):
+            ClientConfig(idle_gap=gap)  # type: ignore[arg-type]
+    assert ClientConfig(idle_gap=0).idle_gap == 0 and ClientConfig(idle_gap=float("inf")).idle_gap == float("inf")
+    with pytest.raises(ValueError, match=r"x.toml: \[client\] idle_gap = nan: must be a positive float"):
+        ClientConfig.from_mapping("x.toml", {"idle_gap": float("nan")})
     pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig(pub_window_bytes=1000))
     assert not pub.window_full  # (empty: one message of any size may go)
     pub.publish("t", None, None, b"x" * 5000, True)

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from roost.client import Client, ClientConfig, NodeLost, wire
+from roost.client import Client, ClientClosed, ClientConfig, NodeLost, wire
 from roost.client import udp as udp_module
 from roost.client.udp import send_all, send_now, send_ready
 from roost.client.wire import E, T
@@ -295,6 +295,11 @@ async def _idle_client(node, **config):
     return c
 
 
+#: A node whose clients ping once a minute: no PING lands inside the tests' counts.
+QUIET = pytest.mark.parametrize("node", [{"ping_interval": 60.0, "subscriber_timeout": 180.0}], indirect=True)
+
+
+@QUIET
 async def test_a_publish_on_an_idle_path_is_sent_before_publish_returns(node):
     c = await _idle_client(node, idle_gap=1e-9)
     try:
@@ -316,6 +321,7 @@ async def test_a_publish_on_an_idle_path_is_sent_before_publish_returns(node):
         await c.aclose()
 
 
+@QUIET
 async def test_a_busy_publishers_messages_wait_for_the_loop_and_share_a_datagram(node):
     c = await _idle_client(node, idle_gap=60.0)
     try:
@@ -354,7 +360,25 @@ async def test_send_all_yields_the_cpu_only_after_every_datagram_left(monkeypatc
 
     monkeypatch.setattr(udp_module, "yield_cpu", yield_cpu)
     to = b.getsockname()
-    await send_all(a, [(to, b"one"), (to, b"two")], Counter())
-    assert seen == [[b"one", b"two"]]
-    a.close()
-    b.close()
+    try:
+        await send_all(a, [(to, b"one"), (to, b"two")], Counter())
+        assert seen == [[b"one", b"two"]]
+        await send_all(a, [], Counter())  # (nothing sent: the core is not given up)
+        assert seen == [[b"one", b"two"]]
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_closed_client_makes_no_turn_of_its_own(node):
+    """After aclose (and while it closes), an API call that kicks the I/O makes no turn on the
+    socket: the client stays closed, not failed on a closed socket, and sends nothing after BYE."""
+    c = await _idle_client(node, idle_gap=0.0)
+    await c.publish("t.closed", b"x", mode="fire")
+    await trio.testing.wait_all_tasks_blocked()
+    await c.aclose()
+    c._kick()  # (what flush, unsubscribe and status do before they look at the closed state)
+    assert await c.flush() is False
+    assert c._error is None and c._wait_scopes == {}
+    with pytest.raises(ClientClosed, match="the client is closed"):
+        await c.publish("t.closed", b"y")
