@@ -74,7 +74,7 @@ class Client(ClientAPI):
         """On a quiet path, make the I/O loop's turn in the calling task (drain, feed the router,
         send) while the loop goes on waiting, its deadline moved, then yield the CPU: a
         publish's datagram leaves before ``publish`` returns instead of after the I/O task was
-        woken and scheduled (W3 p50 ~50 us sooner with the shells' yield, docs/performance.md).
+        woken and scheduled (with the shells' CPU yields, W3 p50 ~50 us sooner: docs/performance.md).
         Quiet: an open client, one session, its loop waiting on the same socket, at most the
         call's own reliable publish in flight, and nothing sent or received for
         ``ClientConfig.idle_gap``; so a busy caller's publishes wake the loop and go out

@@ -377,6 +377,7 @@ async def test_a_closed_client_makes_no_turn_of_its_own(node):
     await c.publish("t.closed", b"x", mode="fire")
     await trio.testing.wait_all_tasks_blocked()
     await c.aclose()
+    assert c._wait_scopes == {}  # (the cancelled I/O loop left no wait behind for a turn to use)
     c._kick()  # (what flush, unsubscribe and status do before they look at the closed state)
     assert await c.flush() is False
     assert c._error is None and c._wait_scopes == {}
