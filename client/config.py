@@ -38,8 +38,8 @@ class ClientConfig:
     # (s), its I/O loop waiting and at most the call's own reliable publish in flight, an API
     # call that queued something (a publish, subscribe...) makes the loop's turn itself: sent
     # before the call returns (with the shells' CPU yields, W3 p50 ~50 us sooner:
-    # docs/performance.md). Within it the
-    # loop sends it with whatever follows. 0: always when the loop waits; inf: never
+    # docs/performance.md). Within it the loop sends it with whatever follows. 0: always when
+    # the loop waits; inf: never
     idle_gap: float = 0.0002
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
 

@@ -41,7 +41,6 @@ class Client(ClientAPI):
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
         self._wait_scopes: dict[int, trio.CancelScope] = {}
-        self._turning = False  # (a turn of the I/O loop is being made by the calling task)
         self._busy_at = -math.inf  # (when a turn last sent or received something)
 
     # ------------------------------------------------------------ primitives (client/api.py)
@@ -79,7 +78,7 @@ class Client(ClientAPI):
         call's own reliable publish in flight, and nothing sent or received for
         ``ClientConfig.idle_gap``; so a busy caller's publishes wake the loop and go out
         together at its turn, as before. False when the path is not quiet."""
-        if self._closed or len(r.sessions) != 1 or self._turning or r.acked < r.last_seq - 1:
+        if self._closed or len(r.sessions) != 1 or r.acked < r.last_seq - 1:
             return False  # (closed or closing: no turn after BYE, none on a closed socket)
         s = r.sessions[0]
         scope = self._wait_scopes.get(id(s))
@@ -87,16 +86,13 @@ class Client(ClientAPI):
             return False  # (not waiting, or a new socket is due: the loop's own turn opens it)
         if trio.current_time() - self._busy_at < self.config.idle_gap:
             return False
-        self._turning = True
         try:
             busy = self._turn(s)[1]
-            if busy:
-                self._wake()
         except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)
             self._broke(exc)
             return True
-        finally:
-            self._turning = False
+        if busy:
+            self._wake()
         scope.deadline = min(s.next_deadline(), r.put_deadline())
         if busy:
             yield_cpu()  # (the node, woken on this core by the datagram, runs now: see udp.send_all)

@@ -13,7 +13,7 @@ import trio.testing
 
 from roost.client import Client, ClientClosed, ClientConfig, NodeLost, wire
 from roost.client import udp as udp_module
-from roost.client.udp import send_all, send_now, send_ready
+from roost.client.udp import drain, send_all, send_now, send_ready
 from roost.client.wire import E, T
 from tests.polling import eventually
 
@@ -279,12 +279,7 @@ async def test_a_node_bound_to_a_wildcard_answers_the_launchers_probe(node):
 
 def _queued_frames(sock: socket.socket) -> list[T]:
     """The kinds of the datagrams waiting in a node's socket (read, so the node never sees them)."""
-    kinds = []
-    while True:
-        try:
-            kinds.append(wire.decode_untrusted_frame(sock.recv(70000))[0])
-        except BlockingIOError:
-            return kinds
+    return [wire.decode_untrusted_frame(d)[0] for d, _ in drain(sock, 70000)]
 
 
 async def _idle_client(node, **config):
@@ -350,13 +345,7 @@ async def test_send_all_yields_the_cpu_only_after_every_datagram_left(monkeypatc
     seen: list[list[bytes]] = []
 
     def yield_cpu() -> None:  # (what the receiver holds when the sender gives up its core)
-        got = []
-        while True:
-            try:
-                got.append(b.recv(100))
-            except BlockingIOError:
-                break
-        seen.append(got)
+        seen.append([d for d, _ in drain(b, 100)])
 
     monkeypatch.setattr(udp_module, "yield_cpu", yield_cpu)
     to = b.getsockname()
