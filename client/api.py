@@ -26,6 +26,7 @@ from roost.client.wire import MODE_NAMES, Reason
 REPLY_TO = "roost.reply_to"
 REQUEST_ID = "roost.request"
 RELIABLE = MODE_NAMES["reliable"]
+_IS_RELIABLE = {name: mode == RELIABLE for name, mode in MODE_NAMES.items()}
 
 __all__ = ["ClientAPI", "ClientClosed", "LogRead", "Message", "NodeLost", "Request", "Subscription", "durable_id"]
 
@@ -83,10 +84,12 @@ class ClientAPI(DurableAPI):
             raise self._closed_error()
         if payload.__class__ is not bytes and isinstance(payload, str):
             payload = payload.encode()
-        reliable = (MODE_NAMES.get(mode) if mode in MODE_NAMES else _mode(mode)) == RELIABLE  # (_mode: the error)
+        reliable = _IS_RELIABLE.get(mode)
+        if reliable is None:
+            reliable = _mode(mode) == RELIABLE  # (the error, for a mode that is not a name)
         r = self._router or self.router
         seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
-        deadline = math.inf if timeout is None else self._now() + timeout
+        deadline = math.inf if timeout is None or not (seq is None or wait) else self._now() + timeout
         if seq is None:
             self._kick()
             if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):

@@ -62,15 +62,18 @@ class Publisher:
         self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool
     ) -> int:
         """Queue a message; returns its producer sequence (0 for fire)."""
-        wire.check_topic(topic)
-        if key is not None:
-            wire.check_key(key)
-        if tags is not None:
-            wire.check_tags(tags)
-            if wire.PART_TAG in tags:
-                raise WireError(E.BAD_TAGS, f"the tag {wire.PART_TAG} is reserved: it marks the parts of a large "
-                                "message")  # fmt: skip
-        packed = wire.pack_message(topic, key, tags, payload)
+        if key is None and tags is None and payload.__class__ is bytes:
+            packed = wire.pack_plain(topic, payload)
+        else:
+            wire.check_topic(topic)
+            if key is not None:
+                wire.check_key(key)
+            if tags is not None:
+                wire.check_tags(tags)
+                if wire.PART_TAG in tags:
+                    raise WireError(E.BAD_TAGS, f"the tag {wire.PART_TAG} is reserved: it marks the parts of a "
+                                    "large message")  # fmt: skip
+            packed = wire.pack_message(topic, key, tags, payload)
         if len(packed) > self.room:
             return self._publish_large(topic, key, tags, payload, packed, reliable)
         if not reliable:

@@ -215,10 +215,13 @@ class Router:
               reliable: bool) -> int | None:  # fmt: skip
         """``publish``, unless a reliable publish would have to wait for room (None): the API's
         common case in one call, the session looked up once."""
-        s = self.pub_session(topic)
-        if reliable and s.pub.window_full:
+        s = self.first if self.cmap is None else self.pub_session(topic)
+        if not reliable:
+            s.pub.publish(topic, key, tags, payload, False)
+            return 0
+        if s.pub.window_full:
             return None
-        return self._queue(s, topic, key, tags, payload, reliable)
+        return self._queue(s, topic, key, tags, payload, True)
 
     def publish(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
                 reliable: bool) -> int:  # fmt: skip

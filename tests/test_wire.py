@@ -284,6 +284,38 @@ def test_msgs_refuses_a_malformed_message_that_looks_like_a_plain_one(bad):
         wire.decode_untrusted_frame(frame)
 
 
+@pytest.mark.parametrize("bad", [
+    ["t", None, None, "text"],  # payload not bytes
+    ["t", "", None, b"x"],  # an empty key
+    ["t", None, [], b"x"],  # tags not a map
+    ["t x", None, None, b"x"],  # a topic with whitespace (not a known one)
+    ["t", None, None, b"x", b"p" * 15, 1],  # the longer shape, with a short producer id
+])  # fmt: skip
+def test_pub_refuses_a_malformed_message_that_looks_like_a_plain_one(bad):
+    wire.check_topic("t")  # (a known topic: the one-expression check applies)
+    frame = msgpack.packb([wire.VERSION, T.PUB, b"c" * 16, b"k" * 16, b"p" * 16, 1, 1, True, [bad]])
+    with pytest.raises(WireError):
+        wire.decode_untrusted_frame(frame)
+
+
+@pytest.mark.parametrize("topic", ["t", "a.b", "x" * 31, "y" * 32, "z" * 255, "é" * 100])
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65535, 65536])
+def test_pack_plain_is_pack_message_byte_for_byte(topic, size):
+    """The publisher's hot path packs a plain message's head once per topic; its bytes must be
+    msgpack's, whatever the topic's and the payload's length (str and bin header sizes)."""
+    payload = bytes(range(256)) * (size // 256) + b"p" * (size % 256)
+    assert wire.pack_plain(topic, payload) == wire.pack_message(topic, None, None, payload)
+    assert wire.pack_plain(topic, payload) == wire.pack_message(topic, None, None, payload)  # (its head cached)
+
+
+@pytest.mark.parametrize("topic", ["", "a b", "a.*", "x" * 256, 7, None])
+def test_pack_plain_checks_the_topic(topic):
+    with pytest.raises(WireError) as e:
+        wire.pack_plain(topic, b"x")
+    assert e.value.code == E.BAD_TOPIC
+    assert topic not in wire._plain_heads
+
+
 def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():
     """The last sequence of a PUB, a PUT or a reliable MSGS (first + messages - 1) must be a
     uint64: one past it crashed the process packing it (review findings). A fire MSGS's
