@@ -19,7 +19,7 @@ from typing import Any
 from roost.client import subjects, wire
 from roost.client.clientbase import ClientClosed, NodeLost
 from roost.client.durableapi import DurableAPI, LogRead, durable_id
-from roost.client.receive import Message, SubState
+from roost.client.receive import Message, SubState, message_of
 from roost.client.session import ClientSession
 from roost.client.wire import MODE_NAMES, Reason
 
@@ -194,7 +194,7 @@ class ClientAPI(DurableAPI):
         """Move what reached the inbox to the requests that wait for it (late replies are dropped)."""
         st, s = inbox.state, inbox.session
         while st.queue:
-            msg = st.queue.popleft()
+            msg = message_of(st.queue.popleft())
             s.consumed(st)
             n = (msg.tags or {}).get(REQUEST_ID)
             if n in self._replies and self._replies[n] is None:
@@ -342,7 +342,7 @@ class Subscription:
                 if not st.queue:
                     continue  # (another task took it meanwhile: wait again)
             self.session.consumed(st)  # (taken and counted with no await between: a cancel cannot split them)
-            msg = st.queue.popleft()
+            msg = message_of(st.queue.popleft())
             if st.origins is not None:
                 c._kick()  # (a queue group's message is acknowledged now that it is taken)
             return c._as_request(msg) if msg.tags else msg
@@ -361,7 +361,7 @@ class Subscription:
         if take:
             self.session.consumed(st, take)  # (counted and taken with no await between, as in next)
             for _ in range(take):
-                msg = q.popleft()
+                msg = message_of(q.popleft())
                 out.append(c._as_request(msg) if msg.tags else msg)
             if st.origins is not None:
                 c._kick()
@@ -381,7 +381,7 @@ class Subscription:
         if st is not None and st.queue and st.origins is None and c._since_yield < c.config.yield_every - 1:
             c._since_yield += 1
             self.session.recv.consumed(st)
-            msg = st.queue.popleft()
+            msg = message_of(st.queue.popleft())
             return c._as_request(msg) if msg.tags else msg
         return await self.next()
 

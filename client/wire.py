@@ -600,7 +600,8 @@ def _delivered(msgs: list[Any]) -> list[tuple[Any, ...]]:
             if n == 6:
                 t, k, g, p, i, s = m
                 if (k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes
-                        and i.__class__ is bytes and len(i) == ID_LEN and s.__class__ is int and 0 <= s < 1 << 64):  # fmt: skip
+                        and i.__class__ is bytes and len(i) == ID_LEN and s.__class__ is int
+                        and 0 <= s < 1 << 64):  # fmt: skip
                     add((t, None, None, p, i, s))
                     continue
             elif n == 4:

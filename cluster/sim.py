@@ -549,9 +549,9 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         s = c.session
         for st_key, st in s.subs.items():
             while st.queue:
-                msg = st.queue.popleft()
+                payload = st.queue.popleft()[3]  # (a message's fields: receive.Fields)
                 s.consumed(st)
-                pub, n = parse_payload(msg.payload)
+                pub, n = parse_payload(payload)
                 p = self.clients[pub]
                 self.check.on_delivery(self.now, c.index, c.number, st_key[0], (pub, n), self._pub_epoch(p))
         for dst, data in s.outgoing(self.now):

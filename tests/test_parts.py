@@ -11,6 +11,7 @@ import trio
 from roost.client import Client, parts, wire
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
+from roost.client.receive import message_of
 from roost.client.wire import Mode, T, WireError
 from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
 from tests.corekit import connect, frames_to, make_core
@@ -139,7 +140,7 @@ def test_a_session_puts_a_large_message_together_across_two_nodes_streams_once()
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, frags[:2])]), 0.1)
     s.handle_datagrams([(wire.encode_msgs(9, 1, frags[1:]), other)], 0.2)  # (frags[1] again: a duplicate)
     s.handle_datagrams(wrap([wire.encode_msgs(7, 3, frags[2:3])]), 0.3)  # (and one more, late)
-    (m,) = st.queue
+    (m,) = map(message_of, st.queue)
     assert (m.topic, m.tags, m.payload, m.sequence) == ("big.x", {"kind": "blob"}, payload, 3)
     assert s.recv.parts.partials == {} and s.recv.parts.held == 0
 
