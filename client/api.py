@@ -31,6 +31,17 @@ _IS_RELIABLE = {name: mode == RELIABLE for name, mode in MODE_NAMES.items()}
 __all__ = ["ClientAPI", "ClientClosed", "LogRead", "Message", "NodeLost", "Request", "Subscription", "durable_id"]
 
 
+def _payload_bytes(payload: Any) -> bytes:
+    """A payload as the wire carries it: a str's UTF-8, a bytes-like object's bytes. Anything
+    else is refused here: packed as it is, the node refuses the whole PUB datagram, the valid
+    messages in it with it, and a reliable one is then resent for ever."""
+    if isinstance(payload, str):
+        return payload.encode()
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    raise TypeError(f"payload must be bytes or str (or a bytearray or memoryview), not {type(payload).__name__}")
+
+
 def _mode(mode: str) -> int:
     try:
         return MODE_NAMES[mode]
@@ -63,7 +74,7 @@ class ClientAPI(DurableAPI):
     async def publish(
         self,
         topic: str,
-        payload: bytes | str,
+        payload: bytes | str | bytearray | memoryview,
         key: str | None = None,
         tags: dict[str, str] | None = None,
         *,
@@ -82,8 +93,8 @@ class ClientAPI(DurableAPI):
         """
         if self._closed:
             raise self._closed_error()
-        if payload.__class__ is not bytes and isinstance(payload, str):
-            payload = payload.encode()
+        if payload.__class__ is not bytes:
+            payload = _payload_bytes(payload)
         reliable = _IS_RELIABLE.get(mode)
         if reliable is None:
             reliable = _mode(mode) == RELIABLE  # (the error, for a mode that is not a name)

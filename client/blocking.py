@@ -182,7 +182,8 @@ class Client:
 
     # ------------------------------------------------------------ the API
 
-    def publish(self, topic: str, payload: bytes | str, key: str | None = None, tags: dict[str, str] | None = None,
+    def publish(self, topic: str, payload: bytes | str | bytearray | memoryview, key: str | None = None,
+                tags: dict[str, str] | None = None,
                 *, mode: str = "reliable", wait: bool = False,
                 timeout: float | Default | None = DEFAULT) -> int:  # fmt: skip
         t = self._timeout(timeout)

@@ -61,7 +61,7 @@ class Message(NamedTuple):
 #: stops tracking a plain tuple of strings, bytes and numbers at its first collection, never a
 #: Message (a tuple subclass); a subscriber that queues thousands of messages at a time kept
 #: them all tracked, and its collections scanned them again and again, up to the whole heap
-#: (W1 subscriber CPU -8%, msgs/s +12% in interleaved runs: docs/performance.md).
+#: (the W1 subscriber's CPU 0.38-0.39 -> 0.35 s in interleaved runs: docs/performance.md).
 Fields = tuple[str, str | None, dict[str, str] | None, bytes, int | None]
 #: A queued message's fields as the application gets them.
 message_of: Callable[[Fields], Message] = partial(tuple.__new__, Message)  # type: ignore[assignment]

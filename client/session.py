@@ -12,8 +12,9 @@ cancelled, timed out). The parts it drives live next to it:
 - ``client/publisher.py``: producer sequences, the window, go-back-N retry.
 
 Inputs: API calls, datagrams and ticks, each with ``now``. Outputs:
-:meth:`ClientSession.outgoing` (datagrams to send), per-subscription queues of
-:class:`Message`, and :attr:`ClientSession.events`.
+:meth:`ClientSession.outgoing` (datagrams to send), per-subscription queues of message
+fields (``receive.Fields``, made a :class:`Message` by ``receive.message_of`` when taken), and
+:attr:`ClientSession.events`.
 """
 
 from __future__ import annotations

@@ -180,6 +180,7 @@ def pack_message(topic: str, key: str | None, tags: dict[str, str] | None, paylo
     return pack([topic, key, tags, payload])
 
 
+PLAIN_HEADS = 4096
 _plain_heads: dict[str, bytes] = {}  # checked topic -> a plain message's bytes before its payload
 _BIN8 = [b"\xc4" + bytes((n,)) for n in range(256)]  # msgpack's bin 8 header of each length
 
@@ -188,11 +189,12 @@ def pack_plain(topic: str, payload: bytes) -> bytes:
     """``pack_message(topic, None, None, payload)`` (the same bytes) for a ``bytes`` payload, the
     topic checked: the publisher's hot path. The message's head (array, topic, two nils) is
     packed once per topic, so a publish joins three byte strings instead of building a list
-    for msgpack (~70 ns less, docs/performance.md)."""
+    for msgpack. At most ``PLAIN_HEADS`` topics are kept (then all are dropped, as
+    ``_valid_topics`` is): a publisher of ever new topics pays one pack more per topic."""
     head = _plain_heads.get(topic) if topic.__class__ is str else None
     if head is None:
         check_topic(topic)
-        if len(_plain_heads) >= 65536:
+        if len(_plain_heads) >= PLAIN_HEADS:
             _plain_heads.clear()
         head = _plain_heads[topic] = b"\x94" + pack([topic, None, None])[1:]  # (fixarray of 4, not 3)
     n = len(payload)

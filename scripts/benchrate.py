@@ -10,13 +10,14 @@ matching process does, so Roost cannot beat it):
   as one datagram), with the bench's own per-message work: ``_pace`` and ``payload``;
 - the **relay** drains its socket, unpacks each datagram and packs each message again for the
   subscriber (what a node does in fire mode, without checks, tables or windows);
-- the **subscriber**'s I/O task drains its socket, unpacks each datagram and queues each message
-  as a ``Message``; the application takes them with ``async for msg in sub`` and the bench's
-  ``Tally.take``, as W1's subscriber does.
+- the **subscriber**'s I/O task drains its socket, unpacks each datagram and queues each
+  message's fields in a plain tuple, made a ``Message`` (``message_of``) when the application
+  takes it with ``async for msg in sub`` and the bench's ``Tally.take``, as W1's subscriber
+  does (and as Roost's queue holds them: client/receive.py, ``Fields``).
 
 No acknowledgements, no windows, no checks of the bytes: a fire floor. The figures are msgs/s at
 the subscriber (first message to last, as scripts/bench.py counts them), lost, and each
-process's CPU seconds after its imports.
+process's CPU seconds after its imports (the relay stops once nothing came for 2 s).
 
     python scripts/benchrate.py             # 200,000 messages of 100 bytes, 3 runs
 """
@@ -26,6 +27,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
+import select
 import socket
 import statistics
 import subprocess
@@ -36,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.benchsystems import Tally, _pace, cpu_seconds, payload, process_cpu
+from scripts.benchsystems import Tally, _pace, cpu_seconds, payload
 
 BATCH, DATAGRAM, BUFFER = 256, 16_000, 8 << 20
 
@@ -56,17 +59,36 @@ def _frame(packed: list[bytes]) -> bytes:
     return b"\xdd" + len(packed).to_bytes(4, "big") + b"".join(packed)
 
 
-async def _drain(s: socket.socket, each: Any) -> None:
-    """Forever: wait for the socket, then read it dry, ``each`` on every datagram."""
+async def _drain(s: socket.socket, each: Any, idle: float = math.inf) -> None:
+    """Wait for the socket, then read it dry, ``each`` on every datagram; until nothing came
+    for ``idle`` seconds after the first."""
     import trio
 
+    wait = math.inf
     while True:
-        await trio.lowlevel.wait_readable(s)
+        with trio.move_on_after(wait):
+            await trio.lowlevel.wait_readable(s)
+        if not _ready(s):
+            return
+        wait = idle
         while True:
             try:
                 each(s.recv(65536))
             except BlockingIOError:
                 break
+
+
+def _ready(s: socket.socket) -> bool:
+    return bool(select.select([s], [], [], 0)[0])
+
+
+def _send(s: socket.socket, data: bytes, dest: tuple[str, int]) -> int:
+    """Send, or count a datagram the full send buffer refused (1): a floor does not retry."""
+    try:
+        s.sendto(data, dest)
+    except BlockingIOError:
+        return 1
+    return 0
 
 
 async def source(to: int, n: int, size: int) -> dict[str, Any]:
@@ -79,7 +101,7 @@ async def source(to: int, n: int, size: int) -> dict[str, Any]:
     class Pub:
         def __init__(self) -> None:
             self.batch: list[bytes] = []
-            self.bytes = 0
+            self.bytes = self.refused = 0
 
         async def publish(self, topic: str, data: bytes) -> int:
             m = pack([topic, None, None, data])
@@ -92,7 +114,7 @@ async def source(to: int, n: int, size: int) -> dict[str, Any]:
 
         def flush(self) -> None:
             if self.batch:
-                s.sendto(_frame(self.batch), dest)
+                self.refused += _send(s, _frame(self.batch), dest)
                 self.batch, self.bytes = [], 0
 
     pub, pad, t0 = Pub(), b"x" * (size - 16), time.monotonic()
@@ -100,29 +122,30 @@ async def source(to: int, n: int, size: int) -> dict[str, Any]:
         await _pace(t0, i, 0, trio.sleep)
         await pub.publish("bench", payload(i, pad))
     pub.flush()
-    return {"cpu": cpu_seconds() - cpu0}
+    return {"cpu": cpu_seconds() - cpu0, "refused": pub.refused}
 
 
-async def relay(to: int) -> None:
+async def relay(to: int) -> dict[str, Any]:
     import msgpack
 
-    s, pack, unpack = _sock(), msgpack.Packer().pack, msgpack.unpackb
-    dest = ("127.0.0.1", to)
+    s, pack, unpack, cpu0 = _sock(), msgpack.Packer().pack, msgpack.unpackb, cpu_seconds()
+    dest, refused = ("127.0.0.1", to), [0]
 
     def each(d: bytes) -> None:
-        s.sendto(_frame([pack(m) for m in unpack(d)]), dest)
+        refused[0] += _send(s, _frame([pack(m) for m in unpack(d)]), dest)
 
-    await _drain(s, each)
+    await _drain(s, each, 2.0)
+    return {"cpu": cpu_seconds() - cpu0, "refused": refused[0]}
 
 
 async def sink(n: int, idle: float) -> dict[str, Any]:
     import msgpack
     import trio
 
-    from roost.client.receive import Message
+    from roost.client.receive import Fields, Message, message_of
 
     s, unpack, cpu0 = _sock(), msgpack.unpackb, cpu_seconds()
-    queue: collections.deque[Message] = collections.deque()
+    queue: collections.deque[Fields] = collections.deque()
     tally = Tally(n)
 
     class Sub:
@@ -130,8 +153,7 @@ async def sink(n: int, idle: float) -> dict[str, Any]:
             self.ready = trio.Event()
 
         def each(self, d: bytes) -> None:
-            new = tuple.__new__
-            queue.extend([new(Message, (m[0], m[1], m[2], m[3], None)) for m in unpack(d)])
+            queue.extend([(m[0], m[1], m[2], m[3], None) for m in unpack(d)])
             self.ready.set()
 
         def __aiter__(self) -> Sub:
@@ -141,7 +163,7 @@ async def sink(n: int, idle: float) -> dict[str, Any]:
             while not queue:
                 self.ready = trio.Event()
                 await self.ready.wait()
-            return queue.popleft()
+            return message_of(queue.popleft())
 
     sub = Sub()
     async with trio.open_nursery() as nursery:
@@ -177,15 +199,18 @@ def run(n: int, size: int) -> dict[str, Any]:
         procs.append(pub)
         pub_out = json.loads(pub.communicate(timeout=120)[0])
         sub_out = json.loads(sub.communicate(timeout=120)[0])
-        relay_cpu = process_cpu(rel.pid)
+        rel_out = json.loads(rel.communicate(timeout=120)[0])
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     span = sub_out["last"] - sub_out["first"]
-    return {"msgs_per_s": sub_out["received"] / span if span > 0 else 0.0, "lost": sub_out["lost"],
-            "cpu": (relay_cpu, pub_out["cpu"], sub_out["cpu"])}  # fmt: skip
+    if not sub_out["received"] or span <= 0:
+        raise SystemExit(f"benchrate: the subscriber got {sub_out['received']} of {n} messages: no rate to report")
+    return {"msgs_per_s": sub_out["received"] / span, "lost": sub_out["lost"],
+            "refused": pub_out["refused"] + rel_out["refused"],
+            "cpu": (rel_out["cpu"], pub_out["cpu"], sub_out["cpu"])}  # fmt: skip
 
 
 def main() -> None:
@@ -199,20 +224,20 @@ def main() -> None:
     if a.role:
         import trio
 
-        if a.role == "relay":
-            trio.run(relay, a.to)
-        else:
-            out = trio.run(source, a.to, a.n, a.size) if a.role == "source" else trio.run(sink, a.n, 2.0)
-            print(json.dumps(out), flush=True)
+        roles = {"relay": lambda: relay(a.to), "source": lambda: source(a.to, a.n, a.size),
+                 "sink": lambda: sink(a.n, 2.0)}  # fmt: skip
+        print(json.dumps(trio.run(roles[a.role])), flush=True)
         return
-    print("| run | msgs/s | lost | cpu s relay/pub/sub |\n|---|---|---|---|")
+    if a.size < 16 or a.n < 1 or a.repeat < 1:
+        ap.error("--size must be at least 16 (the index and send time), -n and --repeat at least 1")
+    print("| run | msgs/s | lost | refused sends | cpu s relay/pub/sub |\n|---|---|---|---|---|")
     rates = []
     for i in range(a.repeat):
         r = run(a.n, a.size)
         rates.append(r["msgs_per_s"])
-        print(f"| {i + 1} | {r['msgs_per_s']:,.0f} | {r['lost']} | {'/'.join(f'{c:.2f}' for c in r['cpu'])} |",
-              flush=True)  # fmt: skip
-    print(f"| median | {statistics.median(rates):,.0f} | | |")
+        cpu = "/".join(f"{c:.2f}" for c in r["cpu"])
+        print(f"| {i + 1} | {r['msgs_per_s']:,.0f} | {r['lost']} | {r['refused']} | {cpu} |", flush=True)
+    print(f"| median | {statistics.median(rates):,.0f} | | | |")
 
 
 if __name__ == "__main__":

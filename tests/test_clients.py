@@ -67,6 +67,27 @@ async def test_trio_exchange(node, host):
         got[0].respond("nobody asked")
 
 
+async def test_payload_types_and_a_bad_mode_are_refused_before_anything_is_queued(node):
+    """A payload is bytes, a str (its UTF-8) or a bytearray/memoryview (copied); anything else
+    is a TypeError before it is queued (packed as it was, the node refused the whole PUB and a
+    reliable publish was resent for ever, stalling every later one). An unknown mode is a
+    ValueError. The good publishes after the refused ones all arrive, in order."""
+    async with roost.Client(f"127.0.0.1:{node.port}") as c:
+        async with c.subscribe("x.payloads") as sub:
+            for bad in (123, None, 1.5, ["x"]):
+                with pytest.raises(TypeError, match="payload must be bytes or str"):
+                    await c.publish("x.payloads", bad)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="mode must be one of"):
+                await c.publish("x.payloads", b"x", mode="durable-ish")
+            assert c.router.last_seq == 0  # (nothing queued)
+            for p in (b"a", "b", bytearray(b"c"), memoryview(b"d")):
+                await c.publish("x.payloads", p)
+            assert await c.flush(timeout=5)
+            with trio.fail_after(10):
+                got = [(await sub.next()).payload for _ in range(4)]
+    assert got == [b"a", b"b", b"c", b"d"] and all(g.__class__ is bytes for g in got)
+
+
 def test_asyncio_exchange(node):
     async def main() -> list[roost.Message]:
         async with roost.asyncio.Client(node.addr) as sub_c, roost.asyncio.Client(node.addr) as pub_c:

@@ -230,6 +230,18 @@ def test_benchfloor_measures_each_way_from_the_sink():
         assert 0 < int(p50) <= int(p99)
 
 
+def test_benchrate_reports_the_subscribers_rate_and_each_process_cpu():
+    """scripts/benchrate.py, shortened: a row per run with the subscriber's rate, nothing lost
+    on loopback at this size, and each process's CPU (the relay's reported by itself on exit)."""
+    r = script("scripts/benchrate.py", "-n", "3000", "--repeat", "1", timeout=60)
+    assert r.returncode == 0, r.stderr
+    run = r.stdout.splitlines()[2].strip("|").split("|")
+    assert run[0].strip() == "1" and float(run[1].replace(",", "")) > 0 and run[2].strip() == "0"
+    assert all(float(c) >= 0 for c in run[4].split("/")) and len(run[4].split("/")) == 3
+    bad = script("scripts/benchrate.py", "--size", "8", timeout=30)
+    assert bad.returncode != 0 and "--size must be at least 16" in bad.stderr
+
+
 def test_benchhops_follows_w3_messages_through_every_hop():
     """scripts/benchhops.py, shortened: every step's figures come from messages followed through
     the three processes' sends and receives (none followed fails the run instead)."""

@@ -65,6 +65,25 @@ def test_without_a_map_everything_goes_to_one_session_with_the_users_ids():
     assert {f[1] for _, f in sent} == {CID} and {f[3] for _, f in sent if f[0] is T.PUB} == {PID}
 
 
+@pytest.mark.parametrize("cmap", [None, MAP1])
+def test_offer_fire_publishes_take_no_sequence_and_bind_nothing(cmap):
+    """``offer``: a fire publish returns 0 and leaves no pending run and no reliable sequence
+    bound to its topic; a reliable one takes the next router-wide sequence, a pending run and
+    (with a map) binds its topic to it; a full window is None, and nothing is queued then."""
+    r = router()
+    connect(r, r.first, "n1", cmap)
+    t = topic_led_by(MAP1, "n1")
+    assert r.offer(t, None, None, b"f", False) == 0
+    assert not r._pending and r._bind.get(t, (r.first, 0)) == (r.first, 0) and r.last_seq == 0
+    assert r.offer(t, None, None, b"r", True) == 1
+    assert len(r._pending) == 1 and r._bind.get(t) == ((r.first, 1) if cmap is not None else None)
+    r.first.pub.cfg = dataclasses.replace(r.first.pub.cfg, pub_window=1)
+    assert r.offer(t, None, None, b"r2", True) is None and r.last_seq == 1
+    assert r.offer(t, None, None, b"f2", False) == 0  # (fire has no window)
+    pubs = [f for _, f in frames(r.first) if f[0] is T.PUB]
+    assert sorted(m[3] for f in pubs for m in f[7]) == [b"f", b"f2", b"r"]
+
+
 def test_pub_and_sub_go_to_the_session_of_the_topics_primary():
     r = router()
     connect(r, r.first, "n1", MAP1)

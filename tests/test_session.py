@@ -490,3 +490,8 @@ def test_queued_messages_are_plain_tuples_the_gc_stops_tracking():
     assert not any(gc.is_tracked(item) for item in st.queue)
     m = message_of(st.queue[0])
     assert m.__class__ is Message and (m.topic, m.key, m.tags, m.payload, m.sequence) == ("t", None, None, b"1", 1)
+    keyed, wild = s.subscribe("t", "k", Mode.RELIABLE), s.subscribe("w.*", None, Mode.FIRE)
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 4, [wire.pack_delivery("t", "k", {"a": "b"}, b"4", b"p" * 16, 4)]),
+                             wire.encode_msgs(0, 9, [wire.pack_message("w.x", None, None, b"w")])]), 0.2)  # fmt: skip
+    assert [item.__class__ for item in (*st.queue, *keyed.queue, *wild.queue)] == [tuple] * 6
+    assert message_of(keyed.queue[0]) == ("t", "k", {"a": "b"}, b"4", 4) and wild.queue[0][3] == b"w"

@@ -316,6 +316,34 @@ def test_pack_plain_checks_the_topic(topic):
     assert topic not in wire._plain_heads
 
 
+_ATOMS = st.sampled_from(["t", "t x", "", "u", 5, -1, None, True, 1.0, 2**64, b"t", b"p" * 16, b"p" * 15,
+                          b"m" * wire.MARK_LEN, {}, {"a": "b"}, {"a": 1}, [], [b"m" * wire.MARK_LEN]])  # fmt: skip
+_MESSAGES = st.one_of(st.lists(_ATOMS, min_size=0, max_size=8), _ATOMS,
+                      st.lists(_ATOMS, min_size=4, max_size=7).map(tuple))  # fmt: skip
+
+
+def _outcome(check, m):
+    try:
+        return ("ok", check(m))
+    except WireError as e:
+        return ("refused", e.code)
+
+
+@settings(max_examples=400, deadline=None)
+@given(m=_MESSAGES, known=st.booleans())
+def test_the_decoders_loops_accept_exactly_what_the_full_validators_accept(m, known):
+    """``_delivered`` (MSGS) and ``_published`` (PUB) check the common message in their own
+    loop; whatever a peer sends, the outcome must be the full validator's: the same tuple, or
+    a refusal with the same code. With the topic known (memoised) and not."""
+    wire._valid_topics.clear()
+    if known:
+        wire.check_topic("t")
+    want = _outcome(wire.check_delivered, m)
+    assert _outcome(lambda x: wire._delivered([x])[0], m) == want
+    want = _outcome(wire.check_message, m)
+    assert _outcome(lambda x: wire._published([x])[0], m) == want
+
+
 def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():
     """The last sequence of a PUB, a PUT or a reliable MSGS (first + messages - 1) must be a
     uint64: one past it crashed the process packing it (review findings). A fire MSGS's
