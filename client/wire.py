@@ -559,24 +559,8 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
     return (
         T.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), first,
-        _uint(floor, "floor"), rel, _published(msgs),
+        _uint(floor, "floor"), rel, _checked(msgs, False),
     )  # fmt: skip
-
-
-def _published(msgs: list[Any]) -> list[tuple[Any, ...]]:
-    """A PUB frame's messages, checked: as ``_delivered``, where the common message is
-    ``[topic, None, None, payload]`` and anything else goes through ``check_message``."""
-    out: list[tuple[Any, ...]] = []
-    topics = _valid_topics
-    add = out.append
-    for m in msgs:
-        if m.__class__ is list and len(m) == 4:
-            t, k, g, p = m
-            if k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes:
-                add((t, None, None, p))
-                continue
-        add(check_message(m))
-    return out
 
 
 @_frame(T.MSGS, 3)
@@ -585,33 +569,34 @@ def _msgs(f: list[Any]) -> tuple[Any, ...]:
     msgs = _list(msgs, "messages")
     if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, not its messages)
         _last_seq(_uint(first, "first_seq"), msgs)
-    return T.MSGS, stream, _uint(first, "first_seq"), _delivered(msgs)
+    return T.MSGS, stream, _uint(first, "first_seq"), _checked(msgs, True)
 
 
-def _delivered(msgs: list[Any]) -> list[tuple[Any, ...]]:
-    """A MSGS frame's messages, checked. The common delivered message (a known topic, no key,
-    no tags, a payload, and reliable: a producer id and sequence) is checked in one expression
-    in this loop (a function call per message costs as much as the checks); anything else,
-    valid or not, goes through ``check_delivered``."""
+def _checked(msgs: list[Any], delivered: bool) -> list[tuple[Any, ...]]:
+    """A PUB's (``delivered`` False) or a MSGS's messages, checked. The common message (a known
+    topic, no key, no tags, a payload, and in MSGS, reliable: a producer id and sequence) is
+    checked in one expression in this loop (a function call per message costs as much as the
+    checks); anything else, valid or not, goes through ``check_message`` or
+    ``check_delivered``."""
     out: list[tuple[Any, ...]] = []
-    topics = _valid_topics
+    topics, full = _valid_topics, check_delivered if delivered else check_message
     add = out.append
     for m in msgs:
         if m.__class__ is list:
             n = len(m)
-            if n == 6:
+            if n == 4:
+                t, k, g, p = m
+                if k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes:
+                    add((t, None, None, p))
+                    continue
+            elif n == 6 and delivered:
                 t, k, g, p, i, s = m
                 if (k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes
                         and i.__class__ is bytes and len(i) == ID_LEN and s.__class__ is int
                         and 0 <= s < 1 << 64):  # fmt: skip
                     add((t, None, None, p, i, s))
                     continue
-            elif n == 4:
-                t, k, g, p = m
-                if k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes:
-                    add((t, None, None, p))
-                    continue
-        add(check_delivered(m))
+        add(full(m))
     return out
 
 

@@ -332,16 +332,16 @@ def _outcome(check, m):
 @settings(max_examples=400, deadline=None)
 @given(m=_MESSAGES, known=st.booleans())
 def test_the_decoders_loops_accept_exactly_what_the_full_validators_accept(m, known):
-    """``_delivered`` (MSGS) and ``_published`` (PUB) check the common message in their own
-    loop; whatever a peer sends, the outcome must be the full validator's: the same tuple, or
-    a refusal with the same code. With the topic known (memoised) and not."""
+    """``_checked`` checks the common message of a MSGS or a PUB in its own loop; whatever a
+    peer sends, the outcome must be the full validator's: the same tuple, or a refusal with the
+    same code. With the topic known (memoised) and not."""
     wire._valid_topics.clear()
     if known:
         wire.check_topic("t")
     want = _outcome(wire.check_delivered, m)
-    assert _outcome(lambda x: wire._delivered([x])[0], m) == want
+    assert _outcome(lambda x: wire._checked([x], True)[0], m) == want
     want = _outcome(wire.check_message, m)
-    assert _outcome(lambda x: wire._published([x])[0], m) == want
+    assert _outcome(lambda x: wire._checked([x], False)[0], m) == want
 
 
 def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():
