@@ -391,9 +391,13 @@ class Subscription:
         st, c = self._st, self.client
         if st is not None and st.queue and st.origins is None and c._since_yield < c.config.yield_every - 1:
             c._since_yield += 1
-            self.session.recv.consumed(st)
-            msg = message_of(st.queue.popleft())
-            return c._as_request(msg) if msg.tags else msg
+            recv = self._session.recv  # type: ignore[union-attr]  # (set with _st)
+            if st.counted and not recv.held:
+                recv.buffered -= 1  # (Receiver.consumed's case without a queue group or held messages)
+            else:
+                recv.consumed(st)
+            fields = st.queue.popleft()
+            return c._as_request(message_of(fields)) if fields[2] else message_of(fields)
         return await self.next()
 
 

@@ -249,14 +249,22 @@ class Receiver:
         """``_deliver`` of a whole datagram that comes in order (``seq`` None: fire), with room
         for all of it and no filter subscriptions: the hot path, one loop with the lookups
         hoisted. A message of another shape (key, tags, parts, queue marks) or a producer
-        sequence that does not follow the last one goes through ``_deliver``/``_duplicate``."""
+        sequence that does not follow the last one goes through ``_deliver``/``_duplicate``.
+
+        A run of one producer's consecutive sequences is checked against the last one here,
+        ``seen`` written once at the end of the run (``pid``, ``high``: the run's producer and
+        its last sequence); it is written before anything else reads it."""
         subs, seen = self.subs, self.seen
         plain = 4 if seq is None else 6
         topic: Any = None
         whole: SubState | None = None
         delivered = 0
+        pid: Any = None
+        high = 0
         for m in msgs:
             if m[1] is not None or m[2] is not None or len(m) != plain:
+                if pid is not None:
+                    seen[pid], pid = high, None
                 self._deliver(m, seq, src, stream)
             else:
                 if m[0] != topic:
@@ -266,17 +274,27 @@ class Receiver:
                         whole = None
                 if whole is not None:
                     if seq is not None:
-                        pid, pseq = m[4], m[5]
-                        high = seen.get(pid, 0)
-                        if high and pseq == high + 1:  # (what _duplicate does for the next sequence)
-                            seen[pid] = pseq
-                        elif self._duplicate(pid, pseq):
-                            seq += 1
-                            continue
+                        pseq = m[5]
+                        if pseq == high + 1 and m[4] == pid:
+                            high = pseq
+                        else:
+                            if pid is not None:
+                                seen[pid] = high
+                            pid = m[4]
+                            last = seen.get(pid, 0)
+                            if last and pseq == last + 1:  # (what _duplicate does for the next sequence)
+                                high = pseq
+                            else:
+                                one, pid = pid, None
+                                if self._duplicate(one, pseq):
+                                    seq += 1
+                                    continue
                     whole.queue.append((topic, None, None, m[3], seq))  # (Fields: see SubState)
                     delivered += 1
             if seq is not None:
                 seq += 1
+        if pid is not None:
+            seen[pid] = high
         self.buffered += delivered
 
     def track(self, text: str, change: int) -> None:

@@ -90,7 +90,7 @@ class Router:
         # publishes stay there (and bind), so no topic's order is split across two members.
         self._fence: tuple[ClientSession, int] | None = None
         self._sub_at: dict[SubKey, ClientSession] = {}
-        self._pending: deque[list[Any]] = deque()  # runs [router seq, session, its seq, count] (see _queue)
+        self._pending: deque[list[Any]] = deque()  # runs [router seq, session, its seq, count] (see offer)
         self._next = 1  # the next router-wide reliable sequence
         self._acked = 0
         # Durable publishes: one producer id for every session, a stream per partition (client/putter.py)
@@ -212,31 +212,23 @@ class Router:
         return self.pub_session(topic).window_full
 
     def offer(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
-              reliable: bool) -> int | None:  # fmt: skip
-        """``publish``, unless a reliable publish would have to wait for room (None): the API's
-        common case in one call, the session looked up once."""
+              reliable: bool, wait_for_room: bool = True) -> int | None:  # fmt: skip
+        """``publish``, unless a reliable publish would have to wait for room (None; with
+        ``wait_for_room`` False it is queued past the window): the API's common case in one
+        call, the session looked up once."""
         s = self.first if self.cmap is None else self.pub_session(topic)
+        pub = s.pub
         if not reliable:
-            s.pub.publish(topic, key, tags, payload, False)
+            pub.publish(topic, key, tags, payload, False)
             return 0
-        if s.pub.window_full:
+        q, cfg = pub.unacked, pub.cfg  # (Publisher.window_full, written out: it costs less than the call)
+        if wait_for_room and (len(q) >= cfg.pub_window or (pub.unacked_bytes >= cfg.pub_window_bytes and q)):
             return None
-        return self._queue(s, topic, key, tags, payload, True)
-
-    def publish(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
-                reliable: bool) -> int:  # fmt: skip
-        """Queue a message; returns its router-wide reliable sequence (0 for fire)."""
-        return self._queue(self.pub_session(topic), topic, key, tags, payload, reliable)
-
-    def _queue(self, s: ClientSession, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
-               reliable: bool) -> int:  # fmt: skip
-        seq = s.pub.publish(topic, key, tags, payload, reliable)
-        if not reliable:
-            return 0
+        seq = pub.publish(topic, key, tags, payload, True)
         if self.cmap is not None:
             self._bind[topic] = (s, seq)
         g = self._next
-        self._next += 1
+        self._next = g + 1
         # (a run of consecutive publishes through one session is one entry: [router seq, session,
         # its seq, count]; a message is a sequence or, past the window, parts with one each)
         p = self._pending
@@ -247,6 +239,14 @@ class Router:
                 return g
         p.append([g, s, seq, 1])
         return g
+
+    def publish(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes,
+                reliable: bool) -> int:  # fmt: skip
+        """Queue a message (past the window, if it is full); returns its router-wide reliable
+        sequence (0 for fire)."""
+        seq = self.offer(topic, key, tags, payload, reliable, False)
+        assert seq is not None
+        return seq
 
     @property
     def last_seq(self) -> int:

@@ -201,6 +201,39 @@ def pack_plain(topic: str, payload: bytes) -> bytes:
     return head + _BIN8[n] + payload if n < 256 else head + pack(payload)
 
 
+_delivery_heads: dict[str, bytes] = {}  # topic -> a plain delivered message's bytes before its payload
+_join = b"".join
+
+
+def pack_messages(msgs: list[tuple[Any, ...]], pid: bytes | None = None, first: int = 0) -> list[bytes]:
+    """Checked messages (topic, key, tags, payload, ...) packed as a node delivers them:
+    ``pack_message``'s bytes each, or with ``pid`` ``pack_delivery``'s, the sequences from
+    ``first`` on. A node packs every message of every PUB: a plain one (no key, no tags, a
+    payload under 256 bytes) is its topic's head, packed once per topic (at most
+    ``PLAIN_HEADS`` kept, as in ``pack_plain``), joined to its payload, with no list built
+    for msgpack. The topics must have been checked (a decoded PUB's are)."""
+    out: list[bytes] = []
+    add, heads, bin8 = out.append, _plain_heads if pid is None else _delivery_heads, _BIN8
+    tail = bin8[len(pid)] + pid if pid is not None else b""
+    topic: Any = None
+    head = b""
+    for seq, m in enumerate(msgs, first):
+        p = m[3]
+        if m[1] is None and m[2] is None and len(p) < 256:
+            if m[0] != topic:
+                topic = m[0]
+                got = heads.get(topic)
+                if got is None:
+                    if len(heads) >= PLAIN_HEADS:
+                        heads.clear()
+                    got = heads[topic] = (b"\x94" if pid is None else b"\x96") + pack([topic, None, None])[1:]
+                head = got
+            add(head + bin8[len(p)] + p if pid is None else _join((head, bin8[len(p)], p, tail, pack(seq))))
+        else:
+            add(pack([m[0], m[1], m[2], p] if pid is None else [m[0], m[1], m[2], p, pid, seq]))
+    return out
+
+
 def pack_delivery(
     topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, pid: bytes, pseq: int
 ) -> bytes:

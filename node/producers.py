@@ -80,14 +80,13 @@ class Producers(Delivery):
                 self._ack_to[pid] = addr
                 self._pubacks[(addr, pid)] = self._ack_point(pid, acked)
             return
-        pack = wire.pack
         if skip:
             msgs = msgs[skip:]
         if reliable:
-            packs = [pack([m[0], m[1], m[2], m[3], pid, s]) for s, m in enumerate(msgs, first + skip)]
+            packs = wire.pack_messages(msgs, pid, first + skip)
             self._pubacks[(addr, pid)] = acked
         else:
-            packs = [pack([m[0], m[1], m[2], m[3]]) for m in msgs]
+            packs = wire.pack_messages(msgs)
         if not packs:
             return
         topic, key = msgs[0][0], msgs[0][1]

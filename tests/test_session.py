@@ -440,6 +440,42 @@ def test_an_in_order_datagram_delivers_like_message_by_message_with_duplicates_a
     assert queues[0] == ([(b"1", 1), (b"2", 2), (b"k3", 4), (b"4", 5), (b"9", 7), (b"7", 8)], [b"k3"], 7, 1)
 
 
+_PRODUCERS = (b"p" * 16, b"q" * 16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_PRODUCERS), st.integers(1, 12), st.sampled_from(["t", "t", "t", "u"]),
+                          st.sampled_from([None, None, None, "k"]), st.booleans()), max_size=40),
+       st.lists(st.tuples(st.sampled_from(_PRODUCERS), st.integers(1, 12)), max_size=6))  # fmt: skip
+def test_the_in_order_path_matches_message_by_message_delivery(draws, before):
+    """Property: a whole in-order datagram (``_in_order``: a run of one producer's consecutive
+    sequences checked without ``seen``, written once at the run's end) leaves exactly what
+    ``_deliver`` one message at a time leaves: the queues, the buffered and duplicate counts,
+    and every producer's de-duplication state (``seen``, ``holes``, ``early``), whatever mix
+    of producers, runs, repeats, jumps back and forth, keys and tags, after earlier messages."""
+    from roost.client.receive import Receiver
+    from roost.client.session import SubState
+
+    node = ("127.0.0.1", 7400)
+    msgs = [(t, k, {"a": "b"} if tagged else None, b"%d" % pseq, pid, pseq) for pid, pseq, t, k, tagged in draws]
+    states = []
+    for whole_datagram in (True, False):
+        subs = {("t", None): SubState(Mode.RELIABLE), ("t", "k"): SubState(Mode.RELIABLE)}
+        r = Receiver(subs, [], ClientConfig())
+        for pid, pseq in before:  # (what an earlier stream, or another member, delivered)
+            r._duplicate(pid, pseq)
+        if whole_datagram:
+            r.on_msgs(node, 1, 1, msgs)
+        else:
+            for i, m in enumerate(msgs):
+                r._deliver(m, 1 + i, node, 1)
+        holes = {pid: h.ranges() for pid, h in r.holes.items()}
+        early = {pid: (e[0], sorted(e[1]), e[2]) for pid, e in r.early.items()}
+        states.append((list(subs[("t", None)].queue), list(subs[("t", "k")].queue), r.buffered, r.duplicates,
+                       r.seen, holes, early))  # fmt: skip
+    assert states[0] == states[1]
+
+
 def test_an_in_order_fire_datagram_is_queued_whole_and_one_past_the_buffer_goes_message_by_message():
     from roost.client.receive import Receiver
     from roost.client.session import SubState

@@ -112,6 +112,25 @@ async def test_slow_subscriber_is_cancelled_out_of_capacity(node):
             assert s_slow.error == "out_of_capacity"
 
 
+@pytest.mark.parametrize("node", [{"retransmit_timeout": 0.01, "retransmit_max": 0.02}], indirect=True)
+async def test_async_for_past_a_full_buffer_takes_every_message_in_order(node):
+    """``async for`` over a subscription whose buffer fills (``max_buffered``): what comes past
+    it is not acknowledged and comes again, and every message taken frees its room
+    (``Receiver.buffered`` stays the queue's length), so all arrive, in order, once."""
+    async with Client(addr(node), config=ClientConfig(max_buffered=10)) as sub_c, Client(addr(node)) as pub:
+        async with sub_c.subscribe("t") as sub:
+            for i in range(300):
+                await pub.publish("t", b"%d" % i)
+            recv_side, queue, got, counts = sub.session.recv, sub.state.queue, [], set()
+            with trio.fail_after(20):
+                async for m in sub:
+                    got.append(m.payload)
+                    counts.add(recv_side.buffered - len(queue))
+                    if len(got) == 300:
+                        break
+            assert got == [b"%d" % i for i in range(300)] and counts == {0} and recv_side.duplicates == 0
+
+
 async def test_unsubscribe_ends_iteration_without_error(node):
     async with Client(addr(node)) as c:
         sub = c.subscribe("t")

@@ -308,6 +308,33 @@ def test_pack_plain_is_pack_message_byte_for_byte(topic, size):
     assert wire.pack_plain(topic, payload) == wire.pack_message(topic, None, None, payload)  # (its head cached)
 
 
+_PACKED = st.tuples(st.sampled_from(["t", "a.b", "é" * 40, "z" * 255]), st.sampled_from([None, "k"]),
+                    st.sampled_from([None, {"a": "b"}]),
+                    st.sampled_from([0, 1, 255, 256, 65536]).map(lambda n: b"p" * n))  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_PACKED, max_size=12), st.sampled_from([None, b"p" * 16]),
+       st.sampled_from([0, 1, 127, 128, 2**16 - 3, 2**32 - 3, 2**64 - 13]))  # fmt: skip
+def test_pack_messages_is_pack_message_and_pack_delivery_byte_for_byte(msgs, pid, first):
+    """The node packs each PUB's messages with ``pack_messages``: a plain one from its topic's
+    cached head. Its bytes must be ``pack_message``'s (fire) or ``pack_delivery``'s (reliable,
+    the sequences from ``first``: every msgpack int width), in any mix of topics and shapes."""
+    want = [wire.pack_message(t, k, g, p) if pid is None else wire.pack_delivery(t, k, g, p, pid, s)
+            for s, (t, k, g, p) in enumerate(msgs, first)]
+    assert wire.pack_messages(msgs, pid, first) == want
+    assert wire.pack_messages(msgs, pid, first) == want  # (the heads cached)
+
+
+def test_pack_messages_keeps_at_most_plain_heads_topics(monkeypatch):
+    monkeypatch.setattr(wire, "PLAIN_HEADS", 3)
+    monkeypatch.setattr(wire, "_delivery_heads", {})
+    msgs = [(f"t{i}", None, None, b"x") for i in range(7)]
+    want = [wire.pack_delivery(*m, b"p" * 16, s) for s, m in enumerate(msgs, 1)]
+    assert wire.pack_messages(msgs, b"p" * 16, 1) == want
+    assert len(wire._delivery_heads) <= 3
+
+
 @pytest.mark.parametrize("topic", ["", "a b", "a.*", "x" * 256, 7, None])
 def test_pack_plain_checks_the_topic(topic):
     with pytest.raises(WireError) as e:
