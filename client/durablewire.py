@@ -1,13 +1,15 @@
 """The durable-mode frames (docs/durable.md): PUT/PUTACK, GET/RECORDS, COMMIT/COMMITTED.
 
-Encoders and the validators of untrusted frames, registered in client/wire.py's table like every
-other frame type (client/wire.py imports this module last, so decode_untrusted_frame knows them).
+Encoders and the validators of untrusted frames, registered in client/decoding.py's table like
+every other frame type (client/decoding.py imports this module last, so decode_untrusted_frame
+knows them).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from roost.client.decoding import _frame, _last_seq
 from roost.client.wire import (
     COOKIE_LEN,
     ID_LEN,
@@ -17,9 +19,7 @@ from roost.client.wire import (
     WireError,
     _array_header,
     _bytes,
-    _frame,
     _header,
-    _last_seq,
     _list,
     _str,
     _uint,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roost.client import durablewire, wire
+from roost.client import decoding, durablewire, wire
 from roost.client.text import encode_text_msg, parse_untrusted_text
 from roost.client.wire import E, T, WireError
 from roost.cluster import clustermap
@@ -366,9 +366,9 @@ def test_the_decoders_loops_accept_exactly_what_the_full_validators_accept(m, kn
     if known:
         wire.check_topic("t")
     want = _outcome(wire.check_delivered, m)
-    assert _outcome(lambda x: wire._checked([x], True)[0], m) == want
+    assert _outcome(lambda x: decoding._checked([x], True)[0], m) == want
     want = _outcome(wire.check_message, m)
-    assert _outcome(lambda x: wire._checked([x], False)[0], m) == want
+    assert _outcome(lambda x: decoding._checked([x], False)[0], m) == want
 
 
 def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():

@@ -1,0 +1,308 @@
+"""Decoding untrusted frames: every binary datagram from the network goes through
+:func:`decode_untrusted_frame`, which returns a fully validated tuple or raises
+:class:`~roost.client.wire.WireError` with a code the node can report.
+
+It looks the frame type up in a table of per-type validators (``_DECODERS``), one dict lookup and
+one call whatever the type, so the hot PUB, MSGS and ACK frames pay nothing for the rarer ones
+(client/durablewire.py registers the durable-mode frames' validators in it too). The codec never
+lets a msgpack or type error escape, because a decoder exception must not be able to crash a node.
+
+A module of its own, apart from the encoders and field checks of client/wire.py (which re-exports
+``decode_untrusted_frame``), because this is the part that faces the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from roost.client.wire import (
+    COOKIE_LEN,
+    ID_LEN,
+    MAX_MEMBERS,
+    VERSION,
+    E,
+    T,
+    WireError,
+    _bytes,
+    _cmd,
+    _ip,
+    _list,
+    _node_id,
+    _port,
+    _str,
+    _uint,
+    _valid_topics,
+    check_delivered,
+    check_filter,
+    check_key,
+    check_message,
+)
+
+#: A validator takes the whole frame ``[version, type, field...]``, whose
+#: length is already checked, and returns the validated tuple.
+_Validator = Callable[[list[Any]], tuple[Any, ...]]
+
+#: Frame type -> (type, frame length including version and type, validator).
+#: Keyed by the plain int so that the decoder needs no ``T(...)`` call per frame.
+_DECODERS: dict[int, tuple[T, int, _Validator]] = {}
+
+
+def _frame(ftype: T, fields: int) -> Callable[[_Validator], _Validator]:
+    """Register the validator of ``ftype``, which has ``fields`` after version and type."""
+
+    def register(fn: _Validator) -> _Validator:
+        _DECODERS[int(ftype)] = (ftype, fields + 2, fn)
+        return fn
+
+    return register
+
+
+# The hot three first: PUB (node, per publisher datagram), MSGS (client), ACK (node).
+
+
+@_frame(T.PUB, 7)
+def _pub(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, pid, first, floor, rel, msgs = f
+    if rel.__class__ is not bool:
+        raise WireError(E.MALFORMED, "reliable flag must be a boolean")
+    msgs = _list(msgs, "messages")
+    if not msgs:
+        raise WireError(E.MALFORMED, "PUB carries at least one message")
+    _last_seq(_uint(first, "first_seq"), msgs)
+    return (
+        T.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        _bytes(pid, ID_LEN, "producer id"), first,
+        _uint(floor, "floor"), rel, _checked(msgs, False),
+    )  # fmt: skip
+
+
+@_frame(T.MSGS, 3)
+def _msgs(f: list[Any]) -> tuple[Any, ...]:
+    _, _, stream, first, msgs = f
+    msgs = _list(msgs, "messages")
+    if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, not its messages)
+        _last_seq(_uint(first, "first_seq"), msgs)
+    return T.MSGS, stream, _uint(first, "first_seq"), _checked(msgs, True)
+
+
+def _checked(msgs: list[Any], delivered: bool) -> list[tuple[Any, ...]]:
+    """A PUB's (``delivered`` False) or a MSGS's messages, checked. The common message (a known
+    topic, no key, no tags, a payload, and in MSGS, reliable: a producer id and sequence) is
+    checked in one expression in this loop (a function call per message costs as much as the
+    checks); anything else, valid or not, goes through ``check_message`` or
+    ``check_delivered``."""
+    out: list[tuple[Any, ...]] = []
+    topics, full = _valid_topics, check_delivered if delivered else check_message
+    add = out.append
+    for m in msgs:
+        if m.__class__ is list:
+            n = len(m)
+            if n == 4:
+                t, k, g, p = m
+                if k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes:
+                    add((t, None, None, p))
+                    continue
+            elif n == 6 and delivered:
+                t, k, g, p, i, s = m
+                if (k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes
+                        and i.__class__ is bytes and len(i) == ID_LEN and s.__class__ is int
+                        and 0 <= s < 1 << 64):  # fmt: skip
+                    add((t, None, None, p, i, s))
+                    continue
+        add(full(m))
+    return out
+
+
+def _last_seq(first: int, msgs: list[Any]) -> None:
+    """The messages of a PUB, a PUT or a reliable MSGS take the sequences ``first`` on: the last
+    must be a uint64 too (one past it would overflow every frame that carries or acknowledges
+    it, and the process packing it)."""
+    if first + len(msgs) - 1 >= 1 << 64:
+        raise WireError(E.MALFORMED, "first_seq + messages - 1 must be below 2**64")
+
+
+@_frame(T.ACK, 5)
+def _ack(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, stream, max_seq, sack = f
+    ranges = []
+    for r in _list(sack, "sack")[:64]:
+        if r.__class__ is not list or len(r) != 2:
+            raise WireError(E.MALFORMED, "a sack range is [lo, hi]")
+        lo, hi = _uint(r[0], "sack lo"), _uint(r[1], "sack hi")
+        if lo > hi:
+            raise WireError(E.MALFORMED, "sack range with lo > hi")
+        ranges.append((lo, hi))
+    return (
+        T.ACK, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        _uint(stream, "stream"), _uint(max_seq, "max_seq"), ranges,
+    )  # fmt: skip
+
+
+@_frame(T.HELLO, 2)
+def _hello(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, pad = f
+    if not isinstance(pad, bytes):
+        raise WireError(E.MALFORMED, "HELLO padding must be bytes")
+    return T.HELLO, _bytes(cid, ID_LEN, "client id")
+
+
+def _cluster_map(v: Any) -> Any:
+    """A cluster map's wire form, checked and placed (cluster/clustermap.py; imported here,
+    not at the top: the cluster package builds on this module)."""
+    from roost.cluster.clustermap import decode_untrusted_map
+
+    return decode_untrusted_map(v)
+
+
+@_frame(T.WELCOME, 4)
+def _welcome(f: list[Any]) -> tuple[Any, ...]:
+    """Returns the cluster map (params' ``map``, checked and placed) as a field of its own,
+    None when there is none."""
+    _, _, node_id, cookie, params, members = f
+    if not isinstance(params, dict):
+        raise WireError(E.MALFORMED, "WELCOME params must be a map")
+    raw_map = params.pop("map", None)
+    cmap = None if raw_map is None else _cluster_map(raw_map)
+    if "map_epoch" in params:
+        _uint(params["map_epoch"], "map_epoch")
+    members = _list(members, "members")
+    if len(members) > MAX_MEMBERS:
+        raise WireError(E.MALFORMED, f"a cluster map has at most {MAX_MEMBERS} members")
+    mem = []
+    for m in members:
+        if m.__class__ is not list or len(m) != 3:
+            raise WireError(E.MALFORMED, "a member is [id, host, port]")
+        mem.append((_node_id(m[0], "member id"), _ip(m[1], "member host"), _port(m[2], "member port")))
+    return T.WELCOME, _node_id(node_id, "node id"), _bytes(cookie, COOKIE_LEN, "cookie"), params, mem, cmap
+
+
+@_frame(T.CMDS, 5)
+def _cmds(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, session, batch, cmds = f
+    return (
+        T.CMDS, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        _uint(session, "session"), _uint(batch, "batch id"), [_cmd(c) for c in _list(cmds, "commands")],
+    )  # fmt: skip
+
+
+@_frame(T.CMDACK, 3)
+def _cmdack(f: list[Any]) -> tuple[Any, ...]:
+    _, _, session, batch, results = f
+    res = _list(results, "results")
+    if any(r.__class__ is not int for r in res):
+        raise WireError(E.MALFORMED, "results must be integers")
+    return T.CMDACK, _uint(session, "session"), _uint(batch, "batch id"), res
+
+
+@_frame(T.PUBACK, 2)
+def _puback(f: list[Any]) -> tuple[Any, ...]:
+    _, _, pid, acked = f
+    return T.PUBACK, _bytes(pid, ID_LEN, "producer id"), _uint(acked, "acked seq")
+
+
+@_frame(T.PING, 5)
+def _ping(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, token, digest, session = f
+    return (
+        T.PING, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(token, "token"),
+        _uint(digest, "digest"), _uint(session, "session"),
+    )  # fmt: skip
+
+
+@_frame(T.PONG, 5)
+def _pong(f: list[Any]) -> tuple[Any, ...]:
+    _, _, token, known, cookie, cancels, digest = f
+    if known.__class__ is not bool:
+        raise WireError(E.MALFORMED, "known must be a boolean")
+    cs = []
+    for c in _list(cancels, "cancels"):
+        if c.__class__ is not list or len(c) != 3:
+            raise WireError(E.MALFORMED, "a cancel is [topic, key, reason]")
+        cs.append((check_filter(c[0]), check_key(c[1]), _str(c[2], "reason")))
+    return T.PONG, _uint(token, "token"), known, _bytes(cookie, COOKIE_LEN, "cookie"), cs, _uint(digest, "digest")
+
+
+@_frame(T.CANCEL, 3)
+def _cancel(f: list[Any]) -> tuple[Any, ...]:
+    _, _, topic, key, reason = f
+    return T.CANCEL, check_filter(topic), check_key(key), _str(reason, "reason")
+
+
+@_frame(T.REDIRECT, 2)
+def _redirect(f: list[Any]) -> tuple[Any, ...]:
+    _, _, node_id, cmap = f
+    return T.REDIRECT, _node_id(node_id, "node id"), _cluster_map(cmap)
+
+
+@_frame(T.MAP, 2)
+def _map(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie = f
+    return T.MAP, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
+
+
+@_frame(T.BYE, 3)
+def _bye(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, session = f
+    return T.BYE, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(session, "session")
+
+
+@_frame(T.ERROR, 2)
+def _error(f: list[Any]) -> tuple[Any, ...]:
+    _, _, code, text = f
+    if code.__class__ is not int:
+        raise WireError(E.MALFORMED, "error code must be an integer")
+    return T.ERROR, code, _str(text, "error text", 1024)
+
+
+@_frame(T.STATUS, 2)
+def _status(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie = f
+    return T.STATUS, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
+
+
+@_frame(T.STATUS_REPLY, 1)
+def _status_reply(f: list[Any]) -> tuple[Any, ...]:
+    if not isinstance(f[2], dict):
+        raise WireError(E.MALFORMED, "STATUS_REPLY carries a map")
+    return T.STATUS_REPLY, f[2]
+
+
+
+def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]:
+    """Parse and validate one binary datagram from the network.
+
+    Returns ``(type, field, ...)`` with every field checked for type and range,
+    messages as validated 4-tuples. Raises WireError for anything else.
+    """
+    try:
+        frame = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=max_len,
+            max_bin_len=max_len,
+            max_array_len=max_len,
+            max_map_len=max_len,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types; all mean "not a frame"
+        code = E.BAD_UTF8 if isinstance(exc, UnicodeDecodeError) else E.MALFORMED
+        raise WireError(code, f"not a msgpack frame: {exc.__class__.__name__}") from None
+    if frame.__class__ is not list or len(frame) < 2:
+        raise WireError(E.MALFORMED, "a frame is [version, type, ...]")
+    if frame[0] != VERSION or frame[0].__class__ is not int:
+        raise WireError(E.UNSUPPORTED_VERSION, f"unsupported version, this node speaks {VERSION}")
+    ft = frame[1]
+    rule = _DECODERS.get(ft) if ft.__class__ is int else None
+    if rule is None:
+        raise WireError(E.UNKNOWN_TYPE, "unknown frame type")
+    ftype, length, validate = rule
+    if len(frame) != length:
+        raise WireError(E.MALFORMED, f"{ftype.name} has {length - 2} fields, got {len(frame) - 2}")
+    return validate(frame)
+
+
+from roost.client import durablewire  # noqa: E402,F401  (registers the durable-mode frames' validators)
