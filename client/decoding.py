@@ -7,8 +7,8 @@ one call whatever the type, so the hot PUB, MSGS and ACK frames pay nothing for 
 (client/durablewire.py registers the durable-mode frames' validators in it too). The codec never
 lets a msgpack or type error escape, because a decoder exception must not be able to crash a node.
 
-A module of its own, apart from the encoders and field checks of client/wire.py (which re-exports
-``decode_untrusted_frame``), because this is the part that faces the network.
+A module of its own, apart from the encoders and field checks of client/wire.py (which it imports;
+wire.py imports nothing from here), because this is the part that faces the network.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.commands import MAX_BATCH, CommandBatches
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
@@ -194,7 +194,7 @@ class ClientSession:
                     self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
                 continue  # only nodes of our cluster may talk to us
             try:
-                f = wire.decode_untrusted_frame(data, 65536)
+                f = decoding.decode_untrusted_frame(data, 65536)
             except WireError:
                 self.bad_datagrams += 1
                 self.events.append(("bad_datagram", len(data)))

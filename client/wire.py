@@ -5,7 +5,7 @@ first byte is therefore 0x90-0x9f or 0xdc/0xdd, never an ASCII letter, which is
 how a node tells it apart from the FASTPUSS text protocol on the same port.
 
 Encoders are trusted (our own values); anything arriving from the network goes
-through :func:`decode_untrusted_frame` (client/decoding.py, re-exported here),
+through ``decode_untrusted_frame`` (client/decoding.py, which imports this module),
 which either returns a fully validated tuple or raises :class:`WireError` with
 a code the node can report, using the field checks below.
 
@@ -551,6 +551,3 @@ def _port(v: Any, what: str) -> int:
         raise WireError(E.MALFORMED, f"{what} must be 1..65535")
     return v  # type: ignore[no-any-return]
 
-
-# (the decoder of untrusted frames, client/decoding.py, imports what it needs from above)
-from roost.client.decoding import decode_untrusted_frame as decode_untrusted_frame  # noqa: E402

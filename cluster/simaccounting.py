@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.wire import T
 from roost.cluster.events import Datagrams
 from roost.cluster.member import MemberCore
@@ -57,7 +57,7 @@ class SimAccounting:
         f = None
         if data[:1] != b"" and data[1:3] == bytes([wire.VERSION, T.PUB]):
             try:
-                f = wire.decode_untrusted_frame(data)
+                f = decoding.decode_untrusted_frame(data)
             except wire.WireError:
                 f = None
         before = core.broker.producers.get(f[3], [0])[0] if f is not None else 0

@@ -33,7 +33,7 @@ import math
 import random
 from typing import Any
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.wire import E, T, WireError
 from roost.node.actions import (
     Action,
@@ -211,7 +211,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
     # ------------------------------------------------------------ dispatch
 
     def _on_binary(self, data: bytes, addr: Addr, now: float) -> None:
-        f = wire.decode_untrusted_frame(data, self._max)
+        f = decoding.decode_untrusted_frame(data, self._max)
         ftype = f[0]
         wall = now + self.wall_offset
         if ftype is T.HELLO:

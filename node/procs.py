@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from roost.client import wire
+from roost.client import decoding, wire
 
 FASTPUSS_LINE = (b"SUB t1\n", b"PUB t1\nhello world  ")
 
@@ -109,7 +109,7 @@ def _ask(s: socket.socket, node: tuple[str, int], data: bytes, want: wire.T, dea
         if addr[:2] != node:
             continue
         try:
-            frame = wire.decode_untrusted_frame(data)
+            frame = decoding.decode_untrusted_frame(data)
         except wire.WireError:
             continue
         if frame[0] is want:

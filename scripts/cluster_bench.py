@@ -60,7 +60,7 @@ from typing import IO, Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from roost.client import wire  # noqa: E402
+from roost.client import decoding, wire  # noqa: E402
 from roost.client.wire import T  # noqa: E402
 from roost.cluster import clustermap  # noqa: E402
 from roost.node.procs import free_udp_port, probe_status, probe_welcome, wait_listening  # noqa: E402
@@ -125,11 +125,11 @@ def populate(port: int, clients: int, per_client: int, topics: int) -> float:
     for c in range(clients):
         cid = c.to_bytes(16, "big")
         s.sendto(wire.encode_hello(cid), node)
-        cookie = wire.decode_untrusted_frame(s.recv(70000))[2]
+        cookie = decoding.decode_untrusted_frame(s.recv(70000))[2]
         cmds: list[Cmd] = [(1, f"topic.{(c * per_client + j) % topics}", None, j % 2) for j in range(per_client)]
         for b in range(0, per_client, 100):
             s.sendto(wire.encode_cmds(cid, cookie, 1, b // 100 + 1, cmds[b : b + 100]), node)
-            f = wire.decode_untrusted_frame(s.recv(70000))
+            f = decoding.decode_untrusted_frame(s.recv(70000))
             assert f[0] is T.CMDACK and not any(f[3]), f
             n += len(cmds[b : b + 100])
     s.close()
@@ -315,7 +315,7 @@ def populate_partitioned(ports: dict[str, int], work: dict[str, list[list[Cmd]]]
                         data = s.recv(70000)
                     except BlockingIOError:
                         break
-                    f = wire.decode_untrusted_frame(data)
+                    f = decoding.decode_untrusted_frame(data)
                     if f[0] is T.WELCOME:
                         h = hello[m]
                         if h is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from roost.client import wire  # noqa: E402
+from roost.client import decoding, wire  # noqa: E402
 from roost.client.wire import E, T  # noqa: E402
 from roost.cluster import clustermap  # noqa: E402
 from roost.cluster.config import CLUSTER_SETTINGS  # noqa: E402
@@ -73,7 +73,7 @@ def hexdump(data: bytes) -> str:
 def protocol_examples() -> str:
     out = []
     for ftype, what, data in EXAMPLES:
-        decoded = wire.decode_untrusted_frame(data)
+        decoded = decoding.decode_untrusted_frame(data)
         shown = hexdump(data) if ftype is not T.HELLO else hexdump(data[:48]) + "\n....  (zero padding)"
         out.append(f"### {ftype.name} ({int(ftype)}): {what}\n\n{len(data)} bytes:\n\n```\n{shown}\n```\n\n"
                    f"decodes to `{decoded!r}`\n")  # fmt: skip

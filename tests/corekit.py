@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.wire import T
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore, Replicate, Send
@@ -28,7 +28,7 @@ def sends(actions: list[Any]) -> list[Send]:
 
 def frames_to(actions: list[Any], addr: Any) -> list[tuple[Any, ...]]:
     """Decoded binary frames sent to ``addr``."""
-    return [wire.decode_untrusted_frame(s.data) for s in sends(actions) if s.addr == addr]
+    return [decoding.decode_untrusted_frame(s.data) for s in sends(actions) if s.addr == addr]
 
 
 class FakeClient:

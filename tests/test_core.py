@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.text import parse_untrusted_text
 from roost.client.wire import E, Mode, Reason, T
 from roost.node.actions import Log
@@ -521,7 +521,7 @@ def test_a_pub_whose_last_sequence_passes_2_64_is_refused_and_the_node_goes_on(r
     assert core.metrics["error_malformed"] == 1 and core.state_digest() == before
     assert [p for _, _, p in delivered(pub.pub([("t", b"after")]), A)] == [b"after"]
     with pytest.raises(wire.WireError, match="below 2"):  # (and a client refuses such a MSGS)
-        wire.decode_untrusted_frame(wire.encode_msgs(1, top, packed))
+        decoding.decode_untrusted_frame(wire.encode_msgs(1, top, packed))
 
 
 # STALE_BATCH is never an ERROR frame, only a command's result in CMDACK (tested below).
@@ -541,7 +541,7 @@ def test_every_error_code(code):
         assert reply.data.startswith(f"ERR {code.name.lower()} ".encode())
     else:
         (reply,) = out
-        f = wire.decode_untrusted_frame(reply.data)
+        f = decoding.decode_untrusted_frame(reply.data)
         assert f[0] is T.ERROR and f[1] == code
 
 

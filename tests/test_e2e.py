@@ -15,7 +15,7 @@ import time
 import msgpack
 import pytest
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.node.procs import fastpuss_roundtrip, free_udp_port
 from tests.clusterkit import ROOT, Node, roost, start_sub, sub_lines
 from tests.corekit import random_datagram
@@ -124,7 +124,7 @@ def test_100000_random_datagrams_do_not_stop_the_node(node):
         def welcomed() -> bool:
             s.sendto(wire.encode_hello(b"w" * 16), ("127.0.0.1", node.port))
             try:
-                return wire.decode_untrusted_frame(s.recv(1000))[0] is wire.T.WELCOME
+                return decoding.decode_untrusted_frame(s.recv(1000))[0] is wire.T.WELCOME
             except TimeoutError:
                 return False
 

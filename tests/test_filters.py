@@ -7,7 +7,7 @@ import socket
 import pytest
 import trio
 
-from roost.client import Client, wire
+from roost.client import Client, decoding, wire
 from roost.client.receive import message_of
 from roost.client.wire import Mode, T
 from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
@@ -258,7 +258,7 @@ def _group_msg(i: int) -> bytes:
 
 
 def _acks(s, now):
-    return [f for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(now)]) if f[0] is T.ACK]
+    return [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(now)]) if f[0] is T.ACK]
 
 
 def test_the_client_acknowledges_a_group_s_messages_as_they_are_taken():
@@ -356,7 +356,7 @@ def test_queue_marks_are_short_ids_so_many_long_group_filters_still_fit_one_data
         datagrams = [s.data for s in sends(out) if s.addr == addr]
         assert datagrams and all(len(d) <= 16384 for d in datagrams)
         for d in datagrams:
-            (m,) = wire.decode_untrusted_frame(d)[3]
+            (m,) = decoding.decode_untrusted_frame(d)[3]
             assert 0 < len(m[-1]) <= wire.MAX_MARKS
             marks += m[-1]
     assert sorted(marks) == sorted(wire.mark_id(g, None) for g in groups)

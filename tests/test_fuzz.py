@@ -13,7 +13,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.text import parse_untrusted_text
 from roost.client.wire import T, WireError
 from tests.corekit import connect, make_core, random_datagram
@@ -42,7 +42,7 @@ def legit_change(core, data: bytes, addr) -> bool:
             return False
         return verb in ("SUB", "UNSUB") and core._text_allowed(addr[0])
     try:
-        f = wire.decode_untrusted_frame(data, core.cfg.max_datagram)
+        f = decoding.decode_untrusted_frame(data, core.cfg.max_datagram)
     except WireError:
         return False
     if f[0] not in (T.CMDS, T.PUB, T.ACK, T.PING):

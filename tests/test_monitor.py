@@ -18,7 +18,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from roost import Client
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.cluster.config import CLUSTER_SETTINGS
 from roost.node import monitor
 from roost.node.config import NodeConfig
@@ -313,9 +313,9 @@ def status_exchange(port: int) -> tuple[int, int]:
         cid = os.urandom(wire.ID_LEN)
         s.sendto(wire.encode_hello(cid), ("127.0.0.1", port))
         welcome = s.recv(70000)
-        s.sendto(wire.encode_status(cid, wire.decode_untrusted_frame(welcome)[2]), ("127.0.0.1", port))
+        s.sendto(wire.encode_status(cid, decoding.decode_untrusted_frame(welcome)[2]), ("127.0.0.1", port))
         reply = s.recv(70000)
-        assert wire.decode_untrusted_frame(reply)[0] is wire.T.STATUS_REPLY
+        assert decoding.decode_untrusted_frame(reply)[0] is wire.T.STATUS_REPLY
     return 2, len(welcome) + len(reply)
 
 

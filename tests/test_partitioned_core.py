@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.wire import E, T
 from roost.cluster import clustermap, ring
 from roost.cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame, Tick
@@ -156,7 +156,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
     cookie = core.broker.cookies.issue(addr, cid, sim.now + core.wall_offset)
     cmds = wire.encode_cmds(cid, cookie, 1, 1, [(wire.Op.SUB, topic, None, wire.Mode.RELIABLE)])
     out = core.handle(Datagrams([(cmds, addr)]), sim.now)
-    to_client = [wire.decode_untrusted_frame(a.data)[0] for a in out if isinstance(a, Send) and a.addr == addr]
+    to_client = [decoding.decode_untrusted_frame(a.data)[0] for a in out if isinstance(a, Send) and a.addr == addr]
     assert to_client == [wire.T.REDIRECT]  # no CMDACK yet: held, the owners have not acknowledged
     assert core.held
     owners = [m for m in core.cmap.owners[core.own.partition(topic)] if m != "m0"]
@@ -179,14 +179,14 @@ def test_a_member_acknowledges_a_forwarded_pub_when_the_fwdack_comes_back():
     cookie = core.broker.cookies.issue(addr, cid, sim.now + core.wall_offset)
     pub = wire.encode_pub(cid, cookie, pid, 1, 1, True, [wire.pack_message(topic, None, None, b"x")])
     out = core.handle(Datagrams([(pub, addr)]), sim.now)
-    acks = [f for f in (wire.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
+    acks = [f for f in (decoding.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
             if f[0] is wire.T.PUBACK and f[1] == pid]  # fmt: skip
     assert [f[2] for f in acks] == [0]  # (accepted, not yet at the primary)
     (fid,) = list(core.fwd[primary].inflight)
     lid = core.out[primary]
     assert lid is not None
     out = core.handle(LinkBytes(lid, encode([P.FWDACK, fid, []])), sim.now)
-    acks = [f for f in (wire.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
+    acks = [f for f in (decoding.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
             if f[0] is wire.T.PUBACK and f[1] == pid]  # fmt: skip
     assert [f[2] for f in acks] == [1]
 
@@ -242,7 +242,7 @@ def test_a_map_too_big_for_the_welcome_is_left_out_and_sent_on_request():
     hello = wire.encode_hello(c.cid)
     (s,) = sends(core.handle_datagrams([(hello, c.addr)], 0.0))
     assert len(s.data) <= 3 * len(hello)  # the anti-amplification budget holds
-    f = wire.decode_untrusted_frame(s.data)
+    f = decoding.decode_untrusted_frame(s.data)
     assert f[0] is T.WELCOME and f[5] is None and f[3]["map_epoch"] == 1
     (r,) = frames_to(c.send(wire.encode_map_request(c.cid, c.cookie), 0.0), c.addr)
     assert r == (T.REDIRECT, "n1", cmap)

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import trio
 
-from roost.client import Client, parts, wire
+from roost.client import Client, decoding, parts, wire
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
 from roost.client.receive import message_of
@@ -153,19 +153,19 @@ def test_a_group_s_large_message_is_acknowledged_once_taken_and_a_stale_one_is_g
     mark = [wire.mark_id(g, None)]
     frags = [wire.mark_delivery(f, mark) for f in _fragments(_payload(40_000))]
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, frags)]), 0.1)
-    (a,) = [f for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(0.1)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.1)]) if f[0] is T.ACK]
     assert (a[4], a[5]) == (0, [(1, 3)]) and len(st.queue) == 1  # (held, not acknowledged)
     s.consumed(st)
     st.queue.popleft()
-    (a,) = [f for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(0.2)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.2)]) if f[0] is T.ACK]
     assert (a[4], a[5]) == (3, [])
     # a message whose last part never comes: acknowledged once given up, so the stream moves on
     frags = [wire.mark_delivery(f, mark) for f in _fragments(_payload(40_000, 2), first=4)]
     s.handle_datagrams(wrap([wire.encode_msgs(7, 4, frags[:2])]), 1.0)
-    (a,) = [f for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(1.0)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(1.0)]) if f[0] is T.ACK]
     assert a[4] == 3
     s.tick(1.6)
-    (a,) = [f for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(1.6)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(1.6)]) if f[0] is T.ACK]
     assert a[4] == 5 and s.recv.parts.dropped == 1 and not st.queue
 
 
@@ -232,7 +232,7 @@ def _group_session():
 
 
 def _acked(s, now) -> list[tuple[int, int, list]]:
-    return [(f[3], f[4], f[5]) for f in map(wire.decode_untrusted_frame, [d for _, d in s.outgoing(now)])
+    return [(f[3], f[4], f[5]) for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(now)])
             if f[0] is T.ACK]  # fmt: skip
 
 

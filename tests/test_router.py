@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.router import Router, derive_id
 from roost.client.session import ClientConfig, ClientSession
 from roost.client.wire import T
@@ -39,14 +39,14 @@ def welcome(member: str, cmap: clustermap.ClusterMap | None, with_map: bool = Tr
 
 def connect(r: Router, s: ClientSession, member: str, cmap: clustermap.ClusterMap | None, now: float = 0.0) -> None:
     r.tick(s, now)
-    assert [wire.decode_untrusted_frame(d)[0] for _, d in s.outgoing(now)] == [T.HELLO]
+    assert [decoding.decode_untrusted_frame(d)[0] for _, d in s.outgoing(now)] == [T.HELLO]
     r.handle_datagrams(s, [(welcome(member, cmap), s.node)], now)
     assert s.connected
 
 
 def frames(s: ClientSession, now: float = 0.0) -> list[tuple]:
     """(destination, decoded frame) of what the session sends now."""
-    return [(a, wire.decode_untrusted_frame(d)) for a, d in s.outgoing(now)]
+    return [(a, decoding.decode_untrusted_frame(d)) for a, d in s.outgoing(now)]
 
 
 def topic_led_by(cmap: clustermap.ClusterMap, member: str, prefix: str = "t") -> str:
@@ -80,8 +80,13 @@ def test_offer_fire_publishes_take_no_sequence_and_bind_nothing(cmap):
     r.first.pub.cfg = dataclasses.replace(r.first.pub.cfg, pub_window=1)
     assert r.offer(t, None, None, b"r2", True) is None and r.last_seq == 1
     assert r.offer(t, None, None, b"f2", False) == 0  # (fire has no window)
+    # offer writes Publisher.window_full out: its bytes bound too (room for messages, none for bytes)
+    r.first.pub.cfg = dataclasses.replace(r.first.pub.cfg, pub_window=100, pub_window_bytes=r.first.pub.unacked_bytes)
+    assert r.first.pub.window_full and r.offer(t, None, None, b"r3", True) is None and r.last_seq == 1
+    r.first.pub.cfg = dataclasses.replace(r.first.pub.cfg, pub_window_bytes=r.first.pub.unacked_bytes + 1)
+    assert not r.first.pub.window_full and r.offer(t, None, None, b"r3", True) == 2
     pubs = [f for _, f in frames(r.first) if f[0] is T.PUB]
-    assert sorted(m[3] for f in pubs for m in f[7]) == [b"f", b"f2", b"r"]
+    assert sorted(m[3] for f in pubs for m in f[7]) == [b"f", b"f2", b"r", b"r3"]
 
 
 def test_pub_and_sub_go_to_the_session_of_the_topics_primary():
@@ -219,8 +224,8 @@ def test_every_put_datagram_fits_the_sessions_max_datagram():
         assert len(r.first.outgoing(0.0)) == 1_200
         r.handle_datagrams(r.first, [(durablewire.encode_putack(r.putter.pid, p, 300, 0), addr("n1"))], 0.1)
         r.tick(r.first, 0.5)  # (past the retry time-out: 301.. again, packed, with 3-byte sequences)
-        again = [d for _, d in r.first.outgoing(0.5) if wire.decode_untrusted_frame(d)[0] is T.PUT]
-        assert sum(len(wire.decode_untrusted_frame(d)[-1]) for d in again) == 1_200 - 300
+        again = [d for _, d in r.first.outgoing(0.5) if decoding.decode_untrusted_frame(d)[0] is T.PUT]
+        assert sum(len(decoding.decode_untrusted_frame(d)[-1]) for d in again) == 1_200 - 300
         largest = max(largest, *(len(d) for d in again))
     assert largest <= r.first.max_datagram
 
