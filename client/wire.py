@@ -181,6 +181,16 @@ _plain_heads: dict[str, bytes] = {}  # checked topic -> a plain message's bytes 
 _BIN8 = [b"\xc4" + bytes((n,)) for n in range(256)]  # msgpack's bin 8 header of each length
 
 
+def _new_head(heads: dict[str, bytes], topic: str, array: bytes) -> bytes:
+    """A plain message's bytes before its payload, kept in ``heads``: ``array`` (the fixarray
+    byte of its length: 0x94, or 0x96 delivered with producer id and sequence), the topic and
+    two nils. At most ``PLAIN_HEADS`` are kept: then all are dropped, as ``_valid_topics`` is."""
+    if len(heads) >= PLAIN_HEADS:
+        heads.clear()
+    head = heads[topic] = array + pack([topic, None, None])[1:]  # (not the fixarray of 3)
+    return head
+
+
 def pack_plain(topic: str, payload: bytes) -> bytes:
     """``pack_message(topic, None, None, payload)`` (the same bytes) for a ``bytes`` payload, the
     topic checked: the publisher's hot path. The message's head (array, topic, two nils) is
@@ -189,10 +199,7 @@ def pack_plain(topic: str, payload: bytes) -> bytes:
     ``_valid_topics`` is): a publisher of ever new topics pays one pack more per topic."""
     head = _plain_heads.get(topic) if topic.__class__ is str else None
     if head is None:
-        check_topic(topic)
-        if len(_plain_heads) >= PLAIN_HEADS:
-            _plain_heads.clear()
-        head = _plain_heads[topic] = b"\x94" + pack([topic, None, None])[1:]  # (fixarray of 4, not 3)
+        head = _new_head(_plain_heads, check_topic(topic), b"\x94")
     n = len(payload)
     return head + _BIN8[n] + payload if n < 256 else head + pack(payload)
 
@@ -218,12 +225,7 @@ def pack_messages(msgs: list[tuple[Any, ...]], pid: bytes | None = None, first: 
         if m[1] is None and m[2] is None and len(p) < 256:
             if m[0] != topic:
                 topic = m[0]
-                got = heads.get(topic)
-                if got is None:
-                    if len(heads) >= PLAIN_HEADS:
-                        heads.clear()
-                    got = heads[topic] = (b"\x94" if pid is None else b"\x96") + pack([topic, None, None])[1:]
-                head = got
+                head = heads.get(topic) or _new_head(heads, topic, b"\x94" if pid is None else b"\x96")
             add(head + bin8[len(p)] + p if pid is None else _join((head, bin8[len(p)], p, tail, pack(seq))))
         else:
             add(pack([m[0], m[1], m[2], p] if pid is None else [m[0], m[1], m[2], p, pid, seq]))
