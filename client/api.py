@@ -205,7 +205,7 @@ class ClientAPI(DurableAPI):
         """Move what reached the inbox to the requests that wait for it (late replies are dropped)."""
         st, s = inbox.state, inbox.session
         while st.queue:
-            msg = message_of(st.queue.popleft())
+            msg = st.take()
             s.consumed(st)
             n = (msg.tags or {}).get(REQUEST_ID)
             if n in self._replies and self._replies[n] is None:
@@ -353,7 +353,7 @@ class Subscription:
                 if not st.queue:
                     continue  # (another task took it meanwhile: wait again)
             self.session.consumed(st)  # (taken and counted with no await between: a cancel cannot split them)
-            msg = message_of(st.queue.popleft())
+            msg = st.take()
             if st.origins is not None:
                 c._kick()  # (a queue group's message is acknowledged now that it is taken)
             return c._as_request(msg) if msg.tags else msg
@@ -367,12 +367,12 @@ class Subscription:
             raise ValueError(f"max_count must be an integer of at least 1, not {max_count!r}")
         out = [await self.next(timeout)]
         st, c = self.state, self.client
-        q = st.queue
-        take = min(max_count - 1, len(q))
-        if take:
-            self.session.consumed(st, take)  # (counted and taken with no await between, as in next)
-            for _ in range(take):
-                msg = message_of(q.popleft())
+        n = min(max_count - 1, len(st.queue))
+        if n:
+            self.session.consumed(st, n)  # (counted and taken with no await between, as in next)
+            take = st.take
+            for _ in range(n):
+                msg = take()
                 out.append(c._as_request(msg) if msg.tags else msg)
             if st.origins is not None:
                 c._kick()
@@ -396,8 +396,10 @@ class Subscription:
                 recv.buffered -= 1  # (Receiver.consumed's case without a queue group or held messages)
             else:
                 recv.consumed(st)
-            fields = st.queue.popleft()
-            return c._as_request(message_of(fields)) if fields[2] else message_of(fields)
+            item = st.queue.popleft()  # (SubState.take, written out)
+            if item.__class__ is bytes:
+                return message_of((st.topic, None, None, item, st.seqs.popleft()))  # type: ignore[arg-type]
+            return c._as_request(message_of(item)) if item[2] else message_of(item)  # type: ignore[arg-type,index]
         return await self.next()
 
 

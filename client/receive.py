@@ -56,25 +56,39 @@ class Message(NamedTuple):
         raise ValueError(f"this message on {self.topic!r} asks for no answer (it was not sent by request())")
 
 
-#: What a subscription's queue holds: a message's fields, those of :class:`Message`, in a plain
-#: tuple, made a Message (``message_of``) when the application takes it. Python's cyclic GC
-#: stops tracking a plain tuple of strings, bytes and numbers at its first collection, never a
-#: Message (a tuple subclass); a subscriber that queues thousands of messages at a time kept
-#: them all tracked, and its collections scanned them again and again, up to the whole heap
-#: (the W1 subscriber's CPU 0.38-0.39 -> 0.35 s in interleaved runs: docs/performance.md).
+#: A message's fields, those of :class:`Message`, in a plain tuple: how a subscription's queue
+#: holds every message but the common one (below).
 Fields = tuple[str, str | None, dict[str, str] | None, bytes, int | None]
-#: A queued message's fields as the application gets them.
+#: A message's fields as the application gets them.
 message_of: Callable[[Fields], Message] = partial(tuple.__new__, Message)  # type: ignore[assignment]
 
 
 class SubState:
-    __slots__ = ("mode", "confirmed", "reason", "queue", "counted", "origins", "holding")
+    """A subscription's receive side: its queue, and once it ended, why.
 
-    def __init__(self, mode: int, grouped: bool = False) -> None:
+    The queue holds one item per message, oldest first, made a :class:`Message` only when the
+    application takes it (:meth:`take`). The common message (the subscription's own topic, no
+    key, no tags, delivered in order: ``Receiver._in_order``) is its payload alone, a ``bytes``,
+    its sequence (None: fire) in ``seqs``, one entry per such item, in the same order; any other
+    message is its :data:`Fields`.
+
+    Why not a tuple (or a Message) each: Python's cyclic GC tracks every tuple from its creation
+    until a collection finds it holds nothing it must track, and a subscriber that queued
+    thousands of messages at a time set off a young collection every 700 of them, each
+    examining them all again (and a Message, a tuple subclass, is never let go). Bytes and ints
+    are never tracked, so a queue of payloads costs no collection at all (the W1 fire
+    subscriber's CPU 0.29 -> 0.25 s in interleaved runs: docs/performance.md).
+    """
+
+    __slots__ = ("topic", "mode", "confirmed", "reason", "queue", "seqs", "counted", "origins", "holding")
+
+    def __init__(self, topic: str, mode: int, grouped: bool = False) -> None:
+        self.topic = topic  # its filter: for a plain one, the topic of every message it gets
         self.mode = mode
         self.confirmed = False
         self.reason: str | None = None  # set once the subscription has ended
-        self.queue: deque[Fields] = deque()
+        self.queue: deque[Fields | bytes] = deque()
+        self.seqs: deque[int | None] = deque()  # the sequence of each bytes item in ``queue``
         self.counted = True  # its queue counts towards Receiver.buffered
         # A queue group's subscription: per queued message, [node, stream, seq, (producer id,
         # seq)] of its delivery (seq None: fire), acknowledged only once the application takes
@@ -83,6 +97,24 @@ class SubState:
         # (producer id, seq) of the reliable messages in ``queue`` -> their origin: a node that
         # carries them over to a new stream (we moved address) is heard, not obeyed twice
         self.holding: dict[tuple[bytes, int], list[Any]] = {}
+
+    def take(self) -> Message:
+        """The oldest message, out of the queue (the caller counts it: ``Receiver.consumed``).
+        ``Subscription.__anext__`` has this written out."""
+        item = self.queue.popleft()
+        if item.__class__ is bytes:
+            return message_of((self.topic, None, None, item, self.seqs.popleft()))  # type: ignore[arg-type]
+        return message_of(item)  # type: ignore[arg-type]
+
+    def messages(self) -> list[Message]:
+        """What is queued, as the application will take it, without taking it."""
+        seqs = iter(self.seqs)
+        return [message_of((self.topic, None, None, x, next(seqs)) if x.__class__ is bytes else x)  # type: ignore[arg-type]
+                for x in self.queue]  # fmt: skip
+
+    def clear(self) -> None:
+        self.queue.clear()
+        self.seqs.clear()
 
 
 class RecvStream:
@@ -258,6 +290,8 @@ class Receiver:
         plain = 4 if seq is None else 6
         topic: Any = None
         whole: SubState | None = None
+        queue: Any = None  # (whole's queue.append and seqs.append)
+        seqs: Any = None
         delivered = 0
         pid: Any = None
         high = 0
@@ -272,6 +306,8 @@ class Receiver:
                     whole = subs.get((topic, None))
                     if whole is not None and whole.reason is not None:
                         whole = None
+                    if whole is not None:
+                        queue, seqs = whole.queue.append, whole.seqs.append
                 if whole is not None:
                     if seq is not None:
                         pseq = m[5]
@@ -289,7 +325,8 @@ class Receiver:
                                 if self._duplicate(one, pseq):
                                     seq += 1
                                     continue
-                    whole.queue.append((topic, None, None, m[3], seq))  # (Fields: see SubState)
+                    queue(m[3])  # (the common message: its payload, its sequence in seqs: see SubState)
+                    seqs(seq)
                     delivered += 1
             if seq is not None:
                 seq += 1

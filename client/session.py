@@ -127,7 +127,7 @@ class ClientSession:
         wire.check_filter(topic)
         wire.check_key(key)
         grouped = not is_plain(topic) and parse_filter_untrusted(topic).queue is not None
-        st = SubState(mode, grouped)
+        st = SubState(topic, mode, grouped)
         old = self.subs.get((topic, key))
         if old is not None and old.reason is None:
             old.reason = Reason.UNSUBSCRIBED  # replaced: last command wins
@@ -156,7 +156,7 @@ class ClientSession:
             # UNSUB, which hands them to the group's other members: docs/guarantees.md)
             grouped = st.origins is not None
             self.recv.detach(st, release=not grouped)
-            st.queue.clear()
+            st.clear()
             if grouped:
                 self._leaving[(topic, key)] = st
         self.cmds.add((Op.UNSUB, topic, key, Mode.FIRE))
@@ -356,7 +356,7 @@ class ClientSession:
         if grouped and reason != Reason.NODE_LOST:
             # A group subscription the node ended (cancelled, timed out): it handed what we had not
             # taken to the group's other members, so the application must not take it too.
-            st.queue.clear()
+            st.clear()
         self.events.append(("cancelled", topic, key, reason))
 
     # ------------------------------------------------------------ time

@@ -549,7 +549,7 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         s = c.session
         for st_key, st in s.subs.items():
             while st.queue:
-                payload = st.queue.popleft()[3]  # (a message's fields: receive.Fields)
+                payload = st.take().payload
                 s.consumed(st)
                 pub, n = parse_payload(payload)
                 p = self.clients[pub]

@@ -8,7 +8,6 @@ import pytest
 import trio
 
 from roost.client import Client, decoding, wire
-from roost.client.receive import message_of
 from roost.client.wire import Mode, T
 from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
 from tests.corekit import connect, delivered, frames_to, make_core, sends
@@ -78,10 +77,10 @@ def test_the_session_hands_a_message_to_every_subscription_it_passes():
     msgs = [wire.pack_delivery(t, None, {"n": n}, t.encode(), b"p" * 16, i + 1)
             for i, (t, n) in enumerate([("a.b", "5"), ("a.c.d", "0"), ("a.c.d", "9"), ("b.c", "9")])]  # fmt: skip
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, msgs)]), 0.1)
-    assert [m.payload for m in map(message_of, exact.queue)] == [b"a.b"]
-    assert [m.payload for m in map(message_of, star.queue)] == [b"a.b"]
-    assert [m.sequence for m in map(message_of, rest.queue)] == [1, 2, 3]
-    assert [m.sequence for m in map(message_of, big.queue)] == [1, 3]
+    assert [m.payload for m in exact.messages()] == [b"a.b"]
+    assert [m.payload for m in star.messages()] == [b"a.b"]
+    assert [m.sequence for m in rest.messages()] == [1, 2, 3]
+    assert [m.sequence for m in big.messages()] == [1, 3]
     s.unsubscribe("a.> where n > 1", None)
     s.unsubscribe("a.>", None)
     s.unsubscribe("a.*", None)
@@ -270,15 +269,15 @@ def test_the_client_acknowledges_a_group_s_messages_as_they_are_taken():
     (a,) = _acks(s, 0.1)
     assert (a[4], a[5]) == (0, [(1, 4)])  # nothing taken: held, SACKed
     s.consumed(st)
-    st.queue.popleft()
+    st.take()
     (a,) = _acks(s, 0.2)
     assert (a[4], a[5]) == (1, [(2, 4)])
     for _ in range(2):
         s.consumed(st)
-        st.queue.popleft()
+        st.take()
     (a,) = _acks(s, 0.3)
     assert (a[4], a[5]) == (4, [])  # (the plain message counted as taken on arrival)
-    assert [m.payload for m in map(message_of, plain.queue)] == [b"o"]
+    assert [m.payload for m in plain.messages()] == [b"o"]
     assert not s.flushed(0) or not any(rs.need_ack for rs in s.recv.streams.values())
 
 
@@ -371,11 +370,11 @@ def test_group_messages_a_node_carries_over_to_a_new_stream_are_not_queued_twice
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [_group_msg(i) for i in (1, 2, 3)])]), 0.1)
     _acks(s, 0.1)
     s.handle_datagrams(wrap([wire.encode_msgs(9, 1, [_group_msg(i) for i in (1, 2, 3, 4)])]), 0.2)
-    assert [m.payload for m in map(message_of, st.queue)] == [b"1", b"2", b"3", b"4"]
+    assert [m.payload for m in st.messages()] == [b"1", b"2", b"3", b"4"]
     (a,) = _acks(s, 0.2)
     assert (a[3], a[4], a[5]) == (9, 0, [(1, 4)])
     for _ in range(4):
         s.consumed(st)
-        st.queue.popleft()
+        st.take()
     (a,) = _acks(s, 0.3)
     assert (a[3], a[4], a[5]) == (9, 4, []) and st.holding == {}

@@ -11,7 +11,6 @@ import trio
 from roost.client import Client, decoding, parts, wire
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
-from roost.client.receive import message_of
 from roost.client.wire import Mode, T, WireError
 from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
 from tests.corekit import connect, frames_to, make_core
@@ -140,7 +139,7 @@ def test_a_session_puts_a_large_message_together_across_two_nodes_streams_once()
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, frags[:2])]), 0.1)
     s.handle_datagrams([(wire.encode_msgs(9, 1, frags[1:]), other)], 0.2)  # (frags[1] again: a duplicate)
     s.handle_datagrams(wrap([wire.encode_msgs(7, 3, frags[2:3])]), 0.3)  # (and one more, late)
-    (m,) = map(message_of, st.queue)
+    (m,) = st.messages()
     assert (m.topic, m.tags, m.payload, m.sequence) == ("big.x", {"kind": "blob"}, payload, 3)
     assert s.recv.parts.partials == {} and s.recv.parts.held == 0
 
@@ -156,7 +155,7 @@ def test_a_group_s_large_message_is_acknowledged_once_taken_and_a_stale_one_is_g
     (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.1)]) if f[0] is T.ACK]
     assert (a[4], a[5]) == (0, [(1, 3)]) and len(st.queue) == 1  # (held, not acknowledged)
     s.consumed(st)
-    st.queue.popleft()
+    st.take()
     (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.2)]) if f[0] is T.ACK]
     assert (a[4], a[5]) == (3, [])
     # a message whose last part never comes: acknowledged once given up, so the stream moves on
@@ -257,7 +256,7 @@ def test_a_whole_large_message_carried_over_to_a_new_stream_is_not_queued_twice(
     assert len(st.queue) == 1 and not s.recv.parts.partials
     assert _acked(s, 0.2) == [(8, 0, [(1, 3)])]
     s.consumed(st)
-    st.queue.popleft()
+    st.take()
     assert _acked(s, 0.3) == [(8, 3, [])] and st.holding == {}
 
 

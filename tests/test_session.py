@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roost.client import decoding, wire
-from roost.client.receive import Message, message_of
+from roost.client.receive import Message
 from roost.client.session import ClientConfig, ClientSession
 from roost.client.wire import E, Mode, Reason, T
 from tests.corekit import NODE, make_core
@@ -46,8 +46,8 @@ def test_reliable_receive_drops_duplicates_and_reorders():
     ack = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.1)) if f[0] is T.ACK][-1]
     assert ack[4] == 2 and ack[5] == [(5, 6)]
     s.handle_datagrams(wrap([wire.encode_msgs(5, 1, m[0:4])]), 0.2)  # retransmit incl. duplicates
-    assert [x.payload for x in map(message_of, st.queue)] == [b"1", b"2", b"3", b"4", b"5", b"6"]
-    assert [x.sequence for x in map(message_of, st.queue)] == [1, 2, 3, 4, 5, 6]
+    assert [x.payload for x in st.messages()] == [b"1", b"2", b"3", b"4", b"5", b"6"]
+    assert [x.sequence for x in st.messages()] == [1, 2, 3, 4, 5, 6]
     assert s.duplicates == 2
 
 
@@ -58,7 +58,7 @@ def test_new_stream_resets_and_stale_stream_is_ignored():
     s.handle_datagrams(wrap([wire.encode_msgs(5, 1, [p])]), 0.1)
     s.handle_datagrams(wrap([wire.encode_msgs(6, 1, [p])]), 0.1)
     s.handle_datagrams(wrap([wire.encode_msgs(5, 2, [p])]), 0.1)
-    assert [(x.sequence) for x in map(message_of, st.queue)] == [1, 1]
+    assert [(x.sequence) for x in st.messages()] == [1, 1]
 
 
 def test_node_silence_ends_subscriptions_with_node_lost():
@@ -118,7 +118,7 @@ def test_reliable_end_to_end_over_a_faulty_network(seed):
             sent += 1
         net.run(net.now + 0.05)
     net.run(net.now + 30, stop=lambda: len(st.queue) >= n)
-    assert [m.payload.split()[0] for m in map(message_of, st.queue)] == [b"%d" % i for i in range(n)]
+    assert [m.payload.split()[0] for m in st.messages()] == [b"%d" % i for i in range(n)]
     assert net.dropped > 20 and net.duplicated > 10  # the faults really happened
 
 
@@ -132,7 +132,7 @@ def test_fire_over_a_lossy_network_loses_but_never_reorders_one_path():
         pub.publish("t", None, None, b"%d" % i, False)
         net.run(net.now + 0.002)
     net.run(net.now + 0.5)
-    got = [int(m.payload) for m in map(message_of, st.queue)]
+    got = [int(m.payload) for m in st.messages()]
     assert 0 < len(got) < 200 and got == sorted(got)
 
 
@@ -151,7 +151,7 @@ def test_out_of_capacity_reaches_the_client_api():
     assert other.reason is None  # the fire subscription carries on
     pub.publish("u", None, None, b"still here", False)
     net.run(net.now + 0.5)
-    assert [m.payload for m in map(message_of, other.queue)] == [b"still here"]
+    assert [m.payload for m in other.messages()] == [b"still here"]
 
 
 def test_forgotten_client_learns_timed_out():
@@ -176,7 +176,7 @@ def test_slow_consumer_and_a_lost_datagram_do_not_stall_the_stream():
     s.handle_datagrams(wrap([wire.encode_msgs(5, 1, m[0:4])]), 0.2)  # resent: buffer now full
     got = []
     while st.queue:
-        got.append(message_of(st.queue.popleft()).payload)
+        got.append(st.take().payload)
         s.consumed(st)
     assert got == [b"%d" % i for i in range(1, 10)]
     ack = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.3)) if f[0] is T.ACK][-1]
@@ -273,7 +273,7 @@ def test_a_late_message_from_another_member_is_not_taken_for_a_duplicate():
     s.handle_datagrams([(wire.encode_msgs(9, 1, [d[3]]), n2)], 0.2)
     s.handle_datagrams([(wire.encode_msgs(5, 3, [d[2]]), n1)], 0.3)
     s.handle_datagrams([(wire.encode_msgs(9, 2, [d[2], d[3]]), n2)], 0.4)  # resends: duplicates
-    assert [m.payload for m in map(message_of, st.queue)] == [b"m1", b"m2", b"m4", b"m3"]
+    assert [m.payload for m in st.messages()] == [b"m1", b"m2", b"m4", b"m3"]
     assert s.duplicates == 2
 
 
@@ -329,12 +329,12 @@ def test_a_producers_earlier_messages_arriving_after_its_first_one_heard_are_del
     from roost.client.receive import Receiver
     from roost.client.session import SubState
 
-    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState("t", Mode.RELIABLE)}
     r = Receiver(subs, [], ClientConfig())
     pid = b"p" * 16
     for pseq in (144, 133, 150, 133, 144, 140):
         r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1, ("127.0.0.1", 1), 1)
-    assert [int(m.payload) for m in map(message_of, subs[("t", None)].queue)] == [144, 133, 150, 140]
+    assert [int(m.payload) for m in subs[("t", None)].messages()] == [144, 133, 150, 140]
     assert r.duplicates == 2  # the second 133 and the second 144
 
 
@@ -349,10 +349,10 @@ def test_a_message_that_arrived_while_no_subscription_was_in_force_is_delivered_
     r = Receiver(subs, [], ClientConfig())
     pid = b"p" * 16
     r._deliver(("t", None, None, b"1", pid, 1), 1, ("127.0.0.1", 1), 1)  # nobody subscribed to t right now
-    subs[("t", None)] = SubState(Mode.RELIABLE)
+    subs[("t", None)] = SubState("t", Mode.RELIABLE)
     r._deliver(("t", None, None, b"1", pid, 1), 1, ("127.0.0.1", 1), 1)  # the same message, from another member
     r._deliver(("t", None, None, b"1", pid, 1), 2, ("127.0.0.1", 1), 1)  # and a true duplicate
-    assert [m.payload for m in map(message_of, subs[("t", None)].queue)] == [b"1"] and r.duplicates == 1
+    assert [m.payload for m in subs[("t", None)].messages()] == [b"1"] and r.duplicates == 1
 
 
 def test_forgetting_early_sequences_past_the_bound_misses_rather_than_duplicates(monkeypatch):
@@ -361,19 +361,19 @@ def test_forgetting_early_sequences_past_the_bound_misses_rather_than_duplicates
     from roost.client.session import SubState
 
     monkeypatch.setattr(receive, "MAX_HOLES", 4)
-    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState("t", Mode.RELIABLE)}
     r = Receiver(subs, [], ClientConfig())
     pid = b"p" * 16
     for pseq in (100, 1, 2, 3, 4, 5, 1):  # 6 early ones: the oldest is forgotten, then repeated
         r._deliver(("t", None, None, b"%d" % pseq, pid, pseq), 1, ("127.0.0.1", 1), 1)
-    assert [int(m.payload) for m in map(message_of, subs[("t", None)].queue)] == [100, 1, 2, 3, 4, 5]
+    assert [int(m.payload) for m in subs[("t", None)].messages()] == [100, 1, 2, 3, 4, 5]
 
 
 def test_a_fire_datagram_the_network_duplicated_is_delivered_once_and_equal_messages_twice():
     from roost.client.receive import Receiver
     from roost.client.session import SubState
 
-    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.FIRE)}
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState("t", Mode.FIRE)}
     r = Receiver(subs, [], ClientConfig())
     node = ("127.0.0.1", 7400)
     r.on_msgs(node, 0, 41, [("t", None, None, b"x")])
@@ -381,7 +381,7 @@ def test_a_fire_datagram_the_network_duplicated_is_delivered_once_and_equal_mess
     r.on_msgs(node, 0, 42, [("t", None, None, b"x")])  # a new datagram with an equal message
     r.on_msgs(node, 0, 0, [("t", None, None, b"y")])  # unnumbered (an older member): never dropped
     r.on_msgs(node, 0, 0, [("t", None, None, b"y")])
-    assert [m.payload for m in map(message_of, subs[("t", None)].queue)] == [b"x", b"x", b"y", b"y"]
+    assert [m.payload for m in subs[("t", None)].messages()] == [b"x", b"x", b"y", b"y"]
     assert r.duplicates == 1
 
 
@@ -426,7 +426,7 @@ def test_an_in_order_datagram_delivers_like_message_by_message_with_duplicates_a
             ("t", None, None, b"9", pid, 9), ("t", None, None, b"7", pid, 7)]  # fmt: skip
     queues = []
     for whole_datagram in (True, False):
-        subs = {("t", None): SubState(Mode.RELIABLE), ("t", "k"): SubState(Mode.RELIABLE)}
+        subs = {("t", None): SubState("t", Mode.RELIABLE), ("t", "k"): SubState("t", Mode.RELIABLE)}
         r = Receiver(subs, [], ClientConfig())
         if whole_datagram:
             r.on_msgs(node, 1, 1, msgs)
@@ -434,7 +434,7 @@ def test_an_in_order_datagram_delivers_like_message_by_message_with_duplicates_a
         else:
             for i, m in enumerate(msgs):
                 r._deliver(m, 1 + i, node, 1)
-        whole, keyed = map(message_of, subs[("t", None)].queue), map(message_of, subs[("t", "k")].queue)
+        whole, keyed = subs[("t", None)].messages(), subs[("t", "k")].messages()
         queues.append(([(m.payload, m.sequence) for m in whole], [m.payload for m in keyed], r.buffered, r.duplicates))
     assert queues[0] == queues[1]
     assert queues[0] == ([(b"1", 1), (b"2", 2), (b"k3", 4), (b"4", 5), (b"9", 7), (b"7", 8)], [b"k3"], 7, 1)
@@ -464,7 +464,7 @@ def test_the_in_order_path_matches_message_by_message_delivery(runs, before, twi
     datagrams = [msgs, msgs] if twice else [msgs]
     states = []
     for whole_datagram in (True, False):
-        subs = {("t", None): SubState(Mode.RELIABLE), ("t", "k"): SubState(Mode.RELIABLE)}
+        subs = {("t", None): SubState("t", Mode.RELIABLE), ("t", "k"): SubState("t", Mode.RELIABLE)}
         r = Receiver(subs, [], ClientConfig())
         for pid, pseq in before:  # (what an earlier stream, or another member, delivered)
             r._duplicate(pid, pseq)
@@ -478,7 +478,7 @@ def test_the_in_order_path_matches_message_by_message_delivery(runs, before, twi
             first += len(d)
         holes = {pid: h.ranges() for pid, h in r.holes.items()}
         early = {pid: (e[0], sorted(e[1]), e[2]) for pid, e in r.early.items()}
-        states.append((list(subs[("t", None)].queue), list(subs[("t", "k")].queue), r.buffered, r.duplicates,
+        states.append((subs[("t", None)].messages(), subs[("t", "k")].messages(), r.buffered, r.duplicates,
                        r.seen, holes, early))  # fmt: skip
     assert states[0] == states[1]
 
@@ -487,13 +487,13 @@ def test_an_in_order_fire_datagram_is_queued_whole_and_one_past_the_buffer_goes_
     from roost.client.receive import Receiver
     from roost.client.session import SubState
 
-    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.FIRE)}
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState("t", Mode.FIRE)}
     r = Receiver(subs, [], ClientConfig(max_buffered=3))
     node = ("127.0.0.1", 7400)
     r.on_msgs(node, 0, 1, [("t", None, None, b"a"), ("x", None, None, b"-"), ("t", None, None, b"b")])
-    assert [m.payload for m in map(message_of, subs[("t", None)].queue)] == [b"a", b"b"] and r.buffered == 2
+    assert [m.payload for m in subs[("t", None)].messages()] == [b"a", b"b"] and r.buffered == 2
     r.on_msgs(node, 0, 2, [("t", None, None, b"c"), ("t", None, None, b"d")])  # room for one: the other dropped
-    assert [m.payload for m in map(message_of, subs[("t", None)].queue)] == [b"a", b"b", b"c"] and r.buffered == 3
+    assert [m.payload for m in subs[("t", None)].messages()] == [b"a", b"b", b"c"] and r.buffered == 3
     assert r.events == [("fire_dropped", 1)]
 
 
@@ -506,7 +506,7 @@ def test_holes_stay_bounded_and_keep_the_newest_when_a_subscriber_sees_a_sliver_
     from roost.client.session import SubState
 
     monkeypatch.setattr(receive, "MAX_HOLES", 4)
-    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState(Mode.RELIABLE)}
+    subs: dict[tuple[str, str | None], SubState] = {("t", None): SubState("t", Mode.RELIABLE)}
     r = Receiver(subs, [], ClientConfig())
     pid = b"p" * 16
     for pseq in range(1, 40, 3):  # 1, 4, 7, ... each after a jump of 3
@@ -514,27 +514,41 @@ def test_holes_stay_bounded_and_keep_the_newest_when_a_subscriber_sees_a_sliver_
         assert len(r.holes.get(pid, ())) <= 4
     r._deliver(("t", None, None, b"38", pid, 38), 1, ("127.0.0.1", 1), 1)  # a recent hole: new
     r._deliver(("t", None, None, b"2", pid, 2), 1, ("127.0.0.1", 1), 1)  # long forgotten: counted as seen
-    assert [int(m.payload) for m in map(message_of, subs[("t", None)].queue)][-1] == 38 and r.duplicates == 1
+    assert [int(m.payload) for m in subs[("t", None)].messages()][-1] == 38 and r.duplicates == 1
 
 
-def test_queued_messages_are_plain_tuples_the_gc_stops_tracking():
-    """A subscription's queue holds a message's fields in a plain tuple (receive.Fields), made a
-    Message only when taken: the cyclic GC untracks a tuple of atoms at its first collection,
-    never a Message, and a subscriber's thousands of queued messages were scanned at every
-    collection (docs/performance.md)."""
+def test_the_common_queued_message_is_its_payload_alone_which_the_gc_never_tracks():
+    """A subscription's queue holds the common message (its own topic, no key, no tags, in
+    order) as its payload alone, its sequence in ``seqs``, and any other as a plain tuple of its
+    fields, each made a Message only when taken: bytes are never tracked by the cyclic GC, so a
+    subscriber's thousands of queued messages set off no collection (docs/performance.md).
+    Mixed, they are taken in the order they came, each with its own sequence."""
     import gc
 
     s = connected_session()
     st = s.subscribe("t", None, Mode.RELIABLE)
-    ms = [wire.pack_delivery("t", None, None, b"%d" % i, b"p" * 16, i) for i in range(1, 4)]
+    ms = [wire.pack_delivery("t", None, None, b"%d" % i, b"p" * 16, i) for i in range(1, 3)]
     s.handle_datagrams(wrap([wire.encode_msgs(5, 1, ms)]), 0.1)
-    assert all(item.__class__ is tuple for item in st.queue)
-    gc.collect()
+    assert list(st.queue) == [b"1", b"2"] and list(st.seqs) == [1, 2]
     assert not any(gc.is_tracked(item) for item in st.queue)
-    m = message_of(st.queue[0])
-    assert m.__class__ is Message and (m.topic, m.key, m.tags, m.payload, m.sequence) == ("t", None, None, b"1", 1)
-    keyed, wild = s.subscribe("t", "k", Mode.RELIABLE), s.subscribe("w.*", None, Mode.FIRE)
-    s.handle_datagrams(wrap([wire.encode_msgs(5, 4, [wire.pack_delivery("t", "k", {"a": "b"}, b"4", b"p" * 16, 4)]),
-                             wire.encode_msgs(0, 9, [wire.pack_message("w.x", None, None, b"w")])]), 0.2)  # fmt: skip
-    assert [item.__class__ for item in (*st.queue, *keyed.queue, *wild.queue)] == [tuple] * 6
-    assert message_of(keyed.queue[0]) == ("t", "k", {"a": "b"}, b"4", 4) and wild.queue[0][3] == b"w"
+    keyed = s.subscribe("t", "k", Mode.RELIABLE)
+    mixed = [wire.pack_delivery("t", "k", {"a": "b"}, b"3", b"p" * 16, 3),
+             wire.pack_delivery("t", None, None, b"4", b"p" * 16, 4)]
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 3, mixed)]), 0.2)
+    kinds = [item.__class__ for item in (*st.queue, *keyed.queue)]
+    assert kinds == [bytes, bytes, tuple, bytes, tuple] and list(st.seqs) == [1, 2, 4]
+    assert keyed.messages() == [("t", "k", {"a": "b"}, b"3", 3)]
+    wild = s.subscribe("w.*", None, Mode.FIRE)  # (a filter: each message through _deliver, a tuple)
+    s.handle_datagrams(wrap([wire.encode_msgs(0, 9, [wire.pack_message("w.x", None, None, b"w")])]), 0.2)
+    assert [item.__class__ for item in wild.queue] == [tuple] and wild.messages() == [("w.x", None, None, b"w", None)]
+    want = [("t", None, None, b"1", 1), ("t", None, None, b"2", 2), ("t", "k", {"a": "b"}, b"3", 3),
+            ("t", None, None, b"4", 4)]  # fmt: skip
+    assert st.messages() == want and len(st.queue) == 4  # (looked at, not taken)
+    taken = [st.take() for _ in range(4)]
+    assert taken == want and all(m.__class__ is Message for m in taken)
+    assert not st.queue and not st.seqs
+    s.unsubscribe("w.*", None)  # (no filter left: the in-order path again)
+    s.handle_datagrams(wrap([wire.encode_msgs(5, 5, [wire.pack_delivery("t", None, None, b"5", b"p" * 16, 5)])]), 0.3)
+    assert list(st.seqs) == [5]
+    s.unsubscribe("t", None)
+    assert not st.queue and not st.seqs  # (both emptied together)
