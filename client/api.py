@@ -20,6 +20,7 @@ from roost.client import subjects, wire
 from roost.client.clientbase import ClientClosed, NodeLost
 from roost.client.durableapi import DurableAPI, LogRead, durable_id
 from roost.client.receive import Message, SubState, message_of
+from roost.client.router import Router
 from roost.client.session import ClientSession
 from roost.client.wire import MODE_NAMES, Reason
 
@@ -100,7 +101,21 @@ class ClientAPI(DurableAPI):
             reliable = _mode(mode) == RELIABLE  # (the error, for a mode that is not a name)
         r = self._router or self.router
         seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
-        deadline = math.inf if timeout is None or not (seq is None or wait) else self._now() + timeout
+        if seq is None or wait:
+            return await self._publish_waiting(r, seq, topic, key, tags, payload, reliable, wait, timeout)
+        self._since_yield += 1
+        self._kick()
+        if self._since_yield >= self.config.yield_every:
+            self._since_yield = 0
+            await self._checkpoint()
+        return seq
+
+    async def _publish_waiting(self, r: Router, seq: int | None, topic: str, key: str | None,
+                               tags: dict[str, str] | None, payload: bytes, reliable: bool, wait: bool,
+                               timeout: float | None) -> int:  # fmt: skip
+        """``publish``'s waits, apart from its common case: for room in the window (``seq``
+        None: not offered yet), then with ``wait`` for the acknowledgement."""
+        deadline = math.inf if timeout is None else self._now() + timeout
         if seq is None:
             self._kick()
             if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):
