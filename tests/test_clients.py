@@ -525,6 +525,25 @@ async def test_a_full_publish_window_ends_with_node_lost(tmp_path):
         gone.stop()
 
 
+async def test_publish_timeouts_say_which_wait_ran_out(tmp_path):
+    """``timeout`` bounds publish's two waits, each with its own error: for room in a full
+    window (not published), and with ``wait=True`` for the acknowledgement (queued, retried)."""
+    gone = Node(tmp_path)
+    try:
+        async with roost.Client(gone.addr, config=ClientConfig(pub_window=2, node_timeout=30)) as c:
+            gone.stop()
+            with trio.fail_after(10):
+                with pytest.raises(TimeoutError, match="not acknowledged within 0.2 s"):
+                    await c.publish("x.slow", "one", wait=True, timeout=0.2)
+                assert c.router.last_seq == 1 and c.router.acked == 0  # (queued, not acknowledged)
+                await c.publish("x.slow", "two")
+                with pytest.raises(TimeoutError, match="no room in the publish window within 0.2 s"):
+                    await c.publish("x.slow", "three", timeout=0.2)
+                assert c.router.last_seq == 2  # (the third was not published)
+    finally:
+        gone.stop()
+
+
 def test_the_three_clients_have_the_same_api():
     def public(cls: object) -> set[str]:
         return {n for n in dir(cls) if not n.startswith("_")}
