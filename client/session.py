@@ -12,8 +12,8 @@ cancelled, timed out). The parts it drives live next to it:
 - ``client/publisher.py``: producer sequences, the window, go-back-N retry.
 
 Inputs: API calls, datagrams and ticks, each with ``now``. Outputs:
-:meth:`ClientSession.outgoing` (datagrams to send), per-subscription queues of message
-fields (``receive.Fields``, made a :class:`Message` by ``receive.message_of`` when taken), and
+:meth:`ClientSession.outgoing` (datagrams to send), per-subscription queues of messages
+(``receive.SubState``: made a :class:`Message` by ``SubState.take`` when taken), and
 :attr:`ClientSession.events`.
 """
 

@@ -533,11 +533,11 @@ async def test_publish_timeouts_say_which_wait_ran_out(tmp_path):
         async with roost.Client(gone.addr, config=ClientConfig(pub_window=2, node_timeout=30)) as c:
             gone.stop()
             with trio.fail_after(10):
-                with pytest.raises(TimeoutError, match="not acknowledged within 0.2 s"):
+                with pytest.raises(TimeoutError, match=r"not acknowledged within 0\.2 s"):
                     await c.publish("x.slow", "one", wait=True, timeout=0.2)
                 assert c.router.last_seq == 1 and c.router.acked == 0  # (queued, not acknowledged)
                 await c.publish("x.slow", "two")
-                with pytest.raises(TimeoutError, match="no room in the publish window within 0.2 s"):
+                with pytest.raises(TimeoutError, match=r"no room in the publish window within 0\.2 s"):
                     await c.publish("x.slow", "three", timeout=0.2)
                 assert c.router.last_seq == 2  # (the third was not published)
     finally:
