@@ -14,12 +14,12 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 from roost.client import subjects, wire
 from roost.client.clientbase import ClientClosed, NodeLost
 from roost.client.durableapi import DurableAPI, LogRead, durable_id
-from roost.client.receive import Message, SubState, message_of
+from roost.client.receive import Fields, Message, SubState, message_of
 from roost.client.router import Router
 from roost.client.session import ClientSession
 from roost.client.wire import MODE_NAMES, Reason
@@ -413,8 +413,9 @@ class Subscription:
                 recv.consumed(st)
             item = st.queue.popleft()  # (SubState.take, written out)
             if item.__class__ is bytes:
-                return message_of((st.topic, None, None, item, st.seqs.popleft()))  # type: ignore[arg-type]
-            return c._as_request(message_of(item)) if item[2] else message_of(item)  # type: ignore[arg-type,index]
+                return message_of((st.topic, None, None, item, st.seqs.popleft()))
+            fields = cast(Fields, item)
+            return c._as_request(message_of(fields)) if fields[2] else message_of(fields)
         return await self.next()
 
 

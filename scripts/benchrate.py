@@ -11,9 +11,10 @@ matching process does, so Roost cannot beat it):
 - the **relay** drains its socket, unpacks each datagram and packs each message again for the
   subscriber (what a node does in fire mode, without checks, tables or windows);
 - the **subscriber**'s I/O task drains its socket, unpacks each datagram and queues each
-  message's fields in a plain tuple, made a ``Message`` (``message_of``) when the application
-  takes it with ``async for msg in sub`` and the bench's ``Tally.take``, as W1's subscriber
-  does (and as Roost's queue holds them: client/receive.py, ``Fields``).
+  message's payload alone, made a ``Message`` (``message_of``) when the application takes it
+  with ``async for msg in sub`` and the bench's ``Tally.take``, as W1's subscriber does (and as
+  Roost's queue holds a subscription's own topic's plain messages: client/receive.py,
+  ``SubState``).
 
 No acknowledgements, no windows, no checks of the bytes: a fire floor. The figures are msgs/s at
 the subscriber (first message to last, as scripts/bench.py counts them), lost, and each
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.benchsystems import Tally, _pace, cpu_seconds, payload
 
 BATCH, DATAGRAM, BUFFER = 256, 16_000, 8 << 20
+TOPIC = "bench"
 
 
 def _sock() -> socket.socket:
@@ -120,7 +122,7 @@ async def source(to: int, n: int, size: int) -> dict[str, Any]:
     pub, pad, t0 = Pub(), b"x" * (size - 16), time.monotonic()
     for i in range(n):
         await _pace(t0, i, 0, trio.sleep)
-        await pub.publish("bench", payload(i, pad))
+        await pub.publish(TOPIC, payload(i, pad))
     pub.flush()
     return {"cpu": cpu_seconds() - cpu0, "refused": pub.refused}
 
@@ -142,10 +144,10 @@ async def sink(n: int, idle: float) -> dict[str, Any]:
     import msgpack
     import trio
 
-    from roost.client.receive import Fields, Message, message_of
+    from roost.client.receive import Message, message_of
 
     s, unpack, cpu0 = _sock(), msgpack.unpackb, cpu_seconds()
-    queue: collections.deque[Fields] = collections.deque()
+    queue: collections.deque[bytes] = collections.deque()
     tally = Tally(n)
 
     class Sub:
@@ -153,7 +155,7 @@ async def sink(n: int, idle: float) -> dict[str, Any]:
             self.ready = trio.Event()
 
         def each(self, d: bytes) -> None:
-            queue.extend([(m[0], m[1], m[2], m[3], None) for m in unpack(d)])
+            queue.extend([m[3] for m in unpack(d)])  # (one topic: the payload alone, as Roost's)
             self.ready.set()
 
         def __aiter__(self) -> Sub:
@@ -163,7 +165,7 @@ async def sink(n: int, idle: float) -> dict[str, Any]:
             while not queue:
                 self.ready = trio.Event()
                 await self.ready.wait()
-            return message_of(queue.popleft())
+            return message_of((TOPIC, None, None, queue.popleft(), None))
 
     sub = Sub()
     async with trio.open_nursery() as nursery:

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from roost.client import Client, ClientClosed, ClientConfig, NodeLost, decoding, wire
+from roost.client import Client, ClientClosed, ClientConfig, Message, NodeLost, decoding, wire
 from roost.client import udp as udp_module
 from roost.client.udp import drain, send_all, send_now, send_ready
 from roost.client.wire import E, T
@@ -129,6 +129,38 @@ async def test_async_for_past_a_full_buffer_takes_every_message_in_order(node):
                     if len(got) == 300:
                         break
             assert got == [b"%d" % i for i in range(300)] and counts == {0}
+
+
+async def test_async_for_and_batches_give_the_same_messages_with_their_sequences(node):
+    """``async for`` (``__anext__``, with ``SubState.take`` written out) and ``batches()`` over
+    the same mixed stream: plain messages (queued as their payload, the sequence beside it),
+    keyed and tagged ones (queued as tuples) come as the same Messages, in order, on the
+    subscription's topic, each with its own consecutive sequence."""
+    def sent(i: int) -> tuple[str | None, dict[str, str] | None]:
+        return ("k" if i % 7 == 3 else None), ({"n": str(i)} if i % 11 == 5 else None)
+
+    async with Client(addr(node)) as a, Client(addr(node)) as b, Client(addr(node)) as pub:
+        async with a.subscribe("t") as sub_a, b.subscribe("t") as sub_b:
+            for i in range(300):
+                await pub.publish("t", b"%d" % i, *sent(i))
+            iterated: list[Message] = []
+            batched: list[Message] = []
+            payloads_beside = 0
+            with trio.fail_after(20):
+                async for m in sub_a:
+                    iterated.append(m)
+                    payloads_beside = max(payloads_beside, len(sub_a.state.seqs))
+                    if len(iterated) == 300:
+                        break
+                async for batch in sub_b.batches(max_count=64):
+                    batched += batch
+                    if len(batched) == 300:
+                        break
+    assert payloads_beside > 0  # (the plain messages were queued as payloads)
+    for got in (iterated, batched):
+        assert [(m.topic, m.key, m.tags, m.payload) for m in got] == [("t", *sent(i), b"%d" % i) for i in range(300)]
+        seqs = [m.sequence or 0 for m in got]
+        assert seqs == list(range(seqs[0], seqs[0] + 300)) and seqs[0] > 0
 
 
 async def test_unsubscribe_ends_iteration_without_error(node):
