@@ -68,10 +68,7 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, pid, first, floor, rel, msgs = f
     if rel.__class__ is not bool:
         raise WireError(E.MALFORMED, "reliable flag must be a boolean")
-    msgs = _list(msgs, "messages")
-    if not msgs:
-        raise WireError(E.MALFORMED, "PUB carries at least one message")
-    _last_seq(_uint(first, "first_seq"), msgs)
+    msgs = _batch("PUB", first, msgs)
     return (
         T.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), first,
@@ -114,6 +111,16 @@ def _checked(msgs: list[Any], delivered: bool) -> list[tuple[Any, ...]]:
                     continue
         add(full(m))
     return out
+
+
+def _batch(frame: str, first: Any, msgs: Any) -> list[Any]:
+    """A PUB's or a PUT's messages: a list of at least one, their sequences from ``first`` on
+    within a uint64 (each message is checked by the caller)."""
+    checked: list[Any] = _list(msgs, "messages")
+    if not checked:
+        raise WireError(E.MALFORMED, f"{frame} carries at least one message")
+    _last_seq(_uint(first, "first_seq"), checked)
+    return checked
 
 
 def _last_seq(first: int, msgs: list[Any]) -> None:

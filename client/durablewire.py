@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from roost.client.decoding import _frame, _last_seq
+from roost.client.decoding import _batch, _frame
 from roost.client.wire import (
     COOKIE_LEN,
     ID_LEN,
@@ -84,10 +84,7 @@ def encode_committed(name: str, partition: int, offset: int, status: int) -> byt
 @_frame(T.PUT, 7)
 def _put(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, pid, partition, first, floor, msgs = f
-    msgs = _list(msgs, "messages")
-    if not msgs:
-        raise WireError(E.MALFORMED, "PUT carries at least one message")
-    _last_seq(_uint(first, "first_seq"), msgs)
+    msgs = _batch("PUT", first, msgs)
     return (
         T.PUT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), first,

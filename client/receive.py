@@ -101,16 +101,18 @@ class SubState:
     def take(self) -> Message:
         """The oldest message, out of the queue (the caller counts it: ``Receiver.consumed``).
         ``Subscription.__anext__`` has this written out."""
-        item = self.queue.popleft()
-        if item.__class__ is bytes:
-            return message_of((self.topic, None, None, item, self.seqs.popleft()))
-        return message_of(cast(Fields, item))
+        return self._message(self.queue.popleft(), self.seqs.popleft)
 
     def messages(self) -> list[Message]:
         """What is queued, as the application will take it, without taking it."""
-        seqs = iter(self.seqs)
-        return [message_of((self.topic, None, None, x, next(seqs)) if x.__class__ is bytes
-                           else cast(Fields, x)) for x in self.queue]  # fmt: skip
+        seq = iter(self.seqs).__next__
+        return [self._message(item, seq) for item in self.queue]
+
+    def _message(self, item: Fields | bytes, seq: Callable[[], int | None]) -> Message:
+        """A queued item's Message; ``seq`` gives the next of ``seqs``, called for a payload."""
+        if item.__class__ is bytes:
+            return message_of((self.topic, None, None, item, seq()))
+        return message_of(cast(Fields, item))
 
     def clear(self) -> None:
         self.queue.clear()
