@@ -529,8 +529,8 @@ async def test_publish_timeouts_say_which_wait_ran_out(tmp_path):
     """``timeout`` bounds publish's two waits, each with its own error: for room in a full
     window (not published), and with ``wait=True`` for the acknowledgement (queued, retried)."""
     gone = Node(tmp_path)
-    try:
-        async with roost.Client(gone.addr, config=ClientConfig(pub_window=2, node_timeout=30)) as c:
+    try:  # (node_timeout bounds the flush on leaving, with the node gone: 3 s, not the test's 30)
+        async with roost.Client(gone.addr, config=ClientConfig(pub_window=2, node_timeout=3)) as c:
             gone.stop()
             with trio.fail_after(10):
                 with pytest.raises(TimeoutError, match=r"not acknowledged within 0\.2 s"):
