@@ -21,7 +21,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from enum import IntEnum
 from itertools import accumulate
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -134,10 +134,10 @@ def subs_digest(subs: Iterable[tuple[str, str | None, int]]) -> int:
 class Reason:
     """Why a subscription ended; the strings are part of the protocol."""
 
-    UNSUBSCRIBED = "unsubscribed"
-    OUT_OF_CAPACITY = "out_of_capacity"
-    NODE_LOST = "node_lost"
-    TIMED_OUT = "timed_out"
+    UNSUBSCRIBED: Final = "unsubscribed"
+    OUT_OF_CAPACITY: Final = "out_of_capacity"
+    NODE_LOST: Final = "node_lost"
+    TIMED_OUT: Final = "timed_out"
 
 
 class WireError(Exception):
