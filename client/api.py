@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from roost.client import subjects, wire
-from roost.client.clientbase import ClientClosed, NodeLost
+from roost.client.clientbase import ClientClosed, NodeLost, check_timeout
 from roost.client.durableapi import DurableAPI, LogRead, durable_id
 from roost.client.receive import Fields, Message, SubState, message_of
 from roost.client.router import Router
@@ -94,6 +94,8 @@ class ClientAPI(DurableAPI):
         """
         if self._closed:
             raise self._closed_error()
+        if timeout is not None:
+            check_timeout(timeout)  # (before anything is queued)
         if payload.__class__ is not bytes:
             payload = _payload_bytes(payload)
         reliable = _IS_RELIABLE.get(mode)
@@ -115,7 +117,7 @@ class ClientAPI(DurableAPI):
                                timeout: float | None) -> int:  # fmt: skip
         """``publish``'s waits, apart from its common case: for room in the window (``seq``
         None: not offered yet), then with ``wait`` for the acknowledgement."""
-        deadline = math.inf if timeout is None else self._now() + timeout
+        deadline = self._deadline(timeout)
         if seq is None:
             self._kick()
             if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):
@@ -138,6 +140,7 @@ class ClientAPI(DurableAPI):
     async def flush(self, timeout: float = math.inf) -> bool:
         """Wait until every reliable publish, every durable put and every command so far is
         acknowledged, on every session."""
+        deadline = self._deadline(timeout)
         r = self.router
         self._kick()
         marks = r.flush_marks()
@@ -149,17 +152,18 @@ class ClientAPI(DurableAPI):
         if self._closed:
             return False
         try:
-            return await self._until(done, self._now() + timeout) and not r.lost
+            return await self._until(done, deadline) and not r.lost
         except ClientClosed:  # (closed meanwhile: not everything is known to be acknowledged)
             return False
 
     async def status(self, timeout: float = 3.0) -> dict[str, Any]:
         """The status map of the node this client was given (what ``roost status`` prints)."""
+        deadline = self._deadline(timeout)
         s = self.session
         s.last_status = None
         s.status_request()
         self._kick()
-        if not await self._until(lambda: s.last_status is not None, self._now() + timeout):
+        if not await self._until(lambda: s.last_status is not None, deadline):
             raise NodeLost("no STATUS reply from the node")
         assert s.last_status is not None
         return s.last_status
@@ -187,9 +191,7 @@ class ClientAPI(DurableAPI):
         """Publish a request on ``topic`` and wait for the first reply (a subscriber's
         ``msg.respond(...)``); raises TimeoutError after ``timeout`` seconds without one."""
         self._check_open()
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
-        deadline = self._now() + timeout
+        deadline = self._deadline(timeout)
         inbox = await self._open_inbox(deadline)
         self._requests += 1
         rid = str(self._requests)
@@ -305,8 +307,9 @@ class Subscription:
     async def start(self, timeout: float | None = None) -> None:
         """Subscribe and wait until the node confirms (or refuses); then start the callback, if any.
         TimeoutError after ``timeout`` seconds without an answer (the subscription stays asked for)."""
+        deadline = self.client._deadline(timeout)
         self.begin()
-        if not await self.confirmation(math.inf if timeout is None else self.client._now() + timeout):
+        if not await self.confirmation(deadline):
             await self.unsubscribe()  # (not left to collect messages nobody reads)
             raise TimeoutError(f"the subscription to {self.topic!r} was not confirmed within {timeout} s")
         if self.callback is not None and self.reason is None:
@@ -354,7 +357,7 @@ class Subscription:
         """The next message; StopAsyncIteration once the subscription ended, TimeoutError after
         ``timeout`` seconds (None: wait) without one."""
         st, c = self.state, self.client
-        deadline = math.inf if timeout is None else c._now() + timeout
+        deadline = c._deadline(timeout)
         while True:
             if not st.queue:
                 if not await c._until(lambda: bool(st.queue) or st.reason is not None, deadline):

@@ -27,6 +27,7 @@ from typing import Any, Self, TypeVar
 
 from roost.client import aio
 from roost.client.api import ClientClosed, LogRead, NodeLost, Request, durable_id
+from roost.client.clientbase import check_timeout
 from roost.client.receive import Message
 from roost.client.session import ClientConfig
 
@@ -51,8 +52,8 @@ class Client:
     those of the async clients (``node`` may be a list; None means ``ROOST_NODES``)."""
 
     def __init__(self, node: Any = None, *, timeout: float | None = 30.0, **kwargs: Any) -> None:
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds or None, not {timeout!r}")
+        if timeout is not None:
+            check_timeout(timeout)
         self.timeout = timeout
         self.aclient = aio.Client(node, **kwargs)
         self._loop: asyncio.AbstractEventLoop | None = None  # (made by connect: a client never used holds none)

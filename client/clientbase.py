@@ -55,6 +55,14 @@ class ClientClosed(ConnectionError):
     """A call on a client that was closed (or whose I/O failed), or that waited while it closed."""
 
 
+def check_timeout(timeout: object) -> None:
+    """Refuse a ``timeout`` that is not a number of seconds >= 0, saying what came (0: do not
+    wait, as ``queue.Queue.get`` takes it; None, no limit, is the caller's to allow): checked
+    before the call changes anything, so a bad one publishes, subscribes or moves nothing."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0 or None, not {timeout!r}")
+
+
 class ClientBase(abc.ABC):
     """The state and the connection every client shell shares (see the module)."""
 
@@ -109,6 +117,14 @@ class ClientBase(abc.ABC):
     @abc.abstractmethod
     def _now(self) -> float:
         """The loop's clock: the sessions' ``now``."""
+
+    def _deadline(self, timeout: float | None) -> float:
+        """The loop-clock time ``timeout`` seconds from now (None: never); a bad ``timeout`` is
+        refused (check_timeout)."""
+        if timeout is None:
+            return math.inf
+        check_timeout(timeout)
+        return self._now() + timeout
 
     @abc.abstractmethod
     async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:

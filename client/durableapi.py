@@ -10,11 +10,10 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
-import math
 from typing import Any, NamedTuple
 
 from roost.client import durablewire
-from roost.client.clientbase import ClientBase, NodeLost
+from roost.client.clientbase import ClientBase, NodeLost, check_timeout
 from roost.client.receive import Message
 from roost.client.router import Router
 from roost.client.session import ClientSession
@@ -74,7 +73,7 @@ class DurableAPI(ClientBase):
         if isinstance(payload, str):
             payload = payload.encode()
         r = self.router
-        deadline = math.inf if timeout is None else self._now() + timeout
+        deadline = self._deadline(timeout)
         await self._need_map()
         if r.put_window_full(topic):
             self._kick()
@@ -102,13 +101,15 @@ class DurableAPI(ClientBase):
         Messages come with their log offset as ``sequence``, each once per call; call
         :meth:`commit` once they are processed, or the next reader gets them again.
         Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
+        if timeout is not None:
+            check_timeout(timeout)
         r = self.router
         await self._need_map()
         assert r.cmap is not None
         p = r.cmap.partition(topic)
         kind, at = _start(start)
         did = durable_id(client)
-        deadline = self._now() + timeout if timeout is not None else math.inf
+        deadline = self._deadline(timeout)
         out: list[Message] = []
         key = (client, durable, topic)
         nxt = self._read_to.get(key)
@@ -136,12 +137,13 @@ class DurableAPI(ClientBase):
         NodeLost when the partition's primary does not answer within ``timeout``."""
         if offset < 0 or count < 1:
             raise ValueError("read needs offset >= 0 and count >= 1")
+        check_timeout(timeout)
         r = self.router
         await self._need_map()
         assert r.cmap is not None
         p = r.cmap.partition(topic)
         ask = functools.partial(_get_frame, b"\0" * 16, "", topic, p, 0, 0, count, offset)
-        f = await self._durable_ask(topic, T.RECORDS, "", p, self._now() + timeout, ask)
+        f = await self._durable_ask(topic, T.RECORDS, "", p, self._deadline(timeout), ask)
         if f is None:
             raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
         msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
@@ -156,6 +158,7 @@ class DurableAPI(ClientBase):
     async def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
         """Move the cursor of durable subscription (``client``, ``durable``) past everything
         :meth:`get` returned; True once that is on disk on the partition's owners."""
+        check_timeout(timeout)
         r = self.router
         await self._need_map()
         assert r.cmap is not None
@@ -166,7 +169,7 @@ class DurableAPI(ClientBase):
         did = durable_id(client)
         if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
             await self._in_thread(self._offsets.save, client, durable, topic, nxt)
-        f = await self._durable_ask(topic, T.COMMITTED, durable, p, self._now() + timeout,
+        f = await self._durable_ask(topic, T.COMMITTED, durable, p, self._deadline(timeout),
                                     lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
         return f is not None and f[3] >= nxt
 

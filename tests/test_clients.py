@@ -88,6 +88,40 @@ async def test_payload_types_and_a_bad_mode_are_refused_before_anything_is_queue
     assert got == [b"a", b"b", b"c", b"d"] and all(g.__class__ is bytes for g in got)
 
 
+BAD_TIMEOUTS = ("1", -1, -0.5, float("nan"), True, [1])
+
+
+async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything(node):
+    """A timeout is a number of seconds >= 0 or None; anything else is a ValueError that says
+    what came, from every call that takes one, and publishes, puts or subscribes nothing (a
+    publish that would not have waited ignored it before). 0 means "do not wait"."""
+    async with roost.Client(f"127.0.0.1:{node.port}") as c:
+        for bad in BAD_TIMEOUTS:
+            why = f"timeout must be a number of seconds >= 0 or None, not {bad!r}"
+            calls = [c.publish("x.t", b"p", timeout=bad), c.publish("x.t", b"p", wait=True, timeout=bad),
+                     c.publish("x.t", b"p", mode="fire", timeout=bad), c.flush(bad), c.status(bad),
+                     c.request("x.t", b"q", timeout=bad), c.put("x.t", b"p", timeout=bad),
+                     c.get("x.t", "d", timeout=bad), c.read("x.t", timeout=bad), c.commit("x.t", "d", timeout=bad),
+                     c.subscribe("x.t").start(bad)]  # type: ignore[arg-type]  # fmt: skip
+            for call in calls:
+                with pytest.raises(ValueError) as e:
+                    await call
+                assert str(e.value) == why
+            assert c.router.last_seq == 0 and c.session.subs == {}  # (nothing published or asked for)
+        async with c.subscribe("x.t") as sub:
+            for bad in BAD_TIMEOUTS:
+                with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
+                    await sub.next(bad)  # type: ignore[arg-type]
+            with pytest.raises(TimeoutError, match="no message on 'x.t' within 0 s"):
+                await sub.next(0)
+            assert await c.publish("x.t", b"one", timeout=0) == 1  # (room in the window: 0 is enough)
+            with trio.fail_after(10):
+                assert (await sub.next()).payload == b"one"
+    for bad in BAD_TIMEOUTS:
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+            roost.sync.Client(f"127.0.0.1:{node.port}", timeout=bad)  # type: ignore[arg-type]
+
+
 def test_asyncio_exchange(node):
     async def main() -> list[roost.Message]:
         async with roost.asyncio.Client(node.addr) as sub_c, roost.asyncio.Client(node.addr) as pub_c:
