@@ -95,7 +95,7 @@ class ClientAPI(DurableAPI):
         if self._closed:
             raise self._closed_error()
         if timeout is not None:
-            check_timeout(timeout)  # (before anything is queued)
+            check_timeout(timeout, zero=True)  # (before anything is queued)
         if payload.__class__ is not bytes:
             payload = _payload_bytes(payload)
         reliable = _IS_RELIABLE.get(mode)
@@ -117,7 +117,7 @@ class ClientAPI(DurableAPI):
                                timeout: float | None) -> int:  # fmt: skip
         """``publish``'s waits, apart from its common case: for room in the window (``seq``
         None: not offered yet), then with ``wait`` for the acknowledgement."""
-        deadline = self._deadline(timeout)
+        deadline = self._deadline(timeout, zero=True)
         if seq is None:
             self._kick()
             if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):
@@ -137,10 +137,10 @@ class ClientAPI(DurableAPI):
             await self._checkpoint()
         return seq
 
-    async def flush(self, timeout: float = math.inf) -> bool:
+    async def flush(self, timeout: float | None = math.inf) -> bool:
         """Wait until every reliable publish, every durable put and every command so far is
-        acknowledged, on every session."""
-        deadline = self._deadline(timeout)
+        acknowledged, on every session (``timeout`` 0: whether they are, now)."""
+        deadline = self._deadline(timeout, zero=True)
         r = self.router
         self._kick()
         marks = r.flush_marks()
@@ -156,7 +156,7 @@ class ClientAPI(DurableAPI):
         except ClientClosed:  # (closed meanwhile: not everything is known to be acknowledged)
             return False
 
-    async def status(self, timeout: float = 3.0) -> dict[str, Any]:
+    async def status(self, timeout: float | None = 3.0) -> dict[str, Any]:
         """The status map of the node this client was given (what ``roost status`` prints)."""
         deadline = self._deadline(timeout)
         s = self.session
@@ -186,7 +186,7 @@ class ClientAPI(DurableAPI):
 
     # ------------------------------------------------------------ request/reply
 
-    async def request(self, topic: str, payload: bytes | str, *, timeout: float = 5.0, key: str | None = None,
+    async def request(self, topic: str, payload: bytes | str, *, timeout: float | None = 5.0, key: str | None = None,
                       tags: dict[str, str] | None = None) -> Message:  # fmt: skip
         """Publish a request on ``topic`` and wait for the first reply (a subscriber's
         ``msg.respond(...)``); raises TimeoutError after ``timeout`` seconds without one."""
@@ -357,7 +357,7 @@ class Subscription:
         """The next message; StopAsyncIteration once the subscription ended, TimeoutError after
         ``timeout`` seconds (None: wait) without one."""
         st, c = self.state, self.client
-        deadline = c._deadline(timeout)
+        deadline = c._deadline(timeout, zero=True)
         while True:
             if not st.queue:
                 if not await c._until(lambda: bool(st.queue) or st.reason is not None, deadline):

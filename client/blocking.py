@@ -52,9 +52,7 @@ class Client:
     those of the async clients (``node`` may be a list; None means ``ROOST_NODES``)."""
 
     def __init__(self, node: Any = None, *, timeout: float | None = 30.0, **kwargs: Any) -> None:
-        if timeout is not None:
-            check_timeout(timeout)
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         self.aclient = aio.Client(node, **kwargs)
         self._loop: asyncio.AbstractEventLoop | None = None  # (made by connect: a client never used holds none)
         self._thread: threading.Thread | None = None
@@ -190,10 +188,10 @@ class Client:
         t = self._timeout(timeout)
         return self._call(self.aclient.publish(topic, payload, key, tags, mode=mode, wait=wait, timeout=t))
 
-    def flush(self, timeout: float = math.inf) -> bool:
+    def flush(self, timeout: float | None = math.inf) -> bool:
         return self._call(self.aclient.flush(timeout))
 
-    def status(self, timeout: float = 3.0) -> dict[str, Any]:
+    def status(self, timeout: float | None = 3.0) -> dict[str, Any]:
         return self._call(self.aclient.status(timeout))
 
     def put(self, topic: str, payload: bytes | str, key: str | None = None, tags: dict[str, str] | None = None,
@@ -205,16 +203,16 @@ class Client:
             timeout: float | None = None, client: str = "default") -> list[Message]:  # fmt: skip
         return self._call(self.aclient.get(topic, durable, count, start=start, timeout=timeout, client=client))
 
-    def read(self, topic: str, offset: int = 0, count: int = 1000, *, timeout: float = 10.0) -> LogRead:
+    def read(self, topic: str, offset: int = 0, count: int = 1000, *, timeout: float | None = 10.0) -> LogRead:
         return self._call(self.aclient.read(topic, offset, count, timeout=timeout))
 
     def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
         return self.aclient.position(topic, durable, client=client)
 
-    def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
+    def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float | None = 10.0) -> bool:
         return self._call(self.aclient.commit(topic, durable, client=client, timeout=timeout))
 
-    def request(self, topic: str, payload: bytes | str, *, timeout: float = 5.0, key: str | None = None,
+    def request(self, topic: str, payload: bytes | str, *, timeout: float | None = 5.0, key: str | None = None,
                 tags: dict[str, str] | None = None) -> Message:  # fmt: skip
         return self._blocking(self._call(self.aclient.request(topic, payload, timeout=timeout, key=key, tags=tags)))
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import functools
 import math
+import numbers
 import os
 import socket
 import time
@@ -55,12 +56,24 @@ class ClientClosed(ConnectionError):
     """A call on a client that was closed (or whose I/O failed), or that waited while it closed."""
 
 
-def check_timeout(timeout: object) -> None:
-    """Refuse a ``timeout`` that is not a number of seconds >= 0, saying what came (0: do not
-    wait, as ``queue.Queue.get`` takes it; None, no limit, is the caller's to allow): checked
-    before the call changes anything, so a bad one publishes, subscribes or moves nothing."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise ValueError(f"timeout must be a number of seconds >= 0 or None, not {timeout!r}")
+def check_timeout(timeout: object, *, zero: bool = False) -> float | None:
+    """``timeout`` as seconds (None: no limit), or a ValueError that says what came, raised
+    before the call changes anything: a bad one publishes, subscribes or moves nothing.
+
+    ``zero``: the call can finish without an answer from the cluster (take what is queued, find
+    room in the window, see whether all is acknowledged), so 0 means "do not wait", as
+    ``queue.Queue.get`` takes it. A call that needs an answer could never have one within 0 s,
+    and would only fail after it had asked: there 0 is refused."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
+        try:
+            seconds = float(timeout)
+        except (OverflowError, ValueError):  # (an int past a float's range)
+            seconds = math.nan
+        if seconds > 0 or (zero and seconds == 0):
+            return seconds
+    raise ValueError(f"timeout must be None or a number of seconds {'>= 0' if zero else '> 0'}, not {timeout!r}")
 
 
 class ClientBase(abc.ABC):
@@ -118,13 +131,11 @@ class ClientBase(abc.ABC):
     def _now(self) -> float:
         """The loop's clock: the sessions' ``now``."""
 
-    def _deadline(self, timeout: float | None) -> float:
+    def _deadline(self, timeout: float | None, *, zero: bool = False) -> float:
         """The loop-clock time ``timeout`` seconds from now (None: never); a bad ``timeout`` is
         refused (check_timeout)."""
-        if timeout is None:
-            return math.inf
-        check_timeout(timeout)
-        return self._now() + timeout
+        seconds = check_timeout(timeout, zero=zero)
+        return math.inf if seconds is None else self._now() + seconds
 
     @abc.abstractmethod
     async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:

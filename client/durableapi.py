@@ -73,7 +73,7 @@ class DurableAPI(ClientBase):
         if isinstance(payload, str):
             payload = payload.encode()
         r = self.router
-        deadline = self._deadline(timeout)
+        deadline = self._deadline(timeout, zero=True)
         await self._need_map()
         if r.put_window_full(topic):
             self._kick()
@@ -101,8 +101,7 @@ class DurableAPI(ClientBase):
         Messages come with their log offset as ``sequence``, each once per call; call
         :meth:`commit` once they are processed, or the next reader gets them again.
         Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
-        if timeout is not None:
-            check_timeout(timeout)
+        check_timeout(timeout)
         r = self.router
         await self._need_map()
         assert r.cmap is not None
@@ -131,7 +130,8 @@ class DurableAPI(ClientBase):
                     break
         return out
 
-    async def read(self, topic: str, offset: int = 0, count: int = 1000, *, timeout: float = 10.0) -> LogRead:
+    async def read(self, topic: str, offset: int = 0, count: int = 1000, *,
+                   timeout: float | None = 10.0) -> LogRead:  # fmt: skip
         """Read committed messages of ``topic`` from log offset ``offset`` (up to ``count``), without a
         durable subscription: for readers that keep their own offsets (the Spark source). Raises
         NodeLost when the partition's primary does not answer within ``timeout``."""
@@ -155,7 +155,8 @@ class DurableAPI(ClientBase):
         An application that records what it processed (docs/durable.md) logs this with the commit."""
         return self._read_to.get((client, durable, topic))
 
-    async def commit(self, topic: str, durable: str, *, client: str = "default", timeout: float = 10.0) -> bool:
+    async def commit(self, topic: str, durable: str, *, client: str = "default",
+                     timeout: float | None = 10.0) -> bool:  # fmt: skip
         """Move the cursor of durable subscription (``client``, ``durable``) past everything
         :meth:`get` returned; True once that is on disk on the partition's owners."""
         check_timeout(timeout)

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -30,8 +31,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.benchsystems import MODES  # noqa: E402
+
 TREE = ("client", "node", "cluster", "pipeline", "roost", "scripts", "pyproject.toml")
 MODULES = ("wire", "decoding", "receive", "session", "router", "publisher", "udp")
+RUN_TIMEOUT = 600  # seconds for one bench.py run (W1 takes ~5)
 
 
 def compiled_copy(where: Path, modules: list[str]) -> Path:
@@ -48,13 +54,20 @@ def compiled_copy(where: Path, modules: list[str]) -> Path:
     build = subprocess.run([sys.executable, "-m", "mypyc", *paths], cwd=copy, capture_output=True, text=True)
     if build.returncode != 0:
         sys.exit(f"mypyc failed (exit {build.returncode}):\n{build.stdout[-3000:]}{build.stderr[-3000:]}")
-    probe = "import importlib, sys\nfor m in sys.argv[1:]: print(importlib.import_module('roost.client.' + m).__file__)"
-    files = subprocess.run([sys.executable, "-c", probe, *modules], cwd=copy, env=_env(copy),
-                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
-    plain = [f for f in files if not f.endswith(".so")]
+    plain = [f for f in imported(copy, modules) if not f.endswith(".so")]
     if plain:
         sys.exit(f"the copy still imports source modules: {plain}")
     return copy
+
+
+def imported(tree: Path, modules: list[str]) -> list[str]:
+    """The files ``tree`` imports ``modules`` (of roost.client) from, as bench.py's processes would."""
+    probe = "import importlib, sys\nfor m in sys.argv[1:]: print(importlib.import_module('roost.client.' + m).__file__)"
+    out = subprocess.run([sys.executable, "-c", probe, *modules], cwd=tree, env=_env(tree),
+                         capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:
+        sys.exit(f"importing {modules} from {tree} failed:\n{out.stderr[-3000:]}")
+    return out.stdout.split()
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -62,12 +75,20 @@ def _env(tree: Path) -> dict[str, str]:
 
 
 def run_w1(tree: Path, modes: str) -> list[dict[str, Any]]:
-    """One ``bench.py --workloads W1`` run from ``tree``: its JSON rows."""
-    out = subprocess.run([sys.executable, str(tree / "scripts" / "bench.py"), "--workloads", "W1", "--modes", modes,
-                          "--json"], cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=600)  # fmt: skip
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not rows:
-        sys.exit(f"bench.py in {tree} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+    """One ``bench.py --workloads W1`` run from ``tree``: its JSON rows. It runs in a session of
+    its own, so that a run that hangs is stopped with its node, publisher and subscriber."""
+    bench = subprocess.Popen([sys.executable, str(tree / "scripts" / "bench.py"), "--workloads", "W1", "--modes",
+                              modes, "--json"], cwd=tree, env=_env(tree), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = bench.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(bench.pid, signal.SIGKILL)
+        bench.communicate()
+        sys.exit(f"bench.py in {tree} ran over {RUN_TIMEOUT} s: stopped with its processes")
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if bench.returncode != 0 or not rows:
+        sys.exit(f"bench.py in {tree} failed (exit {bench.returncode}):\n{stderr[-2000:]}")
     return rows
 
 
@@ -101,10 +122,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: must be at least 1")
+    bad = [m for m in args.modes.split(",") if m not in MODES["roost"]]
+    if bad:
+        ap.error(f"--modes {args.modes!r}: {bad} not among {', '.join(MODES['roost'])}")
     modules = [m for m in args.modules.split(",") if m]
     unknown = [m for m in modules if not (ROOT / "client" / f"{m}.py").is_file()]
     if unknown or not modules:
         ap.error(f"--modules: no client/<name>.py for {unknown or 'an empty list'}")
+    compiled = [f for f in imported(ROOT, modules) if not f.endswith(".py")]
+    if compiled:
+        sys.exit(f"the checkout imports compiled modules (remove them, or the plain runs are not plain): {compiled}")
     with tempfile.TemporaryDirectory(prefix="roost-native-") as tmp:
         copy = compiled_copy(Path(tmp), modules)
         print(f"# compiled in {copy}: roost.client.{{{','.join(modules)}}}", flush=True)

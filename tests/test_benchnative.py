@@ -25,7 +25,9 @@ def test_summary_gives_medians_per_build_and_mode_and_the_compiled_ratio():
 
 def test_bad_arguments_are_refused_before_anything_is_compiled():
     for args, why in ((["--rounds", "0"], "--rounds 0: must be at least 1"),
-                      (["--modules", "wire,nosuch"], "no client/<name>.py for ['nosuch']")):  # fmt: skip
+                      (["--modules", "wire,nosuch"], "no client/<name>.py for ['nosuch']"),
+                      (["--modes", "relaible"], "--modes 'relaible': ['relaible'] not among reliable, fire"),
+                      (["--modes", ""], "--modes '': [''] not among")):  # fmt: skip
         out = subprocess.run([sys.executable, "scripts/benchnative.py", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)  # fmt: skip
         assert out.returncode == 2 and why in out.stderr, out.stderr

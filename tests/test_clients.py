@@ -12,7 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -88,38 +90,53 @@ async def test_payload_types_and_a_bad_mode_are_refused_before_anything_is_queue
     assert got == [b"a", b"b", b"c", b"d"] and all(g.__class__ is bytes for g in got)
 
 
-BAD_TIMEOUTS = ("1", -1, -0.5, float("nan"), True, [1])
+BAD_TIMEOUTS: tuple[Any, ...] = ("1", -1, -0.5, float("nan"), True, [1], 10**400, Decimal("1"))
 
 
 async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything(node):
-    """A timeout is a number of seconds >= 0 or None; anything else is a ValueError that says
-    what came, from every call that takes one, and publishes, puts or subscribes nothing (a
-    publish that would not have waited ignored it before). 0 means "do not wait"."""
+    """A timeout is None (no limit) or a number of seconds; anything else is a ValueError that
+    says what came, from every call that takes one, before it publishes, asks or subscribes (a
+    publish that would not have waited ignored it before; 10**400 was queued, then overflowed).
+    0 means "do not wait" where the call can finish without an answer (publish, flush, next);
+    where it needs one (status, request, subscribe, get, read, commit) 0 is refused too."""
     async with roost.Client(f"127.0.0.1:{node.port}") as c:
+        before = await c.status()
         for bad in BAD_TIMEOUTS:
-            why = f"timeout must be a number of seconds >= 0 or None, not {bad!r}"
-            calls = [c.publish("x.t", b"p", timeout=bad), c.publish("x.t", b"p", wait=True, timeout=bad),
-                     c.publish("x.t", b"p", mode="fire", timeout=bad), c.flush(bad), c.status(bad),
-                     c.request("x.t", b"q", timeout=bad), c.put("x.t", b"p", timeout=bad),
-                     c.get("x.t", "d", timeout=bad), c.read("x.t", timeout=bad), c.commit("x.t", "d", timeout=bad),
-                     c.subscribe("x.t").start(bad)]  # type: ignore[arg-type]  # fmt: skip
-            for call in calls:
-                with pytest.raises(ValueError) as e:
-                    await call
-                assert str(e.value) == why
-            assert c.router.last_seq == 0 and c.session.subs == {}  # (nothing published or asked for)
+            now = [c.publish("x.t", b"p", timeout=bad), c.publish("x.t", b"p", wait=True, timeout=bad),
+                   c.publish("x.t", b"p", mode="fire", timeout=bad), c.flush(bad), c.put("x.t", b"p", timeout=bad)]
+            asking = [c.status(bad), c.request("x.t", b"q", timeout=bad), c.get("x.t", "d", timeout=bad),
+                      c.read("x.t", timeout=bad), c.commit("x.t", "d", timeout=bad), c.subscribe("x.t").start(bad)]
+            for calls, least in ((now, ">= 0"), (asking, "> 0")):
+                for call in calls:
+                    with pytest.raises(ValueError) as e:
+                        await call
+                    assert str(e.value) == f"timeout must be None or a number of seconds {least}, not {bad!r}"
+        zero = [c.status(0), c.request("x.t", b"q", timeout=0), c.get("x.t", "d", timeout=0),
+                c.read("x.t", timeout=0), c.commit("x.t", "d", timeout=0), c.subscribe("x.t").start(0)]
+        for call in zero:
+            with pytest.raises(ValueError, match="timeout must be None or a number of seconds > 0, not 0"):
+                await call
+        assert c.router.last_seq == 0 and c.session.subs == {}  # (nothing published or asked for)
+        assert c.session.last_status is before  # (no STATUS asked: it would have been reset)
+        assert await c.flush(None) and await c.flush(0)  # (nothing in flight)
         async with c.subscribe("x.t") as sub:
             for bad in BAD_TIMEOUTS:
-                with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
-                    await sub.next(bad)  # type: ignore[arg-type]
-            with pytest.raises(TimeoutError, match="no message on 'x.t' within 0 s"):
+                with pytest.raises(ValueError, match="timeout must be None or a number of seconds >= 0"):
+                    await sub.next(bad)
+            with pytest.raises(TimeoutError, match=r"no message on 'x\.t' within 0 s"):
                 await sub.next(0)
             assert await c.publish("x.t", b"one", timeout=0) == 1  # (room in the window: 0 is enough)
             with trio.fail_after(10):
                 assert (await sub.next()).payload == b"one"
-    for bad in BAD_TIMEOUTS:
-        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
-            roost.sync.Client(f"127.0.0.1:{node.port}", timeout=bad)  # type: ignore[arg-type]
+    for bad in (*BAD_TIMEOUTS, 0):
+        with pytest.raises(ValueError, match="timeout must be None or a number of seconds > 0"):
+            roost.sync.Client(f"127.0.0.1:{node.port}", timeout=bad)
+    with roost.sync.Client(f"127.0.0.1:{node.port}") as s:  # (its calls are the async client's)
+        with pytest.raises(ValueError, match="seconds >= 0, not -1"):
+            s.publish("x.t", b"p", timeout=-1)
+        with pytest.raises(ValueError, match="seconds > 0, not 0"):
+            s.status(0)
+        assert s.aclient.router.last_seq == 0
 
 
 def test_asyncio_exchange(node):
@@ -559,21 +576,27 @@ async def test_a_full_publish_window_ends_with_node_lost(tmp_path):
         gone.stop()
 
 
+class _Leave(Exception):
+    pass
+
+
 async def test_publish_timeouts_say_which_wait_ran_out(tmp_path):
     """``timeout`` bounds publish's two waits, each with its own error: for room in a full
     window (not published), and with ``wait=True`` for the acknowledgement (queued, retried)."""
     gone = Node(tmp_path)
-    try:  # (node_timeout bounds the flush on leaving, with the node gone: 3 s, not the test's 30)
-        async with roost.Client(gone.addr, config=ClientConfig(pub_window=2, node_timeout=3)) as c:
-            gone.stop()
-            with trio.fail_after(10):
-                with pytest.raises(TimeoutError, match=r"not acknowledged within 0\.2 s"):
-                    await c.publish("x.slow", "one", wait=True, timeout=0.2)
-                assert c.router.last_seq == 1 and c.router.acked == 0  # (queued, not acknowledged)
-                await c.publish("x.slow", "two")
-                with pytest.raises(TimeoutError, match=r"no room in the publish window within 0\.2 s"):
-                    await c.publish("x.slow", "three", timeout=0.2)
-                assert c.router.last_seq == 2  # (the third was not published)
+    try:
+        with pytest.raises(_Leave):  # (leaving by an exception skips the flush: it would wait node_timeout)
+            async with roost.Client(gone.addr, config=ClientConfig(pub_window=2, node_timeout=30)) as c:
+                gone.stop()
+                with trio.fail_after(10):
+                    with pytest.raises(TimeoutError, match=r"not acknowledged within 0\.2 s"):
+                        await c.publish("x.slow", "one", wait=True, timeout=0.2)
+                    assert c.router.last_seq == 1 and c.router.acked == 0  # (queued, not acknowledged)
+                    await c.publish("x.slow", "two")
+                    with pytest.raises(TimeoutError, match=r"no room in the publish window within 0\.2 s"):
+                        await c.publish("x.slow", "three", timeout=0.2)
+                    assert c.router.last_seq == 2  # (the third was not published)
+                raise _Leave
     finally:
         gone.stop()
 
