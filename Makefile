@@ -30,7 +30,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check roost client node cluster pipeline scripts tests examples
 	$(BIN)/mypy
-	$(BIN)/pytest
+	@# The tests that share the machine's firewall, namespaces or chaos runs alone, then the rest in
+	@# two processes (tests/conftest.py says which and why); plain `pytest` runs all in one.
+	$(BIN)/pytest -m alone
+	$(BIN)/pytest -m "not alone" -n 2
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py

@@ -24,6 +24,21 @@ _STATE = os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="roost-test-stat
 atexit.register(shutil.rmtree, _STATE, True)
 
 
+# `make test` runs the tests in two parts (Makefile): those marked `alone` by themselves, then the
+# rest in two processes (pytest-xdist). `alone` are the tests that share what the machine has once,
+# the nft table `roost_chaos` and the iptables chains of scripts/faults.py (test_faults clears
+# them all) and the network namespaces of scripts/netns.py, and the chaos runs, whose promises are
+# judged against timing bounds that a machine busy with another test's Spark job can break.
+ALONE_FILES = {"test_chaos.py", "test_faults.py", "test_compose_run.py"}
+CHAOS_RUNS = {"chaos_run", "durable_chaos_run"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in ALONE_FILES or CHAOS_RUNS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.alone)
+
+
 @pytest.fixture
 async def node(request: pytest.FixtureRequest) -> AsyncIterator[NodeServer]:
     """A real node on a free loopback UDP port, in this process."""

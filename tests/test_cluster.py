@@ -210,6 +210,7 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
          "mode, partitions and replicas must be the same"),
         (encode([P.PULL]), "expected HELLO"),
     ],
+    ids=["garbage", "oversized", "other-protocol", "stranger", "other-shape", "pull-first"],  # (the nonces are random)
 )
 def test_garbage_and_oversized_peer_streams_are_refused(cluster, payload, reason):
     before = cluster.subscriptions()
