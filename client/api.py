@@ -94,13 +94,13 @@ class ClientAPI(DurableAPI):
         """
         if self._closed:
             raise self._closed_error()
-        if timeout is not None:
-            check_timeout(timeout, zero=True)  # (before anything is queued)
         if payload.__class__ is not bytes:
             payload = _payload_bytes(payload)
         reliable = _IS_RELIABLE.get(mode)
         if reliable is None:
             reliable = _mode(mode) == RELIABLE  # (the error, for a mode that is not a name)
+        if timeout is not None:  # (before anything is queued; 0 cannot wait for a PUBACK)
+            check_timeout(timeout, zero=not (wait and reliable))
         r = self._router or self.router
         seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
         if seq is None or wait:
@@ -117,7 +117,7 @@ class ClientAPI(DurableAPI):
                                timeout: float | None) -> int:  # fmt: skip
         """``publish``'s waits, apart from its common case: for room in the window (``seq``
         None: not offered yet), then with ``wait`` for the acknowledgement."""
-        deadline = self._deadline(timeout, zero=True)
+        deadline = self._deadline(timeout, zero=not (wait and reliable))
         if seq is None:
             self._kick()
             if not await self._until(lambda: not r.window_full(topic) or r.lost, deadline):
@@ -156,9 +156,11 @@ class ClientAPI(DurableAPI):
         except ClientClosed:  # (closed meanwhile: not everything is known to be acknowledged)
             return False
 
-    async def status(self, timeout: float | None = 3.0) -> dict[str, Any]:
-        """The status map of the node this client was given (what ``roost status`` prints)."""
-        deadline = self._deadline(timeout)
+    async def status(self, timeout: float = 3.0) -> dict[str, Any]:
+        """The status map of the node this client was given (what ``roost status`` prints).
+        One STATUS datagram, never sent again: ``timeout`` is what ends the wait for a lost one,
+        so it cannot be None."""
+        deadline = self._deadline(timeout, none=False)
         s = self.session
         s.last_status = None
         s.status_request()
@@ -197,7 +199,8 @@ class ClientAPI(DurableAPI):
         rid = str(self._requests)
         self._replies[rid] = None
         try:
-            await self.publish(topic, payload, key, {**(tags or {}), REPLY_TO: inbox.topic, REQUEST_ID: rid})
+            await self.publish(topic, payload, key, {**(tags or {}), REPLY_TO: inbox.topic, REQUEST_ID: rid},
+                               timeout=max(0.0, deadline - self._now()))  # (room in the window: within it too)
             if not await self._until(lambda: self._replied(rid, inbox), deadline):
                 raise TimeoutError(f"no reply to the request on {topic!r} within {timeout} s")
             reply = self._replies[rid]

@@ -191,7 +191,7 @@ class Client:
     def flush(self, timeout: float | None = math.inf) -> bool:
         return self._call(self.aclient.flush(timeout))
 
-    def status(self, timeout: float | None = 3.0) -> dict[str, Any]:
+    def status(self, timeout: float = 3.0) -> dict[str, Any]:
         return self._call(self.aclient.status(timeout))
 
     def put(self, topic: str, payload: bytes | str, key: str | None = None, tags: dict[str, str] | None = None,

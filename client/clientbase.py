@@ -56,15 +56,16 @@ class ClientClosed(ConnectionError):
     """A call on a client that was closed (or whose I/O failed), or that waited while it closed."""
 
 
-def check_timeout(timeout: object, *, zero: bool = False) -> float | None:
+def check_timeout(timeout: object, *, zero: bool = False, none: bool = True) -> float | None:
     """``timeout`` as seconds (None: no limit), or a ValueError that says what came, raised
     before the call changes anything: a bad one publishes, subscribes or moves nothing.
 
     ``zero``: the call can finish without an answer from the cluster (take what is queued, find
     room in the window, see whether all is acknowledged), so 0 means "do not wait", as
     ``queue.Queue.get`` takes it. A call that needs an answer could never have one within 0 s,
-    and would only fail after it had asked: there 0 is refused."""
-    if timeout is None:
+    and would only fail after it had asked: there 0 is refused. ``none`` False: a call whose wait
+    only its timeout can end refuses None."""
+    if timeout is None and none:
         return None
     if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
         try:
@@ -73,7 +74,8 @@ def check_timeout(timeout: object, *, zero: bool = False) -> float | None:
             seconds = math.nan
         if seconds > 0 or (zero and seconds == 0):
             return seconds
-    raise ValueError(f"timeout must be None or a number of seconds {'>= 0' if zero else '> 0'}, not {timeout!r}")
+    allowed = f"a number of seconds {'>= 0' if zero else '> 0'}"
+    raise ValueError(f"timeout must be {'None or ' if none else ''}{allowed}, not {timeout!r}")
 
 
 class ClientBase(abc.ABC):
@@ -131,10 +133,10 @@ class ClientBase(abc.ABC):
     def _now(self) -> float:
         """The loop's clock: the sessions' ``now``."""
 
-    def _deadline(self, timeout: float | None, *, zero: bool = False) -> float:
+    def _deadline(self, timeout: float | None, *, zero: bool = False, none: bool = True) -> float:
         """The loop-clock time ``timeout`` seconds from now (None: never); a bad ``timeout`` is
         refused (check_timeout)."""
-        seconds = check_timeout(timeout, zero=zero)
+        seconds = check_timeout(timeout, zero=zero, none=none)
         return math.inf if seconds is None else self._now() + seconds
 
     @abc.abstractmethod

@@ -73,7 +73,7 @@ class DurableAPI(ClientBase):
         if isinstance(payload, str):
             payload = payload.encode()
         r = self.router
-        deadline = self._deadline(timeout, zero=True)
+        deadline = self._deadline(timeout, zero=not wait)  # (0 cannot wait for the acknowledgement)
         await self._need_map()
         if r.put_window_full(topic):
             self._kick()

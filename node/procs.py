@@ -26,18 +26,36 @@ FASTPUSS_LINE = (b"SUB t1\n", b"PUB t1\nhello world  ")
 PORT_RANGE = (20000, 32768)
 
 
+def port_range() -> tuple[int, int]:
+    """Where free ports come from: PORT_RANGE, or ``ROOST_PORT_RANGE`` (``LOW-HIGH``, inclusive).
+
+    Two programs that hand out ports at once (two test processes, two scripts starting local
+    clusters) can each find a port free and both give it to a node; one node then fails to bind.
+    Given ranges of their own, they cannot (``make test``'s two test processes take a half each:
+    tests/conftest.py). A bad value is an error naming the variable and what is allowed."""
+    text = os.environ.get("ROOST_PORT_RANGE", "")
+    if not text:
+        return PORT_RANGE
+    low, sep, high = text.partition("-")
+    if sep and low.strip().isdigit() and high.strip().isdigit() and 1024 <= int(low) <= int(high) <= 65535:
+        return int(low), int(high) + 1
+    raise ValueError(f"ROOST_PORT_RANGE={text!r}: must be LOW-HIGH, two port numbers with 1024 <= LOW <= HIGH "
+                     f"<= 65535 (default {PORT_RANGE[0]}-{PORT_RANGE[1] - 1})")  # fmt: skip
+
+
 def free_port(host: str = "127.0.0.1", kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
     """A port nobody is bound to right now, outside the ephemeral range (see PORT_RANGE)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low, high = port_range()
     for _ in range(200):
-        port = random.randrange(*PORT_RANGE)
+        port = random.randrange(low, high)
         with socket.socket(family, kind) as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port on {host} in {PORT_RANGE[0]}-{PORT_RANGE[1] - 1} after 200 tries")
+    raise RuntimeError(f"no free port on {host} in {low}-{high - 1} after 200 tries")
 
 
 def free_udp_port(host: str = "127.0.0.1") -> int:

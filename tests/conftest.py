@@ -15,6 +15,7 @@ import trio
 
 from roost.node.config import NodeConfig
 from roost.node.logs import EventLog
+from roost.node.procs import PORT_RANGE
 from roost.node.server import NodeServer
 from tests.clusterkit import ROOT
 
@@ -29,8 +30,18 @@ atexit.register(shutil.rmtree, _STATE, True)
 # the nft table `roost_chaos` and the iptables chains of scripts/faults.py (test_faults clears
 # them all) and the network namespaces of scripts/netns.py, and the chaos runs, whose promises are
 # judged against timing bounds that a machine busy with another test's Spark job can break.
-ALONE_FILES = {"test_chaos.py", "test_faults.py", "test_compose_run.py"}
+ALONE_FILES = {"test_chaos.py", "test_faults.py", "test_compose_run.py"}  # (and tests marked alone where they are)
 CHAOS_RUNS = {"chaos_run", "durable_chaos_run"}
+
+
+# Each of the parallel processes hands out ports from its own share of the range (node/procs.py),
+# and so do the processes its tests start: two processes checking the same port free at once would
+# both give it to a node.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and "ROOST_PORT_RANGE" not in os.environ:
+    _i, _n = int(_WORKER[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    _share = (PORT_RANGE[1] - PORT_RANGE[0]) // _n
+    os.environ["ROOST_PORT_RANGE"] = f"{PORT_RANGE[0] + _i * _share}-{PORT_RANGE[0] + (_i + 1) * _share - 1}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -80,7 +91,7 @@ def durable_chaos_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
 
 @pytest.fixture(scope="session")
 def spark() -> Any:
-    """One local Spark session for the whole test run (starting one costs 5-10 s). `local[2,4]`:
+    """One local Spark session for each test process (starting one costs 5-10 s). `local[2,4]`:
     two cores, and a failed task is tried up to 4 times, as on a cluster (local mode's default
     is once), so the data source's retry test can fail a task on purpose."""
     from roost.pipeline.spark import session

@@ -97,25 +97,32 @@ async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything
     """A timeout is None (no limit) or a number of seconds; anything else is a ValueError that
     says what came, from every call that takes one, before it publishes, asks or subscribes (a
     publish that would not have waited ignored it before; 10**400 was queued, then overflowed).
-    0 means "do not wait" where the call can finish without an answer (publish, flush, next);
-    where it needs one (status, request, subscribe, get, read, commit) 0 is refused too."""
+    0 means "do not wait" where the call can finish without an answer (publish and put without
+    wait, flush, next); where it needs one (publish and put with wait, status, request,
+    subscribe, get, read, commit) 0 is refused too, and status, which asks once, refuses None."""
     async with roost.Client(f"127.0.0.1:{node.port}") as c:
         before = await c.status()
         for bad in BAD_TIMEOUTS:
-            now = [c.publish("x.t", b"p", timeout=bad), c.publish("x.t", b"p", wait=True, timeout=bad),
-                   c.publish("x.t", b"p", mode="fire", timeout=bad), c.flush(bad), c.put("x.t", b"p", timeout=bad)]
-            asking = [c.status(bad), c.request("x.t", b"q", timeout=bad), c.get("x.t", "d", timeout=bad),
+            now = [c.publish("x.t", b"p", timeout=bad), c.publish("x.t", b"p", mode="fire", wait=True, timeout=bad),
+                   c.flush(bad), c.put("x.t", b"p", timeout=bad)]
+            asking = [c.publish("x.t", b"p", wait=True, timeout=bad), c.put("x.t", b"p", wait=True, timeout=bad),
+                      c.request("x.t", b"q", timeout=bad), c.get("x.t", "d", timeout=bad),
                       c.read("x.t", timeout=bad), c.commit("x.t", "d", timeout=bad), c.subscribe("x.t").start(bad)]
-            for calls, least in ((now, ">= 0"), (asking, "> 0")):
+            for calls, allowed in ((now, "None or a number of seconds >= 0"),
+                                   (asking, "None or a number of seconds > 0"),
+                                   ([c.status(bad)], "a number of seconds > 0")):  # fmt: skip
                 for call in calls:
                     with pytest.raises(ValueError) as e:
                         await call
-                    assert str(e.value) == f"timeout must be None or a number of seconds {least}, not {bad!r}"
-        zero = [c.status(0), c.request("x.t", b"q", timeout=0), c.get("x.t", "d", timeout=0),
+                    assert str(e.value) == f"timeout must be {allowed}, not {bad!r}"
+        zero = [c.publish("x.t", b"p", wait=True, timeout=0), c.put("x.t", b"p", wait=True, timeout=0),
+                c.status(0), c.request("x.t", b"q", timeout=0), c.get("x.t", "d", timeout=0),
                 c.read("x.t", timeout=0), c.commit("x.t", "d", timeout=0), c.subscribe("x.t").start(0)]
         for call in zero:
-            with pytest.raises(ValueError, match="timeout must be None or a number of seconds > 0, not 0"):
+            with pytest.raises(ValueError, match=r"a number of seconds > 0, not 0$"):
                 await call
+        with pytest.raises(ValueError, match=r"^timeout must be a number of seconds > 0, not None$"):
+            await c.status(None)  # type: ignore[arg-type]  # (asked once: only its timeout ends the wait)
         assert c.router.last_seq == 0 and c.session.subs == {}  # (nothing published or asked for)
         assert c.session.last_status is before  # (no STATUS asked: it would have been reset)
         assert await c.flush(None) and await c.flush(0)  # (nothing in flight)

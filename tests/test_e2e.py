@@ -276,3 +276,23 @@ def test_bench_names_a_missing_peer_and_how_to_install_it(monkeypatch):
     assert missing("nats") == "nats-server is not installed: apt-get install nats-server (and pip install nats-py)"
     r = script("scripts/bench.py", "--peers", "nats,kafka", "--workloads", "W3")
     assert r.returncode == 1 and "unknown peer 'kafka'; known: nats, redis, mosquitto" in r.stderr
+
+
+@pytest.mark.parametrize(("value", "want"), [("", (20000, 32768)), ("26384-32767", (26384, 32768)),
+                                             ("1024-1024", (1024, 1025))])  # fmt: skip
+def test_free_ports_come_from_roost_port_range(monkeypatch, value, want):
+    """``make test``'s two test processes hand out ports from halves of the range (tests/conftest.py)."""
+    from roost.node.procs import free_port, port_range
+
+    monkeypatch.setenv("ROOST_PORT_RANGE", value)
+    assert port_range() == want
+    assert all(want[0] <= free_port() < want[1] for _ in range(20))
+
+
+@pytest.mark.parametrize("value", ["7000", "30000-20000", "80-90", "1-2-3", "a-b", "30000-70000", " - "])
+def test_a_bad_roost_port_range_is_refused_naming_the_variable(monkeypatch, value):
+    from roost.node.procs import free_port
+
+    monkeypatch.setenv("ROOST_PORT_RANGE", value)
+    with pytest.raises(ValueError, match=r"ROOST_PORT_RANGE=.*: must be LOW-HIGH, two port numbers with 1024 <= LOW"):
+        free_port()
