@@ -584,7 +584,7 @@ async def test_a_full_publish_window_ends_with_node_lost(tmp_path):
 
 
 class _Leave(Exception):
-    pass
+    """Raised to leave a client's ``async with`` without its flush (which waits ``node_timeout``)."""
 
 
 async def test_publish_timeouts_say_which_wait_ran_out(tmp_path):
