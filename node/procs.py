@@ -37,7 +37,7 @@ def port_range() -> tuple[int, int]:
     if not text:
         return PORT_RANGE
     low, sep, high = text.partition("-")
-    if sep and low.strip().isdigit() and high.strip().isdigit() and 1024 <= int(low) <= int(high) <= 65535:
+    if sep and low.strip().isdecimal() and high.strip().isdecimal() and 1024 <= int(low) <= int(high) <= 65535:
         return int(low), int(high) + 1
     raise ValueError(f"ROOST_PORT_RANGE={text!r}: must be LOW-HIGH, two port numbers with 1024 <= LOW <= HIGH "
                      f"<= 65535 (default {PORT_RANGE[0]}-{PORT_RANGE[1] - 1})")  # fmt: skip

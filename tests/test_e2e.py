@@ -289,7 +289,7 @@ def test_free_ports_come_from_roost_port_range(monkeypatch, value, want):
     assert all(want[0] <= free_port() < want[1] for _ in range(20))
 
 
-@pytest.mark.parametrize("value", ["7000", "30000-20000", "80-90", "1-2-3", "a-b", "30000-70000", " - "])
+@pytest.mark.parametrize("value", ["7000", "30000-20000", "80-90", "1-2-3", "a-b", "30000-70000", " - ", "2000-3²"])
 def test_a_bad_roost_port_range_is_refused_naming_the_variable(monkeypatch, value):
     from roost.node.procs import free_port
 
