@@ -13,7 +13,7 @@ import hashlib
 from typing import Any, NamedTuple
 
 from roost.client import durablewire
-from roost.client.clientbase import ClientBase, NodeLost, check_timeout
+from roost.client.clientbase import ClientBase, NodeLost
 from roost.client.receive import Message
 from roost.client.router import Router
 from roost.client.session import ClientSession
@@ -74,7 +74,8 @@ class DurableAPI(ClientBase):
             payload = payload.encode()
         r = self.router
         deadline = self._deadline(timeout, zero=not wait)  # (0 cannot wait for the acknowledgement)
-        await self._need_map()
+        if not await self._need_map(deadline):
+            raise TimeoutError(f"no cluster map from the node within {timeout} s: not put")
         if r.put_window_full(topic):
             self._kick()
             if not await self._until(lambda: not r.put_window_full(topic) or r.lost, deadline):
@@ -101,15 +102,15 @@ class DurableAPI(ClientBase):
         Messages come with their log offset as ``sequence``, each once per call; call
         :meth:`commit` once they are processed, or the next reader gets them again.
         Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
-        check_timeout(timeout)
+        deadline = self._deadline(timeout)
+        kind, at = _start(start)
         r = self.router
-        await self._need_map()
+        out: list[Message] = []
+        if not await self._need_map(deadline):
+            return out  # (as when the primary does not answer in time)
         assert r.cmap is not None
         p = r.cmap.partition(topic)
-        kind, at = _start(start)
         did = durable_id(client)
-        deadline = self._deadline(timeout)
-        out: list[Message] = []
         key = (client, durable, topic)
         nxt = self._read_to.get(key)
         if nxt is None:  # (the first get of this process: what an earlier one committed is not repeated)
@@ -137,13 +138,14 @@ class DurableAPI(ClientBase):
         NodeLost when the partition's primary does not answer within ``timeout``."""
         if offset < 0 or count < 1:
             raise ValueError("read needs offset >= 0 and count >= 1")
-        check_timeout(timeout)
+        deadline = self._deadline(timeout)
         r = self.router
-        await self._need_map()
+        if not await self._need_map(deadline):
+            raise NodeLost(f"no cluster map from the node within {timeout} s: nothing read of {topic!r}")
         assert r.cmap is not None
         p = r.cmap.partition(topic)
         ask = functools.partial(_get_frame, b"\0" * 16, "", topic, p, 0, 0, count, offset)
-        f = await self._durable_ask(topic, T.RECORDS, "", p, self._deadline(timeout), ask)
+        f = await self._durable_ask(topic, T.RECORDS, "", p, deadline, ask)
         if f is None:
             raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
         msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
@@ -159,9 +161,10 @@ class DurableAPI(ClientBase):
                      timeout: float | None = 10.0) -> bool:  # fmt: skip
         """Move the cursor of durable subscription (``client``, ``durable``) past everything
         :meth:`get` returned; True once that is on disk on the partition's owners."""
-        check_timeout(timeout)
+        deadline = self._deadline(timeout)
         r = self.router
-        await self._need_map()
+        if not await self._need_map(deadline):
+            return False  # (as when the owners do not answer in time)
         assert r.cmap is not None
         p = r.cmap.partition(topic)
         nxt = self._read_to.get((client, durable, topic))
@@ -170,17 +173,26 @@ class DurableAPI(ClientBase):
         did = durable_id(client)
         if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
             await self._in_thread(self._offsets.save, client, durable, topic, nxt)
-        f = await self._durable_ask(topic, T.COMMITTED, durable, p, self._deadline(timeout),
+        f = await self._durable_ask(topic, T.COMMITTED, durable, p, deadline,
                                     lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
         return f is not None and f[3] >= nxt
 
-    async def _need_map(self) -> None:
+    async def _need_map(self, deadline: float) -> bool:
+        """Wait for the node's cluster map (a client's first durable call comes before it, or
+        right after the WELCOME): False if the call's ``deadline`` passed first (each call then
+        ends as it does when no answer came in time), NodeLost if ``node_timeout`` passed or the
+        node was lost (no partitioned cluster there). The caller's timeout bounds this wait as it
+        does the call's others, as Kafka's ``max.block.ms`` bounds a send's wait for metadata."""
         r = self.router
         if r.cmap is None:
             self._kick()
-            await self._until(lambda: r.cmap is not None or r.lost, self._now() + self.config.node_timeout)
+            limit = self._now() + self.config.node_timeout
+            await self._until(lambda: r.cmap is not None or r.lost, min(deadline, limit))
             if r.cmap is None:
+                if not r.lost and deadline < limit:
+                    return False
                 raise NodeLost("no cluster map from the node: durable publishes need a partitioned cluster")
+        return True
 
     async def _durable_ask(self, topic: str, want: Any, name: str, p: int, deadline: float,
                            make: Any) -> tuple[Any, ...] | None:  # fmt: skip

@@ -146,6 +146,28 @@ async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything
         assert s.aclient.router.last_seq == 0
 
 
+async def test_a_durable_call_without_a_cluster_map_ends_at_its_own_timeout(node):
+    """A single node sends no cluster map, so a durable call waits for one. The call's timeout
+    bounds that wait, counted from the call (before, it waited ``node_timeout`` whatever its
+    timeout, and get/read/commit counted theirs after it); each call then ends as when no
+    answer comes in time: put raises TimeoutError (also with 0, "do not wait"), get returns
+    nothing, read raises NodeLost, commit returns False. With no shorter timeout the wait
+    ends at ``node_timeout``: NodeLost, no partitioned cluster there."""
+    async with roost.Client(f"127.0.0.1:{node.port}", config=ClientConfig(node_timeout=60)) as c:
+        with trio.fail_after(20):  # (the old wait: 60 s each)
+            for t in (0.2, 0):
+                with pytest.raises(TimeoutError, match=rf"^no cluster map from the node within {t} s: not put$"):
+                    await c.put("x.d", b"p", timeout=t)
+            assert await c.get("x.d", "d", timeout=0.2) == []
+            with pytest.raises(roost.NodeLost, match=r"^no cluster map from the node within 0.2 s: nothing read"):
+                await c.read("x.d", timeout=0.2)
+            assert await c.commit("x.d", "d", timeout=0.2) is False
+            assert c.router.cmap is None and c.router.putter.streams == {}  # (nothing put)
+    async with roost.Client(f"127.0.0.1:{node.port}", config=ClientConfig(node_timeout=0.5)) as c:
+        with trio.fail_after(20), pytest.raises(roost.NodeLost, match="durable publishes need a partitioned cluster"):
+            await c.put("x.d", b"p", timeout=30)
+
+
 def test_asyncio_exchange(node):
     async def main() -> list[roost.Message]:
         async with roost.asyncio.Client(node.addr) as sub_c, roost.asyncio.Client(node.addr) as pub_c:
