@@ -28,6 +28,7 @@ REPLY_TO = "roost.reply_to"
 REQUEST_ID = "roost.request"
 RELIABLE = MODE_NAMES["reliable"]
 _IS_RELIABLE = {name: mode == RELIABLE for name, mode in MODE_NAMES.items()}
+_new = tuple.__new__  # (message_of without its partial: Subscription.__anext__)
 
 __all__ = ["ClientAPI", "ClientClosed", "LogRead", "Message", "NodeLost", "Request", "Subscription", "durable_id"]
 
@@ -102,7 +103,16 @@ class ClientAPI(DurableAPI):
         if timeout is not None:  # (before anything is queued; 0 cannot wait for a PUBACK)
             check_timeout(timeout, zero=not (wait and reliable))
         r = self._router or self.router
-        seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
+        if reliable or key is not None or tags is not None or r.cmap is not None:
+            seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
+        else:  # (a plain fire publish with one session: Router.offer and Publisher.publish written out)
+            pub = r.first.pub
+            packed = wire.pack_plain(topic, payload)
+            if len(packed) > pub.room:
+                seq = pub.publish(topic, None, None, payload, False)  # (refused: one datagram each)
+            else:
+                pub.fire_pending.append(packed)
+                seq = 0
         if seq is None or wait:
             return await self._publish_waiting(r, seq, topic, key, tags, payload, reliable, wait, timeout)
         self._since_yield += 1
@@ -300,6 +310,7 @@ class Subscription:
         c = self.client
         c._check_open()
         self._session, self._st = c.router.subscribe(self.filter, self.key, self.mode)
+        self._recv = self._session.recv  # (read per message taken: __anext__)
         c._kick()
 
     async def confirmation(self, deadline: float = math.inf) -> bool:
@@ -410,16 +421,16 @@ class Subscription:
         # (the common case without a second coroutine: a message is queued, no queue group, no
         # checkpoint due; anything else is next's)
         st, c = self._st, self.client
-        if st is not None and st.queue and st.origins is None and c._since_yield < c.config.yield_every - 1:
+        if st is not None and st.queue and st.origins is None and c._since_yield < c._yield_last:
             c._since_yield += 1
-            recv = self._session.recv  # type: ignore[union-attr]  # (set with _st)
+            recv = self._recv
             if st.counted and not recv.held:
                 recv.buffered -= 1  # (Receiver.consumed's case without a queue group or held messages)
             else:
                 recv.consumed(st)
             item = st.queue.popleft()  # (SubState.take, written out)
             if item.__class__ is bytes:
-                return message_of((st.topic, None, None, item, st.seqs.popleft()))
+                return _new(Message, (st.topic, None, None, item, st.seqs.popleft()))
             fields = cast(Fields, item)
             return c._as_request(message_of(fields)) if fields[2] else message_of(fields)
         return await self.next()

@@ -27,6 +27,7 @@ import roost.trio
 from roost.client import addresses
 from roost.client.api import REPLY_TO, Request
 from roost.client.session import ClientConfig
+from roost.client.wire import WireError
 from tests.clusterkit import ROOT, Node
 
 N = 10
@@ -81,7 +82,14 @@ async def test_payload_types_and_a_bad_mode_are_refused_before_anything_is_queue
                     await c.publish("x.payloads", bad)  # type: ignore[arg-type]
             with pytest.raises(ValueError, match="mode must be one of"):
                 await c.publish("x.payloads", b"x", mode="durable-ish")
-            assert c.router.last_seq == 0  # (nothing queued)
+            for mode in ("fire", "reliable"):  # (fire: ClientAPI.publish's own path for a plain message)
+                for bad in (123, None):
+                    with pytest.raises(TypeError, match="payload must be bytes or str"):
+                        await c.publish("x.payloads", bad, mode=mode)  # type: ignore[arg-type]
+                for topic, why in (("", "non-empty"), ("x y", "whitespace"), ("x.*", "wildcards"), (5, "non-empty")):
+                    with pytest.raises(WireError, match=why):
+                        await c.publish(topic, b"x", mode=mode)  # type: ignore[arg-type]
+            assert c.router.last_seq == 0 and not c.router.first.pub.fire_pending  # (nothing queued)
             for p in (b"a", "b", bytearray(b"c"), memoryview(b"d")):
                 await c.publish("x.payloads", p)
             assert await c.flush(timeout=5)

@@ -242,6 +242,21 @@ def test_benchrate_reports_the_subscribers_rate_and_each_process_cpu():
     assert bad.returncode != 0 and "--size must be at least 16" in bad.stderr
 
 
+def test_benchcalls_prints_the_cpu_of_each_call_per_mode():
+    """scripts/benchcalls.py, shortened: a row per mode with three positive figures in ns, a
+    publish costing more than the empty loop it runs in; bad arguments are refused by name."""
+    r = script("scripts/benchcalls.py", "-n", "2000", "--rounds", "1", timeout=90)
+    assert r.returncode == 0, r.stderr
+    rows = [line.strip("|").split("|") for line in r.stdout.splitlines()[2:]]
+    assert [row[0].strip() for row in rows] == ["reliable", "fire"]
+    for _, base, pub, take in rows:
+        assert 0 < int(base) < int(pub) and int(take) > 0
+    for args, why in ((["--modes", "relaible"], "['relaible'] not among reliable, fire"),
+                      (["-n", "10"], "-n 10: must be at least 1000"), (["--rounds", "0"], "--rounds 0")):  # fmt: skip
+        bad = script("scripts/benchcalls.py", *args, timeout=30)
+        assert bad.returncode == 2 and why in bad.stderr, bad.stderr
+
+
 def test_benchhops_follows_w3_messages_through_every_hop():
     """scripts/benchhops.py, shortened: every step's figures come from messages followed through
     the three processes' sends and receives (none followed fails the run instead)."""
