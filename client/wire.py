@@ -463,7 +463,7 @@ def check_tags(tags: Any) -> dict[str, str] | None:
 def check_message(m: Any) -> tuple[Any, ...]:
     """A message is [topic, key, tags, payload], plus [producer id, seq] when
     delivered reliably; returns it as a tuple."""
-    if m.__class__ is not list or (len(m) != 4 and len(m) != 6):
+    if (m.__class__ is not list and m.__class__ is not tuple) or (len(m) != 4 and len(m) != 6):
         raise WireError(E.MALFORMED, "a message is [topic, key, tags, payload(, producer, seq)]")
     if len(m) == 6:
         _bytes(m[4], ID_LEN, "producer id")
@@ -482,16 +482,16 @@ def check_message(m: Any) -> tuple[Any, ...]:
 def check_delivered(m: Any) -> tuple[Any, ...]:
     """A message in MSGS: as ``check_message``, or with the queue-group marks a node adds
     (``mark_delivery``) as a last element: 5 elements (fire) or 7 (reliable)."""
-    n = len(m) if m.__class__ is list else 0
+    n = len(m) if m.__class__ is list or m.__class__ is tuple else 0
     if n != 5 and n != 7:
         return check_message(m)
     marks = m[-1]
-    if marks.__class__ is not list or not 0 < len(marks) <= MAX_MARKS:
+    if (marks.__class__ is not list and marks.__class__ is not tuple) or not 0 < len(marks) <= MAX_MARKS:
         raise WireError(E.MALFORMED, f"queue marks must be an array of 1..{MAX_MARKS} mark ids")
     for mk in marks:
         if mk.__class__ is not bytes or len(mk) != MARK_LEN:
             raise WireError(E.MALFORMED, f"a queue mark is a mark id of {MARK_LEN} bytes")
-    return (*check_message(m[:-1]), marks)
+    return (*check_message(m[:-1]), list(marks))  # (a list whichever msgpack made: decoding._AS_TUPLES)
 
 
 def _bytes(v: Any, n: int, what: str) -> bytes:
