@@ -309,7 +309,8 @@ def _status_reply(f: list[Any]) -> tuple[Any, ...]:
 #: type): these two, a node's and a subscriber's per-message frames, are unpacked with their
 #: arrays as tuples, so that a checked message is the tuple msgpack made, not a copy of a list
 #: (~50-100 ns a message on each hop: docs/performance.md). Any other frame keeps its lists.
-_AS_TUPLES = frozenset({bytes((0x90 + 9, VERSION, T.PUB)), bytes((0x90 + 5, VERSION, T.MSGS))})
+#: (A tuple, compared by ==: a bytearray or memoryview datagram compares as bytes does.)
+_AS_TUPLES = (bytes((0x90 + 9, VERSION, T.PUB)), bytes((0x90 + 5, VERSION, T.MSGS)))
 
 
 def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]:

@@ -419,6 +419,9 @@ def test_only_pub_and_msgs_are_decoded_as_tuples():
     assert cmdack == (T.CMDACK, 1, 2, [0, 1])
     with pytest.raises(WireError, match="MSGS has 3 fields, got 4"):
         decoding.decode_untrusted_frame(msgpack.packb([wire.VERSION, T.MSGS, 0, 0, [], 5]))
+    msgs = wire.encode_msgs(0, 0, [wire.pack_plain("t", b"x")])  # (a datagram in a buffer: the same)
+    for data in (msgs, bytearray(msgs), memoryview(msgs)):
+        assert decoding.decode_untrusted_frame(data) == (T.MSGS, 0, 0, [("t", None, None, b"x")])  # type: ignore[arg-type]
 
 
 def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():
