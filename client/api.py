@@ -19,7 +19,7 @@ from typing import Any, cast
 from roost.client import subjects, wire
 from roost.client.clientbase import ClientClosed, NodeLost, check_timeout
 from roost.client.durableapi import DurableAPI, LogRead, durable_id
-from roost.client.receive import Fields, Message, SubState, message_of
+from roost.client.receive import Fields, Message, Receiver, SubState, message_of
 from roost.client.router import Router
 from roost.client.session import ClientSession
 from roost.client.wire import MODE_NAMES, Reason
@@ -108,8 +108,8 @@ class ClientAPI(DurableAPI):
         else:  # (a plain fire publish with one session: Router.offer and Publisher.publish written out)
             pub = r.first.pub
             packed = wire.pack_plain(topic, payload)
-            if len(packed) > pub.room:
-                seq = pub.publish(topic, None, None, payload, False)  # (refused: one datagram each)
+            if len(packed) > pub.room:  # (Publisher.publish refuses it: a fire publish is one datagram)
+                seq = pub.publish(topic, None, None, payload, False)
             else:
                 pub.fire_pending.append(packed)
                 seq = 0
@@ -286,6 +286,7 @@ class Subscription:
         self.callback = callback
         self._st: SubState | None = None
         self._session: ClientSession | None = None  # the session it was made on (client/router.py)
+        self._recv: Receiver  # its receiver, from begin() on (read per message taken: __anext__)
 
     async def __aenter__(self) -> Subscription:
         await self.start()
@@ -310,7 +311,7 @@ class Subscription:
         c = self.client
         c._check_open()
         self._session, self._st = c.router.subscribe(self.filter, self.key, self.mode)
-        self._recv = self._session.recv  # (read per message taken: __anext__)
+        self._recv = self._session.recv
         c._kick()
 
     async def confirmation(self, deadline: float = math.inf) -> bool:
@@ -421,7 +422,7 @@ class Subscription:
         # (the common case without a second coroutine: a message is queued, no queue group, no
         # checkpoint due; anything else is next's)
         st, c = self._st, self.client
-        if st is not None and st.queue and st.origins is None and c._since_yield < c._yield_last:
+        if st is not None and st.queue and st.origins is None and c._since_yield < c.config.yield_every - 1:
             c._since_yield += 1
             recv = self._recv
             if st.counted and not recv.held:

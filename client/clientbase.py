@@ -111,7 +111,6 @@ class ClientBase(abc.ABC):
         self._router: Router | None = None
         self._socks: dict[int, socket.socket] = {}  # id(session) -> its socket
         self._since_yield = 0
-        self._yield_last = self.config.yield_every - 1  # (read per message taken: Subscription.__anext__)
         self._closed = False
         self._error: BaseException | None = None  # what stopped the I/O, if it failed
         self._resolving = False

@@ -13,7 +13,7 @@ wire.py imports nothing from here), because this is the part that faces the netw
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -65,7 +65,7 @@ def _frame(ftype: T, fields: int) -> Callable[[_Validator], _Validator]:
 
 
 @_frame(T.PUB, 7)
-def _pub(f: list[Any]) -> tuple[Any, ...]:
+def _pub(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES; mypyc checks a list annotation)
     _, _, cid, cookie, pid, first, floor, rel, msgs = f
     if rel.__class__ is not bool:
         raise WireError(E.MALFORMED, "reliable flag must be a boolean")
@@ -78,7 +78,7 @@ def _pub(f: list[Any]) -> tuple[Any, ...]:
 
 
 @_frame(T.MSGS, 3)
-def _msgs(f: list[Any]) -> tuple[Any, ...]:
+def _msgs(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES)
     _, _, stream, first, msgs = f
     msgs = _array(msgs, "messages")
     if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, not its messages)
@@ -86,7 +86,7 @@ def _msgs(f: list[Any]) -> tuple[Any, ...]:
     return T.MSGS, stream, _uint(first, "first_seq"), _checked(msgs, True)
 
 
-def _checked(msgs: list[Any] | tuple[Any, ...], delivered: bool) -> list[tuple[Any, ...]]:
+def _checked(msgs: Sequence[Any], delivered: bool) -> list[tuple[Any, ...]]:
     """A PUB's (``delivered`` False) or a MSGS's messages, checked. The common message (a known
     topic, no key, no tags, a payload, and in MSGS, reliable: a producer id and sequence) is
     checked in one expression in these loops (a function call per message costs as much as the
@@ -133,10 +133,10 @@ def _checked(msgs: list[Any] | tuple[Any, ...], delivered: bool) -> list[tuple[A
     return out
 
 
-def _batch(frame: str, first: Any, msgs: Any) -> list[Any]:
+def _batch(frame: str, first: Any, msgs: Any) -> Sequence[Any]:
     """A PUB's or a PUT's messages: a list of at least one, their sequences from ``first`` on
     within a uint64 (each message is checked by the caller)."""
-    checked: list[Any] = _array(msgs, "messages")
+    checked: Sequence[Any] = _array(msgs, "messages")
     if not checked:
         raise WireError(E.MALFORMED, f"{frame} carries at least one message")
     _last_seq(_uint(first, "first_seq"), checked)
@@ -150,7 +150,7 @@ def _array(v: Any, what: str) -> Any:
     return v
 
 
-def _last_seq(first: int, msgs: list[Any]) -> None:
+def _last_seq(first: int, msgs: Sequence[Any]) -> None:
     """The messages of a PUB, a PUT or a reliable MSGS take the sequences ``first`` on: the last
     must be a uint64 too (one past it would overflow every frame that carries or acknowledges
     it, and the process packing it)."""
@@ -308,7 +308,7 @@ def _status_reply(f: list[Any]) -> tuple[Any, ...]:
 #: The first three bytes of a PUB and of a MSGS (a fixarray of their length, the version, the
 #: type): these two, a node's and a subscriber's per-message frames, are unpacked with their
 #: arrays as tuples, so that a checked message is the tuple msgpack made, not a copy of a list
-#: (~50-100 ns a message on each hop: docs/performance.md). Any other frame keeps its lists.
+#: (~45-70 ns a message on each hop: docs/performance.md). Any other frame keeps its lists.
 #: (A tuple, compared by ==: a bytearray or memoryview datagram compares as bytes does.)
 _AS_TUPLES = (bytes((0x90 + 9, VERSION, T.PUB)), bytes((0x90 + 5, VERSION, T.MSGS)))
 

@@ -163,13 +163,13 @@ class DurableAPI(ClientBase):
         :meth:`get` returned; True once that is on disk on the partition's owners."""
         deadline = self._deadline(timeout)
         r = self.router
+        nxt = self._read_to.get((client, durable, topic))
+        if nxt is None:  # (nothing read: nothing to commit, and no map needed)
+            return True
         if not await self._need_map(deadline):
             return False  # (as when the owners do not answer in time)
         assert r.cmap is not None
         p = r.cmap.partition(topic)
-        nxt = self._read_to.get((client, durable, topic))
-        if nxt is None:
-            return True
         did = durable_id(client)
         if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
             await self._in_thread(self._offsets.save, client, durable, topic, nxt)
@@ -179,17 +179,20 @@ class DurableAPI(ClientBase):
 
     async def _need_map(self, deadline: float) -> bool:
         """Wait for the node's cluster map (a client's first durable call comes before it, or
-        right after the WELCOME): False if the call's ``deadline`` passed first (each call then
-        ends as it does when no answer came in time), NodeLost if ``node_timeout`` passed or the
-        node was lost (no partitioned cluster there). The caller's timeout bounds this wait as it
-        does the call's others, as Kafka's ``max.block.ms`` bounds a send's wait for metadata."""
+        right after the WELCOME). The caller's timeout bounds this wait as it does the call's
+        others, as Kafka's ``max.block.ms`` bounds a send's wait for metadata: False if the
+        call's ``deadline`` passed first while the map may still come (each call then ends as
+        it does when no answer came in time); NodeLost if ``node_timeout`` passed, the node
+        was lost, or the node welcomed us and announced no map (no partitioned cluster there:
+        a single node or a replicated cluster)."""
         r = self.router
         if r.cmap is None:
             self._kick()
             limit = self._now() + self.config.node_timeout
             await self._until(lambda: r.cmap is not None or r.lost, min(deadline, limit))
             if r.cmap is None:
-                if not r.lost and deadline < limit:
+                s = r.first
+                if not r.lost and deadline < limit and (s.cookie is None or s.announced):
                     return False
                 raise NodeLost("no cluster map from the node: durable publishes need a partitioned cluster")
         return True

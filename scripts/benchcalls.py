@@ -12,11 +12,14 @@ runs.
   takes them with ``async for``; the figure is the CPU time of that loop alone per message.
 - **baseline**: the same loop awaiting a coroutine that does nothing: what Python's loop and
   ``await`` cost before Roost's code.
+- **decode**: a MSGS datagram of 130 such messages, as the node sends it in the mode, checked by
+  ``decode_untrusted_frame`` in a loop (no node): what the subscriber's I/O task spends on each
+  message before it is queued (a node's PUB of plain messages costs about the fire figure).
 
     python scripts/benchcalls.py                       # both modes, 200,000 each, 3 rounds
     python scripts/benchcalls.py --modes fire -n 50000 --rounds 5
 
-Prints one row per mode with the median of the rounds (ns per call). CPU time
+Prints one row per mode with the median of the rounds (ns per call or message). CPU time
 (``time.process_time``), not wall time, so other processes on the machine move it less, but
 not at all only on a quiet machine.
 """
@@ -27,13 +30,14 @@ import argparse
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from roost.client import Client, ClientConfig
+from roost.client import Client, ClientConfig, decoding, wire
 from scripts.benchsystems import start_server
 
 PAYLOAD = b"x" * 100
@@ -67,10 +71,11 @@ async def _publish(addr: str, mode: str, n: int) -> float:
 
 
 async def _take(addr: str, mode: str, n: int) -> float:
-    async with Client(addr, config=ClientConfig(max_buffered=n + 1000)) as s, Client(addr) as c:
+    async with Client(addr, config=ClientConfig(max_buffered=n + 1000)) as s:
         async with s.subscribe(TOPIC, mode=mode) as sub:
-            for _ in range(n):
-                await c.publish(TOPIC, PAYLOAD, mode=mode)
+            async with Client(addr) as c:  # (closed before the timed loop: its I/O is not counted)
+                for _ in range(n):
+                    await c.publish(TOPIC, PAYLOAD, mode=mode)
             recv = sub.session.recv
             with trio.move_on_after(60):  # (bounded: a fire message lost on loopback would never come)
                 while recv.buffered < n:
@@ -84,6 +89,17 @@ async def _take(addr: str, mode: str, n: int) -> float:
                 if taken == n:
                     break
             return (time.process_time() - t) / n
+
+
+def _decode(mode: str) -> float:
+    """A MSGS datagram of 130 messages of 100 bytes, as the node sends it in ``mode``, decoded
+    (``decoding.decode_untrusted_frame``, what the subscriber's I/O task does with each): ns a
+    message, best of 7 times 3,000."""
+    packed = [wire.pack_plain(TOPIC, PAYLOAD)] * 130
+    data = wire.encode_msgs(0, 0, packed) if mode == "fire" else \
+        wire.encode_msgs(5, 1, wire.pack_messages([(TOPIC, None, None, PAYLOAD)] * 130, b"p" * 16, 1))  # fmt: skip
+    decoding.decode_untrusted_frame(data)  # (the topic checked once, as a subscriber's first datagram does)
+    return min(timeit.repeat(lambda: decoding.decode_untrusted_frame(data), number=3000, repeat=7)) / 3000 / 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,13 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rounds {a.rounds}: must be at least 1")
     server = start_server("roost")
     try:
-        print("| mode | baseline ns | publish ns | take ns |")
-        print("|---|---|---|---|")
+        print("| mode | baseline ns | publish ns | take ns | decode ns |")
+        print("|---|---|---|---|---|")
         for mode in modes:
             rows = [(trio.run(_baseline, a.n), trio.run(_publish, server.addr, mode, a.n),
-                     trio.run(_take, server.addr, mode, a.n)) for _ in range(a.rounds)]  # fmt: skip
-            base, pub, take = (statistics.median(col) * 1e9 for col in zip(*rows, strict=True))
-            print(f"| {mode} | {base:.0f} | {pub:.0f} | {take:.0f} |", flush=True)
+                     trio.run(_take, server.addr, mode, a.n), _decode(mode)) for _ in range(a.rounds)]  # fmt: skip
+            base, pub, take, dec = (statistics.median(col) * 1e9 for col in zip(*rows, strict=True))
+            print(f"| {mode} | {base:.0f} | {pub:.0f} | {take:.0f} | {dec:.0f} |", flush=True)
     finally:
         server.stop()
     return 0

@@ -155,14 +155,23 @@ async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything
 
 
 async def test_a_durable_call_without_a_cluster_map_ends_at_its_own_timeout(node):
-    """A single node sends no cluster map, so a durable call waits for one. The call's timeout
-    bounds that wait, counted from the call (before, it waited ``node_timeout`` whatever its
-    timeout, and get/read/commit counted theirs after it); each call then ends as when no
-    answer comes in time: put raises TimeoutError (also with 0, "do not wait"), get returns
-    nothing, read raises NodeLost, commit returns False. With no shorter timeout the wait
-    ends at ``node_timeout``: NodeLost, no partitioned cluster there."""
+    """A durable call waits for the cluster map, and its timeout bounds that wait, counted from
+    the call (before, it waited ``node_timeout`` whatever its timeout, and get/read/commit
+    counted theirs after it). A single node welcomes a client without announcing a map: each
+    call raises NodeLost (no partitioned cluster), at its timeout; a commit with nothing read
+    needs no map. Where the node announced a map that has not come yet (planted here: a large
+    cluster's map comes after its WELCOME), each call ends as when no answer came in time: put
+    raises TimeoutError (also with 0, "do not wait"), get returns nothing, read raises
+    NodeLost, commit returns False. With no shorter timeout the wait ends at ``node_timeout``."""
     async with roost.Client(f"127.0.0.1:{node.port}", config=ClientConfig(node_timeout=60)) as c:
-        with trio.fail_after(20):  # (the old wait: 60 s each)
+        with trio.fail_after(20):  # (the old wait: 60 s a call)
+            for call in (c.put("x.d", b"p", timeout=0.2), c.put("x.d", b"p", timeout=0),
+                         c.get("x.d", "d", timeout=0.2), c.read("x.d", timeout=0.2)):  # fmt: skip
+                with pytest.raises(roost.NodeLost, match=r"^no cluster map from the node: durable publishes need a"):
+                    await call
+            assert await c.commit("x.d", "d", timeout=0.2) is True  # (nothing read: nothing to commit)
+            c.router.first.announced = 7  # (the WELCOME announced a map, not here yet)
+            c._read_to[("default", "d", "x.d")] = 5  # (as if a get had read up to 5)
             for t in (0.2, 0):
                 with pytest.raises(TimeoutError, match=rf"^no cluster map from the node within {t} s: not put$"):
                     await c.put("x.d", b"p", timeout=t)
@@ -172,6 +181,7 @@ async def test_a_durable_call_without_a_cluster_map_ends_at_its_own_timeout(node
             assert await c.commit("x.d", "d", timeout=0.2) is False
             assert c.router.cmap is None and c.router.putter.streams == {}  # (nothing put)
     async with roost.Client(f"127.0.0.1:{node.port}", config=ClientConfig(node_timeout=0.5)) as c:
+        c.router.first.announced = 7
         with trio.fail_after(20), pytest.raises(roost.NodeLost, match="durable publishes need a partitioned cluster"):
             await c.put("x.d", b"p", timeout=30)
 

@@ -243,14 +243,14 @@ def test_benchrate_reports_the_subscribers_rate_and_each_process_cpu():
 
 
 def test_benchcalls_prints_the_cpu_of_each_call_per_mode():
-    """scripts/benchcalls.py, shortened: a row per mode with three positive figures in ns, a
+    """scripts/benchcalls.py, shortened: a row per mode with four positive figures in ns, a
     publish costing more than the empty loop it runs in; bad arguments are refused by name."""
     r = script("scripts/benchcalls.py", "-n", "2000", "--rounds", "1", timeout=90)
     assert r.returncode == 0, r.stderr
     rows = [line.strip("|").split("|") for line in r.stdout.splitlines()[2:]]
     assert [row[0].strip() for row in rows] == ["reliable", "fire"]
-    for _, base, pub, take in rows:
-        assert 0 < int(base) < int(pub) and int(take) > 0
+    for _, base, pub, take, decode in rows:
+        assert 0 < int(base) < int(pub) and int(take) > 0 and int(decode) > 0
     for args, why in ((["--modes", "relaible"], "['relaible'] not among reliable, fire"),
                       (["-n", "10"], "-n 10: must be at least 1000"), (["--rounds", "0"], "--rounds 0")):  # fmt: skip
         bad = script("scripts/benchcalls.py", *args, timeout=30)
