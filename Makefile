@@ -32,8 +32,8 @@ test: $(STAMP)
 	$(BIN)/mypy
 	@# The tests that share the machine's firewall, namespaces or chaos runs alone, then the rest in
 	@# two processes (tests/conftest.py says which and why); plain `pytest` runs all in one.
-	$(BIN)/pytest -m alone
-	$(BIN)/pytest -m "not alone" -n 2
+	$(BIN)/pytest -m alone --durations=5
+	$(BIN)/pytest -m "not alone" -n 2 --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
