@@ -25,6 +25,13 @@ def durable_id(client: str) -> bytes:
     return hashlib.blake2b(client.encode(), digest_size=16, person=b"roost.durable").digest()
 
 
+def _no_map_here(s: ClientSession) -> bool:
+    """The node welcomed this session and announced no cluster map: not a partitioned cluster
+    (a partitioned member installs its map before it serves clients, and its WELCOME carries
+    the map or, when that does not fit, its epoch)."""
+    return s.cookie is not None and not s.announced
+
+
 def _start(start: str | int | datetime.datetime) -> tuple[int, int]:
     if start == "earliest":
         return durablewire.START_EARLIEST, 0
@@ -163,13 +170,13 @@ class DurableAPI(ClientBase):
         :meth:`get` returned; True once that is on disk on the partition's owners."""
         deadline = self._deadline(timeout)
         r = self.router
-        nxt = self._read_to.get((client, durable, topic))
-        if nxt is None:  # (nothing read: nothing to commit, and no map needed)
+        if (client, durable, topic) not in self._read_to:  # (nothing read: nothing to commit, no map needed)
             return True
         if not await self._need_map(deadline):
             return False  # (as when the owners do not answer in time)
         assert r.cmap is not None
         p = r.cmap.partition(topic)
+        nxt = self._read_to[(client, durable, topic)]  # (after the wait: a get that ended meanwhile counts)
         did = durable_id(client)
         if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
             await self._in_thread(self._offsets.save, client, durable, topic, nxt)
@@ -183,18 +190,19 @@ class DurableAPI(ClientBase):
         others, as Kafka's ``max.block.ms`` bounds a send's wait for metadata: False if the
         call's ``deadline`` passed first while the map may still come (each call then ends as
         it does when no answer came in time); NodeLost if ``node_timeout`` passed, the node
-        was lost, or the node welcomed us and announced no map (no partitioned cluster there:
-        a single node or a replicated cluster)."""
+        was lost, or at once when the node welcomed us and announced no map (no partitioned
+        cluster there: a single node or a replicated cluster)."""
         r = self.router
         if r.cmap is None:
             self._kick()
             limit = self._now() + self.config.node_timeout
-            await self._until(lambda: r.cmap is not None or r.lost, min(deadline, limit))
+            await self._until(lambda: r.cmap is not None or r.lost or _no_map_here(r.first), min(deadline, limit))
             if r.cmap is None:
-                s = r.first
-                if not r.lost and deadline < limit and (s.cookie is None or s.announced):
+                if r.lost:
+                    raise NodeLost("node lost before its cluster map came")
+                if not _no_map_here(r.first) and deadline < limit:
                     return False
-                raise NodeLost("no cluster map from the node: durable publishes need a partitioned cluster")
+                raise NodeLost("no cluster map from the node: durable topics need a partitioned cluster")
         return True
 
     async def _durable_ask(self, topic: str, want: Any, name: str, p: int, deadline: float,

@@ -73,7 +73,7 @@ class ClientSession:
         self.cmap: ClusterMap | None = None
         self.heard_map: ClusterMap | None = None  # the last map our member sent, of any epoch (the router's)
         self.announced = 0  # the map epoch our member's WELCOME announced (the router's)
-        self._map_asked = -1e9  # when we last asked for the map because a stranger spoke
+        self._map_asked = -1e9  # when we last asked for the map (MAP): a stranger spoke, or a WELCOME announced one
         self._out: list[tuple[Addr, bytes]] = []
         self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
         self.durable_replies: list[tuple[Any, ...]] = []  # RECORDS and COMMITTED for the library's get
@@ -227,9 +227,9 @@ class ClientSession:
             self._on_pong(f[1], f[2], f[3], f[4], f[5])
         elif ftype is T.WELCOME:
             self._on_welcome(f[1], f[2], f[3], f[4])
-            self._on_map(f[5], f[3].get("map_epoch"))
+            self._on_map(f[5], f[3].get("map_epoch"), now)
         elif ftype is T.REDIRECT:
-            self._on_map(f[2], None)
+            self._on_map(f[2], None, now)
         elif ftype is T.ERROR:
             if f[1] == E.BAD_COOKIE:
                 self.cookie = None
@@ -259,7 +259,7 @@ class ClientSession:
         self.failed_attempts = 0
         self.events.append(("connected", node_id))
 
-    def _on_map(self, cmap: ClusterMap | None, announced: Any) -> None:
+    def _on_map(self, cmap: ClusterMap | None, announced: Any, now: float) -> None:
         """Keep the newest map (by epoch; an older one is a late datagram). A WELCOME that
         announced a newer map than ours without room for it (``map_epoch`` only, see
         docs/protocol.md) makes us ask with MAP, answered by REDIRECT."""
@@ -278,6 +278,7 @@ class ClientSession:
                 self.candidates.append(addr)
         elif announced.__class__ is int and announced > have and self.cookie is not None:
             self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
+            self._map_asked = now  # (asked again each second until it comes: tick)
 
     def _on_cmdack(self, session: int, batch: int, results: list[int]) -> None:
         cmds = self.cmds.acked(session, batch)
@@ -378,6 +379,10 @@ class ClientSession:
             again = self.cmds.due(self.cid, self.cookie, now)
             if again is not None:
                 self._out.append((self.node, again))
+            if self.announced > (self.cmap.epoch if self.cmap is not None else 0) and now >= self._map_asked + 1.0:
+                # (the WELCOME's map did not fit and our MAP or its REDIRECT was lost: ask again)
+                self._map_asked = now
+                self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
         if self.recv.parts.partials:
             self.recv.expire_parts(now)
         resent = self.pub.tick(now)

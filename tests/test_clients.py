@@ -98,6 +98,27 @@ async def test_payload_types_and_a_bad_mode_are_refused_before_anything_is_queue
     assert got == [b"a", b"b", b"c", b"d"] and all(g.__class__ is bytes for g in got)
 
 
+async def test_async_for_follows_a_yield_every_changed_after_the_client_was_made(node):
+    """``Subscription.__anext__``'s own path for a queued message reads ``yield_every`` from the
+    config each time, as ``next`` and ``publish`` do: set to 1 on a running client, every
+    message taken lets the I/O loop run (the checkpoint resets the count)."""
+    async with roost.Client(f"127.0.0.1:{node.port}") as c:
+        async with c.subscribe("x.yields") as sub:
+            for i in range(5):
+                await c.publish("x.yields", b"%d" % i)
+            with trio.fail_after(10):
+                while sub.session.recv.buffered < 5:  # (bounded by the fail_after)
+                    await trio.sleep(0.01)
+                c.config.yield_every = 1
+                got = []
+                async for m in sub:
+                    assert c._since_yield == 0
+                    got.append(m.payload)
+                    if len(got) == 5:
+                        break
+    assert got == [b"0", b"1", b"2", b"3", b"4"]
+
+
 BAD_TIMEOUTS: tuple[Any, ...] = ("1", -1, -0.5, float("nan"), True, [1], 10**400, Decimal("1"))
 
 
@@ -157,21 +178,27 @@ async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything
 async def test_a_durable_call_without_a_cluster_map_ends_at_its_own_timeout(node):
     """A durable call waits for the cluster map, and its timeout bounds that wait, counted from
     the call (before, it waited ``node_timeout`` whatever its timeout, and get/read/commit
-    counted theirs after it). A single node welcomes a client without announcing a map: each
-    call raises NodeLost (no partitioned cluster), at its timeout; a commit with nothing read
-    needs no map. Where the node announced a map that has not come yet (planted here: a large
-    cluster's map comes after its WELCOME), each call ends as when no answer came in time: put
-    raises TimeoutError (also with 0, "do not wait"), get returns nothing, read raises
-    NodeLost, commit returns False. With no shorter timeout the wait ends at ``node_timeout``."""
+    counted theirs after it). A single node welcomes a client without announcing a map, so
+    each call raises NodeLost (no partitioned cluster) at once, whatever its timeout; a commit
+    with nothing read needs no map. Where the node announced a map that has not come yet
+    (planted here: a large cluster's map comes after its WELCOME), each call ends at its
+    timeout as when no answer came in time: put raises TimeoutError (also with 0, "do not
+    wait"), get returns nothing, read raises NodeLost, commit returns False. With no shorter
+    timeout that wait ends at ``node_timeout``, in NodeLost."""
+    no_map = r"^no cluster map from the node: durable topics need a partitioned cluster$"
     async with roost.Client(f"127.0.0.1:{node.port}", config=ClientConfig(node_timeout=60)) as c:
-        with trio.fail_after(20):  # (the old wait: 60 s a call)
-            for call in (c.put("x.d", b"p", timeout=0.2), c.put("x.d", b"p", timeout=0),
-                         c.get("x.d", "d", timeout=0.2), c.read("x.d", timeout=0.2)):  # fmt: skip
-                with pytest.raises(roost.NodeLost, match=r"^no cluster map from the node: durable publishes need a"):
-                    await call
-            assert await c.commit("x.d", "d", timeout=0.2) is True  # (nothing read: nothing to commit)
-            c.router.first.announced = 7  # (the WELCOME announced a map, not here yet)
-            c._read_to[("default", "d", "x.d")] = 5  # (as if a get had read up to 5)
+        with trio.fail_after(5):  # (the waits before: 60 s, then 30 s, a call)
+            for timeout in (30, 0):
+                with pytest.raises(roost.NodeLost, match=no_map):
+                    await c.put("x.d", b"p", timeout=timeout)
+            with pytest.raises(roost.NodeLost, match=no_map):
+                await c.get("x.d", "d", timeout=30)
+            with pytest.raises(roost.NodeLost, match=no_map):
+                await c.read("x.d", timeout=30)
+            assert await c.commit("x.d", "d", timeout=30) is True  # (nothing read: nothing to commit)
+        c.router.first.announced = 7  # (the WELCOME announced a map, not here yet)
+        c._read_to[("default", "d", "x.d")] = 5  # (as if a get had read up to 5)
+        with trio.fail_after(20):
             for t in (0.2, 0):
                 with pytest.raises(TimeoutError, match=rf"^no cluster map from the node within {t} s: not put$"):
                     await c.put("x.d", b"p", timeout=t)
@@ -179,10 +206,10 @@ async def test_a_durable_call_without_a_cluster_map_ends_at_its_own_timeout(node
             with pytest.raises(roost.NodeLost, match=r"^no cluster map from the node within 0.2 s: nothing read"):
                 await c.read("x.d", timeout=0.2)
             assert await c.commit("x.d", "d", timeout=0.2) is False
-            assert c.router.cmap is None and c.router.putter.streams == {}  # (nothing put)
+        assert c.router.cmap is None and c.router.putter.streams == {}  # (nothing put)
     async with roost.Client(f"127.0.0.1:{node.port}", config=ClientConfig(node_timeout=0.5)) as c:
         c.router.first.announced = 7
-        with trio.fail_after(20), pytest.raises(roost.NodeLost, match="durable publishes need a partitioned cluster"):
+        with trio.fail_after(20), pytest.raises(roost.NodeLost, match=no_map):
             await c.put("x.d", b"p", timeout=30)
 
 

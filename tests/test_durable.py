@@ -113,7 +113,7 @@ def test_roost_put_stores_durably_and_says_why_not_without_a_partitioned_cluster
     plain.start()
     try:
         r = roost("put", "audit", "x", "--node", plain.addr("n1"))
-        assert r.returncode != 0 and "durable publishes need a partitioned cluster" in r.stderr, r.stderr
+        assert r.returncode != 0 and "durable topics need a partitioned cluster" in r.stderr, r.stderr
     finally:
         plain.stop()
 

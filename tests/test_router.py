@@ -173,6 +173,41 @@ def test_a_welcome_without_room_for_the_map_makes_the_session_ask_for_it():
     assert r.cmap == MAP1
 
 
+def test_a_lost_map_request_is_asked_again_each_second_until_the_map_comes():
+    """The MAP a WELCOME without room for the map makes the session send, or the REDIRECT that
+    answers it, may be lost: the session asks again once a second until the map came (before,
+    it asked once, and every durable call then waited for a map that would never come)."""
+    r = router()
+    r.tick(r.first, 0.0)
+    r.first.outgoing(0.0)
+    r.handle_datagrams(r.first, [(welcome("n1", MAP1, with_map=False), addr("n1"))], 0.0)
+    asked = []
+    for t in (0.0, 0.5, 0.99, 1.0, 1.5, 2.0):
+        r.handle_datagrams(r.first, [(wire.encode_pong(0, True, COOKIE, []), addr("n1"))], t)  # (n1 is alive)
+        r.tick(r.first, t)
+        asked += [(t, f) for _, f in frames(r.first, t) if f[0] is T.MAP]
+    assert asked == [(0.0, (T.MAP, CID, COOKIE)), (1.0, (T.MAP, CID, COOKIE)), (2.0, (T.MAP, CID, COOKIE))]
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(MAP1)), addr("n1"))], 2.1)
+    r.handle_datagrams(r.first, [(wire.encode_pong(0, True, COOKIE, []), addr("n1"))], 5.0)
+    r.tick(r.first, 5.0)
+    assert r.cmap == MAP1 and r.first.connected and not [f for _, f in frames(r.first, 5.0) if f[0] is T.MAP]
+
+
+def test_a_session_knows_when_its_node_has_no_map_to_give():
+    """``_no_map_here`` (client/durableapi.py), which ends a durable call's wait for the map at
+    once: only a WELCOME that announced no map says so; before a WELCOME, or after one that
+    announced a map not come yet, the map may still come."""
+    from roost.client.durableapi import _no_map_here
+
+    plain, waiting = router(), router()
+    for r, cmap in ((plain, None), (waiting, MAP1)):
+        r.tick(r.first, 0.0)
+        r.first.outgoing(0.0)
+        assert not _no_map_here(r.first)  # (no WELCOME yet)
+        r.handle_datagrams(r.first, [(welcome("n1", cmap, with_map=False), addr("n1"))], 0.0)
+    assert _no_map_here(plain.first) and not _no_map_here(waiting.first)
+
+
 def test_acked_and_flush_cover_every_session():
     r = router()
     connect(r, r.first, "n1", MAP1)

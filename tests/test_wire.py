@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import msgpack
 import pytest
 from hypothesis import assume, given, settings
@@ -422,6 +424,17 @@ def test_only_pub_and_msgs_are_decoded_as_tuples():
     msgs = wire.encode_msgs(0, 0, [wire.pack_plain("t", b"x")])  # (a datagram in a buffer: the same)
     for data in (msgs, bytearray(msgs), memoryview(msgs)):
         assert decoding.decode_untrusted_frame(data) == (T.MSGS, 0, 0, [("t", None, None, b"x")])  # type: ignore[arg-type]
+
+
+def test_the_checks_that_take_msgpacks_tuples_are_not_annotated_list():
+    """scripts/benchnative.py compiles this module with mypyc, which checks a ``list[...]``
+    parameter at run time: a function that gets a PUB's or a MSGS's tuples (_AS_TUPLES) must
+    not say ``list``, or the compiled build refuses every such frame (mypy cannot see it: the
+    table's validators take Any)."""
+    for fn in (decoding._pub, decoding._msgs, decoding._checked, decoding._batch, decoding._last_seq,
+               decoding._array, wire.check_message, wire.check_delivered):  # fmt: skip
+        for name, param in inspect.signature(fn).parameters.items():
+            assert not str(param.annotation).startswith("list"), (fn.__name__, name, param.annotation)
 
 
 def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():
