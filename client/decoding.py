@@ -89,48 +89,35 @@ def _msgs(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES)
 def _checked(msgs: Sequence[Any], delivered: bool) -> list[tuple[Any, ...]]:
     """A PUB's (``delivered`` False) or a MSGS's messages, checked. The common message (a known
     topic, no key, no tags, a payload, and in MSGS, reliable: a producer id and sequence) is
-    checked in one expression in these loops (a function call per message costs as much as the
+    checked in one expression in this loop (a function call per message costs as much as the
     checks); anything else, valid or not, goes through ``check_message`` or
-    ``check_delivered``. Messages msgpack made tuples (``_AS_TUPLES``) are kept as they are
-    when every one is common: the first loop only reads them."""
-    topics = _valid_topics
-    if msgs.__class__ is tuple:
-        for m in msgs:
-            if m.__class__ is tuple:
-                n = len(m)
-                if n == 4:
-                    t, k, g, p = m
-                    if k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes:
-                        continue
-                elif n == 6 and delivered:
-                    t, k, g, p, i, s = m
-                    if (k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes
-                            and i.__class__ is bytes and len(i) == ID_LEN and s.__class__ is int
-                            and 0 <= s < 1 << 64):  # fmt: skip
-                        continue
-            break  # (one of another shape: all of them through the loop below)
-        else:
-            return list(msgs)
-    out: list[tuple[Any, ...]] = []
-    full = check_delivered if delivered else check_message
-    add = out.append
-    for m in msgs:
-        if m.__class__ is list or m.__class__ is tuple:
+    ``check_delivered``. msgpack made the messages tuples (``_AS_TUPLES``): while every one so
+    far is common they are kept as they are (``out`` None), and only a datagram with another
+    shape in it (or a frame whose arrays came as lists: not our encoders') gets a list of
+    checked copies."""
+    topics, full = _valid_topics, check_delivered if delivered else check_message
+    out: list[tuple[Any, ...]] | None = None if msgs.__class__ is tuple else []
+    for at, m in enumerate(msgs):
+        if m.__class__ is tuple or m.__class__ is list:
             n = len(m)
             if n == 4:
                 t, k, g, p = m
                 if k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes:
-                    add((t, None, None, p))
+                    if out is not None:
+                        out.append((t, None, None, p))
                     continue
             elif n == 6 and delivered:
                 t, k, g, p, i, s = m
                 if (k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes
                         and i.__class__ is bytes and len(i) == ID_LEN and s.__class__ is int
                         and 0 <= s < 1 << 64):  # fmt: skip
-                    add((t, None, None, p, i, s))
+                    if out is not None:
+                        out.append((t, None, None, p, i, s))
                     continue
-        add(full(m))
-    return out
+        if out is None:
+            out = list(msgs[:at])  # (the common ones before it, as msgpack made them)
+        out.append(full(m))
+    return list(msgs) if out is None else out
 
 
 def _batch(frame: str, first: Any, msgs: Any) -> Sequence[Any]:
