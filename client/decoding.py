@@ -99,6 +99,8 @@ def _checked(msgs: Sequence[Any], delivered: bool) -> list[tuple[Any, ...]]:
     out: list[tuple[Any, ...]] | None = None if msgs.__class__ is tuple else []
     for at, m in enumerate(msgs):
         if m.__class__ is tuple or m.__class__ is list:
+            if out is None and m.__class__ is list:  # (not msgpack's: only its tuples are kept as they are)
+                out = list(msgs[:at])
             n = len(m)
             if n == 4:
                 t, k, g, p = m
@@ -121,8 +123,8 @@ def _checked(msgs: Sequence[Any], delivered: bool) -> list[tuple[Any, ...]]:
 
 
 def _batch(frame: str, first: Any, msgs: Any) -> Sequence[Any]:
-    """A PUB's or a PUT's messages: a list of at least one, their sequences from ``first`` on
-    within a uint64 (each message is checked by the caller)."""
+    """A PUB's or a PUT's messages: an array (a tuple in a PUB: ``_AS_TUPLES``) of at least one,
+    their sequences from ``first`` on within a uint64 (each message is checked by the caller)."""
     checked: Sequence[Any] = _array(msgs, "messages")
     if not checked:
         raise WireError(E.MALFORMED, f"{frame} carries at least one message")

@@ -367,11 +367,23 @@ def test_the_decoders_loops_accept_exactly_what_the_full_validators_accept(m, kn
     wire._valid_topics.clear()
     if known:
         wire.check_topic("t")
-    for msg in (m, tuple(m) if isinstance(m, list) else m):  # (as a list-decoded frame has it, and as msgpack's tuple)
-        want = _outcome(wire.check_delivered, msg)
-        assert _outcome(lambda x: decoding._checked((x,), True)[0], msg) == want
-        want = _outcome(wire.check_message, msg)
-        assert _outcome(lambda x: decoding._checked((x,), False)[0], msg) == want
+    # (in the containers decoding makes: a list-decoded frame's lists, msgpack's tuples, and a mix)
+    as_tuple = tuple(m) if isinstance(m, list) else m
+    for msgs in ([m], (m,), (as_tuple,)):
+        want = _outcome(wire.check_delivered, msgs[0])
+        assert _outcome(lambda x: decoding._checked(x, True)[0], msgs) == want
+        want = _outcome(wire.check_message, msgs[0])
+        assert _outcome(lambda x: decoding._checked(x, False)[0], msgs) == want
+
+
+def test_a_list_message_among_msgpacks_tuples_comes_out_a_checked_tuple():
+    """Only msgpack's own tuples are kept as they are: a list message (not from a tuple-decoded
+    frame) is checked into a tuple like any other, wherever it stands."""
+    wire.check_topic("t")
+    plain = ("t", None, None, b"x")
+    for msgs in ((["t", None, None, b"x"],), (plain, ["t", None, None, b"y"]), (["t", None, None, b"y"], plain)):
+        out = decoding._checked(msgs, True)
+        assert all(m.__class__ is tuple for m in out) and out == [tuple(m) for m in msgs]
 
 
 def _decoded(data, as_lists):
