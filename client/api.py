@@ -103,16 +103,10 @@ class ClientAPI(DurableAPI):
         if timeout is not None:  # (before anything is queued; 0 cannot wait for a PUBACK)
             check_timeout(timeout, zero=not (wait and reliable))
         r = self._router or self.router
-        if reliable or key is not None or tags is not None or r.cmap is not None:
+        if reliable or r.cmap is not None:
             seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
-        else:  # (a plain fire publish with one session: Router.offer and Publisher.publish written out)
-            pub = r.first.pub
-            packed = wire.pack_plain(topic, payload)
-            if len(packed) > pub.room:  # (Publisher.publish refuses it: a fire publish is one datagram)
-                seq = pub.publish(topic, None, None, payload, False)
-            else:
-                pub.fire_pending.append(packed)
-                seq = 0
+        else:  # (a fire publish with one session goes to it: Router.offer adds nothing there)
+            seq = r.first.pub.publish(topic, key, tags, payload, False)
         if seq is None or wait:
             return await self._publish_waiting(r, seq, topic, key, tags, payload, reliable, wait, timeout)
         self._since_yield += 1

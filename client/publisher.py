@@ -61,9 +61,7 @@ class Publisher:
     def publish(
         self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool
     ) -> int:
-        """Queue a message; returns its producer sequence (0 for fire). (``ClientAPI.publish``
-        writes out the plain fire case, the pack and the append, for a client with one session:
-        a change to that case here belongs there too.)"""
+        """Queue a message; returns its producer sequence (0 for fire)."""
         if key is None and tags is None and payload.__class__ is bytes:
             packed = wire.pack_plain(topic, payload)
         else:
