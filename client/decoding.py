@@ -39,6 +39,7 @@ from roost.client.wire import (
     check_filter,
     check_key,
     check_message,
+    pub_header,
 )
 
 #: A validator takes the whole frame ``[version, type, field...]``, whose
@@ -335,6 +336,21 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
     if len(frame) != length:
         raise WireError(E.MALFORMED, f"{ftype.name} has {length - 2} fields, got {len(frame) - 2}")
     return validate(frame)
+
+
+def pub_messages_untrusted(data: bytes, frame: tuple[Any, ...]) -> bytes | None:
+    """The array of messages of ``frame``, a PUB that :func:`decode_untrusted_frame` made of
+    ``data``, as ``data`` carries it (its array header included): so a node can relay a fire
+    datagram's messages to a subscriber as they came, instead of packing each one again. Given
+    when ``data`` opens with the PUB's other fields in msgpack's shortest form (as
+    ``wire.encode_pub`` writes them, compared byte for byte): then what follows them is exactly
+    the bytes the messages were decoded from (the decoder refused anything after the array).
+    None when the fields came in another valid form. The caller decides whether the messages
+    may go on as they are (each of them ``[topic, key, tags, payload]``: a PUB's message may
+    also carry a producer id and sequence, which no subscriber must get from a publisher)."""
+    _, cid, cookie, pid, first, floor, reliable, _ = frame
+    head = pub_header(cid, cookie, pid, first, floor, reliable)
+    return bytes(data[len(head):]) if data[: len(head)] == head else None
 
 
 from roost.client import durablewire  # noqa: E402,F401  (registers the durable-mode frames' validators)

@@ -323,10 +323,17 @@ def encode_pub(
     forgot it) can start de-duplicating from there.
     """
     return (
-        _header(9, VERSION, T.PUB, client_id, cookie, producer_id, first_seq, floor, reliable)
+        pub_header(client_id, cookie, producer_id, first_seq, floor, reliable)
         + _array_header(len(packed_msgs))
         + b"".join(packed_msgs)
     )
+
+
+def pub_header(client_id: bytes, cookie: bytes, producer_id: bytes, first_seq: int, floor: int,
+               reliable: bool) -> bytes:  # fmt: skip
+    """A PUB's bytes before its array of messages, each field in msgpack's shortest form (a
+    node compares a PUB's first bytes with these: ``decoding.pub_messages_untrusted``)."""
+    return _header(9, VERSION, T.PUB, client_id, cookie, producer_id, first_seq, floor, reliable)
 
 
 def encode_puback(producer_id: bytes, acked_seq: int) -> bytes:
@@ -338,14 +345,16 @@ def encode_msgs(stream_id: int, first_seq: int, packed_msgs: list[bytes]) -> byt
 
     ``stream_id`` 0 means fire-and-forget (``first_seq`` is then 0 too).
     """
-    return (
-        _header(5, VERSION, T.MSGS, stream_id, first_seq)
-        + _array_header(len(packed_msgs))
-        + b"".join(packed_msgs)
-    )
+    return msgs_header(stream_id, first_seq) + _array_header(len(packed_msgs)) + b"".join(packed_msgs)
 
 
-MSGS_HEADER_MAX = len(_header(5, VERSION, T.MSGS, 2**64 - 1, 2**64 - 1)) + 5
+def msgs_header(stream_id: int, first_seq: int) -> bytes:
+    """A MSGS's bytes before its array of messages (a node that relays a PUB's array as it came
+    adds it to that: node/delivery.py)."""
+    return _header(5, VERSION, T.MSGS, stream_id, first_seq)
+
+
+MSGS_HEADER_MAX = len(msgs_header(2**64 - 1, 2**64 - 1)) + 5  # (+ the array's header)
 
 
 def encode_ack(

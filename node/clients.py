@@ -36,7 +36,7 @@ REMEMBERED_BATCHES = 8
 class ClientState:
     __slots__ = (
         "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "heard", "mailbox", "parked", "fire",
-        "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
+        "fire_whole", "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
         "redirected", "since",
     )  # fmt: skip
 
@@ -57,6 +57,10 @@ class ClientState:
         # behind a partition (node/delivery.py).
         self.parked: tuple[Mailbox, int, int, Addr] | None = None
         self.fire: list[bytes] = []
+        # Fire datagrams' arrays of messages as their publishers sent them, with their counts:
+        # each goes out as one MSGS before ``fire`` (queued only while ``fire`` is empty, so
+        # their order is the order they came in: node/producers.py)
+        self.fire_whole: list[tuple[bytes, int]] = []
         self.dirty = False  # queued for this batch's flush
         # Command session: -1 until this node applies a batch of the client
         # (a record made by replication knows no session).

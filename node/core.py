@@ -240,7 +240,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         if c is not None and not stale:
             c.last_seen = c.heard = now
         if ftype is T.PUB:
-            self._on_pub(addr, f, now)
+            self._on_pub(addr, f, now, data)
         elif ftype is T.ACK:
             if c is not None:
                 self._on_ack(c, f[3], f[4], f[5], now)

@@ -585,6 +585,9 @@ class Delivery(Registers):
         window = self.cfg.send_window
         for c in self._dirty:
             c.dirty = False
+            if c.fire_whole:
+                self._emit_whole(c.addr, c.fire_whole)
+                c.fire_whole = []
             if c.fire:
                 self._emit(c.addr, 0, 0, c.fire)
                 c.fire = []
@@ -602,6 +605,13 @@ class Delivery(Registers):
     def _fire_number(self) -> int:
         self._next_fire += 1
         return self._next_fire
+
+    def _emit_whole(self, addr: Addr, arrays: list[tuple[bytes, int]]) -> None:
+        """A fire MSGS for each array of messages relayed as its PUB carried it."""
+        out, header, number = self._out, wire.msgs_header, self._fire_number
+        for array, _ in arrays:
+            out.append(Send(addr, header(0, number()) + array))
+        self.metrics["delivered"] += sum(n for _, n in arrays)
 
     def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:
         """MSGS datagrams for a run of messages, each up to max_datagram."""

@@ -25,13 +25,17 @@ run (``_publish_run``: matched once, each subscriber given the run in one call).
 datagram is one ``_publish`` call per message, and so is every datagram while the node has a
 filter subscription (wildcard, query or queue group, on any topic: each message's tags may
 decide who gets it) or while a reliable subscriber's mailbox lacks room for the whole run.
+A fire run goes further: a fire subscriber gets the PUB's array of messages as the datagram
+carried it, in a MSGS of its own (``_as_sent``), so the node packs nothing per message; a
+message is packed only for a reliable subscriber's mailbox, or for a fire subscriber that
+already has single messages queued in this batch (they must go out first, in order).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from roost.client import wire
+from roost.client import decoding, wire
 from roost.client.text import encode_text_msg
 from roost.node.base import TIMER_PRODUCER
 from roost.node.cookies import Addr
@@ -39,7 +43,7 @@ from roost.node.delivery import Delivery
 
 
 class Producers(Delivery):
-    def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
+    def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float, data: bytes) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
         st = self.producers.get(pid)
         if st is None:
@@ -82,38 +86,57 @@ class Producers(Delivery):
             return
         if skip:
             msgs = msgs[skip:]
+        packs: list[bytes] | None = None
         if reliable:
             packs = wire.pack_messages(msgs, pid, first + skip)
             self._pubacks[(addr, pid)] = acked
-        else:
-            packs = wire.pack_messages(msgs)
-        if not packs:
+        if not msgs:
             return
         topic, key = msgs[0][0], msgs[0][1]
-        if not (len(msgs) > 1 and not self.index.filters and all(m[0] == topic and m[1] == key for m in msgs)
-                and self._publish_run(msgs, packs)):  # fmt: skip
-            for m, packed in zip(msgs, packs, strict=True):
-                publish(m[0], m[1], m[2], m[3], packed)
+        if len(msgs) > 1 and not self.index.filters and all(m[0] == topic and m[1] == key for m in msgs):
+            whole = None if reliable or skip else self._as_sent(data, f, msgs)
+            if self._publish_run(msgs, packs, whole):
+                return
+        for m, packed in zip(msgs, packs or wire.pack_messages(msgs), strict=True):
+            publish(m[0], m[1], m[2], m[3], packed)
 
-    def _publish_run(self, msgs: list[Any], packs: list[bytes]) -> bool:
+    @staticmethod
+    def _as_sent(data: bytes, f: tuple[Any, ...], msgs: list[Any]) -> bytes | None:
+        """A fire PUB's array of messages as ``data`` carries it, when its subscribers may get
+        it so (``decoding.pub_messages_untrusted``): every message ``[topic, key, tags,
+        payload]`` (a PUB's may also carry a producer id and sequence, which are not relayed).
+        Relaying it spares the node a pack of each message and, per subscriber, a join of them
+        (docs/performance.md). A MSGS around it fits in ``max_datagram``: the PUB did (a
+        longer datagram is refused), and a PUB's other fields take more room than a MSGS's."""
+        return decoding.pub_messages_untrusted(data, f) if set(map(len, msgs)) == {4} else None
+
+    def _publish_run(self, msgs: list[Any], packs: list[bytes] | None, whole: bytes | None) -> bool:
         """``_publish`` of a run of messages of one topic and key (a publisher's datagram, as a
         rule) with no filters on the node to ask about each one's tags: the subscribers are
         matched once and each given the run in one call, the per-message work of the fan-out
         done per batch. False, with nothing done, when a reliable subscriber's mailbox lacks room
         for the run: then each message goes on its own (``_publish``), so that a mailbox fills
         and its subscription is cancelled at the message it would have been, and what follows
-        is matched again (the client may have a fire subscription that still takes it)."""
+        is matched again (the client may have a fire subscription that still takes it).
+
+        ``packs`` are the messages packed (None: packed here when a subscriber needs them);
+        ``whole``, when not None, their array as the PUB carried it (``_as_sent``), which a fire
+        subscriber with nothing else queued in this batch gets as it is, as one MSGS."""
         topic = msgs[0][0]
         subs = self.index.match(topic, msgs[0][1])
         if not subs:
             return True
         clients, dirty = self.clients, self._dirty
-        n, size = len(packs), sum(map(len, packs))
-        for who, mode in subs.items():
-            if mode and who.__class__ is bytes:
-                mb = clients[who].mailbox
-                if mb is not None and not mb.fits(n, size):
-                    return False
+        n, size = len(msgs), 0
+        if packs is None and (whole is None or any(subs.values())):
+            packs = wire.pack_messages(msgs)
+        if packs is not None:
+            size = sum(map(len, packs))
+            for who, mode in subs.items():
+                if mode and who.__class__ is bytes:
+                    mb = clients[who].mailbox
+                    if mb is not None and not mb.fits(n, size):
+                        return False
         matched = self.index.matched
         matched[topic] = matched.get(topic, 0) + n
         for who, mode in subs.items():
@@ -126,8 +149,13 @@ class Producers(Delivery):
                 mb = c.mailbox
                 if mb is None:  # (skipped, as _publish skips it)
                     continue
+                assert packs is not None
                 mb.push_many(packs, size)
+            elif whole is not None and not c.fire:
+                c.fire_whole.append((whole, n))
             else:
+                if packs is None:
+                    packs = wire.pack_messages(msgs)
                 c.fire += packs
             if not c.dirty:
                 c.dirty = True

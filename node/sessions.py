@@ -211,6 +211,7 @@ class Sessions(Delivery):
             self._reset_cver(c, now, dropped=True)  # (and the owners end what this home does not know of)
         c.mailbox = None
         c.fire = []
+        c.fire_whole = []
         c.local = False
         if not self.replicating:
             self._forget_client(c)
