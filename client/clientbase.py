@@ -110,6 +110,10 @@ class ClientBase(abc.ABC):
         self.producer_id = producer_id or os.urandom(16)
         self._router: Router | None = None
         self._socks: dict[int, socket.socket] = {}  # id(session) -> its socket
+        # Truthy while ``_kick`` may have something to do for a publish that opened no session
+        # (wake an I/O loop that waits): a shell that knows when none waits gives the container
+        # of its waiting loops (a publish skips the call then: client/api.py); else always True.
+        self._kick_wakes: Any = True
         self._since_yield = 0
         self._closed = False
         self._error: BaseException | None = None  # what stopped the I/O, if it failed

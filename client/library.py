@@ -41,6 +41,7 @@ class Client(ClientAPI):
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
         self._wait_scopes: dict[int, trio.CancelScope] = {}
+        self._kick_wakes = self._wait_scopes  # (the loops waiting: a _kick wakes these; never rebound)
         self._busy_at = -math.inf  # (when a turn last sent or received something)
 
     # ------------------------------------------------------------ primitives (client/api.py)

@@ -182,10 +182,14 @@ async def test_a_client_learns_the_map_and_publishes_straight_to_the_primaries(f
     primaries = {owners_of(c, f"route.{i}")[0]: f"route.{i}" for i in range(200)}
     assert set(primaries) == set(c.ids)
     topics = sorted(primaries.values())
+    burst = sorted({owners_of(c, f"burst.{i}")[0]: f"burst.{i}" for i in range(200)}.values())  # (to each member)
     per_topic = 5
     before = await trio.to_thread.run_sync(forwarded, c)
     async with Client(c.addr("n1")) as pub, Client(c.addr("n2")) as sub:
         assert pub.router.cmap is not None and pub.router.cmap.live == frozenset(c.ids)  # from WELCOME
+        for t in burst:  # (one burst, no checkpoint: each publish that opens a session starts its I/O)
+            await pub.publish(t, "nobody's", mode="fire")
+        assert len(pub._socks) == len(pub.router.sessions) == len(c.ids)
         subs = [sub.subscribe(t) for t in topics]
         for s in subs:
             await s.start()
