@@ -7,7 +7,7 @@ matching process does, so Roost cannot beat it):
 
 - the **publisher** calls ``await pub.publish(topic, payload)`` per message (a coroutine that
   packs the message with msgpack and adds it to a batch; a batch of 256 messages or 16 KB leaves
-  as one datagram), with the bench's own per-message work: ``_pace`` and ``payload``;
+  as one datagram), with the bench's own per-message work: ``payload`` (unpaced, as W1 is);
 - the **relay** drains its socket, unpacks each datagram and packs each message again for the
   subscriber (what a node does in fire mode, without checks, tables or windows);
 - the **subscriber**'s I/O task drains its socket, unpacks each datagram and queues each
@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.benchsystems import Tally, _pace, cpu_seconds, payload
+from scripts.benchsystems import Tally, cpu_seconds, payload
 
 BATCH, DATAGRAM, BUFFER = 256, 16_000, 8 << 20
 TOPIC = "bench"
@@ -119,9 +119,8 @@ async def source(to: int, n: int, size: int) -> dict[str, Any]:
                 self.refused += _send(s, _frame(self.batch), dest)
                 self.batch, self.bytes = [], 0
 
-    pub, pad, t0 = Pub(), b"x" * (size - 16), time.monotonic()
+    pub, pad = Pub(), b"x" * (size - 16)
     for i in range(n):
-        await _pace(t0, i, 0, trio.sleep)
         await pub.publish(TOPIC, payload(i, pad))
     pub.flush()
     return {"cpu": cpu_seconds() - cpu0, "refused": pub.refused}
