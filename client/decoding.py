@@ -22,6 +22,7 @@ from roost.client.wire import (
     COOKIE_LEN,
     ID_LEN,
     MAX_MEMBERS,
+    RUN_PAYLOAD_MAX,
     VERSION,
     E,
     T,
@@ -39,6 +40,7 @@ from roost.client.wire import (
     check_filter,
     check_key,
     check_message,
+    check_topic,
     pub_header,
 )
 
@@ -85,6 +87,32 @@ def _msgs(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES)
     if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, not its messages)
         _last_seq(_uint(first, "first_seq"), msgs)
     return T.MSGS, stream, _uint(first, "first_seq"), _checked(msgs, True)
+
+
+@_frame(T.PUBRUN, 6)
+def _pubrun(f: list[Any]) -> tuple[Any, ...]:
+    _, _, cid, cookie, pid, first, topic, payloads = f
+    return (
+        T.PUBRUN, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        _bytes(pid, ID_LEN, "producer id"), _uint(first, "first_seq"), check_topic(topic),
+        _payloads(_batch("PUBRUN", first, payloads)),
+    )  # fmt: skip
+
+
+@_frame(T.MSGSRUN, 3)
+def _msgsrun(f: list[Any]) -> tuple[Any, ...]:
+    _, _, number, topic, payloads = f
+    if not _array(payloads, "payloads"):
+        raise WireError(E.MALFORMED, "MSGSRUN carries at least one payload")
+    return T.MSGSRUN, _uint(number, "number"), check_topic(topic), _payloads(payloads)
+
+
+def _payloads(payloads: Sequence[Any]) -> Sequence[bytes]:
+    """A run's payloads: each bytes of at most ``RUN_PAYLOAD_MAX`` (one loop, no call per payload)."""
+    for p in payloads:
+        if p.__class__ is not bytes or len(p) > RUN_PAYLOAD_MAX:
+            raise WireError(E.MALFORMED, f"a run's payload is bytes of at most {RUN_PAYLOAD_MAX}")
+    return payloads
 
 
 def _checked(msgs: Sequence[Any], delivered: bool) -> list[tuple[Any, ...]]:

@@ -7,7 +7,9 @@ within ``pub_retry`` (doubling up to ``pub_retry_max``) everything in flight
 is sent again (go-back-N: the node refuses a batch that would leave a gap, so
 resending from the acknowledged point is what gets FIFO order back). Fire
 messages are sent once. Both are packed into as few PUB datagrams as
-``max_datagram`` allows. A reliable message too large for one datagram goes as
+``max_datagram`` allows; fire messages of one topic with no key and no tags
+go as PUBRUN datagrams instead, the topic once and then the payloads
+(docs/protocol.md, "Runs"). A reliable message too large for one datagram goes as
 consecutive fragment messages (client/parts.py), each one sequence.
 
 A module of its own because it shares nothing with the receive side or the
@@ -44,6 +46,11 @@ class Publisher:
         self.unacked_bytes = 0
         self.unsent_from = 1  # first reliable sequence not sent to the current node
         self.fire_pending: list[bytes] = []
+        # Fire messages of one topic, no key, no tags, payloads of at most RUN_PAYLOAD_MAX: sent as
+        # PUBRUN (the topic once, then the payloads). It grows only while fire_pending is empty,
+        # so it is older than anything there, and is sent first.
+        self.run: list[bytes] = []
+        self.run_topic: str | None = None
         self.rto = config.pub_retry
         self.retry_at: float | None = None
         self.room = self.max_datagram - wire.MESSAGE_ROOM  # (a packed message larger goes in parts)
@@ -63,6 +70,12 @@ class Publisher:
     ) -> int:
         """Queue a message; returns its producer sequence (0 for fire)."""
         if key is None and tags is None and payload.__class__ is bytes:
+            if not reliable and len(payload) <= wire.RUN_PAYLOAD_MAX and not self.fire_pending:
+                if topic != self.run_topic and not self.run and self._fits_run(topic):
+                    self.run_topic = topic
+                if topic == self.run_topic:
+                    self.run.append(payload)
+                    return 0
             packed = wire.pack_plain(topic, payload)
         else:
             wire.check_topic(topic)
@@ -84,6 +97,11 @@ class Publisher:
         self.unacked.append(packed)
         self.unacked_bytes += len(packed)
         return seq
+
+    def _fits_run(self, topic: str) -> bool:
+        """``topic`` is valid (WireError if not) and a PUBRUN of it has room for a payload of
+        ``RUN_PAYLOAD_MAX`` (only a tiny ``max_datagram`` and a long topic leave less)."""
+        return wire.pubrun_room(self.max_datagram, wire.check_topic(topic)) >= wire.RUN_PAYLOAD_MAX + 2
 
     def _publish_large(
         self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, packed: bytes, reliable: bool
@@ -112,6 +130,11 @@ class Publisher:
         self.unacked_bytes += sum(map(len, fragments))
         self.next_seq += len(fragments)
         return self.next_seq - 1
+
+    @property
+    def fire_unsent(self) -> int:
+        """Fire messages queued and not sent yet (packed, or in the run)."""
+        return len(self.fire_pending) + len(self.run)
 
     @property
     def window_full(self) -> bool:
@@ -158,6 +181,8 @@ class Publisher:
 
     def emit(self, node: Addr, cid: bytes, cookie: bytes, now: float, out: list[tuple[Addr, bytes]]) -> None:
         """Append PUB datagrams for everything not yet sent to ``node``."""
+        if self.run:
+            self._emit_run(out, node, cid, cookie)
         if self.fire_pending:
             self.fire_seq = self._pack(out, node, cid, cookie, self.fire_pid, self.fire_seq, self.fire_seq, False,
                                        self.fire_pending)  # fmt: skip
@@ -170,6 +195,24 @@ class Publisher:
             self.unsent_from = self.next_seq
             if self.retry_at is None:
                 self.retry_at = now + self.rto
+
+    def _emit_run(self, out: list[tuple[Addr, bytes]], node: Addr, cid: bytes, cookie: bytes) -> None:
+        """PUBRUN datagrams of the run (as packed messages in PUBs, should ``max_datagram`` have
+        fallen below what a run needs since it began: the node's WELCOME lowers it)."""
+        topic, run = self.run_topic, self.run
+        assert topic is not None
+        room = wire.pubrun_room(self.max_datagram, topic)
+        if room < wire.RUN_PAYLOAD_MAX + 2:  # (packed, before anything queued after them)
+            self.fire_pending[:0] = [wire.pack_plain(topic, p) for p in run]
+            self.run = []
+            return
+        seq, n = self.fire_seq, len(run)
+        for start, end in wire.runs(run, room, extra=2):  # (each payload's bin 8 head: 2 bytes)
+            out.append((node, wire.encode_pubrun(cid, cookie, self.fire_pid, seq, topic,
+                                                 run if start == 0 and end == n else run[start:end])))  # fmt: skip
+            seq += end - start
+        self.fire_seq = seq
+        self.run = []
 
     def _pack(
         self, out: list[tuple[Addr, bytes]], node: Addr, cid: bytes, cookie: bytes,

@@ -10,6 +10,8 @@ application sees it: its queue and, once it ended, why) and the
   to another member what the dead one may already have delivered, so a
   subscriber remembers the highest producer sequence it delivered (and the
   holes below it, since two members' streams are not ordered with each other);
+- fire runs (MSGSRUN: one topic's payloads alone), queued whole to the topic's
+  subscription (``on_run``);
 - a bound on buffered messages: past ``max_buffered`` a reliable stream stops
   acknowledging (the node resends later) and fire messages are dropped;
 - the fragments of messages larger than a datagram, put together by a
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from itertools import repeat
 from typing import Any, NamedTuple, cast
 
 from roost.client import parts, subjects, wire
@@ -228,15 +231,39 @@ class Receiver:
                 rs.expected += 1
                 rs.need_ack = True
 
+    def _seen_fire(self, src: Addr, number: int, count: int) -> bool:
+        """A numbered fire datagram (MSGS or MSGSRUN) already taken: one the network duplicated
+        is dropped whole (number 0: unnumbered, never dropped)."""
+        if number:
+            seen = self.fire_seen
+            if (src, number) in seen:
+                self.duplicates += count
+                return True
+            seen[(src, number)] = None
+            if len(seen) > FIRE_WINDOW:
+                del seen[next(iter(seen))]
+        return False
+
+    def on_run(self, src: Addr, number: int, topic: str, payloads: list[bytes]) -> None:
+        """A MSGSRUN: fire messages of one topic, no key, no tags. With the topic's subscription
+        in force, no filter subscriptions and room for them all, queued in two calls (the
+        payloads, and as many sequences None: see SubState); else each as a MSGS's message."""
+        if self._seen_fire(src, number, len(payloads)):
+            return
+        n = len(payloads)
+        whole = self.subs.get((topic, None))
+        if whole is not None and whole.reason is None and not self.trie.size and \
+                self.buffered + n <= self.cfg.max_buffered:  # fmt: skip
+            whole.queue.extend(payloads)
+            whole.seqs.extend(repeat(None, n))
+            self.buffered += n
+            return
+        self.on_msgs(src, 0, 0, [(topic, None, None, p) for p in payloads])
+
     def on_msgs(self, src: Addr, stream: int, first: int, msgs: list[tuple[Any, ...]]) -> None:
         if stream == 0:
-            if first:  # a numbered fire datagram: one the network duplicated is dropped whole
-                if (src, first) in self.fire_seen:
-                    self.duplicates += len(msgs)
-                    return
-                self.fire_seen[(src, first)] = None
-                if len(self.fire_seen) > FIRE_WINDOW:
-                    del self.fire_seen[next(iter(self.fire_seen))]
+            if self._seen_fire(src, first, len(msgs)):
+                return
             if not self.trie.size and self.buffered + len(msgs) <= self.cfg.max_buffered:
                 self._in_order(src, 0, None, msgs)
                 return

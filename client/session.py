@@ -119,7 +119,7 @@ class ClientSession:
     def flushed(self, through: int) -> bool:
         """Reliable publishes through ``through`` acknowledged, every command
         acknowledged, every fire publish sent and every acknowledgement we owe sent."""
-        return (self.pub.acked >= through and self.cmds.idle and not self.pub.fire_pending
+        return (self.pub.acked >= through and self.cmds.idle and not self.pub.fire_unsent
                 and not any(rs.need_ack for rs in self.recv.streams.values()))  # fmt: skip
 
     def subscribe(self, topic: str, key: str | None, mode: int) -> SubState:
@@ -207,6 +207,9 @@ class ClientSession:
         ftype = f[0]
         if ftype is T.MSGS:
             self.recv.on_msgs(src, f[1], f[2], f[3])
+            return
+        if ftype is T.MSGSRUN:
+            self.recv.on_run(src, f[1], f[2], f[3])
             return
         if ftype is T.CANCEL:  # may come from any node that delivers to us
             self._on_cancel(f[1], f[2], f[3])

@@ -81,6 +81,8 @@ class T(IntEnum):
     COMMIT = 21  # c -> n: move a durable subscription's cursor
     COMMITTED = 22  # n -> c: [name, partition, cursor, status]
     BYE = 23  # c -> n: [client id, cookie, session]: the client closed; drop its state now
+    PUBRUN = 24  # c -> n: a fire PUB of plain messages of one topic: the topic once, then payloads
+    MSGSRUN = 25  # n -> c: fire MSGS of plain messages of one topic: the topic once, then payloads
 
 
 class E(IntEnum):
@@ -257,11 +259,13 @@ def mark_delivery(packed: bytes, marks: list[bytes]) -> bytes:
     return bytes((packed[0] + 1,)) + packed[1:] + pack(marks)
 
 
-def runs(packed: list[bytes], budget: int) -> Iterator[tuple[int, int]]:
+def runs(packed: list[bytes], budget: int, extra: int = 0) -> Iterator[tuple[int, int]]:
     """``(start, end)`` of the consecutive runs of ``packed`` that fill one datagram each: sizes
-    adding up to at most ``budget`` (a larger message alone). The cuts come from the running
-    total of sizes by bisection, with no Python step per message (PUB and MSGS batches)."""
-    ends = list(accumulate(map(len, packed)))
+    (each one's length plus ``extra``) adding up to at most ``budget`` (a larger message alone).
+    The cuts come from the running total of sizes by bisection, with no Python step per message
+    (PUB and MSGS batches; PUBRUN's payloads, each ``extra`` 2 for its bin 8 head)."""
+    sizes = map(len, packed)
+    ends = list(accumulate(map(extra.__add__, sizes) if extra else sizes))
     start, base, n = 0, 0, len(packed)
     while start < n:
         end = max(bisect_right(ends, base + budget, start), start + 1)
@@ -334,6 +338,38 @@ def pub_header(client_id: bytes, cookie: bytes, producer_id: bytes, first_seq: i
     """A PUB's bytes before its array of messages, each field in msgpack's shortest form (a
     node compares a PUB's first bytes with these: ``decoding.pub_messages_untrusted``)."""
     return _header(9, VERSION, T.PUB, client_id, cookie, producer_id, first_seq, floor, reliable)
+
+
+#: The longest payload a PUBRUN or MSGSRUN carries (each a msgpack bin 8: 2 bytes of head).
+RUN_PAYLOAD_MAX = 255
+
+
+def encode_pubrun(client_id: bytes, cookie: bytes, producer_id: bytes, first_seq: int, topic: str,
+                  payloads: list[bytes]) -> bytes:  # fmt: skip
+    """A fire PUB of plain messages (no key, no tags) of one ``topic``, sequences ``first_seq``..:
+    the topic once, then each payload (at most ``RUN_PAYLOAD_MAX`` bytes), instead of a
+    ``[topic, nil, nil, payload]`` array each. A publisher's batch of one topic, as a rule: the
+    node checks the topic once and each payload's type, and relays the run as one MSGSRUN per
+    subscriber (docs/protocol.md, "Runs")."""
+    return _header(8, VERSION, T.PUBRUN, client_id, cookie, producer_id, first_seq, topic) + pack(payloads)
+
+
+def pubrun_room(max_datagram: int, topic: str) -> int:
+    """What a PUBRUN of ``topic`` has for its payloads' array (its header at its longest)."""
+    return max_datagram - len(_header(8, VERSION, T.PUBRUN, b"\0" * ID_LEN, b"\0" * COOKIE_LEN, b"\0" * ID_LEN,
+                                      2**64 - 1, topic)) - 5  # fmt: skip
+
+
+def run_body(topic: str, payloads: list[bytes]) -> bytes:
+    """A MSGSRUN's bytes after its number: the topic, then the payloads' array (a node packs it
+    once per datagram it relays, whatever the number of subscribers)."""
+    return pack(topic) + pack(payloads)
+
+
+def msgsrun_header(number: int) -> bytes:
+    """A MSGSRUN's bytes before its ``run_body``: the fire datagram's ``number``, as in a fire
+    MSGS."""
+    return _header(5, VERSION, T.MSGSRUN, number)
 
 
 def encode_puback(producer_id: bytes, acked_seq: int) -> bytes:

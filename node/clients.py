@@ -57,10 +57,11 @@ class ClientState:
         # behind a partition (node/delivery.py).
         self.parked: tuple[Mailbox, int, int, Addr] | None = None
         self.fire: list[bytes] = []
-        # Fire datagrams' arrays of messages as their publishers sent them, with their counts:
-        # each goes out as one MSGS before ``fire`` (queued only while ``fire`` is empty, so
-        # their order is the order they came in: node/producers.py)
-        self.fire_whole: list[tuple[bytes, int]] = []
+        # Fire datagrams' messages relayed whole, with their counts, each to go out as one datagram
+        # before ``fire`` (queued only while ``fire`` is empty, so their order is the order they
+        # came in: node/producers.py): a PUB's array as its publisher sent it (a MSGS), or with
+        # True a PUBRUN's topic and payloads (``wire.run_body``: a MSGSRUN)
+        self.fire_whole: list[tuple[bytes, int, bool]] = []
         self.dirty = False  # queued for this batch's flush
         # Command session: -1 until this node applies a batch of the client
         # (a record made by replication knows no session).

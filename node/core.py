@@ -59,7 +59,7 @@ from roost.node.textproto import TextProtocol
 __all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "DurableCommit", "DurableGet", "DurablePut", "Forward",
            "Log", "Relay", "Replicate", "Send", "StatusQuery"]
 
-_CLIENT_FRAMES = (T.PUB, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT, T.BYE)
+_CLIENT_FRAMES = (T.PUB, T.PUBRUN, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT, T.BYE)
 
 
 class BrokerCore(Sessions, TextProtocol, Producers):
@@ -241,6 +241,8 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             c.last_seen = c.heard = now
         if ftype is T.PUB:
             self._on_pub(addr, f, now, data)
+        elif ftype is T.PUBRUN:
+            self._on_pubrun(addr, f, now)
         elif ftype is T.ACK:
             if c is not None:
                 self._on_ack(c, f[3], f[4], f[5], now)

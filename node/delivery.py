@@ -606,12 +606,13 @@ class Delivery(Registers):
         self._next_fire += 1
         return self._next_fire
 
-    def _emit_whole(self, addr: Addr, arrays: list[tuple[bytes, int]]) -> None:
-        """A fire MSGS for each array of messages relayed as its PUB carried it."""
-        out, header, number = self._out, wire.msgs_header, self._fire_number
-        for array, _ in arrays:
-            out.append(Send(addr, header(0, number()) + array))
-        self.metrics["delivered"] += sum(n for _, n in arrays)
+    def _emit_whole(self, addr: Addr, whole: list[tuple[bytes, int, bool]]) -> None:
+        """A fire datagram for each batch relayed whole (``ClientState.fire_whole``): a MSGS of
+        a PUB's array of messages as it came, a MSGSRUN of a PUBRUN's run."""
+        out, msgs, run, number = self._out, wire.msgs_header, wire.msgsrun_header, self._fire_number
+        for body, _, is_run in whole:
+            out.append(Send(addr, (run(number()) if is_run else msgs(0, number())) + body))
+        self.metrics["delivered"] += sum(n for _, n, _ in whole)
 
     def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:
         """MSGS datagrams for a run of messages, each up to max_datagram."""

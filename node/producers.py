@@ -28,7 +28,9 @@ decide who gets it) or while a reliable subscriber's mailbox lacks room for the 
 A fire run goes further: a fire subscriber gets the PUB's array of messages as the datagram
 carried it, in a MSGS of its own (``_as_sent``), so the node packs nothing per message; a
 message is packed only for a reliable subscriber's mailbox, or for a fire subscriber that
-already has single messages queued in this batch (they must go out first, in order).
+already has single messages queued in this batch (they must go out first, in order). A PUBRUN
+(a fire PUB of one topic's payloads alone: docs/protocol.md, "Runs") is relayed so too, as one
+MSGSRUN a subscriber (``_relay_run``), or else taken as a PUB's messages.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ from roost.node.delivery import Delivery
 class Producers(Delivery):
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float, data: bytes) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
+        self._on_batch(addr, pid, first, floor, reliable, msgs, now, data, f)
+
+    def _on_pubrun(self, addr: Addr, f: tuple[Any, ...], now: float) -> None:
+        """A PUBRUN: a fire PUB of plain messages of one topic, its payloads alone."""
+        _, _, _, pid, first, topic, payloads = f
+        self._on_batch(addr, pid, first, first, False, payloads, now, b"", f, topic)
+
+    def _on_batch(self, addr: Addr, pid: bytes, first: int, floor: int, reliable: bool, msgs: list[Any],
+                  now: float, data: bytes, f: tuple[Any, ...], run_topic: str | None = None) -> None:  # fmt: skip
+        """A PUB's messages (``msgs``), or with ``run_topic`` a PUBRUN's payloads: de-duplicated
+        by producer sequence, then fanned out (or routed, partitioned). A PUBRUN's go to fire
+        subscribers as a run where they can (``_relay_run``), else as a PUB's messages would."""
         st = self.producers.get(pid)
         if st is None:
             self.admission.admit(addr[0], len(self.producers), self.cfg.max_producers, "producers")
@@ -74,6 +88,11 @@ class Producers(Delivery):
         self.metrics["pub_duplicates"] += skip
         self.metrics["published"] += len(msgs) - skip
         publish = self._publish
+        if run_topic is not None:
+            if self.own is None and not self.index.filters and skip < len(msgs) and \
+                    self._relay_run(run_topic, msgs[skip:] if skip else msgs):  # fmt: skip
+                return
+            msgs = [(run_topic, None, None, p) for p in msgs]
         if self.own is not None:
             if self._route_pub(pid, first + skip, reliable, msgs[skip:]) and st[3] < self.map_epoch:
                 st[3] = self.map_epoch
@@ -94,7 +113,7 @@ class Producers(Delivery):
             return
         topic, key = msgs[0][0], msgs[0][1]
         if len(msgs) > 1 and not self.index.filters and all(m[0] == topic and m[1] == key for m in msgs):
-            whole = None if reliable or skip else self._as_sent(data, f, msgs)
+            whole = None if reliable or skip or run_topic is not None else self._as_sent(data, f, msgs)
             if self._publish_run(msgs, packs, whole):
                 return
         for m, packed in zip(msgs, packs or wire.pack_messages(msgs), strict=True):
@@ -109,6 +128,32 @@ class Producers(Delivery):
         (docs/performance.md). A MSGS around it fits in ``max_datagram``: the PUB did (a
         longer datagram is refused), and a PUB's other fields take more room than a MSGS's."""
         return decoding.pub_messages_untrusted(data, f) if set(map(len, msgs)) == {4} else None
+
+    def _relay_run(self, topic: str, payloads: list[bytes]) -> bool:
+        """A PUBRUN's payloads to the subscribers of ``topic``, when every one of them is a fire
+        subscriber with nothing queued in this batch: each gets them as one MSGSRUN, its body
+        packed once (``wire.run_body``) whatever their number. It fits in ``max_datagram``: the
+        PUBRUN did, its header is longer than a MSGSRUN's, and the payloads are packed in their
+        shortest form. False, with nothing done, when a subscriber needs each message on its own
+        (a reliable one's mailbox, a text client, a fire one with messages already queued, which
+        must go first): the caller then takes the payloads as a PUB's messages."""
+        subs = self.index.match(topic, None)
+        if not subs:
+            return True
+        clients = self.clients
+        for who, mode in subs.items():
+            if mode or who.__class__ is not bytes or clients[who].fire:
+                return False
+        n, body, dirty = len(payloads), wire.run_body(topic, payloads), self._dirty
+        matched = self.index.matched
+        matched[topic] = matched.get(topic, 0) + n
+        for who in subs:
+            c = clients[who]
+            c.fire_whole.append((body, n, True))
+            if not c.dirty:
+                c.dirty = True
+                dirty.append(c)
+        return True
 
     def _publish_run(self, msgs: list[Any], packs: list[bytes] | None, whole: bytes | None) -> bool:
         """``_publish`` of a run of messages of one topic and key (a publisher's datagram, as a
@@ -152,7 +197,7 @@ class Producers(Delivery):
                 assert packs is not None
                 mb.push_many(packs, size)
             elif whole is not None and not c.fire:
-                c.fire_whole.append((whole, n))
+                c.fire_whole.append((whole, n, False))
             else:
                 if packs is None:
                     packs = wire.pack_messages(msgs)

@@ -58,6 +58,10 @@ EXAMPLES: list[tuple[T, str, bytes]] = [
      wire.encode_status_reply({"node": "n1", "state": "ready", "subscriptions": 3})),
     (T.MAP, "send me your cluster map", wire.encode_map_request(CID, COOKIE)),
     (T.BYE, "the client closed (session 1764000000000)", wire.encode_bye(CID, COOKIE, 1764000000000)),
+    (T.PUBRUN, "fire producer d0..d0, sequence 3, two messages of prices (payloads 1.08 and 1.09)",
+     wire.encode_pubrun(CID, COOKIE, PID, 3, "prices", [b"1.08", b"1.09"])),
+    (T.MSGSRUN, "fire datagram 65537, two messages of prices (as the PUBRUN above is relayed)",
+     wire.msgsrun_header(65537) + wire.run_body("prices", [b"1.08", b"1.09"])),
 ]  # fmt: skip
 
 

@@ -89,7 +89,7 @@ async def test_payload_types_and_a_bad_mode_are_refused_before_anything_is_queue
                 for topic, why in (("", "non-empty"), ("x y", "whitespace"), ("x.*", "wildcards"), (5, "non-empty")):
                     with pytest.raises(WireError, match=why):
                         await c.publish(topic, b"x", mode=mode)  # type: ignore[arg-type]
-            assert c.router.last_seq == 0 and not c.router.first.pub.fire_pending  # (nothing queued)
+            assert c.router.last_seq == 0 and not c.router.first.pub.fire_unsent  # (nothing queued)
             for p in (b"a", "b", bytearray(b"c"), memoryview(b"d")):
                 await c.publish("x.payloads", p)
             assert await c.flush(timeout=5)

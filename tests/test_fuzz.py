@@ -45,7 +45,7 @@ def legit_change(core, data: bytes, addr) -> bool:
         f = decoding.decode_untrusted_frame(data, core.cfg.max_datagram)
     except WireError:
         return False
-    if f[0] not in (T.CMDS, T.PUB, T.ACK, T.PING):
+    if f[0] not in (T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING):
         return False
     return core.cookies.check(addr, f[1], f[2], 0.0)
 
@@ -70,6 +70,7 @@ def _valid_frames(sub, pub):
     return [
         wire.encode_cmds(sub.cid, sub.cookie, sub.session, 50, [(1, "t2", None, 1), (0, "t", None, 0)]),
         wire.encode_pub(pub.cid, pub.cookie, pub.pid, 3, 3, True, [wire.pack_message("t", "k", {"a": "b"}, b"zz")]),
+        wire.encode_pubrun(pub.cid, pub.cookie, pub.pid, 5, "u", [b"r1", b"r2"]),
         wire.encode_ack(sub.cid, sub.cookie, 65537, 1, [[3, 4]]),
         wire.encode_ping(sub.cid, sub.cookie, 9),
         wire.encode_hello(sub.cid),
@@ -80,7 +81,7 @@ def _valid_frames(sub, pub):
 
 
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 7), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10_000), st.integers(0, 255)),
+@given(st.integers(0, 8), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10_000), st.integers(0, 255)),
                                   min_size=1, max_size=4), st.sampled_from([A, B, FAR]))
 def test_mutated_datagrams(which, mutations, addr):
     core, sub, pub = populated()

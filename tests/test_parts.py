@@ -111,7 +111,7 @@ def test_the_publisher_sends_a_large_reliable_message_in_parts_and_refuses_the_r
         pub.publish("t", None, None, bytes(1_048_577), True)
     with pytest.raises(WireError, match=r"roost\.part is reserved"):
         pub.publish("t", None, {wire.PART_TAG: "x 0 1 1"}, b"x", True)
-    assert pub.next_seq == 9 and not pub.fire_pending  # (nothing refused was queued)
+    assert pub.next_seq == 9 and not pub.fire_unsent  # (nothing refused was queued)
 
 
 def test_a_session_takes_the_node_s_max_payload_and_send_window_from_welcome():

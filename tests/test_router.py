@@ -85,8 +85,10 @@ def test_offer_fire_publishes_take_no_sequence_and_bind_nothing(cmap):
     assert r.first.pub.window_full and r.offer(t, None, None, b"r3", True) is None and r.last_seq == 1
     r.first.pub.cfg = dataclasses.replace(r.first.pub.cfg, pub_window_bytes=r.first.pub.unacked_bytes + 1)
     assert not r.first.pub.window_full and r.offer(t, None, None, b"r3", True) == 2
-    pubs = [f for _, f in frames(r.first) if f[0] is T.PUB]
-    assert sorted(m[3] for f in pubs for m in f[7]) == [b"f", b"f2", b"r", b"r3"]
+    sent = [f for _, f in frames(r.first)]
+    assert sorted([m[3] for f in sent if f[0] is T.PUB for m in f[7]]
+                  + [p for f in sent if f[0] is T.PUBRUN for p in f[6]]) == [b"f", b"f2", b"r", b"r3"]  # fmt: skip
+    assert [f[6] for f in sent if f[0] is T.PUBRUN] == [[b"f", b"f2"]]  # (fire, one topic: a run)
 
 
 def test_pub_and_sub_go_to_the_session_of_the_topics_primary():

@@ -61,6 +61,10 @@ EVERY_FRAME = {
                (T.COMMIT, CID, COOKIE, PID, "w", "t", 3, 15)),
     T.COMMITTED: (durablewire.encode_committed("w", 3, 15, 0), (T.COMMITTED, "w", 3, 15, 0)),
     T.BYE: (wire.encode_bye(CID, COOKIE, 2**64 - 1), (T.BYE, CID, COOKIE, 2**64 - 1)),
+    T.PUBRUN: (wire.encode_pubrun(CID, COOKIE, PID, 5, "t", [b"a", b"", b"\xff" * 255]),
+               (T.PUBRUN, CID, COOKIE, PID, 5, "t", [b"a", b"", b"\xff" * 255])),
+    T.MSGSRUN: (wire.msgsrun_header(2**64 - 1) + wire.run_body("t", [b"a", b"b"]),
+                (T.MSGSRUN, 2**64 - 1, "t", [b"a", b"b"])),
 }  # fmt: skip
 
 
@@ -107,6 +111,16 @@ def test_hello_is_padded_for_the_amplification_budget():
         (msgpack.packb([1, T.PUB, CID, COOKIE, PID, 1, 1, True, []]), E.MALFORMED),
         (b"\x94\x01\x09\xa2\xff\xfe", E.BAD_UTF8),
         (msgpack.packb([1, T.ACK, CID, COOKIE, 1, 1, [[5, 2]]]), E.MALFORMED),
+        (msgpack.packb([1, T.PUBRUN, CID, COOKIE, PID, 1, "t", []]), E.MALFORMED),  # no payload
+        (msgpack.packb([1, T.PUBRUN, CID, COOKIE, PID, 1, "t", [b"a", "str"]]), E.MALFORMED),
+        (msgpack.packb([1, T.PUBRUN, CID, COOKIE, PID, 1, "t", [b"a", b"x" * 256]]), E.MALFORMED),  # too long
+        (msgpack.packb([1, T.PUBRUN, CID, COOKIE, PID, 1, "t.*", [b"a"]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.PUBRUN, CID, COOKIE, PID, 2**64 - 1, "t", [b"a", b"b"]]), E.MALFORMED),  # seq past 2**64
+        (msgpack.packb([1, T.PUBRUN, CID, COOKIE, PID, 1, 1, True, "t", [b"a"]]), E.MALFORMED),  # a PUB's fields
+        (msgpack.packb([1, T.MSGSRUN, 1, "t", []]), E.MALFORMED),
+        (msgpack.packb([1, T.MSGSRUN, 1, "a b", [b"a"]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.MSGSRUN, -1, "t", [b"a"]]), E.MALFORMED),
+        (msgpack.packb([1, T.MSGSRUN, 1, "t", [[b"a"]]]), E.MALFORMED),
     ],
 )
 def test_decode_errors(data, code):
