@@ -51,6 +51,7 @@ class Publisher:
         # so it is older than anything there, and is sent first.
         self.run: list[bytes] = []
         self.run_topic: str | None = None
+        self.runs = False  # the node takes PUBRUN (its WELCOME said so: the session sets it)
         self.rto = config.pub_retry
         self.retry_at: float | None = None
         self.room = self.max_datagram - wire.MESSAGE_ROOM  # (a packed message larger goes in parts)
@@ -70,7 +71,7 @@ class Publisher:
     ) -> int:
         """Queue a message; returns its producer sequence (0 for fire)."""
         if key is None and tags is None and payload.__class__ is bytes:
-            if not reliable and len(payload) <= wire.RUN_PAYLOAD_MAX and not self.fire_pending:
+            if not reliable and len(payload) <= wire.RUN_PAYLOAD_MAX and not self.fire_pending and self.runs:
                 if topic != self.run_topic and not self.run and self._fits_run(topic):
                     self.run_topic = topic
                 if topic == self.run_topic:
@@ -197,12 +198,14 @@ class Publisher:
                 self.retry_at = now + self.rto
 
     def _emit_run(self, out: list[tuple[Addr, bytes]], node: Addr, cid: bytes, cookie: bytes) -> None:
-        """PUBRUN datagrams of the run (as packed messages in PUBs, should ``max_datagram`` have
-        fallen below what a run needs since it began: the node's WELCOME lowers it)."""
+        """PUBRUN datagrams of the run; or its messages packed, in front of ``fire_pending``,
+        when no longer than what waits there (a publisher that mixes topics: one PUB, not a
+        PUBRUN and a PUB) or when ``max_datagram`` fell below what a run needs since it began
+        (the node's WELCOME lowers it)."""
         topic, run = self.run_topic, self.run
         assert topic is not None
         room = wire.pubrun_room(self.max_datagram, topic)
-        if room < wire.RUN_PAYLOAD_MAX + 2:  # (packed, before anything queued after them)
+        if room < wire.RUN_PAYLOAD_MAX + 2 or len(run) <= len(self.fire_pending):
             self.fire_pending[:0] = [wire.pack_plain(topic, p) for p in run]
             self.run = []
             return

@@ -246,6 +246,7 @@ class ClientSession:
         for _, host, port in members:
             if (host, port) not in self.candidates:
                 self.candidates.append((host, port))
+        self.pub.runs = params.get("runs") == 1  # (a node of an earlier build does not know PUBRUN)
         md = params.get("max_datagram")
         if isinstance(md, int) and 1200 <= md <= 65507:
             self.pub.max_datagram = min(md, self.cfg.max_datagram)

@@ -157,6 +157,7 @@ WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]")
 _packer = msgpack.Packer(use_bin_type=True)
 pack: Callable[[Any], bytes] = _packer.pack
 _array_header: Callable[[int], bytes] = _packer.pack_array_header
+array_header = _array_header  # (a msgpack array's header for n elements: node/relay.py)
 
 
 UDP_CEILING = 65507  # the largest UDP payload over IPv4

@@ -27,6 +27,7 @@ from roost.client import wire
 from roost.node import versions
 from roost.node.cookies import Addr
 from roost.node.mailbox import Mailbox
+from roost.node.relay import Whole
 
 #: Answers of this many most recent command batches are kept per client, so a
 #: retried batch gets its own answer (bounded: a client has one batch in flight).
@@ -57,11 +58,10 @@ class ClientState:
         # behind a partition (node/delivery.py).
         self.parked: tuple[Mailbox, int, int, Addr] | None = None
         self.fire: list[bytes] = []
-        # Fire datagrams' messages relayed whole, with their counts, each to go out as one datagram
-        # before ``fire`` (queued only while ``fire`` is empty, so their order is the order they
-        # came in: node/producers.py): a PUB's array as its publisher sent it (a MSGS), or with
-        # True a PUBRUN's topic and payloads (``wire.run_body``: a MSGSRUN)
-        self.fire_whole: list[tuple[bytes, int, bool]] = []
+        # Fire datagrams' messages relayed whole (node/relay.py), to go out before ``fire``
+        # (queued only while ``fire`` is empty, so their order is the order they came in:
+        # node/producers.py)
+        self.fire_whole: list[Whole] = []
         self.dirty = False  # queued for this batch's flush
         # Command session: -1 until this node applies a batch of the client
         # (a record made by replication knows no session).

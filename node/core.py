@@ -90,6 +90,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             "send_window": config.send_window,
             "ping_interval": config.ping_interval,
             "subscriber_timeout": config.subscriber_timeout,
+            "runs": 1,  # (this node takes PUBRUN: a client sends it only to a node that says so)
         }
         self._lean_params = self.params  # WELCOME params without the map (when it would not fit)
 

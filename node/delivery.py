@@ -8,7 +8,9 @@ each dirty client's new messages (as many as its send window allows) and
 ``_emit`` packs them into as few MSGS datagrams as ``max_datagram`` allows;
 PUBACKs are coalesced the same way, one per (address, producer) per batch.
 Text subscribers get their ``MSG`` datagram at once (one per message, as
-FASTPUSS does).
+FASTPUSS does). A fire publisher's datagram relayed whole (node/producers.py)
+waits in the client's ``fire_whole`` and goes out before its fire list, the
+batches of one kind merged as far as ``max_datagram`` allows (node/relay.py).
 
 A client has one mailbox while it has a reliable subscription (``_set``
 below); each mailbox is a new stream, numbered from ``_next_stream``, which
@@ -32,7 +34,7 @@ from roost.client import wire
 from roost.client.subjects import is_plain
 from roost.client.text import encode_text_msg
 from roost.client.wire import Mode, Reason
-from roost.node import versions
+from roost.node import relay, versions
 from roost.node.actions import Send
 from roost.node.base import TIMER_RTO, fmt
 from roost.node.clients import ClientState
@@ -40,6 +42,7 @@ from roost.node.config import NodeConfig
 from roost.node.cookies import Addr
 from roost.node.mailbox import Mailbox
 from roost.node.registers import REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT, Registers
+from roost.node.relay import Whole
 from roost.node.subscriptions import FilterSubs
 
 _LIVE_RELIABLE = versions.PRESENT | versions.RELIABLE
@@ -606,12 +609,10 @@ class Delivery(Registers):
         self._next_fire += 1
         return self._next_fire
 
-    def _emit_whole(self, addr: Addr, whole: list[tuple[bytes, int, bool]]) -> None:
-        """A fire datagram for each batch relayed whole (``ClientState.fire_whole``): a MSGS of
-        a PUB's array of messages as it came, a MSGSRUN of a PUBRUN's run."""
-        out, msgs, run, number = self._out, wire.msgs_header, wire.msgsrun_header, self._fire_number
-        for body, _, is_run in whole:
-            out.append(Send(addr, (run(number()) if is_run else msgs(0, number())) + body))
+    def _emit_whole(self, addr: Addr, whole: list[Whole]) -> None:
+        """The fire datagrams of the batches relayed whole (``ClientState.fire_whole``: a PUB's
+        array of messages as it came, a PUBRUN's run), consecutive ones merged (node/relay.py)."""
+        self._out += [Send(addr, d) for d in relay.datagrams(whole, self._budget, self._fire_number)]
         self.metrics["delivered"] += sum(n for _, n, _ in whole)
 
     def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:

@@ -19,7 +19,7 @@ map, so the producer is sent a REDIRECT with our map, once per map epoch
 one REDIRECT, not a stream of them, and a client that ignores it (text
 clients cannot get one; an older library) is still served by forwarding.
 
-The PUB loop is the hot path: one decode per datagram, one pack per message, and
+The PUB loop is the hot path: one decode per datagram, one pack per message (not in fire), and
 a datagram's messages of one topic and key (a publisher's batch, as a rule) fanned out as one
 run (``_publish_run``: matched once, each subscriber given the run in one call). Any other
 datagram is one ``_publish`` call per message, and so is every datagram while the node has a
@@ -89,8 +89,10 @@ class Producers(Delivery):
         self.metrics["published"] += len(msgs) - skip
         publish = self._publish
         if run_topic is not None:
-            if self.own is None and not self.index.filters and skip < len(msgs) and \
-                    self._relay_run(run_topic, msgs[skip:] if skip else msgs):  # fmt: skip
+            if skip == len(msgs):
+                return  # (a fire run seen already: nothing to route, no PUBACK)
+            run = msgs[skip:] if skip else msgs
+            if self.own is None and not self.index.filters and self._relay_run(run_topic, run):
                 return
             msgs = [(run_topic, None, None, p) for p in msgs]
         if self.own is not None:
@@ -144,12 +146,13 @@ class Producers(Delivery):
         for who, mode in subs.items():
             if mode or who.__class__ is not bytes or clients[who].fire:
                 return False
-        n, body, dirty = len(payloads), wire.run_body(topic, payloads), self._dirty
+        n, head, dirty = len(payloads), wire.pack(topic), self._dirty
+        body = head + wire.pack(payloads)  # (wire.run_body)
         matched = self.index.matched
         matched[topic] = matched.get(topic, 0) + n
         for who in subs:
             c = clients[who]
-            c.fire_whole.append((body, n, True))
+            c.fire_whole.append((body, n, head))
             if not c.dirty:
                 c.dirty = True
                 dirty.append(c)
@@ -197,7 +200,7 @@ class Producers(Delivery):
                 assert packs is not None
                 mb.push_many(packs, size)
             elif whole is not None and not c.fire:
-                c.fire_whole.append((whole, n, False))
+                c.fire_whole.append((whole, n, b""))
             else:
                 if packs is None:
                     packs = wire.pack_messages(msgs)

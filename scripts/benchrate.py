@@ -2,8 +2,10 @@
 README's API shape and nothing of a broker's logic, can move on this machine, so that W1's
 figures can be read against it (scripts/benchfloor.py is W3's latency floor).
 
-Three trio processes on loopback, as W1 has them (every one of them is at most what Roost's
-matching process does, so Roost cannot beat it):
+Three trio processes on loopback, as W1 has them, each message its own msgpack array at every
+hop, as Roost's PUB and MSGS carry them (Roost's reliable path; its fire runs, PUBRUN and
+MSGSRUN, carry a datagram's topic once and its payloads alone, and are not bounded by this:
+docs/protocol.md, "Runs"):
 
 - the **publisher** calls ``await pub.publish(topic, payload)`` per message (a coroutine that
   packs the message with msgpack and adds it to a batch; a batch of 256 messages or 16 KB leaves

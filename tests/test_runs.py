@@ -4,6 +4,7 @@ the receiver driven directly; the end-to-end path through sockets is every fire 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -25,6 +26,13 @@ E_ = ("127.0.0.1", 5005)
 SRC = ("127.0.0.1", 9)
 
 
+def _publisher() -> Publisher:
+    """A publisher whose node's WELCOME said ``runs``."""
+    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig())
+    pub.runs = True
+    return pub
+
+
 def _sent(pub: Publisher) -> list[tuple[Any, ...]]:
     out: list[tuple[tuple[str, int], bytes]] = []
     pub.emit(NODE_ADDR, b"c" * 16, b"k" * 16, 0.0, out)
@@ -43,7 +51,7 @@ def _fire_messages(frames: list[tuple[Any, ...]]) -> list[tuple[int, str, bytes]
 
 
 def test_a_publishers_fire_messages_of_one_topic_go_as_runs_and_anything_else_keeps_their_order() -> None:
-    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig())
+    pub = _publisher()
     for i in range(3):
         pub.publish("a", None, None, b"a%d" % i, False)
     assert pub.fire_unsent == 3 and not pub.fire_pending  # (a run)
@@ -56,7 +64,7 @@ def test_a_publishers_fire_messages_of_one_topic_go_as_runs_and_anything_else_ke
         pub.publish(topic, key, None, payload, False)
     assert pub.fire_unsent == len(sequence) and pub.run == [b"a3"]  # (the rest waits behind it, packed)
     frames = _sent(pub)
-    assert [f[0] for f in frames] == [T.PUBRUN, T.PUB]
+    assert [f[0] for f in frames] == [T.PUB]  # (a run no longer than what follows it: packed in front)
     assert _fire_messages(frames) == [(4 + i, t, p) for i, (t, _, p) in enumerate(sequence)]
     assert pub.publish("b", None, None, b"b2", False) == 0 and pub.run == [b"b2"]  # (a new turn: a new run)
     assert pub.publish("a", None, None, b"r", True) == 1 and pub.run == [b"b2"]  # (reliable: apart)
@@ -64,10 +72,16 @@ def test_a_publishers_fire_messages_of_one_topic_go_as_runs_and_anything_else_ke
     for key, payload in [(None, b"c0"), ("k", b"ck"), (None, b"c1"), (None, b"y" * 300)]:  # (after a run)
         pub.publish("c", key, None, payload, False)
     assert _fire_messages(_sent(pub)) == [(11, "c", b"c0"), (12, "c", b"ck"), (13, "c", b"c1"), (14, "c", b"y" * 300)]
+    for i in range(5):  # (a run longer than what follows it goes as a run, first)
+        pub.publish("d", None, None, b"d%d" % i, False)
+    pub.publish("e", None, None, b"e0", False)
+    frames = _sent(pub)
+    assert [f[0] for f in frames] == [T.PUBRUN, T.PUB]
+    assert _fire_messages(frames) == [(15 + i, "d", b"d%d" % i) for i in range(5)] + [(20, "e", b"e0")]
 
 
 def test_a_run_longer_than_a_datagram_goes_as_several_with_consecutive_sequences() -> None:
-    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig())
+    pub = _publisher()
     pub.max_datagram = 1200
     payloads = [b"%03d" % i + b"x" * 97 for i in range(40)]
     for p in payloads:
@@ -81,7 +95,7 @@ def test_a_run_longer_than_a_datagram_goes_as_several_with_consecutive_sequences
 
 
 def test_a_bad_topic_is_refused_and_a_tiny_datagram_sends_no_runs() -> None:
-    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig())
+    pub = _publisher()
     for bad in ("", "a b", "a.*", 5):
         with pytest.raises(WireError):
             pub.publish(bad, None, None, b"x", False)  # type: ignore[arg-type]
@@ -90,7 +104,7 @@ def test_a_bad_topic_is_refused_and_a_tiny_datagram_sends_no_runs() -> None:
     with pytest.raises(WireError, match="fire publishes are one datagram each"):
         pub.publish("t" * 100, None, None, b"x", False)
     assert pub.fire_unsent == 0
-    pub = Publisher(b"p" * 16, b"f" * 16, ClientConfig())
+    pub = _publisher()
     pub.publish("t" * 100, None, None, b"x", False)
     assert pub.run == [b"x"]
     pub.max_datagram = 300  # (lowered after the run began, as a WELCOME may: packed when sent)
@@ -149,7 +163,7 @@ def test_a_run_after_single_messages_in_one_batch_keeps_their_order() -> None:
     single = wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, False, [wire.pack_message("t", None, None, b"0")])
     for batch, expected in [([single, _pubrun(pub, 2, [b"1", b"2"])], [(T.MSGS, [b"0", b"1", b"2"])]),
                             ([_pubrun(pub, 4, [b"3", b"4"]), _pubrun(pub, 6, [b"5"])],
-                             [(T.MSGSRUN, [b"3", b"4"]), (T.MSGSRUN, [b"5"])])]:  # fmt: skip
+                             [(T.MSGSRUN, [b"3", b"4", b"5"])])]:  # fmt: skip (two runs, one datagram)
         out = core.handle_datagrams([(d, C) for d in batch], 1.0)
         assert _got(out, A) == expected
 
@@ -191,3 +205,45 @@ def test_the_receiver_gives_a_run_to_wildcard_subscriptions_too() -> None:
     r.on_run(SRC, 1, "t.x", [b"1", b"2"])
     r.on_run(SRC, 2, "t", [b"3"])
     assert [m.payload for m in wide.messages()] == [b"1", b"2"] and [m.payload for m in st.messages()] == [b"3"]
+
+
+def test_small_batches_relayed_whole_share_datagrams_in_order_up_to_max_datagram() -> None:
+    """Many publishers' small fire batches in one node batch: a subscriber gets them in few
+    datagrams (node/relay.py), consecutive ones of one kind merged, each under max_datagram,
+    every message once and in the order the batches came."""
+    core = make_core(max_datagram=1200)
+    fire, *pubs = connect(core, A, *[("127.0.0.1", 5100 + i) for i in range(30)])
+    fire.sub("t", mode=Mode.FIRE)
+    batch, expected = [], []
+    for i, p in enumerate(pubs):
+        payloads = [b"%02d-%02d" % (i, k) + b"x" * 40 for k in range(3 if i % 10 else 20)]
+        expected += payloads
+        if i // 10 == 1:  # (the middle ten: PUBs, relayed as their arrays; the others PUBRUNs)
+            packed = [wire.pack_message("t", None, None, x) for x in payloads]
+            batch.append((wire.encode_pub(p.cid, p.cookie, p.pid, 1, 1, False, packed), p.addr))
+        else:
+            batch.append((wire.encode_pubrun(p.cid, p.cookie, p.pid, 1, "t", payloads), p.addr))
+    out = core.handle_datagrams(batch, 1.0)
+    data = [s.data for s in sends(out) if s.addr == A]
+    frames = [decoding.decode_untrusted_frame(d) for d in data]
+    got = [p for f in frames for p in (f[3] if f[0] is T.MSGSRUN else [m[3] for m in f[3]])]
+    assert got == expected and core.metrics["delivered"] == len(expected)
+    assert [k for k, _ in itertools.groupby(f[0] for f in frames)] == [T.MSGSRUN, T.MSGS, T.MSGSRUN]
+    assert all(len(d) <= 1200 for d in data) and len(data) < len(batch) / 3
+    assert len({f[2] if f[0] is T.MSGS else f[1] for f in frames}) == len(frames)  # (each numbered)
+
+
+def test_a_client_sends_runs_only_to_a_node_whose_welcome_says_it_takes_them() -> None:
+    from tests.test_session import connected_session
+
+    s = connected_session()  # (its WELCOME, made by hand, says nothing of runs: an earlier build's)
+    assert not s.pub.runs
+    for i in range(3):
+        s.pub.publish("t", None, None, b"%d" % i, False)
+    assert [f[0] for f in _sent(s.pub)] == [T.PUB]
+    (welcome,) = frames_to(make_core().handle_datagrams([(wire.encode_hello(b"c" * 16), SRC)], 0.0), SRC)
+    s._on_welcome(*welcome[1:5])  # (this build's node)
+    assert s.pub.runs
+    for i in range(3):
+        s.pub.publish("t", None, None, b"%d" % i, False)
+    assert [f[0] for f in _sent(s.pub)] == [T.PUBRUN]
