@@ -7,10 +7,11 @@ within ``pub_retry`` (doubling up to ``pub_retry_max``) everything in flight
 is sent again (go-back-N: the node refuses a batch that would leave a gap, so
 resending from the acknowledged point is what gets FIFO order back). Fire
 messages are sent once. Both are packed into as few PUB datagrams as
-``max_datagram`` allows; fire messages of one topic with no key and no tags
-go as PUBRUN datagrams instead, the topic once and then the payloads
-(docs/protocol.md, "Runs"). A reliable message too large for one datagram goes as
-consecutive fragment messages (client/parts.py), each one sequence.
+``max_datagram`` allows; a node that takes runs (its WELCOME says so) gets a
+stretch of fire messages of one topic, no key, no tags, as PUBRUN datagrams
+instead, the topic once and then the payloads (docs/protocol.md, "Runs").
+A reliable message too large for one datagram goes as consecutive fragment
+messages (client/parts.py), each one sequence.
 
 A module of its own because it shares nothing with the receive side or the
 command batches but the node address and the cookie, which the session passes
@@ -200,12 +201,13 @@ class Publisher:
     def _emit_run(self, out: list[tuple[Addr, bytes]], node: Addr, cid: bytes, cookie: bytes) -> None:
         """PUBRUN datagrams of the run; or its messages packed, in front of ``fire_pending``,
         when no longer than what waits there (a publisher that mixes topics: one PUB, not a
-        PUBRUN and a PUB) or when ``max_datagram`` fell below what a run needs since it began
-        (the node's WELCOME lowers it)."""
+        PUBRUN and a PUB), or when the node no longer takes runs or ``max_datagram`` fell below
+        what a run needs since it began (the session failed over to a node of an earlier
+        build, or a WELCOME lowered it)."""
         topic, run = self.run_topic, self.run
         assert topic is not None
         room = wire.pubrun_room(self.max_datagram, topic)
-        if room < wire.RUN_PAYLOAD_MAX + 2 or len(run) <= len(self.fire_pending):
+        if not self.runs or room < wire.RUN_PAYLOAD_MAX + 2 or len(run) <= len(self.fire_pending):
             self.fire_pending[:0] = [wire.pack_plain(topic, p) for p in run]
             self.run = []
             return

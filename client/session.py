@@ -237,6 +237,8 @@ class ClientSession:
             if f[1] == E.BAD_COOKIE:
                 self.cookie = None
                 self.next_hello = now
+            elif f[1] == E.UNKNOWN_TYPE and self.pub.runs:
+                self.pub.runs = False  # (a node rolled back to a build before PUBRUN, the cookie still good)
             self.events.append(("error", f[1], f[2]))
         elif ftype is T.STATUS_REPLY:
             self.last_status = f[1]

@@ -26,11 +26,11 @@ datagram is one ``_publish`` call per message, and so is every datagram while th
 filter subscription (wildcard, query or queue group, on any topic: each message's tags may
 decide who gets it) or while a reliable subscriber's mailbox lacks room for the whole run.
 A fire run goes further: a fire subscriber gets the PUB's array of messages as the datagram
-carried it, in a MSGS of its own (``_as_sent``), so the node packs nothing per message; a
-message is packed only for a reliable subscriber's mailbox, or for a fire subscriber that
-already has single messages queued in this batch (they must go out first, in order). A PUBRUN
-(a fire PUB of one topic's payloads alone: docs/protocol.md, "Runs") is relayed so too, as one
-MSGSRUN a subscriber (``_relay_run``), or else taken as a PUB's messages.
+carried it (``_as_sent``), merged with the next such batches (node/relay.py), so the node packs
+nothing per message; a message is packed only for a reliable subscriber's mailbox, or for a
+fire subscriber that already has single messages queued in this batch (they must go out
+first, in order). A PUBRUN (a fire PUB of one topic's payloads alone: docs/protocol.md, "Runs")
+is relayed so too, in a MSGSRUN (``_relay_run``), or else taken as a PUB's messages.
 """
 
 from __future__ import annotations
@@ -133,12 +133,13 @@ class Producers(Delivery):
 
     def _relay_run(self, topic: str, payloads: list[bytes]) -> bool:
         """A PUBRUN's payloads to the subscribers of ``topic``, when every one of them is a fire
-        subscriber with nothing queued in this batch: each gets them as one MSGSRUN, its body
-        packed once (``wire.run_body``) whatever their number. It fits in ``max_datagram``: the
-        PUBRUN did, its header is longer than a MSGSRUN's, and the payloads are packed in their
-        shortest form. False, with nothing done, when a subscriber needs each message on its own
-        (a reliable one's mailbox, a text client, a fire one with messages already queued, which
-        must go first): the caller then takes the payloads as a PUB's messages."""
+        subscriber with nothing queued in this batch: each gets them in a MSGSRUN (merged with the
+        next runs of the topic: node/relay.py), its body packed once whatever their number. It
+        fits in ``max_datagram``: the PUBRUN did, its header is longer than a MSGSRUN's, and the
+        payloads are packed in their shortest form. False, with nothing done, when a subscriber
+        needs each message on its own (a reliable one's mailbox, a text client, a fire one with
+        messages already queued, which must go first): the caller then takes the payloads as a
+        PUB's messages."""
         subs = self.index.match(topic, None)
         if not subs:
             return True
@@ -169,7 +170,7 @@ class Producers(Delivery):
 
         ``packs`` are the messages packed (None: packed here when a subscriber needs them);
         ``whole``, when not None, their array as the PUB carried it (``_as_sent``), which a fire
-        subscriber with nothing else queued in this batch gets as it is, as one MSGS."""
+        subscriber with nothing else queued in this batch gets as it is, in a MSGS (node/relay.py)."""
         topic = msgs[0][0]
         subs = self.index.match(topic, msgs[0][1])
         if not subs:

@@ -13,7 +13,7 @@ from roost.client import decoding, wire
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
 from roost.client.receive import Receiver, SubState
-from roost.client.wire import Mode, T, WireError
+from roost.client.wire import E, Mode, T, WireError
 from roost.node.core import BrokerCore
 from tests.corekit import FakeClient, connect, frames_to, make_core, sends
 
@@ -247,3 +247,51 @@ def test_a_client_sends_runs_only_to_a_node_whose_welcome_says_it_takes_them() -
     for i in range(3):
         s.pub.publish("t", None, None, b"%d" % i, False)
     assert [f[0] for f in _sent(s.pub)] == [T.PUBRUN]
+    s.pub.publish("t", None, None, b"queued", False)
+    s._on_welcome("n2", b"k" * 16, {"max_datagram": 16384}, [])  # (failed over to an earlier build)
+    (f,) = _sent(s.pub)
+    assert f[0] is T.PUB and [m[3] for m in f[7]] == [b"queued"]  # (the run queued goes as a PUB)
+    s._on_welcome(*welcome[1:5])
+    s.handle_datagrams([(wire.encode_error(E.UNKNOWN_TYPE, "unknown frame type"), s.node)], 1.0)
+    assert not s.pub.runs  # (its node refused a PUBRUN: rolled back with the cookie still good)
+
+
+def _array(items: list[bytes], form: int) -> bytes:
+    """A msgpack array of ``items`` (each packed) with its header in ``form``: 0 the shortest,
+    16 an array 16, 32 an array 32 (valid, longer than needed)."""
+    n = len(items)
+    head = wire.array_header(n) if form == 0 else (b"\xdc" + n.to_bytes(2, "big") if form == 16 else
+                                                  b"\xdd" + n.to_bytes(4, "big"))  # fmt: skip
+    return head + b"".join(items)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_merged_datagrams_decode_keep_order_and_fit(seed: int) -> None:
+    """node/relay.py on batches of both heads, their arrays' headers in any valid form: every
+    datagram decodes, is at most max_datagram, and together they hold every message once, in
+    order, each datagram numbered."""
+    import random
+
+    from roost.node import relay
+
+    rng = random.Random(seed)
+    max_datagram = rng.choice([1200, 4000, 16384])
+    budget = max_datagram - wire.MSGS_HEADER_MAX
+    whole, expected = [], []
+    for b in range(rng.randint(1, 30)):
+        payloads = [b"%d-%d" % (b, i) * rng.randint(0, 8) for i in range(rng.randint(1, 12))]
+        if rng.random() < 0.5:
+            body = _array([wire.pack_message("t", None, None, p) for p in payloads], rng.choice([0, 16, 32]))
+            whole.append((body, len(payloads), b""))
+        else:
+            head = wire.pack(rng.choice(["t", "u"]))
+            body = head + _array([wire.pack(p) for p in payloads], rng.choice([0, 16, 32]))
+            whole.append((body, len(payloads), head))
+        expected += payloads
+    numbers = iter(range(2**64 - 100, 2**64))
+    data = relay.datagrams(whole, budget, lambda: next(numbers))
+    frames = [decoding.decode_untrusted_frame(d) for d in data]
+    assert all(len(d) <= max_datagram for d in data)
+    assert [p for f in frames for p in (f[3] if f[0] is T.MSGSRUN else [m[3] for m in f[3]])] == expected
+    assert [f[1] if f[0] is T.MSGSRUN else f[2] for f in frames] == list(range(2**64 - 100, 2**64 - 100 + len(data)))
+    assert len(data) <= len(whole)
