@@ -331,6 +331,11 @@ def _status_reply(f: list[Any]) -> tuple[Any, ...]:
 _AS_TUPLES = (bytes((0x90 + 9, VERSION, T.PUB)), bytes((0x90 + 5, VERSION, T.MSGS)))
 
 
+#: The text of the ERROR a node answers a frame type it does not know with (every build's): a
+#: client that hears it after a PUBRUN stops sending runs (client/session.py).
+UNKNOWN_FRAME = "unknown frame type"
+
+
 def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]:
     """Parse and validate one binary datagram from the network.
 
@@ -359,7 +364,7 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
     ft = frame[1]
     rule = _DECODERS.get(ft) if ft.__class__ is int else None
     if rule is None:
-        raise WireError(E.UNKNOWN_TYPE, "unknown frame type")
+        raise WireError(E.UNKNOWN_TYPE, UNKNOWN_FRAME)
     ftype, length, validate = rule
     if len(frame) != length:
         raise WireError(E.MALFORMED, f"{ftype.name} has {length - 2} fields, got {len(frame) - 2}")

@@ -237,8 +237,10 @@ class ClientSession:
             if f[1] == E.BAD_COOKIE:
                 self.cookie = None
                 self.next_hello = now
-            elif f[1] == E.UNKNOWN_TYPE and self.pub.runs:
-                self.pub.runs = False  # (a node rolled back to a build before PUBRUN, the cookie still good)
+            elif f[1] == E.UNKNOWN_TYPE and f[2] == decoding.UNKNOWN_FRAME and self.pub.runs:
+                # (its decoder does not know a frame we sent: a node rolled back to a build before
+                # PUBRUN, the cookie still good; runs stay off until the next WELCOME says)
+                self.pub.runs = False
             self.events.append(("error", f[1], f[2]))
         elif ftype is T.STATUS_REPLY:
             self.last_status = f[1]

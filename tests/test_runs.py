@@ -252,8 +252,18 @@ def test_a_client_sends_runs_only_to_a_node_whose_welcome_says_it_takes_them() -
     (f,) = _sent(s.pub)
     assert f[0] is T.PUB and [m[3] for m in f[7]] == [b"queued"]  # (the run queued goes as a PUB)
     s._on_welcome(*welcome[1:5])
-    s.handle_datagrams([(wire.encode_error(E.UNKNOWN_TYPE, "unknown frame type"), s.node)], 1.0)
-    assert not s.pub.runs  # (its node refused a PUBRUN: rolled back with the cookie still good)
+    for i in range(5):  # (a run, then packed messages behind it: a move to a node that takes runs)
+        s.pub.publish("t", None, None, b"r%d" % i, False)
+    s.pub.publish("t", "k", None, b"keyed", False)
+    s._on_welcome(*welcome[1:5])
+    assert [(f[0], f[4]) for f in _sent(s.pub)] == [(T.PUBRUN, 8), (T.PUB, 13)]  # (in order, numbered on)
+    s.handle_datagrams([(wire.encode_error(E.UNKNOWN_TYPE, "no cluster map: not a member"), s.node)], 1.0)
+    assert s.pub.runs  # (a refusal of something else: a MAP to a node with no map)
+    s.pub.publish("t", None, None, b"sent", False)
+    s.handle_datagrams([(wire.encode_error(E.UNKNOWN_TYPE, decoding.UNKNOWN_FRAME), s.node)], 1.0)
+    assert not s.pub.runs  # (its node's decoder refused a PUBRUN: rolled back with the cookie still good)
+    (f,) = _sent(s.pub)
+    assert f[0] is T.PUB and [m[3] for m in f[7]] == [b"sent"]  # (what was queued goes as a PUB)
 
 
 def _array(items: list[bytes], form: int) -> bytes:
@@ -277,21 +287,39 @@ def test_merged_datagrams_decode_keep_order_and_fit(seed: int) -> None:
     rng = random.Random(seed)
     max_datagram = rng.choice([1200, 4000, 16384])
     budget = max_datagram - wire.MSGS_HEADER_MAX
-    whole, expected = [], []
+    whole: list[relay.Whole] = []
+    expected: list[tuple[str, bytes]] = []
     for b in range(rng.randint(1, 30)):
         payloads = [b"%d-%d" % (b, i) * rng.randint(0, 8) for i in range(rng.randint(1, 12))]
+        topic = rng.choice(["t", "u"])
         if rng.random() < 0.5:
-            body = _array([wire.pack_message("t", None, None, p) for p in payloads], rng.choice([0, 16, 32]))
+            body = _array([wire.pack_message(topic, None, None, p) for p in payloads], rng.choice([0, 16, 32]))
             whole.append((body, len(payloads), b""))
         else:
-            head = wire.pack(rng.choice(["t", "u"]))
+            head = wire.pack(topic)
             body = head + _array([wire.pack(p) for p in payloads], rng.choice([0, 16, 32]))
             whole.append((body, len(payloads), head))
-        expected += payloads
+        expected += [(topic, p) for p in payloads]
     numbers = iter(range(2**64 - 100, 2**64))
     data = relay.datagrams(whole, budget, lambda: next(numbers))
     frames = [decoding.decode_untrusted_frame(d) for d in data]
     assert all(len(d) <= max_datagram for d in data)
-    assert [p for f in frames for p in (f[3] if f[0] is T.MSGSRUN else [m[3] for m in f[3]])] == expected
+    got: list[tuple[str, bytes]] = []
+    for f in frames:
+        got += [(f[2], p) for p in f[3]] if f[0] is T.MSGSRUN else [(m[0], m[3]) for m in f[3]]
+    assert got == expected  # (each message once, in order, under its own topic)
     assert [f[1] if f[0] is T.MSGSRUN else f[2] for f in frames] == list(range(2**64 - 100, 2**64 - 100 + len(data)))
-    assert len(data) <= len(whole)
+
+
+def test_batches_that_fit_share_one_datagram_and_one_that_does_not_starts_the_next() -> None:
+    from roost.node import relay
+
+    head = wire.pack("t")
+    small = (head + wire.pack([b"x" * 10] * 3), 3, head)
+    assert len(relay.datagrams([small] * 30, 2000, lambda: 1)) == 1  # (30 runs of one topic: one MSGSRUN)
+    other = wire.pack("u")
+    mixed = [small, (other + wire.pack([b"y"]), 1, other), small]
+    assert [decoding.decode_untrusted_frame(d)[2] for d in relay.datagrams(mixed, 2000, lambda: 1)] == ["t", "u", "t"]
+    big = (head + wire.pack([b"z" * 200] * 9), 9, head)  # (1,831 bytes: two do not fit 2,000)
+    assert [len(decoding.decode_untrusted_frame(d)[3]) for d in relay.datagrams([big, small, big], 2000, lambda: 1)] \
+        == [12, 9]  # fmt: skip
