@@ -17,12 +17,12 @@ from roost.client.wire import (
     E,
     T,
     WireError,
-    _array_header,
     _bytes,
     _header,
     _list,
     _str,
     _uint,
+    array_header,
     check_message,
     check_topic,
     pack,
@@ -35,7 +35,7 @@ def encode_put(client_id: bytes, cookie: bytes, producer_id: bytes, partition: i
     in that partition (each partition has its own sequences: its log de-duplicates them)."""
     return (
         _header(9, VERSION, T.PUT, client_id, cookie, producer_id, partition, first_seq, floor)
-        + _array_header(len(packed_msgs))
+        + array_header(len(packed_msgs))
         + b"".join(packed_msgs)
     )
 

@@ -156,8 +156,7 @@ WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]")
 
 _packer = msgpack.Packer(use_bin_type=True)
 pack: Callable[[Any], bytes] = _packer.pack
-_array_header: Callable[[int], bytes] = _packer.pack_array_header
-array_header = _array_header  # (a msgpack array's header for n elements: node/relay.py)
+array_header: Callable[[int], bytes] = _packer.pack_array_header
 
 
 UDP_CEILING = 65507  # the largest UDP payload over IPv4
@@ -276,7 +275,7 @@ def runs(packed: list[bytes], budget: int, extra: int = 0) -> Iterator[tuple[int
 
 def _header(n: int, *fields: Any) -> bytes:
     """Array header for ``n`` elements followed by the given fields."""
-    return _array_header(n) + b"".join(pack(f) for f in fields)
+    return array_header(n) + b"".join(pack(f) for f in fields)
 
 
 # ---------------------------------------------------------------- encoders
@@ -329,7 +328,7 @@ def encode_pub(
     """
     return (
         pub_header(client_id, cookie, producer_id, first_seq, floor, reliable)
-        + _array_header(len(packed_msgs))
+        + array_header(len(packed_msgs))
         + b"".join(packed_msgs)
     )
 
@@ -361,10 +360,12 @@ def pubrun_room(max_datagram: int, topic: str) -> int:
                                       2**64 - 1, topic)) - 5  # fmt: skip
 
 
-def run_body(topic: str, payloads: list[bytes]) -> bytes:
+def run_body(topic: str, payloads: list[bytes]) -> tuple[bytes, bytes]:
     """A MSGSRUN's bytes after its number: the topic, then the payloads' array (a node packs it
-    once per datagram it relays, whatever the number of subscribers)."""
-    return pack(topic) + pack(payloads)
+    once per datagram it relays, whatever the number of subscribers); with the packed topic
+    alone, the head by which node/relay.py merges runs of one topic."""
+    head = pack(topic)
+    return head, head + pack(payloads)
 
 
 def msgsrun_header(number: int) -> bytes:
@@ -382,7 +383,7 @@ def encode_msgs(stream_id: int, first_seq: int, packed_msgs: list[bytes]) -> byt
 
     ``stream_id`` 0 means fire-and-forget (``first_seq`` is then 0 too).
     """
-    return msgs_header(stream_id, first_seq) + _array_header(len(packed_msgs)) + b"".join(packed_msgs)
+    return msgs_header(stream_id, first_seq) + array_header(len(packed_msgs)) + b"".join(packed_msgs)
 
 
 def msgs_header(stream_id: int, first_seq: int) -> bytes:

@@ -147,8 +147,8 @@ class Producers(Delivery):
         for who, mode in subs.items():
             if mode or who.__class__ is not bytes or clients[who].fire:
                 return False
-        n, head, dirty = len(payloads), wire.pack(topic), self._dirty
-        body = head + wire.pack(payloads)  # (wire.run_body)
+        n, dirty = len(payloads), self._dirty
+        head, body = wire.run_body(topic, payloads)
         matched = self.index.matched
         matched[topic] = matched.get(topic, 0) + n
         for who in subs:

@@ -61,7 +61,7 @@ EXAMPLES: list[tuple[T, str, bytes]] = [
     (T.PUBRUN, "fire producer d0..d0, sequence 3, two messages of prices (payloads 1.08 and 1.09)",
      wire.encode_pubrun(CID, COOKIE, PID, 3, "prices", [b"1.08", b"1.09"])),
     (T.MSGSRUN, "fire datagram 65537, two messages of prices (as the PUBRUN above is relayed)",
-     wire.msgsrun_header(65537) + wire.run_body("prices", [b"1.08", b"1.09"])),
+     wire.msgsrun_header(65537) + wire.run_body("prices", [b"1.08", b"1.09"])[1]),
 ]  # fmt: skip
 
 

@@ -63,7 +63,7 @@ EVERY_FRAME = {
     T.BYE: (wire.encode_bye(CID, COOKIE, 2**64 - 1), (T.BYE, CID, COOKIE, 2**64 - 1)),
     T.PUBRUN: (wire.encode_pubrun(CID, COOKIE, PID, 5, "t", [b"a", b"", b"\xff" * 255]),
                (T.PUBRUN, CID, COOKIE, PID, 5, "t", [b"a", b"", b"\xff" * 255])),
-    T.MSGSRUN: (wire.msgsrun_header(2**64 - 1) + wire.run_body("t", [b"a", b"b"]),
+    T.MSGSRUN: (wire.msgsrun_header(2**64 - 1) + wire.run_body("t", [b"a", b"b"])[1],
                 (T.MSGSRUN, 2**64 - 1, "t", [b"a", b"b"])),
 }  # fmt: skip
 
