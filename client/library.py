@@ -43,6 +43,11 @@ class Client(ClientAPI):
         self._wait_scopes: dict[int, trio.CancelScope] = {}
         self._kick_wakes = self._wait_scopes  # (the loops waiting: a _kick wakes these; never rebound)
         self._busy_at = -math.inf  # (when a turn last sent or received something)
+        # A waiting task that drives a session's socket itself (_until_driving): the session's
+        # id while it does, and the event its parked I/O loop waits on until it gives it back.
+        self._driver: int | None = None
+        self._handed_back = trio.Event()
+        self._sparse = False  # (the last wait lasted idle_gap or more: the next drives the socket)
 
     # ------------------------------------------------------------ primitives (client/api.py)
 
@@ -50,13 +55,77 @@ class Client(ClientAPI):
         return trio.current_time()
 
     async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
-        with trio.move_on_at(deadline):
-            while not cond():
-                if self._closed:
-                    raise self._closed_error()
-                await self._changed.wait()
+        if cond():
             return True
-        return False
+        r, start = self._router, trio.current_time()
+        try:
+            s = self._drivable(r) if self._sparse and r is not None else None
+            if s is not None:
+                return await self._until_driving(cond, deadline, s)
+            with trio.move_on_at(deadline):
+                while not cond():
+                    if self._closed:
+                        raise self._closed_error()
+                    await self._changed.wait()
+                return True
+            return False
+        finally:
+            self._sparse = trio.current_time() - start >= self.config.idle_gap
+
+    def _drivable(self, r: Router) -> ClientSession | None:
+        """The session whose socket a waiting task may drive itself: an open client with one
+        session, its socket open (and no new one due), and nobody driving it yet. Its loop
+        parks wherever it is: waiting on the socket (the wait is cancelled) or about to turn
+        (it looks at ``_driver`` first)."""
+        if self._closed or self._driver is not None or len(r.sessions) != 1:
+            return None
+        s = r.sessions[0]
+        sock = self._socks.get(id(s))
+        if sock is None or sock.family != addresses.family(s.node):
+            return None
+        return s
+
+    async def _until_driving(self, cond: Callable[[], bool], deadline: float, s: ClientSession) -> bool:
+        """``_until`` on a sparse path: the waiting task makes the I/O loop's turns itself while
+        its loop is parked, so a datagram that satisfies ``cond`` is handled and taken by the
+        task that waits for it, with no hand-off from the loop's task in between (W3's last
+        hop ~25 us sooner: docs/performance.md). Sparse: the last wait lasted ``idle_gap`` or
+        more, so a busy subscriber (whose waits are short) keeps the loop's task and pays
+        nothing for the parking (W1). Anything the loop would do happens here: timers, sends
+        kicked by other tasks (a kick cancels this task's wait, as it would the loop's), waking
+        the other waiters; the loop takes its socket back as soon as this wait ends."""
+        key, r = id(s), self.router
+        self._driver = key
+        scope = self._wait_scopes.pop(key, None)
+        if scope is not None:
+            scope.cancel()  # (the loop's wait_readable ends at once: the socket is free)
+        try:
+            with trio.move_on_at(deadline):
+                while True:
+                    if self._closed:
+                        raise self._closed_error()
+                    try:
+                        came, busy = self._turn(s, cond)
+                    except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)
+                        self._broke(exc)
+                        raise self._closed_error() from exc
+                    if busy:
+                        self._wake()
+                    if cond():
+                        return True
+                    if len(r.sessions) != 1 or self._socks[key].family != addresses.family(s.node):
+                        break  # (a map opened sessions, or a new socket is due: the loop's work)
+                    if came:
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        await self._wait_socket(s)
+            if trio.current_time() >= deadline:
+                return False
+        finally:
+            self._driver = None
+            self._handed_back.set()
+            self._handed_back = trio.Event()
+        return await self._until(cond, deadline)  # (the sessions changed: wait as the loop's task drives)
 
     def _kick(self) -> None:
         """Make the I/O loops flush now instead of at their next deadline (and start the
@@ -79,8 +148,9 @@ class Client(ClientAPI):
         call's own reliable publish in flight, and nothing sent or received for
         ``ClientConfig.idle_gap``; so a busy caller's publishes wake the loop and go out
         together at its turn, as before. False when the path is not quiet."""
-        if self._closed or len(r.sessions) != 1 or r.acked < r.last_seq - 1:
-            return False  # (closed or closing: no turn after BYE, none on a closed socket)
+        if self._closed or len(r.sessions) != 1 or r.acked < r.last_seq - 1 or self._driver is not None:
+            return False  # (closed or closing: no turn after BYE, none on a closed socket; a task
+            # that drives the socket while it waits is woken instead, to make the turn and see it)
         s = r.sessions[0]
         scope = self._wait_scopes.get(id(s))
         if scope is None or self._socks[id(s)].family != addresses.family(s.node):
@@ -123,6 +193,8 @@ class Client(ClientAPI):
         """Stop the I/O tasks; the caller's own exception, if any, propagates unwrapped."""
         self._closed = True
         self._wake()  # (tasks waiting on the client, outside its block too, hear it closed)
+        for scope in list(self._wait_scopes.values()):  # (and a task driving a socket as it waits)
+            scope.cancel()
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
         try:
@@ -156,23 +228,32 @@ class Client(ClientAPI):
             scope.cancel()
 
     async def _io(self, s: ClientSession) -> None:
-        r, key = self.router, id(s)
+        key = id(s)
         while not self._closed:
+            if self._driver == key:  # (a waiting task drives this socket: _until_driving)
+                await self._handed_back.wait()
+                continue
             came, busy = self._turn(s)
             if busy:
                 self._wake()
             if came:
                 await trio.lowlevel.checkpoint()
                 continue
-            with trio.CancelScope(deadline=min(s.next_deadline(), r.put_deadline())) as scope:
-                self._wait_scopes[key] = scope
-                try:
-                    await trio.lowlevel.wait_readable(self._socks[key])
-                finally:  # (also when the nursery is cancelled: a closed client keeps no waiting loop)
-                    if self._wait_scopes.get(key) is scope:
-                        del self._wait_scopes[key]
+            await self._wait_socket(s)
 
-    def _turn(self, s: ClientSession) -> tuple[int, bool]:
+    async def _wait_socket(self, s: ClientSession) -> None:
+        """Wait until the socket of ``s`` is readable or its next deadline; a ``_kick`` ends
+        the wait early (it cancels the scope kept in ``_wait_scopes``)."""
+        key, r = id(s), self.router
+        with trio.CancelScope(deadline=min(s.next_deadline(), r.put_deadline())) as scope:
+            self._wait_scopes[key] = scope
+            try:
+                await trio.lowlevel.wait_readable(self._socks[key])
+            finally:  # (also when the nursery is cancelled: a closed client keeps no waiting loop)
+                if self._wait_scopes.get(key) is scope:
+                    del self._wait_scopes[key]
+
+    def _turn(self, s: ClientSession, hold: Callable[[], bool] | None = None) -> tuple[int, bool]:
         """One turn of session ``s``'s socket (``_exchange``), on a new socket first when it
         failed over to an address of the other family."""
         key = id(s)
@@ -181,7 +262,7 @@ class Client(ClientAPI):
         if new is not None:
             sock.close()
             sock = self._socks[key] = new
-        came, busy = self._exchange(s, sock)
+        came, busy = self._exchange(s, sock, hold)
         if busy:
             self._busy_at = trio.current_time()
         return came, busy

@@ -388,6 +388,189 @@ async def test_a_busy_publishers_messages_wait_for_the_loop_and_share_a_datagram
         await c.aclose()
 
 
+def _turns_by_task(c: Client) -> list[str]:
+    """The names of the tasks that make ``c``'s turns which receive datagrams, from now on."""
+    names: list[str] = []
+    turn = c._turn
+
+    def noted(s, *hold):
+        came, busy = turn(s, *hold)
+        if came:
+            names.append(trio.lowlevel.current_task().name)
+        return came, busy
+
+    c._turn = noted  # type: ignore[method-assign]
+    return names
+
+
+async def _driving(c: Client, sub, name: str = "waiter"):
+    """A task named ``name`` waiting in ``sub.next()`` on a sparse path (after a wait of
+    ``idle_gap`` or more), blocked; yields the list its message lands in."""
+    with pytest.raises(TimeoutError):
+        await sub.next(timeout=0.01)  # (a wait of idle_gap or more: the next drives the socket)
+    got: list[object] = []
+
+    async def waiter() -> None:
+        try:
+            got.append(await sub.next(timeout=10))
+        except Exception as exc:  # (what the wait ended with, for the test to look at)
+            got.append(exc)
+
+    return got, waiter
+
+
+@QUIET
+@pytest.mark.parametrize("mode", ["reliable", "fire"])
+async def test_a_sparse_wait_takes_its_message_in_the_waiting_task(node, mode):
+    """After a wait of idle_gap or more, the task waiting in next() makes the loop's turns
+    itself (the loop parked), so the turn that brings its message is its own; then the loop
+    waits on the socket again. A wait shorter than idle_gap (a busy path) leaves them to the
+    loop's task."""
+    c = await _idle_client(node, idle_gap=1e-9)
+    p = await _idle_client(node)
+    try:
+        async with c.subscribe("t.sparse", mode=mode) as sub:
+            turns = _turns_by_task(c)
+            for i in range(3):
+                got, waiter = await _driving(c, sub)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(waiter, name="waiter")
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert c._driver == id(c.session) and c._socks[id(c.session)] is not None
+                    turns.clear()
+                    await p.publish("t.sparse", str(i), mode=mode)
+                assert [m.payload for m in got] == [str(i).encode()]
+                assert turns[0] == "waiter" and c._driver is None
+                await eventually(lambda: id(c.session) in c._wait_scopes, what="the loop to wait on its socket")
+        c.config.idle_gap = 60.0  # (no wait is as long: every one is left to the loop's task)
+        async with c.subscribe("t.busy", mode=mode) as sub:
+            got, waiter = await _driving(c, sub)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter, name="waiter")
+                await trio.testing.wait_all_tasks_blocked()
+                assert c._driver is None
+                turns.clear()
+                await p.publish("t.busy", b"x", mode=mode)
+            assert [m.payload for m in got] == [b"x"] and turns and all(name.endswith("._run") for name in turns)
+    finally:
+        await p.aclose()
+        await c.aclose()
+
+
+@QUIET
+async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node, monkeypatch):
+    """The waiting task's turn that brings its message holds the ACK back; the loop's task,
+    woken as the wait ends, sends it at its turn, with no further wait of the subscriber's."""
+    c = await _idle_client(node, idle_gap=1e-9)
+    p = await _idle_client(node)
+    order: list[str] = []
+
+    def noted(sock, datagrams):
+        order.extend("ACK" for _, d in datagrams if decoding.decode_untrusted_frame(d)[0] is T.ACK)
+        return send_now(sock, datagrams)
+
+    monkeypatch.setattr("roost.client.clientbase.send_now", noted)
+    try:
+        async with c.subscribe("t.ack", mode="reliable") as sub:
+            got, _ = await _driving(c, sub)
+
+            async def waiter() -> None:
+                got.append(await sub.next(timeout=10))
+                order.append("got")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter, name="waiter")
+                await trio.testing.wait_all_tasks_blocked()
+                assert c._driver == id(c.session)
+                order.clear()
+                await p.publish("t.ack", b"one")
+            mb = node.core.clients[c.client_id].mailbox
+            await eventually(lambda: mb.acked == mb.sent == 1, what="the node to hear the ACK")
+            assert order == ["got", "ACK"] and [m.payload for m in got] == [b"one"]
+    finally:
+        await p.aclose()
+        await c.aclose()
+
+
+@QUIET
+async def test_a_driving_wait_that_times_out_gives_the_socket_back(node):
+    c = await _idle_client(node, idle_gap=1e-9)
+    p = await _idle_client(node)
+    try:
+        async with c.subscribe("t.back", mode="fire") as sub:
+            await _driving(c, sub)
+            with pytest.raises(TimeoutError):
+                await sub.next(timeout=0.05)
+            assert c._driver is None
+            await eventually(lambda: id(c.session) in c._wait_scopes, what="the loop to wait on its socket")
+            c.config.idle_gap = 60.0
+            turns = _turns_by_task(c)
+            await p.publish("t.back", b"later", mode="fire")
+            await eventually(lambda: bool(sub.state.queue), what="the loop's task to queue it")
+            assert turns and all(name.endswith("._run") for name in turns)
+            assert (await sub.next(timeout=1)).payload == b"later"
+    finally:
+        await p.aclose()
+        await c.aclose()
+
+
+@QUIET
+async def test_a_publish_while_a_task_drives_the_socket_wakes_that_task_to_turn(node):
+    """The publishing task makes no turn of its own while another task drives the socket (a
+    turn there could take the driver's datagram while it waits on the socket): the kick wakes
+    the driver, whose turn sends the publish, and the driver gets its own message back."""
+    c = await _idle_client(node, idle_gap=1e-9)
+    try:
+        async with c.subscribe("t.self", mode="fire") as sub:
+            got, waiter = await _driving(c, sub)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter, name="waiter")
+                await trio.testing.wait_all_tasks_blocked()
+                assert c._driver == id(c.session) and id(c.session) in c._wait_scopes
+                assert c._turn_here(c.router) is False  # (no turn here: the driver's wait is cancelled)
+                turns = _turns_by_task(c)
+                await c.publish("t.self", b"mine", mode="fire")
+                assert c._wait_scopes == {}  # (the kick cancelled the driver's wait)
+            assert [m.payload for m in got] == [b"mine"] and turns[0] == "waiter"
+    finally:
+        await c.aclose()
+
+
+@QUIET
+async def test_closing_the_client_ends_a_driving_wait_at_once(node):
+    with trio.fail_after(2):  # (the driver's own deadline is the next PING's, a minute away)
+        async with trio.open_nursery() as nursery:
+            c = await _idle_client(node, idle_gap=1e-9)
+            sub = c.subscribe("t.close", mode="fire")
+            await sub.start()
+            got, waiter = await _driving(c, sub)
+            nursery.start_soon(waiter, name="waiter")
+            await trio.testing.wait_all_tasks_blocked()
+            assert c._driver == id(c.session)
+            await c.aclose()
+    assert len(got) == 1 and isinstance(got[0], ClientClosed)
+
+
+@pytest.mark.parametrize("node", [{"ping_interval": 0.1, "subscriber_timeout": 0.5}], indirect=True)
+async def test_a_driving_wait_keeps_the_session_alive_with_its_pings(node):
+    """A long wait on a sparse path fires the session's timers as the loop would: its PINGs
+    keep the subscription alive across several subscriber_timeouts."""
+    c = await _idle_client(node, idle_gap=1e-9)
+    p = await _idle_client(node)
+    try:
+        async with c.subscribe("t.alive", mode="reliable") as sub:
+            await _driving(c, sub)
+            with pytest.raises(TimeoutError):
+                await sub.next(timeout=1.5)  # (driven: three subscriber_timeouts without a message)
+            assert node.core.metrics["clients_timed_out"] == 0
+            assert c.session.connected and node.core.index.count == 1
+            await p.publish("t.alive", b"still here")
+            assert (await sub.next(timeout=5)).payload == b"still here"
+    finally:
+        await p.aclose()
+        await c.aclose()
+
+
 async def test_send_all_yields_the_cpu_only_after_every_datagram_left(monkeypatch):
     a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     a.setblocking(False)
