@@ -48,6 +48,7 @@ class Client(ClientAPI):
         self._driver: int | None = None
         self._handed_back = trio.Event()
         self._sparse = False  # (the last wait lasted idle_gap or more: the next drives the socket)
+        self._burst = 0  # (turns _turn_here made since the path was last quiet)
 
     # ------------------------------------------------------------ primitives (client/api.py)
 
@@ -144,19 +145,25 @@ class Client(ClientAPI):
         send) while the loop goes on waiting, its deadline moved, then yield the CPU: a
         publish's datagram leaves before ``publish`` returns instead of after the I/O task was
         woken and scheduled (with the shells' CPU yields, W3 p50 ~50 us sooner: docs/performance.md).
-        Quiet: an open client, one session, its loop waiting on the same socket, at most the
-        call's own reliable publish in flight, and nothing sent or received for
-        ``ClientConfig.idle_gap``; so a busy caller's publishes wake the loop and go out
-        together at its turn, as before. False when the path is not quiet."""
-        if self._closed or len(r.sessions) != 1 or r.acked < r.last_seq - 1 or self._driver is not None:
+        Quiet: an open client, one session, its loop waiting on the same socket, and nothing
+        sent or received for ``ClientConfig.idle_gap``; then a burst of ``idle_burst`` calls
+        (and as many reliable publishes in flight) within idle_gap of each other each makes
+        its turn here. What comes after them, while the path stays busy, wakes the loop and
+        goes out together at its turn, so a busy caller's publishes share datagrams. False
+        when the path is not quiet or its burst is spent."""
+        burst = self.config.idle_burst
+        if self._closed or len(r.sessions) != 1 or r.last_seq - r.acked > burst or self._driver is not None:
             return False  # (closed or closing: no turn after BYE, none on a closed socket; a task
             # that drives the socket while it waits is woken instead, to make the turn and see it)
         s = r.sessions[0]
         scope = self._wait_scopes.get(id(s))
         if scope is None or self._socks[id(s)].family != addresses.family(s.node):
             return False  # (not waiting, or a new socket is due: the loop's own turn opens it)
-        if trio.current_time() - self._busy_at < self.config.idle_gap:
+        if trio.current_time() - self._busy_at >= self.config.idle_gap:
+            self._burst = 0  # (quiet: a burst begins)
+        elif self._burst >= burst:
             return False
+        self._burst += 1
         try:
             busy = self._turn(s)[1]
         except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)

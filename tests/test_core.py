@@ -734,7 +734,7 @@ def test_client_config_refuses_windows_and_yields_below_one():
     from roost.client.config import ClientConfig
     from roost.client.publisher import Publisher
 
-    for name in ("yield_every", "pub_window_bytes", "pub_window"):
+    for name in ("yield_every", "pub_window_bytes", "pub_window", "idle_burst"):
         with pytest.raises(ValueError, match=f"{name} = 0: must be a positive integer"):
             ClientConfig(**{name: 0})
     for gap in (-1.0, float("nan"), "0.001", None, True):

@@ -347,7 +347,7 @@ QUIET = pytest.mark.parametrize("node", [{"ping_interval": 60.0, "subscriber_tim
 
 @QUIET
 async def test_a_publish_on_an_idle_path_is_sent_before_publish_returns(node):
-    c = await _idle_client(node, idle_gap=1e-9)
+    c = await _idle_client(node, idle_gap=1e-9, idle_burst=1)
     try:
         # (no await gives the node a turn between the publishes and the look at its socket)
         assert await c.publish("t.idle", b"fire", mode="fire") == 0
@@ -369,7 +369,7 @@ async def test_a_publish_on_an_idle_path_is_sent_before_publish_returns(node):
 
 @QUIET
 async def test_a_busy_publishers_messages_wait_for_the_loop_and_share_a_datagram(node):
-    c = await _idle_client(node, idle_gap=60.0)
+    c = await _idle_client(node, idle_gap=60.0, idle_burst=1)
     try:
         async with c.subscribe("t.busy", mode="fire") as sub:
             await sub.start()
@@ -384,6 +384,32 @@ async def test_a_busy_publishers_messages_wait_for_the_loop_and_share_a_datagram
                 got = [m.payload for m in [await sub.next() for _ in range(5)]]
             assert got == [b"0", b"1", b"2", b"3", b"4"]
             assert node.core.metrics["datagrams_in"] - before == 2  # (the first alone, the four together)
+    finally:
+        await c.aclose()
+
+
+@QUIET
+@pytest.mark.parametrize("mode", ["reliable", "fire"])
+async def test_a_burst_on_a_quiet_path_is_sent_call_by_call_and_what_follows_waits(node, mode):
+    """idle_burst calls after the path went quiet each send their datagram before they return
+    (a paced publisher that woke late publishes what is due at once); the next, the path still
+    busy, waits for the loop, and a reliable burst's publishes are all in flight at once."""
+    c = await _idle_client(node, idle_gap=60.0, idle_burst=3)
+    try:
+        pub = c.session.pub
+        for round_ in range(2):
+            await trio.testing.wait_all_tasks_blocked()  # (the loop waits, the node is drained)
+            c._busy_at = -math.inf  # (quiet for longer than idle_gap)
+            for i in range(3):
+                await c.publish("t.burst", f"{round_}.{i}", mode=mode)
+                assert (pub.fire_unsent, pub.unsent_from) == (0, pub.next_seq)  # (sent: nothing queued)
+            assert _queued_frames(node.sock) == [T.PUBRUN if mode == "fire" else T.PUB] * 3
+            await c.publish("t.burst", f"{round_}.3", mode=mode)  # (the burst is spent: the loop sends it)
+            assert _queued_frames(node.sock) == []
+            queued = (1, pub.next_seq) if mode == "fire" else (0, pub.next_seq - 1)
+            assert (pub.fire_unsent, pub.unsent_from) == queued
+            assert await c.flush(5)  # (the loop sends it; the three the node missed are resent)
+            assert pub.fire_unsent == 0
     finally:
         await c.aclose()
 
