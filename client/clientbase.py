@@ -239,10 +239,12 @@ class ClientBase(abc.ABC):
         each session's own socket; a lost BYE leaves the time-out to do it."""
         if self._router is None or self._error is not None or self._closed:
             return
+        now = self._now()
         for s in self._router.sessions:
             sock, frame = self._socks.get(id(s)), s.bye()
             if sock is not None and frame is not None and sock.fileno() >= 0:
-                self.send_errors += send_now(sock, [(s.node, frame)])
+                # (what a turn held back goes first: the ACK of a message taken just before)
+                self.send_errors += send_now(sock, [*s.outgoing(now), (s.node, frame)])
 
     async def aclose(self) -> None:
         """Close without ``async with`` (what leaving it does: flush for ``node_timeout`` at most)."""

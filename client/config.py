@@ -35,15 +35,18 @@ class ClientConfig:
     # on W1, 64 and 128 lower, 512 and 1024 no better: docs/performance.md)
     yield_every: int = 256
     # Quiet path (the trio Client): when its one session sent and received nothing for this long
-    # (s), its I/O loop waiting and at most the call's own reliable publish in flight, an API
+    # (s), its I/O loop waiting (and at most idle_burst reliable publishes in flight), an API
     # call that queued something (a publish, subscribe...) makes the loop's turn itself: sent
     # before the call returns (with the shells' CPU yields, W3 p50 ~50 us sooner:
-    # docs/performance.md). Within it the loop sends it with whatever follows. 0: always when
-    # the loop waits; inf: never
+    # docs/performance.md). Within it the loop sends it with whatever follows. And a wait that
+    # lasted this long makes the path sparse: the next wait (next(), flush(), a request) drives
+    # the socket in its own task, so what it waits for needs no hand-off from the loop's task
+    # (W3 p50 ~25-40 us sooner). 0: always when the loop waits, and every wait drives (a busy
+    # subscriber then pays a parked loop per wait); inf: never
     idle_gap: float = 0.0002
     # A burst on a quiet path (the trio Client): this many calls that queue something (and as
-    # many reliable publishes in flight), the first on the quiet path and the rest within
-    # idle_gap of it, each make the loop's turn themselves; only what follows waits for the
+    # many reliable publishes in flight), the first on the quiet path and each next within
+    # idle_gap of the one before, each make the loop's turn themselves; only what follows waits for the
     # loop and shares its datagrams. A paced publisher wakes late from its sleep (the event
     # loop's timers have 1 ms steps) and publishes what is due at once, 2-3 messages at
     # 2,000/s: W3 p50 ~300 -> ~150-210 us (docs/performance.md). 1: the first call alone

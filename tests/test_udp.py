@@ -429,16 +429,17 @@ def _turns_by_task(c: Client) -> list[str]:
     return names
 
 
-async def _driving(c: Client, sub, name: str = "waiter"):
-    """A task named ``name`` waiting in ``sub.next()`` on a sparse path (after a wait of
-    ``idle_gap`` or more), blocked; yields the list its message lands in."""
+async def _driving(c: Client, sub, timeout: float = 10.0):
+    """Make ``c``'s path sparse (a wait of idle_gap or more), and return a list and a task
+    function that waits in ``sub.next(timeout)`` (driving the socket) and puts what it got
+    there, or the exception the wait ended with."""
     with pytest.raises(TimeoutError):
         await sub.next(timeout=0.01)  # (a wait of idle_gap or more: the next drives the socket)
     got: list[object] = []
 
     async def waiter() -> None:
         try:
-            got.append(await sub.next(timeout=10))
+            got.append(await sub.next(timeout=timeout))
         except Exception as exc:  # (what the wait ended with, for the test to look at)
             got.append(exc)
 
@@ -519,15 +520,74 @@ async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node, mo
 
 
 @QUIET
+async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_bye(node, monkeypatch):
+    """The application takes a driven reliable message and leaves the client at once on an
+    exception (no flush, no await between): the ACK its turn held goes out before the BYE."""
+    order: list[T] = []
+
+    def noted(sock, datagrams):
+        order.extend(decoding.decode_untrusted_frame(d)[0] for _, d in datagrams)
+        return send_now(sock, datagrams)
+
+    p = await _idle_client(node)
+    try:
+        async with trio.open_nursery() as nursery:
+            c = await _idle_client(node, idle_gap=1e-9)
+            sub = c.subscribe("t.bye", mode="reliable")
+            await sub.start()
+            got, waiter = await _driving(c, sub)
+            nursery.start_soon(waiter, name="waiter")
+            await trio.testing.wait_all_tasks_blocked()
+            assert c._driver == id(c.session)
+            monkeypatch.setattr("roost.client.clientbase.send_now", noted)
+            await p.publish("t.bye", b"last")
+            while not got:
+                await trio.lowlevel.checkpoint()
+            await c.__aexit__(RuntimeError, RuntimeError("the application failed"), None)
+        assert [m.payload for m in got] == [b"last"]
+        assert order[-2:] == [T.ACK, T.BYE] and order.count(T.ACK) == 1
+    finally:
+        await p.aclose()
+
+
+@QUIET
+async def test_a_condition_that_fails_inside_a_driven_turn_is_the_callers_error(node):
+    """The condition a driving task waits on is looked at inside its turn (to hold the ACK):
+    its own exception reaches the caller, and the client stays open."""
+    c = await _idle_client(node, idle_gap=1e-9)
+    p = await _idle_client(node)
+    try:
+        async with c.subscribe("t.cond", mode="fire") as sub:
+            await _driving(c, sub)
+
+            def cond() -> bool:
+                if sub.state.queue:
+                    raise LookupError("the caller's own")
+                return False
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(p.publish, "t.cond", b"x", None, None)
+                with pytest.raises(LookupError, match="the caller's own"), trio.fail_after(5):
+                    await c._until(cond)
+            assert not c._closed and c._error is None and c._driver is None
+            assert (await sub.next(timeout=1)).payload == b"x"
+    finally:
+        await p.aclose()
+        await c.aclose()
+
+
+@QUIET
 async def test_a_driving_wait_that_times_out_gives_the_socket_back(node):
     c = await _idle_client(node, idle_gap=1e-9)
     p = await _idle_client(node)
     try:
         async with c.subscribe("t.back", mode="fire") as sub:
-            await _driving(c, sub)
-            with pytest.raises(TimeoutError):
-                await sub.next(timeout=0.05)
-            assert c._driver is None
+            got, waiter = await _driving(c, sub, timeout=0.2)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter, name="waiter")
+                await trio.testing.wait_all_tasks_blocked()
+                assert c._driver == id(c.session)
+            assert len(got) == 1 and isinstance(got[0], TimeoutError) and c._driver is None
             await eventually(lambda: id(c.session) in c._wait_scopes, what="the loop to wait on its socket")
             c.config.idle_gap = 60.0
             turns = _turns_by_task(c)
@@ -541,10 +601,10 @@ async def test_a_driving_wait_that_times_out_gives_the_socket_back(node):
 
 
 @QUIET
-async def test_a_publish_while_a_task_drives_the_socket_wakes_that_task_to_turn(node):
-    """The publishing task makes no turn of its own while another task drives the socket (a
-    turn there could take the driver's datagram while it waits on the socket): the kick wakes
-    the driver, whose turn sends the publish, and the driver gets its own message back."""
+async def test_a_publish_while_a_task_drives_the_socket_is_sent_at_once(node):
+    """A publish on a quiet path makes its turn in the publishing task while another task
+    drives the socket (the driver's deadline moved, its wait left alone when nothing came);
+    the driver then gets its message back from the node in a turn of its own."""
     c = await _idle_client(node, idle_gap=1e-9)
     try:
         async with c.subscribe("t.self", mode="fire") as sub:
@@ -553,27 +613,55 @@ async def test_a_publish_while_a_task_drives_the_socket_wakes_that_task_to_turn(
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
                 assert c._driver == id(c.session) and id(c.session) in c._wait_scopes
-                assert c._turn_here(c.router) is False  # (no turn here: the driver's wait is cancelled)
                 turns = _turns_by_task(c)
+                c._busy_at = -math.inf
                 await c.publish("t.self", b"mine", mode="fire")
-                assert c._wait_scopes == {}  # (the kick cancelled the driver's wait)
+                assert c.session.pub.fire_unsent == 0  # (sent before publish returned)
+                assert id(c.session) in c._wait_scopes  # (nothing came: the driver waits on)
             assert [m.payload for m in got] == [b"mine"] and turns[0] == "waiter"
     finally:
         await c.aclose()
 
 
 @QUIET
+async def test_a_turn_made_by_a_publish_wakes_the_driver_to_what_it_took(node):
+    """The publishing task's turn drains a datagram the driving task waits on the socket for:
+    the driver's wait ends, and it finds its message queued (else it would wait on an empty
+    socket until its next deadline, here a minute away)."""
+    c = await _idle_client(node, idle_gap=1e-9, node_timeout=60.0)
+    try:
+        async with c.subscribe("t.took", mode="fire") as sub:
+            got, waiter = await _driving(c, sub)
+            with trio.fail_after(5):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(waiter, name="waiter")
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert c._driver == id(c.session)
+                    msgs = wire.encode_msgs(0, 0, [wire.pack_message("t.took", None, None, b"theirs")])
+                    node.sock.sendto(msgs, c._socks[id(c.session)].getsockname())  # (as the node would)
+                    c._busy_at = -math.inf
+                    await c.publish("t.other", b"mine", mode="fire")
+                    assert c.session.pub.fire_unsent == 0 and len(sub.state.queue) == 1  # (its turn took it)
+                    assert id(c.session) not in c._wait_scopes  # (the driver's wait ended)
+            assert [m.payload for m in got] == [b"theirs"]
+    finally:
+        await c.aclose()
+
+
+@QUIET
 async def test_closing_the_client_ends_a_driving_wait_at_once(node):
-    with trio.fail_after(2):  # (the driver's own deadline is the next PING's, a minute away)
+    """Leaving the client on an exception (no flush, whose kick would wake the driver anyway)
+    ends a driving wait at once: its deadline is a minute away."""
+    with trio.fail_after(2):
         async with trio.open_nursery() as nursery:
-            c = await _idle_client(node, idle_gap=1e-9)
+            c = await _idle_client(node, idle_gap=1e-9, node_timeout=60.0)
             sub = c.subscribe("t.close", mode="fire")
             await sub.start()
             got, waiter = await _driving(c, sub)
             nursery.start_soon(waiter, name="waiter")
             await trio.testing.wait_all_tasks_blocked()
             assert c._driver == id(c.session)
-            await c.aclose()
+            await c.__aexit__(RuntimeError, RuntimeError("the application failed"), None)
     assert len(got) == 1 and isinstance(got[0], ClientClosed)
 
 
@@ -585,9 +673,12 @@ async def test_a_driving_wait_keeps_the_session_alive_with_its_pings(node):
     p = await _idle_client(node)
     try:
         async with c.subscribe("t.alive", mode="reliable") as sub:
-            await _driving(c, sub)
-            with pytest.raises(TimeoutError):
-                await sub.next(timeout=1.5)  # (driven: three subscriber_timeouts without a message)
+            got, waiter = await _driving(c, sub, timeout=1.5)  # (three subscriber_timeouts)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter, name="waiter")
+                await trio.testing.wait_all_tasks_blocked()
+                assert c._driver == id(c.session)
+            assert len(got) == 1 and isinstance(got[0], TimeoutError)
             assert node.core.metrics["clients_timed_out"] == 0
             assert c.session.connected and node.core.index.count == 1
             await p.publish("t.alive", b"still here")
