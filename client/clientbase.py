@@ -236,15 +236,18 @@ class ClientBase(abc.ABC):
     def _goodbye(self) -> None:
         """Tell every node we talk to that we are closing (BYE), so that each drops our
         subscriptions now rather than log a time-out ``subscriber_timeout`` later. Once, on
-        each session's own socket; a lost BYE leaves the time-out to do it."""
+        each session's own socket; a lost BYE leaves the time-out to do it. The ACKs not sent
+        yet go before it (a turn that brought what a task waited for holds them back: the
+        trio client's ``_until_driving``), so a message the application took just before it
+        left is acknowledged; nothing else queued is sent."""
         if self._router is None or self._error is not None or self._closed:
             return
-        now = self._now()
         for s in self._router.sessions:
             sock, frame = self._socks.get(id(s)), s.bye()
-            if sock is not None and frame is not None and sock.fileno() >= 0:
-                # (what a turn held back goes first: the ACK of a message taken just before)
-                self.send_errors += send_now(sock, [*s.outgoing(now), (s.node, frame)])
+            if sock is not None and frame is not None and s.cookie is not None and sock.fileno() >= 0:
+                out: list[tuple[Addr, bytes]] = []
+                s.recv.acks(s.cid, s.cookie, out)
+                self.send_errors += send_now(sock, [*out, (s.node, frame)])
 
     async def aclose(self) -> None:
         """Close without ``async with`` (what leaving it does: flush for ``node_timeout`` at most)."""

@@ -52,7 +52,9 @@ class Client(ClientAPI):
         self._driver: int | None = None
         self._handed_back = trio.Event()
         self._sparse = False  # (the last wait lasted idle_gap or more: the next drives the socket)
-        self._burst = 0  # (turns _turn_here made since the path was last quiet)
+        # The turns _turn_here made since the path was last quiet, and when it made the last:
+        # a burst goes on while each comes within idle_gap of the one before (none yet: spent)
+        self._burst, self._burst_at = 0, -math.inf
 
     # ------------------------------------------------------------ primitives (client/api.py)
 
@@ -97,7 +99,8 @@ class Client(ClientAPI):
         hop ~25 us sooner: docs/performance.md). Sparse: the last wait lasted ``idle_gap`` or
         more, so a busy subscriber (whose waits are short) keeps the loop's task and pays
         nothing for the parking (W1). Anything the loop would do happens here: timers, sends
-        kicked by other tasks (a kick cancels this task's wait, as it would the loop's), waking
+        kicked by other tasks (a kick cancels this task's wait, as it would the loop's, or
+        makes a quiet turn of its own, which ends the wait when it changed anything), waking
         the other waiters; the loop, woken as this wait ends, takes its socket back once this
         task yields. The turn that satisfies ``cond`` holds what it would send (a message's
         ACK) for that next turn of the loop, so the subscriber has its message first (W3
@@ -172,22 +175,24 @@ class Client(ClientAPI):
         scope = self._wait_scopes.get(id(s))
         if scope is None or self._socks[id(s)].family != addresses.family(s.node):
             return False  # (not waiting, or a new socket is due: the loop's own turn opens it)
-        if trio.current_time() - self._busy_at >= self.config.idle_gap:
+        now = trio.current_time()
+        if now - self._busy_at >= self.config.idle_gap:
             self._burst = 0  # (quiet: a burst begins)
-        elif self._burst >= burst:
-            return False
+        elif self._burst >= burst or now - self._burst_at >= self.config.idle_gap:
+            return False  # (spent, or the path is busy with other traffic since its last turn)
         self._burst += 1
+        self._burst_at = now
         try:
-            came, busy = self._turn(s)
+            busy = self._turn(s)[1]
         except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)
             self._broke(exc)
             return True
         if busy:
             self._wake()
-        if came and self._driver is not None:  # (a task that waits on the socket for what this
-            # turn took: its wait ends, and it looks at what came)
+        if busy and self._driver is not None:  # (a task that waits on the socket, for what this
+            # turn took or changed: its wait ends and it looks again, as _wake's waiters do)
             scope.cancel()
-            del self._wait_scopes[id(s)]
+            self._wait_scopes.pop(id(s), None)
         else:
             scope.deadline = min(s.next_deadline(), r.put_deadline())
         if busy:

@@ -414,6 +414,36 @@ async def test_a_burst_on_a_quiet_path_is_sent_call_by_call_and_what_follows_wai
         await c.aclose()
 
 
+@QUIET
+async def test_no_call_makes_a_turn_of_its_own_with_idle_gap_inf(node):
+    c = await _idle_client(node, idle_gap=math.inf)
+    try:
+        for i in range(6):
+            await c.publish("t.never", str(i), mode="fire")
+            assert c.session.pub.fire_unsent == i + 1  # (queued for the loop's turn)
+        assert _queued_frames(node.sock) == []
+        assert await c.flush(5)
+    finally:
+        await c.aclose()
+
+
+@QUIET
+async def test_a_burst_ends_when_its_last_turn_is_idle_gap_old_on_a_busy_path(node):
+    """A burst goes on only while each call comes within idle_gap of its last turn: other
+    traffic that keeps the path busy does not keep a burst going."""
+    c = await _idle_client(node, idle_gap=0.05, idle_burst=4)
+    try:
+        c._busy_at = -math.inf
+        await c.publish("t.spent", b"0", mode="fire")
+        assert c.session.pub.fire_unsent == 0 and _queued_frames(node.sock) == [T.PUBRUN]  # (the burst's first)
+        c._burst_at -= 1.0  # (its last turn a second ago, ...)
+        c._busy_at = trio.current_time()  # (... and the path busy since: a datagram just came)
+        await c.publish("t.spent", b"1", mode="fire")
+        assert c.session.pub.fire_unsent == 1 and _queued_frames(node.sock) == []  # (for the loop)
+    finally:
+        await c.aclose()
+
+
 def _turns_by_task(c: Client) -> list[str]:
     """The names of the tasks that make ``c``'s turns which receive datagrams, from now on."""
     names: list[str] = []
@@ -521,33 +551,39 @@ async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node, mo
 
 @QUIET
 async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_bye(node, monkeypatch):
-    """The application takes a driven reliable message and leaves the client at once on an
-    exception (no flush, no await between): the ACK its turn held goes out before the BYE."""
-    order: list[T] = []
+    """The application takes a driven reliable message and leaves the client at once (no
+    await between: the loop's task, which would send the held ACK at its turn, gets none):
+    the BYE goes with the ACK in front of it."""
+    sent: list[T] = []
 
     def noted(sock, datagrams):
-        order.extend(decoding.decode_untrusted_frame(d)[0] for _, d in datagrams)
+        if sock is c._socks[id(c.session)]:  # (the subscriber's, not the publisher's)
+            sent.extend(decoding.decode_untrusted_frame(d)[0] for _, d in datagrams)
         return send_now(sock, datagrams)
 
+    c = await _idle_client(node, idle_gap=1e-9)
     p = await _idle_client(node)
     try:
+        sub = c.subscribe("t.bye", mode="reliable")
+        await sub.start()
+        got, _ = await _driving(c, sub)
+        at_bye: list[list[T]] = []
+
+        async def waiter() -> None:
+            got.append(await sub.next(timeout=10))
+            c._goodbye()  # (what leaving the client does first, with no await before it)
+            at_bye.append(list(sent))
+
         async with trio.open_nursery() as nursery:
-            c = await _idle_client(node, idle_gap=1e-9)
-            sub = c.subscribe("t.bye", mode="reliable")
-            await sub.start()
-            got, waiter = await _driving(c, sub)
             nursery.start_soon(waiter, name="waiter")
             await trio.testing.wait_all_tasks_blocked()
             assert c._driver == id(c.session)
             monkeypatch.setattr("roost.client.clientbase.send_now", noted)
             await p.publish("t.bye", b"last")
-            while not got:
-                await trio.lowlevel.checkpoint()
-            await c.__aexit__(RuntimeError, RuntimeError("the application failed"), None)
-        assert [m.payload for m in got] == [b"last"]
-        assert order[-2:] == [T.ACK, T.BYE] and order.count(T.ACK) == 1
+        assert [m.payload for m in got] == [b"last"] and at_bye == [[T.ACK, T.BYE]]
     finally:
         await p.aclose()
+        await c.aclose()
 
 
 @QUIET
@@ -565,11 +601,18 @@ async def test_a_condition_that_fails_inside_a_driven_turn_is_the_callers_error(
                     raise LookupError("the caller's own")
                 return False
 
+            driven: list[bool] = []
+
+            async def publish() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                driven.append(c._driver == id(c.session))
+                await p.publish("t.cond", b"x")
+
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(p.publish, "t.cond", b"x", None, None)
+                nursery.start_soon(publish)
                 with pytest.raises(LookupError, match="the caller's own"), trio.fail_after(5):
                     await c._until(cond)
-            assert not c._closed and c._error is None and c._driver is None
+            assert driven == [True] and not c._closed and c._error is None and c._driver is None
             assert (await sub.next(timeout=1)).payload == b"x"
     finally:
         await p.aclose()
@@ -603,8 +646,9 @@ async def test_a_driving_wait_that_times_out_gives_the_socket_back(node):
 @QUIET
 async def test_a_publish_while_a_task_drives_the_socket_is_sent_at_once(node):
     """A publish on a quiet path makes its turn in the publishing task while another task
-    drives the socket (the driver's deadline moved, its wait left alone when nothing came);
-    the driver then gets its message back from the node in a turn of its own."""
+    drives the socket; the turn changed something (it sent), so the driver's wait ends and it
+    looks again, as the client's other waiters do; it gets its message back from the node in
+    a turn of its own."""
     c = await _idle_client(node, idle_gap=1e-9)
     try:
         async with c.subscribe("t.self", mode="fire") as sub:
@@ -617,7 +661,7 @@ async def test_a_publish_while_a_task_drives_the_socket_is_sent_at_once(node):
                 c._busy_at = -math.inf
                 await c.publish("t.self", b"mine", mode="fire")
                 assert c.session.pub.fire_unsent == 0  # (sent before publish returned)
-                assert id(c.session) in c._wait_scopes  # (nothing came: the driver waits on)
+                assert id(c.session) not in c._wait_scopes  # (the driver's wait ended: it looks again)
             assert [m.payload for m in got] == [b"mine"] and turns[0] == "waiter"
     finally:
         await c.aclose()
