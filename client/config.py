@@ -46,10 +46,11 @@ class ClientConfig:
     idle_gap: float = 0.0002
     # A burst on a quiet path (the trio Client): this many calls that queue something (and as
     # many reliable publishes in flight), the first on the quiet path and each next within
-    # idle_gap of the one before, each make the loop's turn themselves; only what follows waits for the
-    # loop and shares its datagrams. A paced publisher wakes late from its sleep (the event
-    # loop's timers have 1 ms steps) and publishes what is due at once, 2-3 messages at
-    # 2,000/s: W3 p50 ~300 -> ~150-210 us (docs/performance.md). 1: the first call alone
+    # idle_gap of the one before, each make the loop's turn themselves; only what follows
+    # waits for the loop and shares its datagrams. A paced publisher wakes late from its sleep
+    # (the event loop's timers have 1 ms steps) and publishes what is due at once, 2-3
+    # messages at 2,000/s: W3 p50 ~300 -> ~150-210 us (docs/performance.md). 1: the first
+    # call alone
     idle_burst: int = 4
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
 

@@ -113,6 +113,7 @@ class Client(ClientAPI):
                 return cond()
             except Exception:
                 return False
+
         self._driver = key
         scope = self._wait_scopes.pop(key, None)
         if scope is not None:
