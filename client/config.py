@@ -38,11 +38,12 @@ class ClientConfig:
     # (s), its I/O loop waiting (and at most idle_burst reliable publishes in flight), an API
     # call that queued something (a publish, subscribe...) makes the loop's turn itself: sent
     # before the call returns (with the shells' CPU yields, W3 p50 ~50 us sooner:
-    # docs/performance.md). Within it the loop sends it with whatever follows. And a wait that
-    # lasted this long makes the path sparse: the next wait (next(), flush(), a request) drives
-    # the socket in its own task, so what it waits for needs no hand-off from the loop's task
-    # (W3 p50 ~25-40 us sooner). 0: always when the loop waits, and every wait drives (a busy
-    # subscriber then pays a parked loop per wait); inf: never
+    # docs/performance.md). After the burst (idle_burst), within it, the loop sends it with
+    # whatever follows. And a wait that lasted this long makes the path sparse: the next wait
+    # (next(), flush(), a request) drives the socket in its own task, so what it waits for
+    # needs no hand-off from the loop's task (W3 p50 ~25-40 us sooner). 0: always when the
+    # loop waits, and every wait drives (a busy subscriber then pays a parked loop per wait);
+    # inf: never
     idle_gap: float = 0.0002
     # A burst on a quiet path (the trio Client): this many calls that queue something (and as
     # many reliable publishes in flight), the first on the quiet path and each next within
