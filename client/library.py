@@ -87,10 +87,12 @@ class Client(ClientAPI):
         if self._closed or self._driver is not None or len(r.sessions) != 1:
             return None
         s = r.sessions[0]
+        return s if self._socket_fits(s) else None
+
+    def _socket_fits(self, s: ClientSession) -> bool:
+        """``s`` has its socket, of its node's family (else its loop's next turn opens a new one)."""
         sock = self._socks.get(id(s))
-        if sock is None or sock.family != addresses.family(s.node):
-            return None
-        return s
+        return sock is not None and sock.family == addresses.family(s.node)
 
     async def _until_driving(self, cond: Callable[[], bool], deadline: float, s: ClientSession) -> bool:
         """``_until`` on a sparse path: the waiting task makes the I/O loop's turns itself while
@@ -132,7 +134,7 @@ class Client(ClientAPI):
                         self._wake()
                     if cond():
                         return True
-                    if len(r.sessions) != 1 or self._socks[key].family != addresses.family(s.node):
+                    if len(r.sessions) != 1 or not self._socket_fits(s):
                         break  # (a map opened sessions, or a new socket is due: the loop's work)
                     if came:
                         await trio.lowlevel.checkpoint()
@@ -174,7 +176,7 @@ class Client(ClientAPI):
             return False  # (closed or closing: no turn after BYE, none on a closed socket)
         s = r.sessions[0]
         scope = self._wait_scopes.get(id(s))
-        if scope is None or self._socks[id(s)].family != addresses.family(s.node):
+        if scope is None or not self._socket_fits(s):
             return False  # (not waiting, or a new socket is due: the loop's own turn opens it)
         now = trio.current_time()
         if now - self._busy_at >= self.config.idle_gap:
