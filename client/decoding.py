@@ -23,6 +23,7 @@ from roost.client.wire import (
     ID_LEN,
     MAX_MEMBERS,
     RUN_PAYLOAD_MAX,
+    SEQ_LIMIT,
     VERSION,
     E,
     T,
@@ -33,6 +34,7 @@ from roost.client.wire import (
     _list,
     _node_id,
     _port,
+    _seq,
     _str,
     _uint,
     _valid_topics,
@@ -76,7 +78,7 @@ def _pub(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES; mypyc ch
     return (
         T.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), first,
-        _uint(floor, "floor"), rel, _checked(msgs, False),
+        _seq(floor, "floor"), rel, _checked(msgs, False),
     )  # fmt: skip
 
 
@@ -84,8 +86,8 @@ def _pub(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES; mypyc ch
 def _msgs(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES)
     _, _, stream, first, msgs = f
     msgs = _array(msgs, "messages")
-    if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, not its messages)
-        _last_seq(_uint(first, "first_seq"), msgs)
+    if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, as MSGSRUN's number does)
+        _last_seq(_seq(first, "first_seq"), msgs)
     return T.MSGS, stream, _uint(first, "first_seq"), _checked(msgs, True)
 
 
@@ -94,7 +96,7 @@ def _pubrun(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, pid, first, topic, payloads = f
     return (
         T.PUBRUN, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _bytes(pid, ID_LEN, "producer id"), _uint(first, "first_seq"), check_topic(topic),
+        _bytes(pid, ID_LEN, "producer id"), _seq(first, "first_seq"), check_topic(topic),
         _payloads(_batch("PUBRUN", first, payloads)),
     )  # fmt: skip
 
@@ -141,7 +143,7 @@ def _checked(msgs: Sequence[Any], delivered: bool) -> list[tuple[Any, ...]]:
                 t, k, g, p, i, s = m
                 if (k is None and g is None and t.__class__ is str and t in topics and p.__class__ is bytes
                         and i.__class__ is bytes and len(i) == ID_LEN and s.__class__ is int
-                        and 0 <= s < 1 << 64):  # fmt: skip
+                        and 0 <= s < SEQ_LIMIT):  # fmt: skip
                     if out is not None:
                         out.append((t, None, None, p, i, s))
                     continue
@@ -153,11 +155,11 @@ def _checked(msgs: Sequence[Any], delivered: bool) -> list[tuple[Any, ...]]:
 
 def _batch(frame: str, first: Any, msgs: Any) -> Sequence[Any]:
     """A PUB's or a PUT's messages: an array (a tuple in a PUB: ``_AS_TUPLES``) of at least one,
-    their sequences from ``first`` on within a uint64 (each message is checked by the caller)."""
+    their sequences from ``first`` on below 2**63 (each message is checked by the caller)."""
     checked: Sequence[Any] = _array(msgs, "messages")
     if not checked:
         raise WireError(E.MALFORMED, f"{frame} carries at least one message")
-    _last_seq(_uint(first, "first_seq"), checked)
+    _last_seq(_seq(first, "first_seq"), checked)
     return checked
 
 
@@ -170,10 +172,10 @@ def _array(v: Any, what: str) -> Any:
 
 def _last_seq(first: int, msgs: Sequence[Any]) -> None:
     """The messages of a PUB, a PUT or a reliable MSGS take the sequences ``first`` on: the last
-    must be a uint64 too (one past it would overflow every frame that carries or acknowledges
-    it, and the process packing it)."""
-    if first + len(msgs) - 1 >= 1 << 64:
-        raise WireError(E.MALFORMED, "first_seq + messages - 1 must be below 2**64")
+    be below 2**63 too (``wire.SEQ_LIMIT``: one past it would overflow every frame that carries
+    or acknowledges it, and the counters of the node that takes it)."""
+    if first + len(msgs) - 1 >= SEQ_LIMIT:
+        raise WireError(E.MALFORMED, "first_seq + messages - 1 must be below 2**63")
 
 
 @_frame(T.ACK, 5)
@@ -183,13 +185,13 @@ def _ack(f: list[Any]) -> tuple[Any, ...]:
     for r in _list(sack, "sack")[:64]:
         if r.__class__ is not list or len(r) != 2:
             raise WireError(E.MALFORMED, "a sack range is [lo, hi]")
-        lo, hi = _uint(r[0], "sack lo"), _uint(r[1], "sack hi")
+        lo, hi = _seq(r[0], "sack lo"), _seq(r[1], "sack hi")
         if lo > hi:
             raise WireError(E.MALFORMED, "sack range with lo > hi")
         ranges.append((lo, hi))
     return (
         T.ACK, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _uint(stream, "stream"), _uint(max_seq, "max_seq"), ranges,
+        _uint(stream, "stream"), _seq(max_seq, "max_seq"), ranges,
     )  # fmt: skip
 
 
@@ -236,7 +238,7 @@ def _cmds(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, session, batch, cmds = f
     return (
         T.CMDS, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
-        _uint(session, "session"), _uint(batch, "batch id"), [_cmd(c) for c in _list(cmds, "commands")],
+        _seq(session, "session"), _seq(batch, "batch id"), [_cmd(c) for c in _list(cmds, "commands")],
     )  # fmt: skip
 
 
@@ -246,13 +248,13 @@ def _cmdack(f: list[Any]) -> tuple[Any, ...]:
     res = _list(results, "results")
     if any(r.__class__ is not int for r in res):
         raise WireError(E.MALFORMED, "results must be integers")
-    return T.CMDACK, _uint(session, "session"), _uint(batch, "batch id"), res
+    return T.CMDACK, _seq(session, "session"), _seq(batch, "batch id"), res
 
 
 @_frame(T.PUBACK, 2)
 def _puback(f: list[Any]) -> tuple[Any, ...]:
     _, _, pid, acked = f
-    return T.PUBACK, _bytes(pid, ID_LEN, "producer id"), _uint(acked, "acked seq")
+    return T.PUBACK, _bytes(pid, ID_LEN, "producer id"), _seq(acked, "acked seq")
 
 
 @_frame(T.PING, 5)
@@ -260,7 +262,7 @@ def _ping(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, token, digest, session = f
     return (
         T.PING, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(token, "token"),
-        _uint(digest, "digest"), _uint(session, "session"),
+        _uint(digest, "digest"), _seq(session, "session"),
     )  # fmt: skip
 
 
@@ -298,7 +300,7 @@ def _map(f: list[Any]) -> tuple[Any, ...]:
 @_frame(T.BYE, 3)
 def _bye(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, session = f
-    return T.BYE, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(session, "session")
+    return T.BYE, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _seq(session, "session")
 
 
 @_frame(T.ERROR, 2)

@@ -20,6 +20,7 @@ from roost.client.wire import (
     _bytes,
     _header,
     _list,
+    _seq,
     _str,
     _uint,
     array_header,
@@ -88,7 +89,7 @@ def _put(f: list[Any]) -> tuple[Any, ...]:
     return (
         T.PUT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), first,
-        _uint(floor, "floor"), [check_message(m) for m in msgs],
+        _seq(floor, "floor"), [check_message(m) for m in msgs],
     )  # fmt: skip
 
 
@@ -97,7 +98,7 @@ def _putack(f: list[Any]) -> tuple[Any, ...]:
     _, _, pid, partition, acked, status = f
     if status not in (PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP):
         raise WireError(E.MALFORMED, "unknown PUTACK status")
-    return T.PUTACK, _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _uint(acked, "acked"), status
+    return T.PUTACK, _bytes(pid, ID_LEN, "producer id"), _uint(partition, "partition"), _seq(acked, "acked"), status
 
 
 @_frame(T.GET, 10)
@@ -108,8 +109,8 @@ def _get(f: list[Any]) -> tuple[Any, ...]:
     return (
         T.GET, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(did, ID_LEN, "durable id"), _str(name, "durable name", 64), check_topic(topic),
-        _uint(partition, "partition"), start, _uint(start_at, "start offset or time"),
-        max(1, min(_uint(most, "max records"), 10_000)), _uint(read_from, "read from"),
+        _uint(partition, "partition"), start, _seq(start_at, "start offset or time"),
+        max(1, min(_uint(most, "max records"), 10_000)), _seq(read_from, "read from"),
     )  # fmt: skip
 
 
@@ -120,10 +121,10 @@ def _records(f: list[Any]) -> tuple[Any, ...]:
     for r in _list(recs, "records"):
         if r.__class__ is not list or len(r) != 6:
             raise WireError(E.MALFORMED, "a record is [offset, time ms, topic, key, tags, payload]")
-        out.append((_uint(r[0], "offset"), _uint(r[1], "time"), *check_message(r[2:])))
-    return (T.RECORDS, _str(name, "durable name", 64), _uint(partition, "partition"), _uint(cursor, "cursor"),
-            _uint(scanned, "scanned"), _uint(status, "status"), out, _uint(first, "first"),
-            _uint(end, "end"))  # fmt: skip
+        out.append((_seq(r[0], "offset"), _seq(r[1], "time"), *check_message(r[2:])))
+    return (T.RECORDS, _str(name, "durable name", 64), _uint(partition, "partition"), _seq(cursor, "cursor"),
+            _seq(scanned, "scanned"), _uint(status, "status"), out, _seq(first, "first"),
+            _seq(end, "end"))  # fmt: skip
 
 
 @_frame(T.COMMIT, 7)
@@ -134,12 +135,12 @@ def _commit(f: list[Any]) -> tuple[Any, ...]:
     return (
         T.COMMIT, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(did, ID_LEN, "durable id"), _str(name, "durable name", 64), check_topic(topic),
-        _uint(partition, "partition"), _uint(offset, "offset"),
+        _uint(partition, "partition"), _seq(offset, "offset"),
     )  # fmt: skip
 
 
 @_frame(T.COMMITTED, 4)
 def _committed(f: list[Any]) -> tuple[Any, ...]:
     _, _, name, partition, offset, status = f
-    return (T.COMMITTED, _str(name, "durable name", 64), _uint(partition, "partition"), _uint(offset, "offset"),
+    return (T.COMMITTED, _str(name, "durable name", 64), _uint(partition, "partition"), _seq(offset, "offset"),
             _uint(status, "status"))  # fmt: skip

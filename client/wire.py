@@ -446,7 +446,34 @@ def encode_status(client_id: bytes, cookie: bytes) -> bytes:
 
 
 def encode_status_reply(status: dict[str, Any]) -> bytes:
-    return pack([VERSION, T.STATUS_REPLY, status])
+    """Never raises: a value msgpack cannot carry (an int out of its range, a type it does not
+    know) is replaced by a string saying so, and the reply lists where under ``unencodable``,
+    because an operator's STATUS must not be what ends a node."""
+    try:
+        return pack([VERSION, T.STATUS_REPLY, status])
+    except (OverflowError, TypeError, ValueError):
+        where: list[str] = []
+        clean = _encodable(status, "", where)
+        clean["unencodable"] = where[:32]
+        return pack([VERSION, T.STATUS_REPLY, clean])
+
+
+def _encodable(v: Any, path: str, where: list[str]) -> Any:
+    """``v`` with what msgpack cannot pack replaced by a string that says what it was (``where``
+    collects the paths)."""
+    if v is None or v.__class__ in (bool, float, str, bytes):
+        return v
+    if v.__class__ is int:
+        if -(1 << 63) <= v < 1 << 64:
+            return v
+        where.append(path)
+        return f"unencodable: an integer of {v.bit_length()} bits"
+    if isinstance(v, dict):
+        return {k if k.__class__ is str else str(k): _encodable(x, f"{path}.{k}", where) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_encodable(x, f"{path}[{i}]", where) for i, x in enumerate(v)]
+    where.append(path)
+    return f"unencodable: a {type(v).__name__}"
 
 
 # ---------------------------------------------------------------- validation
@@ -514,7 +541,7 @@ def check_message(m: Any) -> tuple[Any, ...]:
         raise WireError(E.MALFORMED, "a message is [topic, key, tags, payload(, producer, seq)]")
     if len(m) == 6:
         _bytes(m[4], ID_LEN, "producer id")
-        _uint(m[5], "producer seq")
+        _seq(m[5], "producer seq")
     topic, key, tags, payload = m[0], m[1], m[2], m[3]
     check_topic(topic)
     if key is not None:
@@ -550,6 +577,19 @@ def _bytes(v: Any, n: int, what: str) -> bytes:
 def _uint(v: Any, what: str) -> int:
     if v.__class__ is not int or v < 0 or v >= 2**64:
         raise WireError(E.MALFORMED, f"{what} must be an unsigned 64-bit integer")
+    return v  # type: ignore[no-any-return]
+
+
+#: Every sequence on the wire (a producer's, a stream's, a durable offset) is below this: a
+#: node adds to them and keeps counters of their differences, which must stay in msgpack's
+#: signed range (a STATUS reply carries those counters) whatever a sender claims.
+SEQ_LIMIT = 1 << 63
+
+
+def _seq(v: Any, what: str) -> int:
+    """A sequence number, offset or counter from the wire: an int in 0 .. 2**63 - 1."""
+    if v.__class__ is not int or v < 0 or v >= SEQ_LIMIT:
+        raise WireError(E.MALFORMED, f"{what} must be an integer in 0..2**63-1")
     return v  # type: ignore[no-any-return]
 
 

@@ -49,7 +49,7 @@ import math
 import random
 from typing import Any
 
-from roost.client.wire import encode_status_reply
+from roost.client.wire import SEQ_LIMIT, encode_status_reply
 from roost.cluster.config import ClusterConfig
 from roost.cluster.dumps import DumpStreams
 from roost.cluster.durable import Durable
@@ -491,10 +491,9 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._on_logfetch(link, f)
         elif kind == P.HEARTBEAT and n == 7:
             state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
-            if state not in ("syncing", "ready") or subs.__class__ is not int or clients.__class__ is not int \
-                    or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
-                    or synced.__class__ is not int or not 0 <= synced < 2**64 \
-                    or committed.__class__ is not int or not 0 <= committed < 2**64:  # fmt: skip
+            if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
+                    or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT
+                           for v in (subs, clients, synced, committed)):  # fmt: skip
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
             self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)

@@ -179,6 +179,14 @@ def _u64(v: Any, what: str) -> int:
     return v  # type: ignore[no-any-return]
 
 
+def _seq(v: Any, what: str) -> int:
+    """A sequence, offset, epoch or time: below 2**63, as the client frames' (``wire.SEQ_LIMIT``),
+    so the counters and arithmetic a member does with them stay in msgpack's signed range."""
+    if v.__class__ is not int or not 0 <= v < wire.SEQ_LIMIT:
+        raise PeerProtocolError(f"{what} must be an integer in 0..2**63-1")
+    return v  # type: ignore[no-any-return]
+
+
 def check_entries(entries: Any) -> list[tuple[Any, ...]]:
     """Validate replication entries ``[who, cver, host, port, home, [[t, k, v]...], session]``.
 
@@ -215,7 +223,7 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
                 if s[1] is not None:
                     check_key(s[1])
                 _u64(s[2], "subscription version")
-            _u64(session, "session")
+            _seq(session, "session")
             out.append((who, cver, host, port, home, subs, session))
     except WireError as exc:
         raise PeerProtocolError(f"bad subscription: {exc.text}") from None
@@ -262,7 +270,7 @@ def check_forwarded(msgs: Any) -> list[list[Any]]:
                 if m[5] is not None:
                     raise PeerProtocolError("a fire message has no sequence")
             elif m[4].__class__ is not bytes or len(m[4]) != wire.ID_LEN or m[5].__class__ is not int \
-                    or not 0 < m[5] < 2**64:  # fmt: skip  (as the client's PUB allows)
+                    or not 0 < m[5] < wire.SEQ_LIMIT:  # fmt: skip  (as the client's PUB allows)
                 raise PeerProtocolError("a reliable message has a producer id and a sequence")
     except WireError as exc:
         raise PeerProtocolError(f"bad forwarded message: {exc.text}") from None
@@ -285,7 +293,7 @@ def check_logfetch(f: list[Any], partitions: int) -> tuple[int, int, int, int, b
     """Validate LOGFETCH ``[type, partition, epoch, end, last epoch, claim]``."""
     if len(f) != 6 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[5].__class__ is not bool:
         raise PeerProtocolError("malformed LOGFETCH")
-    return f[1], _u64(f[2], "an epoch"), _u64(f[3], "an offset"), _u64(f[4], "an epoch"), f[5]
+    return f[1], _seq(f[2], "an epoch"), _seq(f[3], "an offset"), _seq(f[4], "an epoch"), f[5]
 
 
 def check_logdata(f: list[Any], partitions: int) -> tuple[Any, ...]:
@@ -295,17 +303,17 @@ def check_logdata(f: list[Any], partitions: int) -> tuple[Any, ...]:
     cluster/partitionlog.py.)"""
     if len(f) != 12 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[10].__class__ is not list:
         raise PeerProtocolError("malformed LOGDATA")
-    _u64(f[11], "a LOGDATA field")
-    head = [_u64(v, "a LOGDATA field") for v in f[2:8]]
-    cuts = [v for v in f[8:10] if v.__class__ is not int or not -1 <= v < 2**64]
+    _seq(f[11], "a LOGDATA field")
+    head = [_seq(v, "a LOGDATA field") for v in f[2:8]]
+    cuts = [v for v in f[8:10] if v.__class__ is not int or not -1 <= v < wire.SEQ_LIMIT]
     if cuts:
         raise PeerProtocolError("LOGDATA truncate and reset are offsets or -1")
     expect = None
     for r in f[10]:
         if r.__class__ is not list or len(r) != 3 or r[2].__class__ is not bytes:
             raise PeerProtocolError("a LOGDATA record is [offset, time ms, body]")
-        o = _u64(r[0], "an offset")
-        _u64(r[1], "a record time")
+        o = _seq(r[0], "an offset")
+        _seq(r[1], "a record time")
         if expect is not None and o != expect:
             raise PeerProtocolError("LOGDATA records must have consecutive offsets")
         expect = o + 1

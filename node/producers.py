@@ -81,7 +81,9 @@ class Producers(Delivery):
             self.metrics["pub_out_of_order"] += 1
             skip = len(msgs)
         else:
-            skip = acked + 1 - first if acked >= first else 0
+            # (at most the batch: a producer that went back below its own floor resends what
+            # was acknowledged, and the counters below add what this batch holds, no more)
+            skip = min(acked + 1 - first, len(msgs)) if acked >= first else 0
             if last > acked:
                 acked = last
         st[0] = acked

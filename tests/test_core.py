@@ -506,14 +506,14 @@ def _trigger(core, code):
 
 
 @pytest.mark.parametrize("reliable", [True, False], ids=["reliable", "fire"])
-def test_a_pub_whose_last_sequence_passes_2_64_is_refused_and_the_node_goes_on(reliable):
+def test_a_pub_whose_last_sequence_passes_2_63_is_refused_and_the_node_goes_on(reliable):
     """Review finding: sequences up to 2**64 - 1 each passed, but a PUB's last one (first +
     messages - 1) past it made the node raise OverflowError packing a delivery or a PUBACK,
-    which no handler caught."""
+    which no handler caught. Sequences now stay below 2**63 (wire.SEQ_LIMIT)."""
     core = make_core()
     sub, pub = connect(core, A, B)
     sub.sub("t")
-    top = (1 << 64) - 1
+    top = wire.SEQ_LIMIT - 1
     packed = [wire.pack_message("t", None, None, b"x")] * 2
     before = core.state_digest()
     out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, top, top, reliable, packed), 0.0)
@@ -566,7 +566,7 @@ def test_a_batch_id_with_high_bits_set_is_just_a_later_batch_of_the_same_session
     (ack,) = frames_to(fc.send(fc.cmds_frame(big, [(1, "b", None, 0)]), 0.1), A)
     assert ack[1:] == (fc.session, big, [E.OK])
     assert core.clients[fc.cid].modes() == {("a", None): Mode.RELIABLE, ("b", None): Mode.FIRE}
-    (ack,) = frames_to(fc.send(fc.cmds_frame(2**64 - 1, [(1, "c", None, 0)]), 0.2), A)
+    (ack,) = frames_to(fc.send(fc.cmds_frame(2**63 - 1, [(1, "c", None, 0)]), 0.2), A)
     assert ack[3] == [E.OK] and len(core.clients[fc.cid].modes()) == 3
 
 

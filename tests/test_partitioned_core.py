@@ -107,7 +107,7 @@ def test_peer_queue_numbers_entries_and_acknowledges_through_the_last_push():
     [["bad topic\n", None, None, b"p", None, None]],
     [["t", None, None, "str", None, None]], [["t", None, None, b"p", None, 5]],
     [["t", None, None, b"p", b"short", 1]], [["t", None, None, b"p", PID, 0]],
-    [["t", None, {"k": 1}, b"p", PID, 1]], [["t", None, None, b"p", PID, 2**64]],
+    [["t", None, {"k": 1}, b"p", PID, 1]], [["t", None, None, b"p", PID, 2**63]],
 ])  # fmt: skip
 def test_malformed_forwarded_messages_are_refused(msgs):
     with pytest.raises(PeerProtocolError):
@@ -116,7 +116,7 @@ def test_malformed_forwarded_messages_are_refused(msgs):
 
 def test_well_formed_forwards_relays_and_partitions_pass():
     ok = [["t", "k", {"a": "b"}, b"p", PID, 7], ["t", None, None, b"", None, None],
-          ["t", None, None, b"", PID, 2**64 - 1]]  # (every sequence a PUB may carry: review finding)
+          ["t", None, None, b"", PID, 2**63 - 1]]  # (every sequence a PUB may carry: review finding)
     assert check_forwarded(ok) == ok
     assert check_relay([["127.0.0.1", 9, b"MSG t\nx"]]) == [(("127.0.0.1", 9), b"MSG t\nx")]
     assert check_partitions([0, 3], 4) == {0, 3}

@@ -26,8 +26,8 @@ EVERY_FRAME = {
         (T.WELCOME, "n1", COOKIE, {"max_datagram": 1500}, [("n1", "127.0.0.1", 7400)], None),
     ),
     T.CMDS: (
-        wire.encode_cmds(CID, COOKIE, 2**64 - 1, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
-        (T.CMDS, CID, COOKIE, 2**64 - 1, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
+        wire.encode_cmds(CID, COOKIE, 2**63 - 1, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
+        (T.CMDS, CID, COOKIE, 2**63 - 1, 7, [(1, "t", None, 1), (0, "t", "k", 0)]),
     ),
     T.CMDACK: (wire.encode_cmdack(3, 7, [0, 10, 14]), (T.CMDACK, 3, 7, [0, 10, 14])),
     T.PUB: (
@@ -60,7 +60,7 @@ EVERY_FRAME = {
     T.COMMIT: (durablewire.encode_commit(CID, COOKIE, PID, "w", "t", 3, 15),
                (T.COMMIT, CID, COOKIE, PID, "w", "t", 3, 15)),
     T.COMMITTED: (durablewire.encode_committed("w", 3, 15, 0), (T.COMMITTED, "w", 3, 15, 0)),
-    T.BYE: (wire.encode_bye(CID, COOKIE, 2**64 - 1), (T.BYE, CID, COOKIE, 2**64 - 1)),
+    T.BYE: (wire.encode_bye(CID, COOKIE, 2**63 - 1), (T.BYE, CID, COOKIE, 2**63 - 1)),
     T.PUBRUN: (wire.encode_pubrun(CID, COOKIE, PID, 5, "t", [b"a", b"", b"\xff" * 255]),
                (T.PUBRUN, CID, COOKIE, PID, 5, "t", [b"a", b"", b"\xff" * 255])),
     T.MSGSRUN: (wire.msgsrun_header(2**64 - 1) + wire.run_body("t", [b"a", b"b"])[1],
@@ -464,18 +464,19 @@ def test_the_checks_that_take_msgpacks_tuples_are_not_annotated_list():
             assert not str(param.annotation).startswith("list"), (fn.__name__, name, param.annotation)
 
 
-def test_sequences_past_2_64_are_refused_in_pub_put_and_reliable_msgs_only():
-    """The last sequence of a PUB, a PUT or a reliable MSGS (first + messages - 1) must be a
-    uint64: one past it crashed the process packing it (review findings). A fire MSGS's
-    first_seq numbers the datagram, so it is not checked that way."""
-    top, ids, m = (1 << 64) - 1, b"i" * 16, [wire.pack_message("t", None, None, b"x")]
+def test_sequences_past_2_63_are_refused_in_pub_put_and_reliable_msgs_only():
+    """The last sequence of a PUB, a PUT or a reliable MSGS (first + messages - 1) must be
+    below 2**63 (wire.SEQ_LIMIT): one past a uint64 crashed the process packing it, and a node's
+    counters of such differences must stay in msgpack's range. A fire MSGS's first_seq numbers
+    the datagram, so it is not checked that way."""
+    top, ids, m = wire.SEQ_LIMIT - 1, b"i" * 16, [wire.pack_message("t", None, None, b"x")]
     frames = {
         "PUB": lambda first, n: wire.encode_pub(ids, ids, ids, first, 1, True, m * n),
         "PUT": lambda first, n: durablewire.encode_put(ids, ids, ids, 0, first, 1, m * n),
         "MSGS": lambda first, n: wire.encode_msgs(7, first, m * n),
     }
     for name, frame in frames.items():
-        assert decoding.decode_untrusted_frame(frame(top - 1, 2))[0].name == name  # (up to 2**64 - 1)
+        assert decoding.decode_untrusted_frame(frame(top - 1, 2))[0].name == name  # (up to 2**63 - 1)
         with pytest.raises(WireError, match="below 2"):
             decoding.decode_untrusted_frame(frame(top, 2))
     assert decoding.decode_untrusted_frame(wire.encode_msgs(0, top, m * 2))[3] == [("t", None, None, b"x")] * 2
