@@ -492,8 +492,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif kind == P.HEARTBEAT and n == 7:
             state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
             if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
-                    or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT
-                           for v in (subs, clients, synced, committed)):  # fmt: skip
+                    or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT for v in (subs, clients)) \
+                    or any(v.__class__ is not int or not 0 <= v < 2**64 for v in (synced, committed)):  # fmt: skip
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
             self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)

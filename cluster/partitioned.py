@@ -328,6 +328,7 @@ class Partitioned(MemberParts):
         for addr, data in check_relay(sends):
             c = clients.get(addr)
             if c is not None and c.local:
-                self._out.append(Send(addr, data))
+                if self.broker.text_budget(c, len(data)):
+                    self._out.append(Send(addr, data))
             else:
                 self.broker.metrics["relay_refused"] += 1

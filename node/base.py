@@ -83,8 +83,8 @@ class CoreBase:
         self.metrics[f"error_{exc.code.name.lower()}"] += 1
         trusted = self._text_allowed(addr[0])
         if is_text:
-            if trusted:
-                self._send(addr, encode_text_error(exc.code, exc.text)[: self._max])
+            if trusted:  # (within 3x of the datagram too: a text source address may be forged)
+                self._send(addr, encode_text_error(exc.code, exc.text)[: min(self._max, AMPLIFICATION * req_len)])
             else:
                 self.metrics["dropped_forbidden"] += 1
             return

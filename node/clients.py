@@ -38,7 +38,7 @@ class ClientState:
     __slots__ = (
         "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "heard", "mailbox", "parked", "fire",
         "fire_whole", "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
-        "redirected", "since",
+        "redirected", "since", "credit",
     )  # fmt: skip
 
     def __init__(self, cid: Any, addr: Addr, home: str, now: float) -> None:
@@ -51,6 +51,9 @@ class ClientState:
         self.live = 0  # subscriptions present (not tombstones)
         self.last_seen = now
         self.since = now  # when this node made the record (/connz shows the age)
+        # A text client's anti-reflection budget: the bytes this node may still send it,
+        # ``text_amplification`` times what it sent (node/textproto.py).
+        self.credit = 0.0
         self.heard = -math.inf  # when the client itself last sent this node a datagram
         self.mailbox: Mailbox | None = None
         # The mailbox of subscriptions another member timed out, with the time (Unix ms) of

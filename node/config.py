@@ -161,6 +161,12 @@ SETTINGS: list[Setting] = [
             "subscriptions with over_capacity (ADR 033), rather than fail the ones it has later."),
     number("limits", "max_text_subscribers", 100000, int, 0, 100_000_000,
             "Text-protocol subscriptions (address, topic) a node keeps."),
+    Setting("limits", "text_amplification", 3.0, float, "0 (off) or a number from 1 to 100",
+            lambda v: v == 0 or 1 <= v <= 100,
+            "A text subscriber is sent at most this many times the bytes it sent the node (its SUBs, "
+            "renewals, any datagram; a SUB's body is ignored and may pad it): a text source address "
+            "is never validated, so a forged SUB must not make the node a reflector. 0 lifts the "
+            "bound, for text_networks where no one can forge a source address."),
     number("limits", "max_producers", 100000, int, 1, 100_000_000,
             "Producers whose sequence numbers are remembered for dedup."),
     number("limits", "max_per_host", 10000, int, 1, 100_000_000,
@@ -172,10 +178,11 @@ SETTINGS: list[Setting] = [
     number("timeouts", "retransmit_timeout", 0.2, float, 0.001, 60,
             "First retransmission of unacknowledged reliable messages."),
     number("timeouts", "retransmit_max", 2.0, float, 0.001, 600, "Cap of the exponential retransmission back-off."),
-    Setting("timeouts", "text_sub_lease", 0.0, float,
+    Setting("timeouts", "text_sub_lease", 120.0, float,
             "0 (off) or a number of seconds up to 86400", _num(0, 86400),
-            "Text subscriptions expire this long after their last SUB unless renewed. "
-            "Off by default: the FASTPUSS clients subscribe once."),
+            "Text subscriptions expire this long after their last SUB unless a SUB renews them: "
+            "a forged SUB (a text source address is never validated) does not last. 0 keeps them "
+            "until UNSUB."),
     number("timeouts", "producer_timeout", 300.0, float, 1, 604800,
             "How long a silent producer's dedup state is kept."),
     number("timeouts", "cookie_lifetime", 600.0, float, 1, 86400,
@@ -221,6 +228,7 @@ class NodeConfig:
     retransmit_timeout: float
     retransmit_max: float
     text_sub_lease: float
+    text_amplification: float
     producer_timeout: float
     cookie_lifetime: float
     ping_interval: float

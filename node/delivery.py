@@ -227,13 +227,27 @@ class Delivery(Registers):
                     self._overflow(c)
 
     def _to_text(self, who: Addr, text_msg: bytes) -> None:
-        """A message to a text client (its MSG line)."""
-        home = self.clients[who].home if self.own is not None else self.node_id
-        if home == self.node_id:
-            self._out.append(Send(who, text_msg))
-        else:  # (a text client hears only the member it sent its SUB to)
-            self._relays.setdefault(home, []).append([who[0], who[1], text_msg])
+        """A message to a text client (its MSG line), sent by the member it sent its SUB to:
+        a text client hears only that one (`nc -u` connects its socket), and that member
+        holds its anti-reflection budget (``text_budget``)."""
+        c = self.clients[who]
+        if c.home == self.node_id:
+            if self.text_budget(c, len(text_msg)):
+                self._out.append(Send(who, text_msg))
+        else:
+            self._relays.setdefault(c.home, []).append([who[0], who[1], text_msg])
         self.metrics["delivered"] += 1
+
+    def text_budget(self, c: ClientState, n: int) -> bool:
+        """May ``n`` more bytes go to text client ``c``? Spends them from its credit (a text
+        source address is never validated: node/textproto.py), or counts a drop."""
+        if not self.cfg.text_amplification:
+            return True
+        if c.credit < n:
+            self.metrics["dropped_text_budget"] += 1
+            return False
+        c.credit -= n
+        return True
 
     def _filtered(
         self, topic: str, key: str | None, tags: dict[str, str] | None, subs: dict[Any, int] | None

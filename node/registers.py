@@ -108,6 +108,10 @@ class Registers(CoreBase):
         self._mark_changed(c, None)
         return c
 
+    def _text_merged(self, addr: Addr, topic: str, now: float) -> None:
+        """A text subscription of ours came back by merge (a snapshot, a PULL): its lease
+        (node/textproto.py) starts again."""
+
     def _forget_client(self, c: ClientState) -> None:
         """Free the record, and its admission count."""
         self.clients.pop(c.cid, None)
@@ -331,6 +335,8 @@ class Registers(CoreBase):
                 if v > old and (v & versions.PRESENT or v >= expired or old):
                     observe(v)
                     self._set(c, tk, v)
+                    if c.local and v & versions.PRESENT and who.__class__ is not bytes:
+                        self._text_merged(who, topic, now)
                     if c.local and not v & versions.PRESENT:
                         reason = (v >> 2) & 3
                         if reason == REASON_OUT_OF_CAPACITY:

@@ -8,10 +8,20 @@ clients share topics and a cluster replicates both. A text PUB is published
 with no key and no tags; text subscribers get ``MSG <topic>\\n<body>``
 (node/delivery.py).
 
-Text subscriptions have no liveness of their own; with ``text_sub_lease``
-set, each ends that long after its last ``SUB``. ``text_leases`` holds the
-expiry per (address, topic); one timer per lease re-arms itself when a
-renewal moved the expiry.
+Text subscriptions have no liveness of their own, and their source address is never
+validated (anyone on a trusted network can forge it), so two rules keep a forged SUB from
+turning the node into a reflector:
+
+- each subscription ends ``text_sub_lease`` after its last ``SUB`` (by default; 0 keeps it
+  until UNSUB). ``text_leases`` holds the expiry per (address, topic); one timer per lease
+  re-arms itself when a renewal moved the expiry;
+- the address is sent at most ``text_amplification`` (3) times the bytes it sent: every text
+  datagram from it adds that much to its record's credit, every MSG line (and ERR) to it spends
+  from it, and what finds no credit is dropped and counted (``dropped_text_budget``). It is
+  the binary protocol's rule before a cookie comes back, kept for good, since a text client
+  never proves its address. A subscriber that wants more sends more: a SUB's body is ignored,
+  so it may pad it, or it renews. In a cluster the member the SUB came to, its home, keeps the
+  credit and sends every MSG line (other members relay them to it: node/delivery.py).
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ class TextProtocol(Delivery):
                 self._publish(topic, None, None, payload, None)
             else:
                 self._forward(dest, [topic, None, None, payload, None, None])
+            self._credit(addr, len(data))
             return
         wire.check_filter(topic)  # (a pattern: the text protocol has no queue groups or queries, no spaces)
         tk = (topic, None)
@@ -60,16 +71,31 @@ class TextProtocol(Delivery):
                     c = self._new_client(addr, addr, now)
                 self._write(c, tk, True, Mode.FIRE, now)
                 self._log("debug", "text_subscribe", addr=fmt(addr), topic=topic)
-            lease = self.cfg.text_sub_lease
-            if lease > 0:
-                key = (addr, topic)
-                if key not in self.text_leases:
-                    self._timer(now + lease, TIMER_LEASE, key)
-                self.text_leases[key] = now + lease
+            self._lease(addr, topic, now)
         elif c is not None and c.subs.get(tk, 0) & versions.PRESENT:  # UNSUB
             self._write(c, tk, False, Mode.FIRE, now)
             self.text_leases.pop((addr, topic), None)
             self._log("debug", "text_unsubscribe", addr=fmt(addr), topic=topic)
+        self._credit(addr, len(data))
+
+    def _credit(self, addr: Addr, n: int) -> None:
+        """A text datagram of ``n`` bytes came from ``addr``: what it may be sent grows."""
+        c = self.clients.get(addr)
+        if c is not None and c.local:
+            c.credit += self.cfg.text_amplification * n
+
+    def _lease(self, addr: Addr, topic: str, now: float) -> None:
+        """The subscription of ``addr`` to ``topic`` lasts ``text_sub_lease`` from now."""
+        lease = self.cfg.text_sub_lease
+        if lease > 0:
+            key = (addr, topic)
+            if key not in self.text_leases:
+                self._timer(now + lease, TIMER_LEASE, key)
+            self.text_leases[key] = now + lease
+
+    def _text_merged(self, addr: Addr, topic: str, now: float) -> None:
+        if (addr, topic) not in self.text_leases:
+            self._lease(addr, topic, now)
 
     def _on_lease(self, key: tuple[Addr, str], now: float) -> None:
         """Lease timer: end the text subscription unless a SUB renewed it."""

@@ -120,3 +120,8 @@ def random_datagram(rng: random.Random, valid: list[bytes], max_len: int, max_fl
     for _ in range(rng.randint(1, max_flips)):
         d[rng.randrange(len(d))] = rng.getrandbits(8)
     return bytes(d)
+
+
+#: A text SUB's body, which the node ignores: padding that buys a text subscriber the credit for
+#: what a test sends it (it is sent at most ``text_amplification`` times the bytes it sent).
+PAD = b"." * 8000

@@ -10,7 +10,7 @@ from roost.client import decoding, wire
 from roost.client.text import parse_untrusted_text
 from roost.client.wire import E, Mode, Reason, T
 from roost.node.actions import Log
-from tests.corekit import connect, delivered, frames_to, make_core, sends
+from tests.corekit import PAD, connect, delivered, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
 B = ("127.0.0.1", 5002)
@@ -43,7 +43,7 @@ def test_text_subscribing_twice_delivers_once_and_unsub_stops():
 
 def test_text_order_of_one_publisher_is_kept():
     core = make_core()
-    text(core, b"SUB t\n")
+    text(core, b"SUB t\n" + PAD)
     out = core.handle_datagrams([(f"PUB t\n{i}".encode(), B) for i in range(50)], 0.0)
     assert [s.data for s in sends(out)] == [f"MSG t\n{i}".encode() for i in range(50)]
 
@@ -90,8 +90,8 @@ def test_text_lease_expires_unless_renewed():
     assert core.index.count == 0 and core.text_subs == 0
 
 
-def test_text_subscription_without_lease_never_expires():
-    core = make_core()
+def test_text_subscription_with_lease_off_never_expires():
+    core = make_core(text_sub_lease=0)
     text(core, b"SUB t\n")
     core.tick(10_000.0)
     assert core.index.count == 1
@@ -205,7 +205,7 @@ def _fan_out_20(as_run: bool):
     rel, fire, pub, other = connect(core, A, B, C, E_)
     rel.sub("t")
     fire.sub("t", mode=Mode.FIRE)
-    text(core, b"SUB t\n", addr=D)
+    text(core, b"SUB t\n" + PAD, addr=D)
     if not as_run:
         other.sub("x.>")
     out = pub.pub([("t", b"%d" % i) for i in range(20)])
@@ -436,7 +436,7 @@ def test_text_and_binary_subscribers_share_topics():
     core = make_core()
     (fc,) = connect(core, A)
     fc.sub("t", mode=Mode.FIRE)
-    text(core, b"SUB t\n", addr=B)
+    text(core, b"SUB t\n" + PAD, addr=B)
     out = text(core, b"PUB t\nhi there", addr=C)
     assert delivered(out, A) == [(0, 0, b"hi there")]
     assert [s.data for s in sends(out) if s.addr == B] == [b"MSG t\nhi there"]

@@ -15,7 +15,7 @@ from roost.client import decoding, durablewire, wire
 from roost.client.wire import E, T, WireError
 from roost.node.procs import free_port
 from tests.clusterkit import Node, roost
-from tests.corekit import connect, frames_to, make_core
+from tests.corekit import PAD, connect, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
 B = ("127.0.0.1", 5002)
@@ -122,3 +122,45 @@ def test_the_three_datagram_sequence_leaves_a_real_node_serving(tmp_path):
         assert node.proc.poll() is None
     finally:
         assert node.stop() == 0
+
+
+# ------------------------------------------------------------ the text protocol cannot reflect
+
+T1, T2 = ("127.0.0.1", 6001), ("127.0.0.1", 6002)
+
+
+def _text_bytes(out: list[Any], addr: tuple[str, int]) -> int:
+    return sum(len(s.data) for s in sends(out) if s.addr == addr)
+
+
+def test_a_text_subscriber_is_sent_at_most_3x_what_it_sent_and_renewals_add():
+    core = make_core()
+    sub = b"SUB t\n" + b"." * 94  # 100 bytes in: 300 may go out
+    core.handle_datagrams([(sub, T1)], 0.0)
+    body = b"x" * 40  # each MSG line is 46 bytes
+    out = core.handle_datagrams([(b"PUB t\n" + body, T2) for _ in range(10)], 0.0)
+    assert _text_bytes(out, T1) == 6 * 46 and core.metrics["dropped_text_budget"] == 4
+    out = core.handle_datagrams([(sub, T1), *[(b"PUB t\n" + body, T2) for _ in range(10)]], 1.0)
+    assert _text_bytes(out, T1) == 7 * 46  # (24 bytes were left over, a renewal adds 300)
+    assert core.metrics["dropped_text_budget"] == 7
+    # the ERR a text datagram gets is within 3x of it too
+    (err,) = sends(core.handle_datagrams([(b"SUB t", T1)], 2.0))
+    assert err.data == b"ERR malformed S"  # (15 bytes: 3x the 5 it answers)
+    lifted = make_core(text_amplification=0)
+    lifted.handle_datagrams([(b"SUB t\n", T1)], 0.0)
+    assert _text_bytes(lifted.handle_datagrams([(b"PUB t\n" + body, T2)] * 10, 0.0), T1) == 460
+
+
+def test_text_subscriptions_expire_by_default_unless_renewed():
+    core = make_core()
+    lease = core.cfg.text_sub_lease
+    assert lease > 0
+    core.handle_datagrams([(b"SUB a\n" + PAD, T1), (b"SUB b\n" + PAD, T1)], 0.0)
+    core.tick(lease / 2)
+    core.handle_datagrams([(b"SUB b\n", T1)], lease / 2)  # renewed
+    core.tick(lease + 0.1)
+    assert core.text_subs == 1
+    out = core.handle_datagrams([(b"PUB a\nx", T2), (b"PUB b\ny", T2)], lease + 0.2)
+    assert [s.data for s in sends(out)] == [b"MSG b\ny"]
+    core.tick(1.5 * lease + 0.1)
+    assert core.text_subs == 0 and core.index.count == 0

@@ -12,7 +12,7 @@ import pytest
 
 from roost.client import decoding, wire
 from roost.client.wire import Mode, T
-from tests.corekit import FakeClient, connect, frames_to, make_core, sends
+from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)  # a fire subscriber
 B = ("127.0.0.1", 5002)  # a reliable one
@@ -47,7 +47,7 @@ def _relay(packed: list[bytes], as_run: bool, long_first: bool = False) -> Got:
     fire, rel, pub, other = connect(core, A, B, C, E_)
     fire.sub("t", mode=Mode.FIRE)
     rel.sub("t")
-    core.handle_datagrams([(b"SUB t\n", D)], 0.0)
+    core.handle_datagrams([(b"SUB t\n" + PAD, D)], 0.0)
     if not as_run:
         other.sub("x.>")
     data = _pub_data(pub, packed, long_first)

@@ -15,7 +15,7 @@ from roost.client.publisher import Publisher
 from roost.client.receive import Receiver, SubState
 from roost.client.wire import E, Mode, T, WireError
 from roost.node.core import BrokerCore
-from tests.corekit import FakeClient, connect, frames_to, make_core, sends
+from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
 
 NODE_ADDR = ("127.0.0.1", 7400)
 A = ("127.0.0.1", 5001)
@@ -121,7 +121,7 @@ def _node(*, wildcard: bool = False, reliable: bool = False, text_sub: bool = Fa
     if reliable:
         rel.sub("t")
     if text_sub:
-        core.handle_datagrams([(b"SUB t\n", D)], 0.0)
+        core.handle_datagrams([(b"SUB t\n" + PAD, D)], 0.0)
     return core, pub
 
 
