@@ -1,41 +1,71 @@
-"""Admission of new clients and producers: node-wide and per-source-host limits.
+"""Admission of new clients and producers: node-wide and per-source-host limits, fair shares.
 
 Every client record and producer costs the node memory until it times out,
 and a datagram with a valid cookie is cheap to send. So a new one is admitted
-only while the node is under its limit for that kind (``max_clients``,
-``max_producers``) and its source host is under ``max_per_host`` for both
-kinds together: one host cannot take every slot. The count for a host is
-released when the record or producer it admitted goes away.
+only while its source host is under ``max_per_host`` for both kinds together
+(one host cannot take every slot) and the node is under its limit for that
+kind (``max_clients``, ``max_producers``). The count for a host is released
+when the record or producer it admitted goes away.
+
+A node-wide limit is still a pool that a few hosts together can empty, each
+under its own cap. So when the pool is full, a host with fewer than the
+largest holder may take a slot from it (``largest``: the caller frees one of
+that host's, its oldest producer, then admits): the parties over their share
+are refused or lose their oldest, not everyone. The largest holder is found in
+O(1): hosts are bucketed by their count, and counts move by one.
 """
 
 from __future__ import annotations
-
-from collections import Counter
 
 from roost.client.wire import E, WireError
 
 
 class Admission:
-    __slots__ = ("max_per_host", "per_host")
+    __slots__ = ("by_count", "max_per_host", "per_host", "top")
 
     def __init__(self, max_per_host: int) -> None:
         self.max_per_host = max_per_host
-        self.per_host: Counter[str] = Counter()  # producers + binary clients per source host
+        self.per_host: dict[str, int] = {}  # producers + binary clients per source host
+        self.by_count: dict[int, dict[str, None]] = {}  # count -> the hosts holding that many
+        self.top = 0  # the largest count any host holds
 
-    def admit(self, host: str, count: int, limit: int, what: str) -> None:
-        """Room for one more of ``what`` (``count`` exist, at most ``limit``),
-        node-wide and from ``host``? Counts it against the host, or raises
-        ``OVERLOADED`` and counts nothing."""
+    def admit(self, host: str, count: int, limit: int, what: str, setting: str) -> None:
+        """Room for one more of ``what`` (``count`` exist, at most ``limit``, the setting
+        ``setting``), node-wide and from ``host``? Counts it against the host, or raises
+        ``OVERLOADED`` naming the limit and counts nothing."""
+        n = self.per_host.get(host, 0)
+        if n >= self.max_per_host:
+            raise WireError(E.OVERLOADED, f"too many producers and clients from this host (max_per_host = "
+                            f"{self.max_per_host})")  # fmt: skip
         if count >= limit:
-            raise WireError(E.OVERLOADED, f"too many {what} on this node")
-        if self.per_host[host] >= self.max_per_host:
-            raise WireError(E.OVERLOADED, "too many producers and clients from this host")
-        self.per_host[host] += 1
+            raise WireError(E.OVERLOADED, f"too many {what} on this node ({setting} = {limit})")
+        self._move(host, n, n + 1)
+
+    def largest(self, host: str) -> str | None:
+        """The host holding the most, when it holds at least two more than ``host`` (so taking
+        one of its slots for ``host`` leaves it no poorer than ``host``), else None."""
+        if self.top < self.per_host.get(host, 0) + 2:
+            return None
+        return next(iter(self.by_count[self.top]))
 
     def release(self, host: str) -> None:
         """One client or producer admitted from ``host`` is gone."""
-        n = self.per_host[host] - 1
+        n = self.per_host.get(host, 0)
         if n > 0:
-            self.per_host[host] = n
+            self._move(host, n, n - 1)
+
+    def _move(self, host: str, old: int, new: int) -> None:
+        if old:
+            hosts = self.by_count[old]
+            del hosts[host]
+            if not hosts:
+                del self.by_count[old]
+                if old == self.top:
+                    self.top = new  # (the host moved down from the top: its new count is the top now)
+        if new:
+            self.per_host[host] = new
+            self.by_count.setdefault(new, {})[host] = None
+            if new > self.top:
+                self.top = new
         else:
             del self.per_host[host]

@@ -83,6 +83,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self.cookies = CookieJar(secret, config.cookie_lifetime)
         self.members = members or [[config.id, *config.client_addr]]
         self.producers = {}
+        self.producer_hosts = {}
         self.text_leases = {}
         self.params: dict[str, Any] = {
             "max_datagram": config.max_datagram,

@@ -45,6 +45,8 @@ from roost.node.delivery import Delivery
 
 
 class Producers(Delivery):
+    producer_hosts: dict[str, dict[bytes, None]]  # source host -> its producers, oldest first; by BrokerCore
+
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float, data: bytes) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
         self._on_batch(addr, pid, first, floor, reliable, msgs, now, data, f)
@@ -61,8 +63,9 @@ class Producers(Delivery):
         subscribers as a run where they can (``_relay_run``), else as a PUB's messages would."""
         st = self.producers.get(pid)
         if st is None:
-            self.admission.admit(addr[0], len(self.producers), self.cfg.max_producers, "producers")
+            self._admit_producer(addr[0])
             st = self.producers[pid] = [0, now, addr[0], 0]
+            self.producer_hosts.setdefault(addr[0], {})[pid] = None
             self._timer(now + self.cfg.producer_timeout, TIMER_PRODUCER, pid)
         st[1] = now
         acked = int(st[0])
@@ -245,7 +248,28 @@ class Producers(Delivery):
         if expires > now:
             self._timer(expires, TIMER_PRODUCER, pid)
         else:
-            del self.producers[pid]
-            self._unsettled.pop(pid, None)
-            self._ack_to.pop(pid, None)
-            self.admission.release(st[2])
+            self._forget_producer(pid)
+
+    def _admit_producer(self, host: str) -> None:
+        """Room for a new producer from ``host``, or WireError. A full table is a pool a few
+        hosts may have emptied together: a host holding at least two fewer than the largest
+        holder takes that one's oldest producer's place (node/admission.py), so the parties
+        over their share lose out, not everyone. (That producer's next PUB starts again from
+        its floor: only what it resends of what the node had acknowledged may come twice.)"""
+        if len(self.producers) >= self.cfg.max_producers:
+            victim = self.admission.largest(host)
+            pids = self.producer_hosts.get(victim) if victim is not None else None
+            if pids:
+                self._forget_producer(next(iter(pids)))
+                self.metrics["producers_evicted"] += 1
+        self.admission.admit(host, len(self.producers), self.cfg.max_producers, "producers", "max_producers")
+
+    def _forget_producer(self, pid: bytes) -> None:
+        st = self.producers.pop(pid)
+        self._unsettled.pop(pid, None)
+        self._ack_to.pop(pid, None)
+        self.admission.release(st[2])
+        pids = self.producer_hosts[st[2]]
+        del pids[pid]
+        if not pids:
+            del self.producer_hosts[st[2]]

@@ -78,7 +78,7 @@ class Sessions(Delivery):
             self._confirm(addr, answer)
             return
         if c is None:
-            self.admission.admit(addr[0], len(self.clients), self.cfg.max_clients, "clients")
+            self.admission.admit(addr[0], len(self.clients), self.cfg.max_clients, "clients", "max_clients")
             c = self._new_client(cid, addr, now)
             c.counted = addr[0]
             self._log("info", "client_new", client=cid.hex(), addr=fmt(addr))

@@ -10,9 +10,12 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from roost.client import decoding, durablewire, wire
 from roost.client.wire import E, T, WireError
+from roost.node.admission import Admission
 from roost.node.procs import free_port
 from tests.clusterkit import Node, roost
 from tests.corekit import PAD, connect, frames_to, make_core, sends
@@ -164,3 +167,51 @@ def test_text_subscriptions_expire_by_default_unless_renewed():
     assert [s.data for s in sends(out)] == [b"MSG b\ny"]
     core.tick(1.5 * lease + 0.1)
     assert core.text_subs == 0 and core.index.count == 0
+
+
+# ------------------------------------------------------------ limits no single party can empty
+
+
+def _pub_from(fc: Any, pid: bytes, now: float) -> list[Any]:
+    msg = wire.pack_message("t", None, None, b"")
+    return [f for f in frames_to(fc.send(wire.encode_pub(fc.cid, fc.cookie, pid, 1, 1, False, [msg]), now), fc.addr)
+            if f[0] is T.ERROR]  # fmt: skip
+
+
+def test_hosts_that_filled_the_producer_table_lose_their_oldest_to_a_newcomer_not_everyone():
+    core = make_core(max_producers=12, max_per_host=100)
+    attackers = connect(core, *[(f"127.0.0.{i}", 9000) for i in range(2, 5)])
+    for i in range(12):  # three hosts fill the table, 4 each
+        assert _pub_from(attackers[i % 3], bytes([i]) * 16, 0.0) == []
+    assert len(core.producers) == 12
+    (err,) = _pub_from(attackers[0], b"\xee" * 16, 0.1)  # a holder of the most gets nothing more
+    assert err[1] == E.OVERLOADED and "max_producers = 12" in err[2]
+    (legit,) = connect(core, ("127.0.0.11", 9000))
+    for i in range(3):  # the newcomer takes slots while it holds at least two fewer than the largest
+        assert _pub_from(legit, bytes([100 + i]) * 16, 1.0 + i) == []
+    assert len(core.producers) == 12 and core.metrics["producers_evicted"] == 3
+    assert bytes([0]) * 16 not in core.producers  # (the oldest of the host that held the most went first)
+    hosts = sorted(core.admission.per_host.values())
+    assert hosts == [3, 3, 3, 3]  # (one taken from each attacker in turn)
+    (err,) = _pub_from(legit, b"\xef" * 16, 5.0)  # now at its share: refused like the others
+    assert err[1] == E.OVERLOADED
+    # the evicted producer is simply a new one when it comes back, and all counts stay exact
+    core.tick(core.cfg.producer_timeout + 10)
+    assert core.producers == {} and core.producer_hosts == {}
+    assert sum(core.admission.per_host.values()) == len([c for c in core.clients.values() if c.counted])
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5)), max_size=200))
+def test_admission_knows_the_largest_holder_whatever_the_order(ops):
+    adm = Admission(max_per_host=1000)
+    for admit, h in ops:
+        host = f"10.0.0.{h}"
+        if admit:
+            adm.admit(host, 0, 10**9, "producers", "max_producers")
+        else:
+            adm.release(host)
+        assert adm.top == max(adm.per_host.values(), default=0)
+        assert {n: set(hs) for n, hs in adm.by_count.items()} == {
+            n: {x for x, c in adm.per_host.items() if c == n} for n in set(adm.per_host.values())}
+        big = adm.largest("other")
+        assert big is None if adm.top < 2 else adm.per_host[big] == adm.top
