@@ -21,6 +21,7 @@ import msgpack
 from roost.client.wire import (
     COOKIE_LEN,
     ID_LEN,
+    MAX_ERROR_TEXT,
     MAX_MEMBERS,
     RUN_PAYLOAD_MAX,
     SEQ_LIMIT,
@@ -308,7 +309,7 @@ def _error(f: list[Any]) -> tuple[Any, ...]:
     _, _, code, text = f
     if code.__class__ is not int:
         raise WireError(E.MALFORMED, "error code must be an integer")
-    return T.ERROR, code, _str(text, "error text", 1024)
+    return T.ERROR, code, _str(text, "error text", MAX_ERROR_TEXT)
 
 
 @_frame(T.STATUS, 2)

@@ -472,8 +472,18 @@ class ClientSession:
         return out
 
 
+#: What a refused subscription's reason adds to its code: the node's settings that can refuse
+#: it (the node's log line ``subscription_refused`` names the one that did, and its value).
+_REFUSED_BY = {
+    E.OVERLOADED: ": a limit of the node's per client or per source host (max_subscriptions_per_client, "
+                  "max_subscriptions_per_host, max_filter_bytes_per_host, max_clients, max_per_host)",
+    E.OVER_CAPACITY: ": the node is near a limit (admission_share of max_subscriptions, max_filter_bytes or "
+                     "max_mailbox_bytes) and this host holds its share",
+}  # fmt: skip
+
+
 def _error_name(code: int) -> str:
     try:
-        return E(code).name.lower()
+        return E(code).name.lower() + _REFUSED_BY.get(E(code), "")
     except ValueError:
         return f"error {code}"

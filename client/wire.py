@@ -437,7 +437,14 @@ def encode_bye(client_id: bytes, cookie: bytes, session: int) -> bytes:
     return pack([VERSION, T.BYE, client_id, cookie, session])
 
 
+#: The longest ERROR text, the decoder's limit: an encoder cuts a longer one (it may quote
+#: what the sender sent, a 1 KB filter) rather than send what the client must refuse.
+MAX_ERROR_TEXT = 1024
+
+
 def encode_error(code: E, text: str) -> bytes:
+    if len(text) > MAX_ERROR_TEXT:
+        text = text[: MAX_ERROR_TEXT - 3] + "..."
     return pack([VERSION, T.ERROR, int(code), text])
 
 

@@ -17,7 +17,30 @@ O(1): hosts are bucketed by their count, and counts move by one.
 
 from __future__ import annotations
 
+import ipaddress
+
 from roost.client.wire import E, WireError
+
+_HOSTS: dict[str, str] = {}
+
+
+def host_key(host: str) -> str:
+    """The source "host" limits count against: an IPv4 address, or an IPv6 address's /64 (one
+    machine's share of addresses: an IPv6 host may have all of a /64 to itself); memoised."""
+    key = _HOSTS.get(host)
+    if key is None:
+        key = host
+        if ":" in host:
+            try:
+                ip = ipaddress.IPv6Address(host.partition("%")[0])
+                v4 = ip.ipv4_mapped
+                key = str(v4) if v4 is not None else str(ipaddress.IPv6Network((ip, 64), strict=False))
+            except ValueError:
+                pass
+        if len(_HOSTS) >= 65536:
+            _HOSTS.clear()
+        _HOSTS[host] = key
+    return key
 
 
 class Admission:

@@ -38,7 +38,7 @@ class ClientState:
     __slots__ = (
         "cid", "addr", "home", "cver", "local", "subs", "live", "last_seen", "heard", "mailbox", "parked", "fire",
         "fire_whole", "dirty", "session", "last_batch", "answers", "cancelled", "changed", "counted", "sdigest",
-        "redirected", "since", "credit",
+        "redirected", "since", "credit", "charged",
     )  # fmt: skip
 
     def __init__(self, cid: Any, addr: Addr, home: str, now: float) -> None:
@@ -54,6 +54,9 @@ class ClientState:
         # A text client's anti-reflection budget: the bytes this node may still send it,
         # ``text_amplification`` times what it sent (node/textproto.py).
         self.credit = 0.0
+        # The source host its subscriptions are charged to (max_subscriptions_per_host,
+        # max_filter_bytes_per_host), fixed while it holds any: "" when not charged here.
+        self.charged: str | None = None
         self.heard = -math.inf  # when the client itself last sent this node a datagram
         self.mailbox: Mailbox | None = None
         # The mailbox of subscriptions another member timed out, with the time (Unix ms) of

@@ -154,11 +154,23 @@ SETTINGS: list[Setting] = [
             "Subscriptions one client may hold."),
     number("limits", "max_subscriptions", 1_000_000, int, 1, 1_000_000_000,
             "Subscriptions a node holds (in a replicated cluster: every member holds every one)."),
+    number("limits", "max_subscriptions_per_host", 10_000, int, 1, 1_000_000_000,
+            "Subscriptions the clients of one source host (one IPv4 address, one IPv6 /64) may hold "
+            "on the member they talk to: it takes max_subscriptions / this many hosts to fill "
+            "the node (docs/security.md)."),
+    Setting("limits", "max_filter_bytes", 64 << 20, int, "an integer from 65536 to 2**40", _num(65536, 2**40),
+            "Bytes of subscription filters (topics, patterns, queries) a node holds: with "
+            "max_subscriptions, what bounds the memory subscriptions take (docs/security.md)."),
+    Setting("limits", "max_filter_bytes_per_host", 2 << 20, int, "an integer from 4096 to 2**40",
+            _num(4096, 2**40), "Bytes of subscription filters the clients of one source host may hold."),
     Setting("limits", "max_mailbox_bytes", 1 << 30, int, "an integer from 1048576 to 2**44", _num(1 << 20, 1 << 44),
             "Bytes of unacknowledged reliable messages all the subscribers of a node may hold together."),
     Setting("limits", "admission_share", 0.8, float, "a number from 0.1 to 1", _num(0.1, 1.0),
-            "Share of max_subscriptions or max_mailbox_bytes above which a node refuses new "
-            "subscriptions with over_capacity (ADR 033), rather than fail the ones it has later."),
+            "Share of max_subscriptions, max_filter_bytes or max_mailbox_bytes above which a node "
+            "refuses new subscriptions with over_capacity (ADR 033), rather than fail the ones it "
+            "has later; above it, a host still holding less than its fair share of "
+            "max_subscriptions and max_filter_bytes (the share over the hosts holding any) is "
+            "admitted, up to the limit itself."),
     number("limits", "max_text_subscribers", 100000, int, 0, 100_000_000,
             "Text-protocol subscriptions (address, topic) a node keeps."),
     Setting("limits", "text_amplification", 3.0, float, "0 (off) or a number from 1 to 100",
@@ -220,6 +232,9 @@ class NodeConfig:
     max_clients: int
     max_subscriptions_per_client: int
     max_subscriptions: int
+    max_subscriptions_per_host: int
+    max_filter_bytes: int
+    max_filter_bytes_per_host: int
     max_mailbox_bytes: int
     admission_share: float
     max_text_subscribers: int

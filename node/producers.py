@@ -39,6 +39,7 @@ from typing import Any
 
 from roost.client import decoding, wire
 from roost.client.text import encode_text_msg
+from roost.node.admission import host_key
 from roost.node.base import TIMER_PRODUCER
 from roost.node.cookies import Addr
 from roost.node.delivery import Delivery
@@ -63,9 +64,10 @@ class Producers(Delivery):
         subscribers as a run where they can (``_relay_run``), else as a PUB's messages would."""
         st = self.producers.get(pid)
         if st is None:
-            self._admit_producer(addr[0])
-            st = self.producers[pid] = [0, now, addr[0], 0]
-            self.producer_hosts.setdefault(addr[0], {})[pid] = None
+            host = host_key(addr[0])
+            self._admit_producer(host)
+            st = self.producers[pid] = [0, now, host, 0]
+            self.producer_hosts.setdefault(host, {})[pid] = None
             self._timer(now + self.cfg.producer_timeout, TIMER_PRODUCER, pid)
         st[1] = now
         acked = int(st[0])

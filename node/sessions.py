@@ -35,6 +35,7 @@ from roost.client import wire
 from roost.client.wire import E, Op
 from roost.node import versions
 from roost.node.actions import Confirm, Send
+from roost.node.admission import host_key
 from roost.node.base import TIMER_LIVENESS, fmt
 from roost.node.clients import REMEMBERED_BATCHES, ClientState
 from roost.node.cookies import Addr
@@ -78,9 +79,10 @@ class Sessions(Delivery):
             self._confirm(addr, answer)
             return
         if c is None:
-            self.admission.admit(addr[0], len(self.clients), self.cfg.max_clients, "clients", "max_clients")
+            host = host_key(addr[0])
+            self.admission.admit(host, len(self.clients), self.cfg.max_clients, "clients", "max_clients")
             c = self._new_client(cid, addr, now)
-            c.counted = addr[0]
+            c.counted = host
             self._log("info", "client_new", client=cid.hex(), addr=fmt(addr))
         results = []
         if cmds and cmds[0][0] == Op.SYNC:
@@ -134,10 +136,10 @@ class Sessions(Delivery):
                 self._write(c, tk, False, mode, now)
                 self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
             return E.OK
-        if not present and c.live >= self.cfg.max_subscriptions_per_client:
-            return E.OVERLOADED
-        if not present and self._over_capacity(now):
-            return E.OVER_CAPACITY
+        if not present:
+            refused, _ = self._sub_budget(c.live, c.counted, len(topic), now)
+            if refused:
+                return refused
         self._write(c, tk, True, mode, now)
         self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
         return E.OK

@@ -30,6 +30,7 @@ from roost.client import wire
 from roost.client.text import parse_untrusted_text
 from roost.client.wire import E, Mode, WireError
 from roost.node import versions
+from roost.node.admission import host_key
 from roost.node.base import TIMER_LEASE, fmt
 from roost.node.cookies import Addr
 from roost.node.delivery import Delivery
@@ -63,10 +64,11 @@ class TextProtocol(Delivery):
         if verb == "SUB":
             if c is None or not c.subs.get(tk, 0) & versions.PRESENT:
                 if self.text_subs >= self.cfg.max_text_subscribers:
-                    raise WireError(E.OVERLOADED, "too many text subscriptions on this node")
-                if self._over_capacity(now):
-                    raise WireError(E.OVER_CAPACITY, "this node takes no new subscriptions: above "
-                                    f"{self.cfg.admission_share:.0%} of a limit (max_subscriptions, max_mailbox_bytes)")
+                    raise WireError(E.OVERLOADED, "too many text subscriptions on this node "
+                                    f"(max_text_subscribers = {self.cfg.max_text_subscribers})")
+                refused, setting = self._sub_budget(c.live if c else 0, host_key(addr[0]), len(topic), now)
+                if refused:
+                    raise WireError(E(refused), f"subscription refused: {setting} = {getattr(self.cfg, setting)}")
                 if c is None:
                     c = self._new_client(addr, addr, now)
                 self._write(c, tk, True, Mode.FIRE, now)

@@ -75,6 +75,12 @@ MEMBERS = ("n1", "n2", "n3", "n4", "n5")
 BENCH_SETTINGS = {"pull_timeout": "60", "snapshot_interval": "86400", "suspect_after": "4", "down_after": "10"}
 
 
+#: Every benchmark client runs on 127.0.0.1: one source host, which the node's per-host budgets
+#: (docs/security.md) would stop long before a million subscriptions.
+ONE_HOST = (f"max_subscriptions_per_host = 1000000000\nmax_filter_bytes_per_host = {1 << 40}\n"
+            f"max_filter_bytes = {1 << 40}\n")
+
+
 def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -150,7 +156,7 @@ def replicated(a: argparse.Namespace) -> int:
             f.write(f'[[members]]\nid = "{i}"\nclient_addr = "127.0.0.1:{u}"\npeer_addr = "127.0.0.1:{t}"\n'
                     f'data_dir = "{tmp}/{i}"\n')  # fmt: skip
         f.write(f'[node]\nlog_level = "info"\n[limits]\nmax_per_host = {clients + 10}\n'
-                f"max_clients = {clients + 10}\n[timeouts]\nsubscriber_timeout = 86400\n")  # fmt: skip
+                f"max_clients = {clients + 10}\n{ONE_HOST}[timeouts]\nsubscriber_timeout = 86400\n")  # fmt: skip
     logs = {i: open(os.path.join(tmp, f"{i}.log"), "w+") for i in ports}  # noqa: SIM115
     cmd = [sys.executable, "-m", "roost", "node", "--config", cfg, "--id"]
     procs: list[subprocess.Popen[bytes]] = []
@@ -416,7 +422,7 @@ def partitioned(a: argparse.Namespace) -> int:
             f.write(f'[[members]]\nid = "{i}"\nclient_addr = "127.0.0.1:{u}"\npeer_addr = "127.0.0.1:{t}"\n'
                     f'data_dir = "{tmp}/data/{i}"\n')  # fmt: skip
         f.write(f'[node]\nlog_level = "info"\n[limits]\nmax_per_host = {limit}\n'
-                f"max_clients = {limit}\n[timeouts]\nsubscriber_timeout = 86400\n")  # fmt: skip
+                f"max_clients = {limit}\n{ONE_HOST}[timeouts]\nsubscriber_timeout = 86400\n")  # fmt: skip
     c = Members(tmp, cfg, ports)
     t_start = time.monotonic()
     try:

@@ -3,6 +3,7 @@ msgpack's range, a STATUS that could fail to encode. The core directly, then a r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import urllib.request
@@ -18,7 +19,7 @@ from roost.client.wire import E, T, WireError
 from roost.node.admission import Admission
 from roost.node.procs import free_port
 from tests.clusterkit import Node, roost
-from tests.corekit import PAD, connect, frames_to, make_core, sends
+from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
 B = ("127.0.0.1", 5002)
@@ -215,3 +216,66 @@ def test_admission_knows_the_largest_holder_whatever_the_order(ops):
             n: {x for x, c in adm.per_host.items() if c == n} for n in set(adm.per_host.values())}
         big = adm.largest("other")
         assert big is None if adm.top < 2 else adm.per_host[big] == adm.top
+
+
+def test_an_error_quoting_a_long_filter_is_cut_to_what_a_client_decodes():
+    core = make_core()
+    (c,) = connect(core, A)
+    query = " AND ".join(f"k{j} = 'v{j}'" for j in range(60))  # (over the 32 conditions a query may have)
+    (err,) = frames_to(c.sub(f"t.* where {query}"), A)  # (decoded: it raised before, over 1024 chars)
+    assert err[0] is T.ERROR and err[1] == E.BAD_TOPIC and len(err[2]) == wire.MAX_ERROR_TEXT
+    assert err[2].endswith("...")
+
+
+def clients(core: Any, *addrs: tuple[str, int]) -> list[FakeClient]:
+    """FakeClients holding a cookie, with ids of their whole address (corekit's may collide)."""
+    out = [FakeClient(core, a, hashlib.md5(repr(a).encode()).digest()) for a in addrs]
+    for c in out:
+        c.hello()
+    return out
+
+
+def _subscribe(fc: Any, topics: list[str], now: float = 0.0) -> list[int]:
+    """The CMDACK's codes for SUBs of ``topics`` in one batch."""
+    (ack,) = [f for f in frames_to(fc.cmds([(1, t, None, 0) for t in topics], now), fc.addr) if f[0] is T.CMDACK]
+    return list(ack[3])
+
+
+def test_subscriptions_and_filter_bytes_are_budgeted_per_host_and_freed_exactly():
+    core = make_core(max_subscriptions_per_host=5, max_filter_bytes_per_host=4096)
+    a1, a2 = clients(core, ("127.0.0.2", 1), ("127.0.0.2", 2))  # one host, two clients
+    assert _subscribe(a1, [f"a.{i}" for i in range(3)]) == [E.OK] * 3
+    assert _subscribe(a2, ["b.0", "b.1", "b.2"]) == [E.OK, E.OK, E.OVERLOADED]
+    assert core.metrics["refused_max_subscriptions_per_host"] == 1
+    (other,) = clients(core, ("127.0.0.3", 1))
+    assert _subscribe(other, ["c.0"]) == [E.OK]  # another host has its own budget
+    assert core.host_subs == {"127.0.0.2": [5, 5 * 3], "127.0.0.3": [1, 3]}
+    a1.cmds([(0, "a.0", None, 0)])
+    long = "d." + "x" * 250
+    assert _subscribe(a2, [long]) == [E.OK]
+    assert core.host_subs["127.0.0.2"] == [5, 4 * 3 + len(long)] and core.filter_bytes == 4 * 3 + len(long) + 3
+    # filter bytes: a host's long filters run out before its count does
+    q = " AND ".join(f"k{j} = '{'v' * 100}'" for j in range(8))
+    (b,) = clients(core, ("127.0.0.4", 1))
+    codes = _subscribe(b, [f"e.{i}.* where {q}" for i in range(5)])
+    assert codes == [E.OK] * 4 + [E.OVERLOADED]  # (911 bytes each, 4096 a host)
+    assert core.metrics["refused_max_filter_bytes_per_host"] == 1
+    # a client that goes frees what its host was charged, to the byte
+    core.tick(core.cfg.subscriber_timeout + 1)
+    assert core.host_subs == {} and core.filter_bytes == 0 and core.index.count == 0
+
+
+def test_a_pool_filled_by_a_few_hosts_still_admits_a_newcomer_below_its_share():
+    core = make_core(max_subscriptions=100, admission_share=0.8, max_subscriptions_per_host=25,
+                     max_subscriptions_per_client=1000)  # fmt: skip
+    attackers = clients(core, *[(f"127.0.0.{i}", 1) for i in range(2, 6)])
+    for n, fc in enumerate(attackers):  # 3 x 25, then the 4th gets 5 below the share and 15 above it
+        assert _subscribe(fc, [f"x.{n}.{i}" for i in range(30)]).count(E.OK) == (25 if n < 3 else 20)
+    assert core.index.count == 95
+    # above admission_share, a host at its share (80 / the 4 hosts holding any) is refused...
+    assert _subscribe(attackers[3], ["x.more"]) == [E.OVER_CAPACITY]
+    assert core.metrics["refused_max_subscriptions"] == 11
+    # ...a newcomer holds none: it is admitted, up to the limit itself
+    (legit,) = clients(core, ("127.0.0.11", 1))
+    assert _subscribe(legit, [f"l.{i}" for i in range(8)]) == [E.OK] * 5 + [E.OVER_CAPACITY] * 3
+    assert core.index.count == core.cfg.max_subscriptions

@@ -89,7 +89,8 @@ def test_refused_subscription_has_a_reason():
     st = s.subscribe("a", None, Mode.FIRE)
     out(s, 0.0)
     s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [10])]), 0.1)
-    assert st.reason == "refused: overloaded"
+    assert st.reason is not None and st.reason.startswith("refused: overloaded: a limit")
+    assert "max_subscriptions_per_host" in st.reason
 
 
 def test_bad_cookie_error_makes_the_session_say_hello_again():
