@@ -127,18 +127,45 @@ def _typed_test(op: str, operand: Any, read: Callable[[str], Any]) -> Test:
 
 
 class Query:
-    """A compiled query: ``matches(tags)`` is true when every condition holds."""
+    """A compiled query: ``matches(tags)`` is true when every condition holds.
 
-    __slots__ = ("text", "conditions", "_tests")
+    Small, since a node holds one per subscription with a query and a stranger may send a
+    thousand of them, each a kilobyte of 32 conditions: it keeps the text it was compiled
+    from (``source[start:]``, often the filter string the subscription is keyed by, so no
+    copy), an equality condition (the common one) as its tag and where its value lies in that
+    text (compared in place, ``str.startswith`` at an offset: no copy of the value), and only
+    the other conditions as closures. ``conditions`` is parsed again when asked (tests,
+    status): nothing holds it."""
 
-    def __init__(self, text: str, conditions: list[tuple[str, str, Any]], tests: list[tuple[str, Test | None]]) -> None:
-        self.text = text
-        self.conditions = conditions  # (tag, op, operand): what the query says, for tests and status
-        self._tests = tests
+    __slots__ = ("_source", "_start", "_equal", "_tests")
+
+    def __init__(self, source: str, start: int, equal: tuple[str | int, ...],
+                 tests: tuple[tuple[str, Test | None], ...]) -> None:  # fmt: skip
+        self._source = source
+        self._start = start
+        # tag, start, end of each `tag = 'value'` (the value is source[start:end]), flat: a
+        # tuple per condition would cost 64 bytes more each
+        self._equal = equal
+        self._tests = tests  # (tag, test): None for EXISTS
+
+    @property
+    def text(self) -> str:
+        return self._source[self._start :]
+
+    @property
+    def conditions(self) -> list[tuple[str, str, Any]]:
+        """(tag, op, operand) per condition, in the order written."""
+        return _parse(self.text)[0]
 
     def matches(self, tags: Tags) -> bool:
         if not tags:
             return False
+        source, equal = self._source, self._equal
+        for i in range(0, len(equal), 3):
+            value = tags.get(equal[i])  # type: ignore[arg-type]
+            start: int = equal[i + 1]  # type: ignore[assignment]
+            if value is None or len(value) != equal[i + 2] - start or not source.startswith(value, start):  # type: ignore[operator]
+                return False
         for name, test in self._tests:
             value = tags.get(name)
             if value is None or (test is not None and not test(value)):
@@ -178,7 +205,9 @@ class _Tokens:
         return QueryError(self.text, t[2], f"expected {expected}, found {t[1]!r}")
 
 
-def _condition(toks: _Tokens) -> tuple[tuple[str, str, Any], Test | None]:
+def _condition(toks: _Tokens) -> tuple[tuple[str, str, Any], Test | tuple[int, int] | None]:
+    """One condition: (tag, op, operand), and how to test it: a closure, None (EXISTS) or, for
+    an equality with a string, where that string lies in the query's text."""
     t = toks.take("a tag name")
     if t[0] not in ("word", "number") or t[1] in _KEYWORDS:
         raise toks.fail(t, "a tag name")
@@ -199,8 +228,7 @@ def _condition(toks: _Tokens) -> tuple[tuple[str, str, Any], Test | None]:
     if o[0] == "string":
         if op != "=":
             raise QueryError(toks.text, t[2], f"operator {op} compares numbers, dates or times, not a string")
-        text = o[1][1:-1]
-        return (tag, op, text), lambda value: value == text
+        return (tag, op, o[1][1:-1]), (o[2] + 1, o[2] + len(o[1]) - 1)  # (where the value lies in the text)
     if o[0] == "number":
         n = parse_number(o[1])
         assert n is not None
@@ -219,7 +247,7 @@ def _condition(toks: _Tokens) -> tuple[tuple[str, str, Any], Test | None]:
     raise toks.fail(o, "a string, number, DATE or TIME")
 
 
-def _compile(text: str) -> Query:
+def _parse(text: str) -> tuple[list[tuple[str, str, Any]], list[tuple[str, Test | tuple[int, int] | None]]]:
     if len(text) > MAX_QUERY_CHARS:
         raise QueryError(text, MAX_QUERY_CHARS, f"a query is at most {MAX_QUERY_CHARS} characters")
     toks = _Tokens(text)
@@ -238,18 +266,28 @@ def _compile(text: str) -> Query:
         toks.i += 1
         if len(conditions) == MAX_CONDITIONS:
             raise QueryError(text, t[2], f"a query has at most {MAX_CONDITIONS} conditions")
-    return Query(text, conditions, tests)
+    return conditions, tests
+
+
+def _compile(source: str, start: int) -> Query:
+    _, tests = _parse(source[start:])
+    equal = tuple(x for tag, t in tests if t.__class__ is tuple for x in (tag, start + t[0], start + t[1]))  # type: ignore[index]
+    rest = tuple((tag, t) for tag, t in tests if t.__class__ is not tuple)
+    return Query(source, start, equal, rest)  # type: ignore[arg-type]
 
 
 _compiled: dict[str, Query] = {}
 
 
-def compile_query(text: str) -> Query:
-    """Parse and compile a query (memoised: subscriptions share their compiled queries)."""
-    q = _compiled.get(text)
+def compile_query(text: str, start: int = 0) -> Query:
+    """Parse and compile the query ``text[start:]`` (memoised: subscriptions share their
+    compiled queries). The Query keeps ``text`` itself: a filter string passes itself and
+    where its query starts, and no copy of the query is kept."""
+    key = text[start:] if start else text
+    q = _compiled.get(key)
     if q is None:
-        q = _compile(text)
+        q = _compile(text, start)
         if len(_compiled) >= 4096:
             _compiled.clear()
-        _compiled[text] = q
+        _compiled[key] = q
     return q

@@ -155,7 +155,7 @@ def _parse(text: str) -> Filter:
                 raise FilterError(f"after the queue group comes 'where <query>' or nothing: {text!r}")
         if rest.startswith("where "):
             try:
-                query = compile_query(rest[6:])
+                query = compile_query(text, len(text) - len(rest) + 6)
             except QueryError as exc:
                 # positions count in the query the user wrote, not in the filter string
                 raise FilterError(f"bad query: {exc}") from None
