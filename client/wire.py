@@ -620,7 +620,12 @@ def _cmd(c: Any) -> tuple[int, str, str | None, int]:
         raise WireError(E.MALFORMED, "op must be 0 (unsub), 1 (sub) or 2 (sync)")
     if mode not in (0, 1) or mode.__class__ is not int:
         raise WireError(E.BAD_MODE, "mode must be 0 (fire) or 1 (reliable)")
-    return op, check_filter(topic), check_key(key), mode
+    if topic.__class__ is not str or not topic or len(topic) > subjects.MAX_FILTER_BYTES:
+        raise WireError(E.BAD_TOPIC, f"a command's topic filter is a string of 1..{subjects.MAX_FILTER_BYTES} bytes")
+    # (its grammar is checked where a subscription is made, check_filter: after the budgets
+    # that may refuse it, since parsing a kilobyte of query costs ~100 us and a stranger may
+    # send thousands; a bad one gets bad_topic in its CMDACK slot)
+    return op, topic, check_key(key), mode
 
 
 def _node_id(v: Any, what: str) -> str:

@@ -91,7 +91,8 @@ class Sessions(Delivery):
             results.append(self._apply(c, op, topic, key, mode, now))
         if self.own is not None and c.redirected < self.map_epoch:
             forward_to = self.own.forward_to
-            if any(op == Op.SUB and forward_to(topic) is not None for op, topic, _, _ in cmds):
+            if any(cmd[0] == Op.SUB and code == E.OK and forward_to(cmd[1]) is not None
+                   for cmd, code in zip(cmds, results, strict=True)):  # fmt: skip
                 # A SUB for a partition another member leads: the client should learn our map
                 # (once per epoch); the subscription itself is served from here all the same.
                 c.redirected = self.map_epoch
@@ -133,6 +134,8 @@ class Sessions(Delivery):
             # (partitioned: the owners may hold it although this home does not, the client
             # having subscribed through another member: the tombstone goes to them anyway)
             if present or self.own is not None:
+                if not present and not self._filter_ok(topic):
+                    return E.BAD_TOPIC
                 self._write(c, tk, False, mode, now)
                 self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
             return E.OK
@@ -140,9 +143,21 @@ class Sessions(Delivery):
             refused, _ = self._sub_budget(c.live, c.counted, len(topic), now)
             if refused:
                 return refused
+            if not self._filter_ok(topic):
+                return E.BAD_TOPIC
         self._write(c, tk, True, mode, now)
         self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
         return E.OK
+
+    def _filter_ok(self, topic: str) -> bool:
+        """A CMDS's filter is parsed here, once its subscription passed the budgets (the
+        decoder checked only its type and length: client/wire.py ``_cmd``)."""
+        try:
+            wire.check_filter(topic)
+        except wire.WireError:
+            self.metrics["error_bad_topic"] += 1
+            return False
+        return True
 
     def _on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes, digest: int) -> None:
         """Answer PING with PONG (``cookie`` is the one the client should use now).

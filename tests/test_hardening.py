@@ -218,13 +218,23 @@ def test_admission_knows_the_largest_holder_whatever_the_order(ops):
         assert big is None if adm.top < 2 else adm.per_host[big] == adm.top
 
 
-def test_an_error_quoting_a_long_filter_is_cut_to_what_a_client_decodes():
-    core = make_core()
-    (c,) = connect(core, A)
-    query = " AND ".join(f"k{j} = 'v{j}'" for j in range(60))  # (over the 32 conditions a query may have)
-    (err,) = frames_to(c.sub(f"t.* where {query}"), A)  # (decoded: it raised before, over 1024 chars)
-    assert err[0] is T.ERROR and err[1] == E.BAD_TOPIC and len(err[2]) == wire.MAX_ERROR_TEXT
-    assert err[2].endswith("...")
+def test_an_error_text_is_cut_to_what_a_client_decodes():
+    """An ERROR may quote what the sender sent (a kilobyte filter in a text SUB's reason):
+    over the decoder's 1024 characters no client could read it."""
+    f = decoding.decode_untrusted_frame(wire.encode_error(E.BAD_TOPIC, "topic filter: " + "x" * 2000))
+    assert f[1] == E.BAD_TOPIC and len(f[2]) == wire.MAX_ERROR_TEXT and f[2].endswith("...")
+
+
+def test_a_filter_is_parsed_only_once_the_budgets_let_its_subscription_in():
+    """Parsing a kilobyte query costs ~100 us: a host over its budget is refused before it."""
+    core = make_core(max_subscriptions_per_host=2)
+    (c,) = clients(core, A)
+    query = " AND ".join(f"k{j} = 'v{j}'" for j in range(40))  # (over the 32 conditions a query may have)
+    assert _subscribe(c, ["a", "b", f"t.* where {query}"]) == [E.OK, E.OK, E.OVERLOADED]
+    assert core.metrics["error_bad_topic"] == 0
+    c.cmds([(0, "a", None, 0)])
+    assert _subscribe(c, [f"t.* where {query}"]) == [E.BAD_TOPIC]
+    assert core.metrics["error_bad_topic"] == 1 and core.index.count == 1
 
 
 def clients(core: Any, *addrs: tuple[str, int]) -> list[FakeClient]:

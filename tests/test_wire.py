@@ -98,7 +98,8 @@ def test_hello_is_padded_for_the_amplification_budget():
         (msgpack.packb([1, T.PING, CID, COOKIE, 1, 0, "1"]), E.MALFORMED),  # session
         (msgpack.packb([1, T.PING, CID, COOKIE, 1]), E.MALFORMED),  # the old PING, without digest and session
         (msgpack.packb([1, T.PONG, 1, True, COOKIE, [], 1.5]), E.MALFORMED),  # digest
-        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "a b", None, 0]]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, 7, None, 0]]]), E.BAD_TOPIC),
+        (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "x" * 1025, None, 0]]]), E.BAD_TOPIC),
         (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "", None, 0]]]), E.BAD_TOPIC),
         (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "t", 5, 0]]]), E.BAD_KEY),
         (msgpack.packb([1, T.CMDS, CID, COOKIE, 1, 1, [[1, "t", None, 7]]]), E.BAD_MODE),
