@@ -25,6 +25,7 @@ from roost.cluster import admin
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig, Member, is_cluster_config, load_cluster_config
 from roost.cluster.launcher import DEFAULT_RUN_DIR, READY_TIMEOUT, Launcher, find_run_dir, free_tcp_port, node_command
 from roost.cluster.server import ClusterNode
+from roost.node import gcpolicy
 from roost.node.config import ConfigError, config_doc, load_node_config, parse_hostport, read_toml
 from roost.node.procs import free_udp_port
 from roost.node.server import CannotBind, NodeServer, run_until_signal, wait_for_signal
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    gcpolicy.freeze_survivors()  # (a node process's: not the tests' that run a node in theirs)
     try:
         data = read_toml(args.config) if args.config else {}
         if args.config and is_cluster_config(data):

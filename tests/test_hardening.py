@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import subprocess
+import sys
 import urllib.request
 from typing import Any
 
@@ -18,7 +20,7 @@ from roost.client import decoding, durablewire, wire
 from roost.client.wire import E, T, WireError
 from roost.node.admission import Admission
 from roost.node.procs import free_port
-from tests.clusterkit import Node, roost
+from tests.clusterkit import ROOT, Node, roost
 from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)
@@ -289,3 +291,32 @@ def test_a_pool_filled_by_a_few_hosts_still_admits_a_newcomer_below_its_share():
     (legit,) = clients(core, ("127.0.0.11", 1))
     assert _subscribe(legit, [f"l.{i}" for i in range(8)]) == [E.OK] * 5 + [E.OVER_CAPACITY] * 3
     assert core.index.count == core.cfg.max_subscriptions
+
+
+# ------------------------------------------------------------ the attacks, on real processes
+
+
+def _attack(*args: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "scripts/attack.py", *args, "--json"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.alone  # (a dozen processes on the machine's two cores: the others would be slowed)
+def test_hosts_exhausting_a_node_leave_a_client_on_another_host_served():
+    r = _attack("exhaust", "--duration", "6", "--attackers", "4", "--rate", "800")
+    assert r["node_alive"] and r["attack_datagrams"] > 4 * 800 * 4
+    assert r["legit_sent"] > 300 and r["legit_unique"] == r["legit_sent"]  # every message, through it all
+    assert r["pings"] > 200 and r["pings_lost"] <= 2
+    assert 0 < r["subscriptions"] <= 4 * (2 << 20) // 900  # (each host's filter bytes: ~930 B a filter)
+    assert r["producers"] <= 4 * 10_000 and r["refused"]["refused_max_filter_bytes_per_host"] > 0
+
+
+@pytest.mark.alone
+def test_forged_text_subscriptions_get_at_most_3x_what_they_sent_from_the_whole_cluster():
+    r = _attack("text", "--duration", "4", "--members", "2")
+    assert r["subs_sent"] >= 60 and r["messages_published"] >= 600
+    assert r["victim_bytes_received"] <= 3 * r["victim_bytes_sent"]
+    off = _attack("text", "--duration", "2", "--members", "2", "--text-amplification", "0")
+    assert off["victim_bytes_received"] > 100 * off["victim_bytes_sent"]  # (what the bound prevents)
