@@ -52,6 +52,32 @@ class CoreBase:
         # The process serving this core, set by the shell: STATUS tells it, so that a launcher
         # knows the process it started answers, and not another that holds the port.
         self.pid: int | None = None
+        # Each source host's byte budget (max_host_bytes_per_second): the bytes it may still
+        # send now, and when that was reckoned; two dicts of plain values, out of the
+        # collector's sight.
+        self._host_tokens: dict[str, float] = {}
+        self._host_at: dict[str, float] = {}
+
+    def _over_rate(self, host: str, n: int, now: float) -> bool:
+        """Has ``host`` sent more than its bytes per second (a bucket of one second's worth)?
+        Spends ``n`` from its budget if not."""
+        rate = self.cfg.max_host_bytes_per_second
+        tokens = self._host_tokens.get(host)
+        if tokens is None:
+            if len(self._host_tokens) >= 65536:  # (hosts silent for a second have a full bucket: forget them)
+                quiet = [h for h, at in self._host_at.items() if now - at >= 1.0]
+                for h in quiet:
+                    del self._host_tokens[h], self._host_at[h]
+            tokens = rate
+        else:
+            tokens = min(rate, tokens + max(0.0, now - self._host_at[host]) * rate)
+        self._host_at[host] = now
+        if tokens < n:
+            self._host_tokens[host] = tokens
+            self.metrics["dropped_host_rate"] += 1
+            return True
+        self._host_tokens[host] = tokens - n
+        return False
 
     def _send(self, addr: Addr, data: bytes) -> None:
         self._out.append(Send(addr, data))

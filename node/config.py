@@ -181,6 +181,12 @@ SETTINGS: list[Setting] = [
             "bound, for text_networks where no one can forge a source address."),
     number("limits", "max_producers", 100000, int, 1, 100_000_000,
             "Producers whose sequence numbers are remembered for dedup."),
+    Setting("limits", "max_host_bytes_per_second", 1 << 30, int, "0 (off) or an integer from 65536 to 2**40",
+            lambda v: v == 0 or 65536 <= v <= 2**40,
+            "Bytes a second one source address may send the node (a bucket of one second's worth); "
+            "what is over it is dropped unread (dropped_host_rate). The default, 1 GiB/s, is above "
+            "what one host reaches on the machines we measured (docs/performance.md: 340 MB/s): it "
+            "caps a host on a faster one, not a benchmark."),
     number("limits", "max_per_host", 10000, int, 1, 100_000_000,
             "Binary clients, and producers, one source IP may have on a node: one host "
             "cannot use up max_clients or max_producers for everybody."),
@@ -227,6 +233,7 @@ class NodeConfig:
     mailbox_capacity: int
     mailbox_max_bytes: int
     max_per_host: int
+    max_host_bytes_per_second: int
     send_window: int
     send_window_bytes: int
     max_clients: int

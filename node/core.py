@@ -118,10 +118,13 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self._now = now
         m = self.metrics
         m["datagrams_in"] += len(datagrams)
+        rated = self.cfg.max_host_bytes_per_second > 0
         for data, addr in datagrams:
             m["bytes_in"] += len(data)
             if not data:
                 m["dropped_empty"] += 1
+                continue
+            if rated and self._over_rate(addr[0], len(data), now):
                 continue
             first = data[0]
             is_text = 0x41 <= first <= 0x5A or 0x61 <= first <= 0x7A

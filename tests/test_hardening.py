@@ -320,3 +320,17 @@ def test_forged_text_subscriptions_get_at_most_3x_what_they_sent_from_the_whole_
     assert r["victim_bytes_received"] <= 3 * r["victim_bytes_sent"]
     off = _attack("text", "--duration", "2", "--members", "2", "--text-amplification", "0")
     assert off["victim_bytes_received"] > 100 * off["victim_bytes_sent"]  # (what the bound prevents)
+
+
+def test_a_host_over_its_bytes_per_second_is_dropped_unread_and_others_are_not():
+    core = make_core(max_host_bytes_per_second=65536)
+    P = ("127.0.0.8", 1)
+    core.handle_datagrams([(b"SUB t\n" + PAD, T1)], 0.0)
+    big = b"PUB t\n" + b"x" * 994  # 1,000 bytes
+    core.handle_datagrams([(big, P)] * 100, 0.0)
+    assert core.metrics["dropped_host_rate"] == 100 - 65 and core.metrics["published"] == 65
+    out = core.handle_datagrams([(b"PUB t\nother host", ("127.0.0.9", 1))], 0.0)
+    assert [s.data for s in sends(out)] == [b"MSG t\nother host"]
+    core.handle_datagrams([(big, P)] * 40, 0.5)  # half a second: 32 KiB more
+    assert core.metrics["published"] == 65 + 1 + 33
+    assert make_core().cfg.max_host_bytes_per_second == 1 << 30
