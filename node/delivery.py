@@ -33,7 +33,7 @@ import msgpack
 from roost.client import wire
 from roost.client.subjects import is_plain
 from roost.client.text import encode_text_msg
-from roost.client.wire import E, Mode, Reason
+from roost.client.wire import Mode, Reason
 from roost.node import relay, versions
 from roost.node.actions import Send
 from roost.node.base import TIMER_RTO, fmt
@@ -90,9 +90,6 @@ class Delivery(Registers):
         self._fwd_seen: set[tuple[bytes, int]] = set()
         self._fwd_order: deque[tuple[float, bytes, int]] = deque()
         self._budget = config.max_datagram - wire.MSGS_HEADER_MAX
-        self._bytes_at = -1e18  # when the mailboxes' bytes were last summed (_over_capacity)
-        self._mailbox_bytes = 0
-        self._over_logged = -1e18
         self._park_ms = int(config.subscriber_timeout * 1000)
 
     def _set(self, c: ClientState, tk: tuple[str, str | None], version: int) -> None:
@@ -442,50 +439,11 @@ class Delivery(Registers):
                 self._dirty.append(c)
 
     def _sub_budget(self, live: int, host: str | None, nbytes: int, now: float) -> tuple[int, str]:
-        """May a client holding ``live`` subscriptions (admitted from ``host``) take one more, of
-        a filter ``nbytes`` long? (E.OK, ""), or the refusal and the setting that refused it:
-        ``overloaded`` past a limit of its own (its subscriptions, its host's subscriptions or
-        filter bytes), ``over_capacity`` when the node is above ``admission_share`` of a pool
-        (ADR 033) and the host already holds its fair share of it, or the pool is full. Each
-        refusal is counted under the setting's name and logged (at most every 10 s)."""
-        cfg = self.cfg
-        if live >= cfg.max_subscriptions_per_client:
-            return self._refuse(E.OVERLOADED, "max_subscriptions_per_client", now)
-        held = self.host_subs.get(host) if host else None
-        n, b = held if held is not None else (0, 0)
-        if n >= cfg.max_subscriptions_per_host:
-            return self._refuse(E.OVERLOADED, "max_subscriptions_per_host", now)
-        if b + nbytes > cfg.max_filter_bytes_per_host:
-            return self._refuse(E.OVERLOADED, "max_filter_bytes_per_host", now)
-        if self.index.count >= cfg.max_subscriptions:
-            return self._refuse(E.OVER_CAPACITY, "max_subscriptions", now)
-        if self.filter_bytes + nbytes > cfg.max_filter_bytes:
-            return self._refuse(E.OVER_CAPACITY, "max_filter_bytes", now)
-        share = cfg.admission_share
-        if now >= self._bytes_at + 1.0:  # (summed at most once a second, off the hot path)
-            self._bytes_at = now
-            self._mailbox_bytes = sum(c.mailbox.nbytes for c in self.clients.values() if c.mailbox is not None)
-        if self._mailbox_bytes >= share * cfg.max_mailbox_bytes:
-            return self._refuse(E.OVER_CAPACITY, "max_mailbox_bytes", now)
-        over_subs = self.index.count >= share * cfg.max_subscriptions
-        if over_subs or self.filter_bytes >= share * cfg.max_filter_bytes:
-            # A pool a few hosts filled together: the hosts at their share are refused, not a
-            # newcomer (``host_subs`` holds the hosts that hold any; a new one counts too).
-            hosts = len(self.host_subs) + (held is None)
-            if host is None or n >= share * cfg.max_subscriptions / hosts \
-                    or b >= share * cfg.max_filter_bytes / hosts:  # fmt: skip
-                return self._refuse(E.OVER_CAPACITY, "max_subscriptions" if over_subs else "max_filter_bytes", now)
-        return E.OK, ""
+        """node/budgets.py: may one more subscription come (E.OK, "") or what refuses it."""
+        return self.budgets.check(live, host, nbytes, self.index.count, now, self._mailboxes_bytes)
 
-    def _refuse(self, code: E, setting: str, now: float) -> tuple[int, str]:
-        self.metrics["refused_over_capacity" if code is E.OVER_CAPACITY else "refused_overloaded"] += 1
-        self.metrics[f"refused_{setting}"] += 1
-        if now >= self._over_logged + 10.0:
-            self._over_logged = now
-            self._log("warning", "subscription_refused", code=code.name.lower(), limit=setting,
-                      value=getattr(self.cfg, setting), subscriptions=self.index.count,
-                      filter_bytes=self.filter_bytes, mailbox_bytes=self._mailbox_bytes)  # fmt: skip
-        return int(code), setting
+    def _mailboxes_bytes(self) -> int:
+        return sum(c.mailbox.nbytes for c in self.clients.values() if c.mailbox is not None)
 
     def _forward(self, member: str, msg: list[Any]) -> None:
         self._forwards.setdefault(member, []).append(msg)

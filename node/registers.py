@@ -36,8 +36,8 @@ import mmh3
 
 from roost.client.wire import Reason
 from roost.node import versions
-from roost.node.admission import host_key
 from roost.node.base import TIMER_LIVENESS, CoreBase
+from roost.node.budgets import SubscriptionBudgets
 from roost.node.clients import ClientState
 from roost.node.config import NodeConfig
 from roost.node.cookies import Addr
@@ -83,10 +83,7 @@ class Registers(CoreBase):
         self.index = SubscriptionIndex()
         self.clients: dict[Any, ClientState] = {}
         self.text_subs = 0  # text-protocol subscriptions in force (max_text_subscribers)
-        self.filter_bytes = 0  # of every subscription in force (max_filter_bytes)
-        # Per source host, what the clients it admitted here hold: [subscriptions, filter bytes]
-        # (max_subscriptions_per_host, max_filter_bytes_per_host; ``_charge``).
-        self.host_subs: dict[str, list[int]] = {}
+        self.budgets = SubscriptionBudgets(config, self.metrics, self._log)  # charged in _set
         self.replicating = replicating
         self.tombstone_horizon = tombstone_horizon
         self.expire_skipped = 0  # clients the last expire_home left alone: heard from lately
@@ -112,30 +109,6 @@ class Registers(CoreBase):
             self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, cid)
         self._mark_changed(c, None)
         return c
-
-    def _charge(self, c: ClientState, nbytes: int, sign: int) -> None:
-        """A subscription of ``c`` (its filter ``nbytes`` long) came (``sign`` 1) or went (-1):
-        the node's filter bytes, and the budget of the host it is charged to. A record is
-        charged to the host that admitted it (a binary client's ``counted``; a text address
-        at its home), fixed from its first subscription to its last, so a client that moves
-        or is adopted never frees what another host was charged."""
-        self.filter_bytes += sign * nbytes
-        if c.charged is None:
-            if c.cid.__class__ is bytes:
-                c.charged = c.counted or ""
-            else:
-                c.charged = host_key(c.cid[0]) if c.home == self.node_id else ""
-        host = c.charged
-        if host:
-            held = self.host_subs.get(host)
-            if held is None:
-                held = self.host_subs[host] = [0, 0]
-            held[0] += sign
-            held[1] += sign * nbytes
-            if not held[0]:
-                del self.host_subs[host]
-        if not c.live:
-            c.charged = None
 
     def _text_merged(self, addr: Addr, topic: str, now: float) -> None:
         """A text subscription of ours came back by merge (a snapshot, a PULL): its lease
@@ -236,13 +209,13 @@ class Registers(CoreBase):
                 tk = (topic, key)
             if not old & versions.PRESENT:
                 c.live += 1
-                self._charge(c, len(topic), 1)
+                self.budgets.charge(c, len(topic), 1, self.node_id)
                 if c.cid.__class__ is not bytes:
                     self.text_subs += 1
         elif old & versions.PRESENT:
             self.index.remove(topic, key, c.cid)
             c.live -= 1
-            self._charge(c, len(topic), -1)
+            self.budgets.charge(c, len(topic), -1, self.node_id)
             if c.cid.__class__ is not bytes:
                 self.text_subs -= 1
                 if c.live == 0:

@@ -261,11 +261,11 @@ def test_subscriptions_and_filter_bytes_are_budgeted_per_host_and_freed_exactly(
     assert core.metrics["refused_max_subscriptions_per_host"] == 1
     (other,) = clients(core, ("127.0.0.3", 1))
     assert _subscribe(other, ["c.0"]) == [E.OK]  # another host has its own budget
-    assert core.host_subs == {"127.0.0.2": [5, 5 * 3], "127.0.0.3": [1, 3]}
+    assert core.budgets.hosts == {"127.0.0.2": [5, 5 * 3], "127.0.0.3": [1, 3]}
     a1.cmds([(0, "a.0", None, 0)])
     long = "d." + "x" * 250
     assert _subscribe(a2, [long]) == [E.OK]
-    assert core.host_subs["127.0.0.2"] == [5, 4 * 3 + len(long)] and core.filter_bytes == 4 * 3 + len(long) + 3
+    assert core.budgets.hosts["127.0.0.2"] == [5, 4 * 3 + len(long)] and core.budgets.filter_bytes == 4 * 3 + len(long) + 3
     # filter bytes: a host's long filters run out before its count does
     q = " AND ".join(f"k{j} = '{'v' * 100}'" for j in range(8))
     (b,) = clients(core, ("127.0.0.4", 1))
@@ -274,7 +274,7 @@ def test_subscriptions_and_filter_bytes_are_budgeted_per_host_and_freed_exactly(
     assert core.metrics["refused_max_filter_bytes_per_host"] == 1
     # a client that goes frees what its host was charged, to the byte
     core.tick(core.cfg.subscriber_timeout + 1)
-    assert core.host_subs == {} and core.filter_bytes == 0 and core.index.count == 0
+    assert core.budgets.hosts == {} and core.budgets.filter_bytes == 0 and core.index.count == 0
 
 
 def test_a_pool_filled_by_a_few_hosts_still_admits_a_newcomer_below_its_share():

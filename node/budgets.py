@@ -1,0 +1,113 @@
+"""Subscription budgets: what each source host holds, and whether one more may come.
+
+Theory of operation. A subscription costs the node memory for as long as it stands, and a
+stranger can make thousands. So every subscription in force is counted against the node (its
+subscriptions: the index; its filter bytes: ``filter_bytes``) and against the host that
+admitted the client holding it (``hosts``: [subscriptions, filter bytes]). The counts move in
+one place, ``charge``, which the registers call wherever a subscription comes or goes (a SUB,
+an UNSUB, a merge from a peer or a snapshot, an expiry), so they cannot drift from the index.
+
+A client record is charged to one host, fixed from its first subscription to its last
+(``ClientState.charged``): a binary client to the host that admitted it (``counted``), a text
+address to itself at its home; records another member admitted are charged to no host here.
+So a client that moves, or a member that adopts it, never frees what another host was charged.
+
+``check`` decides a new subscription: refused (``overloaded``) past its client's or host's own
+limits, refused (``over_capacity``) when a node-wide pool is full, and above
+``admission_share`` of a pool admitted only for a host that holds less than its fair share of
+it (the pool's share over the hosts that hold any): hosts that filled the pool together are
+refused, a newcomer is not. Mailbox bytes, which no host owns, refuse everyone above the share.
+Each refusal names the setting that refused it; it is counted as ``refused_<setting>`` and
+logged at most every 10 s.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from roost.client.wire import E
+from roost.node.admission import host_key
+from roost.node.clients import ClientState
+from roost.node.config import NodeConfig
+
+
+class SubscriptionBudgets:
+    __slots__ = ("cfg", "filter_bytes", "hosts", "log", "mailbox_bytes", "metrics", "_logged", "_summed")
+
+    def __init__(self, cfg: NodeConfig, metrics: Counter[str], log: Callable[..., None]) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.log = log  # the core's: a Log action (level, event, **fields)
+        self.filter_bytes = 0  # of every subscription in force (max_filter_bytes)
+        self.hosts: dict[str, list[int]] = {}  # host -> [subscriptions, filter bytes] its clients hold here
+        self.mailbox_bytes = 0  # of every mailbox, summed at most once a second
+        self._summed = -1e18
+        self._logged = -1e18
+
+    def charge(self, c: ClientState, nbytes: int, sign: int, node_id: str) -> None:
+        """A subscription of ``c`` (its filter ``nbytes`` long) came (``sign`` 1) or went (-1);
+        ``c.live`` already counts it."""
+        self.filter_bytes += sign * nbytes
+        if c.charged is None:
+            if c.cid.__class__ is bytes:
+                c.charged = c.counted or ""
+            else:
+                c.charged = host_key(c.cid[0]) if c.home == node_id else ""
+        host = c.charged
+        if host:
+            held = self.hosts.get(host)
+            if held is None:
+                held = self.hosts[host] = [0, 0]
+            held[0] += sign
+            held[1] += sign * nbytes
+            if not held[0]:
+                del self.hosts[host]
+        if not c.live:
+            c.charged = None
+
+    def check(self, live: int, host: str | None, nbytes: int, count: int, now: float,
+              mailboxes: Callable[[], int]) -> tuple[int, str]:  # fmt: skip
+        """May a client holding ``live`` subscriptions, admitted from ``host``, take one more of
+        a filter ``nbytes`` long, the node holding ``count``? (E.OK, "") or (the refusal, the
+        setting that refused it). ``mailboxes`` sums the mailboxes' bytes (called at most once
+        a second)."""
+        cfg = self.cfg
+        if live >= cfg.max_subscriptions_per_client:
+            return self._refuse(E.OVERLOADED, "max_subscriptions_per_client", now, count)
+        held = self.hosts.get(host) if host else None
+        n, b = held if held is not None else (0, 0)
+        if n >= cfg.max_subscriptions_per_host:
+            return self._refuse(E.OVERLOADED, "max_subscriptions_per_host", now, count)
+        if b + nbytes > cfg.max_filter_bytes_per_host:
+            return self._refuse(E.OVERLOADED, "max_filter_bytes_per_host", now, count)
+        if count >= cfg.max_subscriptions:
+            return self._refuse(E.OVER_CAPACITY, "max_subscriptions", now, count)
+        if self.filter_bytes + nbytes > cfg.max_filter_bytes:
+            return self._refuse(E.OVER_CAPACITY, "max_filter_bytes", now, count)
+        share = cfg.admission_share
+        if now >= self._summed + 1.0:
+            self._summed = now
+            self.mailbox_bytes = mailboxes()
+        if self.mailbox_bytes >= share * cfg.max_mailbox_bytes:
+            return self._refuse(E.OVER_CAPACITY, "max_mailbox_bytes", now, count)
+        over_subs = count >= share * cfg.max_subscriptions
+        if over_subs or self.filter_bytes >= share * cfg.max_filter_bytes:
+            hosts = len(self.hosts) + (held is None)  # (a newcomer counts too)
+            if host is None or n >= share * cfg.max_subscriptions / hosts \
+                    or b >= share * cfg.max_filter_bytes / hosts:  # fmt: skip
+                return self._refuse(E.OVER_CAPACITY, "max_subscriptions" if over_subs else "max_filter_bytes", now,
+                                    count)  # fmt: skip
+        return E.OK, ""
+
+    def _refuse(self, code: E, setting: str, now: float, count: int) -> tuple[int, str]:
+        self.metrics["refused_over_capacity" if code is E.OVER_CAPACITY else "refused_overloaded"] += 1
+        self.metrics[f"refused_{setting}"] += 1
+        if now >= self._logged + 10.0:
+            self._logged = now
+            value: Any = getattr(self.cfg, setting)
+            self.log("warning", "subscription_refused", code=code.name.lower(), limit=setting, value=value,
+                     subscriptions=count, filter_bytes=self.filter_bytes,
+                     mailbox_bytes=self.mailbox_bytes)  # fmt: skip
+        return int(code), setting
