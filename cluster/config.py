@@ -37,10 +37,10 @@ from roost.node.config import (
 CLUSTER_SETTINGS: list[Setting] = [
     Setting("cluster", "secret", "", str, "a string of at least 16 characters",
             lambda v: len(v) >= 16,
-            "Shared by every member; peers prove they know it (HMAC over fresh nonces). "
-            "It also keys the address-validation cookies, so a cookie from one member is "
-            "valid at all of them. Keep it out of tracked files: use secret_file or the "
-            "environment variable ROOST_CLUSTER_SECRET instead (one of the three is required)."),
+            "Shared by every member; peers prove they know it (HMAC over fresh nonces). It "
+            "keys no address-validation cookie: each member draws random keys of its own. "
+            "Keep it out of tracked files: use secret_file or the environment variable "
+            "ROOST_CLUSTER_SECRET instead (one of the three is required)."),
     Setting("cluster", "secret_file", "", str, "a file path", lambda v: len(v) > 0,
             "A file holding the secret (its first line; Compose and Kubernetes secrets mount "
             "such files). Instead of secret; ROOST_CLUSTER_SECRET is read when neither is set."),

@@ -179,7 +179,8 @@ SETTINGS: list[Setting] = [
     number("timeouts", "producer_timeout", 300.0, float, 1, 604800,
             "How long a silent producer's dedup state is kept."),
     number("timeouts", "cookie_lifetime", 600.0, float, 1, 86400,
-            "Address-validation cookies are valid one to two lifetimes."),
+            "A node's address-validation cookie key is replaced this often (a random key of "
+            "its own; the one before it is still accepted): a cookie is valid one to two lifetimes."),
     number("timeouts", "ping_interval", 0.5, float, 0.01, 60,
             "Told to clients in WELCOME: how often to PING while subscribed."),
 ]  # fmt: skip

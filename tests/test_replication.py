@@ -28,7 +28,7 @@ WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
 
 
 def replica(node_id: str = "n1", idx: int = 0, horizon: float = math.inf) -> BrokerCore:
-    return BrokerCore(NodeConfig(id=node_id), b"k" * 32, random.Random(1), 1, node_idx=idx, replicating=True,
+    return BrokerCore(NodeConfig(id=node_id), random.Random(idx), 1, node_idx=idx, replicating=True,
                       wall_offset=1_780_000_000.0, tombstone_horizon=horizon)  # fake time 0 is a day in 2026
 
 
@@ -116,7 +116,7 @@ def moved_client() -> tuple[BrokerCore, BrokerCore, FakeClient, FakeClient]:
     ca.sub("t", now=1.0)
     b.merge(check_entries(ca.take_pushes()), 1.0)
     cb = FakeClient(b, ca.addr, cid=ca.cid)
-    cb.cookie = ca.cookie
+    cb.hello(1.0)  # (n1's cookie is n1's: every member keys its own)
     cb.batch = ca.batch
     return a, b, ca, cb
 
