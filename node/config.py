@@ -260,7 +260,7 @@ def validate_value(
     v = value
     if s.kind is float and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
-    if not isinstance(v, s.kind) or isinstance(v, bool) or not s.check(v):
+    if not isinstance(v, s.kind) or (isinstance(v, bool) and s.kind is not bool) or not s.check(v):
         raise ConfigError(f"{source}: [{section}] {key} = {value!r}: must be {s.allowed}")
     if key == "client_addr":
         return parse_hostport(str(v))
@@ -341,5 +341,6 @@ def config_doc(table: list[Setting] | None = None) -> str:
     """Markdown table of every setting, for docs/configuration.md."""
     rows = ["| section | key | default | allowed | meaning |", "|---|---|---|---|---|"]
     for s in SETTINGS if table is None else table:
-        rows.append(f"| [{s.section}] | `{s.key}` | `{s.default!r}` | {s.allowed} | {s.doc} |")
+        default = str(s.default).lower() if isinstance(s.default, bool) else repr(s.default)  # (as TOML writes it)
+        rows.append(f"| [{s.section}] | `{s.key}` | `{default}` | {s.allowed} | {s.doc} |")
     return "\n".join(rows) + "\n"
