@@ -1,9 +1,10 @@
 """Where a cluster's secret comes from (cluster/secretfile.py): secret files readable by group
 or others refused, the file `roost cluster up` creates, and the shipped configs, which carry no
-secret."""
+secret and trust loopback only for the text protocol."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import stat
@@ -15,7 +16,7 @@ import pytest
 from roost.cluster.config import load_cluster_config
 from roost.cluster.launcher import write_local_config
 from roost.cluster.secretfile import SECRET_ENV, ensure_secret_file
-from roost.node.config import ConfigError
+from roost.node.config import SETTINGS, ConfigError
 from tests.clusterkit import ROOT, roost
 
 ENV_SECRET = "from-the-environment-0123"
@@ -182,3 +183,9 @@ def test_the_shipped_configs_track_no_secret_and_name_a_file_under_run_or_read_t
         load_cluster_config(path, need_secret=False)
     assert clusters == 5
 
+
+def test_the_shipped_configs_trust_loopback_only_for_the_text_protocol():
+    default = next(s.default for s in SETTINGS if s.key == "text_networks")
+    for path in CONFIGS:
+        nets = tomllib.loads(path.read_text()).get("node", {}).get("text_networks", default)
+        assert nets and all(ipaddress.ip_network(n).is_loopback for n in nets), (path, nets)
