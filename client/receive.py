@@ -582,18 +582,15 @@ class Receiver:
     def acks(
         self, cid: bytes, node: Addr, cookie: bytes | None, cookies: dict[Addr, bytes], out: list[tuple[Addr, bytes]]
     ) -> list[Addr] | None:
-        """Append one ACK per stream that received something since the last one, each with the
-        cookie of the member it goes to: ``cookie`` for our ``node``, ``cookies`` for the others
-        (every member keys its own cookies). Returns the members whose ACK waits for a cookie
-        (None when none does): they stay owed until one comes."""
+        """Append one ACK per stream that received something since the last one, with the cookie
+        of the member it goes to (``cookie``: our ``node``'s); return the members whose ACK waits
+        for a cookie (client/membercookies.py), or None."""
         waiting: list[Addr] | None = None
         for src, rs in self.streams.items():
             if rs.need_ack:
                 ck = cookie if src == node else cookies.get(src)
                 if ck is None:
-                    if waiting is None:
-                        waiting = []
-                    waiting.append(src)
+                    waiting = [*(waiting or ()), src]
                     continue
                 rs.need_ack = False
                 sack = _ranges(sorted(rs.ooo))
