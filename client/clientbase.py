@@ -246,7 +246,7 @@ class ClientBase(abc.ABC):
             sock, frame = self._socks.get(id(s)), s.bye()
             if sock is not None and frame is not None and s.cookie is not None and sock.fileno() >= 0:
                 out: list[tuple[Addr, bytes]] = []
-                s.recv.acks(s.cid, s.cookie, out)
+                s.recv.acks(s.cid, s.node, s.cookie, s.member_cookies.held, out)
                 self.send_errors += send_now(sock, [*out, (s.node, frame)])
 
     async def aclose(self) -> None:

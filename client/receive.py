@@ -579,10 +579,19 @@ class Receiver:
         self.seen[pid] = pseq
         return False
 
-    def acks(self, cid: bytes, cookie: bytes, out: list[tuple[Addr, bytes]]) -> None:
-        """Append one ACK per stream that received something since the last one."""
+    def acks(
+        self, cid: bytes, node: Addr, cookie: bytes | None, cookies: dict[Addr, bytes], out: list[tuple[Addr, bytes]]
+    ) -> list[Addr] | None:
+        """Append one ACK per stream that received something since the last one, with the cookie
+        of the member it goes to (``cookie``: our ``node``'s); return the members whose ACK waits
+        for a cookie (client/membercookies.py), or None."""
+        waiting: list[Addr] | None = None
         for src, rs in self.streams.items():
             if rs.need_ack:
+                ck = cookie if src == node else cookies.get(src)
+                if ck is None:
+                    waiting = [*(waiting or ()), src]
+                    continue
                 rs.need_ack = False
                 sack = _ranges(sorted(rs.ooo))
                 processed = rs.expected - 1
@@ -594,7 +603,8 @@ class Receiver:
                     if first <= processed:
                         sack = [[first, processed], *sack][:64]
                         processed = first - 1
-                out.append((src, wire.encode_ack(cid, cookie, rs.stream, processed, sack)))
+                out.append((src, wire.encode_ack(cid, ck, rs.stream, processed, sack)))
+        return waiting
 
 
 def _ranges(seqs: list[int]) -> list[list[int]]:

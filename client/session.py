@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from roost.client import decoding, wire
 from roost.client.commands import MAX_BATCH, CommandBatches
 from roost.client.config import ClientConfig
+from roost.client.membercookies import MemberCookies
 from roost.client.publisher import Publisher
 from roost.client.receive import Message, Receiver, SubKey, SubState
 from roost.client.subjects import is_plain, parse_filter_untrusted
@@ -53,6 +54,8 @@ class ClientSession:
         # Every node we know of, in failover order; WELCOME's cluster map adds more.
         self.candidates: list[Addr] = [node, *(m for m in members or [] if m != node)]
         self.cookie: bytes | None = None
+        # The cookies of the other members that deliver to us, for our ACKs (each member keys its own)
+        self.member_cookies = MemberCookies(client_id, config.hello_retry, config.node_timeout)
         self.node_id: str | None = None
         self.members: list[tuple[str, str, int]] = []
         self.last_heard = now
@@ -214,8 +217,15 @@ class ClientSession:
         if ftype is T.CANCEL:  # may come from any node that delivers to us
             self._on_cancel(f[1], f[2], f[3])
             return
-        if src != self.node:
-            return  # the rest is conversation with our current node
+        if src != self.node:  # the rest is conversation with our current node, but for our ACKs' cookies
+            if ftype is T.WELCOME:
+                self.member_cookies.on_welcome(src, f[2])
+            elif ftype is T.ERROR and f[1] == E.BAD_COOKIE:
+                self.member_cookies.refused(src)
+                rs = self.recv.streams.get(src)
+                if rs is not None:
+                    rs.need_ack = True  # (the ACK it refused: owed again, once a new cookie comes)
+            return
         if ftype is T.PUTACK:
             self.putacks.append((f[1], f[2], f[3], f[4]))
         elif ftype is T.RECORDS or ftype is T.COMMITTED:
@@ -227,6 +237,8 @@ class ClientSession:
         elif ftype is T.CMDACK:
             self._on_cmdack(f[1], f[2], f[3])
         elif ftype is T.PONG:
+            if f[3] != self.cookie and self.member_cookies.held:
+                self.member_cookies.renew(now, self._out)  # (our node's key rotated: the others' too)
             self._on_pong(f[1], f[2], f[3], f[4], f[5])
         elif ftype is T.WELCOME:
             self._on_welcome(f[1], f[2], f[3], f[4])
@@ -409,7 +421,9 @@ class ClientSession:
                 self.cmds.add((Op.UNSUB, topic, key, Mode.FIRE))
             self.events.append(("node_lost",))
         i = self.candidates.index(self.node) if self.node in self.candidates else -1
-        self.node = self.candidates[(i + 1) % len(self.candidates)]
+        nxt = self.candidates[(i + 1) % len(self.candidates)]
+        self._switch_cookies(nxt)
+        self.node = nxt
         self.cookie = None
         self.next_hello = now
         self.last_heard = now
@@ -429,11 +443,19 @@ class ClientSession:
             return
         if node not in self.candidates:
             self.candidates.append(node)
+        self._switch_cookies(node)
         self.node, self.cookie, self.announced = node, None, 0
         self.next_hello = self.last_heard = now
         self.failed_attempts = 0
         self.failovers += 1
         self._resume_elsewhere()
+
+    def _switch_cookies(self, node: Addr) -> None:
+        """We move to ``node``: the cookie of the one we leave acknowledges what it still
+        delivers to us, and the new one's is our own (from its WELCOME)."""
+        if self.cookie is not None and node != self.node:
+            self.member_cookies.keep(self.node, self.cookie)
+        self.member_cookies.forget(node)
 
     def _resume_elsewhere(self) -> None:
         """Carry our state to the next node: subscriptions again, commands in
@@ -462,8 +484,13 @@ class ClientSession:
     def outgoing(self, now: float) -> list[tuple[Addr, bytes]]:
         """Everything to send now, with its destination."""
         cookie = self.cookie
+        mc = self.member_cookies
+        waiting = self.recv.acks(self.cid, self.node, cookie, mc.held, self._out)
+        if waiting is not None or mc.renewing:  # (HELLOs to other members, for their cookies)
+            gone = mc.due(waiting, self.node, now, self._out)
+            for src in gone or ():  # (silent for node_timeout: our ACK is as good as lost)
+                self.recv.streams[src].need_ack = False
         if cookie is not None:
-            self.recv.acks(self.cid, cookie, self._out)
             batch = self.cmds.start(self.cid, cookie, now)
             if batch is not None:
                 self._out.append((self.node, batch))

@@ -13,13 +13,13 @@ allowed). ``roost node --config FILE --id n2`` picks one member.
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from roost.client.addresses import hostport
+from roost.cluster.secretfile import read_secret
 from roost.node.config import (
     NODE_SECTIONS,
     ConfigError,
@@ -37,13 +37,20 @@ from roost.node.config import (
 CLUSTER_SETTINGS: list[Setting] = [
     Setting("cluster", "secret", "", str, "a string of at least 16 characters",
             lambda v: len(v) >= 16,
-            "Shared by every member; peers prove they know it (HMAC over fresh nonces). "
-            "It also keys the address-validation cookies, so a cookie from one member is "
-            "valid at all of them. Keep it out of tracked files: use secret_file or the "
-            "environment variable ROOST_CLUSTER_SECRET instead (one of the three is required)."),
+            "Shared by every member; peers prove they know it (HMAC over fresh nonces). It "
+            "keys no address-validation cookie: each member draws random keys of its own. "
+            "Keep it out of tracked files: use secret_file or the environment variable "
+            "ROOST_CLUSTER_SECRET instead (one of the three is required)."),
     Setting("cluster", "secret_file", "", str, "a file path", lambda v: len(v) > 0,
-            "A file holding the secret (its first line; Compose and Kubernetes secrets mount "
-            "such files). Instead of secret; ROOST_CLUSTER_SECRET is read when neither is set."),
+            "A file holding the secret (its first line; relative to the config's directory; "
+            "Compose and Kubernetes secrets mount such files). Instead of secret. Refused when "
+            "group or others may read or change it (chmod 600). When it does not exist, "
+            "ROOST_CLUSTER_SECRET is read instead, and `roost cluster up` creates it (mode 0600, "
+            "a random secret) if that is not set either; ROOST_CLUSTER_SECRET is also read when "
+            "neither secret nor secret_file is set."),
+    Setting("cluster", "allow_insecure_secret_file", False, bool, "true or false", lambda v: True,
+            "true: take secret_file even when group or others may read or change it (a mounted "
+            "secret shared with a group, such as Kubernetes' fsGroup)."),
     Setting("cluster", "mode", "replicated", str, '"replicated" or "partitioned"',
             lambda v: v in ("replicated", "partitioned"),
             "replicated: every member holds every subscription. partitioned: each topic's "
@@ -147,6 +154,8 @@ class Member:
 class ClusterSettings:
     secret: str
     secret_file: str
+    allow_insecure_secret_file: bool
+    secret_from: str  # (not a setting: "config", "file" or "environment", once the secret is read)
     mode: str
     partitions: int
     replicas: int
@@ -182,6 +191,7 @@ class ClusterSettings:
 
     def __init__(self) -> None:
         fill_defaults(self, CLUSTER_SETTINGS)
+        self.secret_from = ""
 
 
 @dataclass
@@ -214,36 +224,6 @@ class ClusterConfig:
 
     def index_of(self, member_id: str) -> int:
         return [m.id for m in self.members].index(member_id)
-
-
-SECRET_ENV = "ROOST_CLUSTER_SECRET"
-
-
-def _secret(source: str, settings: ClusterSettings) -> str:
-    """The cluster secret from [cluster] secret, or the file [cluster] secret_file names, or
-    (when the config has neither) the environment variable ROOST_CLUSTER_SECRET."""
-    if settings.secret and settings.secret_file:
-        raise ConfigError(f"{source}: [cluster] secret and secret_file: set one of them, not both")
-    if settings.secret_file:
-        path = Path(source).parent / settings.secret_file if not Path(settings.secret_file).is_absolute() \
-            else Path(settings.secret_file)  # fmt: skip
-        try:
-            lines = path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = getattr(exc, "strerror", None) or str(exc)
-            raise ConfigError(f"{source}: [cluster] secret_file = {settings.secret_file!r}: cannot read {path}: "
-                              f"{why}") from None  # fmt: skip
-        secret, where = (lines[0].strip() if lines else ""), f"[cluster] secret_file = {settings.secret_file!r}"
-    elif settings.secret:
-        return settings.secret
-    else:
-        secret, where = os.environ.get(SECRET_ENV, ""), f"[cluster] secret (or secret_file, or ${SECRET_ENV})"
-        if not secret:
-            raise ConfigError(f"{source}: {where}: required, a string of at least 16 characters")
-    if len(secret) < 16:
-        raise ConfigError(f"{source}: {where}: the secret must be a string of at least 16 characters "
-                          f"(it has {len(secret)})")  # fmt: skip
-    return secret
 
 
 def is_cluster_config(data: dict[str, Any]) -> bool:
@@ -303,7 +283,7 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None, *,
                           "[monitor]")  # fmt: skip
     settings = ClusterSettings()
     apply_sections(settings, source, data, ("cluster", "durable"), CLUSTER_SETTINGS)
-    settings.secret = _secret(source, settings) if need_secret else ""
+    settings.secret, settings.secret_from = read_secret(source, settings) if need_secret else ("", "")
     if settings.down_after <= settings.suspect_after:
         raise ConfigError(f"{source}: [cluster] down_after = {settings.down_after}: must be more than "
                           f"suspect_after ({settings.suspect_after})")  # fmt: skip

@@ -1,9 +1,11 @@
 """Run a cluster's members as local processes: up, down, kill, start.
 
 ``roost cluster up CONFIG`` starts one ``roost node --config CONFIG --id X``
-per member. In the foreground it forwards SIGINT/SIGTERM to them and waits;
-with ``--detach`` it writes a pid file and a log per member under the run
-directory and returns once every member serves. ``down`` stops the members
+per member, once it has created the secret file the config names if neither
+it nor $ROOST_CLUSTER_SECRET exists (cluster/secretfile.py). In the
+foreground it forwards SIGINT/SIGTERM to them and waits; with ``--detach`` it
+writes a pid file and a log per member under the run directory and returns
+once every member serves. ``down`` stops the members
 whose pid files it finds, ``kill ID`` sends SIGKILL (a crash drill) and
 ``start ID`` starts one member again. Before signalling a pid, the launcher
 checks that the process is still the member it started (a pid can be reused).
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from roost.client.addresses import hostport
 from roost.cluster.config import ClusterConfig, load_cluster_config
+from roost.cluster.secretfile import ensure_secret_file, shown
 from roost.node.config import ConfigError
 from roost.node.procs import free_port, is_ready, not_ready, wait_ready
 
@@ -163,6 +166,10 @@ class Launcher:
         self._pidfile(member_id).unlink(missing_ok=True)
 
     def up(self, config: str, detach: bool) -> int:
+        created = ensure_secret_file(config)  # (every member starts here: up may make their secret)
+        if created is not None:
+            print(f"created the cluster secret {shown(created)} (mode 0600): every member reads it; delete it to "
+                  "change the secret", flush=True)  # fmt: skip
         cc = load_cluster_config(config)
         running = {m.id: pid for m in cc.members if (pid := self.pid_of(m.id)) is not None}
         if running:

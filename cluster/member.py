@@ -144,8 +144,10 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         self.peer_addr = {m: (hosts.get(m, a[1][0]), a[1][1]) for m, a in known.items()}
         self.member_ids = set(known)
         self.shape = f"partitioned/{s.partitions}/{s.replicas}" if s.mode == "partitioned" else s.mode
+        # The broker draws its cookie keys from our rng itself (the shell's SystemRandom), not
+        # from a generator seeded by it: the keys are this member's alone, never the secret.
         self.broker = BrokerCore(
-            self.cfg, self.secret, random.Random(rng.getrandbits(64)), incarnation,
+            self.cfg, rng, incarnation,
             members=[[m, *a[0]] for m, a in members.items()], node_idx=self.node_index,
             wall_offset=wall_offset, replicating=True, tombstone_horizon=s.tombstone_horizon,
         )  # fmt: skip

@@ -142,6 +142,9 @@ class ClusterNode:
             roster=decode_untrusted_roster(self.roster),
         )  # fmt: skip
         self.member.broker.pid = os.getpid()
+        if self.cc.settings.secret_from == "config":  # (allowed for tests and tries: cluster/secretfile.py)
+            self.log("warning", "secret_in_config", config=self.cc.source,
+                     hint="keep the secret out of the config: secret_file (mode 0600) or $ROOST_CLUSTER_SECRET")
         host = self.bind_host or self.me.peer_addr[0]
         try:
             listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)

@@ -21,8 +21,9 @@ OWN_DRAWS = ("join", "leave", "pause")
 
 def sim_config(members: int, short: bool = False, mode: str = "replicated", partitions: int = 16) -> ClusterConfig:
     """A cluster config with timeouts sized for short simulated runs. ``short``
-    (drawn for about a third of the seeds): tombstones are collected and silent
-    clients time out within a run, so those paths are under fire too."""
+    (drawn for about a third of the seeds): tombstones are collected, silent
+    clients time out and every member's cookie key rotates many times within a
+    run, so those paths are under fire too."""
     data: dict[str, Any] = {
         "cluster": {"secret": "simulated-cluster-secret", "anti_entropy_interval": 1.0, "snapshot_interval": 1.0,
                     "tombstone_horizon": 10.0 if short else 60.0, "link_idle_timeout": 3.0, "mode": mode,
@@ -31,7 +32,7 @@ def sim_config(members: int, short: bool = False, mode: str = "replicated", part
                      "data_dir": f"/sim/m{i}"} for i in range(members)],
     }  # fmt: skip
     if short:
-        data["timeouts"] = {"subscriber_timeout": 5.0}
+        data["timeouts"] = {"subscriber_timeout": 5.0, "cookie_lifetime": 2.0}
     return load_cluster_config("<simulation>", data)
 
 

@@ -204,7 +204,8 @@ SETTINGS: list[Setting] = [
     number("timeouts", "producer_timeout", 300.0, float, 1, 604800,
             "How long a silent producer's dedup state is kept."),
     number("timeouts", "cookie_lifetime", 600.0, float, 1, 86400,
-            "Address-validation cookies are valid one to two lifetimes."),
+            "A node's address-validation cookie key is replaced this often (a random key of "
+            "its own; the one before it is still accepted): a cookie is valid one to two lifetimes."),
     number("timeouts", "ping_interval", 0.5, float, 0.01, 60,
             "Told to clients in WELCOME: how often to PING while subscribed."),
 ]  # fmt: skip
@@ -289,7 +290,7 @@ def validate_value(
     v = value
     if s.kind is float and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
-    if not isinstance(v, s.kind) or isinstance(v, bool) or not s.check(v):
+    if not isinstance(v, s.kind) or (isinstance(v, bool) and s.kind is not bool) or not s.check(v):
         raise ConfigError(f"{source}: [{section}] {key} = {value!r}: must be {s.allowed}")
     if key == "client_addr":
         return parse_hostport(str(v))
@@ -370,5 +371,6 @@ def config_doc(table: list[Setting] | None = None) -> str:
     """Markdown table of every setting, for docs/configuration.md."""
     rows = ["| section | key | default | allowed | meaning |", "|---|---|---|---|---|"]
     for s in SETTINGS if table is None else table:
-        rows.append(f"| [{s.section}] | `{s.key}` | `{s.default!r}` | {s.allowed} | {s.doc} |")
+        default = str(s.default).lower() if isinstance(s.default, bool) else repr(s.default)  # (as TOML writes it)
+        rows.append(f"| [{s.section}] | `{s.key}` | `{default}` | {s.allowed} | {s.doc} |")
     return "\n".join(rows) + "\n"

@@ -66,7 +66,6 @@ class BrokerCore(Sessions, TextProtocol, Producers):
     def __init__(
         self,
         config: NodeConfig,
-        secret: bytes,
         rng: random.Random,
         incarnation: int,
         members: list[list[Any]] | None = None,
@@ -75,12 +74,12 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         replicating: bool = False,
         tombstone_horizon: float = math.inf,
     ) -> None:
-        """``rng`` is the core's only source of randomness (DESIGN.md: passed
-        in, never global); nothing draws from it today. ``incarnation`` (the
-        shell passes wall-clock milliseconds) makes stream ids grow across
-        restarts."""
+        """``rng`` is the core's only source of randomness (docs/architecture.md: passed
+        in, never global): the cookie keys are drawn from it, so a shell passes
+        ``random.SystemRandom()``. ``incarnation`` (the shell passes wall-clock
+        milliseconds) makes stream ids grow across restarts."""
         super().__init__(config, node_idx, wall_offset, replicating, tombstone_horizon, incarnation)
-        self.cookies = CookieJar(secret, config.cookie_lifetime)
+        self.cookies = CookieJar(rng, config.cookie_lifetime)
         self.members = members or [[config.id, *config.client_addr]]
         self.producers = {}
         self.producer_hosts = {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import secrets
 import signal
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ class NodeServer:
         # The cluster map in WELCOME names the port actually bound: with port 0
         # in the config it is only known now, and clients refuse a map with port 0.
         self.core = core or BrokerCore(
-            cfg, secrets.token_bytes(32), random.Random(), int(time.time() * 1000),
+            cfg, random.SystemRandom(), int(time.time() * 1000),  # (the cookie keys are drawn from it)
             members=[[cfg.id, *advertised]],
         )  # fmt: skip
         self.core.pid = os.getpid()

@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from roost.cluster import admin  # noqa: E402
 from roost.cluster.config import ClusterConfig, load_cluster_config  # noqa: E402
 from roost.cluster.launcher import free_tcp_port, node_command, write_local_config  # noqa: E402
+from roost.cluster.secretfile import ensure_secret_file, shown  # noqa: E402
 from roost.node.procs import free_udp_port  # noqa: E402
 from scripts import chaos_durable  # noqa: E402
 
@@ -239,9 +240,14 @@ def served(path: Path, since: int) -> bool:
 
 
 def build_config(args: argparse.Namespace, out: Path) -> str:
-    """The cluster config of the run: --config as given, or 3 members on free loopback ports."""
+    """The cluster config of the run: --config as given (its secret file made if it names one that
+    does not exist, as `roost cluster up` does), or 3 members on free loopback ports."""
     if args.config:
-        return str(Path(args.config).resolve())
+        config = Path(args.config).resolve()
+        created = ensure_secret_file(config)
+        if created is not None:
+            print(f"created the cluster secret {shown(created)} (mode 0600)", file=sys.stderr)
+        return str(config)
     path = out / "cluster.toml"
     write_local_config(path, 3, "chaos-secret-" + os.urandom(8).hex(), node_extra='[node]\nlog_level = "info"\n',
                        cluster_extra=f'mode = "{args.mode}"\n', hosts=list(LOOPBACK_HOSTS))  # fmt: skip

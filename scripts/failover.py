@@ -37,7 +37,8 @@ from scripts import chaos  # noqa: E402
 
 def one_run(i: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     ns = argparse.Namespace(out=str(out), seed=i + 1, netns=False, config=None, loss=10.0, dup=5.0, delay=50.0,
-                            rate=args.rate, duration=args.duration, settle=3.0)  # fmt: skip
+                            rate=args.rate, duration=args.duration, settle=3.0, mode="replicated", durable=False,
+                            durable_rate=50.0, durable_drain=120.0, durable_crash=0.05)  # fmt: skip
     (out / "events").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     run = chaos.Run(ns)

@@ -14,7 +14,7 @@ NODE = ("127.0.0.1", 7400)
 
 
 def make_core(**overrides: Any) -> BrokerCore:
-    return BrokerCore(NodeConfig(**overrides), b"k" * 32, random.Random(1), incarnation=1)
+    return BrokerCore(NodeConfig(**overrides), random.Random(1), incarnation=1)
 
 
 def replicated(actions: list[Any]) -> list[list[Any]]:

@@ -36,6 +36,8 @@ def test_subscribe_at_n1_publish_at_n3_then_request_and_reply_across_members(clu
     assert r.returncode == 0, r.stderr
     assert sub_lines(sub) == ["m0", "m1", "m2"]
     cluster.wait_subscriptions([0, 0, 0])  # (the subscriber unsubscribed as it exited)
+    # n3 delivered them: the subscriber acknowledged them there with n3's own cookie, not n1's
+    assert cluster.status("n3")["metrics"].get("error_bad_cookie", 0) == 0
     replier = subprocess.Popen([*ROOST, "reply", "svc", "--command", "tr a-z A-Z", "--count", "2", "--node",
                                 cluster.addr("n1")], cwd=ROOT, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:

@@ -312,7 +312,7 @@ OWNERS = [("b", "c"), ("c", "b"), ("b", "c"), ("c", "b")]
 
 
 def _pcore(me: str, idx: int, owners: Sequence[tuple[str, ...]]) -> BrokerCore:
-    core = BrokerCore(NodeConfig(id=me), b"k" * 32, random.Random(idx), incarnation=1,
+    core = BrokerCore(NodeConfig(id=me), random.Random(idx), incarnation=1,
                       members=[[m, "127.0.0.1", 7400 + i] for i, m in enumerate("abc")], node_idx=idx,
                       wall_offset=WALL, replicating=True, tombstone_horizon=600.0)  # fmt: skip
     own = Ownership(me, 4)

@@ -28,7 +28,7 @@ WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
 
 
 def replica(node_id: str = "n1", idx: int = 0, horizon: float = math.inf) -> BrokerCore:
-    return BrokerCore(NodeConfig(id=node_id), b"k" * 32, random.Random(1), 1, node_idx=idx, replicating=True,
+    return BrokerCore(NodeConfig(id=node_id), random.Random(idx), 1, node_idx=idx, replicating=True,
                       wall_offset=1_780_000_000.0, tombstone_horizon=horizon)  # fake time 0 is a day in 2026
 
 
@@ -116,7 +116,7 @@ def moved_client() -> tuple[BrokerCore, BrokerCore, FakeClient, FakeClient]:
     ca.sub("t", now=1.0)
     b.merge(check_entries(ca.take_pushes()), 1.0)
     cb = FakeClient(b, ca.addr, cid=ca.cid)
-    cb.cookie = ca.cookie
+    cb.hello(1.0)  # (n1's cookie is n1's: every member keys its own)
     cb.batch = ca.batch
     return a, b, ca, cb
 
@@ -402,8 +402,7 @@ data_dir = "d2"
          "[durable] fetch_bytes = 100000: must be at most half of [cluster] max_frame (65536)"),
         (('secret = "0123456789abcdef"', 'secret = "0123456789abcdef"\nsecret_file = "s"'),
          "[cluster] secret and secret_file: set one of them, not both"),
-        (('secret = "0123456789abcdef"', 'secret_file = "missing"'),
-         "[cluster] secret_file = 'missing': cannot read"),
+        (('secret = "0123456789abcdef"', 'secret_file = "/"'), "[cluster] secret_file = '/': cannot read"),
         (('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "x:1"'), "monitor_addr = 'x:1': must be HOST:PORT"),
         (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"\n'
                              '[[members]]\nid="n3"\nclient_addr="127.0.0.1:7403"\npeer_addr="127.0.0.1:7503"\n'
@@ -430,6 +429,7 @@ def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needl
 def test_the_secret_comes_from_a_file_or_the_environment_when_the_config_has_none(tmp_path, monkeypatch):
     p = tmp_path / "c.toml"
     (tmp_path / "secret").write_text("from-a-file-0123456789\nignored\n")
+    (tmp_path / "secret").chmod(0o600)  # (tests/test_secrets.py: a file others may read is refused)
     p.write_text(GOOD.replace('secret = "0123456789abcdef"', 'secret_file = "secret"'))  # (beside the config)
     monkeypatch.setenv("ROOST_CLUSTER_SECRET", "from-the-environment-0123")
     assert load_cluster_config(p).settings.secret == "from-a-file-0123456789"
@@ -439,7 +439,7 @@ def test_the_secret_comes_from_a_file_or_the_environment_when_the_config_has_non
     assert load_cluster_config(p).settings.secret == "0123456789abcdef"
     monkeypatch.setenv("ROOST_CLUSTER_SECRET", "short")
     p.write_text(GOOD.replace('secret = "0123456789abcdef"', ""))
-    with pytest.raises(ConfigError, match=r"ROOST_CLUSTER_SECRET\): the secret must be a string of at least 16"):
+    with pytest.raises(ConfigError, match=r"\$ROOST_CLUSTER_SECRET: the secret must be a string of at least 16"):
         load_cluster_config(p)
     monkeypatch.delenv("ROOST_CLUSTER_SECRET")
     with pytest.raises(ConfigError, match="required"):
@@ -488,7 +488,7 @@ def test_durable_settings_reach_the_member_core_and_its_logs(tmp_path):
 
 
 def test_shipped_cluster3_config():
-    cc = load_cluster_config("configs/cluster3.toml")
+    cc = load_cluster_config("configs/cluster3.toml", need_secret=False)  # (its secret: tests/test_secrets.py)
     assert [m.id for m in cc.members] == ["n1", "n2", "n3"]
     assert [m.client_addr[1] for m in cc.members] == [7401, 7402, 7403]
     assert [m.peer_addr[1] for m in cc.members] == [7501, 7502, 7503]
