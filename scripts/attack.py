@@ -204,7 +204,7 @@ def _start_node(tmp: Path) -> tuple[subprocess.Popen[bytes], int, int]:
     cfg.write_text(f'[node]\nid = "victim"\nclient_addr = "127.0.0.1:{port}"\n'
                    f'[monitor]\naddr = "127.0.0.1:{monitor}"\n')  # fmt: skip
     with open(tmp / "node.log", "w") as log:
-        node = subprocess.Popen([sys.executable, *os.environ.get("ROOST_ATTACK_NODE", "-m roost").split(), "node", "--config", str(cfg)], cwd=ROOT, stderr=log)
+        node = subprocess.Popen([sys.executable, "-m", "roost", "node", "--config", str(cfg)], cwd=ROOT, stderr=log)
     wait_listening(node, "127.0.0.1", port, timeout=30)
     return node, port, monitor
 

@@ -40,7 +40,7 @@ def measure(subs: int, size: int, clients: int, many: bool) -> dict[str, float]:
     cfg = NodeConfig(max_per_host=10**6, max_subscriptions_per_client=10**6, max_subscriptions=10**8,
                      max_clients=10**6, max_subscriptions_per_host=10**8, max_filter_bytes=1 << 40,
                      max_filter_bytes_per_host=1 << 40)  # fmt: skip
-    core = BrokerCore(cfg, b"s" * 32, random.Random(1), 1)
+    core = BrokerCore(cfg, random.Random(1), 1)
     addrs = [(f"127.0.{c // 250}.{c % 250 + 1}", 9000) for c in range(clients)]
     cookies = {}
     for a in addrs:
