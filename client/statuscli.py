@@ -4,12 +4,18 @@
 answers) and, when the node has a monitoring endpoint (its STATUS names it), adds what
 only /varz knows: version, uptime, CPU, memory, traffic. ``top`` reads /varz (and /connz) of
 one or more monitoring endpoints every ``--interval`` and prints rates, as nats-top does.
+
+An endpoint with a token ([monitor] token) answers /varz and /connz only with it: both commands
+send ``Authorization: Bearer`` with the first line of ``--monitor-token-file``, else with
+$ROOST_MONITOR_TOKEN (the variable the node reads too). A flag holding the token itself would
+show it to every user of the machine in the process list.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -24,12 +30,16 @@ from roost.client.library import Client
 from roost.client.session import ClientConfig
 
 HTTP_TIMEOUT = 2.0
+TOKEN_ENV = "ROOST_MONITOR_TOKEN"
+TOKEN_FILE_HELP = (f"a file whose first line is the monitoring endpoint's token ([monitor] token); default: "
+                   f"${TOKEN_ENV}, else none")  # fmt: skip
 
 
 def add_status_commands(sub: Any) -> None:
     st = sub.add_parser("status", help="show a node's view of itself and its cluster")
     st.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
     st.add_argument("--json", action="store_true", help="print the status map as JSON (with /varz as 'varz')")
+    st.add_argument("--monitor-token-file", default=None, metavar="FILE", help=TOKEN_FILE_HELP)
     st.set_defaults(func=cmd_status)
     top = sub.add_parser("top", help="live traffic, memory and clients of nodes, from their monitoring endpoints")
     top.add_argument("--monitor", action="append", default=[], metavar="HOST:PORT",
@@ -40,18 +50,38 @@ def add_status_commands(sub: Any) -> None:
                      help="stop after N refreshes (default: until Ctrl-C)")
     top.add_argument("--clients", type=counter(0), default=5, metavar="N",
                      help="show the N clients with the deepest mailboxes")
+    top.add_argument("--monitor-token-file", default=None, metavar="FILE", help=TOKEN_FILE_HELP)
     top.set_defaults(func=cmd_top)
 
 
-def fetch(base: str, path: str) -> dict[str, Any]:
-    """GET a monitoring document; OSError (with the URL) when it cannot be had."""
-    url = base.rstrip("/") + path
+def monitor_token(args: argparse.Namespace) -> str:
+    """The token to send: ``--monitor-token-file``'s first line, else $ROOST_MONITOR_TOKEN, else
+    none; OSError naming the file when it cannot be read."""
+    if args.monitor_token_file is None:
+        return os.environ.get(TOKEN_ENV, "").strip()
     try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r:
+        with open(args.monitor_token_file) as f:
+            return f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OSError(f"--monitor-token-file {args.monitor_token_file}: {getattr(exc, 'strerror', None) or exc}") \
+            from None  # fmt: skip
+
+
+def fetch(base: str, path: str, token: str = "") -> dict[str, Any]:
+    """GET a monitoring document (with the bearer token, if any); OSError (with the URL) when it
+    cannot be had."""
+    url = base.rstrip("/") + path
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT) as r:
             doc = json.loads(r.read())
     except urllib.error.HTTPError as exc:
         if exc.code == 503:  # (/healthz of a syncing member: the document still says why)
             return dict(json.loads(exc.read()))
+        if exc.code == 401:
+            what = "the token sent is not the endpoint's" if token else \
+                f"it wants a token: set {TOKEN_ENV} or pass --monitor-token-file"  # fmt: skip
+            raise OSError(f"{url}: HTTP 401: {what}") from None
         raise OSError(f"{url}: HTTP {exc.code}") from None
     except (OSError, ValueError) as exc:
         raise OSError(f"{url}: {getattr(exc, 'reason', None) or exc}") from None
@@ -78,18 +108,19 @@ async def _ask_status(node: str | None) -> tuple[dict[str, Any], str, tuple[str,
         return await c.status(), addresses.show([c.node]), c.node
 
 
-async def _fetch(base: str, path: str) -> dict[str, Any]:
-    return await trio.to_thread.run_sync(fetch, base, path)
+async def _fetch(base: str, path: str, token: str) -> dict[str, Any]:
+    return await trio.to_thread.run_sync(fetch, base, path, token)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     async def main() -> int:
+        token = monitor_token(args)
         status, where, addr = await _ask_status(args.node)
         url = monitor_url(status, addr)
         varz: dict[str, Any] | None = None
         if url is not None:
             try:
-                varz = await _fetch(url, "/varz")
+                varz = await _fetch(url, "/varz", token)
             except OSError as exc:
                 print(f"roost status: the monitoring endpoint did not answer: {exc}", file=sys.stderr)
         if args.json:
@@ -118,6 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_top(args: argparse.Namespace) -> int:
     async def main() -> int:
+        token = monitor_token(args)
         urls = [_http(m) for m in args.monitor]
         if not urls:
             status, _, addr = await _ask_status(args.node)
@@ -139,9 +171,9 @@ def cmd_top(args: argparse.Namespace) -> int:
             conns: list[tuple[str, dict[str, Any]]] = []
             for url in urls:
                 try:
-                    varz, now = await _fetch(url, "/varz"), time.monotonic()
+                    varz, now = await _fetch(url, "/varz", token), time.monotonic()
                     if args.clients:
-                        page = await _fetch(url, "/connz?limit=1024")
+                        page = await _fetch(url, "/connz?limit=1024", token)
                         conns += [(varz["server_id"], c) for c in page["connections"]]
                 except OSError as exc:
                     lines.append(f"{url}: {exc}")

@@ -32,6 +32,7 @@ from roost.node.config import (
     number,
     parse_hostport,
     read_toml,
+    resolve_monitor_token,
 )  # fmt: skip
 
 CLUSTER_SETTINGS: list[Setting] = [
@@ -214,6 +215,7 @@ class ClusterConfig:
         cfg = NodeConfig()
         apply_sections(cfg, self.source, self.node_data, NODE_SECTIONS)
         check_consistency(cfg, self.source)
+        resolve_monitor_token(cfg, self.source)
         cfg.id = m.id
         cfg.client_addr = (bind_host or m.client_addr[0], m.client_addr[1])
         cfg.advertise_addr = hostport(*m.advertised)

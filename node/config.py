@@ -8,6 +8,9 @@ generated from the same table (``roost config-doc``), so the two cannot drift.
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
+import stat
 import tomllib
 from collections.abc import Callable
 from copy import copy
@@ -79,6 +82,13 @@ def _advertise_ok(v: str) -> bool:
         return False
 
 
+#: What a bearer token may be: RFC 6750's b64token (what an HTTP header carries as it is), long
+#: enough not to be guessed. ``openssl rand -hex 24`` or ``-base64 32`` makes one.
+TOKEN_ALLOWED = "16 to 1024 characters of A-Z a-z 0-9 - . _ ~ + / (= only at the end)"
+TOKEN_ENV = "ROOST_MONITOR_TOKEN"
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
 def _nets_ok(v: list[Any]) -> bool:
     try:
         for n in v:
@@ -112,19 +122,40 @@ SETTINGS: list[Setting] = [
     Setting("monitor", "addr", "", str, "empty (off) or HOST:PORT with an IP address",
             lambda v: v == "" or _addr_ok(v),
             "HTTP monitoring endpoint (/healthz, /varz, /connz, /subsz, /clusterz, /metrics; "
-            "docs/operations.md). Off by default; keep it on loopback or a private network: it "
-            "has no authentication. A cluster member sets it as `monitor_addr` in its `[[members]]` "
-            "entry, never in a cluster config's [monitor]."),
+            "docs/operations.md). Off by default; keep it on loopback or a private network, and set "
+            "token (or token_file) when anyone else can reach it: a node that binds it on any other "
+            "address without a token logs monitor_unprotected at start. A cluster member sets it as "
+            "`monitor_addr` in its `[[members]]` entry, never in a cluster config's [monitor]."),
     number("monitor", "max_connections", 32, int, 1, 10000,
-            "Monitoring connections served at once; more are closed at once rather than queued, "
-            "so scrapers that hang cannot use up the node's files or starve /healthz."),
+            "Monitoring connections open at once. A connection past it takes the place of the one "
+            "idle the longest (connected, no request under way), which is closed; it is refused "
+            "(closed at once, no task kept) only when every connection has a request under way, so "
+            "idle connections can never shut out /healthz (docs/security.md)."),
+    number("monitor", "max_per_host", 8, int, 1, 10000,
+            "Monitoring connections one source address may hold (at most max_connections): past it "
+            "that address's idle one is closed, or the new one refused, so one host's slow requests "
+            "cannot take every slot."),
     number("monitor", "idle_timeout", 10.0, float, 0.1, 3600,
-            "A monitoring connection that sends nothing for this long is closed."),
+            "A monitoring connection that has no request under way (none sent yet, or the last "
+            "one answered) is closed after this long."),
+    number("monitor", "request_timeout", 5.0, float, 0.1, 600,
+            "A monitoring request must be read and its answer sent within this long of its first "
+            "byte, or the connection is closed: a request trickled a byte at a time (slowloris) or a "
+            "client that does not read its answer lets go of its slot. At most connection_timeout."),
     number("monitor", "connection_timeout", 30.0, float, 0.1, 3600,
-            "Any monitoring connection is closed after this long, busy or not: a client that "
-            "does not read its answers lets go of its slot."),
+            "Any monitoring connection is closed after this long, busy or not (keep-alive clients "
+            "open a new one)."),
     number("monitor", "max_request_head", 8192, int, 1024, 1 << 20,
             "Largest HTTP request line and headers accepted by the monitoring endpoint (431 above)."),
+    Setting("monitor", "token", "", str, f"empty (none) or {TOKEN_ALLOWED}", lambda v: True,
+            "A bearer token every path but /healthz requires (`Authorization: Bearer TOKEN`, else 401). "
+            "Keep it out of tracked files: use token_file or the environment variable "
+            "ROOST_MONITOR_TOKEN instead (read when neither is set; `roost status` and `roost top` "
+            "send the same variable)."),
+    Setting("monitor", "token_file", "", str, "empty or a file path, readable by its owner only",
+            lambda v: True,
+            "A file holding the token (its first line), relative to the config file's directory; "
+            "refused if group or others may read it (chmod 600). Instead of token."),
     number("limits", "max_datagram", 16384, int, 1200, 65507,
             "Largest datagram accepted or sent. Bigger datagrams are refused with "
             "too_large; outgoing batches are coalesced up to this size."),
@@ -225,9 +256,13 @@ class NodeConfig:
     log_format: str
     monitor_addr: str
     monitor_max_connections: int
+    monitor_max_per_host: int
     monitor_idle_timeout: float
+    monitor_request_timeout: float
     monitor_connection_timeout: float
     monitor_max_request_head: int
+    monitor_token: str
+    monitor_token_file: str
     max_datagram: int
     socket_buffer: int
     max_payload: int
@@ -339,6 +374,7 @@ def load_node_config(path: str | Path | None, data: dict[str, Any] | None = None
         )
     apply_sections(cfg, source, data, NODE_SECTIONS)
     check_consistency(cfg, source)
+    resolve_monitor_token(cfg, source)
     cfg.source = source
     return cfg
 
@@ -360,11 +396,56 @@ def check_consistency(cfg: NodeConfig, source: str) -> None:
             f"times half of max_datagram ({cfg.send_window // 4 * (cfg.max_datagram // 2)}), so that a queue "
             f"group's member can hold every part of four such messages unacknowledged"
         )
+    if cfg.monitor_request_timeout > cfg.monitor_connection_timeout:
+        raise ConfigError(
+            f"{source}: [monitor] request_timeout = {cfg.monitor_request_timeout}: must be at most "
+            f"connection_timeout ({cfg.monitor_connection_timeout})"
+        )
     if cfg.subscriber_timeout <= cfg.ping_interval * 2:
         raise ConfigError(
             f"{source}: [timeouts] subscriber_timeout = {cfg.subscriber_timeout}: must be more "
             f"than twice ping_interval ({cfg.ping_interval})"
         )
+
+
+def resolve_monitor_token(cfg: NodeConfig, source: str) -> None:
+    """Set ``cfg.monitor_token`` to the token the endpoint requires: [monitor] token, or the first
+    line of [monitor] token_file, or (when the config has neither) $ROOST_MONITOR_TOKEN; empty
+    for none. The way the cluster secret is found, so that neither need be in a tracked file.
+    Errors name the key and what is allowed, never the token."""
+    if cfg.monitor_token and cfg.monitor_token_file:
+        raise ConfigError(f"{source}: [monitor] token and token_file: set one of them, not both")
+    if cfg.monitor_token_file:
+        where = f"[monitor] token_file = {cfg.monitor_token_file!r}"
+        token = read_secret_line(source, where, cfg.monitor_token_file)
+        if not token:
+            raise ConfigError(f"{source}: {where}: the file's first line is empty; it must hold {TOKEN_ALLOWED}")
+    elif cfg.monitor_token:
+        token, where = cfg.monitor_token, "[monitor] token"
+    else:
+        token, where = os.environ.get(TOKEN_ENV, ""), f"[monitor] token (from ${TOKEN_ENV})"
+    if token and not (16 <= len(token) <= 1024 and _TOKEN.fullmatch(token)):
+        bad = "" if _TOKEN.fullmatch(token) else ", some of them not allowed"
+        raise ConfigError(f"{source}: {where}: must be {TOKEN_ALLOWED} (it has {len(token)} characters{bad})")
+    cfg.monitor_token = token
+
+
+def read_secret_line(source: str, where: str, name: str) -> str:
+    """The first line of the file ``name`` (relative to the config's directory), stripped. A file
+    that group or others may read is refused, as ssh refuses such a key: whoever can read it can
+    use the secret, and a mode we accept now would stay unnoticed."""
+    path = Path(name) if Path(name).is_absolute() else Path(source).parent / name
+    try:
+        mode = path.stat().st_mode
+        if mode & (stat.S_IRGRP | stat.S_IROTH):
+            raise ConfigError(f"{source}: {where}: {path} is readable by group or others (mode "
+                              f"{stat.S_IMODE(mode):04o}): it must be readable by its owner only "
+                              "(chmod 600)")  # fmt: skip
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(f"{source}: {where}: cannot read {path}: {why}") from None
+    return lines[0].strip() if lines else ""
 
 
 def config_doc(table: list[Setting] | None = None) -> str:

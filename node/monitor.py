@@ -10,7 +10,8 @@ the event loop between two core calls, so it is consistent, plus what the shell 
 the process (CPU, memory). Nothing here does I/O or reads a clock: ``now`` (the core's
 monotonic time) and ``wall`` come in as arguments, as for the cores themselves.
 
-The cluster secret is never shown: ``config`` lists every setting but it.
+The cluster secret and the monitor's token are never shown: ``config`` lists every setting but
+them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Info:
     config: dict[str, Any]
     monitor_addr: str = ""
     process: dict[str, float] = field(default_factory=dict)  # cpu_seconds, rss_bytes, max_rss_bytes
+    http: dict[str, int] = field(default_factory=dict)  # the endpoint's own connections (node/monitorslots.py)
 
 
 def node_settings(cfg: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -60,6 +62,7 @@ def node_settings(cfg: Any, extra: dict[str, Any] | None = None) -> dict[str, An
         out[attr_of(s.section, s.key)] = f"{v[0]}:{v[1]}" if isinstance(v, tuple) else v
     out.update(extra or {})
     out.pop("secret", None)
+    out.pop("monitor_token", None)
     return out
 
 
@@ -107,6 +110,7 @@ def varz(core: BrokerCore, info: Info, now: float) -> dict[str, Any]:
         "errors": m["errors"],
         "drops": _drops(m),
         "counters": {k: v for k, v in sorted(m.items()) if v},
+        "monitor": info.http,
         "config": info.config,
     }
 
@@ -266,6 +270,12 @@ class _Collector(Collector):
             c = CounterMetricFamily(f"roost_{name}", doc, labels=["node"])
             c.add_metric(node, value)
             yield c
+        http = CounterMetricFamily("roost_monitor_events", "The monitoring endpoint's connections and requests, by "
+                                   "event (/varz monitor)", labels=["node", "event"])  # fmt: skip
+        for k, n in info.http.items():
+            if k not in ("connections", "idle"):
+                http.add_metric([*node, k], n)
+        yield http
         v = varz(core, info, self.now)
         for name, doc, gauge in (
             ("clients", "Clients this node serves", v["clients"]),
@@ -275,6 +285,7 @@ class _Collector(Collector):
             ("mailbox_bytes", "Bytes of unacknowledged reliable messages held", v["mailbox_bytes"]),
             ("uptime_seconds", "Seconds since the node started", v["uptime_s"]),
             ("resident_memory_bytes", "Resident memory of the node process", v["rss_bytes"]),
+            ("monitor_connections", "Connections open to the monitoring endpoint", info.http.get("connections", 0)),
             ("ready", "1 when /healthz says ok", 1 if self.status is None or self.status.get("state") == "ready"
              else 0),
         ):

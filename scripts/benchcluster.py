@@ -169,7 +169,12 @@ def _steady_rss(pid: int, timeout: float = 10.0) -> int:
 
 
 def _varz(monitor: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://{monitor}/varz", timeout=5) as r:
+    """The node's /varz. A node started from an environment with $ROOST_MONITOR_TOKEN requires
+    that token (node/config.py), so it is sent when set."""
+    token = os.environ.get("ROOST_MONITOR_TOKEN", "")
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(f"http://{monitor}/varz", headers=auth)
+    with urllib.request.urlopen(req, timeout=5) as r:
         doc: dict[str, Any] = json.loads(r.read())
     return doc
 

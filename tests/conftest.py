@@ -23,6 +23,9 @@ from tests.clusterkit import ROOT
 # the tests' clusters go into a directory of this session's, not the user's.
 _STATE = os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="roost-test-state-")
 atexit.register(shutil.rmtree, _STATE, True)
+# A node reads $ROOST_MONITOR_TOKEN when its config sets no token (node/config.py): one exported in
+# the developer's shell (for roost top) would protect every test node's /varz.
+os.environ.pop("ROOST_MONITOR_TOKEN", None)
 
 
 # `make test` runs the tests in two parts (Makefile): those marked `alone` by themselves, then the
