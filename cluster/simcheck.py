@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roost.node import versions
+from roost.node.budgets import utf8_len
 
 # A message: (publisher index, number); numbers count from 1 per publisher.
 Msg = tuple[int, int]
@@ -112,6 +113,10 @@ class Checker:
         members and not yet by others (each collects on its own timer): they do not count.
         ``partitioned``: each partition's registers are compared among its owners only."""
         cores = list(members.values())
+        for mid, core in members.items():
+            drift = budget_drift(core.broker)
+            if drift:
+                self.violation(now, f"{mid}'s subscription budgets drifted from its registers: {drift}")
         in_flux = any(not versions.is_present(v) and versions.millis_of(v) < collecting_ms
                       for c in cores for cl in c.broker.clients.values() for v in cl.subs.values())  # fmt: skip
         holders: Any = lambda topic: list(members)  # noqa: E731  (who must hold a topic's registers)
@@ -207,6 +212,26 @@ class Checker:
             if len({repr(s) for s in states.values()}) > 1:
                 self.violation(now, f"partition {p}: its owners' registers differ after the last heal")
         return lambda topic: list(owners[own.partition(topic)])
+
+
+def budget_drift(broker: Any) -> str:
+    """What a broker's budgets (node/budgets.py) count that a recount of its registers does
+    not: every subscription in force is charged once, to the host its record is charged to."""
+    nbytes, hosts = 0, dict[str, list[int]]()
+    for c in broker.clients.values():
+        live = [t for (t, _), v in c.subs.items() if versions.is_present(v)]
+        if len(live) != c.live:
+            return f"a record counts {c.live} subscriptions and holds {len(live)}"
+        size = sum(utf8_len(t) for t in live)
+        nbytes += size
+        if c.charged and live:
+            held = hosts.setdefault(c.charged, [0, 0])
+            held[0] += len(live)
+            held[1] += size
+    b = broker.budgets
+    if nbytes != b.filter_bytes or hosts != b.hosts:
+        return f"filter bytes {b.filter_bytes} (recount {nbytes}), hosts {b.hosts} (recount {hosts})"
+    return ""
 
 
 def _unnamed_leaver(core: Any, mid: str, session: Any) -> bool:

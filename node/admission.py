@@ -64,6 +64,12 @@ class Admission:
             raise WireError(E.OVERLOADED, f"too many {what} on this node ({setting} = {limit})")
         self._move(host, n, n + 1)
 
+    def add(self, host: str) -> None:
+        """Count one more against ``host`` whatever the limits: a client this node adopts (its
+        home failed over here) is not refused, but counts from now on."""
+        n = self.per_host.get(host, 0)
+        self._move(host, n, n + 1)
+
     def largest(self, host: str) -> str | None:
         """The host holding the most, when it holds at least two more than ``host`` (so taking
         one of its slots for ``host`` leaves it no poorer than ``host``), else None."""

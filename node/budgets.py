@@ -28,9 +28,15 @@ from collections.abc import Callable
 from typing import Any
 
 from roost.client.wire import E
+from roost.node import versions
 from roost.node.admission import host_key
 from roost.node.clients import ClientState
 from roost.node.config import NodeConfig
+
+
+def utf8_len(text: str) -> int:
+    """Bytes, not characters: what the budgets count (an emoji is 4)."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 class SubscriptionBudgets:
@@ -46,9 +52,11 @@ class SubscriptionBudgets:
         self._summed = -1e18
         self._logged = -1e18
 
-    def charge(self, c: ClientState, nbytes: int, sign: int, node_id: str) -> None:
-        """A subscription of ``c`` (its filter ``nbytes`` long) came (``sign`` 1) or went (-1);
-        ``c.live`` already counts it."""
+    def charge(self, c: ClientState, topic: str, sign: int, node_id: str) -> None:
+        """A subscription of ``c`` to the filter ``topic`` came (``sign`` 1) or went (-1);
+        ``c.live`` already counts it. Every place a subscription in force comes or goes calls
+        this (node/registers.py: ``_set``, and the collection of a partition no longer owned)."""
+        nbytes = utf8_len(topic)
         self.filter_bytes += sign * nbytes
         if c.charged is None:
             if c.cid.__class__ is bytes:
@@ -66,6 +74,23 @@ class SubscriptionBudgets:
                 del self.hosts[host]
         if not c.live:
             c.charged = None
+
+    def rehome(self, c: ClientState, host: str) -> None:
+        """``c``'s subscriptions are charged to ``host`` from now on ("" to none): its home moved
+        here (adoption: the host it talks from now) or away (its new home charges it)."""
+        if c.charged is None or c.charged == host:
+            if c.live:
+                c.charged = host
+            return
+        n = sum(utf8_len(t) for (t, _), v in c.subs.items() if v & versions.PRESENT)
+        for h, sign in ((c.charged, -1), (host, 1)):
+            if h:
+                held = self.hosts.setdefault(h, [0, 0])
+                held[0] += sign * c.live
+                held[1] += sign * n
+                if not held[0]:
+                    del self.hosts[h]
+        c.charged = host
 
     def check(self, live: int, host: str | None, nbytes: int, count: int, now: float,
               mailboxes: Callable[[], int]) -> tuple[int, str]:  # fmt: skip

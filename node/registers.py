@@ -209,13 +209,13 @@ class Registers(CoreBase):
                 tk = (topic, key)
             if not old & versions.PRESENT:
                 c.live += 1
-                self.budgets.charge(c, len(topic), 1, self.node_id)
+                self.budgets.charge(c, topic, 1, self.node_id)
                 if c.cid.__class__ is not bytes:
                     self.text_subs += 1
         elif old & versions.PRESENT:
             self.index.remove(topic, key, c.cid)
             c.live -= 1
-            self.budgets.charge(c, len(topic), -1, self.node_id)
+            self.budgets.charge(c, topic, -1, self.node_id)
             if c.cid.__class__ is not bytes:
                 self.text_subs -= 1
                 if c.live == 0:
@@ -327,6 +327,10 @@ class Registers(CoreBase):
                     c.answers.clear()
                 was_local = c.local
                 c.local = home == self.node_id
+                if was_local and not c.local and c.counted is not None:  # (its new home counts it)
+                    self.admission.release(c.counted)
+                    c.counted = None
+                    self.budgets.rehome(c, "")
                 if c.local and not was_local and who.__class__ is bytes:
                     c.last_seen = now
                     self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, who)
@@ -478,6 +482,7 @@ class Registers(CoreBase):
                     gone += 1
                     if v & versions.PRESENT:
                         c.live -= 1
+                        self.budgets.charge(c, tk[0], -1, self.node_id)
                         if cid.__class__ is not bytes:
                             self.text_subs -= 1
                     if not c.subs:

@@ -189,6 +189,13 @@ class Sessions(Delivery):
         if not c.local:
             c.local = True
             self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)
+        host = host_key(addr[0])
+        if c.counted != host:  # (its host is counted here now, and charged for its subscriptions)
+            if c.counted is not None:
+                self.admission.release(c.counted)
+            self.admission.add(host)
+            c.counted = host
+            self.budgets.rehome(c, host)
         c.home = self.node_id
         self._set_cver(c, self._version(now, True, 0))
         self._mark_changed(c, None)

@@ -32,6 +32,7 @@ from roost.client.wire import E, Mode, WireError
 from roost.node import versions
 from roost.node.admission import host_key
 from roost.node.base import TIMER_LEASE, fmt
+from roost.node.clients import ClientState
 from roost.node.cookies import Addr
 from roost.node.delivery import Delivery
 
@@ -71,6 +72,8 @@ class TextProtocol(Delivery):
                     raise WireError(E(refused), f"subscription refused: {setting} = {getattr(self.cfg, setting)}")
                 if c is None:
                     c = self._new_client(addr, addr, now)
+                elif not c.local or c.home != self.node_id:
+                    self._text_home(c, now)
                 self._write(c, tk, True, Mode.FIRE, now)
                 self._log("debug", "text_subscribe", addr=fmt(addr), topic=topic)
             self._lease(addr, topic, now)
@@ -79,6 +82,16 @@ class TextProtocol(Delivery):
             self.text_leases.pop((addr, topic), None)
             self._log("debug", "text_unsubscribe", addr=fmt(addr), topic=topic)
         self._credit(addr, len(data))
+
+    def _text_home(self, c: ClientState, now: float) -> None:
+        """A text address subscribes here again (its record outlived its last subscription in a
+        cluster, or it came from the member it subscribed at before): this member is its home
+        from now on, which holds its credit, relays, leases and registers."""
+        c.local = True
+        if c.home != self.node_id:
+            c.home = self.node_id
+            self._set_cver(c, self._version(now, True, 0))
+            self._mark_changed(c, None)
 
     def _credit(self, addr: Addr, n: int) -> None:
         """A text datagram of ``n`` bytes came from ``addr``: what it may be sent grows."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import socket
 import subprocess
 import sys
@@ -18,7 +19,10 @@ from hypothesis import strategies as st
 
 from roost.client import decoding, durablewire, wire
 from roost.client.wire import E, T, WireError
+from roost.cluster.simcheck import budget_drift
 from roost.node.admission import Admission
+from roost.node.config import NodeConfig
+from roost.node.core import BrokerCore
 from roost.node.procs import free_port
 from tests.clusterkit import ROOT, Node, roost
 from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
@@ -335,3 +339,42 @@ def test_a_host_over_its_bytes_per_second_is_dropped_unread_and_others_are_not()
     core.handle_datagrams([(big, P)] * 40, 0.5)  # half a second: 32 KiB more
     assert core.metrics["published"] == 65 + 1 + 33
     assert make_core().cfg.max_host_bytes_per_second == 1 << 30
+
+
+def test_a_text_address_that_subscribes_again_in_a_cluster_is_served_and_earns_credit():
+    """Review finding: a text record outlives its last subscription in a cluster; subscribing
+    again left it not local, so its credit never grew and its deliveries were dropped."""
+    core = BrokerCore(NodeConfig(id="a"), random.Random(1), incarnation=1,
+                      members=[["a", "127.0.0.1", 7400], ["b", "127.0.0.1", 7401]], node_idx=0,
+                      wall_offset=1.8e9, replicating=True, tombstone_horizon=600.0)  # fmt: skip
+    core.handle_datagrams([(b"SUB t\n" + PAD, T1)], 1.0)
+    core.handle_datagrams([(b"UNSUB t\n", T1)], 2.0)
+    core.tick(core.cfg.text_sub_lease + 10)  # (and a lease that ended, the default way)
+    core.handle_datagrams([(b"SUB t\n" + PAD, T1)], core.cfg.text_sub_lease + 20)
+    assert core.clients[T1].local and core.clients[T1].credit >= 3 * len(PAD)
+    out = core.handle_datagrams([(b"PUB t\nhello", T2)] * 100, core.cfg.text_sub_lease + 21)
+    assert _text_bytes(out, T1) == 100 * len(b"MSG t\nhello") and core.metrics["dropped_text_budget"] == 0
+
+
+def test_an_adopted_client_is_charged_to_its_host_where_it_lives_now():
+    """Review finding: a client that failed over was charged to no host at its new member (no
+    per-host limit there) and still to its host at the old one."""
+    a = BrokerCore(NodeConfig(id="a", max_subscriptions_per_host=5), random.Random(1), incarnation=1,
+                   members=[["a", "127.0.0.1", 7400], ["b", "127.0.0.1", 7401]], node_idx=0,
+                   wall_offset=1.8e9, replicating=True, tombstone_horizon=600.0)  # fmt: skip
+    b = BrokerCore(NodeConfig(id="b", max_subscriptions_per_host=5), random.Random(2), incarnation=1,
+                   members=[["a", "127.0.0.1", 7400], ["b", "127.0.0.1", 7401]], node_idx=1,
+                   wall_offset=1.8e9, replicating=True, tombstone_horizon=600.0)  # fmt: skip
+    H = ("10.9.9.9", 4000)
+    (at_a,) = clients(a, H)
+    assert _subscribe(at_a, [f"t.{i}" for i in range(3)]) == [E.OK] * 3
+    b.merge(at_a.take_pushes(), 1.0)
+    assert b.clients[at_a.cid].live == 3 and b.budgets.hosts == {}  # (a's to count)
+    at_b = FakeClient(b, H, at_a.cid)
+    at_b.hello(2.0)
+    at_b.session, at_b.batch = at_a.session, at_a.batch
+    assert _subscribe(at_b, [f"u.{i}" for i in range(4)], 2.0) == [E.OK, E.OK, E.OVERLOADED, E.OVERLOADED]
+    assert b.budgets.hosts == {"10.9.9.9": [5, 3 * 3 + 2 * 3]} and b.admission.per_host == {"10.9.9.9": 1}
+    a.merge(at_b.take_pushes(), 3.0)
+    assert a.budgets.hosts == {} and a.admission.per_host == {}  # (its new home counts it)
+    assert budget_drift(a) == "" and budget_drift(b) == ""
