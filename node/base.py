@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
-import math
 from collections import Counter
 from typing import Any
 
@@ -114,9 +113,9 @@ class CoreBase:
             else:
                 self.metrics["dropped_forbidden"] += 1
             return
-        # Sources on the trusted text networks get every error; others only
-        # what the anti-amplification budget allows.
-        self._bounded(addr, wire.encode_error(exc.code, exc.text), math.inf if trusted else req_len)
+        # Every source gets only what the anti-amplification budget allows, trusted or not: an
+        # address on the text networks can be forged as well as any.
+        self._bounded(addr, wire.encode_error(exc.code, exc.text), req_len)
 
     def _bounded(self, addr: Addr, data: bytes, req_len: float) -> None:
         """Send to an address that has not proven it receives: at most 3x in."""

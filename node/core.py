@@ -48,6 +48,7 @@ from roost.node.actions import (
     Send,
     StatusQuery,
 )  # fmt: skip
+from roost.node.admission import Admission
 from roost.node.base import AMPLIFICATION, TIMER_LEASE, TIMER_LIVENESS, TIMER_RTO
 from roost.node.config import NodeConfig
 from roost.node.cookies import Addr, CookieJar
@@ -83,6 +84,8 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         self.members = members or [[config.id, *config.client_addr]]
         self.producers = {}
         self.producer_hosts = {}
+        self.producer_share = Admission(config.max_producers)
+        self._producer_timers = set()
         self.text_leases = {}
         self.params: dict[str, Any] = {
             "max_datagram": config.max_datagram,

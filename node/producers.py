@@ -39,7 +39,7 @@ from typing import Any
 
 from roost.client import decoding, wire
 from roost.client.text import encode_text_msg
-from roost.node.admission import host_key
+from roost.node.admission import Admission, host_key
 from roost.node.base import TIMER_PRODUCER
 from roost.node.cookies import Addr
 from roost.node.delivery import Delivery
@@ -47,6 +47,8 @@ from roost.node.delivery import Delivery
 
 class Producers(Delivery):
     producer_hosts: dict[str, dict[bytes, None]]  # source host -> its producers, oldest first; by BrokerCore
+    producer_share: Admission  # producers alone per host (the largest holder of producers), by BrokerCore
+    _producer_timers: set[bytes]  # producers with a TIMER_PRODUCER armed; by BrokerCore
 
     def _on_pub(self, addr: Addr, f: tuple[Any, ...], now: float, data: bytes) -> None:
         _, _, _, pid, first, floor, reliable, msgs = f
@@ -68,7 +70,10 @@ class Producers(Delivery):
             self._admit_producer(host)
             st = self.producers[pid] = [0, now, host, 0]
             self.producer_hosts.setdefault(host, {})[pid] = None
-            self._timer(now + self.cfg.producer_timeout, TIMER_PRODUCER, pid)
+            self.producer_share.add(host)
+            if pid not in self._producer_timers:  # (an evicted producer's timer may still be armed)
+                self._producer_timers.add(pid)
+                self._timer(now + self.cfg.producer_timeout, TIMER_PRODUCER, pid)
         st[1] = now
         acked = int(st[0])
         if floor - 1 > acked:
@@ -245,11 +250,13 @@ class Producers(Delivery):
         """Producer timer: forget the producer if it was silent long enough."""
         st = self.producers.get(pid)
         if st is None:
+            self._producer_timers.discard(pid)
             return
         expires = st[1] + self.cfg.producer_timeout
         if expires > now:
             self._timer(expires, TIMER_PRODUCER, pid)
         else:
+            self._producer_timers.discard(pid)
             self._forget_producer(pid)
 
     def _admit_producer(self, host: str) -> None:
@@ -259,10 +266,9 @@ class Producers(Delivery):
         over their share lose out, not everyone. (That producer's next PUB starts again from
         its floor: only what it resends of what the node had acknowledged may come twice.)"""
         if len(self.producers) >= self.cfg.max_producers:
-            victim = self.admission.largest(host)
-            pids = self.producer_hosts.get(victim) if victim is not None else None
-            if pids:
-                self._forget_producer(next(iter(pids)))
+            victim = self.producer_share.largest(host)
+            if victim is not None:
+                self._forget_producer(next(iter(self.producer_hosts[victim])))
                 self.metrics["producers_evicted"] += 1
         self.admission.admit(host, len(self.producers), self.cfg.max_producers, "producers", "max_producers")
 
@@ -271,6 +277,7 @@ class Producers(Delivery):
         self._unsettled.pop(pid, None)
         self._ack_to.pop(pid, None)
         self.admission.release(st[2])
+        self.producer_share.release(st[2])
         pids = self.producer_hosts[st[2]]
         del pids[pid]
         if not pids:

@@ -378,3 +378,21 @@ def test_an_adopted_client_is_charged_to_its_host_where_it_lives_now():
     a.merge(at_b.take_pushes(), 3.0)
     assert a.budgets.hosts == {} and a.admission.per_host == {}  # (its new home counts it)
     assert budget_drift(a) == "" and budget_drift(b) == ""
+
+
+def test_client_records_do_not_shield_a_host_from_producer_eviction_nor_pile_up_timers():
+    """Review findings: the largest holder was ranked by clients and producers together (a host
+    of client records alone made eviction fail), and an evicted producer's timer re-armed itself
+    beside the new one when it came back."""
+    core = make_core(max_producers=6, max_per_host=100)
+    for fc in clients(core, *[("127.0.0.30", p) for p in range(10)]):
+        assert _subscribe(fc, ["park"]) == [E.OK]  # 10 client records, no producers
+    attackers = clients(core, ("127.0.0.2", 1), ("127.0.0.3", 1))
+    for i in range(6):
+        assert _pub_from(attackers[i % 2], bytes([i]) * 16, 0.0) == []
+    (legit,) = clients(core, ("127.0.0.11", 1))
+    assert _pub_from(legit, b"\x99" * 16, 1.0) == [] and core.metrics["producers_evicted"] == 1
+    assert _pub_from(attackers[0], bytes([0]) * 16, 2.0)[0][1] == E.OVERLOADED  # (its share is taken)
+    core.tick(core.cfg.producer_timeout + 10)
+    assert core.producers == {} and core._producer_timers == set()
+    assert [t for t in core._timers if t[1] == 3] == []  # (TIMER_PRODUCER: none left armed)
