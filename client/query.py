@@ -47,6 +47,9 @@ from typing import Any
 
 MAX_QUERY_CHARS = 1024
 MAX_CONDITIONS = 32
+#: An equality's value up to this long is kept as a string (compared with ==); a longer one as
+#: its place in the query's text (no copy of a kilobyte value per subscription).
+SHORT_VALUE = 24
 
 _TOKEN = re.compile(
     r"""(?P<ws>\s+)
@@ -137,12 +140,15 @@ class Query:
     the other conditions as closures. ``conditions`` is parsed again when asked (tests,
     status): nothing holds it."""
 
-    __slots__ = ("_source", "_start", "_equal", "_tests")
+    __slots__ = ("_source", "_start", "_short", "_equal", "_tests")
 
-    def __init__(self, source: str, start: int, equal: tuple[str | int, ...],
+    def __init__(self, source: str, start: int, short: tuple[tuple[str, str], ...], equal: tuple[str | int, ...],
                  tests: tuple[tuple[str, Test | None], ...]) -> None:  # fmt: skip
         self._source = source
         self._start = start
+        # `tag = 'value'` with a value of at most SHORT_VALUE characters: (tag, value), compared
+        # with == (as fast as a closure, and a few bytes); longer ones are offsets, below
+        self._short = short
         # tag, start, end of each `tag = 'value'` (the value is source[start:end]), flat: a
         # tuple per condition would cost 64 bytes more each
         self._equal = equal
@@ -160,8 +166,12 @@ class Query:
     def matches(self, tags: Tags) -> bool:
         if not tags:
             return False
-        source, equal = self._source, self._equal
-        for i in range(0, len(equal), 3):
+        for name, want in self._short:
+            if tags.get(name) != want:
+                return False
+        equal = self._equal
+        source = self._source
+        for i in range(0, len(equal), 3) if equal else ():
             value = tags.get(equal[i])  # type: ignore[arg-type]
             start: int = equal[i + 1]  # type: ignore[assignment]
             if value is None or len(value) != equal[i + 2] - start or not source.startswith(value, start):  # type: ignore[operator]
@@ -271,9 +281,11 @@ def _parse(text: str) -> tuple[list[tuple[str, str, Any]], list[tuple[str, Test 
 
 def _compile(source: str, start: int) -> Query:
     _, tests = _parse(source[start:])
-    equal = tuple(x for tag, t in tests if t.__class__ is tuple for x in (tag, start + t[0], start + t[1]))  # type: ignore[index]
+    offsets = [(tag, start + t[0], start + t[1]) for tag, t in tests if t.__class__ is tuple]  # type: ignore[index]
+    short = tuple((tag, source[a:b]) for tag, a, b in offsets if b - a <= SHORT_VALUE)
+    equal = tuple(x for tag, a, b in offsets if b - a > SHORT_VALUE for x in (tag, a, b))
     rest = tuple((tag, t) for tag, t in tests if t.__class__ is not tuple)
-    return Query(source, start, equal, rest)  # type: ignore[arg-type]
+    return Query(source, start, short, equal, rest)  # type: ignore[arg-type]
 
 
 _compiled: dict[str, Query] = {}
