@@ -223,7 +223,9 @@ def check_entries(entries: Any) -> list[tuple[Any, ...]]:
                 if s[1] is not None:
                     check_key(s[1])
                 _u64(s[2], "subscription version")
-            _seq(session, "session")
+            # (a session at or past 2**63, which an earlier build took from a client, is
+            # read as the greatest one: a snapshot or peer that holds one stays readable)
+            session = min(_u64(session, "session"), wire.SEQ_LIMIT - 1)
             out.append((who, cver, host, port, home, subs, session))
     except WireError as exc:
         raise PeerProtocolError(f"bad subscription: {exc.text}") from None

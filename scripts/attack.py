@@ -15,7 +15,8 @@ at its default settings. Printed: the client's messages sent, received and late,
 round trips (p50, p99, max, lost), the node's RSS, and its counters against their limits.
 
 ``text``: a cluster of ``--members`` members (default settings but for the cluster's own),
-whose text_networks trust loopback as shipped; a victim address sends SUBs to every member
+whose text_networks trust loopback as shipped; a victim address sends SUBs (padded to 1 KB,
+``--sub-pad``: the credit a forger buys) to every member
 (from the node's side, forged SUBs and the victim's own are the same datagrams) while a
 publisher sends 8 KB messages of that topic to every member. Printed: the bytes the victim
 sent, the bytes all members sent it, and the ratio (at most text_amplification, 3).
@@ -266,14 +267,15 @@ def text(a: argparse.Namespace) -> dict[str, Any]:
         victim.setblocking(False)
         pub = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         body = b"m" * 8192
+        sub_datagram = b"SUB amp\n" + b"." * a.sub_pad  # (its body is ignored: it buys credit)
         bytes_in = bytes_out = subs = msgs = 0
         start = time.monotonic()
         next_sub = next_pub = start
         while (now := time.monotonic()) < start + a.duration:
-            if now >= next_sub:  # a SUB to every member, 10 a second (as forged ones would come)
+            if now >= next_sub:  # a padded SUB to every member, 10 a second (as forged ones would come)
                 for addr in addrs:
-                    victim.sendto(b"SUB amp\n", addr)
-                    bytes_in += len(b"SUB amp\n")
+                    victim.sendto(sub_datagram, addr)
+                    bytes_in += len(sub_datagram)
                     subs += 1
                 next_sub += 0.1
             if now >= next_pub:  # 8 KB messages of that topic at every member, 100 a second
@@ -295,7 +297,7 @@ def text(a: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(0.01)
         amp = 3.0 if a.text_amplification is None else a.text_amplification
         return {"duration_s": a.duration, "members": a.members, "text_amplification": amp,
-                "subs_sent": subs, "victim_bytes_sent": bytes_in,
+                "subs_sent": subs, "sub_bytes": len(sub_datagram), "victim_bytes_sent": bytes_in,
                 "messages_published": msgs, "published_bytes": msgs * (len(body) + 8),
                 "victim_bytes_received": bytes_out, "ratio": round(bytes_out / bytes_in, 3)}  # fmt: skip
     finally:
@@ -313,6 +315,7 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=1000, help="datagrams a second from each attacking host")
     ap.add_argument("--members", type=int, default=3)
     ap.add_argument("--text-amplification", type=float, help="text: the members' setting (0: the bound off, as before)")
+    ap.add_argument("--sub-pad", type=int, default=1016, help="text: bytes of padding in each SUB (1 KB datagrams)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if not 1 <= a.duration <= 600 or not 1 <= a.attackers <= 200 or not 1 <= a.rate <= 100_000:

@@ -315,14 +315,15 @@ def test_hosts_exhausting_a_node_leave_a_client_on_another_host_served():
     assert r["legit_sent"] > 300 and r["legit_unique"] == r["legit_sent"]  # every message, through it all
     assert r["pings"] > 200 and r["pings_lost"] <= 2
     assert 0 < r["subscriptions"] <= 4 * (2 << 20) // 900  # (each host's filter bytes: ~930 B a filter)
-    assert r["producers"] <= 4 * 10_000 and r["refused"]["refused_max_filter_bytes_per_host"] > 0
+    assert r["refused"]["refused_max_filter_bytes_per_host"] > 0
 
 
 @pytest.mark.alone
 def test_forged_text_subscriptions_get_at_most_3x_what_they_sent_from_the_whole_cluster():
     r = _attack("text", "--duration", "4", "--members", "2")
     assert r["subs_sent"] >= 60 and r["messages_published"] >= 600
-    assert r["victim_bytes_received"] <= 3 * r["victim_bytes_sent"]
+    # (1 KB SUBs buy 3 KB each, so some 8 KB messages come, from both members, through the home)
+    assert 0.5 * r["victim_bytes_sent"] < r["victim_bytes_received"] <= 3 * r["victim_bytes_sent"]
     off = _attack("text", "--duration", "2", "--members", "2", "--text-amplification", "0")
     assert off["victim_bytes_received"] > 100 * off["victim_bytes_sent"]  # (what the bound prevents)
 
