@@ -16,7 +16,7 @@ turning the node into a reflector:
   until UNSUB). ``text_leases`` holds the expiry per (address, topic); one timer per lease
   re-arms itself when a renewal moved the expiry;
 - the address is sent at most ``text_amplification`` (3) times the bytes it sent: every text
-  datagram from it adds that much to its record's credit, every MSG line (and ERR) to it spends
+  datagram from it adds that much to its record's credit, every MSG line to it spends
   from it, and what finds no credit is dropped and counted (``dropped_text_budget``). It is
   the binary protocol's rule before a cookie comes back, kept for good, since a text client
   never proves its address. A subscriber that wants more sends more: a SUB's body is ignored,
