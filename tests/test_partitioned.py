@@ -81,7 +81,7 @@ async def test_a_wildcard_subscription_spans_every_partition(five):
         text.settimeout(10)
         async with Client(c.addr("n2")) as sc, Client(c.addr("n3")) as pc, sc.subscribe("span.*.x") as sub, \
                 sc.subscribe("span.>", query="n >= 20") as q:  # fmt: skip
-            text.send(b"SUB span.>\n")
+            text.send(b"SUB span.>\n" + b"." * 1000)  # (padded: 3x of what it sends may come back)
             await trio.to_thread.run_sync(lambda: wait_until(
                 lambda: [a - b for a, b in zip(c.subscriptions(), before, strict=True)] == [3] * 5,
                 what="the wildcard subscriptions on every member"))  # fmt: skip
