@@ -5,8 +5,8 @@ objects that live long and are freed by reference counting: it holds no cycles b
 CPython 3.11's collector scans every object the program ever kept at each full (generation 2)
 collection, which runs whenever what survived grew by a quarter: a node that a crowd of
 strangers filled with 100,000 producers and 20,000 kilobyte filters paused 100-360 ms each
-time (scripts/attack.py exhaust, with gc.callbacks timing each pass), and a round trip that
-meets such a pause is that late.
+time (scripts/attack.py exhaust, its node timed by a gc.callbacks hook, 2026-11-28), and a
+round trip that meets such a pause is that late.
 
 So every object that survived a full collection is frozen (``gc.freeze``: moved to the
 permanent generation, never scanned again) right after it. A full collection then scans only
