@@ -73,7 +73,7 @@ def read_secret(source: str, settings: SecretSettings) -> tuple[str, str]:
             raise ConfigError(f"{source}: {key}: {name} has mode {exc.mode:04o}, so group or others may read or "
                               f"change it: run `chmod 600 {name}` (its owner only), or set allow_insecure_secret_file "
                               "= true in [cluster] if it must stay so") from None  # fmt: skip
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # (UnicodeDecodeError; a NUL in the path: "embedded null byte")
             why = getattr(exc, "strerror", None) or str(exc)
             raise ConfigError(f"{source}: {key}: cannot read {name}: {why}") from None
         else:
