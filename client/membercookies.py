@@ -68,6 +68,8 @@ class MemberCookies:
         """The member becomes the session's node: its cookie is the session's own from now on."""
         self.held.pop(member, None)
         self.renewing.pop(member, None)
+        self._waiting.pop(member, None)  # (a wait begun before would give up at once, unasked)
+        self._asked.pop(member, None)
 
     def renew(self, now: float, out: list[tuple[Addr, bytes]]) -> None:
         """Our node's key rotated: ask every member we hold a cookie of for a new one."""

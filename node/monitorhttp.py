@@ -33,6 +33,7 @@ import h11
 import trio
 
 from roost.node import monitor
+from roost.node.admission import host_key
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 from roost.node.logs import EventLog
@@ -52,7 +53,6 @@ OPEN_PATH = "/healthz"
 
 Response = tuple[int, str, bytes]
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
-_FULL = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)  # (accept: out of files or memory)
 #: accept() errors that concern one connection only (gone before it was taken, a firewall's
 #: refusal): the next one is taken. As trio's SocketListener.accept skips them.
 _ONE_LOST = frozenset(getattr(errno, n) for n in (
@@ -185,15 +185,13 @@ class _Server:
                         except OSError as exc:
                             if exc.errno in _ONE_LOST:
                                 continue
-                            if exc.errno not in _FULL:
-                                raise
-                            if not self.starved:  # (once per spell, not ten lines a second)
+                            if not self.starved:  # (any errno but a lost one: logged once a spell, retried)
                                 self.log("warning", "monitor_accept_failed", error=os.strerror(exc.errno or 0))
                             self.starved = True
                             await trio.sleep(0.1)
                             break
                         self.starved = False
-                        self._take(conn, str(peer[0]), nursery)
+                        self._take(conn, host_key(str(peer[0])), nursery)  # (an IPv6 /64 is one host)
         finally:
             sock.close()
 
