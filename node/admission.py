@@ -36,7 +36,7 @@ def host_key(host: str) -> str:
                 v4 = ip.ipv4_mapped
                 key = str(v4) if v4 is not None else str(ipaddress.IPv6Network((ip, 64), strict=False))
             except ValueError:
-                pass
+                pass  # (not an IPv6 address, e.g. a test's name: counted as itself)
         if len(_HOSTS) >= 65536:
             _HOSTS.clear()
         _HOSTS[host] = key

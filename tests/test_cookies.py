@@ -18,6 +18,7 @@ from roost.node import cookies
 from roost.node.cookies import CookieJar
 from roost.node.core import Send
 from tests.corekit import connect, frames_to, make_core
+from tests.test_replication import GOOD  # (the two-member cluster config those tests load)
 
 A = ("127.0.0.1", 5001)
 CID = b"c" * 16
@@ -99,20 +100,6 @@ def test_a_ping_with_the_previous_keys_cookie_gets_a_new_one_then_the_old_one_is
     assert frames_to(c.ping(20.0), A)[0][0] is T.PONG
 
 
-GOOD = """
-[cluster]
-secret = "0123456789abcdef"
-[[members]]
-id = "n1"
-client_addr = "127.0.0.1:7401"
-peer_addr = "127.0.0.1:7501"
-data_dir = "d1"
-[[members]]
-id = "n2"
-client_addr = "127.0.0.1:7402"
-peer_addr = "127.0.0.1:7502"
-data_dir = "d2"
-"""
 
 
 def test_a_members_cookie_is_refused_by_another_member_that_holds_the_same_secret(tmp_path):
