@@ -556,6 +556,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif kind == P.ROSTER and n == 2:
             self._on_roster_frame(f[1])  # (we left: a member that no longer dials us says so)
         elif kind == P.PUSHACK and n == 2:
+            if f[1].__class__ is not int:
+                raise PeerProtocolError("malformed PUSHACK")
             self.queues[peer].acked(f[1])
             self._pump_pushes(peer)
         elif kind == P.FWDACK and n == 3:

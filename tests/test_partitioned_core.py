@@ -202,6 +202,20 @@ def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
     assert core.epoch_seen < 2**62
 
 
+def test_a_pushack_of_no_sequence_is_a_protocol_error_not_a_crash_caught():
+    """A PUSHACK whose sequence is not an integer (a list: unhashable) raised TypeError inside the
+    peer queue, which only the member's last resort caught (``peer_error``); it is refused where
+    the frame is read, as every other malformed frame is (fuzzing, tests/fuzz)."""
+    sim = _ready_sim()
+    core = sim.members["m0"].core
+    assert core is not None
+    lid = core.out["m1"]
+    assert lid is not None
+    out = core.handle(LinkBytes(lid, encode([P.PUSHACK, [0]])), sim.now)
+    assert any(isinstance(a, Close) and a.link == lid for a in out)
+    assert [a.event for a in out if isinstance(a, Log) and a.level != "info"] == ["peer_protocol_error"]
+
+
 # ------------------------------------------------------------ the map for clients: WELCOME, MAP, REDIRECT
 
 TWO = {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}
