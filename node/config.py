@@ -291,6 +291,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # (TOML is UTF-8: tomllib decodes the file first)
+        raise ConfigError(f"{source}: not valid TOML: not UTF-8 at byte {exc.start}") from None
 
 
 def load_node_config(path: str | Path | None, data: dict[str, Any] | None = None) -> NodeConfig:

@@ -175,6 +175,17 @@ def test_missing_config_file(tmp_path):
     assert r.returncode == 2 and "cannot read" in r.stderr
 
 
+def test_a_config_that_is_not_utf8_is_refused_as_not_toml(tmp_path):
+    """tomllib decodes the file first: bytes that are not UTF-8 raised UnicodeDecodeError past
+    read_toml, where every other unreadable config is a ConfigError naming the file (fuzzing)."""
+    from roost.node.config import ConfigError, load_node_config
+
+    cfg = tmp_path / "latin1.toml"
+    cfg.write_bytes(b"[node]\nid = \"n\xe9\"\n")
+    with pytest.raises(ConfigError, match=r"latin1\.toml: not valid TOML: not UTF-8 at byte 14"):
+        load_node_config(cfg)
+
+
 def test_shipped_config_loads():
     from roost.node.config import load_node_config
 
