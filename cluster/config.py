@@ -295,10 +295,11 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None, *,
         if section not in allowed:
             raise ConfigError(f"{source}: unknown section [{section}]; allowed: "
                               + ", ".join(f"[{s}]" for s in allowed))  # fmt: skip
+    node, monitor = data.get("node", {}), data.get("monitor", {})  # (not tables: refused by node_config below)
     for key in ("id", "client_addr", "advertise_addr"):
-        if key in data.get("node", {}):
+        if isinstance(node, dict) and key in node:
             raise ConfigError(f"{source}: [node] {key}: set per member in [[members]], not in [node]")
-    if "addr" in data.get("monitor", {}):  # (one address shared by every member: they would clash)
+    if isinstance(monitor, dict) and "addr" in monitor:  # (one address shared by every member: they would clash)
         raise ConfigError(f"{source}: [monitor] addr: set per member as monitor_addr in [[members]], not in "
                           "[monitor]")  # fmt: skip
     settings = ClusterSettings()

@@ -417,6 +417,8 @@ data_dir = "d2"
         (('"127.0.0.1:7402"', '"0.0.0.0:7402"'), "client_addr = '0.0.0.0:7402': clients cannot be sent to a wildcard"),
         (('[cluster]', '[node]\nadvertise_addr = "127.0.0.1:1"\n[cluster]'),
          "[node] advertise_addr: set per member in [[members]]"),
+        (('[cluster]', 'node = 5\n[cluster]'), "[node] must be a table"),  # (a TypeError before: fuzzing)
+        (('[cluster]', 'monitor = "addr"\n[cluster]'), "[monitor] must be a table"),
     ],
 )
 def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needle):
