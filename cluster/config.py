@@ -229,7 +229,7 @@ def _secret(source: str, settings: ClusterSettings) -> str:
             else Path(settings.secret_file)  # fmt: skip
         try:
             lines = path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # (UnicodeDecodeError; a NUL in the path: "embedded null byte")
             why = getattr(exc, "strerror", None) or str(exc)
             raise ConfigError(f"{source}: [cluster] secret_file = {settings.secret_file!r}: cannot read {path}: "
                               f"{why}") from None  # fmt: skip

@@ -404,6 +404,8 @@ data_dir = "d2"
          "[cluster] secret and secret_file: set one of them, not both"),
         (('secret = "0123456789abcdef"', 'secret_file = "missing"'),
          "[cluster] secret_file = 'missing': cannot read"),
+        (('secret = "0123456789abcdef"', 'secret_file = "s\\u0000"'),  # (ValueError before: fuzzing)
+         "[cluster] secret_file = 's\\x00': cannot read"),
         (('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "x:1"'), "monitor_addr = 'x:1': must be HOST:PORT"),
         (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"\n'
                              '[[members]]\nid="n3"\nclient_addr="127.0.0.1:7403"\npeer_addr="127.0.0.1:7503"\n'
