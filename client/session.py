@@ -306,6 +306,7 @@ class ClientSession:
                 # batch, so the subscription it carried never took effect.
                 st.reason = "refused: " + _error_name(code)
                 self._drop(topic, key)
+                self.recv.detach(st)  # (what came before the refusal stays readable, no longer buffered)
         self.events.append(("cmdack", batch))
 
     def _digest(self) -> int:
