@@ -107,6 +107,20 @@ def test_a_refused_subscription_no_longer_counts_what_it_holds_as_buffered():
     assert s.recv.buffered == 0
 
 
+def test_a_refused_subscription_no_longer_counts_what_it_holds_as_buffered():
+    """Messages can come before the CMDACK; when it refuses the subscription, the queue stays
+    readable but leaves the buffered count (max_buffered), as an ended one's does: it counted
+    for ever before (the receiver's own check, tests/fuzz)."""
+    s = connected_session()
+    st = s.subscribe("a", None, Mode.FIRE)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_msgs(0, 7, [wire.pack_message("a", None, None, b"early")])]), 0.05)
+    assert s.recv.buffered == 1
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [10])]), 0.1)
+    assert st.reason == "refused: overloaded" and [m.payload for m in st.messages()] == [b"early"]
+    assert s.recv.buffered == 0
+
+
 def test_bad_cookie_error_makes_the_session_say_hello_again():
     s = connected_session()
     s.handle_datagrams(wrap([wire.encode_error(wire.E.BAD_COOKIE, "x")]), 0.1)

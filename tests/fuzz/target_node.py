@@ -1,0 +1,222 @@
+"""Target (a): the broker core (node/core.py) fed every binary client frame and text line, valid
+in context and then mutated, from several clients, with time passing.
+
+Four cores, one per example (``VARIANTS``): a single node; one with tight limits (admission per
+host, subscriptions per client, small mailboxes and datagrams, text leases, short time-outs);
+a replica (``replicating``: tombstones, the digest, Replicate actions); a member's core of a
+partitioned cluster (ownership and a map: REDIRECT, MAP, Forward, Confirm, durable requests).
+
+Checked after every frame: nothing escapes ``handle_datagrams`` or ``tick``; every Send decodes
+(or is a text line) and fits ``max_datagram``; what it replicates or forwards passes the peer
+decoders; the counters stay in 0..2**63-1; a frame the decoder or the cookie check refuses
+changes nothing (``state_digest``). Every 8 frames: ``checks.broker_consistent`` and STATUS.
+At the end: a fresh subscriber gets a fresh publisher's message (binary, and text), then, with
+every client silent past its time-outs, nothing is left held (producers, records, admission).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Any
+
+from roost.client import decoding, wire
+from roost.client.text import parse_untrusted_text
+from roost.client.wire import T, WireError
+from roost.cluster import clustermap
+from roost.node.config import NodeConfig
+from roost.node.core import BrokerCore, Send
+from roost.node.ownership import Ownership
+from tests.fuzz import checks
+from tests.fuzz.clientframes import TEMPLATES, TEXT_LINES, Addr, BinClient, legit_next
+from tests.fuzz.mutate import AFTER, KINDS, STEPS, VALUES, Plan, Values, mutate_packed, mutate_text
+
+A, B, C = ("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.1", 5003)
+FAR = ("198.51.100.7", 4000)  # (not on text_networks: no text, errors within 3x what it sent)
+V6 = ("::1", 5004)
+T1, TFAR = ("127.0.0.1", 6001), ("198.51.100.8", 6002)
+WALL = 1_780_000_000.0
+TWO = {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}
+
+#: The frames that carry a client id and cookie (the node's own frames and HELLO do not).
+_WITH_COOKIE = {T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.STATUS, T.MAP, T.BYE, T.PUT, T.GET, T.COMMIT}
+VARIANTS = ("single", "tight", "replica", "partitioned")
+TIGHT = {"mailbox_capacity": 16, "send_window": 8, "max_datagram": 1500, "max_payload": 1500, "max_per_host": 3,
+         "max_clients": 12, "max_producers": 12, "max_subscriptions_per_client": 5, "max_text_subscribers": 3,
+         "text_sub_lease": 2.0, "subscriber_timeout": 3.0, "producer_timeout": 5.0, "retransmit_timeout": 0.05,
+         "retransmit_max": 0.4, "ping_interval": 0.5}  # fmt: skip
+
+
+def make_core(variant: str) -> BrokerCore:
+    if variant == "single":
+        return BrokerCore(NodeConfig(mailbox_capacity=64, send_window=16), b"k" * 32, random.Random(1), 1)
+    if variant == "tight":
+        return BrokerCore(NodeConfig(**TIGHT), b"k" * 32, random.Random(1), 1)
+    core = BrokerCore(NodeConfig(id="n1", client_addr=TWO["n1"][0]), b"k" * 32, random.Random(1), 1,
+                      members=[[m, *a[0]] for m, a in TWO.items()], node_idx=0, wall_offset=WALL,
+                      replicating=True, tombstone_horizon=30.0)  # fmt: skip
+    if variant == "partitioned":
+        own = Ownership("n1", 16)
+        core.set_ownership(own)
+        cmap = clustermap.compute(1, TWO, set(TWO), 16, 1)
+        core.reindex(*own.update(1, cmap.owners))
+        core.set_cluster_map(clustermap.encode(cmap), 1)
+    return core
+
+
+class NodeRig:
+    """One example: a core, its clients, and the trace of what was fed."""
+
+    def __init__(self, variant: str, free: list[Any]) -> None:
+        self.variant = variant
+        self.core = core = make_core(variant)
+        self.now = 0.0
+        self.clients = [BinClient(i, a) for i, a in enumerate((A, B, FAR, V6, C))]
+        own = core.own
+        for c in self.clients:
+            c.partition = (lambda t: own.partition(t)) if own is not None else (lambda t: 0)
+        self.by_addr = {c.addr: c for c in self.clients}
+        a, b, far, v6, c3 = self.clients
+        self.sources: list[BinClient | Addr] = [a, b, far, v6, c3, a, T1, TFAR]
+        self.text_turn = 0
+        ids = [x for cl in self.clients for x in (cl.cid, cl.pid, cl.fpid)]
+        self.values = Values(VALUES, ids, free)
+        self.trace: deque[str] = deque(maxlen=24)
+        self.frames = self.mutated = self.steps = 0
+
+    # ------------------------------------------------------------ feeding
+
+    def step(self, plan: Plan) -> None:
+        a, b, c = plan
+        kind, src, after = KINDS[a & 7], self.sources[(a >> 3) & 7], AFTER[a >> 6]
+        if isinstance(src, BinClient):
+            self._hello_if_needed(src)
+            tmpl = TEMPLATES[b % len(TEMPLATES)]
+            m = mutate_packed(tmpl(src, False), kind, b // len(TEMPLATES), self.values, c)
+            addr, name = src.addr, tmpl.__name__
+        else:
+            line = TEXT_LINES[b % len(TEXT_LINES)]
+            m = mutate_text(line, kind, b // len(TEXT_LINES), self.values, c)
+            addr, name = src, line[:12].decode()
+        self.trace.append(f"{addr[0]}:{addr[1]} {name}: {m.what} -> {m.data[:48]!r}")
+        batch = [(m.data, addr)]
+        if after == "batch":
+            batch += [(self._legit(src), addr), (self._legit(src), addr)]
+        self.mutated += 1
+        self._feed(batch)
+        if after == "then-legit":
+            self._feed([(self._legit(src), addr)])
+        elif after == "tick":
+            self.tick(STEPS[c >> 12])
+
+    def _legit(self, src: BinClient | Addr) -> bytes:
+        if isinstance(src, BinClient):
+            return legit_next(src)
+        self.text_turn += 1
+        return TEXT_LINES[self.text_turn % len(TEXT_LINES)]
+
+    def _hello_if_needed(self, c: BinClient) -> None:
+        if c.needs_hello:
+            self._feed([(c.hello(), c.addr)])
+
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self.trace.append(f"tick +{dt} = {self.now:.3f}")
+        self._route(self.core.tick(self.now))
+        self._after()
+
+    def _feed(self, batch: list[tuple[bytes, Addr]]) -> list[tuple[Any, Send]]:
+        core = self.core
+        change = validated = True
+        if len(batch) == 1:
+            change, validated = self._judge(*batch[0])
+        before = None if change else core.state_digest()
+        out = self._route(core.handle_datagrams(batch, self.now))
+        self.frames += len(batch)
+        if before is not None:
+            assert core.state_digest() == before, "a frame the node refuses changed its state"
+        if not validated and not core._text_allowed(batch[0][1][0]):  # (docs/protocol.md, amplification)
+            sent = sum(len(s.data) for _, s in out if s.addr == batch[0][1])
+            assert sent <= 3 * len(batch[0][0]), f"{sent} bytes to an unvalidated address that sent {len(batch[0][0])}"
+        self._after()
+        return out
+
+    def _route(self, actions: list[Any]) -> list[tuple[Any, Send]]:
+        sent = checks.broker_actions(actions, self.core.cfg.max_datagram)
+        for f, s in sent:
+            c = self.by_addr.get(s.addr)
+            if f is not None and c is not None:
+                c.seen(f)
+        return sent
+
+    def _after(self) -> None:
+        self.steps += 1
+        checks.counters_in_range(self.core.metrics)
+        if self.steps % 8 == 0:
+            checks.broker_consistent(self.core)
+            checks.status_encodes(self.core.status())
+
+    def _judge(self, data: bytes, addr: Addr) -> tuple[bool, bool]:
+        """(may it change state, does it carry a valid cookie) by the real decoders and cookie
+        check: what such a datagram changes is tested in test_core.py; a refused one must change
+        nothing, and an address without a valid cookie gets at most 3 times what it sent."""
+        core = self.core
+        if data[:1].isalpha():
+            try:
+                verb, topic, _ = parse_untrusted_text(data)
+                wire.check_filter(topic)
+            except WireError:
+                return False, False
+            return verb != "PUB" and core._text_allowed(addr[0]), False
+        try:
+            f = decoding.decode_untrusted_frame(data, core.cfg.max_datagram)
+        except WireError:
+            return False, False
+        if f[0] not in _WITH_COOKIE or len(data) > core.cfg.max_datagram:
+            return False, False
+        valid = core.cookies.check(addr, f[1], f[2], self.now + core.wall_offset)
+        return valid and f[0] in (T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.BYE), valid
+
+    # ------------------------------------------------------------ the end of an example
+
+    def finish(self) -> bool:
+        """The final checks; True (the legitimate clients were served)."""
+        core = self.core
+        checks.broker_consistent(core)
+        checks.status_encodes(core.status())
+        self.now += 1.0
+        self.trace.append("legitimate clients")
+        topic = "fresh"
+        if core.own is not None:
+            cmap = clustermap.compute(1, TWO, set(TWO), 16, 1)
+            topic = next(f"fresh{i}" for i in range(100) if cmap.primary(f"fresh{i}") == "n1")
+        sub, pub = BinClient(8, ("127.0.0.9", 7001)), BinClient(9, ("127.0.0.9", 7002))
+        self.by_addr.update({sub.addr: sub, pub.addr: pub})
+        for x in (sub, pub):
+            self._hello_if_needed(x)
+            assert x.cookie != b"\x00" * 16, "no WELCOME for a fresh client"
+        acks = self._feed([(wire.encode_cmds(sub.cid, sub.cookie, 1, 1, [(1, topic, None, 1)]), sub.addr)])
+        assert any(f is not None and f[0] is T.CMDACK and f[3] == [0] for f, _ in acks), f"SUB refused: {acks}"
+        out = self._feed([(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True,
+                                           [wire.pack_message(topic, None, None, b"hello")]), pub.addr)])  # fmt: skip
+        assert sub.got == [b"hello"], f"the fresh subscriber got {sub.got}"
+        assert any(f is not None and f[0] is T.PUBACK and f[2] == 1 for f, s in out if s.addr == pub.addr)
+        if core.own is None and core.text_subs < core.cfg.max_text_subscribers:
+            self._feed([(f"SUB {topic}\n".encode(), ("127.0.0.9", 7003))])
+            out = self._feed([(f"PUB {topic}\nline".encode(), ("127.0.0.9", 7004))])
+            assert [s.data for _, s in out if s.addr == ("127.0.0.9", 7003)] == [f"MSG {topic}\nline".encode()]
+        self._quiesce()
+        return True
+
+    def _quiesce(self) -> None:
+        """Every binary client silent past its time-outs: nothing of theirs may be left."""
+        core = self.core
+        for dt in (10_000.0, 1_000.0):  # (a replica keeps the tombstones of the drop for its horizon)
+            self.tick(dt)
+            if core.replicating:
+                self._route(core.collect_tombstones(self.now))
+        checks.broker_consistent(core)
+        assert not core.producers, f"producers left after their time-out: {len(core.producers)}"
+        held = [c.cid for c in core.clients.values() if c.cid.__class__ is bytes and (c.live or c.local)]
+        assert not held, f"binary clients left after their time-out: {held}"
+        assert not core.admission.per_host, f"admission counts left: {dict(core.admission.per_host)}"
