@@ -80,8 +80,8 @@ def test_random_datagrams(data, addr):
 #: (target, setup, examples, the mutated frames it must feed at least): 200,000 in all (227,000 are
 #: fed), about 40 s of CPU on the 2-core VM (docs/security.md, "Fuzzing").
 CAMPAIGN = [
-    ("node", "single", 110, 18_000), ("node", "tight", 110, 18_000), ("node", "replica", 110, 18_000),
-    ("node", "partitioned", 110, 18_000), ("member", "replicated", 190, 24_000), ("member", "partitioned", 200, 24_000),
+    ("node", "single", 125, 18_000), ("node", "tight", 125, 18_000), ("node", "replica", 125, 18_000),
+    ("node", "partitioned", 125, 18_000), ("member", "replicated", 190, 24_000), ("member", "partitioned", 200, 24_000),
     ("client", "router", 280, 50_000), ("config", "toml", 185, 30_000),
 ]  # fmt: skip
 assert sum(share for *_, share in CAMPAIGN) >= 200_000

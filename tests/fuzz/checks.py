@@ -38,9 +38,10 @@ def status_encodes(status: dict[str, Any]) -> dict[str, Any]:
 
 def decodes(data: bytes, max_datagram: int) -> tuple[Any, ...] | None:
     """A datagram a node sends: a binary frame ``decode_untrusted_frame`` takes (returned), or a
-    text line (MSG, ERR; None), and never over ``max_datagram``."""
+    text line (MSG, ERR; None), and never over ``max_datagram``. A text ERR is cut to three times
+    the line it answers, so a one-byte line gets b"ERR" alone."""
     assert len(data) <= max_datagram, f"a datagram of {len(data)} bytes, over max_datagram {max_datagram}"
-    if data[:4] in (b"MSG ", b"ERR "):
+    if data[:4] == b"MSG " or data[:3] == b"ERR":
         return None
     try:
         return decoding.decode_untrusted_frame(data, 65536)

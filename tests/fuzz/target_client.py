@@ -48,7 +48,7 @@ MARK = wire.mark_id("q queue=g", None)
 class ClientRig:
     def __init__(self, free: list[Any]) -> None:
         self.now = 0.0
-        self.core = BrokerCore(NodeConfig(mailbox_capacity=64, send_window=16), b"k" * 32, random.Random(1), 1)
+        self.core = BrokerCore(NodeConfig(mailbox_capacity=64, send_window=16), random.Random(1), 1)
         self.router = Router(b"\xc7" * 16, b"\xa7" * 16, b"\xf7" * 16, ClientConfig(), 0.0, node=NODE, session=5)
         self.addrs: dict[int, tuple[str, int]] = {}  # id(session) -> its socket's address
         self.publisher = BinClient(1, ("127.0.0.1", 5101))

@@ -208,7 +208,7 @@ class ConfigRig:
             if is_cluster_config(data):
                 cc = load_cluster_config(self.path, data)
             else:
-                BrokerCore(load_node_config(self.path, data), b"k" * 32, random.Random(1), 1)
+                BrokerCore(load_node_config(self.path, data), random.Random(1), 1)
                 self.accepted += 1
                 return
         except ConfigError as exc:

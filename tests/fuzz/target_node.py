@@ -49,10 +49,10 @@ TIGHT = {"mailbox_capacity": 16, "send_window": 8, "max_datagram": 1500, "max_pa
 
 def make_core(variant: str) -> BrokerCore:
     if variant == "single":
-        return BrokerCore(NodeConfig(mailbox_capacity=64, send_window=16), b"k" * 32, random.Random(1), 1)
+        return BrokerCore(NodeConfig(mailbox_capacity=64, send_window=16), random.Random(1), 1)
     if variant == "tight":
-        return BrokerCore(NodeConfig(**TIGHT), b"k" * 32, random.Random(1), 1)
-    core = BrokerCore(NodeConfig(id="n1", client_addr=TWO["n1"][0]), b"k" * 32, random.Random(1), 1,
+        return BrokerCore(NodeConfig(**TIGHT), random.Random(1), 1)
+    core = BrokerCore(NodeConfig(id="n1", client_addr=TWO["n1"][0]), random.Random(1), 1,
                       members=[[m, *a[0]] for m, a in TWO.items()], node_idx=0, wall_offset=WALL,
                       replicating=True, tombstone_horizon=30.0)  # fmt: skip
     if variant == "partitioned":
