@@ -164,9 +164,7 @@ class ClientSession:
                 self._leaving[(topic, key)] = st
         self.cmds.add((Op.UNSUB, topic, key, Mode.FIRE))
 
-    def publish(
-        self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool
-    ) -> int:
+    def publish(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool) -> int:
         """Queue a message; returns its producer sequence (0 for fire)."""
         return self.pub.publish(topic, key, tags, payload, reliable)
 
@@ -274,7 +272,10 @@ class ClientSession:
             self.pub.max_parts = max(1, sw // 4)
         pi = params.get("ping_interval")
         if isinstance(pi, (int, float)) and 0.01 <= pi <= 60:
-            self.ping_interval = float(pi)
+            # At most a third of node_timeout, so that a node is pinged twice before it is
+            # called lost: a WELCOME (spoofed, or from a node configured apart) asking for
+            # longer would make the client fail over from a node that is well.
+            self.ping_interval = min(float(pi), self.cfg.node_timeout / 3)
         self.lost = False
         self.failed_attempts = 0
         self.events.append(("connected", node_id))
@@ -333,9 +334,7 @@ class ClientSession:
             held.append((topic, key, st.mode))
         return wire.subs_digest(held)
 
-    def _on_pong(
-        self, token: int, known: bool, cookie: bytes, cancels: list[tuple[Any, ...]], digest: int
-    ) -> None:
+    def _on_pong(self, token: int, known: bool, cookie: bytes, cancels: list[tuple[Any, ...]], digest: int) -> None:
         self.cookie = cookie
         if token > self.confirmed_token:
             # (a PONG older than our last CMDACK may list a cancellation we
@@ -391,8 +390,12 @@ class ClientSession:
         elif now >= self.next_ping:
             self.ping_token += 1
             self.ping_digest = self._digest()
-            self._out.append((self.node, wire.encode_ping(
-                self.cid, self.cookie, self.ping_token, self.ping_digest, self.cmds.session)))
+            self._out.append(
+                (
+                    self.node,
+                    wire.encode_ping(self.cid, self.cookie, self.ping_token, self.ping_digest, self.cmds.session),
+                )
+            )
             self.next_ping = now + self.ping_interval
         if now >= self.last_heard + self.cfg.node_timeout:  # (the same sum as next_deadline)
             self._node_silent(now)

@@ -107,20 +107,6 @@ def test_a_refused_subscription_no_longer_counts_what_it_holds_as_buffered():
     assert s.recv.buffered == 0
 
 
-def test_a_refused_subscription_no_longer_counts_what_it_holds_as_buffered():
-    """Messages can come before the CMDACK; when it refuses the subscription, the queue stays
-    readable but leaves the buffered count (max_buffered), as an ended one's does: it counted
-    for ever before (the receiver's own check, tests/fuzz)."""
-    s = connected_session()
-    st = s.subscribe("a", None, Mode.FIRE)
-    out(s, 0.0)
-    s.handle_datagrams(wrap([wire.encode_msgs(0, 7, [wire.pack_message("a", None, None, b"early")])]), 0.05)
-    assert s.recv.buffered == 1
-    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [10])]), 0.1)
-    assert st.reason == "refused: overloaded" and [m.payload for m in st.messages()] == [b"early"]
-    assert s.recv.buffered == 0
-
-
 def test_bad_cookie_error_makes_the_session_say_hello_again():
     s = connected_session()
     s.handle_datagrams(wrap([wire.encode_error(wire.E.BAD_COOKIE, "x")]), 0.1)
@@ -560,8 +546,10 @@ def test_the_common_queued_message_is_its_payload_alone():
     s.handle_datagrams(wrap([wire.encode_msgs(5, 1, ms)]), 0.1)
     assert list(st.queue) == [b"1", b"2"] and list(st.seqs) == [1, 2]
     keyed = s.subscribe("t", "k", Mode.RELIABLE)
-    mixed = [wire.pack_delivery("t", "k", {"a": "b"}, b"3", b"p" * 16, 3),
-             wire.pack_delivery("t", None, None, b"4", b"p" * 16, 4)]
+    mixed = [
+        wire.pack_delivery("t", "k", {"a": "b"}, b"3", b"p" * 16, 3),
+        wire.pack_delivery("t", None, None, b"4", b"p" * 16, 4),
+    ]
     s.handle_datagrams(wrap([wire.encode_msgs(5, 3, mixed)]), 0.2)
     kinds = [item.__class__ for item in (*st.queue, *keyed.queue)]
     assert kinds == [bytes, bytes, tuple, bytes, tuple] and list(st.seqs) == [1, 2, 4]
@@ -580,3 +568,14 @@ def test_the_common_queued_message_is_its_payload_alone():
     assert list(st.seqs) == [5]
     s.unsubscribe("t", None)
     assert not st.queue and not st.seqs  # (both emptied together)
+
+
+@pytest.mark.parametrize(("asked", "kept"), [(0.2, 0.2), (0.5, 0.5), (30.0, 0.5)])
+def test_a_welcome_cannot_set_a_ping_interval_past_a_third_of_node_timeout(asked, kept):
+    """A WELCOME asking for pings further apart than node_timeout allows (spoofed, or a node
+    configured apart) would make the client call a well node lost between two pings."""
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(node_timeout=1.5), 0.0, node=NODE, session=SESSION)
+    s.tick(0.0)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": asked}, [])]), 0.0)
+    assert s.connected and s.ping_interval == pytest.approx(kept)
