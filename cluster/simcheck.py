@@ -30,6 +30,7 @@ invariants (DESIGN.md, docs/guarantees.md):
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +181,6 @@ class Checker:
                 self.violation(now, f"{msg} acknowledged by {mid} at t={at:.3f}, which stayed up, "
                                     "never reached a primary")  # fmt: skip
 
-
     def _final_partitioned(self, now: float, members: dict[str, Any], collecting_ms: int, in_flux: bool) -> Any:
         """Partitioned mode: every member has the same map with an owner for every
         partition, and each partition's owners hold the same registers of it.
@@ -215,8 +215,9 @@ class Checker:
 
 
 def budget_drift(broker: Any) -> str:
-    """What a broker's budgets (node/budgets.py) count that a recount of its registers does
-    not: every subscription in force is charged once, to the host its record is charged to."""
+    """What a broker's budgets (node/budgets.py, node/admission.py) count that a recount of its
+    registers does not: every subscription in force is charged once, to the host its record is
+    charged to, and every record it admitted counts once against its host's share."""
     nbytes, hosts = 0, dict[str, list[int]]()
     for c in broker.clients.values():
         live = [t for (t, _), v in c.subs.items() if versions.is_present(v)]
@@ -231,6 +232,9 @@ def budget_drift(broker: Any) -> str:
     b = broker.budgets
     if nbytes != b.filter_bytes or hosts != b.hosts:
         return f"filter bytes {b.filter_bytes} (recount {nbytes}), hosts {b.hosts} (recount {hosts})"
+    clients = Counter(c.counted for c in broker.clients.values() if c.counted is not None)
+    if clients != Counter(broker.client_share.per_host):
+        return f"client records per host {broker.client_share.per_host} (recount {dict(clients)})"
     return ""
 
 

@@ -13,6 +13,11 @@ largest holder may take a slot from it (``largest``: the caller frees one of
 that host's, its oldest producer, then admits): the parties over their share
 are refused or lose their oldest, not everyone. The largest holder is found in
 O(1): hosts are bucketed by their count, and counts move by one.
+
+Client records cannot be taken from a host that way (a record holds subscriptions), so for
+them the fair share works as for subscriptions (node/budgets.py): above ``admission_share`` of
+``max_clients``, only a host holding less than its share of the pool gets a new one
+(``over_fair_share``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,14 @@ def host_key(host: str) -> str:
             _HOSTS.clear()
         _HOSTS[host] = key
     return key
+
+
+def over_fair_share(held: int, holders: int, pool: float) -> bool:
+    """Whether a host holding ``held`` of a pool (``pool``: the part of a limit above which
+    shares count, admission_share x the limit) already holds its fair share of it: the pool
+    over the ``holders`` hosts holding any, and over one more when it holds none (a newcomer
+    counts too, so it is always under its share)."""
+    return held >= pool / (holders + (held == 0))
 
 
 class Admission:

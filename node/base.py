@@ -38,6 +38,7 @@ class CoreBase:
         self.node_id = config.id
         self.metrics: Counter[str] = Counter()
         self.admission = Admission(config.max_per_host)
+        self.client_share = Admission(config.max_clients)  # binary client records alone, per host
         self._out: list[Action] = []
         self._timers: list[tuple[float, int, Any]] = []
         self._now = 0.0  # of the entry point running (for code that is not passed it)

@@ -16,7 +16,9 @@ So a client that moves, or a member that adopts it, never frees what another hos
 limits, refused (``over_capacity``) when a node-wide pool is full, and above
 ``admission_share`` of a pool admitted only for a host that holds less than its fair share of
 it (the pool's share over the hosts that hold any): hosts that filled the pool together are
-refused, a newcomer is not. Mailbox bytes, which no host owns, refuse everyone above the share.
+refused, a newcomer is not. Mailbox bytes are summed per host once a second (what the mailboxes
+of the clients a host admitted hold) and shared the same way: one host whose subscribers never
+acknowledge is refused above the share, not everyone.
 Each refusal names the setting that refused it; it is counted as ``refused_<setting>`` and
 logged at most every 10 s.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from roost.client.wire import E
 from roost.node import versions
-from roost.node.admission import host_key
+from roost.node.admission import host_key, over_fair_share
 from roost.node.clients import ClientState
 from roost.node.config import NodeConfig
 
@@ -40,7 +42,8 @@ def utf8_len(text: str) -> int:
 
 
 class SubscriptionBudgets:
-    __slots__ = ("cfg", "filter_bytes", "hosts", "log", "mailbox_bytes", "metrics", "_logged", "_summed")
+    __slots__ = ("cfg", "filter_bytes", "hosts", "log", "mailbox_bytes", "mailbox_hosts", "metrics", "_logged",
+                 "_summed")  # fmt: skip
 
     def __init__(self, cfg: NodeConfig, metrics: Counter[str], log: Callable[..., None]) -> None:
         self.cfg = cfg
@@ -49,6 +52,7 @@ class SubscriptionBudgets:
         self.filter_bytes = 0  # of every subscription in force (max_filter_bytes)
         self.hosts: dict[str, list[int]] = {}  # host -> [subscriptions, filter bytes] its clients hold here
         self.mailbox_bytes = 0  # of every mailbox, summed at most once a second
+        self.mailbox_hosts: dict[str, int] = {}  # host -> the bytes its clients' mailboxes hold (then)
         self._summed = -1e18
         self._logged = -1e18
 
@@ -93,11 +97,11 @@ class SubscriptionBudgets:
         c.charged = host
 
     def check(self, live: int, host: str | None, nbytes: int, count: int, now: float,
-              mailboxes: Callable[[], int]) -> tuple[int, str]:  # fmt: skip
+              mailboxes: Callable[[], dict[str, int]]) -> tuple[int, str]:  # fmt: skip
         """May a client holding ``live`` subscriptions, admitted from ``host``, take one more of
         a filter ``nbytes`` long, the node holding ``count``? (E.OK, "") or (the refusal, the
-        setting that refused it). ``mailboxes`` sums the mailboxes' bytes (called at most once
-        a second)."""
+        setting that refused it). ``mailboxes`` sums the mailboxes' bytes per host ("": clients
+        no host here admitted), called at most once a second."""
         cfg = self.cfg
         if live >= cfg.max_subscriptions_per_client:
             return self._refuse(E.OVERLOADED, "max_subscriptions_per_client", now, count)
@@ -114,14 +118,20 @@ class SubscriptionBudgets:
         share = cfg.admission_share
         if now >= self._summed + 1.0:
             self._summed = now
-            self.mailbox_bytes = mailboxes()
-        if self.mailbox_bytes >= share * cfg.max_mailbox_bytes:
+            self.mailbox_hosts = mailboxes()
+            self.mailbox_bytes = sum(self.mailbox_hosts.values())
+        if self.mailbox_bytes >= cfg.max_mailbox_bytes:
             return self._refuse(E.OVER_CAPACITY, "max_mailbox_bytes", now, count)
+        if self.mailbox_bytes >= share * cfg.max_mailbox_bytes:
+            holders = len(self.mailbox_hosts) - ("" in self.mailbox_hosts)
+            if host is None or over_fair_share(self.mailbox_hosts.get(host, 0), holders,
+                                               share * cfg.max_mailbox_bytes):  # fmt: skip
+                return self._refuse(E.OVER_CAPACITY, "max_mailbox_bytes", now, count)
         over_subs = count >= share * cfg.max_subscriptions
         if over_subs or self.filter_bytes >= share * cfg.max_filter_bytes:
-            hosts = len(self.hosts) + (held is None)  # (a newcomer counts too)
-            if host is None or n >= share * cfg.max_subscriptions / hosts \
-                    or b >= share * cfg.max_filter_bytes / hosts:  # fmt: skip
+            hosts = len(self.hosts)
+            if host is None or over_fair_share(n, hosts, share * cfg.max_subscriptions) \
+                    or over_fair_share(b, hosts, share * cfg.max_filter_bytes):  # fmt: skip
                 return self._refuse(E.OVER_CAPACITY, "max_subscriptions" if over_subs else "max_filter_bytes", now,
                                     count)  # fmt: skip
         return E.OK, ""

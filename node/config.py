@@ -180,7 +180,8 @@ SETTINGS: list[Setting] = [
             "message at least): keep it under the subscribers' socket receive buffer, or a burst "
             "of large messages overruns it and is resent."),
     number("limits", "max_clients", 100000, int, 1, 100_000_000,
-            "Binary clients with subscriptions a node keeps state for."),
+            "Binary clients with subscriptions a node keeps state for (fair shares per host above "
+            "admission_share of it)."),
     number("limits", "max_subscriptions_per_client", 10000, int, 1, 10_000_000,
             "Subscriptions one client may hold."),
     number("limits", "max_subscriptions", 1_000_000, int, 1, 1_000_000_000,
@@ -197,11 +198,11 @@ SETTINGS: list[Setting] = [
     Setting("limits", "max_mailbox_bytes", 1 << 30, int, "an integer from 1048576 to 2**44", _num(1 << 20, 1 << 44),
             "Bytes of unacknowledged reliable messages all the subscribers of a node may hold together."),
     Setting("limits", "admission_share", 0.8, float, "a number from 0.1 to 1", _num(0.1, 1.0),
-            "Share of max_subscriptions, max_filter_bytes or max_mailbox_bytes above which a node "
-            "refuses new subscriptions with over_capacity (ADR 033), rather than fail the ones it "
-            "has later; above it, a host still holding less than its fair share of "
-            "max_subscriptions and max_filter_bytes (the share over the hosts holding any) is "
-            "admitted, up to the limit itself."),
+            "Share of max_subscriptions, max_filter_bytes, max_mailbox_bytes or max_clients above "
+            "which a node admits new subscriptions (over_capacity otherwise, ADR 033) and client "
+            "records (overloaded) only for a host holding less than its fair share of that pool "
+            "(the share over the hosts holding any), up to the limit itself: the hosts that filled "
+            "it are refused, not a newcomer."),
     number("limits", "max_text_subscribers", 100000, int, 0, 100_000_000,
             "Text-protocol subscriptions (address, topic) a node keeps."),
     Setting("limits", "text_amplification", 3.0, float, "0 (off) or a number from 1 to 100",

@@ -442,8 +442,15 @@ class Delivery(Registers):
         """node/budgets.py: may one more subscription come (E.OK, "") or what refuses it."""
         return self.budgets.check(live, host, nbytes, self.index.count, now, self._mailboxes_bytes)
 
-    def _mailboxes_bytes(self) -> int:
-        return sum(c.mailbox.nbytes for c in self.clients.values() if c.mailbox is not None)
+    def _mailboxes_bytes(self) -> dict[str, int]:
+        """The bytes the mailboxes hold, per host that admitted their client ("": none here)."""
+        held: dict[str, int] = {}
+        for c in self.clients.values():
+            mb = c.mailbox
+            if mb is not None and mb.nbytes:
+                host = c.counted or ""
+                held[host] = held.get(host, 0) + mb.nbytes
+        return held
 
     def _forward(self, member: str, msg: list[Any]) -> None:
         self._forwards.setdefault(member, []).append(msg)
@@ -541,9 +548,7 @@ class Delivery(Registers):
 
     # ------------------------------------------------------------ acknowledgement and repair
 
-    def _on_ack(
-        self, c: ClientState, stream: int, max_seq: int, sack: list[tuple[int, int]], now: float
-    ) -> None:
+    def _on_ack(self, c: ClientState, stream: int, max_seq: int, sack: list[tuple[int, int]], now: float) -> None:
         mb = c.mailbox
         if mb is None or stream != mb.stream_id:
             self.metrics["ack_stale"] += 1

@@ -117,8 +117,14 @@ class Registers(CoreBase):
     def _forget_client(self, c: ClientState) -> None:
         """Free the record, and its admission count."""
         self.clients.pop(c.cid, None)
+        self._uncount(c)
+
+    def _uncount(self, c: ClientState) -> None:
+        """``c`` no longer counts against the host that admitted it here (``max_per_host``, its
+        share of ``max_clients``): it is gone, or its home is elsewhere now."""
         if c.counted is not None:
             self.admission.release(c.counted)
+            self.client_share.release(c.counted)
             c.counted = None
 
     # ------------------------------------------------------------ writes
@@ -328,8 +334,7 @@ class Registers(CoreBase):
                 was_local = c.local
                 c.local = home == self.node_id
                 if was_local and not c.local and c.counted is not None:  # (its new home counts it)
-                    self.admission.release(c.counted)
-                    c.counted = None
+                    self._uncount(c)
                     self.budgets.rehome(c, "")
                 if c.local and not was_local and who.__class__ is bytes:
                     c.last_seen = now
@@ -350,7 +355,8 @@ class Registers(CoreBase):
                         if reason == REASON_OUT_OF_CAPACITY:
                             c.cancelled[tk] = Reason.OUT_OF_CAPACITY  # repeat it in PONG
                         elif (
-                            reason == REASON_TIMED_OUT and old & versions.PRESENT
+                            reason == REASON_TIMED_OUT
+                            and old & versions.PRESENT
                             and now - c.last_seen < self.cfg.subscriber_timeout
                         ):
                             # Another member gave this client up for lost, but it

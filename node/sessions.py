@@ -35,7 +35,7 @@ from roost.client import wire
 from roost.client.wire import E, Op
 from roost.node import versions
 from roost.node.actions import Confirm, Send
-from roost.node.admission import host_key
+from roost.node.admission import host_key, over_fair_share
 from roost.node.base import TIMER_LIVENESS, fmt
 from roost.node.clients import REMEMBERED_BATCHES, ClientState
 from roost.node.cookies import Addr
@@ -80,7 +80,7 @@ class Sessions(Delivery):
             return
         if c is None:
             host = host_key(addr[0])
-            self.admission.admit(host, len(self.clients), self.cfg.max_clients, "clients", "max_clients")
+            self._admit_client(host)
             c = self._new_client(cid, addr, now)
             c.counted = host
             self._log("info", "client_new", client=cid.hex(), addr=fmt(addr))
@@ -112,6 +112,22 @@ class Sessions(Delivery):
         """Send a CMDACK; in partitioned mode only once the partitions' owners
         hold what the batch changed (the member core holds a ``Confirm``)."""
         self._out.append(Send(addr, answer) if self.own is None else Confirm(addr, answer))
+
+    def _admit_client(self, host: str) -> None:
+        """Room for a new client record from ``host``, or WireError (``overloaded``). Above
+        ``admission_share`` of ``max_clients``, only for a host holding less than its fair
+        share (node/admission.py): hosts that filled the table together are refused, a
+        newcomer is not. Counts it against the host."""
+        cfg, n = self.cfg, len(self.clients)
+        pool = cfg.admission_share * cfg.max_clients
+        if n >= pool and over_fair_share(self.client_share.per_host.get(host, 0), len(self.client_share.per_host),
+                                         pool):  # fmt: skip
+            self.metrics["refused_max_clients"] += 1
+            raise wire.WireError(E.OVERLOADED, f"too many clients on this node from this host: above admission_share "
+                                 f"({cfg.admission_share}) of max_clients ({cfg.max_clients}), a host at its "
+                                 "share gets no more")  # fmt: skip
+        self.admission.admit(host, n, cfg.max_clients, "clients", "max_clients")
+        self.client_share.add(host)
 
     def _sync(self, c: ClientState, cmds: list[Command], now: float) -> None:
         """A SYNC batch lists every subscription the client holds: end the
@@ -191,9 +207,9 @@ class Sessions(Delivery):
             self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)
         host = host_key(addr[0])
         if c.counted != host:  # (its host is counted here now, and charged for its subscriptions)
-            if c.counted is not None:
-                self.admission.release(c.counted)
+            self._uncount(c)
             self.admission.add(host)
+            self.client_share.add(host)
             c.counted = host
             self.budgets.rehome(c, host)
         c.home = self.node_id

@@ -298,6 +298,52 @@ def test_a_pool_filled_by_a_few_hosts_still_admits_a_newcomer_below_its_share():
     assert core.index.count == core.cfg.max_subscriptions
 
 
+def _record(fc: Any, now: float = 0.0) -> int | None:
+    """A SUB from ``fc``'s new client: None when its record was made, else the ERROR's code."""
+    errs = [f for f in frames_to(fc.cmds([(1, "t", None, 0)], now), fc.addr) if f[0] is T.ERROR]
+    return errs[0][1] if errs else None
+
+
+def test_client_records_above_the_share_go_to_hosts_below_it_not_to_those_that_filled_the_table():
+    core = make_core(max_clients=10, admission_share=0.8, max_per_host=100)
+    port = iter(range(1000, 2000))
+    attackers = [f"127.0.0.{i}" for i in range(2, 5)]
+    made = {h: 0 for h in attackers}
+    for _ in range(5):  # round after round, each attacker host asks for a new record
+        for h in attackers:
+            (fc,) = clients(core, (h, next(port)))
+            if _record(fc) is None:
+                made[h] += 1
+    # 8 (admission_share) round robin: 3, 3, 2; the third host was under its share (8 / 3): one more
+    assert made == {h: 3 for h in attackers} and len(core.clients) == 9
+    assert core.metrics["refused_max_clients"] == 15 - 9
+    (fc,) = clients(core, (attackers[0], next(port)))
+    assert _record(fc) == E.OVERLOADED
+    (legit,) = clients(core, ("127.0.0.11", 1))
+    assert _record(legit) is None  # a newcomer holds none: under its share (8 / 4)
+    (again,) = clients(core, ("127.0.0.11", 2))
+    assert _record(again) == E.OVERLOADED and len(core.clients) == 10  # (max_clients itself now)
+    assert dict(core.client_share.per_host) == {**{h: 3 for h in attackers}, "127.0.0.11": 1}
+    core.tick(core.cfg.subscriber_timeout + 1)  # records that go free their host's count
+    assert core.clients == {} and core.client_share.per_host == {} and core.admission.per_host == {}
+    assert budget_drift(core) == ""
+
+
+def test_one_host_whose_subscribers_never_acknowledge_is_refused_past_its_mailbox_share_not_everyone():
+    core = make_core(max_mailbox_bytes=1 << 20, admission_share=0.5, send_window=4, mailbox_max_bytes=1 << 20)
+    hog, pub = clients(core, ("127.0.0.2", 1), ("127.0.0.9", 1))
+    assert _subscribe(hog, ["hog"]) == [E.OK]
+    hog.cmds([(1, "hog", None, 1)])  # (reliable: its mailbox keeps what it does not acknowledge)
+    for i in range(40):
+        pub.pub([("hog", bytes(15000))], now=0.0)
+    held = core.clients[hog.cid].mailbox
+    assert held is not None and held.nbytes > (1 << 20) // 2
+    assert _subscribe(hog, ["more"], now=2.0) == [E.OVER_CAPACITY]  # the host holding it all
+    assert core.metrics["refused_max_mailbox_bytes"] == 1
+    (legit,) = clients(core, ("127.0.0.11", 1))
+    assert _subscribe(legit, ["mine"], now=2.0) == [E.OK]  # another host: under its share
+
+
 # ------------------------------------------------------------ the attacks, on real processes
 
 

@@ -125,7 +125,10 @@ def broker_consistent(core: BrokerCore) -> None:
     assert held == want, f"index and registers differ: {_diff(held, want)}"
     assert core.text_subs == text_live, f"text_subs {core.text_subs}, text registers present {text_live}"
     hosts = Counter(st[2] for st in core.producers.values())
-    hosts.update(c.counted for c in core.clients.values() if c.counted is not None)
+    clients = Counter(c.counted for c in core.clients.values() if c.counted is not None)
+    assert dict(core.client_share.per_host) == dict(clients), \
+        f"client records per host {dict(core.client_share.per_host)}, counted {dict(clients)}"  # fmt: skip
+    hosts.update(clients)
     assert dict(core.admission.per_host) == dict(hosts), \
         f"admission per host {dict(core.admission.per_host)}, producers and clients {dict(hosts)}"  # fmt: skip
     for pid, st in core.producers.items():
