@@ -15,7 +15,9 @@ cookie changes (a PONG brings a new one: its key rotated), the session asks ever
 holds a cookie of for a new one, while the old one is still accepted. A member whose clock is
 behind ours has not rotated yet and answers with the cookie we hold: we ask again every
 ``hello_retry`` until the answer differs (or, after :data:`RENEW_TRIES`, leave it to the
-member's refusal, BAD_COOKIE, which makes the ACK wait for a new cookie).
+member's refusal, BAD_COOKIE, which makes the ACK wait for a new cookie). A member that
+answers none of a renewal's HELLOs is gone (it left, or its address is another's now): its
+cookie is forgotten, so that a session does not ask every member it ever met at every rotation.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class MemberCookies:
         self.renewing: dict[Addr, int] = {}  # renewals under way: tries left
         self._asked: dict[Addr, float] = {}  # when we last said HELLO to it
         self._waiting: dict[Addr, float] = {}  # since when an ACK waits for its cookie
+        self._quiet: set[Addr] = set()  # asked in a renewal, not answered yet
 
     def _ask(self, member: Addr, now: float, out: list[tuple[Addr, bytes]]) -> None:
         self._asked[member] = now
@@ -48,6 +51,7 @@ class MemberCookies:
         """A WELCOME from a member that is not our node: its cookie, if we asked for one."""
         if member not in self._asked:
             return
+        self._quiet.discard(member)
         if cookie != self.held.get(member):
             self.renewing.pop(member, None)
         self.held[member] = cookie
@@ -59,6 +63,7 @@ class MemberCookies:
         self.renewing.pop(member, None)
         self._asked.pop(member, None)
         self._waiting.pop(member, None)
+        self._quiet.discard(member)
 
     def keep(self, member: Addr, cookie: bytes) -> None:
         """The cookie of the node the session leaves: still good for acknowledging it."""
@@ -70,11 +75,13 @@ class MemberCookies:
         self.renewing.pop(member, None)
         self._waiting.pop(member, None)  # (a wait begun before would give up at once, unasked)
         self._asked.pop(member, None)
+        self._quiet.discard(member)
 
     def renew(self, now: float, out: list[tuple[Addr, bytes]]) -> None:
         """Our node's key rotated: ask every member we hold a cookie of for a new one."""
         for member in self.held:
             self.renewing[member] = RENEW_TRIES
+            self._quiet.add(member)
             self._ask(member, now, out)
 
     def due(
@@ -104,4 +111,6 @@ class MemberCookies:
                     self._ask(member, now, out)
                 else:
                     del self.renewing[member]
+                    if member in self._quiet:  # (not one answer: gone)
+                        self.refused(member)
         return gone

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from roost.client import decoding, wire
+from roost.client import decoding, membercookies, wire
 from roost.client.session import ClientConfig, ClientSession
 from roost.client.wire import E, Mode, T
 from roost.cluster.config import load_cluster_config
@@ -219,3 +219,16 @@ def test_no_member_refuses_a_cookie_in_simulated_runs_without_faults(mode):
             refused += m.core.broker.metrics["error_bad_cookie"]
             datagrams += m.core.broker.metrics["datagrams_in"]
         assert refused == 0 and datagrams > 0
+
+
+def test_a_member_that_answers_none_of_a_renewal_is_forgotten_not_asked_at_every_rotation():
+    s = subscribed_at_n1()
+    s.handle_datagrams([(msgs(1), N2)], 0.1)
+    s.outgoing(0.1)
+    s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 0.1)
+    s.outgoing(0.1)
+    s.handle_datagrams([(wire.encode_pong(2, True, K3, []), N1)], 1.0)  # n1 rotated; n2 has left since
+    hellos = [t for t in (1.0 + 0.3 * i for i in range(12)) for dst, f in frames(s.outgoing(t)) if dst == N2]
+    assert len(hellos) == 1 + membercookies.RENEW_TRIES and N2 not in s.member_cookies.held
+    s.handle_datagrams([(wire.encode_pong(3, True, b"5" * 16, []), N1)], 9.0)  # the next rotation
+    assert [dst for dst, _ in frames(s.outgoing(9.0))] == []
