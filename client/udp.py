@@ -1,6 +1,6 @@
 """Non-blocking UDP helpers shared by the node and client shells.
 
-trio's socket calls cost about 3x a plain one per datagram (DESIGN.md), so the
+trio's socket calls cost about 3x a plain one per datagram (docs/architecture.md), so the
 shells use a plain non-blocking socket: drain everything that is ready with
 direct ``recvfrom`` calls and only await trio when the socket is empty (or the
 send buffer is full).

@@ -108,7 +108,7 @@ class E(IntEnum):
 
 
 class Mode(IntEnum):
-    """Delivery mode of a subscription (DESIGN.md, Delivery modes)."""
+    """Delivery mode of a subscription (docs/guarantees.md: what each mode promises)."""
 
     FIRE = 0
     RELIABLE = 1

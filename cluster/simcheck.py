@@ -6,7 +6,7 @@ member knew of at that moment), a message handed to an application, a member
 crashing, a subscriber's session ending. At the end, after the last heal, a
 quiet period, and a few anti-entropy rounds with the clients frozen,
 :meth:`Checker.final` compares the members' states. The
-invariants (DESIGN.md, docs/guarantees.md):
+invariants (docs/cluster.md, "Deterministic simulation"; docs/guarantees.md):
 
 * convergence: every live member holds the same subscriptions (equal
   digests and equal registers);

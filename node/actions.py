@@ -1,6 +1,6 @@
 """What the broker core asks its shell to do: the actions every entry point returns.
 
-The core is sans-IO (DESIGN.md), so it cannot send, log or talk to peers
+The core is sans-IO (docs/architecture.md), so it cannot send, log or talk to peers
 itself; it returns these values and the shell (``node/server.py`` or the
 cluster member's shell) performs them in order. They are plain named tuples
 because a batch of datagrams can produce thousands of sends: no per-action

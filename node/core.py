@@ -1,6 +1,6 @@
 """The broker core: datagrams and time in, datagrams and log events out.
 
-Sans-IO (DESIGN.md): no sockets, clocks, trio or global randomness here. The
+Sans-IO (docs/architecture.md): no sockets, clocks, trio or global randomness here. The
 shell (``node/server.py``) drains every datagram that is ready, hands the whole
 batch to :meth:`BrokerCore.handle_datagrams` and sends what comes back; it calls
 :meth:`BrokerCore.tick` when :meth:`BrokerCore.next_deadline` passes. Output is

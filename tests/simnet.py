@@ -1,7 +1,7 @@
 """A seeded fake network for sans-IO cores: drops, duplicates, reorders.
 
 A plain event loop (a heap of timed deliveries), not trio, so that a run is a
-pure function of its seed and any failure replays from it (DESIGN.md).
+pure function of its seed and any failure replays from it (docs/architecture.md).
 """
 
 from __future__ import annotations
