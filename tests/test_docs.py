@@ -3,6 +3,7 @@ package's folders and of scripts/, each once, and nothing that is not there."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -46,3 +47,55 @@ def test_the_module_map_names_the_namespace_modules_of_roost():
     assert named == {p.name for p in Path(ROOT, "roost").glob("*.py") if not p.name.startswith("__")}
     links = {p.name for p in Path(ROOT, "roost").iterdir() if p.is_symlink()}
     assert links == set(re.findall(r"(\w+)/", what))
+
+
+#: Where docs/architecture.md says the layering (client <- node <- cluster; pipeline beside
+#: them, loading none of them) is broken: (importer, imported module, how).
+LAYERING_EXCEPTIONS = {
+    ("client/decoding.py", "roost.cluster.clustermap", "in a function"),
+    ("client/router.py", "roost.cluster.clustermap", "for the type checker"),
+    ("client/session.py", "roost.cluster.clustermap", "for the type checker"),
+    ("pipeline/rules.py", "roost.cluster.clustermap", "in a function"),
+    ("pipeline/rules.py", "roost.cluster.ring", "in a function"),
+    ("pipeline/sink.py", "roost.client.library", "in a function"),
+    ("pipeline/sink.py", "roost.client.wire", "in a function"),
+    ("pipeline/source.py", "roost.client.library", "in a function"),
+    ("cluster/cli.py", "roost.pipeline", "when loaded"),
+}
+#: What each folder may import when it is loaded, besides itself.
+BELOW = {"client": set(), "node": {"client"}, "cluster": {"client", "node"}, "pipeline": set()}
+
+
+def _imports(path: Path) -> set[tuple[str, str]]:
+    """The ``roost.*`` modules ``path`` imports, each with how: when loaded, in a function, or
+    for the type checker."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in
+                   ast.unparse(node.test) for n in ast.walk(node)}  # fmt: skip
+    loaded = {id(n) for n in tree.body} | {id(n) for node in tree.body if isinstance(node, ast.Try)
+                                           for n in ast.walk(node)}  # fmt: skip
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("roost."):
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("roost.")]
+        else:
+            continue
+        how = "for the type checker" if id(node) in typing_only else "when loaded" if id(node) in loaded \
+            else "in a function"  # fmt: skip
+        found |= {(name, how) for name in names}
+    return found
+
+
+def test_the_layering_is_as_docs_architecture_says():
+    upward = set()
+    for folder, below in BELOW.items():
+        for path in sorted(Path(ROOT, folder).glob("*.py")):
+            for name, how in _imports(path):
+                if name.split(".")[1] not in below | {folder}:
+                    upward.add((f"{folder}/{path.name}", name, how))
+    assert upward == LAYERING_EXCEPTIONS, "update docs/architecture.md's layering (and this list) with the imports"
+    text = Path(ROOT, "docs", "architecture.md").read_text()
+    for importer, _, _ in LAYERING_EXCEPTIONS:
+        assert f"`{importer}`" in text
