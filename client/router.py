@@ -2,7 +2,7 @@
 
 Theory of operation (docs/cluster.md, "Clients and the map")
 ------------------------------------------------------------
-A partitioned cluster (issue 9) keeps a topic's subscriptions on its
+A partitioned cluster keeps a topic's subscriptions on its
 partition's owners and delivers from the primary. Any member serves any
 client (a PUB for a partition it does not lead is forwarded over a peer
 link), but a client that sends each PUB and SUB straight to the primary

@@ -1,4 +1,4 @@
-"""The cluster map of partitioned mode (issue 9, in progress; docs/cluster.md, "The map").
+"""The cluster map of partitioned mode (docs/cluster.md, "The map").
 
 Theory of operation. Two memberships shape the map:
 

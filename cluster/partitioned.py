@@ -103,12 +103,12 @@ class Partitioned(MemberParts):
         if old is not None and new.owners == old.owners:
             if new.live != old.live:
                 self.cmap = dataclasses.replace(new, epoch=old.epoch)
-                self.broker.set_cluster_map(clustermap.encode(self.cmap), self.cmap.epoch)  # (issue 9: clients)
+                self.broker.set_cluster_map(clustermap.encode(self.cmap), self.cmap.epoch)  # (for clients)
             return
         epoch = max(self.epoch_seen, old.epoch if old is not None else 0) + 1
         self.epoch_seen = epoch
         self.cmap = cmap = dataclasses.replace(new, epoch=epoch)
-        self.broker.set_cluster_map(clustermap.encode(cmap), epoch)  # (issue 9: WELCOME, REDIRECT)
+        self.broker.set_cluster_map(clustermap.encode(cmap), epoch)  # (WELCOME, REDIRECT carry it)
         gained, lost = self.own.update(epoch, cmap.owners)
         self.broker.reindex(gained, lost, self.now)
         if gained:  # (clients of a member down long enough expire in the partitions we now own too)

@@ -1,4 +1,4 @@
-"""Partitions and their owners, for partitioned mode (issue 9; docs/cluster.md, "The ring").
+"""Partitions and their owners, for partitioned mode (docs/cluster.md, "The ring").
 
 Theory of operation. A topic belongs to partition ``mmh3(topic) mod P``; P is fixed for the life
 of a cluster. Each partition has ``replicas`` owners, the first its primary and the next its

@@ -1,4 +1,4 @@
-"""The roster: which members a cluster has, beyond its config (issue 9, "Dynamic membership").
+"""The roster: which members a cluster has, beyond its config (docs/cluster.md, "Dynamic membership").
 
 Theory of operation
 -------------------

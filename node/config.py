@@ -199,7 +199,7 @@ SETTINGS: list[Setting] = [
             "Bytes of unacknowledged reliable messages all the subscribers of a node may hold together."),
     Setting("limits", "admission_share", 0.8, float, "a number from 0.1 to 1", _num(0.1, 1.0),
             "Share of max_subscriptions, max_filter_bytes, max_mailbox_bytes or max_clients above "
-            "which a node admits new subscriptions (over_capacity otherwise, ADR 033) and client "
+            "which a node admits new subscriptions (over_capacity otherwise, as Tendermint's ADR 033 asks) and client "
             "records (overloaded) only for a host holding less than its fair share of that pool "
             "(the share over the hosts holding any), up to the limit itself: the hosts that filled "
             "it are refused, not a newcomer."),

@@ -468,7 +468,7 @@ async def test_a_hung_disk_does_not_hold_a_stopping_member_past_stop_timeout(tmp
 
 @pytest.mark.alone  # (its nft table is the chaos runs', and it bounds the heal in time: tests/conftest.py)
 def test_a_subscription_taken_while_members_are_cut_apart_is_live_everywhere_soon_after_the_heal(tmp_path):
-    """Issue 7: a subscription confirmed by n1 while n1's peer links were cut must reach the
+    """A subscription confirmed by n1 while n1's peer links were cut must reach the
     others promptly after the heal (their dead links noticed by the silence on them, closed
     and dialled again), not after TCP's retransmit back-off. Clients still reach every member."""
     import time

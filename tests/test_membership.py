@@ -1,5 +1,5 @@
 """Dynamic membership on real processes: `roost cluster join` and `leave` under a steady
-reliable stream (issue 9 acceptance: moved partitions within 1.25 x the ideal, nothing lost or
+reliable stream (what docs/cluster.md promises: moved partitions within 1.25 x the ideal, nothing lost or
 duplicated). The core's side is in tests/test_sim.py (the simulator joins and leaves members
 under faults) and tests/test_roster.py."""
 

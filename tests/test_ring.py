@@ -52,7 +52,7 @@ def test_bounded_placement_keeps_every_member_within_the_cap(n):
 
 
 def test_a_sixth_member_joining_moves_about_a_sixth():
-    """The acceptance figure of issue 9: at most 1.25 x P/6 partitions move to the new member."""
+    """docs/cluster.md promises it: at most 1.25 x P/6 partitions move to the new member."""
     before, after = ring.assign(FIVE, 256), ring.assign([*FIVE, "n6"], 256)
     primaries, copies = ring.moved(before, after)
     assert primaries <= 1.25 * 256 / 6 and copies <= 1.25 * 2 * 256 / 6
