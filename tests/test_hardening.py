@@ -334,7 +334,7 @@ def test_one_host_whose_subscribers_never_acknowledge_is_refused_past_its_mailbo
     hog, pub = clients(core, ("127.0.0.2", 1), ("127.0.0.9", 1))
     assert _subscribe(hog, ["hog"]) == [E.OK]
     hog.cmds([(1, "hog", None, 1)])  # (reliable: its mailbox keeps what it does not acknowledge)
-    for i in range(40):
+    for _ in range(40):
         pub.pub([("hog", bytes(15000))], now=0.0)
     held = core.clients[hog.cid].mailbox
     assert held is not None and held.nbytes > (1 << 20) // 2
