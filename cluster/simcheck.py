@@ -218,20 +218,25 @@ def budget_drift(broker: Any) -> str:
     """What a broker's budgets (node/budgets.py, node/admission.py) count that a recount of its
     registers does not: every subscription in force is charged once, to the host its record is
     charged to, and every record it admitted counts once against its host's share."""
-    nbytes, hosts = 0, dict[str, list[int]]()
+    nbytes, tombs, hosts = 0, 0, dict[str, list[int]]()
     for c in broker.clients.values():
         live = [t for (t, _), v in c.subs.items() if versions.is_present(v)]
         if len(live) != c.live:
             return f"a record counts {c.live} subscriptions and holds {len(live)}"
         size = sum(utf8_len(t) for t in live)
         nbytes += size
-        if c.charged and live:
-            held = hosts.setdefault(c.charged, [0, 0])
+        tombs += len(c.subs) - len(live)
+        if (c.charged is None) != (not c.subs):
+            return f"a record of {len(c.subs)} registers charged to {c.charged!r}"
+        if c.charged:
+            held = hosts.setdefault(c.charged, [0, 0, 0])
             held[0] += len(live)
             held[1] += size
+            held[2] += len(c.subs) - len(live)
     b = broker.budgets
-    if nbytes != b.filter_bytes or hosts != b.hosts:
-        return f"filter bytes {b.filter_bytes} (recount {nbytes}), hosts {b.hosts} (recount {hosts})"
+    if nbytes != b.filter_bytes or tombs != b.tombstones or hosts != b.hosts:
+        return (f"filter bytes {b.filter_bytes} (recount {nbytes}), tombstones {b.tombstones} (recount {tombs}), "
+                f"hosts {b.hosts} (recount {hosts})")
     clients = Counter(c.counted for c in broker.clients.values() if c.counted is not None)
     if clients != Counter(broker.client_share.per_host):
         return f"client records per host {broker.client_share.per_host} (recount {dict(clients)})"

@@ -23,6 +23,7 @@ them the fair share works as for subscriptions (node/budgets.py): above ``admiss
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 
 from roost.client.wire import E, WireError
 
@@ -57,25 +58,33 @@ def over_fair_share(held: int, holders: int, pool: float) -> bool:
 
 
 class Admission:
-    __slots__ = ("by_count", "max_per_host", "per_host", "top")
+    __slots__ = ("by_count", "max_per_host", "metrics", "per_host", "top", "total")
 
-    def __init__(self, max_per_host: int) -> None:
+    def __init__(self, max_per_host: int, metrics: Counter[str] | None = None) -> None:
         self.max_per_host = max_per_host
+        self.metrics = metrics if metrics is not None else Counter()  # refused_<setting>
         self.per_host: dict[str, int] = {}  # producers + binary clients per source host
         self.by_count: dict[int, dict[str, None]] = {}  # count -> the hosts holding that many
         self.top = 0  # the largest count any host holds
+        self.total = 0  # of every host
 
     def admit(self, host: str, count: int, limit: int, what: str, setting: str) -> None:
         """Room for one more of ``what`` (``count`` exist, at most ``limit``, the setting
         ``setting``), node-wide and from ``host``? Counts it against the host, or raises
         ``OVERLOADED`` naming the limit and counts nothing."""
+        self.check_host(host)
+        if count >= limit:
+            self.metrics[f"refused_{setting}"] += 1
+            raise WireError(E.OVERLOADED, f"too many {what} on this node ({setting} = {limit})")
         n = self.per_host.get(host, 0)
-        if n >= self.max_per_host:
+        self._move(host, n, n + 1)
+
+    def check_host(self, host: str) -> None:
+        """Raises ``OVERLOADED`` if ``host`` holds ``max_per_host`` already."""
+        if self.per_host.get(host, 0) >= self.max_per_host:
+            self.metrics["refused_max_per_host"] += 1
             raise WireError(E.OVERLOADED, f"too many producers and clients from this host (max_per_host = "
                             f"{self.max_per_host})")  # fmt: skip
-        if count >= limit:
-            raise WireError(E.OVERLOADED, f"too many {what} on this node ({setting} = {limit})")
-        self._move(host, n, n + 1)
 
     def add(self, host: str) -> None:
         """Count one more against ``host`` whatever the limits: a client this node adopts (its
@@ -97,6 +106,7 @@ class Admission:
             self._move(host, n, n - 1)
 
     def _move(self, host: str, old: int, new: int) -> None:
+        self.total += new - old
         if old:
             hosts = self.by_count[old]
             del hosts[host]

@@ -37,7 +37,7 @@ class CoreBase:
         self.cfg = config
         self.node_id = config.id
         self.metrics: Counter[str] = Counter()
-        self.admission = Admission(config.max_per_host)
+        self.admission = Admission(config.max_per_host, self.metrics)
         self.client_share = Admission(config.max_clients)  # binary client records alone, per host
         self._out: list[Action] = []
         self._timers: list[tuple[float, int, Any]] = []

@@ -42,26 +42,30 @@ def utf8_len(text: str) -> int:
 
 
 class SubscriptionBudgets:
-    __slots__ = ("cfg", "filter_bytes", "hosts", "log", "mailbox_bytes", "mailbox_hosts", "metrics", "_logged",
-                 "_summed")  # fmt: skip
+    __slots__ = ("cfg", "filter_bytes", "hosts", "log", "mailbox_bytes", "mailbox_hosts", "metrics", "tombstones",
+                 "_logged", "_summed")  # fmt: skip
 
     def __init__(self, cfg: NodeConfig, metrics: Counter[str], log: Callable[..., None]) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.log = log  # the core's: a Log action (level, event, **fields)
         self.filter_bytes = 0  # of every subscription in force (max_filter_bytes)
-        self.hosts: dict[str, list[int]] = {}  # host -> [subscriptions, filter bytes] its clients hold here
+        self.tombstones = 0  # registers of ended subscriptions kept until collected (max_tombstones)
+        # host -> [subscriptions, their filter bytes, tombstones] its clients hold here
+        self.hosts: dict[str, list[int]] = {}
         self.mailbox_bytes = 0  # of every mailbox, summed at most once a second
         self.mailbox_hosts: dict[str, int] = {}  # host -> the bytes its clients' mailboxes hold (then)
         self._summed = -1e18
         self._logged = -1e18
 
-    def charge(self, c: ClientState, topic: str, sign: int, node_id: str) -> None:
-        """A subscription of ``c`` to the filter ``topic`` came (``sign`` 1) or went (-1);
-        ``c.live`` already counts it. Every place a subscription in force comes or goes calls
-        this (node/registers.py: ``_set``, and the collection of a partition no longer owned)."""
-        nbytes = utf8_len(topic)
-        self.filter_bytes += sign * nbytes
+    def charge(self, c: ClientState, topic: str, live: int, tomb: int, node_id: str) -> None:
+        """A register of ``c`` for the filter ``topic`` changed: ``live`` subscriptions in force
+        and ``tomb`` tombstones more (-1, 0 or 1 each); ``c.live`` and ``c.subs`` already say
+        so. Every place a register comes, changes or goes calls this (node/registers.py:
+        ``_set``, and ``_collect_tombstones``), so the counts cannot drift from the registers."""
+        nbytes = utf8_len(topic) if live else 0
+        self.filter_bytes += live * nbytes
+        self.tombstones += tomb
         if c.charged is None:
             if c.cid.__class__ is bytes:
                 c.charged = c.counted or ""
@@ -71,69 +75,103 @@ class SubscriptionBudgets:
         if host:
             held = self.hosts.get(host)
             if held is None:
-                held = self.hosts[host] = [0, 0]
-            held[0] += sign
-            held[1] += sign * nbytes
-            if not held[0]:
+                held = self.hosts[host] = [0, 0, 0]
+            held[0] += live
+            held[1] += live * nbytes
+            held[2] += tomb
+            if not held[0] and not held[2]:
                 del self.hosts[host]
-        if not c.live:
+        if not c.subs:
             c.charged = None
 
     def rehome(self, c: ClientState, host: str) -> None:
-        """``c``'s subscriptions are charged to ``host`` from now on ("" to none): its home moved
+        """``c``'s registers are charged to ``host`` from now on ("" to none): its home moved
         here (adoption: the host it talks from now) or away (its new home charges it)."""
         if c.charged is None or c.charged == host:
-            if c.live:
+            if c.subs:
                 c.charged = host
             return
         n = sum(utf8_len(t) for (t, _), v in c.subs.items() if v & versions.PRESENT)
+        tombs = len(c.subs) - c.live
         for h, sign in ((c.charged, -1), (host, 1)):
             if h:
-                held = self.hosts.setdefault(h, [0, 0])
+                held = self.hosts.setdefault(h, [0, 0, 0])
                 held[0] += sign * c.live
                 held[1] += sign * n
-                if not held[0]:
+                held[2] += sign * tombs
+                if not held[0] and not held[2]:
                     del self.hosts[h]
         c.charged = host
 
+    def room(self, host: str, c: ClientState) -> str:
+        """Would ``host`` stay within its own limits holding what ``c`` holds as well? "" or
+        the setting it would pass (a client that moves to it brings its registers:
+        node/sessions.py ``_may_move``)."""
+        n, b, t = self.hosts.get(host) or (0, 0, 0)
+        cfg = self.cfg
+        if c.live and n + c.live > cfg.max_subscriptions_per_host:
+            return "max_subscriptions_per_host"
+        if c.live and b + sum(utf8_len(topic) for (topic, _), v in c.subs.items() if v & versions.PRESENT) \
+                > cfg.max_filter_bytes_per_host:  # fmt: skip
+            return "max_filter_bytes_per_host"
+        if len(c.subs) > c.live and t + len(c.subs) - c.live > cfg.max_tombstones_per_host:
+            return "max_tombstones_per_host"
+        return ""
+
+    def may_tombstone(self, host: str | None, now: float) -> tuple[int, str]:
+        """May a client admitted from ``host`` leave one more tombstone (an UNSUB of a filter
+        this member does not hold, partitioned mode: it goes to the owners all the same)?"""
+        t = (self.hosts.get(host) or (0, 0, 0))[2] if host else 0
+        if t >= self.cfg.max_tombstones_per_host:
+            return self._refuse(E.OVERLOADED, "max_tombstones_per_host", now, 0)
+        if self.tombstones >= self.cfg.max_tombstones:
+            return self._refuse(E.OVER_CAPACITY, "max_tombstones", now, 0)
+        return E.OK, ""
+
     def check(self, live: int, host: str | None, nbytes: int, count: int, now: float,
-              mailboxes: Callable[[], dict[str, int]]) -> tuple[int, str]:  # fmt: skip
+              mailboxes: Callable[[], dict[str, int]], text: int = -1) -> tuple[int, str]:  # fmt: skip
         """May a client holding ``live`` subscriptions, admitted from ``host``, take one more of
         a filter ``nbytes`` long, the node holding ``count``? (E.OK, "") or (the refusal, the
         setting that refused it). ``mailboxes`` sums the mailboxes' bytes per host ("": clients
-        no host here admitted), called at most once a second."""
+        no host here admitted), called at most once a second. ``text``: the node's text
+        subscriptions, for a text one (max_text_subscribers)."""
         cfg = self.cfg
         if live >= cfg.max_subscriptions_per_client:
             return self._refuse(E.OVERLOADED, "max_subscriptions_per_client", now, count)
         held = self.hosts.get(host) if host else None
-        n, b = held if held is not None else (0, 0)
+        n, b, t = held if held is not None else (0, 0, 0)
         if n >= cfg.max_subscriptions_per_host:
             return self._refuse(E.OVERLOADED, "max_subscriptions_per_host", now, count)
         if b + nbytes > cfg.max_filter_bytes_per_host:
             return self._refuse(E.OVERLOADED, "max_filter_bytes_per_host", now, count)
-        if count >= cfg.max_subscriptions:
-            return self._refuse(E.OVER_CAPACITY, "max_subscriptions", now, count)
-        if self.filter_bytes + nbytes > cfg.max_filter_bytes:
-            return self._refuse(E.OVER_CAPACITY, "max_filter_bytes", now, count)
+        if t >= cfg.max_tombstones_per_host:  # (it unsubscribed that many within tombstone_horizon)
+            return self._refuse(E.OVERLOADED, "max_tombstones_per_host", now, count)
         share = cfg.admission_share
+        hosts = len(self.hosts)
+        # Each node-wide pool: refused at its limit; above admission_share of it, refused for a
+        # host already holding its fair share (a newcomer is under it).
+        for setting, used, mine, limit, extra in (
+            ("max_subscriptions", count, n, cfg.max_subscriptions, 1),
+            ("max_filter_bytes", self.filter_bytes, b, cfg.max_filter_bytes, nbytes),
+            ("max_tombstones", self.tombstones, t, cfg.max_tombstones, 1),
+            ("max_text_subscribers", text, n, cfg.max_text_subscribers, 1),
+        ):
+            if used < 0:
+                continue
+            if used + extra > limit or (used >= share * limit and (host is None or
+                                        over_fair_share(mine, hosts, share * limit))):  # fmt: skip
+                return self._refuse(E.OVER_CAPACITY, setting, now, count)
         if now >= self._summed + 1.0:
             self._summed = now
             self.mailbox_hosts = mailboxes()
             self.mailbox_bytes = sum(self.mailbox_hosts.values())
-        if self.mailbox_bytes >= cfg.max_mailbox_bytes:
-            return self._refuse(E.OVER_CAPACITY, "max_mailbox_bytes", now, count)
         if self.mailbox_bytes >= share * cfg.max_mailbox_bytes:
+            # (no refusal for everyone at the limit itself: a host's mailboxes keep growing after
+            # it is refused, and it would shut everyone else out)
             holders = len(self.mailbox_hosts) - ("" in self.mailbox_hosts)
             if host is None or over_fair_share(self.mailbox_hosts.get(host, 0), holders,
                                                share * cfg.max_mailbox_bytes):  # fmt: skip
                 return self._refuse(E.OVER_CAPACITY, "max_mailbox_bytes", now, count)
-        over_subs = count >= share * cfg.max_subscriptions
-        if over_subs or self.filter_bytes >= share * cfg.max_filter_bytes:
-            hosts = len(self.hosts)
-            if host is None or over_fair_share(n, hosts, share * cfg.max_subscriptions) \
-                    or over_fair_share(b, hosts, share * cfg.max_filter_bytes):  # fmt: skip
-                return self._refuse(E.OVER_CAPACITY, "max_subscriptions" if over_subs else "max_filter_bytes", now,
-                                    count)  # fmt: skip
         return E.OK, ""
 
     def _refuse(self, code: E, setting: str, now: float, count: int) -> tuple[int, str]:

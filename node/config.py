@@ -195,6 +195,14 @@ SETTINGS: list[Setting] = [
             "max_subscriptions, what bounds the memory subscriptions take (docs/security.md)."),
     Setting("limits", "max_filter_bytes_per_host", 2 << 20, int, "an integer from 4096 to 2**40",
             _num(4096, 2**40), "Bytes of subscription filters the clients of one source host may hold."),
+    number("limits", "max_tombstones_per_host", 20_000, int, 1, 1_000_000_000,
+            "In a cluster, the ended subscriptions (tombstones, kept tombstone_horizon so that a late "
+            "copy cannot bring one back) the clients of one source host may leave on the member they "
+            "talk to; past it their new subscriptions are refused until tombstones are collected. The "
+            "default lets a host unsubscribe about 5 times a second, every second of an hour."),
+    number("limits", "max_tombstones", 1_000_000, int, 1, 1_000_000_000,
+            "Tombstones a cluster member holds (every member holds every one in a replicated cluster), "
+            "with fair shares per host above admission_share of it."),
     Setting("limits", "max_mailbox_bytes", 1 << 30, int, "an integer from 1048576 to 2**44", _num(1 << 20, 1 << 44),
             "Bytes of unacknowledged reliable messages all the subscribers of a node may hold together."),
     Setting("limits", "admission_share", 0.8, float, "a number from 0.1 to 1", _num(0.1, 1.0),
@@ -280,6 +288,8 @@ class NodeConfig:
     max_filter_bytes: int
     max_filter_bytes_per_host: int
     max_mailbox_bytes: int
+    max_tombstones_per_host: int
+    max_tombstones: int
     admission_share: float
     max_text_subscribers: int
     max_producers: int

@@ -257,6 +257,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             if stale:
                 self.metrics["stale_pings"] += 1
             elif c is not None:
+                self._may_move(c, addr)
                 self._adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])

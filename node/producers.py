@@ -265,6 +265,7 @@ class Producers(Delivery):
         holder takes that one's oldest producer's place (node/admission.py), so the parties
         over their share lose out, not everyone. (That producer's next PUB starts again from
         its floor: only what it resends of what the node had acknowledged may come twice.)"""
+        self.admission.check_host(host)  # (refused before it takes anyone's place)
         if len(self.producers) >= self.cfg.max_producers:
             victim = self.producer_share.largest(host)
             if victim is not None:

@@ -36,6 +36,7 @@ import mmh3
 
 from roost.client.wire import Reason
 from roost.node import versions
+from roost.node.admission import host_key
 from roost.node.base import TIMER_LIVENESS, CoreBase
 from roost.node.budgets import SubscriptionBudgets
 from roost.node.clients import ClientState
@@ -118,6 +119,14 @@ class Registers(CoreBase):
         """Free the record, and its admission count."""
         self.clients.pop(c.cid, None)
         self._uncount(c)
+
+    def _count(self, c: ClientState, host: str) -> None:
+        """``c`` counts against ``host`` here from now on, whatever the limits (a client this
+        member adopts or gets back is not refused), and its registers are charged to it."""
+        self.admission.add(host)
+        self.client_share.add(host)
+        c.counted = host
+        self.budgets.rehome(c, host)
 
     def _uncount(self, c: ClientState) -> None:
         """``c`` no longer counts against the host that admitted it here (``max_per_host``, its
@@ -209,31 +218,34 @@ class Registers(CoreBase):
         old = c.subs.get(tk, 0)
         topic, key = tk
         own = self.own
-        if version & versions.PRESENT:
+        was, now_in = old & versions.PRESENT, version & versions.PRESENT
+        if now_in:
             if own is None or own.owned[own.partition(topic)]:
                 topic = self.index.add(topic, key, c.cid, version & versions.RELIABLE)
                 tk = (topic, key)
-            if not old & versions.PRESENT:
+            if not was:
                 c.live += 1
-                self.budgets.charge(c, topic, 1, self.node_id)
                 if c.cid.__class__ is not bytes:
                     self.text_subs += 1
-        elif old & versions.PRESENT:
+        elif was:
             self.index.remove(topic, key, c.cid)
             c.live -= 1
-            self.budgets.charge(c, topic, -1, self.node_id)
             if c.cid.__class__ is not bytes:
                 self.text_subs -= 1
                 if c.live == 0:
                     c.local = False  # nothing to watch any more: GC may take the record
         if self.replicating and not c.subs:
             self._digest_client(c)  # the first register: the client's own counts now
-        if self.replicating or version & versions.PRESENT:
+        if self.replicating or now_in:
             c.subs[tk] = version
         else:
             c.subs.pop(tk, None)  # a single node needs no tombstones
-            if not c.subs and c.cid.__class__ is not bytes:
-                self._forget_client(c)  # a text address with nothing left
+        # (budgets: a subscription in force more or less, a tombstone more or less)
+        tomb = (self.replicating and not now_in) - (old != 0 and not was)
+        if now_in != was or tomb:
+            self.budgets.charge(c, topic, (1 if now_in else 0) - (1 if was else 0), tomb, self.node_id)
+        if not self.replicating and not c.subs and c.cid.__class__ is not bytes:
+            self._forget_client(c)  # a text address with nothing left
         if self.replicating:
             b, h = self._bucket(c.cid, tk)
             self.digest[b] ^= self._share(h, old, c.cver) ^ self._share(h, version, c.cver)
@@ -333,12 +345,14 @@ class Registers(CoreBase):
                     c.answers.clear()
                 was_local = c.local
                 c.local = home == self.node_id
-                if was_local and not c.local and c.counted is not None:  # (its new home counts it)
-                    self._uncount(c)
+                if not c.local and (c.counted is not None or c.charged):  # (its new home counts it)
+                    self._uncount(c)  # (a client dropped here, living elsewhere now, too)
                     self.budgets.rehome(c, "")
                 if c.local and not was_local and who.__class__ is bytes:
                     c.last_seen = now
                     self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, who)
+                    if c.counted is None:  # (our own client, back from a snapshot or a peer's copy)
+                        self._count(c, host_key(host))
             for topic, key, v in subs:
                 tk = (topic, key)
                 old = c.subs.get(tk, 0)
@@ -488,9 +502,11 @@ class Registers(CoreBase):
                     gone += 1
                     if v & versions.PRESENT:
                         c.live -= 1
-                        self.budgets.charge(c, tk[0], -1, self.node_id)
+                        self.budgets.charge(c, tk[0], -1, 0, self.node_id)
                         if cid.__class__ is not bytes:
                             self.text_subs -= 1
+                    else:
+                        self.budgets.charge(c, tk[0], 0, -1, self.node_id)
                     if not c.subs:
                         self._digest_client(c)  # no registers left: its own stops counting
             if not c.subs and not c.local and versions.millis_of(c.cver) < limit_ms \

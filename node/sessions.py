@@ -37,6 +37,7 @@ from roost.node import versions
 from roost.node.actions import Confirm, Send
 from roost.node.admission import host_key, over_fair_share
 from roost.node.base import TIMER_LIVENESS, fmt
+from roost.node.budgets import utf8_len
 from roost.node.clients import REMEMBERED_BATCHES, ClientState
 from roost.node.cookies import Addr
 from roost.node.delivery import Delivery
@@ -50,6 +51,8 @@ class Sessions(Delivery):
         self, c: ClientState | None, cid: bytes, addr: Addr, session: int, batch: int, cmds: list[Command],
         now: float,
     ) -> None:  # fmt: skip
+        if c is not None:
+            self._may_move(c, addr)
         if c is not None and session != c.session and c.session > 0:
             if session < c.session:
                 self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
@@ -118,7 +121,7 @@ class Sessions(Delivery):
         ``admission_share`` of ``max_clients``, only for a host holding less than its fair
         share (node/admission.py): hosts that filled the table together are refused, a
         newcomer is not. Counts it against the host."""
-        cfg, n = self.cfg, len(self.clients)
+        cfg, n = self.cfg, self.client_share.total  # (binary records this member admitted)
         pool = cfg.admission_share * cfg.max_clients
         if n >= pool and over_fair_share(self.client_share.per_host.get(host, 0), len(self.client_share.per_host),
                                          pool):  # fmt: skip
@@ -150,13 +153,17 @@ class Sessions(Delivery):
             # (partitioned: the owners may hold it although this home does not, the client
             # having subscribed through another member: the tombstone goes to them anyway)
             if present or self.own is not None:
-                if not present and not self._filter_ok(topic):
-                    return E.BAD_TOPIC
+                if tk not in c.subs:  # (a register of a filter never held here: state a stranger makes)
+                    refused, _ = self.budgets.may_tombstone(c.counted, now)
+                    if refused:
+                        return refused
+                    if not self._filter_ok(topic):
+                        return E.BAD_TOPIC
                 self._write(c, tk, False, mode, now)
                 self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
             return E.OK
         if not present:
-            refused, _ = self._sub_budget(c.live, c.counted, len(topic), now)
+            refused, _ = self._sub_budget(c.live, c.counted, utf8_len(topic), now)
             if refused:
                 return refused
             if not self._filter_ok(topic):
@@ -190,10 +197,27 @@ class Sessions(Delivery):
         ours = (c.subs_digest() if c is not None else wire.subs_digest(())) if digest else 0
         self._send(addr, wire.encode_pong(token, known, cookie, cancels[:64], ours))
 
+    def _may_move(self, c: ClientState, addr: Addr) -> None:
+        """A client counted here that talks from another host now brings what it holds to that
+        host's limits: refused (WireError) past them, before anything changes, or two hosts
+        could pass records and subscriptions between them without end. (A client this member
+        adopts from another home is not refused: ``_adopt``.)"""
+        host = host_key(addr[0])
+        if c.counted is not None and c.counted != host:
+            cfg = self.cfg
+            self.admission.check_host(host)
+            setting = self.budgets.room(host, c)
+            if setting:
+                self.metrics[f"refused_{setting}"] += 1
+                raise wire.WireError(E.OVERLOADED, f"the client's subscriptions are over this host's limit "
+                                     f"({setting} = {getattr(cfg, setting)})")  # fmt: skip
+
     def _adopt(self, c: ClientState, addr: Addr, now: float, session: int) -> None:
-        """Make this node the client's home (and note its address) if it is not yet."""
+        """Make this node the client's home (and note its address) if it is not yet (after
+        ``_may_move``)."""
         if c.local and c.addr == addr:
             return
+        host = host_key(addr[0])
         if c.addr != addr:
             self._log("info", "client_moved", client=c.cid.hex(), old=fmt(c.addr), new=fmt(addr))
         elif not c.local:
@@ -205,13 +229,9 @@ class Sessions(Delivery):
         if not c.local:
             c.local = True
             self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)
-        host = host_key(addr[0])
         if c.counted != host:  # (its host is counted here now, and charged for its subscriptions)
             self._uncount(c)
-            self.admission.add(host)
-            self.client_share.add(host)
-            c.counted = host
-            self.budgets.rehome(c, host)
+            self._count(c, host)
         c.home = self.node_id
         self._set_cver(c, self._version(now, True, 0))
         self._mark_changed(c, None)

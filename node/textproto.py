@@ -32,6 +32,7 @@ from roost.client.wire import E, Mode, WireError
 from roost.node import versions
 from roost.node.admission import host_key
 from roost.node.base import TIMER_LEASE, fmt
+from roost.node.budgets import utf8_len
 from roost.node.clients import ClientState
 from roost.node.cookies import Addr
 from roost.node.delivery import Delivery
@@ -64,10 +65,8 @@ class TextProtocol(Delivery):
         c = self.clients.get(addr)
         if verb == "SUB":
             if c is None or not c.subs.get(tk, 0) & versions.PRESENT:
-                if self.text_subs >= self.cfg.max_text_subscribers:
-                    raise WireError(E.OVERLOADED, "too many text subscriptions on this node "
-                                    f"(max_text_subscribers = {self.cfg.max_text_subscribers})")
-                refused, setting = self._sub_budget(c.live if c else 0, host_key(addr[0]), len(topic), now)
+                refused, setting = self._sub_budget(c.live if c else 0, host_key(addr[0]), utf8_len(topic), now,
+                                                    self.text_subs)  # fmt: skip
                 if refused:
                     raise WireError(E(refused), f"subscription refused: {setting} = {getattr(self.cfg, setting)}")
                 if c is None:
@@ -76,6 +75,8 @@ class TextProtocol(Delivery):
                     self._text_home(c, now)
                 self._write(c, tk, True, Mode.FIRE, now)
                 self._log("debug", "text_subscribe", addr=fmt(addr), topic=topic)
+            elif not c.local or c.home != self.node_id:
+                self._text_home(c, now)  # (a renewal at another member: the home moves with it)
             self._lease(addr, topic, now)
         elif c is not None and c.subs.get(tk, 0) & versions.PRESENT:  # UNSUB
             self._write(c, tk, False, Mode.FIRE, now)
@@ -92,6 +93,10 @@ class TextProtocol(Delivery):
             c.home = self.node_id
             self._set_cver(c, self._version(now, True, 0))
             self._mark_changed(c, None)
+            self.budgets.rehome(c, host_key(c.cid[0]))  # (charged to its host here now)
+            for (topic, _), v in c.subs.items():  # (and its subscriptions last a lease from now)
+                if v & versions.PRESENT and (c.cid, topic) not in self.text_leases:
+                    self._lease(c.cid, topic, now)
 
     def _credit(self, addr: Addr, n: int) -> None:
         """A text datagram of ``n`` bytes came from ``addr``: what it may be sent grows."""
@@ -122,6 +127,8 @@ class TextProtocol(Delivery):
             return
         del self.text_leases[key]
         c = self.clients.get(key[0])
+        if c is not None and c.home != self.node_id:
+            return  # (its home is another member now: its lease runs there)
         if c is not None and c.subs.get((key[1], None), 0) & versions.PRESENT:
             self._write(c, (key[1], None), False, Mode.FIRE, now)
             self._log("info", "text_lease_expired", addr=fmt(key[0]), topic=key[1])

@@ -458,7 +458,7 @@ def test_limits_answer_overloaded():
     core3 = make_core(max_text_subscribers=1)
     text(core3, b"SUB a\n")
     (reply,) = sends(text(core3, b"SUB b\n"))
-    assert reply.data.startswith(b"ERR overloaded") and core3.text_subs == 1
+    assert reply.data.startswith(b"ERR over_capacity") and core3.text_subs == 1
 
 
 def test_producer_state_expires():

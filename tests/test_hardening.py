@@ -265,11 +265,11 @@ def test_subscriptions_and_filter_bytes_are_budgeted_per_host_and_freed_exactly(
     assert core.metrics["refused_max_subscriptions_per_host"] == 1
     (other,) = clients(core, ("127.0.0.3", 1))
     assert _subscribe(other, ["c.0"]) == [E.OK]  # another host has its own budget
-    assert core.budgets.hosts == {"127.0.0.2": [5, 5 * 3], "127.0.0.3": [1, 3]}
+    assert core.budgets.hosts == {"127.0.0.2": [5, 5 * 3, 0], "127.0.0.3": [1, 3, 0]}
     a1.cmds([(0, "a.0", None, 0)])
     long = "d." + "x" * 250
     assert _subscribe(a2, [long]) == [E.OK]
-    assert core.budgets.hosts["127.0.0.2"] == [5, 4 * 3 + len(long)]
+    assert core.budgets.hosts["127.0.0.2"] == [5, 4 * 3 + len(long), 0]
     assert core.budgets.filter_bytes == 4 * 3 + len(long) + 3
     # filter bytes: a host's long filters run out before its count does
     q = " AND ".join(f"k{j} = '{'v' * 100}'" for j in range(8))
@@ -421,7 +421,7 @@ def test_an_adopted_client_is_charged_to_its_host_where_it_lives_now():
     at_b.hello(2.0)
     at_b.session, at_b.batch = at_a.session, at_a.batch
     assert _subscribe(at_b, [f"u.{i}" for i in range(4)], 2.0) == [E.OK, E.OK, E.OVERLOADED, E.OVERLOADED]
-    assert b.budgets.hosts == {"10.9.9.9": [5, 3 * 3 + 2 * 3]} and b.admission.per_host == {"10.9.9.9": 1}
+    assert b.budgets.hosts == {"10.9.9.9": [5, 3 * 3 + 2 * 3, 0]} and b.admission.per_host == {"10.9.9.9": 1}
     a.merge(at_b.take_pushes(), 3.0)
     assert a.budgets.hosts == {} and a.admission.per_host == {}  # (its new home counts it)
     assert budget_drift(a) == "" and budget_drift(b) == ""

@@ -15,6 +15,7 @@ from typing import Any
 from roost.client import decoding, wire
 from roost.client.wire import T, WireError
 from roost.cluster.peerwire import check_entries, check_forwarded, check_relay
+from roost.cluster.simcheck import budget_drift
 from roost.node import versions
 from roost.node.core import BrokerCore, Confirm, Forward, Log, Relay, Replicate, Send, StatusQuery
 from roost.node.logs import event_line
@@ -133,6 +134,8 @@ def broker_consistent(core: BrokerCore) -> None:
         f"admission per host {dict(core.admission.per_host)}, producers and clients {dict(hosts)}"  # fmt: skip
     for pid, st in core.producers.items():
         assert st[0].__class__ is int and 0 <= st[0] < LIMIT, f"producer {pid!r} acknowledged through {st[0]}"
+    drift = budget_drift(core)
+    assert not drift, f"budgets: {drift}"
     if core.replicating:
         digest_consistent(core)
 
