@@ -455,7 +455,7 @@ def read_secret_line(source: str, where: str, name: str) -> str:
                               f"{stat.S_IMODE(mode):04o}): it must be readable by its owner only "
                               "(chmod 600)")  # fmt: skip
         lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # (UnicodeDecodeError; a NUL in the path: "embedded null byte")
         why = getattr(exc, "strerror", None) or str(exc)
         raise ConfigError(f"{source}: {where}: cannot read {path}: {why}") from None
     return lines[0].strip() if lines else ""

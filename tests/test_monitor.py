@@ -578,6 +578,7 @@ async def test_with_a_token_every_path_but_healthz_answers_401_without_it():
                                f"at the end) (it has {len(TOKEN) + 2} characters, some of them not allowed)"),
     (f"token = \"{TOKEN}\"\ntoken_file = \"t\"", "[monitor] token and token_file: set one of them, not both"),
     ("token_file = \"missing\"", "[monitor] token_file = 'missing': cannot read "),
+    ("token_file = \"t\\u0000\"", "[monitor] token_file = 't\\x00': cannot read "),  # (ValueError before)
     ("token = 5", "[monitor] token = 5: must be empty (none) or 16 to 1024 characters"),
 ])  # fmt: skip
 def test_monitor_settings_are_checked_at_load_naming_file_key_and_what_is_allowed(tmp_path, toml, says):
