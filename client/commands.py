@@ -61,10 +61,13 @@ class CommandBatches:
         batch, cmds = self.inflight
         return wire.encode_cmds(cid, cookie, self.session, batch, cmds)
 
-    def acked(self, session: int, batch: int) -> list[Cmd] | None:
-        """The commands a CMDACK answers, or None if it is not for the batch in
-        flight (a late answer to a retry, or meant for an earlier process)."""
-        if self.inflight is None or session != self.session or batch != self.inflight[0]:
+    def acked(self, session: int, batch: int, results: int) -> list[Cmd] | None:
+        """The commands a CMDACK with ``results`` results answers, or None if it is not for the
+        batch in flight (a late answer to a retry, meant for an earlier process, or not one
+        result per command: not a node's answer, and taking it would lose the commands
+        without one)."""
+        if self.inflight is None or session != self.session or batch != self.inflight[0] \
+                or results != len(self.inflight[1]):  # fmt: skip
             return None
         cmds = self.inflight[1]
         self.inflight = None

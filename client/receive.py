@@ -40,6 +40,10 @@ Addr = tuple[str, int]
 SubKey = tuple[str, str | None]
 MAX_HOLES = 65536  # per producer: sequences skipped by a jump that may still arrive
 FIRE_WINDOW = 4096  # fire datagrams remembered to drop network duplicates
+#: Producers whose sequences a receiver remembers; past it the one heard of first is forgotten
+#: (a resend of its that was delivered before could come twice): spoofed MSGS naming new
+#: producers must not grow the memory without end.
+MAX_PRODUCERS = 65536
 
 
 class Message(NamedTuple):
@@ -569,6 +573,11 @@ class Receiver:
                 early[1].discard(early[2])
             return False
         if not high:
+            if len(self.seen) >= MAX_PRODUCERS:
+                gone = next(iter(self.seen))
+                del self.seen[gone]
+                self.holes.pop(gone, None)
+                self.early.pop(gone, None)
             if pseq > 1:
                 self.early[pid] = [pseq, set(), 0]
         elif pseq > high + 1:

@@ -33,6 +33,10 @@ from roost.client.wire import E, Mode, Op, Reason, T, WireError
 if TYPE_CHECKING:
     from roost.cluster.clustermap import ClusterMap
 
+#: Addresses a session keeps to fail over to and hear from (a cluster map names at most a few
+#: dozen members; a spoofed WELCOME must not make it grow).
+MAX_CANDIDATES = 256
+
 __all__ = ["Addr", "ClientConfig", "ClientSession", "Message", "SubState"]
 
 Addr = tuple[str, int]
@@ -52,7 +56,9 @@ class ClientSession:
         self.ping_interval = config.ping_interval
         self.node: Addr = node  # the node we talk to now
         # Every node we know of, in failover order; WELCOME's cluster map adds more.
-        self.candidates: list[Addr] = [node, *(m for m in members or [] if m != node)]
+        self.candidates: list[Addr] = [node, *dict.fromkeys(m for m in members or [] if m != node)]
+        self._known = set(self.candidates)  # (the same, for the check of every datagram's source)
+        self._configured = len(self.candidates)  # (the first ones: given, never dropped)
         self.cookie: bytes | None = None
         # The cookies of the other members that deliver to us, for our ACKs (each member keys its own)
         self.member_cookies = MemberCookies(client_id, config.hello_retry, config.node_timeout)
@@ -82,6 +88,8 @@ class ClientSession:
         self.durable_replies: list[tuple[Any, ...]] = []  # RECORDS and COMMITTED for the library's get
         self.subs: dict[SubKey, SubState] = {}
         self._leaving: dict[SubKey, SubState] = {}  # group subscriptions unsubscribed, UNSUB not yet acknowledged
+        # UNSUBs sent for cancellations of subscriptions we did not hold (each once: node/PONG repeats)
+        self._cancels_told: dict[tuple[int, str, str | None, int], None] = {}
         self.cmds = CommandBatches(session, config.cmd_retry)
         self.recv = Receiver(self.subs, self.events, config)
         self.pub = Publisher(producer_id, fire_producer_id, config)
@@ -131,6 +139,7 @@ class ClientSession:
         wire.check_key(key)
         grouped = not is_plain(topic) and parse_filter_untrusted(topic).queue is not None
         st = SubState(topic, mode, grouped)
+        self._cancels_told.pop((Op.UNSUB, topic, key, Mode.FIRE), None)  # (a new one may be cancelled again)
         old = self.subs.get((topic, key))
         if old is not None and old.reason is None:
             old.reason = Reason.UNSUBSCRIBED  # replaced: last command wins
@@ -183,7 +192,7 @@ class ClientSession:
     # ------------------------------------------------------------ input
 
     def handle_datagrams(self, datagrams: list[tuple[bytes, Addr]], now: float) -> None:
-        known = self.candidates
+        known = self._known
         self.recv.now = now
         for data, src in datagrams:
             if src != self.node and src not in known:
@@ -258,8 +267,7 @@ class ClientSession:
     def _on_welcome(self, node_id: str, cookie: bytes, params: dict[str, Any], members: list[Any]) -> None:
         self.node_id, self.cookie, self.members = node_id, cookie, members
         for _, host, port in members:
-            if (host, port) not in self.candidates:
-                self.candidates.append((host, port))
+            self._add_candidate((host, port))
         self.pub.runs = params.get("runs") == 1  # (a node of an earlier build does not know PUBRUN)
         md = params.get("max_datagram")
         if isinstance(md, int) and 1200 <= md <= 65507:
@@ -295,18 +303,18 @@ class ClientSession:
             # (members that joined deliver to us too. From any map a member sends, not only a newer
             # one: members' epochs differ, and a joiner that is primary for a while may be named
             # only in maps older than ours)
-            for addr in sorted({a for a, _peer in cmap.members.values()} - set(self.candidates)):
-                self.candidates.append(addr)
+            for addr in sorted({a for a, _peer in cmap.members.values()} - self._known):
+                self._add_candidate(addr)
         elif announced.__class__ is int and announced > have and self.cookie is not None:
             self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
             self._map_asked = now  # (asked again each second until it comes: tick)
 
     def _on_cmdack(self, session: int, batch: int, results: list[int]) -> None:
-        cmds = self.cmds.acked(session, batch)
+        cmds = self.cmds.acked(session, batch, len(results))
         if cmds is None:
             return
         self.confirmed_token = self.ping_token
-        for (op, topic, key, _), code in zip(cmds, results, strict=False):
+        for (op, topic, key, _), code in zip(cmds, results, strict=True):
             if op == Op.UNSUB and (topic, key) in self._leaving:
                 self.recv.release(self._leaving.pop((topic, key)))
             st = self.subs.get((topic, key))
@@ -336,6 +344,8 @@ class ClientSession:
 
     def _on_pong(self, token: int, known: bool, cookie: bytes, cancels: list[tuple[Any, ...]], digest: int) -> None:
         self.cookie = cookie
+        if token > self.ping_token:
+            return  # (answers no PING we sent: what it says of our subscriptions is not taken)
         if token > self.confirmed_token:
             # (a PONG older than our last CMDACK may list a cancellation we
             # already confirmed, of a subscription we have since renewed)
@@ -365,8 +375,16 @@ class ClientSession:
         st = self.subs.get((topic, key))
         if st is not None:
             self._end(topic, key, reason)
-        # Tell the node we saw it, so it stops repeating the cancellation.
-        self.cmds.add((Op.UNSUB, topic, key, Mode.FIRE))
+        elif (Op.UNSUB, topic, key, Mode.FIRE) in self._cancels_told or len(self.cmds.queued) >= MAX_BATCH:
+            return  # (told already, or later: a PONG repeats a cancellation until the node has our UNSUB)
+        # Tell the node we saw it, so it stops repeating the cancellation (a subscription we do
+        # not hold: one we ended ourselves, or none: at most once each, and not past a batch of
+        # commands waiting, so that CANCELs naming anything cannot grow the queue).
+        cmd = (Op.UNSUB, topic, key, Mode.FIRE)
+        self._cancels_told[cmd] = None
+        if len(self._cancels_told) > MAX_BATCH:
+            del self._cancels_told[next(iter(self._cancels_told))]
+        self.cmds.add(cmd)
 
     def _end(self, topic: str, key: str | None, reason: str) -> None:
         st = self._drop(topic, key)
@@ -437,7 +455,25 @@ class ClientSession:
 
     def add_candidates(self, addrs: list[Addr]) -> None:
         """More addresses to fail over to: the shell resolved a node's name again after a failover."""
-        self.candidates.extend(a for a in addrs if a not in self.candidates)
+        for a in addrs:
+            self._add_candidate(a)
+
+    def _add_candidate(self, addr: Addr) -> None:
+        """One more address to fail over to and hear from. At most MAX_CANDIDATES: past it the
+        oldest learnt one (not given, not our node) makes room, so WELCOMEs and maps from
+        our node's address (spoofed ones too) cannot grow the list, and the cost of every
+        datagram's check, without end."""
+        if addr in self._known:
+            return
+        if len(self.candidates) >= MAX_CANDIDATES:
+            for i in range(self._configured, len(self.candidates)):
+                if self.candidates[i] != self.node:
+                    self._known.discard(self.candidates.pop(i))
+                    break
+            else:
+                return
+        self.candidates.append(addr)
+        self._known.add(addr)
 
     def move_to(self, node: Addr, now: float) -> None:
         """Talk to ``node`` from now on, as a failover does (subscriptions and unacknowledged
@@ -445,8 +481,7 @@ class ClientSession:
         leader only, so a session that failed over while that member was away goes back to it."""
         if node == self.node:
             return
-        if node not in self.candidates:
-            self.candidates.append(node)
+        self._add_candidate(node)
         self._switch_cookies(node)
         self.node, self.cookie, self.announced = node, None, 0
         self.next_hello = self.last_heard = now

@@ -135,7 +135,7 @@ def test_a_session_puts_a_large_message_together_across_two_nodes_streams_once()
     frags = _fragments(payload, {"kind": "blob"})
     assert len(frags) == 4
     other = ("127.0.0.1", 7401)
-    s.candidates.append(other)  # (a member of the cluster: a failover moved the rest there)
+    s.add_candidates([other])  # (a member of the cluster: a failover moved the rest there)
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, frags[:2])]), 0.1)
     s.handle_datagrams([(wire.encode_msgs(9, 1, frags[1:]), other)], 0.2)  # (frags[1] again: a duplicate)
     s.handle_datagrams(wrap([wire.encode_msgs(7, 3, frags[2:3])]), 0.3)  # (and one more, late)

@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roost.client import decoding, wire
+from roost.client import decoding, receive, wire
+from roost.client.commands import MAX_BATCH
 from roost.client.receive import Message
-from roost.client.session import ClientConfig, ClientSession
-from roost.client.wire import E, Mode, Reason, T
+from roost.client.session import MAX_CANDIDATES, ClientConfig, ClientSession
+from roost.client.wire import E, Mode, Op, Reason, T
 from tests.corekit import NODE, make_core
 from tests.simnet import SimNet
 
@@ -282,7 +283,7 @@ def test_a_late_message_from_another_member_is_not_taken_for_a_duplicate():
     st = s.subscribe("t", None, Mode.RELIABLE)
     pid = b"P" * 16
     n1, n2 = ("127.0.0.1", 7400), ("127.0.0.1", 7402)
-    s.candidates.append(n2)
+    s.add_candidates([n2])
     d = [wire.pack_delivery("t", None, None, b"m%d" % i, pid, i) for i in range(1, 5)]
     s.handle_datagrams([(wire.encode_msgs(5, 1, d[0:2]), n1)], 0.1)
     s.handle_datagrams([(wire.encode_msgs(9, 1, [d[3]]), n2)], 0.2)
@@ -579,3 +580,60 @@ def test_a_welcome_cannot_set_a_ping_interval_past_a_third_of_node_timeout(asked
     out(s, 0.0)
     s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": asked}, [])]), 0.0)
     assert s.connected and s.ping_interval == pytest.approx(kept)
+
+
+# ------------------------------------------------------------ datagrams spoofed from the node's address
+
+
+def test_a_pong_answering_no_ping_we_sent_ends_nothing():
+    s = connected_session()
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.1)
+    assert st.confirmed
+    s.handle_datagrams(wrap([wire.encode_pong(2**40, False, b"z" * 16, [["t", None, "out_of_capacity"]], 0)]), 0.2)
+    assert st.reason is None and s.subs
+    s.tick(1.0)  # (our PING: its PONG is taken)
+    token = s.ping_token
+    s.handle_datagrams(wrap([wire.encode_pong(token, False, b"z" * 16, [], 0)]), 1.1)
+    assert st.reason == "timed_out"
+
+
+def test_cancels_of_subscriptions_we_do_not_hold_queue_an_unsub_once_each_and_never_past_a_batch():
+    s = connected_session()
+    s.cmds.inflight = (s.cmds.next_batch, [])  # (a batch in flight: the queue waits, as on a lossy path)
+    for i in range(3 * MAX_BATCH):
+        s.handle_datagrams(wrap([wire.encode_cancel(f"x{i % (2 * MAX_BATCH)}", None, "out_of_capacity")]), 0.1)
+    assert len(s.cmds.queued) == MAX_BATCH
+    s.cmds.queued.clear()
+    s.handle_datagrams(wrap([wire.encode_cancel("y", None, "out_of_capacity")] * 3), 0.2)
+    assert s.cmds.queued == [(Op.UNSUB, "y", None, Mode.FIRE)]
+
+
+def test_a_cmdack_without_one_result_per_command_is_not_taken():
+    s = connected_session()
+    st = s.subscribe("u", None, Mode.RELIABLE)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [])]), 0.1)
+    assert s.cmds.inflight is not None and not st.confirmed  # (still in flight: sent again)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.2)
+    assert st.confirmed and s.cmds.inflight is None
+
+
+def test_welcomes_cannot_grow_the_addresses_a_session_hears_from_without_end():
+    s = connected_session()
+    for i in range(200):
+        members = [[f"m{j}", f"10.{i}.0.{j}", 1000 + j] for j in range(16)]
+        s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, members)]), 0.0)
+    assert len(s.candidates) == MAX_CANDIDATES and s.candidates[0] == NODE
+    assert set(s.candidates) == s._known and ("10.199.0.15", 1015) in s._known  # (the newest kept)
+
+
+def test_msgs_naming_new_producers_cannot_grow_the_receivers_memory_without_end(monkeypatch):
+    monkeypatch.setattr(receive, "MAX_PRODUCERS", 100)
+    s = connected_session()
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    for i in range(300):
+        d = wire.encode_msgs(1, i + 1, [wire.pack_delivery("t", None, None, b"x", i.to_bytes(16, "big"), 2**40)])
+        s.handle_datagrams(wrap([d]), 0.0)
+    assert len(s.recv.seen) == 100 and len(s.recv.early) == 100 and len(st.queue) == 300
