@@ -82,6 +82,7 @@ class ClientSession:
         self.cmap: ClusterMap | None = None
         self.heard_map: ClusterMap | None = None  # the last map our member sent, of any epoch (the router's)
         self.announced = 0  # the map epoch our member's WELCOME announced (the router's)
+        self.params: dict[str, Any] = {}  # of our node's last WELCOME
         self._map_asked = -1e9  # when we last asked for the map (MAP): a stranger spoke, or a WELCOME announced one
         self._out: list[tuple[Addr, bytes]] = []
         self.putacks: list[tuple[bytes, int, int, int]] = []  # PUTACKs for the router (client/putter.py)
@@ -251,7 +252,8 @@ class ClientSession:
             self._on_welcome(f[1], f[2], f[3], f[4])
             self._on_map(f[5], f[3].get("map_epoch"), now)
         elif ftype is T.REDIRECT:
-            self._on_map(f[2], None, now)
+            if "map_epoch" in self.params:  # (a partitioned member's WELCOME says so; a single node
+                self._on_map(f[2], None, now)  # sends no map, so one from its address is not taken)
         elif ftype is T.ERROR:
             if f[1] == E.BAD_COOKIE:
                 self.cookie = None
@@ -265,7 +267,7 @@ class ClientSession:
             self.last_status = f[1]
 
     def _on_welcome(self, node_id: str, cookie: bytes, params: dict[str, Any], members: list[Any]) -> None:
-        self.node_id, self.cookie, self.members = node_id, cookie, members
+        self.node_id, self.cookie, self.members, self.params = node_id, cookie, members, params
         for _, host, port in members:
             self._add_candidate((host, port))
         self.pub.runs = params.get("runs") == 1  # (a node of an earlier build does not know PUBRUN)

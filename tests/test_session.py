@@ -637,3 +637,18 @@ def test_msgs_naming_new_producers_cannot_grow_the_receivers_memory_without_end(
         d = wire.encode_msgs(1, i + 1, [wire.pack_delivery("t", None, None, b"x", i.to_bytes(16, "big"), 2**40)])
         s.handle_datagrams(wrap([d]), 0.0)
     assert len(s.recv.seen) == 100 and len(s.recv.early) == 100 and len(st.queue) == 300
+
+
+def test_a_map_from_the_address_of_a_node_that_announced_none_is_not_taken():
+    """A single node sends no cluster map: a REDIRECT from its address (spoofed) would route the
+    client's subscriptions and publishes to the addresses it names."""
+    from roost.cluster import clustermap
+
+    two = {"n1": (NODE, ("127.0.0.1", 7500)), "x": (("203.0.113.66", 7400), ("203.0.113.66", 7500))}
+    cmap = clustermap.encode(clustermap.compute(2**40, two, two, 16, 2))
+    s = connected_session()
+    s.handle_datagrams(wrap([wire.encode_redirect("n1", cmap)]), 0.1)
+    assert s.cmap is None and ("203.0.113.66", 7400) not in s.candidates
+    s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": 0.5, "map_epoch": 1}, [])]), 0.2)
+    s.handle_datagrams(wrap([wire.encode_redirect("n1", cmap)]), 0.3)  # (a partitioned member's: taken)
+    assert s.cmap is not None and s.cmap.epoch == 2**40
