@@ -111,3 +111,35 @@ def test_the_campaign_finds_the_status_overflow_that_ddc9aa4_fixed(monkeypatch):
     with pytest.raises(AssertionError, match=r"out of 0\.\.2\*\*63-1|acknowledged through"):
         campaign.run("node", 40, tally, setups=("single",), shrink=False)
     print(f"\nfound after {tally.mutated:,} mutated frames of the examples before the failing one")
+
+
+#: A module of constants of every kind hypothesis collects (integers and strings, 5-byte bytes as
+#: a plan is drawn), written outside tests/ so that hypothesis counts it as local code.
+_CONSTANTS = "\n".join([
+    "INTS = [" + ", ".join(str(1000 + 7919 * i) for i in range(60)) + ", 150, 151, 199, 250, 101]",
+    "BYTES = [" + ", ".join(repr(bytes([i, 255 - i, i * 3 % 256, 7, i ^ 0x55])) for i in range(60)) + "]",
+    "TEXT = [" + ", ".join(repr(f"s{i}x") for i in range(60)) + "]",
+    "FLOATS = [" + ", ".join(f"{i}.25" for i in range(1, 60)) + "]",
+]) + "\n"  # fmt: skip
+
+
+def test_the_frames_do_not_depend_on_what_is_imported(tmp_path, monkeypatch):
+    """A fixed seed feeds the same frames whatever else the process imported: hypothesis mixes the
+    literals of every local module loaded into what it draws (campaign.no_local_constants)."""
+    import importlib
+    import sys
+
+    def tally() -> tuple[int, int, int]:
+        t = Tally()
+        for target, setup in (("node", "single"), ("client", "router")):
+            campaign.run(target, 3, t, setups=(setup,), shrink=False)
+        return t.examples, t.mutated, t.frames
+
+    before = tally()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "roost_fuzz_constants.py").write_text(_CONSTANTS)
+    try:
+        importlib.import_module("roost_fuzz_constants")
+        assert tally() == before
+    finally:
+        sys.modules.pop("roost_fuzz_constants", None)
