@@ -143,3 +143,27 @@ def test_the_frames_do_not_depend_on_what_is_imported(tmp_path, monkeypatch):
         assert tally() == before
     finally:
         sys.modules.pop("roost_fuzz_constants", None)
+
+
+def test_the_campaign_catches_a_node_that_takes_a_pub_with_a_wrong_cookie(monkeypatch):
+    """The check that a datagram the node must refuse changes nothing can fail: with the node made
+    to take a PUB whatever its cookie, the node campaign fails (the rig judges what must be
+    refused from the cookies the node gave, not by asking the node's cookie check)."""
+    from roost.node.core import BrokerCore
+
+    real = BrokerCore._on_binary
+
+    def lax(self, data, addr, now):
+        if data[2:3] != bytes([T.PUB]):  # ([version, type, ...]: a PUB's type is its third byte)
+            return real(self, data, addr, now)
+        self.cookies.check = lambda *_: True
+        try:
+            return real(self, data, addr, now)
+        finally:
+            del self.cookies.check
+
+    monkeypatch.setattr(BrokerCore, "_on_binary", lax)
+    tally = Tally()
+    with pytest.raises(AssertionError, match="must refuse"):
+        campaign.run("node", 40, tally, setups=("single",), shrink=False)
+    print(f"\nfound after {tally.mutated:,} mutated frames of the examples before the failing one")

@@ -85,6 +85,7 @@ def no_local_constants() -> Iterator[None]:
     renames these, that test fails and this needs following."""
     try:
         from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
     except ImportError:  # (a hypothesis without them: nothing to turn off)
         yield
         return
@@ -92,7 +93,7 @@ def no_local_constants() -> Iterator[None]:
     if get is None or cache is None:
         yield
         return
-    empty = providers.Constants()
+    empty = Constants()
     cache.cache.clear()
     providers._get_local_constants = lambda: empty
     try:
