@@ -242,3 +242,23 @@ def test_a_spoofed_redirect_with_a_higher_epoch_takes_the_routes():
     (tests/fuzz/target_client.py, ``hijacks``). Strict: when it is solved this test passes, fails
     as an unexpected pass, and the xfail and ``hijacks`` go."""
     assert _routed_subscription(spoof=True)
+
+
+def test_the_config_templates_set_every_setting_and_load(tmp_path):
+    """The config target's generated templates set every key of SETTINGS and CLUSTER_SETTINGS (and
+    [[members]]), and each loads as it is: a setting added to a table is fuzzed from then on."""
+    from roost.cluster.config import CLUSTER_SETTINGS, MEMBER_KEYS
+    from roost.node.config import SETTINGS
+    from tests.fuzz.target_config import ConfigRig, emit, generated
+
+    docs = generated()
+    keys = {(sec, k) for d in docs for sec, table in d.items() if isinstance(table, dict) for k in table}
+    assert {(s.section, s.key) for s in [*SETTINGS, *CLUSTER_SETTINGS]} <= keys
+    assert {k for d in docs for m in d.get("members", []) for k in m} == set(MEMBER_KEYS)
+    rig = ConfigRig(tmp_path, [])
+    for d in docs:
+        text = emit(d).encode()
+        rig.path.write_bytes(text)
+        before = rig.accepted
+        rig._load(text)
+        assert rig.accepted == before + 1, emit(d)
