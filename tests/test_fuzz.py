@@ -77,12 +77,14 @@ def test_random_datagrams(data, addr):
 
 # ------------------------------------------------------------ the structure-aware campaign
 
-#: (target, setup, examples, the mutated frames it must feed at least): 200,000 in all (227,000 are
-#: fed), about 40 s of CPU on the 2-core VM (docs/security.md, "Fuzzing").
+#: (target, setup, examples, the mutated frames it must feed at least, 10-13 % below what it
+#: feeds): 207,000 in all (233,626 are fed), 53 s of CPU on the 2-core VM (docs/security.md,
+#: "Fuzzing"). A frame counts once its bytes differ from its template's and the core's decoding
+#: entry point took it.
 CAMPAIGN = [
-    ("node", "single", 125, 18_000), ("node", "tight", 125, 18_000), ("node", "replica", 125, 18_000),
-    ("node", "partitioned", 125, 18_000), ("member", "replicated", 190, 24_000), ("member", "partitioned", 200, 24_000),
-    ("client", "router", 280, 50_000), ("config", "toml", 185, 30_000),
+    ("node", "single", 175, 20_500), ("node", "tight", 175, 26_000), ("node", "replica", 175, 23_500),
+    ("node", "partitioned", 175, 22_000), ("member", "replicated", 200, 23_000), ("member", "partitioned", 200, 23_000),
+    ("client", "router", 400, 50_000), ("config", "toml", 120, 19_000),
 ]  # fmt: skip
 assert sum(share for *_, share in CAMPAIGN) >= 200_000
 

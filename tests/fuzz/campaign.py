@@ -46,8 +46,10 @@ class Rig(Protocol):
 
 @dataclass
 class Tally:
-    """What a campaign fed: examples, mutated frames (one per plan: the acceptance counts these),
-    all frames (with the legitimate ones between), examples whose legitimate client was served."""
+    """What a campaign fed: examples, mutated frames (at most one per plan, the acceptance counts
+    these: its bytes changed, and the core's decoding entry point took it; the package docstring
+    says more), all frames (with the legitimate ones between), examples whose legitimate client
+    was served."""
 
     examples: int = 0
     mutated: int = 0
