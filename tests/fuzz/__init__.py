@@ -63,5 +63,6 @@ and once every client went silent nothing of theirs is held.
 Seeds. ``make test`` runs each target under a fixed seed of its own (the same examples every run);
 scripts/fuzz.py draws fresh ones and prints the command that replays a failing round. A seed
 fixes the frames whatever else the process imported (``campaign.no_local_constants``), so a
-failure seen under pytest-xdist replays with ``scripts/fuzz.py --replay``.
+failure seen under pytest-xdist fails the same way when its test runs alone, and a round of
+scripts/fuzz.py the same way under ``--replay``.
 """
