@@ -77,12 +77,14 @@ def test_random_datagrams(data, addr):
 
 # ------------------------------------------------------------ the structure-aware campaign
 
-#: (target, setup, examples, the mutated frames it must feed at least): 200,000 in all (227,000 are
-#: fed), about 40 s of CPU on the 2-core VM (docs/security.md, "Fuzzing").
+#: (target, setup, examples, the mutated frames it must feed at least, 10-13 % below what it
+#: feeds): 207,000 in all (233,626 are fed), 53 s of CPU on the 2-core VM (docs/security.md,
+#: "Fuzzing"). A frame counts once its bytes differ from its template's and the core's decoding
+#: entry point took it.
 CAMPAIGN = [
-    ("node", "single", 125, 18_000), ("node", "tight", 125, 18_000), ("node", "replica", 125, 18_000),
-    ("node", "partitioned", 125, 18_000), ("member", "replicated", 190, 24_000), ("member", "partitioned", 200, 24_000),
-    ("client", "router", 280, 50_000), ("config", "toml", 185, 30_000),
+    ("node", "single", 175, 20_500), ("node", "tight", 175, 26_000), ("node", "replica", 175, 23_500),
+    ("node", "partitioned", 175, 22_000), ("member", "replicated", 200, 23_000), ("member", "partitioned", 200, 23_000),
+    ("client", "router", 400, 50_000), ("config", "toml", 120, 19_000),
 ]  # fmt: skip
 assert sum(share for *_, share in CAMPAIGN) >= 200_000
 
@@ -111,3 +113,154 @@ def test_the_campaign_finds_the_status_overflow_that_ddc9aa4_fixed(monkeypatch):
     with pytest.raises(AssertionError, match=r"out of 0\.\.2\*\*63-1|acknowledged through"):
         campaign.run("node", 40, tally, setups=("single",), shrink=False)
     print(f"\nfound after {tally.mutated:,} mutated frames of the examples before the failing one")
+
+
+#: A module of constants of every kind hypothesis collects (integers and strings, 5-byte bytes as
+#: a plan is drawn), written outside tests/ so that hypothesis counts it as local code.
+_CONSTANTS = "\n".join([
+    "INTS = [" + ", ".join(str(1000 + 7919 * i) for i in range(60)) + ", 150, 151, 199, 250, 101]",
+    "BYTES = [" + ", ".join(repr(bytes([i, 255 - i, i * 3 % 256, 7, i ^ 0x55])) for i in range(60)) + "]",
+    "TEXT = [" + ", ".join(repr(f"s{i}x") for i in range(60)) + "]",
+    "FLOATS = [" + ", ".join(f"{i}.25" for i in range(1, 60)) + "]",
+]) + "\n"  # fmt: skip
+
+
+def test_the_frames_do_not_depend_on_what_is_imported(tmp_path, monkeypatch):
+    """A fixed seed feeds the same frames whatever else the process imported: hypothesis mixes the
+    literals of every local module loaded into what it draws (campaign.no_local_constants)."""
+    import importlib
+    import sys
+
+    def tally() -> tuple[int, int, int]:
+        t = Tally()
+        for target, setup in (("node", "single"), ("client", "router")):
+            campaign.run(target, 3, t, setups=(setup,), shrink=False)
+        return t.examples, t.mutated, t.frames
+
+    before = tally()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "roost_fuzz_constants.py").write_text(_CONSTANTS)
+    try:
+        importlib.import_module("roost_fuzz_constants")
+        assert tally() == before
+    finally:
+        sys.modules.pop("roost_fuzz_constants", None)
+
+
+def test_the_campaign_catches_a_node_that_takes_a_pub_with_a_wrong_cookie(monkeypatch):
+    """The check that a datagram the node must refuse changes nothing can fail: with the node made
+    to take a PUB whatever its cookie, the node campaign fails (the rig judges what must be
+    refused from the cookies the node gave, not by asking the node's cookie check)."""
+    from roost.node.core import BrokerCore
+
+    real = BrokerCore._on_binary
+
+    def lax(self, data, addr, now):
+        if data[2:3] != bytes([T.PUB]):  # ([version, type, ...]: a PUB's type is its third byte)
+            return real(self, data, addr, now)
+        self.cookies.check = lambda *_: True
+        try:
+            return real(self, data, addr, now)
+        finally:
+            del self.cookies.check
+
+    monkeypatch.setattr(BrokerCore, "_on_binary", lax)
+    tally = Tally()
+    with pytest.raises(AssertionError, match="must refuse"):
+        campaign.run("node", 40, tally, setups=("single",), shrink=False)
+    print(f"\nfound after {tally.mutated:,} mutated frames of the examples before the failing one")
+
+
+# ------------------------------------------------------------ an open problem the client campaign found
+
+ATTACKER = ("203.0.113.66", 7400)
+
+
+def _routed_subscription(spoof: bool) -> bool:
+    """A router talks to a member of a partitioned cluster (n1, which leads every partition and
+    says so in its WELCOME's map, epoch 1), and subscribes through the router; with ``spoof``, a
+    REDIRECT spoofed from n1's address first brings a map of epoch 2 that names one member, at
+    an attacker's address. True if n1 confirms the subscription within 12 s."""
+    import random
+
+    from roost.client.config import ClientConfig
+    from roost.client.router import Router
+    from roost.client.wire import Mode
+    from roost.cluster import clustermap
+    from roost.node.config import NodeConfig
+    from roost.node.core import BrokerCore
+    from roost.node.ownership import Ownership
+    from tests.fuzz.target_client import NODE
+
+    members = {"n1": (NODE, ("127.0.0.1", 7500))}
+    core = BrokerCore(NodeConfig(id="n1", client_addr=NODE), random.Random(1), 1, members=[["n1", *NODE]],
+                      node_idx=0, replicating=True, tombstone_horizon=30.0)  # fmt: skip
+    own = Ownership("n1", 16)
+    core.set_ownership(own)
+    real = clustermap.compute(1, members, {"n1"}, 16, 1)
+    core.reindex(*own.update(1, real.owners))
+    core.set_cluster_map(clustermap.encode(real), 1)
+    router = Router(b"\xc7" * 16, b"\xa7" * 16, b"\xf7" * 16, ClientConfig(), 0.0, node=NODE)
+    addrs = {}
+    now = 0.0
+
+    def run(seconds: float) -> None:
+        nonlocal now
+        for _ in range(int(seconds / 0.1)):
+            now += 0.1
+            for i, s in enumerate(list(router.sessions)):
+                addrs[id(s)] = ("127.0.0.1", 9600 + i)
+                router.tick(s, now)
+                for dst, data in s.outgoing(now):
+                    if dst == NODE:  # (the attacker does not answer)
+                        for a in core.handle_datagrams([(data, addrs[id(s)])], now):
+                            target = next((x for x in router.sessions if addrs.get(id(x)) == getattr(a, "addr", None)),
+                                          None)  # fmt: skip
+                            if target is not None:
+                                router.handle_datagrams(target, [(a.data, NODE)], now)
+
+    run(1.0)
+    assert router.connected and router.cmap is not None and router.cmap.epoch == 1
+    if spoof:
+        evil = clustermap.compute(2, {"x": (ATTACKER, ATTACKER)}, {"x"}, 16, 1)
+        router.handle_datagrams(router.first, [(wire.encode_redirect("n1", clustermap.encode(evil)), NODE)], now)
+    _, st = router.subscribe("t", None, Mode.FIRE)
+    run(12.0)
+    return st.confirmed
+
+
+def test_a_router_subscribes_at_its_member():
+    assert _routed_subscription(spoof=False)
+
+
+@pytest.mark.xfail(strict=True, reason="open problem: a REDIRECT spoofed from the node's address with a higher map "
+                                       "epoch makes the router route to an attacker's address for good")  # fmt: skip
+def test_a_spoofed_redirect_with_a_higher_epoch_takes_the_routes():
+    """The router adopts any map of a higher epoch than its own that comes from its node's address,
+    and UDP cannot tell a spoofed datagram from its node's: a map naming only an attacker's
+    address sends every new subscription (and publish) there, and no member sets it right (they
+    send their maps, of lower epochs, only to clients that reach them). The client campaign found
+    it with the routes checked through the router, and withholds such maps meanwhile
+    (tests/fuzz/target_client.py, ``hijacks``). Strict: when it is solved this test passes, fails
+    as an unexpected pass, and the xfail and ``hijacks`` go."""
+    assert _routed_subscription(spoof=True)
+
+
+def test_the_config_templates_set_every_setting_and_load(tmp_path):
+    """The config target's generated templates set every key of SETTINGS and CLUSTER_SETTINGS (and
+    [[members]]), and each loads as it is: a setting added to a table is fuzzed from then on."""
+    from roost.cluster.config import CLUSTER_SETTINGS, MEMBER_KEYS
+    from roost.node.config import SETTINGS
+    from tests.fuzz.target_config import ConfigRig, emit, generated
+
+    docs = generated()
+    keys = {(sec, k) for d in docs for sec, table in d.items() if isinstance(table, dict) for k in table}
+    assert {(s.section, s.key) for s in [*SETTINGS, *CLUSTER_SETTINGS]} <= keys
+    assert {k for d in docs for m in d.get("members", []) for k in m} == set(MEMBER_KEYS)
+    rig = ConfigRig(tmp_path, [])
+    for d in docs:
+        text = emit(d).encode()
+        rig.path.write_bytes(text)
+        before = rig.accepted
+        rig._load(text)
+        assert rig.accepted == before + 1, emit(d)

@@ -37,18 +37,32 @@ The targets (a module each):
 
 - target_node.py: the broker core, every client frame and text line, four configurations;
 - target_member.py: a cluster member (replicated, and partitioned with durable logs), peer frames
-  after real handshakes and client datagrams;
-- target_config.py: the node and cluster config loaders, mutated TOML documents;
+  after real handshakes, the handshake frames it reads before a peer authenticated (HELLO and
+  AUTH on links a peer dials, CHALLENGE and REFUSED on links it dials), and client datagrams;
+- target_config.py: the node and cluster config loaders, mutated TOML documents (templates that
+  set every setting of both tables among them);
 - target_client.py: the client's router and sessions, every frame a node sends.
+
+What counts. A frame counts as mutated (``Tally.mutated``, what the acceptance counts) only if its
+bytes differ from its template's and the core's entry point that decodes it took it: an
+``as-is`` plan, a mutation that gave the same bytes back (a copy onto itself, a tree msgpack
+cannot pack), a datagram the client drops before its decoder (from an address it does not know),
+or a handshake frame whose link was gone is fed, or not, as a legitimate frame.
 
 The invariants (checks.py and each target's docstring): nothing escapes a core's entry points;
 every counter stays in 0..2**63-1; STATUS encodes without its fallback; everything a core sends
-decodes with the real decoders (client frames, peer frames, replicated entries); a frame the
-decoders or the cookie refuse changes nothing; the broker core's index, registers, admission
-counts, mailboxes and digest agree with each other; and at the end a legitimate client is served
-(a fresh subscriber gets a fresh publisher's message), and once every client went silent nothing
-of theirs is held.
+decodes with the real decoders (client frames, peer frames, replicated entries); a datagram the
+node must refuse, as the rig judges it (the cookies the node gave each address, the text
+networks of its config, the decoders' refusals: not the node's own cookie check), changes
+nothing (index, records, producers' sequences, mailboxes, the published and delivered counters)
+and is answered at its source only; the broker core's index, registers, admission counts,
+mailboxes and digest agree with each other; and at the end a legitimate client is served (a
+fresh subscriber gets a fresh publisher's message; for the client target, through its router),
+and once every client went silent nothing of theirs is held.
 
 Seeds. ``make test`` runs each target under a fixed seed of its own (the same examples every run);
-scripts/fuzz.py draws fresh ones and prints the command that replays a failing round.
+scripts/fuzz.py draws fresh ones and prints the command that replays a failing round. A seed
+fixes the frames whatever else the process imported (``campaign.no_local_constants``), so a
+failure seen under pytest-xdist fails the same way when its test runs alone, and a round of
+scripts/fuzz.py the same way under ``--replay``.
 """

@@ -12,6 +12,8 @@ import shutil
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,8 +46,10 @@ class Rig(Protocol):
 
 @dataclass
 class Tally:
-    """What a campaign fed: examples, mutated frames (one per plan: the acceptance counts these),
-    all frames (with the legitimate ones between), examples whose legitimate client was served."""
+    """What a campaign fed: examples, mutated frames (at most one per plan, the acceptance counts
+    these: its bytes changed, and the core's decoding entry point took it; the package docstring
+    says more), all frames (with the legitimate ones between), examples whose legitimate client
+    was served."""
 
     examples: int = 0
     mutated: int = 0
@@ -65,6 +69,40 @@ class Tally:
         rate = self.mutated / self.seconds if self.seconds else 0.0
         return (f"{self.examples:,} examples, {self.mutated:,} mutated frames ({self.frames:,} with the legitimate "
                 f"ones), {rate:,.0f} mutated frames/s, a legitimate client served after {self.served:,}")  # fmt: skip
+
+
+@contextmanager
+def no_local_constants() -> Iterator[None]:
+    """Hypothesis draws about one value in twenty from a pool of constants, and that pool takes in
+    the literals of every "local" module in ``sys.modules`` (hypothesis 6.170:
+    ``internal/conjecture/providers.py``, ``_get_local_constants``: any module outside
+    site-packages and the standard library, tests/ aside). So one seed drew other frames depending
+    on what else had been imported (node-single fed 23,635 frames from a plain script, 19,891
+    after ``import attack``, 20,947 when pytest collected all of tests/), and a failure seen under
+    xdist might not replay with ``scripts/fuzz.py --replay``. No setting turns that source off, so
+    for the campaign's duration it yields nothing (and the cache of what it yielded is emptied on
+    the way in and out: other tests in the process get theirs back). Hypothesis's own constants
+    (its fixed list of boundary values) still come, the same every run. tests/test_fuzz.py checks
+    that a run's tally does not change when a module full of constants is imported; if hypothesis
+    renames these, that test fails and this needs following."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:  # (a hypothesis without them: nothing to turn off)
+        yield
+        return
+    get, cache = getattr(providers, "_get_local_constants", None), getattr(providers, "CONSTANTS_CACHE", None)
+    if get is None or cache is None:
+        yield
+        return
+    empty = Constants()
+    cache.cache.clear()
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.cache.clear()
 
 
 def make_rig(target: str, setup: str, free: list[Any], tmp: Path) -> Rig:
@@ -107,7 +145,8 @@ def run(target: str, examples: int, tally: Tally, *, setups: tuple[str, ...] | N
     example = hypothesis.seed(seed)(example)
     start = time.perf_counter()
     try:
-        example()
+        with no_local_constants():
+            example()
     finally:
         tally.seconds += time.perf_counter() - start
         shutil.rmtree(tmp, ignore_errors=True)

@@ -45,8 +45,8 @@ class BinClient:
     def seen(self, f: tuple[Any, ...]) -> None:
         """A frame the node sent us: what a real client takes from it."""
         t = f[0]
-        if t is T.MSGS:
-            self.got += [m[3] for m in f[3][:8]]
+        if t is T.MSGS or t is T.MSGSRUN:
+            self.got += [m[3] for m in f[3][:8]] if t is T.MSGS else f[3][:8]
             del self.got[:-8]
         if t is T.MSGS and f[1]:
             if f[1] > self.stream:

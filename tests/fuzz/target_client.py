@@ -13,10 +13,17 @@ messages' parts, MSGSRUN, durable replies).
 Checked after every step: nothing escapes the router or a session; everything the client sends
 decodes as a frame and fits a datagram; its receive side agrees with itself (what it counts as
 buffered is what its queues hold; remembered fire datagrams, holes and partial messages stay
-within their bounds); the node stays consistent. At the end, once the client is back with its
-node, a new fire subscription gets a fresh publisher's message (reliable streams, producer
-sequences and fire numbers a spoofed frame took are not asked for: UDP gives the client no way to
-tell the node's datagrams from others', docs/security.md).
+within their bounds); the node stays consistent. At the end, through the router as an
+application would (so that a route a spoofed map took elsewhere is caught), a new fire
+subscription gets a fresh publisher's message, and a fire publish reaches a fresh subscriber at
+the node (reliable streams, producer sequences and fire numbers a spoofed frame took are not
+asked for: UDP gives the client no way to tell the node's datagrams from others',
+docs/security.md). One case is withheld, an open problem: a map spoofed from the node's address
+that names no address of the node takes the router's routes for good (``hijacks``).
+
+A mutated frame counts (``mutated``) only if its bytes differ from its template's and the session
+reads it: one from an address it does not know (STRANGER's; a member's until a map names it) is
+dropped before its decoder.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import random
 from collections import deque
 from typing import Any
 
-from roost.client import durablewire, wire
+from roost.client import decoding, durablewire, wire
 from roost.client.config import ClientConfig
 from roost.client.receive import FIRE_WINDOW, MAX_HOLES
 from roost.client.router import Router
@@ -36,7 +43,7 @@ from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 from tests.fuzz import checks
 from tests.fuzz.clientframes import BinClient, legit_next
-from tests.fuzz.mutate import AFTER, KINDS, STEPS, VALUES, Plan, Values, mutate_packed
+from tests.fuzz.mutate import AFTER, KINDS, STEPS, VALUES, Mutated, Plan, Values, mutate_packed
 
 NODE = ("127.0.0.1", 7400)
 STRANGER = ("203.0.113.5", 7400)
@@ -52,6 +59,8 @@ class ClientRig:
         self.router = Router(b"\xc7" * 16, b"\xa7" * 16, b"\xf7" * 16, ClientConfig(), 0.0, node=NODE, session=5)
         self.addrs: dict[int, tuple[str, int]] = {}  # id(session) -> its socket's address
         self.publisher = BinClient(1, ("127.0.0.1", 5101))
+        self.watcher = BinClient(2, ("127.0.0.1", 5102))  # (the final check's subscriber of the router's publish)
+        self.others = {c.addr: c for c in (self.publisher, self.watcher)}
         self.heard: dict[T, bytes] = {}  # the last frame of each type the node sent the first session
         self.values = Values(VALUES, free)
         self.trace: deque[str] = deque(maxlen=24)
@@ -91,8 +100,8 @@ class ClientRig:
                 if f is not None and s is self.first:
                     self.heard[f[0]] = send.data
                 self.router.handle_datagrams(s, [(send.data, NODE)], self.now)
-            elif send.addr == self.publisher.addr and f is not None:
-                self.publisher.seen(f)
+            elif send.addr in self.others and f is not None:
+                self.others[send.addr].seen(f)
 
     def tick(self, dt: float) -> None:
         self.now += dt
@@ -148,9 +157,13 @@ class ClientRig:
         data = self.template(b)
         m = mutate_packed(data, kind, b >> 5, self.values, c)
         origin = NODE if src < 5 else STRANGER if src == 7 else MEMBERS["n2"][0]
-        self.trace.append(f"from {origin}: {data[:3].hex()} {m.what} -> {m.data[:40]!r}")
         s = self.first
-        self.mutated += 1
+        if origin == s.node and hijacks(m.data):
+            m = Mutated(data, m.what + " (withheld: a map that names no address of the node)")
+        self.trace.append(f"from {origin}: {data[:3].hex()} {m.what} -> {m.data[:40]!r}")
+        # (counted if changed and read: a session drops a datagram from an address it does not know
+        # before decoding it, as it drops STRANGER's, and a member's until a map or WELCOME names it)
+        self.mutated += m.data != data and (origin == s.node or origin in s.candidates)
         self.frames += 1
         if after == "batch":
             self.router.handle_datagrams(s, [(m.data, origin), (self.template(b + 1), origin)], self.now)
@@ -214,26 +227,30 @@ class ClientRig:
     # ------------------------------------------------------------ the end of an example
 
     def finish(self) -> bool:
-        """Back with its node (as after a failover), a new fire subscription gets a message. (A
-        spoofed WELCOME may have set a ping interval longer than the client's node_timeout: then
-        it takes its node for silent now and then, and moves on; it is brought back here. A fire
-        MSGS spoofed with the number of the node's next fire datagram makes the client drop that
-        one as a duplicate, as fire allows: up to four are sent, one at a time.)"""
-        s = self.first
+        """Through the router, as an application uses it: a new fire subscription gets a fresh
+        publisher's message, and a fire publish reaches a fresh subscriber at the node. (A spoofed
+        WELCOME may have set a ping interval longer than the client's node_timeout: then it takes
+        its node for silent now and then, and moves on, and back; a session the router opened for
+        a member a spoofed map named fails over to the others it names. A fire MSGS spoofed with
+        the number of the node's next fire datagram makes the client drop that one as a
+        duplicate, as fire allows: up to four are sent, one at a time.)"""
+        r = self.router
         for _ in range(8):
             self.tick(0.3)
-        if s.node != NODE:
-            s.move_to(NODE, self.now)
-        for _ in range(10):
-            if s.connected:
-                break
-            self.tick(0.05)
-        st = s.subscribe("fresh", None, Mode.FIRE)
+        s, st = r.subscribe("fresh", None, Mode.FIRE)
         self.exchange()
-        assert st.confirmed, f"the node never confirmed a new subscription (reason {st.reason}, events {s.events[-5:]})"
-        pub = self.publisher
-        if pub.needs_hello:
-            self._node_out(self.core.handle_datagrams([(pub.hello(), pub.addr)], self.now))
+        for _ in range(40):  # (12 s: failovers, node_timeout 1.5 s each)
+            if st.confirmed:
+                break
+            self.tick(0.3)
+        assert st.confirmed, (f"the node never confirmed a new subscription made through the router (reason "
+                              f"{st.reason}, its session talks to {s.node}, events {s.events[-5:]})")  # fmt: skip
+        pub, watcher = self.publisher, self.watcher
+        for x in (pub, watcher):
+            if x.needs_hello:
+                self._node_out(self.core.handle_datagrams([(x.hello(), x.addr)], self.now))
+        self._node_out(self.core.handle_datagrams([(watcher.cmds(True, [(1, "fresh.out", None, 0)]), watcher.addr)],
+                                                  self.now))  # fmt: skip
         for _ in range(4):  # (one each: a spoofed MSGS may have taken the number of the node's next)
             data = pub.pub(True, [("fresh", None, None, b"hello")], reliable=False)
             self._node_out(self.core.handle_datagrams([(data, pub.addr)], self.now))
@@ -242,7 +259,34 @@ class ClientRig:
                 break
         got = [x if x.__class__ is bytes else x[3] for x in st.queue]
         assert got == [b"hello"], f"a new subscription got {got}"
+        for _ in range(40):  # (fire: sent once its session is connected, where a failover took it)
+            ps = r.pub_session("fresh.out")
+            if ps.connected:
+                r.publish("fresh.out", None, None, b"out", False)
+            self.exchange()
+            if watcher.got:
+                break
+            self.tick(0.3)
+        assert watcher.got[:1] == [b"out"], (f"a fire publish through the router reached a subscriber as "
+                                             f"{watcher.got} (its session talks to {ps.node})")  # fmt: skip
         return True
+
+
+def hijacks(data: bytes) -> bool:
+    """A WELCOME or REDIRECT whose cluster map names no member at the node's address. The router
+    takes a map spoofed from its node's address (this node, a single one, never sends one to set it
+    right), and one that names only other addresses routes its subscriptions and publishes there
+    for good: tests/test_fuzz.py's ``test_a_spoofed_redirect_with_a_higher_epoch_takes_the_routes``
+    shows it, an open problem (docs/security.md, "Fuzzing"). Until it is solved the campaign does
+    not send such a map (the frame's template goes in its place, fed as legitimate); every other
+    mutation of a map is sent, and the final check, made through the router, catches any other
+    route that no longer reaches the node."""
+    try:
+        f = decoding.decode_untrusted_frame(data, 65536)
+    except WireError:
+        return False
+    cmap = f[5] if f[0] is T.WELCOME else f[2] if f[0] is T.REDIRECT else None
+    return cmap is not None and all(client != NODE for client, _ in cmap.members.values())
 
 
 _CLIENT_SENDS = {T.HELLO, T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT, T.BYE}

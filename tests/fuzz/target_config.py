@@ -3,15 +3,23 @@ they must refuse with their own ``ConfigError`` and a message that names the fil
 anything else; a document they accept must give a config that a broker core, and every member of
 a cluster, starts with (and a member's STATUS encodes).
 
-The templates are the repository's configs (configs/*.toml) and two documents that set every
-section: each is parsed, mutated on its tree with values TOML can carry (no nil, no bytes,
-integers within int64), written back as TOML (``emit``), and sometimes mutated byte by byte as
-text; then written to a file and loaded as ``roost node --config`` loads it.
+The templates are the repository's configs (configs/*.toml), a few documents written here, and
+documents generated from the settings tables (``every_setting``): two node configs that set every
+key of node/config.py's SETTINGS, and three cluster configs that set every key of
+cluster/config.py's CLUSTER_SETTINGS, every node setting a cluster config may hold and every
+``[[members]]`` key, each to a value its loader takes (the default, or an example where the
+default leaves a setting off; a token and secrets in files the rig writes, mode 0600, and one
+0644 that ``allow_insecure_secret_file`` lets through). Each is parsed, mutated on its tree with
+values TOML can carry (no nil, no bytes, integers within int64), written back as TOML (``emit``),
+or mutated byte by byte as text; then written to a file and loaded as ``roost node --config``
+loads it. A document counts as mutated (``mutated``) only if its text differs from its
+template's.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import random
@@ -21,9 +29,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from roost.cluster.config import is_cluster_config, load_cluster_config
+from roost.cluster.config import CLUSTER_SETTINGS, MEMBER_KEYS, is_cluster_config, load_cluster_config
 from roost.cluster.member import MemberCore
-from roost.node.config import ConfigError, load_node_config, read_toml
+from roost.node.config import SETTINGS, ConfigError, Setting, load_node_config, read_toml
 from roost.node.core import BrokerCore
 from tests.fuzz import checks
 from tests.fuzz.mutate import KINDS, VALUES, Plan, Values, mutate_bytes, mutate_tree
@@ -47,7 +55,7 @@ idle_timeout = 5.0
 max_datagram = 1500
 mailbox_capacity = 64
 send_window = 16
-max_payload = 4096
+max_payload = 3000
 max_per_host = 4
 admission_share = 0.5
 [timeouts]
@@ -104,9 +112,84 @@ data_dir = "data/solo"
 """
 
 
+#: Values for the settings whose default leaves them off (empty), so that the generated templates
+#: set them to something the loaders read; the files are written by the rig (``files``).
+EXAMPLES: dict[tuple[str, str], Any] = {
+    ("node", "advertise_addr"): "127.0.0.1:7409", ("monitor", "addr"): "127.0.0.1:8409",
+    ("monitor", "token"): "a-monitor-token-of-24-chars", ("monitor", "token_file"): "monitor.token",
+    ("cluster", "secret"): "a-secret-of-sixteen-or-more", ("cluster", "secret_file"): "cluster.secret",
+}  # fmt: skip
+#: Settings a config sets one of, not both: the templates take turns.
+EITHER = (("monitor", "token", "token_file"), ("cluster", "secret", "secret_file"))
+#: Node settings a cluster config sets per member, in [[members]], never in its [node] or [monitor].
+PER_MEMBER = {("node", "id"), ("node", "client_addr"), ("node", "advertise_addr"), ("monitor", "addr")}
+#: The cluster templates: the turn of each ``EITHER`` pair (0 the secret, 1 its file), and what they
+#: set in place of a setting's value: the third a file group and others may read, allowed, and
+#: partitioned mode.
+CLUSTER_VARIANTS: list[tuple[int, dict[tuple[str, str], Any]]] = [
+    (0, {}),
+    (1, {}),
+    (1, {("cluster", "secret_file"): "cluster-open.secret", ("cluster", "allow_insecure_secret_file"): True,
+         ("cluster", "mode"): "partitioned", ("cluster", "partitions"): 16}),
+]  # fmt: skip
+
+
+def every_setting(table: list[Setting], turn: int, skip: set[tuple[str, str]] | None = None,
+                  overrides: dict[tuple[str, str], Any] | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Every setting of ``table`` (but ``skip``), by section: its default, or ``EXAMPLES``' value
+    where the default leaves it off; of each ``EITHER`` pair the one ``turn`` picks gets its
+    example, the other its default if that is allowed, else nothing."""
+    doc: dict[str, dict[str, Any]] = {}
+    for st in table:
+        where = (st.section, st.key)
+        if skip is not None and where in skip:
+            continue
+        value = st.default
+        pair = next((e for e in EITHER if e[0] == st.section and st.key in e[1:]), None)
+        if pair is not None and pair[1 + turn % 2] != st.key:
+            if not st.check(value):
+                continue
+        elif value == "" and where in EXAMPLES:
+            value = EXAMPLES[where]
+        doc.setdefault(st.section, {})[st.key] = (overrides or {}).get(where, value)
+    return doc
+
+
+def generated() -> list[dict[str, Any]]:
+    """The node and cluster templates that set every setting (module docstring)."""
+    docs: list[dict[str, Any]] = [every_setting(SETTINGS, turn) for turn in (0, 1)]
+    for turn, overrides in CLUSTER_VARIANTS:
+        doc: dict[str, Any] = every_setting(CLUSTER_SETTINGS, turn, overrides=overrides)
+        doc.update(every_setting(SETTINGS, turn, PER_MEMBER))
+        doc["members"] = [{k: _member_value(k, i) for k in MEMBER_KEYS} for i in range(2)]
+        docs.append(doc)
+    return docs
+
+
+def _member_value(key: str, i: int) -> str:
+    if key == "id":
+        return f"m{i}"
+    if key == "data_dir":
+        return f"data/m{i}"
+    return f"127.0.0.{i + 1}:{7600 + 100 * MEMBER_KEYS.index(key) + i}"
+
+
+def files(tmp: Path) -> None:
+    """The files the templates name, beside the config: the token and secrets, mode 0600 (a
+    loader refuses what group or others may read), and one 0644."""
+    for name, text, mode in (("cluster.secret", "a-secret-read-from-a-file\n", 0o600),
+                             ("cluster-open.secret", "a-secret-others-may-read\n", 0o644),
+                             ("monitor.token", "a-monitor-token-read-from-a-file\n", 0o600)):  # fmt: skip
+        (tmp / name).write_text(text)
+        (tmp / name).chmod(mode)
+
+
 def templates() -> list[dict[str, Any]]:
     docs = [tomllib.loads(p.read_text()) for p in sorted((ROOT / "configs").glob("*.toml"))]
-    return [*docs, *(tomllib.loads(d) for d in (EVERY_SECTION, EVERY_CLUSTER_SECTION, SECRET_FILE))]
+    for d in docs:  # (their secret file is in run/, or the environment: the rig's, beside the config)
+        if isinstance(d.get("cluster"), dict) and not d["cluster"].get("secret"):
+            d["cluster"]["secret_file"] = "cluster.secret"
+    return [*docs, *(tomllib.loads(d) for d in (EVERY_SECTION, EVERY_CLUSTER_SECTION, SECRET_FILE)), *generated()]
 
 
 def toml_safe(v: Any, depth: int = 0) -> bool:
@@ -172,11 +255,20 @@ def emit(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.cache
+def _templates() -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The templates as the rig copies them (through JSON: dates become strings), and their text:
+    read once per process (the rig only reads them)."""
+    docs = [json.loads(json.dumps(d, default=str)) for d in templates()]
+    return docs, [emit(d).encode() for d in docs]
+
+
 class ConfigRig:
     def __init__(self, tmp: Path, free: list[Any]) -> None:
         self.path = tmp / "fuzz.toml"
-        (tmp / "cluster.secret").write_text("a-secret-read-from-a-file\n")
-        self.docs = templates()
+        if not (tmp / "monitor.token").exists():
+            files(tmp)
+        self.docs, self.texts = _templates()
         self.values = Values(VALUES_TOML, [v for v in free if toml_safe(v)])
         self.trace: deque[str] = deque(maxlen=8)
         self.frames = self.mutated = self.accepted = 0
@@ -184,9 +276,10 @@ class ConfigRig:
     def step(self, plan: Plan) -> None:
         a, b, c = plan
         kind = KINDS[a & 7]
-        doc = json.loads(json.dumps(self.docs[b % len(self.docs)], default=str))  # (a copy)
+        doc = json.loads(json.dumps(self.docs[b % len(self.docs)]))  # (a copy)
+        template = self.texts[b % len(self.docs)]
         if kind in ("bytes", "as-is"):
-            text = emit(doc).encode()
+            text = template
             for i in range(1 + (a >> 6)):
                 text, _ = mutate_bytes(text, (b >> 3) + i * 7919, c + i)
         else:
@@ -195,7 +288,7 @@ class ConfigRig:
             text = emit(tomlable(doc)).encode()
         self.path.write_bytes(text)
         self.trace.append(text.decode(errors="replace")[:400])
-        self.mutated += 1
+        self.mutated += text != template
         self.frames += 1
         self._load(text)
 

@@ -11,7 +11,13 @@ checks that appends follow each other) and snapshots are written at once.
 
 A plan's source picks a peer's side: its requests on the link it dialled (PUSH, HEARTBEAT, PULL,
 DIGEST, FORWARD, RELAY, ROSTER, LOGFETCH), its replies on the member's link (PUSHACK, FWDACK,
-DIFF, DIFFEND, DUMP, DUMPEND, BEAT, LOGDATA), a handshake of a new link, or a client.
+DIFF, DIFFEND, DUMP, DUMPEND, BEAT, LOGDATA), a handshake, or a client. A handshake step mutates
+one of the frames a member reads before a peer has authenticated: the HELLO of a link the peer
+dials, or its AUTH; or, on a link the member dials (the rig closes the peer's link, and the member
+dials it again), the peer's CHALLENGE or a REFUSED in its place.
+
+A mutated frame counts (``mutated``) only if its bytes differ from its template's and the member
+read it (the link was still there); an ``as-is`` plan is fed as a legitimate frame.
 
 Checked after every event: nothing escapes ``handle``; the member neither exits nor logs
 ``peer_error`` (an exception that its last-resort handler caught) nor ``cannot_run``; every
@@ -127,6 +133,9 @@ class MemberRig:
         self.handshakes: dict[int, tuple[Peer, bytes]] = {}  # link -> (peer, our nonce)
         self.challenges: dict[int, list[Any]] = {}  # links whose CHALLENGE the step answers itself
         self.manual = False
+        self.dialled: Peer | None = None  # the peer whose CHALLENGE the step sends itself
+        self.hellos: dict[int, list[Any]] = {}  # the member's HELLOs on the links it dialled to it
+        self.hello_fed = False  # dial_in fed its HELLO to a link the member had
         self.clients = [BinClient(i, ("127.0.0.2", 9100 + i)) for i in range(3)]
         for c in self.clients:
             c.partition = core.own.partition
@@ -222,7 +231,9 @@ class MemberRig:
     def _handshake(self, lid: int, hs: tuple[Peer, bytes], f: list[Any]) -> None:
         p, ours = hs
         core = self.core
-        if f[0] == P.HELLO:  # the member dialled p: p challenges it
+        if f[0] == P.HELLO and p is self.dialled:
+            self.hellos[lid] = f
+        elif f[0] == P.HELLO:  # the member dialled p: p challenges it
             nonce = bytes([0x40 + p.n]) * 16
             self._bytes(lid, encode([P.CHALLENGE, p.id, nonce, mac(self.secret, b"L", f[3], nonce, p.id, core.id),
                                      core.shape]))  # fmt: skip
@@ -248,6 +259,7 @@ class MemberRig:
         nonce = bytes([0x20 + p.n]) * 16
         self.handshakes[lid] = (p, nonce)
         self.feed(Accepted(lid, f"127.0.0.1:{40000 - lid}"))
+        self.hello_fed = lid in self.core.links
         self.feed(LinkBytes(lid, hello or encode([P.HELLO, PROTOCOL, p.id, nonce, self.core.shape])))
         return lid
 
@@ -345,12 +357,13 @@ class MemberRig:
             if cl.needs_hello:
                 self.feed(Datagrams([(cl.hello(), cl.addr)]))
             tmpl = TEMPLATES[(b >> 1) % len(TEMPLATES)]
-            m = mutate_packed(tmpl(cl, False), kind, b >> 6, self.values, c)
+            data = tmpl(cl, False)
+            m = mutate_packed(data, kind, b >> 6, self.values, c)
             self.trace.append(f"client {cl.n} {tmpl.__name__}: {m.what} -> {m.data[:40]!r}")
             batch = [(m.data, cl.addr)]
             if after == "batch":
                 batch.append((legit_next(cl), cl.addr))
-            self.mutated += 1
+            self.mutated += m.data != data  # (Datagrams: the member's broker core takes every one)
             self.frames += len(batch)
             self.feed(Datagrams(batch))
             if after == "then-legit":
@@ -381,7 +394,7 @@ class MemberRig:
         legit = self._request(p, b + 1, True) if request else self._reply(p, b + 1)
         body = m.data + legit if after == "batch" else m.data
         self.relaying = (request and _kind(m.data) == P.RELAY) or (_kind(legit) == P.RELAY and after == "batch")
-        self.mutated += 1
+        self.mutated += m.data != data and lid in self.core.links
         self.frames += 2 if after == "batch" else 1
         self.feed(LinkBytes(lid, body))
         self.relaying = False
@@ -394,13 +407,20 @@ class MemberRig:
             self.feed(LinkBytes(lid, legit))
 
     def _handshake_step(self, p: Peer, kind: str, b: int, c: int) -> None:
-        """A new link from p with its HELLO mutated, or its AUTH (then closed: a second link)."""
+        """A frame read before authentication, mutated (``b & 3``): the HELLO of a new link from p,
+        its AUTH (then closed: a second link), p's CHALLENGE or a REFUSED on a link the member
+        dials to p."""
+        which, where = b & 3, b >> 2
+        if which >= 2:
+            self._dial_step(p, kind, where, c, refused=which == 3)
+            return
         nonce = bytes([0x20 + p.n]) * 16
         hello = encode([P.HELLO, PROTOCOL, p.id, nonce, self.core.shape])
-        if b & 1:
-            m = mutate_packed(hello, kind, b >> 1, self.values, c, unpack_peer, encode)
+        if which == 1:
+            m = mutate_packed(hello, kind, where, self.values, c, unpack_peer, encode)
             self.trace.append(f"{p.id} HELLO: {m.what}")
             lid = self.dial_in(p, m.data)
+            self.mutated += m.data != hello and self.hello_fed
         else:
             self.manual = True
             lid = self.dial_in(p, hello)
@@ -409,14 +429,50 @@ class MemberRig:
             if challenge is None:
                 return
             auth = encode([P.AUTH, mac(self.secret, b"D", challenge[2], nonce, p.id, self.core.id)])
-            m = mutate_packed(auth, kind, b >> 1, self.values, c, unpack_peer, encode)
+            m = mutate_packed(auth, kind, where, self.values, c, unpack_peer, encode)
             self.trace.append(f"{p.id} AUTH: {m.what}")
             self.handshakes.pop(lid, None)
             if lid in self.core.links:
+                self.mutated += m.data != auth
                 self.feed(LinkBytes(lid, m.data))
-        self.mutated += 1
         self.frames += 1
         if lid in self.core.links and lid != p.inbound:
+            self.feed(LinkClosed(lid, "fuzz: done"))
+            self._gone(lid)
+
+    def _dial_step(self, p: Peer, kind: str, where: int, c: int, refused: bool) -> None:
+        """The member dials p (its link to p closed first, as a restart of p would close it), and p
+        answers its HELLO with a CHALLENGE, or a REFUSED, mutated. A link left half-way is closed
+        (the member dials again, and the rig answers as p then)."""
+        core = self.core
+        if p.outbound is not None:
+            lid = p.outbound
+            self.feed(LinkClosed(lid, "fuzz: redial"))
+            self._gone(lid)
+        self.dialled = p
+        try:
+            self.tick(core.s.reconnect_interval)
+        finally:
+            self.dialled = None
+        if not self.hellos:
+            return
+        lid, hello = self.hellos.popitem()
+        self.hellos.clear()
+        if refused:
+            frame = encode([P.REFUSED, f"peer runs {core.shape!r}, this member 'partitioned/7/3': [cluster] mode, "
+                                       "partitions and replicas must be the same on every member"])  # fmt: skip
+        else:
+            nonce = bytes([0x40 + p.n]) * 16
+            frame = encode([P.CHALLENGE, p.id, nonce, mac(self.secret, b"L", hello[3], nonce, p.id, core.id),
+                            core.shape])  # fmt: skip
+            self.handshakes[lid] = (p, nonce)
+        m = mutate_packed(frame, kind, where, self.values, c, unpack_peer, encode)
+        self.trace.append(f"{p.id} {'REFUSED' if refused else 'CHALLENGE'}: {m.what}")
+        self.frames += 1
+        if lid in core.links:
+            self.mutated += m.data != frame
+            self.feed(LinkBytes(lid, m.data))
+        if lid in core.links and lid != p.outbound:
             self.feed(LinkClosed(lid, "fuzz: done"))
             self._gone(lid)
 

@@ -8,24 +8,39 @@ partitioned cluster (ownership and a map: REDIRECT, MAP, Forward, Confirm, durab
 
 Checked after every frame: nothing escapes ``handle_datagrams`` or ``tick``; every Send decodes
 (or is a text line) and fits ``max_datagram``; what it replicates or forwards passes the peer
-decoders; the counters stay in 0..2**63-1; a frame the decoder or the cookie check refuses
-changes nothing (``state_digest``). Every 8 frames: ``checks.broker_consistent`` and STATUS.
-At the end: a fresh subscriber gets a fresh publisher's message (binary, and text), then, with
-every client silent past its time-outs, nothing is left held (producers, records, admission).
+decoders; the counters stay in 0..2**63-1. A datagram the node must refuse changes nothing
+(``snapshot``: the index, records and text subscriptions of ``state_digest``, and every
+producer's sequence and last time, every record's session, batch and liveness, every mailbox's
+sequences, lengths and bytes, the published, delivered and forwarded counters) and is answered,
+if at all, at its source only (no Send to another address, no Forward, Relay or Replicate). Which
+datagrams must be refused is the rig's own knowledge, not the node's cookie check: a binary
+datagram that does not carry a client id and cookie the node gave that address (``issued``: each
+WELCOME's and PONG's cookie, with the ids of the datagrams that address sent in that batch), a
+text line from outside ``text_networks``; and, as before, what the decoders refuse, HELLO and
+the frames only nodes send. A STATUS, MAP or durable request with a good cookie changes nothing
+either. Every 8 frames: ``checks.broker_consistent`` and STATUS. At the end: a fresh subscriber
+gets a fresh publisher's message (binary, and text), then, with every client silent past its
+time-outs, nothing is left held (producers, records, admission).
+
+A mutated frame counts (``mutated``) only if its bytes differ from its template's: an ``as-is``
+plan, or a mutation that gave the same bytes back, is fed as a legitimate frame.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from collections import deque
 from typing import Any
+
+import msgpack
 
 from roost.client import decoding, wire
 from roost.client.text import parse_untrusted_text
 from roost.client.wire import T, WireError
 from roost.cluster import clustermap
 from roost.node.config import NodeConfig
-from roost.node.core import BrokerCore, Send
+from roost.node.core import BrokerCore, Confirm, Log, Send
 from roost.node.ownership import Ownership
 from tests.fuzz import checks
 from tests.fuzz.clientframes import TEMPLATES, TEXT_LINES, Addr, BinClient, legit_next
@@ -38,13 +53,50 @@ T1, TFAR = ("127.0.0.1", 6001), ("198.51.100.8", 6002)
 WALL = 1_780_000_000.0
 TWO = {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}
 
-#: The frames that carry a client id and cookie (the node's own frames and HELLO do not).
-_WITH_COOKIE = {T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.STATUS, T.MAP, T.BYE, T.PUT, T.GET, T.COMMIT}
+#: The frames that may change a node's state, given a good cookie (STATUS, MAP, PUT, GET and COMMIT
+#: carry one too, and change nothing of the core's; HELLO and the node's own frames none).
+_CHANGING = {T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.BYE}
+#: The frames that, with a good cookie, change nothing of the core's but may act (StatusQuery, a REDIRECT, the
+#: durable requests' actions).
+_INERT = {T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT}
+#: Counters a refused datagram must leave as they are (``snapshot``).
+_COUNTED = ("published", "delivered", "forwarded_out", "pub_duplicates", "retransmitted", "streams_restarted")
 VARIANTS = ("single", "tight", "replica", "partitioned")
 TIGHT = {"mailbox_capacity": 16, "send_window": 8, "max_datagram": 1500, "max_payload": 1500, "max_per_host": 3,
          "max_clients": 12, "max_producers": 12, "max_subscriptions_per_client": 5, "max_text_subscribers": 3,
          "text_sub_lease": 2.0, "subscriber_timeout": 3.0, "producer_timeout": 5.0, "retransmit_timeout": 0.05,
          "retransmit_max": 0.4, "ping_interval": 0.5}  # fmt: skip
+
+
+def snapshot(core: BrokerCore, liveness: bool) -> tuple[Any, ...]:
+    """What a datagram the node must refuse may not change: ``state_digest`` (index, records,
+    producer ids, text subscriptions), every producer's sequence, last time and host, every
+    record's session, batch and mailbox (sequences, length, bytes, SACKs), a few counters; and
+    with ``liveness`` when each record last heard from its client (a STATUS, MAP or durable
+    request with a good cookie is news of the client, and changes nothing else)."""
+
+    def mailbox(mb: Any) -> Any:
+        if mb is None:
+            return None
+        return mb.stream_id, mb.acked, mb.sent, len(mb), mb.nbytes, mb.inflight, sorted(mb.sacked)
+
+    records = sorted((repr(cid), c.session, c.last_batch, mailbox(c.mailbox), mailbox(c.parked and c.parked[0]),
+                      (c.last_seen, c.heard) if liveness else None) for cid, c in core.clients.items())  # fmt: skip
+    producers = sorted((pid, *st) for pid, st in core.producers.items())
+    return core.state_digest(), producers, records, [core.metrics[k] for k in _COUNTED]
+
+
+def ids(data: bytes) -> tuple[Any, Any]:
+    """The client id and cookie fields of a binary datagram (``[version, type, id, cookie,
+    ...]``), read as leniently as msgpack can (a string as bytes, any map key, tuples), so that
+    whatever the node's stricter decoder takes is read here too; (None, None) if it is no array."""
+    try:
+        f = msgpack.unpackb(data, raw=True, strict_map_key=False)
+    except Exception:
+        return None, None
+    if f.__class__ is not list or len(f) < 3:
+        return None, None
+    return f[2], f[3] if len(f) > 3 else None
 
 
 def make_core(variant: str) -> BrokerCore:
@@ -62,6 +114,12 @@ def make_core(variant: str) -> BrokerCore:
         core.reindex(*own.update(1, cmap.owners))
         core.set_cluster_map(clustermap.encode(cmap), 1)
     return core
+
+
+def _changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    names = ("state_digest", "producers", "records and mailboxes", f"counters {_COUNTED}")
+    return "; ".join(f"{n}: {str(b)[:300]} -> {str(a)[:300]}" for n, b, a in zip(names, before, after, strict=True)
+                     if a != b)  # fmt: skip
 
 
 class NodeRig:
@@ -83,6 +141,10 @@ class NodeRig:
         self.values = Values(VALUES, ids, free)
         self.trace: deque[str] = deque(maxlen=24)
         self.frames = self.mutated = self.steps = 0
+        #: (client id, cookie) pairs the node gave each address: what a datagram from there must
+        #: carry for the node to act on it (a superset: every id sent from there in that batch).
+        self.issued: dict[Addr, set[tuple[bytes, bytes]]] = {}
+        self.text_nets = [ipaddress.ip_network(n) for n in core.cfg.text_networks]
 
     # ------------------------------------------------------------ feeding
 
@@ -92,17 +154,18 @@ class NodeRig:
         if isinstance(src, BinClient):
             self._hello_if_needed(src)
             tmpl = TEMPLATES[b % len(TEMPLATES)]
-            m = mutate_packed(tmpl(src, False), kind, b // len(TEMPLATES), self.values, c)
+            data = tmpl(src, False)
+            m = mutate_packed(data, kind, b // len(TEMPLATES), self.values, c)
             addr, name = src.addr, tmpl.__name__
         else:
-            line = TEXT_LINES[b % len(TEXT_LINES)]
-            m = mutate_text(line, kind, b // len(TEXT_LINES), self.values, c)
-            addr, name = src, line[:12].decode()
+            data = TEXT_LINES[b % len(TEXT_LINES)]
+            m = mutate_text(data, kind, b // len(TEXT_LINES), self.values, c)
+            addr, name = src, data[:12].decode()
         self.trace.append(f"{addr[0]}:{addr[1]} {name}: {m.what} -> {m.data[:48]!r}")
         batch = [(m.data, addr)]
         if after == "batch":
             batch += [(self._legit(src), addr), (self._legit(src), addr)]
-        self.mutated += 1
+        self.mutated += m.data != data  # (handle_datagrams takes every one)
         self._feed(batch)
         if after == "then-legit":
             self._feed([(self._legit(src), addr)])
@@ -127,19 +190,42 @@ class NodeRig:
 
     def _feed(self, batch: list[tuple[bytes, Addr]]) -> list[tuple[Any, Send]]:
         core = self.core
-        change = validated = True
+        inert, refused, validated = False, False, True  # (a batch: what its datagrams do is not told apart)
         if len(batch) == 1:
-            change, validated = self._judge(*batch[0])
-        before = None if change else core.state_digest()
-        out = self._route(core.handle_datagrams(batch, self.now))
+            inert, refused, validated = self._judge(*batch[0])
+        before = snapshot(core, refused) if inert else None
+        actions = core.handle_datagrams(batch, self.now)
+        out = self._route(actions)
         self.frames += len(batch)
+        self._issued(batch, out)
         if before is not None:
-            assert core.state_digest() == before, "a frame the node refuses changed its state"
-        if not validated and not core._text_allowed(batch[0][1][0]):  # (docs/protocol.md, amplification)
+            after = snapshot(core, refused)
+            assert after == before, "a datagram the node must refuse changed its state: " + _changed(before, after)
+        if refused:
+            src, answers = batch[0][1], (Send, Confirm)
+            bad = [a for a in actions if a.__class__ is not Log and (a.__class__ not in answers or a.addr != src)]
+            assert not bad, f"a datagram the node must refuse made it act beyond answering its source: {bad[:3]}"
+        if not validated and not self._text_net(batch[0][1]):  # (docs/protocol.md, amplification)
             sent = sum(len(s.data) for _, s in out if s.addr == batch[0][1])
             assert sent <= 3 * len(batch[0][0]), f"{sent} bytes to an unvalidated address that sent {len(batch[0][0])}"
         self._after()
         return out
+
+    def _issued(self, batch: list[tuple[bytes, Addr]], out: list[tuple[Any, Send]]) -> None:
+        """Note the cookies the node gave (WELCOME, PONG) with the ids their address sent."""
+        for f, s in out:
+            if f is not None and (f[0] is T.WELCOME or f[0] is T.PONG):
+                cookie = f[2] if f[0] is T.WELCOME else f[3]
+                pairs = self.issued.setdefault(s.addr, set())
+                for data, a in batch:
+                    cid = ids(data)[0] if a == s.addr else None
+                    if cid.__class__ is bytes:
+                        pairs.add((cid, cookie))
+
+    def _text_net(self, addr: Addr) -> bool:
+        """``addr`` is on the node's text_networks (as the config says, not as the node judges)."""
+        ip = ipaddress.ip_address(addr[0])
+        return any(ip in n for n in self.text_nets)
 
     def _route(self, actions: list[Any]) -> list[tuple[Any, Send]]:
         sent = checks.broker_actions(actions, self.core.cfg.max_datagram)
@@ -156,26 +242,32 @@ class NodeRig:
             checks.broker_consistent(self.core)
             checks.status_encodes(self.core.status())
 
-    def _judge(self, data: bytes, addr: Addr) -> tuple[bool, bool]:
-        """(may it change state, does it carry a valid cookie) by the real decoders and cookie
-        check: what such a datagram changes is tested in test_core.py; a refused one must change
-        nothing, and an address without a valid cookie gets at most 3 times what it sent."""
+    def _judge(self, data: bytes, addr: Addr) -> tuple[bool, bool, bool]:
+        """(must it change nothing, must it be refused, does it carry a cookie the node gave its
+        address) by what the rig knows: the cookies the node gave (``issued``), the text
+        networks of its config; and by the decoders, whose refusals the node must follow. What a
+        datagram the node takes changes is tested in test_core.py; a refused one must change
+        nothing and answer its source only, and an address without a cookie gets at most 3 times
+        what it sent."""
         core = self.core
         if data[:1].isalpha():
+            if not self._text_net(addr):
+                return True, True, False
             try:
                 verb, topic, _ = parse_untrusted_text(data)
-                wire.check_filter(topic)
+                (wire.check_topic if verb == "PUB" else wire.check_filter)(topic)
             except WireError:
-                return False, False
-            return verb != "PUB" and core._text_allowed(addr[0]), False
+                return True, True, False
+            return False, False, False
+        cid, cookie = ids(data)
+        valid = cid.__class__ is bytes and cookie.__class__ is bytes and (cid, cookie) in self.issued.get(addr, ())
+        if not valid or len(data) > core.cfg.max_datagram:
+            return True, True, valid
         try:
             f = decoding.decode_untrusted_frame(data, core.cfg.max_datagram)
         except WireError:
-            return False, False
-        if f[0] not in _WITH_COOKIE or len(data) > core.cfg.max_datagram:
-            return False, False
-        valid = core.cookies.check(addr, f[1], f[2], self.now + core.wall_offset)
-        return valid and f[0] in (T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.BYE), valid
+            return True, True, valid
+        return f[0] not in _CHANGING, f[0] not in _CHANGING and f[0] not in _INERT, valid
 
     # ------------------------------------------------------------ the end of an example
 
