@@ -33,10 +33,11 @@ from collections import deque
 from typing import Any
 
 from roost.client import decoding, durablewire, wire
+from roost.client.commands import MAX_BATCH
 from roost.client.config import ClientConfig
-from roost.client.receive import FIRE_WINDOW, MAX_HOLES
+from roost.client.receive import FIRE_WINDOW, MAX_HOLES, MAX_PRODUCERS
 from roost.client.router import Router
-from roost.client.session import ClientSession
+from roost.client.session import MAX_CANDIDATES, ClientSession
 from roost.client.wire import E, Mode, T, WireError
 from roost.cluster import clustermap
 from roost.node.config import NodeConfig
@@ -301,6 +302,9 @@ def receiver_consistent(s: ClientSession) -> None:
     assert recv.buffered == sum(len(st.queue) for st in counted.values()), \
         f"buffered {recv.buffered}, queues {sum(len(st.queue) for st in counted.values())}"  # fmt: skip
     assert len(recv.fire_seen) <= FIRE_WINDOW
+    assert len(recv.seen) <= MAX_PRODUCERS and len(recv.early) <= MAX_PRODUCERS
+    assert len(s.candidates) <= MAX_CANDIDATES and set(s.candidates) == s._known
+    assert len(s._cancels_told) <= MAX_BATCH
     assert all(len(h) <= MAX_HOLES for h in recv.holes.values())
     assert recv.parts.held <= recv.parts.max_bytes
     assert len(s.durable_replies) <= 64
