@@ -22,7 +22,7 @@ from roost.cluster.peerwire import (
     FrameDecoder,
     P,
     PeerProtocolError,
-    check_challenge,
+    check_challenge_untrusted,
     encode,
     mac,
 )  # fmt: skip
@@ -46,7 +46,7 @@ def request(cc: ClusterConfig, peer_addr: Addr, frame: list[Any], timeout: float
             decoder = FrameDecoder(s.max_frame)
 
             def read() -> list[Any]:
-                while (f := decoder.next_frame()) is None:
+                while (f := decoder.next_frame_untrusted()) is None:
                     data = sock.recv(65536)
                     if not data:
                         raise AdminError(f"{where} closed the connection (wrong secret, or another cluster?)")
@@ -55,7 +55,7 @@ def request(cc: ClusterConfig, peer_addr: Addr, frame: list[Any], timeout: float
 
             nonce = os.urandom(NONCE_LEN)
             sock.sendall(encode([P.HELLO, PROTOCOL, ADMIN, nonce, shape]))
-            member, their_nonce, their_mac = check_challenge(read(), shape)
+            member, their_nonce, their_mac = check_challenge_untrusted(read(), shape)
             if not hmac.compare_digest(their_mac, mac(secret, b"L", nonce, their_nonce, member, ADMIN)):
                 raise AdminError(f"{where} failed authentication: is [cluster] secret the same?")
             sock.sendall(encode([P.AUTH, mac(secret, b"D", their_nonce, nonce, ADMIN, member)]))

@@ -58,7 +58,7 @@ from roost.cluster.partitionlog import (
     Reload,
     Retain,
 )
-from roost.cluster.peerwire import P, PeerProtocolError, check_logdata, check_logfetch, encode
+from roost.cluster.peerwire import P, PeerProtocolError, check_logdata_untrusted, check_logfetch_untrusted, encode
 from roost.node.actions import DurableCommit, DurableGet, DurablePut
 from roost.node.segmentlog import Record
 
@@ -220,7 +220,7 @@ class Durable(MemberParts):
     # ------------------------------------------------------------ peer frames
 
     def _on_logfetch(self, link: Link, f: list[Any]) -> None:
-        p, epoch, end, last_epoch, claim = check_logfetch(f, self.s.partitions)
+        p, epoch, end, last_epoch, claim = check_logfetch_untrusted(f, self.s.partitions)
         peer = link.peer
         assert peer is not None
         self.log_requests[peer] = link.id
@@ -229,7 +229,7 @@ class Durable(MemberParts):
         self._run_log(self._log_for(p).on_fetch(peer, epoch, end, last_epoch, claim, self.now))
 
     def _on_logdata(self, peer: str, f: list[Any]) -> None:
-        p, epoch, status, start, end, last_epoch, commit, truncate, reset, recs, asked = check_logdata(
+        p, epoch, status, start, end, last_epoch, commit, truncate, reset, recs, asked = check_logdata_untrusted(
             f, self.s.partitions)
         log = self.plogs.get(p)
         if log is None:

@@ -34,9 +34,9 @@ from roost.cluster.peerwire import (
     FrameDecoder,
     P,
     PeerProtocolError,
-    check_auth,
-    check_challenge,
-    check_hello,
+    check_auth_untrusted,
+    check_challenge_untrusted,
+    check_hello_untrusted,
     encode,
     mac,
 )  # fmt: skip
@@ -74,7 +74,7 @@ class Link:
         """Take one handshake frame; returns what to answer (maybe nothing).
         Raises PeerProtocolError for anything but the expected, correct frame."""
         if self.phase == HELLO_SENT:
-            pid, their_nonce, their_mac = check_challenge(f, shape)
+            pid, their_nonce, their_mac = check_challenge_untrusted(f, shape)
             assert self.peer is not None
             want = mac(secret, b"L", self.nonce, their_nonce, self.peer, me)
             if pid != self.peer or not hmac.compare_digest(their_mac, want):
@@ -82,13 +82,13 @@ class Link:
             self.phase = UP
             return encode([P.AUTH, mac(secret, b"D", their_nonce, self.nonce, me, self.peer)])
         if self.phase == AWAIT_HELLO:
-            self.peer, self.their_nonce = check_hello(f, members, me, shape)
+            self.peer, self.their_nonce = check_hello_untrusted(f, members, me, shape)
             self.nonce = nonce
             self.phase = CHALLENGED
             return encode([P.CHALLENGE, me, nonce, mac(secret, b"L", self.their_nonce, nonce, me, self.peer), shape])
         if self.phase == CHALLENGED:
             assert self.peer is not None
-            got = check_auth(f)
+            got = check_auth_untrusted(f)
             if not hmac.compare_digest(got, mac(secret, b"D", self.nonce, self.their_nonce, self.peer, me)):
                 raise PeerProtocolError("wrong cluster secret")
             self.phase = UP

@@ -92,9 +92,9 @@ from roost.cluster.peerwire import (
     P,
     PeerProtocolError,
     ShapeMismatch,
-    check_digest,
-    check_entries,
-    check_partitions,
+    check_digest_untrusted,
+    check_entries_untrusted,
+    check_partitions_untrusted,
     encode,
 )  # fmt: skip
 from roost.cluster.replication import PeerQueue
@@ -413,7 +413,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             return
         try:
             link.decoder.feed(data)
-            while lid in self.links and (f := link.decoder.next_frame()) is not None:
+            while lid in self.links and (f := link.decoder.next_frame_untrusted()) is not None:
                 if link.up:
                     if link.outbound:
                         self._heard(link)
@@ -487,7 +487,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             return
         kind, n = f[0], len(f)
         if kind == P.PUSH and n == 3:
-            self._absorb(self.broker.merge(check_entries(f[2]), self.now))
+            self._absorb(self.broker.merge(check_entries_untrusted(f[2]), self.now))
             self._frame(link.id, encode([P.PUSHACK, f[1]]))
         elif kind == P.LOGFETCH:
             self._on_logfetch(link, f)
@@ -530,7 +530,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                     self._log("info", "served_pull", peer=peer, subscriptions=sent)
                     return [P.DUMPEND, sent]
 
-                parts = check_partitions(f[1], len(self.broker.digest)) if n == 2 else None
+                parts = check_partitions_untrusted(f[1], len(self.broker.digest)) if n == 2 else None
                 if parts is not None:
                     self._note_pull(peer, parts)
                 dump = self.broker.dump(parts, home=peer if parts is not None else None)
@@ -539,7 +539,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             if self._streams.running(link.id, P.DIFF):
                 raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
             ours = self.broker.digest
-            theirs = check_digest(f[1], len(ours))
+            theirs = check_digest_untrusted(f[1], len(ours))
             assert link.peer is not None
             among = self.shared(link.peer) if self.partitioned else range(len(ours))
             differ = [i for i in among if ours[i] != theirs[i]]
@@ -567,7 +567,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif kind == P.LOGDATA:
             self._on_logdata(peer, f)
         elif kind == P.DIFF and n == 2:
-            self._absorb(self.broker.merge(check_entries(f[1]), self.now))
+            self._absorb(self.broker.merge(check_entries_untrusted(f[1]), self.now))
         elif kind == P.DIFFEND and n == 2:
             buckets = f[1]
             if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
@@ -585,7 +585,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self.last_synced[peer] = self.now
             self._pump_pushes(peer)
         elif kind == P.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
-            entries = check_entries(f[1])
+            entries = check_entries_untrusted(f[1])
             self._absorb(self.broker.merge(entries, self.now))
             self.pull_count += sum(len(e[5]) for e in entries)
         elif kind == P.DUMPEND and n == 2 and self.pull_peer == peer and self.pull_sent:

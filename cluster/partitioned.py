@@ -45,7 +45,7 @@ from roost.cluster import clustermap
 from roost.cluster.events import Send
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts
-from roost.cluster.peerwire import P, PeerProtocolError, check_forwarded, check_relay, encode
+from roost.cluster.peerwire import P, PeerProtocolError, check_forwarded_untrusted, check_relay_untrusted, encode
 from roost.node.ownership import Ownership
 
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ class Partitioned(MemberParts):
     def _on_forward_frame(self, link: Link, fid: Any, msgs: Any) -> None:
         if fid.__class__ is not int or not 0 <= fid < 2**63:
             raise PeerProtocolError("malformed FORWARD")
-        actions, refused = self.broker.forwarded(check_forwarded(msgs), self.now)
+        actions, refused = self.broker.forwarded(check_forwarded_untrusted(msgs), self.now)
         self._absorb(actions)
         if fid:  # (fire messages refused are dropped: at most once)
             self._frame(link.id, encode([P.FWDACK, fid, refused]))
@@ -325,7 +325,7 @@ class Partitioned(MemberParts):
 
     def _on_relay_frame(self, sends: Any) -> None:
         clients = self.broker.clients
-        for addr, data in check_relay(sends):
+        for addr, data in check_relay_untrusted(sends):
             c = clients.get(addr)
             if c is not None and c.local:
                 if self.broker.text_budget(c, len(data)):

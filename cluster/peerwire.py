@@ -86,7 +86,7 @@ def encode(frame: list[Any]) -> bytes:
 class FrameDecoder:
     """Turns a TCP byte stream into frames; refuses oversized or garbage ones.
 
-    Frames are taken one at a time (:meth:`next_frame`) because the size limit
+    Frames are taken one at a time (:meth:`next_frame_untrusted`) because the size limit
     changes mid-stream: until the handshake completes only small frames are
     accepted, and frames that arrived in the same segment as the last
     handshake frame must be judged by the limit in force when they are read.
@@ -103,7 +103,7 @@ class FrameDecoder:
             self._pos = 0
         self._buf += data
 
-    def next_frame(self) -> list[Any] | None:
+    def next_frame_untrusted(self) -> list[Any] | None:
         """The next complete frame, or None until more bytes arrive."""
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 4:
@@ -143,7 +143,7 @@ def _check_shape(theirs: Any, ours: str) -> None:
                                 "[cluster] mode, partitions and replicas must be the same on every member")  # fmt: skip
 
 
-def check_hello(f: list[Any], members: set[str], me: str, shape: str) -> tuple[str, bytes]:
+def check_hello_untrusted(f: list[Any], members: set[str], me: str, shape: str) -> tuple[str, bytes]:
     if len(f) != 5 or f[0] != P.HELLO or f[1] != PROTOCOL:
         raise PeerProtocolError("expected HELLO " + PROTOCOL)
     _check_shape(f[4], shape)
@@ -155,7 +155,7 @@ def check_hello(f: list[Any], members: set[str], me: str, shape: str) -> tuple[s
     return peer, nonce
 
 
-def check_challenge(f: list[Any], shape: str) -> tuple[str, bytes, bytes]:
+def check_challenge_untrusted(f: list[Any], shape: str) -> tuple[str, bytes, bytes]:
     if len(f) == 2 and f[0] == P.REFUSED and isinstance(f[1], str):
         raise ShapeMismatch(f"refused by the peer: {f[1][:300]}")
     if len(f) != 5 or f[0] != P.CHALLENGE:
@@ -167,7 +167,7 @@ def check_challenge(f: list[Any], shape: str) -> tuple[str, bytes, bytes]:
     return peer, nonce, m
 
 
-def check_auth(f: list[Any]) -> bytes:
+def check_auth_untrusted(f: list[Any]) -> bytes:
     if len(f) != 2 or f[0] != P.AUTH or not isinstance(f[1], bytes):
         raise PeerProtocolError("expected AUTH")
     return f[1]  # type: ignore[no-any-return]
@@ -187,7 +187,7 @@ def _seq(v: Any, what: str) -> int:
     return v  # type: ignore[no-any-return]
 
 
-def check_entries(entries: Any) -> list[tuple[Any, ...]]:
+def check_entries_untrusted(entries: Any) -> list[tuple[Any, ...]]:
     """Validate replication entries ``[who, cver, host, port, home, [[t, k, v]...], session]``.
 
     ``who`` becomes bytes (binary client id) or a (host, port) tuple (text
@@ -255,7 +255,7 @@ def _port(port: Any, what: str) -> int:
     return port  # type: ignore[no-any-return]
 
 
-def check_forwarded(msgs: Any) -> list[list[Any]]:
+def check_forwarded_untrusted(msgs: Any) -> list[list[Any]]:
     """Validate FORWARD messages ``[topic, key, tags, payload, producer id, sequence]``."""
     if msgs.__class__ is not list:
         raise PeerProtocolError("forwarded messages must be an array")
@@ -279,7 +279,7 @@ def check_forwarded(msgs: Any) -> list[list[Any]]:
     return msgs  # type: ignore[no-any-return]
 
 
-def check_relay(sends: Any) -> list[tuple[tuple[str, int], bytes]]:
+def check_relay_untrusted(sends: Any) -> list[tuple[tuple[str, int], bytes]]:
     """Validate RELAY datagrams ``[[host, port, datagram], ...]``."""
     if sends.__class__ is not list:
         raise PeerProtocolError("relayed datagrams must be an array")
@@ -291,14 +291,14 @@ def check_relay(sends: Any) -> list[tuple[tuple[str, int], bytes]]:
     return out
 
 
-def check_logfetch(f: list[Any], partitions: int) -> tuple[int, int, int, int, bool]:
+def check_logfetch_untrusted(f: list[Any], partitions: int) -> tuple[int, int, int, int, bool]:
     """Validate LOGFETCH ``[type, partition, epoch, end, last epoch, claim]``."""
     if len(f) != 6 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[5].__class__ is not bool:
         raise PeerProtocolError("malformed LOGFETCH")
     return f[1], _seq(f[2], "an epoch"), _seq(f[3], "an offset"), _seq(f[4], "an epoch"), f[5]
 
 
-def check_logdata(f: list[Any], partitions: int) -> tuple[Any, ...]:
+def check_logdata_untrusted(f: list[Any], partitions: int) -> tuple[Any, ...]:
     """Validate LOGDATA ``[type, partition, epoch, status, start, end, last epoch, commit,
     truncate, reset, records, asked]``; records ``[offset, time ms, body]`` with consecutive offsets;
     ``asked``: the end the FETCH answered came from. (The bodies are checked where they are taken:
@@ -322,13 +322,13 @@ def check_logdata(f: list[Any], partitions: int) -> tuple[Any, ...]:
     return (f[1], *head, f[8], f[9], f[10], f[11])
 
 
-def check_partitions(parts: Any, partitions: int) -> set[int]:
+def check_partitions_untrusted(parts: Any, partitions: int) -> set[int]:
     if parts.__class__ is not list or any(p.__class__ is not int or not 0 <= p < partitions for p in parts):
         raise PeerProtocolError(f"partitions must be an array of integers 0..{partitions - 1}")
     return set(parts)
 
 
-def check_digest(d: Any, buckets: int) -> list[int]:
+def check_digest_untrusted(d: Any, buckets: int) -> list[int]:
     if d.__class__ is not list or len(d) != buckets:
         raise PeerProtocolError(f"a digest has {buckets} buckets")
     return [_u64(x, "a digest bucket") for x in d]

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from roost.cluster.peerwire import PeerProtocolError, check_entries
+from roost.cluster.peerwire import PeerProtocolError, check_entries_untrusted
 from roost.cluster.replication import chunked
 from roost.cluster.roster import Entry, RosterError, decode_untrusted_roster
 
@@ -65,9 +65,9 @@ def decode_untrusted_snapshot(data: bytes) -> tuple[float, list[list[tuple[Any, 
             if fmt >= 4 and isinstance(obj, int) and not isinstance(obj, bool):
                 count = obj
             elif fmt == 2 and isinstance(obj, list):
-                chunks.append(check_entries([[*e, 0] if isinstance(e, list) else e for e in obj]))
+                chunks.append(check_entries_untrusted([[*e, 0] if isinstance(e, list) else e for e in obj]))
             else:
-                chunks.append(check_entries(obj))
+                chunks.append(check_entries_untrusted(obj))
         if unpacker.tell() != len(data):
             raise ValueError(f"truncated: {len(data) - unpacker.tell()} bytes of a cut-off record at the end")
         if fmt >= 4 and count != sum(map(len, chunks)):

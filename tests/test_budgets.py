@@ -11,7 +11,7 @@ from typing import Any
 from roost.client import wire
 from roost.client.wire import E, T
 from roost.cluster import clustermap
-from roost.cluster.peerwire import check_entries
+from roost.cluster.peerwire import check_entries_untrusted
 from roost.cluster.simcheck import budget_drift
 from roost.node import versions
 from roost.node.config import NodeConfig
@@ -31,7 +31,7 @@ def member(nid: str, idx: int, **kw: Any) -> BrokerCore:
 
 
 def entries(out: list[Any]) -> list[Any]:
-    return check_entries(replicated(out))
+    return check_entries_untrusted(replicated(out))
 
 
 def errors(out: list[Any], addr: Any) -> list[int]:
@@ -108,7 +108,7 @@ def test_records_back_from_a_snapshot_are_counted_and_charged_to_their_host():
     H = ("10.9.9.9", 4000)
     (fc,) = clients(a, H)
     assert _subscribe(fc, ["t.0"]) == [E.OK]
-    snapshot = check_entries(list(a.dump()))
+    snapshot = check_entries_untrusted(list(a.dump()))
     a2 = member("a", 0, max_subscriptions_per_host=3)  # the member, restarted
     a2.merge(snapshot, 10.0)
     assert a2.admission.per_host == {"10.9.9.9": 1} and a2.budgets.hosts == {"10.9.9.9": [1, 3, 0]}

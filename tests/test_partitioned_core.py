@@ -19,9 +19,9 @@ from roost.cluster.peerwire import (
     FrameDecoder,
     P,
     PeerProtocolError,
-    check_forwarded,
-    check_partitions,
-    check_relay,
+    check_forwarded_untrusted,
+    check_partitions_untrusted,
+    check_relay_untrusted,
     encode,
 )
 from roost.cluster.replication import PeerQueue
@@ -111,21 +111,21 @@ def test_peer_queue_numbers_entries_and_acknowledges_through_the_last_push():
 ])  # fmt: skip
 def test_malformed_forwarded_messages_are_refused(msgs):
     with pytest.raises(PeerProtocolError):
-        check_forwarded(msgs)
+        check_forwarded_untrusted(msgs)
 
 
 def test_well_formed_forwards_relays_and_partitions_pass():
     ok = [["t", "k", {"a": "b"}, b"p", PID, 7], ["t", None, None, b"", None, None],
           ["t", None, None, b"", PID, 2**63 - 1]]  # (every sequence a PUB may carry: review finding)
-    assert check_forwarded(ok) == ok
-    assert check_relay([["127.0.0.1", 9, b"MSG t\nx"]]) == [(("127.0.0.1", 9), b"MSG t\nx")]
-    assert check_partitions([0, 3], 4) == {0, 3}
+    assert check_forwarded_untrusted(ok) == ok
+    assert check_relay_untrusted([["127.0.0.1", 9, b"MSG t\nx"]]) == [(("127.0.0.1", 9), b"MSG t\nx")]
+    assert check_partitions_untrusted([0, 3], 4) == {0, 3}
     for bad in ([["localhost", 9, b"x"]], [["127.0.0.1", 0, b"x"]], "x", [["127.0.0.1", 9, "x"]]):
         with pytest.raises(PeerProtocolError):
-            check_relay(bad)
+            check_relay_untrusted(bad)
     for bad_parts in ([4], [-1], ["0"], "x"):
         with pytest.raises(PeerProtocolError):
-            check_partitions(bad_parts, 4)
+            check_partitions_untrusted(bad_parts, 4)
 
 
 def _ready_sim() -> Simulation:
@@ -441,7 +441,7 @@ def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():
     for a in out:
         if isinstance(a, SendFrame) and a.link == inbound:
             dec.feed(a.data)
-    assert dec.next_frame() == [P.FWDACK, 5, [0]]  # the first refused: m0 does not own it
+    assert dec.next_frame_untrusted() == [P.FWDACK, 5, [0]]  # the first refused: m0 does not own it
     assert core.broker.metrics["forwarded_in"] == before + 1
 
 

@@ -560,7 +560,7 @@ def test_an_admin_join_is_answered_only_once_the_roster_is_on_disk():
         for a in out:
             if isinstance(a, SendFrame) and a.link == lid:
                 dec.feed(a.data)
-        return [f for f in iter(dec.next_frame, None) if f[0] == P.ADMIN_REPLY]
+        return [f for f in iter(dec.next_frame_untrusted, None) if f[0] == P.ADMIN_REPLY]
 
     ok, _, version = core.admin_request([P.JOIN, "j9", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], lid)
     out = core.handle(Tick(), sim.now)

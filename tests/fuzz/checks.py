@@ -14,7 +14,7 @@ from typing import Any
 
 from roost.client import decoding, wire
 from roost.client.wire import T, WireError
-from roost.cluster.peerwire import check_entries, check_forwarded, check_relay
+from roost.cluster.peerwire import check_entries_untrusted, check_forwarded_untrusted, check_relay_untrusted
 from roost.cluster.simcheck import budget_drift
 from roost.node import versions
 from roost.node.core import BrokerCore, Confirm, Forward, Log, Relay, Replicate, Send, StatusQuery
@@ -62,11 +62,11 @@ def broker_actions(actions: Iterable[Any], max_datagram: int, relayed: bool = Fa
         elif cls is Log:
             event_line(a.event, a.fields)
         elif cls is Replicate:
-            check_entries(wire_form(a.entries))
+            check_entries_untrusted(wire_form(a.entries))
         elif cls is Forward:
-            check_forwarded(wire_form(a.msgs))
+            check_forwarded_untrusted(wire_form(a.msgs))
         elif cls is Relay:
-            check_relay(wire_form(a.sends))
+            check_relay_untrusted(wire_form(a.sends))
         elif cls is StatusQuery:
             status_encodes(a.status)
     return out

@@ -89,7 +89,7 @@ def ready_member(mode: str) -> tuple[MemberCore, SimLogDisk, float]:
 def unpack_peer(data: bytes) -> Any:
     dec = FrameDecoder(1 << 30)
     dec.feed(data)
-    return dec.next_frame()
+    return dec.next_frame_untrusted()
 
 
 def _kind(data: bytes) -> Any:
