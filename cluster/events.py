@@ -1,7 +1,7 @@
 """What flows between the member core (cluster/member.py) and whatever runs it.
 
 The core is sans-IO: a shell (cluster/server.py, real sockets and files) or
-the simulator (cluster/sim.py, a fake network and disk) feeds it events with
+the simulator (sim/simulation.py, a fake network and disk) feeds it events with
 the current time and performs the actions it returns. Both sides speak only
 these types, so the same core runs unchanged in both.
 

@@ -2,7 +2,7 @@
 
 ``LogSettings`` are the [durable] settings the core uses. The actions are what
 one owner's log asks of its shell (node/segmentlog.py through cluster/logstore.py,
-or the simulator's disk, cluster/simlogs.py): disk work (``Append``,
+or the simulator's disk, sim/logs.py): disk work (``Append``,
 ``Truncate``, ``ResetLog``, ``ReadLog``, ``Retain``, ``SaveSeen``), a frame for another owner
 (``PeerFrame``), puts and cursors now committed (``Committed``), a reader's
 records read from disk (``ReadDone``), and ``Reload`` (a cut past the cache: the shell

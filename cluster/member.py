@@ -40,7 +40,7 @@ Phases of the member::
 
 Each link has its own phase (cluster/links.py). Randomness (PULL order,
 handshake nonces) comes from the ``rng`` argument and time from ``now``: the
-simulator (cluster/sim.py) runs a whole cluster of these, seeded.
+simulator (sim/simulation.py) runs a whole cluster of these, seeded.
 """
 
 from __future__ import annotations

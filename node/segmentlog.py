@@ -4,7 +4,7 @@ This is file I/O and nothing else: the durable core (which offsets, when to
 fsync, what a record means) is sans-IO and asks for appends, syncs, reads and
 truncations by actions; a shell runs them here, in a worker thread, and tells
 the core when they are done. The simulator puts an in-memory log with the same
-methods in its place (cluster/simlog.py), whose power loss drops what was not
+methods in its place (sim/logs.py), whose power loss drops what was not
 synced.
 
 Layout: a directory per partition holding segments ``<base offset>.log`` (20

@@ -5,10 +5,10 @@
     python scripts/simulate.py --seeds 300 --break no-dedup   # show that a broken build is caught
     python scripts/simulate.py --mode partitioned --seeds 200 --break early-ack   # (durable mode)
 
-Each seed runs cluster/sim.py: N member cores and M client sessions over a
+Each seed runs sim/simulation.py: N member cores and M client sessions over a
 fake network and disk, with a seeded nemesis (partitions, member crashes,
-client restarts), then checks the invariants of cluster/simcheck.py (and, in
-partitioned mode, of the durable workload: cluster/simdurablecheck.py). A
+client restarts), then checks the invariants of sim/check.py (and, in
+partitioned mode, of the durable workload: sim/durablecheck.py). A
 failing seed prints the one command that replays it. Exit status 1 if any
 seed violated an invariant.
 """
@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from roost.cluster.sim import run_seed
-from roost.cluster.simbreaks import BREAKS, apply_break
-from roost.cluster.simworld import FAULTS
+from sim.breaks import BREAKS, apply_break
+from sim.simulation import run_seed
+from sim.world import FAULTS
 
 
 def _run(job: tuple[int, dict[str, Any], str | None]) -> tuple[int, list[str], dict[str, int], int]:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated",
                     help="cluster mode (default replicated)")
     ap.add_argument("--no-durable", action="store_true",
-                    help="partitioned mode: without the durable workload (cluster/simdurable.py)")  # fmt: skip
+                    help="partitioned mode: without the durable workload (sim/durable.py)")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     ap.add_argument("--replay", type=int, metavar="SEED", help="run this one seed and print its violations")
     ap.add_argument("--break", dest="broken", choices=sorted(BREAKS),

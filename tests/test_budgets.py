@@ -12,11 +12,11 @@ from roost.client import wire
 from roost.client.wire import E, T
 from roost.cluster import clustermap
 from roost.cluster.peerwire import check_entries_untrusted
-from roost.cluster.simcheck import budget_drift
 from roost.node import versions
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 from roost.node.ownership import Ownership
+from sim.check import budget_drift
 from tests.corekit import PAD, FakeClient, frames_to, make_core, replicated, sends
 from tests.test_hardening import _pub_from, _subscribe, clients
 

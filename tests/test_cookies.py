@@ -13,10 +13,10 @@ from roost.client.session import ClientConfig, ClientSession
 from roost.client.wire import E, Mode, T
 from roost.cluster.config import load_cluster_config
 from roost.cluster.member import MemberCore
-from roost.cluster.sim import Simulation
 from roost.node import cookies
 from roost.node.cookies import CookieJar
 from roost.node.core import Send
+from sim.simulation import Simulation
 from tests.corekit import connect, frames_to, make_core
 from tests.test_replication import GOOD  # (the two-member cluster config those tests load)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.clusterkit import ROOT
 
 #: The folders whose every module the map lists, one line each (``__init__.py`` aside).
-MAPPED = ("client", "node", "cluster", "pipeline", "scripts")
+MAPPED = ("client", "node", "cluster", "pipeline", "sim", "scripts")
 
 
 def _module_map() -> list[tuple[str, str]]:

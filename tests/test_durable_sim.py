@@ -8,7 +8,7 @@ import msgpack
 
 from roost.cluster.events import Tick
 from roost.cluster.partitionlog import LEADING
-from roost.cluster.sim import Simulation
+from sim.simulation import Simulation
 
 
 class Producer:
@@ -62,7 +62,7 @@ def log_payloads(sim: Simulation, member: str, p: int, pid: bytes) -> list[int]:
 
 
 def test_puts_are_committed_on_both_owners_and_survive_the_primary_crashing() -> None:
-    # (its own producer, not the campaign's durable workload: cluster/simdurable.py)
+    # (its own producer, not the campaign's durable workload: sim/durable.py)
     sim = Simulation(3, members=3, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0, durable=False)
     assert sim.run_until(2.0)
     m0 = sim.members["m0"].core

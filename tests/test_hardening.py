@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from roost.client import decoding, durablewire, wire
 from roost.client.wire import E, T, WireError
-from roost.cluster.simcheck import budget_drift
 from roost.node.admission import Admission
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 from roost.node.procs import free_port
+from sim.check import budget_drift
 from tests.clusterkit import ROOT, Node, roost
 from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
 

@@ -35,6 +35,10 @@ def test_the_wheel_installs_roost_alone_and_it_imports(tmp_path):
     top = sorted(p.name for p in target.iterdir() if p.name != "bin")
     assert top == ["roost", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"]
     assert not any(Path(target, "roost", name).is_symlink() for name in ("client", "node", "cluster"))
+    shipped = [p.relative_to(target).as_posix() for p in Path(target, "roost").rglob("*.py")]
+    # (neither the simulator and its checkers, a package of their own, nor a test module)
+    assert not [p for p in shipped if "/sim" in p or "/test" in p or "fuzz" in p], shipped
+    assert len(shipped) > 100 and "roost/cluster/member.py" in shipped
     # -S: no site-packages of the development environment (and so none of its .pth files, which
     # map roost to the checkout); the dependencies come from the path we give, after the target.
     deps = os.pathsep.join(site.getsitepackages())

@@ -25,12 +25,12 @@ from roost.cluster.peerwire import (
     encode,
 )
 from roost.cluster.replication import PeerQueue
-from roost.cluster.sim import Simulation
-from roost.cluster.simcheck import Published
 from roost.node import versions
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore, Forward
 from roost.node.ownership import Ownership, partition_of
+from sim.check import Published
+from sim.simulation import Simulation
 from tests.corekit import connect, frames_to, make_core, replicated, sends
 
 PID = b"p" * 16

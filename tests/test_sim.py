@@ -1,4 +1,4 @@
-"""The member core and the deterministic simulator of the whole cluster (cluster/sim.py)."""
+"""The member core and the deterministic simulator of the whole cluster (sim/simulation.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from roost.cluster.events import (
 )  # fmt: skip
 from roost.cluster.member import MemberCore
 from roost.cluster.peerwire import FrameDecoder, P, encode
-from roost.cluster.sim import Simulation, run_seed
-from roost.cluster.simworld import sim_config
 from roost.cluster.snapshot import decode_untrusted_snapshot
+from sim.simulation import Simulation, run_seed
+from sim.world import sim_config
 from tests.clusterkit import ROOT
 
 SEEDS = 200
@@ -51,7 +51,7 @@ def test_seeds_without_violations():
 def test_partitioned_seeds_without_violations():
     """Partitioned mode: per-partition convergence among owners, subscriptions at their owners,
     no loss from a primary that stayed up, at most once (scripts/simulate.py --mode partitioned);
-    and the durable workload's invariants (cluster/simdurablecheck.py, docs/durable.md)."""
+    and the durable workload's invariants (sim/durablecheck.py, docs/durable.md)."""
     failed = {}
     checked = changes = acked = consumed = 0
     for seed in range(60):
@@ -112,7 +112,7 @@ def test_partitioned_seeds_that_once_failed_the_campaign(seed, big):
 @pytest.mark.parametrize("seed", [0, 2, 5, 6, 8, 72, 143, 842, 1716, 1916, 5136, 4613, 3073, 9980, 215, 791, 5790,
                                   9943, 9545, 9046])  # fmt: skip
 def test_durable_seeds_that_once_failed_the_campaign(seed):
-    """The durable workload (cluster/simdurable.py) as it runs now: each of these seeds fails with one
+    """The durable workload (sim/durable.py) as it runs now: each of these seeds fails with one
     of the fixes it found taken back (tests/test_router.py and tests/test_partitionlog.py test each
     directly). 0: a session that failed over away from the primary never went back to it. 2: a due
     put with no connected session kept the client's deadline in the past (a busy loop). 6: a map a
@@ -195,7 +195,7 @@ def test_a_whole_cluster_runs_in_one_process_without_a_socket(monkeypatch):
     # (no-void is no longer caught: a home now gets every register of its clients, and the
     # clients' digest check makes it end what a reset did not; the void is tested directly)
     ("no-handoff", 25, "partitioned", ("--members", "5", "--clients", "6", "--start", "9535")),
-    ("early-ack", 8, "partitioned", ()),  # (durable mode: cluster/simdurablecheck.py)
+    ("early-ack", 8, "partitioned", ()),  # (durable mode: sim/durablecheck.py)
     ("no-fsync", 8, "partitioned", ()),  # (a power loss takes what was counted durable unsynced)
 ])  # fmt: skip
 def test_a_broken_build_is_caught_with_a_seed_that_replays(broken, seeds, mode, extra):
@@ -213,7 +213,7 @@ def test_a_broken_build_is_caught_with_a_seed_that_replays(broken, seeds, mode, 
 
 _TRAFFIC = """
 import hashlib, sys
-from roost.cluster import sim
+from sim import simulation as sim
 digest = hashlib.blake2b()
 udp, tcp = sim.Simulation._udp, sim.Simulation._tcp
 def _udp(self, src, dst, data):

@@ -1,4 +1,4 @@
-"""The simulator's durable checker (cluster/simdurablecheck.py) on hand-made histories: it must
+"""The simulator's durable checker (sim/durablecheck.py) on hand-made histories: it must
 catch what the workload could hide (second cold review's findings)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgpack
 
 from roost.cluster.logrecords import EPOCH, message_body
-from roost.cluster.simcheck import Checker
-from roost.cluster.simdurablecheck import DurableCheck
 from roost.node.segmentlog import Record
+from sim.check import Checker
+from sim.durablecheck import DurableCheck
 
 E0, EO, ER = 1, 2, 3
 

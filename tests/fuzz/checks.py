@@ -15,11 +15,11 @@ from typing import Any
 from roost.client import decoding, wire
 from roost.client.wire import T, WireError
 from roost.cluster.peerwire import check_entries_untrusted, check_forwarded_untrusted, check_relay_untrusted
-from roost.cluster.simcheck import budget_drift
 from roost.node import versions
 from roost.node.core import BrokerCore, Confirm, Forward, Log, Relay, Replicate, Send, StatusQuery
 from roost.node.logs import event_line
 from roost.node.registers import _key_hash, _mix
+from sim.check import budget_drift
 
 LIMIT = 1 << 63  # a counter must stay below it: msgpack packs it signed or not, and sums of two stay exact
 

@@ -1,12 +1,12 @@
 """Target (b): a cluster member's core (cluster/member.py), replicated or partitioned with durable
 logs, fed peer frames after a valid handshake and client datagrams, with time passing.
 
-The member is m0 of a cluster the simulator (cluster/sim.py) brought up to ready, copied for each
+The member is m0 of a cluster the simulator (sim/simulation.py) brought up to ready, copied for each
 example (a run costs 10-20 ms; the copy 1 ms). Its two peers, m1 and m2, are played here over
 the member's own links (``Peer``): every handshake (cluster/peerwire.py) is done for real with the
 cluster secret, in both directions, and done again whenever the member closes a link; the
 member's requests are answered as a peer would (PUSHACK, BEAT, DUMPEND, DIFFEND, FWDACK), and
-each peer heartbeats. Disk work goes to the simulator's log disk (cluster/simlogs.py, which
+each peer heartbeats. Disk work goes to the simulator's log disk (sim/logs.py, which
 checks that appends follow each other) and snapshots are written at once.
 
 A plan's source picks a peer's side: its requests on the link it dialled (PUSH, HEARTBEAT, PULL,
@@ -56,11 +56,11 @@ from roost.cluster.events import (
 )  # fmt: skip
 from roost.cluster.member import MemberCore
 from roost.cluster.peerwire import PROTOCOL, FrameDecoder, P, encode, mac
-from roost.cluster.sim import LOG_ACTIONS, Simulation
-from roost.cluster.simlogs import SimLogDisk
-from roost.cluster.simworld import WALL
 from roost.node import versions
 from roost.node.logs import event_line
+from sim.logs import SimLogDisk
+from sim.simulation import LOG_ACTIONS, Simulation
+from sim.world import WALL
 from tests.fuzz import checks
 from tests.fuzz.clientframes import TEMPLATES, BinClient, legit_next
 from tests.fuzz.mutate import AFTER, KINDS, STEPS, VALUES, Plan, Values, mutate_packed

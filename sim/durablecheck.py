@@ -3,7 +3,7 @@ consumers, cursors.
 
 Theory of operation
 -------------------
-The durable workload (cluster/simdurable.py) reports to a :class:`DurableCheck` as things
+The durable workload (sim/durable.py) reports to a :class:`DurableCheck` as things
 happen: a put acknowledged to a producer, a record delivered to a consumer's application, and,
 from hooks on the member cores, every record a leader commits (with the members that hold it on
 disk at that moment: the leader and the followers whose fetches passed it), every leader's start
@@ -11,7 +11,7 @@ disk at that moment: the leader and the followers whose fetches passed it), ever
 after the heal, the quiet period and the settle, :meth:`DurableCheck.final` judges each
 partition that saw durable traffic against its *final log*: the log on the simulated disk of the
 primary of the final map, below that primary's commit. Violations go to the run's
-cluster/simcheck.py ``Checker``, so scripts/simulate.py reports them like any other.
+sim/check.py ``Checker``, so scripts/simulate.py reports them like any other.
 
 * leader: the primary of the final map leads the partition's log;
 * owners agree: every live owner of the final map holds the same records at the same offsets
@@ -54,8 +54,8 @@ from typing import Any
 import msgpack
 
 from roost.cluster.partitionlog import CURSOR, MESSAGE
-from roost.cluster.simcheck import Checker
 from roost.node.segmentlog import Record
+from sim.check import Checker
 
 RecKey = tuple[int, int, bytes]  # (partition, offset, body)
 

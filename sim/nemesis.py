@@ -1,4 +1,4 @@
-"""The simulator's nemesis (a mixin of cluster/sim.py's Simulation): the faults of a seed drawn
+"""The simulator's nemesis (a mixin of sim/simulation.py's Simulation): the faults of a seed drawn
 and scheduled (partitions, crashes, stops, client restarts and cuts; from their own random
 sources, so that adding them left the other draws of a seed as they were: joins and leaves in
 partitioned mode, and a member's loop standing still), and the admin that asks for a join or
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from roost.cluster.config import ClusterConfig, Member
 from roost.cluster.events import Tick
 from roost.cluster.peerwire import P
-from roost.cluster.simworld import OWN_DRAWS, ClientDatagram, SimClient, SimMember
+from sim.world import OWN_DRAWS, ClientDatagram, SimClient, SimMember
 
 if TYPE_CHECKING:
-    from roost.cluster.simcheck import Checker
+    from sim.check import Checker
 
 
 class Nemesis:

@@ -1,6 +1,6 @@
 """The simulator's disk for durable partition logs: per member, per partition, records and a synced mark.
 
-It does for cluster/sim.py what node/segmentlog.py does for a real member:
+It does for sim/simulation.py what node/segmentlog.py does for a real member:
 appends, truncations, resets and reads, in order, each answered after a
 seeded delay. A crash of the member is a power loss: every record after the
 synced mark is gone, as on a machine whose page cache died with it. Only

@@ -1,5 +1,5 @@
 """What the simulator tells its checker about messages and subscriptions (a mixin of
-cluster/sim.py's Simulation): which reliable subscribers a member owed a message it accepted,
+sim/simulation.py's Simulation): which reliable subscribers a member owed a message it accepted,
 when a subscription's first register was written, a client's silences, and the publisher epoch
 its order is promised within."""
 
@@ -11,9 +11,9 @@ from roost.client import decoding, wire
 from roost.client.wire import T
 from roost.cluster.events import Datagrams
 from roost.cluster.member import MemberCore
-from roost.cluster.simcheck import Checker
-from roost.cluster.simworld import ClientDatagram, SimClient, SimMember, parse_payload
 from roost.node import versions
+from sim.check import Checker
+from sim.world import ClientDatagram, SimClient, SimMember, parse_payload
 
 
 class SimAccounting:

@@ -2,7 +2,7 @@
 
 Each one switches off a mechanism a guarantee rests on; a campaign over a
 broken build must report violations with seeds that replay, which shows the
-checker (cluster/simcheck.py) can fail. They patch this process only.
+checker (sim/check.py) can fail. They patch this process only.
 """
 
 from __future__ import annotations

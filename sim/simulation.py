@@ -23,11 +23,11 @@ The fake world:
   restarts, one client cut off from one member, at seeded random times; at the end
   everything heals and restarts, and a quiet period lets the cluster settle.
   Then the clients freeze (a failover in the last instant is a change too)
-  and the members get a few anti-entropy rounds before cluster/simcheck.py
+  and the members get a few anti-entropy rounds before sim/check.py
   judges the run.
-* Partitioned mode adds a durable workload (cluster/simdurable.py): puts,
+* Partitioned mode adds a durable workload (sim/durable.py): puts,
   gets and commits through the client's router, judged by
-  cluster/simdurablecheck.py (``durable=False`` leaves it out).
+  sim/durablecheck.py (``durable=False`` leaves it out).
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ from roost.cluster.events import (
 from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from roost.cluster.roster import decode_untrusted_roster
-from roost.cluster.simaccounting import SimAccounting
-from roost.cluster.simcheck import Checker, Published
-from roost.cluster.simdurable import DurableWorkload
-from roost.cluster.simlogs import SimLogDisk
-from roost.cluster.simnemesis import Nemesis
-from roost.cluster.simworld import (
+from sim.accounting import SimAccounting
+from sim.check import Checker, Published
+from sim.durable import DurableWorkload
+from sim.logs import SimLogDisk
+from sim.nemesis import Nemesis
+from sim.world import (
     FAULTS,
     PARTITIONED_TOPICS,
     TOPICS,
@@ -81,7 +81,7 @@ from roost.cluster.simworld import (
     sim_config,
 )
 
-# (durable partition logs: cluster/simlogs.py)
+# (durable partition logs: sim/logs.py)
 LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
 
 class Simulation(SimAccounting, Nemesis, DurableWorkload):
@@ -138,7 +138,7 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         for c in self.clients:
             self.at(self.rng.uniform(0.5, 1.5), self._client_begin, c, c.number)
         self._plan_nemesis()
-        self.durable = self.partitioned and durable  # (durable producers and consumers: cluster/simdurable.py)
+        self.durable = self.partitioned and durable  # (durable producers and consumers: sim/durable.py)
         self.durable_at = {}
         if self.durable:
             self._durable_workload()

@@ -1,6 +1,6 @@
 """What the simulator checks: a record of the workload and the cluster's promises.
 
-The simulator (cluster/sim.py) reports to a :class:`Checker` as things
+The simulator (sim/simulation.py) reports to a :class:`Checker` as things
 happen: a message accepted by a member (and which reliable subscribers that
 member knew of at that moment), a message handed to an application, a member
 crashing, a subscriber's session ending. At the end, after the last heal, a
@@ -65,7 +65,7 @@ class Checker:
     # partitioned: message -> (member that acknowledged it to its publisher, that member's
     # crash count then, when): it forwards what it does not own, and must see it delivered
     acked_at: dict[Msg, tuple[str, int, float]] = field(default_factory=dict)
-    # Unix ms at which a member went out of touch for at least the tombstone horizon (cluster/sim.py,
+    # Unix ms at which a member went out of touch for at least the tombstone horizon (sim/simulation.py,
     # _touch): a subscription register written before then may come back with it (the documented
     # limit of tombstone collection), so "dropped but still held" does not count for it
     isolated: list[int] = field(default_factory=list)

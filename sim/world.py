@@ -1,4 +1,4 @@
-"""The simulated world's pieces (cluster/sim.py): its configuration, members, clients and links."""
+"""The simulated world's pieces (sim/simulation.py): its configuration, members, clients and links."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The simulator's durable workload (a mixin of cluster/sim.py's Simulation): puts, gets and commits
-over the real client code, and the hooks that tell cluster/simdurablecheck.py what members did.
+"""The simulator's durable workload (a mixin of sim/simulation.py's Simulation): puts, gets and commits
+over the real client code, and the hooks that tell sim/durablecheck.py what members did.
 
 Theory of operation (docs/durable.md, "What the simulator checks")
 -----------------------------------------------------------------
@@ -23,7 +23,7 @@ second one in a third of the seeds (``SECOND_CLIENT``: more would cost too much 
   offsets file): the checker sees every record it got.
 * Processes also die and restart at random times; a new process puts under a new producer id
   (what its old process had not had acknowledged is not promised).
-* Hooks on each member core (instance attributes, like cluster/simaccounting.py's
+* Hooks on each member core (instance attributes, like sim/accounting.py's
   ``_watch_publish``): every record a leader commits, with the members holding it on disk then
   (the leader and the followers whose fetches passed it); every leader's start, seen as the
   Append of its EPOCH record, with its view of the live members and its log's epochs; every
@@ -53,11 +53,11 @@ from roost.cluster.durable import cursor_key
 from roost.cluster.events import Send
 from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import EPOCH, LEADING, Append, Committed, PartitionLog
-from roost.cluster.simcheck import Checker
-from roost.cluster.simdurablecheck import DurableCheck
-from roost.cluster.simworld import WALL, SimMember
 from roost.node.actions import DurableGet
 from roost.node.segmentlog import Record
+from sim.check import Checker
+from sim.durablecheck import DurableCheck
+from sim.world import WALL, SimMember
 
 Addr = tuple[str, int]
 DURABLE_TOPICS = ("d0", "d1", "d2")
