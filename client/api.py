@@ -51,7 +51,6 @@ def _mode(mode: str) -> int:
         raise ValueError(f"mode must be one of {', '.join(MODE_NAMES)}, not {mode!r}") from None
 
 
-
 class Request(Message):
     """A message that asks for an answer (it came from :meth:`ClientAPI.request`).
 
@@ -204,8 +203,13 @@ class ClientAPI(DurableAPI):
         rid = str(self._requests)
         self._replies[rid] = None
         try:
-            await self.publish(topic, payload, key, {**(tags or {}), REPLY_TO: inbox.topic, REQUEST_ID: rid},
-                               timeout=max(0.0, deadline - self._now()))  # (room in the window: within it too)
+            await self.publish(
+                topic,
+                payload,
+                key,
+                {**(tags or {}), REPLY_TO: inbox.topic, REQUEST_ID: rid},
+                timeout=max(0.0, deadline - self._now()),
+            )  # (room in the window: within it too)
             if not await self._until(lambda: self._replied(rid, inbox), deadline):
                 raise TimeoutError(f"no reply to the request on {topic!r} within {timeout} s")
             reply = self._replies[rid]
@@ -443,4 +447,3 @@ class _Batches:
 
     async def __anext__(self) -> list[Message]:
         return await self.sub.next_batch(self.max_count)
-

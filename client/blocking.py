@@ -247,6 +247,7 @@ class Subscription:
         self.topic, self.key, self.callback = topic, key, callback
         wrapped = None
         if callback is not None:
+
             def wrapped(msg: Message) -> Any:
                 return asyncio.to_thread(callback, client._blocking(msg))
 
@@ -338,4 +339,3 @@ async def _cancel_the_rest() -> None:
     for t in rest:
         t.cancel()
     await asyncio.gather(*rest, return_exceptions=True)
-

@@ -81,33 +81,68 @@ def refuse(why: str) -> NoReturn:
 def add_client_commands(sub: Any) -> None:
     p = sub.add_parser("pub", help="publish messages to a topic")
     p.add_argument("topic", help="the topic")
-    p.add_argument("message", nargs="?", help="the payload ({n} becomes 0..N-1 with --count); without it, "
-                   "each line of --file or stdin is one message")
+    p.add_argument(
+        "message",
+        nargs="?",
+        help="the payload ({n} becomes 0..N-1 with --count); without it, each line of --file or stdin is one message",
+    )
     _common(p, count_least=0, count_help="publish MESSAGE (or each input line) N times (default: 1)")
     _tags(p)
     p.add_argument("--file", default=None, metavar="F", help="read messages from F instead of stdin")
-    p.add_argument("--binary", action="store_true", help="send the whole input (--file or stdin) as one "
-                   "message of raw bytes instead of one message per UTF-8 line")
-    p.add_argument("--timeout", type=positive, default=30.0, metavar="S",
-                   help="fail unless every reliable publish is acknowledged within S seconds of the last")
+    p.add_argument(
+        "--binary",
+        action="store_true",
+        help="send the whole input (--file or stdin) as one message of raw bytes instead of one message per UTF-8 line",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive,
+        default=30.0,
+        metavar="S",
+        help="fail unless every reliable publish is acknowledged within S seconds of the last",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
     p.set_defaults(func=cmd_pub)
 
     s = sub.add_parser("sub", help="subscribe and print each message (payload and newline by default)")
-    s.add_argument("topic", help="the topic, or a pattern: '*' matches one token, '>' (last) the rest, "
-                   "as in 'orders.*.paid' or 'orders.>'")
-    s.add_argument("--query", default=None, metavar="Q", help="only messages whose tags satisfy Q, as in "
-                   "\"kind = 'order' AND amount > 100\" (docs/protocol.md, Tag queries)")
-    s.add_argument("--queue", default=None, metavar="GROUP", help="join queue group GROUP: each message "
-                   "goes to one of the group's subscribers")
+    s.add_argument(
+        "topic",
+        help="the topic, or a pattern: '*' matches one token, '>' (last) the rest, as in 'orders.*.paid' or 'orders.>'",
+    )
+    s.add_argument(
+        "--query",
+        default=None,
+        metavar="Q",
+        help="only messages whose tags satisfy Q, as in "
+        "\"kind = 'order' AND amount > 100\" (docs/protocol.md, Tag queries)",
+    )
+    s.add_argument(
+        "--queue",
+        default=None,
+        metavar="GROUP",
+        help="join queue group GROUP: each message goes to one of the group's subscribers",
+    )
     _common(s, count_least=1, count_help="exit 0 after N messages (default: run until interrupted)")
-    s.add_argument("--timeout", type=positive, default=None, metavar="S",
-                   help="give up after S seconds (non-zero exit if --count was not reached)")
+    s.add_argument(
+        "--timeout",
+        type=positive,
+        default=None,
+        metavar="S",
+        help="give up after S seconds (non-zero exit if --count was not reached)",
+    )
     out = s.add_mutually_exclusive_group()
-    out.add_argument("-v", "--verbose", action="store_true",
-                     help="print 'TOPIC key=K seq=N tags=A=1,B=2 PAYLOAD' ('-' for what a message lacks)")
-    out.add_argument("--json", action="store_true", help="print one JSON object per message: topic, key, tags, "
-                     "sequence and payload (payload_base64 when the payload is not UTF-8)")
+    out.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print 'TOPIC key=K seq=N tags=A=1,B=2 PAYLOAD' ('-' for what a message lacks)",
+    )
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per message: topic, key, tags, "
+        "sequence and payload (payload_base64 when the payload is not UTF-8)",
+    )
     out.add_argument("--raw", action="store_true", help="write payload bytes unchanged, with no separator")
     s.set_defaults(func=cmd_sub)
 
@@ -124,40 +159,78 @@ def add_client_commands(sub: Any) -> None:
     rp.add_argument("topic", help="the topic to answer on")
     how = rp.add_mutually_exclusive_group(required=True)
     how.add_argument("--echo", action="store_true", help="answer with the request's own payload")
-    how.add_argument("--command", default=None, metavar="CMD", help="run CMD (a shell command) per request "
-                     "with the payload on stdin; its stdout is the answer")
+    how.add_argument(
+        "--command",
+        default=None,
+        metavar="CMD",
+        help="run CMD (a shell command) per request with the payload on stdin; its stdout is the answer",
+    )
     rp.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
-    rp.add_argument("--count", type=counter(1), default=None, metavar="N",
-                    help="exit after answering N requests (default: run until interrupted)")
-    rp.add_argument("--command-timeout", type=positive, default=10.0, metavar="S",
-                    help="stop a CMD that runs longer than S seconds (the request gets no answer)")
+    rp.add_argument(
+        "--count",
+        type=counter(1),
+        default=None,
+        metavar="N",
+        help="exit after answering N requests (default: run until interrupted)",
+    )
+    rp.add_argument(
+        "--command-timeout",
+        type=positive,
+        default=10.0,
+        metavar="S",
+        help="stop a CMD that runs longer than S seconds (the request gets no answer)",
+    )
     rp.set_defaults(func=cmd_reply)
 
-    pt = sub.add_parser("put", help="publish messages durably: each is on disk on both owners of its "
-                        "partition before it is acknowledged (a partitioned cluster; docs/durable.md)")
+    pt = sub.add_parser(
+        "put",
+        help="publish messages durably: each is on disk on both owners of its "
+        "partition before it is acknowledged (a partitioned cluster; docs/durable.md)",
+    )
     pt.add_argument("topic", help="the topic")
     pt.add_argument("message", nargs="?", help="the payload ({n} becomes 0..N-1); stdin lines if absent")
     pt.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
     pt.add_argument("--key", default=None, metavar="K", help="the messages' key")
     pt.add_argument("--count", type=counter(0), default=None, metavar="N", help="put MESSAGE N times (default: 1)")
-    pt.add_argument("--timeout", type=positive, default=30.0, metavar="S",
-                    help="fail if the puts are not all acknowledged within S seconds of the last")
+    pt.add_argument(
+        "--timeout",
+        type=positive,
+        default=30.0,
+        metavar="S",
+        help="fail if the puts are not all acknowledged within S seconds of the last",
+    )
     pt.set_defaults(func=cmd_put)
 
-    g = sub.add_parser("get", help="read a durable subscription: print each payload on its own line, then "
-                       "move its cursor past them (docs/durable.md)")
+    g = sub.add_parser(
+        "get",
+        help="read a durable subscription: print each payload on its own line, then "
+        "move its cursor past them (docs/durable.md)",
+    )
     g.add_argument("topic", help="the topic")
     g.add_argument("--durable", required=True, metavar="NAME", help="the durable subscription's name")
     g.add_argument("--client", default="default", metavar="C", help="whose subscription it is")
     g.add_argument("--count", type=counter(1), default=1, metavar="N", help="messages to read")
-    g.add_argument("--start", default="earliest", metavar="WHERE",
-                   help="where a new subscription begins: earliest, latest, an offset, or a time (ISO 8601, "
-                   "such as 2026-11-24T09:30:00Z; local time without a zone)")
-    g.add_argument("--timeout", type=positive, default=10.0, metavar="S",
-                   help="give up waiting after S seconds (non-zero exit with fewer than N)")
-    g.add_argument("--offsets-dir", default=None, metavar="DIR",
-                   help="record each commit here first, so that a crash before the cluster has it "
-                   "repeats nothing on the next run (client/offsets.py)")
+    g.add_argument(
+        "--start",
+        default="earliest",
+        metavar="WHERE",
+        help="where a new subscription begins: earliest, latest, an offset, or a time (ISO 8601, "
+        "such as 2026-11-24T09:30:00Z; local time without a zone)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=positive,
+        default=10.0,
+        metavar="S",
+        help="give up waiting after S seconds (non-zero exit with fewer than N)",
+    )
+    g.add_argument(
+        "--offsets-dir",
+        default=None,
+        metavar="DIR",
+        help="record each commit here first, so that a crash before the cluster has it "
+        "repeats nothing on the next run (client/offsets.py)",
+    )
     g.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
     g.set_defaults(func=cmd_get)
 
@@ -166,13 +239,23 @@ def _common(p: argparse.ArgumentParser, count_least: int, count_help: str) -> No
     p.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
     p.add_argument("--key", default=None, metavar="K", help="the messages' key (a subscription: only that key)")
     p.add_argument("--count", type=counter(count_least), default=None, metavar="N", help=count_help)
-    p.add_argument("--mode", choices=("fire", "reliable"), default="reliable",
-                   help="reliable: acknowledged, retried, in order; fire: at most once")
+    p.add_argument(
+        "--mode",
+        choices=("fire", "reliable"),
+        default="reliable",
+        help="reliable: acknowledged, retried, in order; fire: at most once",
+    )
 
 
 def _tags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tag", type=tag, action="append", default=[], metavar="NAME=VALUE",
-                   help="a tag to send with each message; repeatable")
+    p.add_argument(
+        "--tag",
+        type=tag,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a tag to send with each message; repeatable",
+    )
 
 
 # ------------------------------------------------------------ pub and put
@@ -263,10 +346,16 @@ def cmd_pub(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
             if not args.quiet:
-                what = "fire: not acknowledged" if acked is None else (
-                    f"{sent} acknowledged" if acked else f"NOT all acknowledged within {args.timeout} s")
-                print(f"roost pub: {sent} published, {what}, in {took:.2f} s ({sent / max(took, 1e-9):,.0f} msgs/s)"
-                      + (f"; {messages.bad} input line(s) skipped" if messages.bad else ""), file=sys.stderr)
+                what = (
+                    "fire: not acknowledged"
+                    if acked is None
+                    else (f"{sent} acknowledged" if acked else f"NOT all acknowledged within {args.timeout} s")
+                )
+                print(
+                    f"roost pub: {sent} published, {what}, in {took:.2f} s ({sent / max(took, 1e-9):,.0f} msgs/s)"
+                    + (f"; {messages.bad} input line(s) skipped" if messages.bad else ""),
+                    file=sys.stderr,
+                )
             if acked is False and c.router.lost:
                 raise NodeLost("node lost before acknowledging every publish")
         return 1 if messages.bad or acked is False else 0
@@ -305,6 +394,7 @@ def formatter(args: argparse.Namespace) -> Callable[[Message], bytes]:
     if getattr(args, "json", False):
         return lambda m: (json.dumps(as_json(m), ensure_ascii=False) + "\n").encode()
     if getattr(args, "verbose", False):
+
         def verbose(m: Message) -> bytes:
             tags = ",".join(f"{k}={v}" for k, v in m.tags.items()) if m.tags else "-"
             seq = "-" if m.sequence is None else m.sequence
@@ -336,8 +426,11 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 if sub.reason is not None:
                     print(f"roost sub: subscription refused: {sub.reason}", file=sys.stderr)
                     return 1
-                print(f"roost sub: subscribed to {args.topic} ({args.mode}) at node "
-                      f"{c.session.node_id}", file=sys.stderr, flush=True)
+                print(
+                    f"roost sub: subscribed to {args.topic} ({args.mode}) at node {c.session.node_id}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 with trio.move_on_at(deadline):
                     while args.count is None or got < args.count:
                         try:
@@ -352,8 +445,10 @@ def cmd_sub(args: argparse.Namespace) -> int:
                             out.flush()
                 out.flush()
                 if args.count is not None and got < args.count:
-                    print(f"roost sub: timed out after {args.timeout} s with {got} of "
-                          f"{args.count} messages", file=sys.stderr)
+                    print(
+                        f"roost sub: timed out after {args.timeout} s with {got} of {args.count} messages",
+                        file=sys.stderr,
+                    )
                     return 1
         return 0
 

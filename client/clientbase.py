@@ -351,4 +351,3 @@ class ClientBase(abc.ABC):
             return open_client_socket(s.node, self.config.socket_buffer)
         except OSError:
             return None
-

@@ -62,11 +62,15 @@ class ClientConfig:
                 raise ValueError(f"ClientConfig: {name} = {v!r}: must be a positive integer")
         gap = self.idle_gap
         if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap >= 0:  # (not NaN)
-            raise ValueError(f"ClientConfig: idle_gap = {gap!r}: must be a number of seconds, 0 or more "
-                             "(inf: never send from the caller)")
+            raise ValueError(
+                f"ClientConfig: idle_gap = {gap!r}: must be a number of seconds, 0 or more "
+                "(inf: never send from the caller)"
+            )
         if self.reassembly_bytes < self.max_payload:
-            raise ValueError(f"ClientConfig: reassembly_bytes = {self.reassembly_bytes}: must be at least "
-                             f"max_payload ({self.max_payload}), or no large message could be put together")
+            raise ValueError(
+                f"ClientConfig: reassembly_bytes = {self.reassembly_bytes}: must be at least "
+                f"max_payload ({self.max_payload}), or no large message could be put together"
+            )
 
     @classmethod
     def from_mapping(cls, source: str, table: dict[str, Any]) -> ClientConfig:
@@ -77,12 +81,19 @@ class ClientConfig:
             if f is None:
                 raise ValueError(f"{source}: [client] {k}: unknown key; known: {', '.join(known)}")
             kind = int if f.type in ("int", int) else float
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or (  # (not NaN either)
-                kind is int and not isinstance(v, int)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not v > 0
+                or (  # (not NaN either)
+                    kind is int and not isinstance(v, int)
+                )
             ):
                 raise ValueError(f"{source}: [client] {k} = {v!r}: must be a positive {kind.__name__}")
             setattr(cfg, k, kind(v))
         if cfg.reassembly_bytes < cfg.max_payload:
-            raise ValueError(f"{source}: [client] reassembly_bytes = {cfg.reassembly_bytes}: must be at least "
-                             f"max_payload ({cfg.max_payload}), or no large message could be put together")
+            raise ValueError(
+                f"{source}: [client] reassembly_bytes = {cfg.reassembly_bytes}: must be at least "
+                f"max_payload ({cfg.max_payload}), or no large message could be put together"
+            )
         return cfg

@@ -325,7 +325,6 @@ def _status_reply(f: list[Any]) -> tuple[Any, ...]:
     return T.STATUS_REPLY, f[2]
 
 
-
 #: The first three bytes of a PUB and of a MSGS (a fixarray of their length, the version, the
 #: type): these two, a node's and a subscriber's per-message frames, are unpacked with their
 #: arrays as tuples, so that a checked message is the tuple msgpack made, not a copy of a list
@@ -386,7 +385,7 @@ def pub_messages_untrusted(data: bytes, frame: tuple[Any, ...]) -> bytes | None:
     also carry a producer id and sequence, which no subscriber must get from a publisher)."""
     _, cid, cookie, pid, first, floor, reliable, _ = frame
     head = pub_header(cid, cookie, pid, first, floor, reliable)
-    return bytes(data[len(head):]) if data[: len(head)] == head else None
+    return bytes(data[len(head) :]) if data[: len(head)] == head else None
 
 
 from roost.client import durablewire  # noqa: E402,F401  (registers the durable-mode frames' validators)

@@ -53,7 +53,6 @@ def _welcomed(s: ClientSession, r: Router) -> bool:
     return s.cookie is not None or r.lost
 
 
-
 class LogRead(NamedTuple):
     """What :meth:`ClientAPI.read` got: the topic's partition, its messages (``sequence`` is the log
     offset), the offset to read from next, the partition's first retained offset and its end (the
@@ -180,8 +179,14 @@ class DurableAPI(ClientBase):
         did = durable_id(client)
         if self._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
             await self._in_thread(self._offsets.save, client, durable, topic, nxt)
-        f = await self._durable_ask(topic, T.COMMITTED, durable, p, deadline,
-                                    lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt))
+        f = await self._durable_ask(
+            topic,
+            T.COMMITTED,
+            durable,
+            p,
+            deadline,
+            lambda s: durablewire.encode_commit(s.cid, s.cookie, did, durable, topic, p, nxt),
+        )
         return f is not None and f[3] >= nxt
 
     async def _need_map(self, deadline: float) -> bool:
@@ -231,4 +236,3 @@ class DurableAPI(ClientBase):
                 return got
             await self._sleep_until(min(deadline, self._now() + self.config.pub_retry))  # (refused: not leader yet)
         return None
-

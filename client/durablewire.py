@@ -81,7 +81,6 @@ def encode_committed(name: str, partition: int, offset: int, status: int) -> byt
     return pack([VERSION, T.COMMITTED, name, partition, offset, status])
 
 
-
 @_frame(T.PUT, 7)
 def _put(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, pid, partition, first, floor, msgs = f

@@ -67,9 +67,7 @@ class Publisher:
         self._max_datagram = size
         self.room = size - wire.MESSAGE_ROOM
 
-    def publish(
-        self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool
-    ) -> int:
+    def publish(self, topic: str, key: str | None, tags: dict[str, str] | None, payload: bytes, reliable: bool) -> int:
         """Queue a message; returns its producer sequence (0 for fire)."""
         if key is None and tags is None and payload.__class__ is bytes:
             if not reliable and len(payload) <= wire.RUN_PAYLOAD_MAX and not self.fire_pending and self.runs:

@@ -42,14 +42,21 @@ def add_status_commands(sub: Any) -> None:
     st.add_argument("--monitor-token-file", default=None, metavar="FILE", help=TOKEN_FILE_HELP)
     st.set_defaults(func=cmd_status)
     top = sub.add_parser("top", help="live traffic, memory and clients of nodes, from their monitoring endpoints")
-    top.add_argument("--monitor", action="append", default=[], metavar="HOST:PORT",
-                     help="a monitoring endpoint ([monitor] addr); repeatable (default: the one --node's STATUS names)")
+    top.add_argument(
+        "--monitor",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a monitoring endpoint ([monitor] addr); repeatable (default: the one --node's STATUS names)",
+    )
     top.add_argument("--node", type=nodes, default=None, metavar="HOST:PORT", help=NODE_HELP)
     top.add_argument("--interval", type=positive, default=1.0, metavar="S", help="seconds between refreshes")
-    top.add_argument("--count", type=counter(1), default=None, metavar="N",
-                     help="stop after N refreshes (default: until Ctrl-C)")
-    top.add_argument("--clients", type=counter(0), default=5, metavar="N",
-                     help="show the N clients with the deepest mailboxes")
+    top.add_argument(
+        "--count", type=counter(1), default=None, metavar="N", help="stop after N refreshes (default: until Ctrl-C)"
+    )
+    top.add_argument(
+        "--clients", type=counter(0), default=5, metavar="N", help="show the N clients with the deepest mailboxes"
+    )
     top.add_argument("--monitor-token-file", default=None, metavar="FILE", help=TOKEN_FILE_HELP)
     top.set_defaults(func=cmd_top)
 

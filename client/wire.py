@@ -106,7 +106,6 @@ class E(IntEnum):
     OVER_CAPACITY = 15  # a new subscription while the node is above admission_share of a limit
 
 
-
 class Mode(IntEnum):
     """Delivery mode of a subscription (docs/guarantees.md: what each mode promises)."""
 
@@ -287,9 +286,7 @@ def encode_hello(client_id: bytes) -> bytes:
     return body + pack(b"\0" * pad)
 
 
-def encode_welcome(
-    node_id: str, cookie: bytes, params: dict[str, Any], members: list[list[Any]]
-) -> bytes:
+def encode_welcome(node_id: str, cookie: bytes, params: dict[str, Any], members: list[list[Any]]) -> bytes:
     """``params`` of a member of a partitioned cluster carry ``map_epoch`` and, when it fits
     the anti-amplification budget, ``map`` (the cluster map's wire form, cluster/clustermap.py).
     In params rather than a field of its own: a client that does not route ignores them."""
@@ -395,9 +392,7 @@ def msgs_header(stream_id: int, first_seq: int) -> bytes:
 MSGS_HEADER_MAX = len(msgs_header(2**64 - 1, 2**64 - 1)) + 5  # (+ the array's header)
 
 
-def encode_ack(
-    client_id: bytes, cookie: bytes, stream_id: int, max_seq: int, sack: list[list[int]]
-) -> bytes:
+def encode_ack(client_id: bytes, cookie: bytes, stream_id: int, max_seq: int, sack: list[list[int]]) -> bytes:
     return pack([VERSION, T.ACK, client_id, cookie, stream_id, max_seq, sack])
 
 
@@ -651,4 +646,3 @@ def _port(v: Any, what: str) -> int:
     if v.__class__ is not int or not 0 < v < 65536:
         raise WireError(E.MALFORMED, f"{what} must be 1..65535")
     return v  # type: ignore[no-any-return]
-

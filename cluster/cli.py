@@ -59,13 +59,26 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("node", help="run a node (or one cluster member) until SIGINT/SIGTERM")
     n.add_argument("--config", default=None, metavar="FILE", help="TOML config (single node or cluster)")
     n.add_argument("--id", default=None, help="which member of a cluster config to run")
-    n.add_argument("--bind-host", default=None, metavar="HOST",
-                   help="bind the client and peer ports on HOST instead of the configured host")
-    n.add_argument("--peer-host", action="append", default=[], metavar="ID=HOST",
-                   help="dial peer ID at HOST (its configured port); repeatable (containers)")
-    n.add_argument("--join", default=None, metavar="HOST:PORT",
-                   help="run a member that is not in the config: join the cluster through this member "
-                        "(its client or peer address); needs --client-addr, --peer-addr, --data-dir")
+    n.add_argument(
+        "--bind-host",
+        default=None,
+        metavar="HOST",
+        help="bind the client and peer ports on HOST instead of the configured host",
+    )
+    n.add_argument(
+        "--peer-host",
+        action="append",
+        default=[],
+        metavar="ID=HOST",
+        help="dial peer ID at HOST (its configured port); repeatable (containers)",
+    )
+    n.add_argument(
+        "--join",
+        default=None,
+        metavar="HOST:PORT",
+        help="run a member that is not in the config: join the cluster through this member "
+        "(its client or peer address); needs --client-addr, --peer-addr, --data-dir",
+    )
     n.add_argument("--client-addr", default=None, metavar="HOST:PORT", help="with --join: our UDP address")
     n.add_argument("--peer-addr", default=None, metavar="HOST:PORT", help="with --join: our peer (TCP) address")
     n.add_argument("--data-dir", default=None, metavar="DIR", help="with --join: our data directory")
@@ -86,16 +99,29 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--config", required=True, metavar="FILE", help="the cluster's config (its base members)")
     join.add_argument("--id", required=True, help="the new member's id")
     join.add_argument("--seed", required=True, metavar="HOST:PORT", help="a running member (client or peer address)")
-    join.add_argument("--client-addr", default=None, metavar="HOST:PORT",
-                      help="the new member's UDP address (default: the seed's host, a free port)")
-    join.add_argument("--peer-addr", default=None, metavar="HOST:PORT",
-                      help="its peer (TCP) address (default: the seed's host, a free port)")
-    join.add_argument("--data-dir", default=None, metavar="DIR",
-                      help="its data directory (default: beside the first member's, named by its id)")
+    join.add_argument(
+        "--client-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="the new member's UDP address (default: the seed's host, a free port)",
+    )
+    join.add_argument(
+        "--peer-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="its peer (TCP) address (default: the seed's host, a free port)",
+    )
+    join.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="its data directory (default: beside the first member's, named by its id)",
+    )
     leave = csub.add_parser("leave", help="a member hands its partitions off and stops")
     leave.add_argument("id", help="the member's id")
-    leave.add_argument("--config", default=None, metavar="FILE", help="the cluster's config (default: the one "
-                       "`cluster up` used)")
+    leave.add_argument(
+        "--config", default=None, metavar="FILE", help="the cluster's config (default: the one `cluster up` used)"
+    )
     up.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR", help="where the members' pid files and "
                     "logs go")  # fmt: skip
     join.add_argument("--run-dir", default=None, metavar="DIR", help="where its pid file and log go (default: the "
@@ -105,15 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"how long a member may take to sync and answer before it counts as failed "
                             f"(default {READY_TIMEOUT:g})")  # fmt: skip
     for p in (down, kill, start, leave):
-        p.add_argument("--run-dir", default=None, metavar="DIR",
-                       help="the cluster's run directory (default: the one `cluster up` used, found by the member)")
+        p.add_argument(
+            "--run-dir",
+            default=None,
+            metavar="DIR",
+            help="the cluster's run directory (default: the one `cluster up` used, found by the member)",
+        )
     c.set_defaults(func=cmd_cluster)
-    b = sub.add_parser("bench", help="the side-by-side benchmark: runs scripts/bench.py of a source checkout "
-                       "with the arguments that follow (roost bench --help for its options)", add_help=False)
+    b = sub.add_parser(
+        "bench",
+        help="the side-by-side benchmark: runs scripts/bench.py of a source checkout "
+        "with the arguments that follow (roost bench --help for its options)",
+        add_help=False,
+    )
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to scripts/bench.py")
     b.set_defaults(func=lambda a: bench(a.args))  # (main passes "bench ..." on before parsing)
-    au = sub.add_parser("audit", help="audit run event logs with Spark (report, summary, plots)",
-                        description=audit.DESCRIPTION)
+    au = sub.add_parser(
+        "audit", help="audit run event logs with Spark (report, summary, plots)", description=audit.DESCRIPTION
+    )
     audit.add_arguments(au)
     au.set_defaults(func=audit.run)
     d = sub.add_parser("config-doc", help="print the table of every setting (markdown)")

@@ -79,14 +79,19 @@ def preference(placed: tuple[tuple[str, ...], ...], members: Iterable[str], p: i
     return first + [m for m in ring.ranked(sorted(members), p) if m not in first]
 
 
-def compute(epoch: int, members: Mapping[str, tuple[Addr, Addr]], live: Iterable[str], partitions: int,
-            replicas: int, placement: str = ring.DEFAULT_PLACEMENT) -> ClusterMap:
+def compute(
+    epoch: int,
+    members: Mapping[str, tuple[Addr, Addr]],
+    live: Iterable[str],
+    partitions: int,
+    replicas: int,
+    placement: str = ring.DEFAULT_PLACEMENT,
+) -> ClusterMap:
     """The map of a view: placed `members` and the `live` ones among them."""
     ids = sorted(members)
     alive = frozenset(live) & frozenset(ids)
     placed = ring.assign(ids, partitions, replicas, placement)
-    owners = tuple(tuple([m for m in preference(placed, ids, p) if m in alive][:replicas])
-                   for p in range(partitions))
+    owners = tuple(tuple([m for m in preference(placed, ids, p) if m in alive][:replicas]) for p in range(partitions))
     return ClusterMap(epoch, partitions, replicas, dict(members), alive, owners)
 
 
@@ -94,8 +99,13 @@ def encode(cmap: ClusterMap) -> list[Any]:
     """The msgpack-ready wire form: the view (members in sorted order, with liveness); the
     receiver computes the owners from it (:func:`decode_untrusted_map`)."""
     ids = sorted(cmap.members)
-    return [MAP_VERSION, cmap.epoch, cmap.partitions, cmap.replicas,
-            [[m, *cmap.members[m][0], *cmap.members[m][1], m in cmap.live] for m in ids]]
+    return [
+        MAP_VERSION,
+        cmap.epoch,
+        cmap.partitions,
+        cmap.replicas,
+        [[m, *cmap.members[m][0], *cmap.members[m][1], m in cmap.live] for m in ids],
+    ]
 
 
 def decode_untrusted_map(v: Any) -> ClusterMap:
@@ -125,8 +135,10 @@ def decode_untrusted_map(v: Any) -> ClusterMap:
         mid = _node_id(r[0], "map member id")
         if mid in members:
             raise WireError(E.MALFORMED, f"map member {mid!r} twice")
-        members[mid] = ((_ip(r[1], "map member host"), _port(r[2], "map member port")),
-                        (_ip(r[3], "map peer host"), _port(r[4], "map peer port")))
+        members[mid] = (
+            (_ip(r[1], "map member host"), _port(r[2], "map member port")),
+            (_ip(r[3], "map peer host"), _port(r[4], "map peer port")),
+        )
         if r[5]:
             live.add(mid)
     if sorted(members) != [str(x[0]) for x in rows]:

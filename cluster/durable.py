@@ -230,7 +230,8 @@ class Durable(MemberParts):
 
     def _on_logdata(self, peer: str, f: list[Any]) -> None:
         p, epoch, status, start, end, last_epoch, commit, truncate, reset, recs, asked = check_logdata_untrusted(
-            f, self.s.partitions)
+            f, self.s.partitions
+        )
         log = self.plogs.get(p)
         if log is None:
             return

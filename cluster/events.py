@@ -152,9 +152,24 @@ class LogRecords(NamedTuple):
 
 
 Event = (
-    Start | Tick | Datagrams | Accepted | LinkOpened | LinkBytes | LinkSent | LinkClosed
-    | SnapshotRead | PersistDone | Stop | LogsRead | LogWritten | LogRecords | LogRetained | LogFailed
-    | LogReloaded | SeenSaved
+    Start
+    | Tick
+    | Datagrams
+    | Accepted
+    | LinkOpened
+    | LinkBytes
+    | LinkSent
+    | LinkClosed
+    | SnapshotRead
+    | PersistDone
+    | Stop
+    | LogsRead
+    | LogWritten
+    | LogRecords
+    | LogRetained
+    | LogFailed
+    | LogReloaded
+    | SeenSaved
 )
 
 
@@ -204,8 +219,22 @@ class Exit(NamedTuple):
 
 
 Action = (
-    Send | Log | SendFrame | Dial | Close | ServeClients | ReadSnapshot | WriteSnapshot | Exit
-    | Append | Truncate | ResetLog | ReadLog | Retain | Reload | SaveSeen
+    Send
+    | Log
+    | SendFrame
+    | Dial
+    | Close
+    | ServeClients
+    | ReadSnapshot
+    | WriteSnapshot
+    | Exit
+    | Append
+    | Truncate
+    | ResetLog
+    | ReadLog
+    | Retain
+    | Reload
+    | SaveSeen
 )
 
 __all__ = [

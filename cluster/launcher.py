@@ -37,8 +37,13 @@ READY_TIMEOUT = 60.0
 
 
 def write_local_config(
-    path: Path, n: int = 3, secret: str = "local-secret-0123456789", cluster_extra: str = "", node_extra: str = "",
-    hosts: list[str] | None = None, monitor: bool = False,
+    path: Path,
+    n: int = 3,
+    secret: str = "local-secret-0123456789",
+    cluster_extra: str = "",
+    node_extra: str = "",
+    hosts: list[str] | None = None,
+    monitor: bool = False,
 ) -> dict[str, tuple[int, int]]:
     """A cluster config for ``n`` members on free loopback ports (tests, scripts);
     ``hosts``: one loopback address per member (chaos runs tell members apart by

@@ -39,8 +39,12 @@ class Readers(Held):
         the partition still leads in its own view, with cursors older than those committed since;
         its follower stops fetching from it once it follows the other, so this lease runs out."""
         lease = self.s.fetch_wait + self.s.fetch_retry
-        return self.role == LEADING and not self.reloading and bool(self.followers or self.alone) and all(
-            now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
+        return (
+            self.role == LEADING
+            and not self.reloading
+            and bool(self.followers or self.alone)
+            and all(now - self.fetched_at.get(m, -1e18) <= lease for m in self.followers)
+        )
 
     def paused(self, now: float) -> None:
         """Our process stood still (the member noticed: ``local_pause``). Fetches that waited in

@@ -68,9 +68,9 @@ class LogStore:
             return LogsRead(logs, "")
         for d in sorted(self.root.iterdir()):
             name = d.name
-            if not (d.is_dir() and name.startswith(PREFIX) and name[len(PREFIX):].isdigit()):
+            if not (d.is_dir() and name.startswith(PREFIX) and name[len(PREFIX) :].isdigit()):
                 continue
-            p = int(name[len(PREFIX):])
+            p = int(name[len(PREFIX) :])
             try:
                 if not any(d.glob("*.log")):  # (only a claim's promise: no log to open, no file held)
                     seen = _read_number(d / SEEN, strict=True)

@@ -31,9 +31,13 @@ class MemberStatus(MemberParts):
                             "last_sync_s": None if synced is None else round(self.now - synced, 3)})  # fmt: skip
         # (one hash of the 256 bucket digests: members that agree on every register show the same)
         digest = hashlib.blake2b(b"".join(d.to_bytes(8, "big") for d in self.broker.digest), digest_size=8)
-        out: dict[str, Any] = {"state": self.phase, "mode": self.s.mode, "digest": digest.hexdigest(),
-                               "members": members, "roster": {"version": self.roster.version,
-                                                              "committed": self.committed == self.roster.digest()}}
+        out: dict[str, Any] = {
+            "state": self.phase,
+            "mode": self.s.mode,
+            "digest": digest.hexdigest(),
+            "members": members,
+            "roster": {"version": self.roster.version, "committed": self.committed == self.roster.digest()},
+        }
         if self.partitioned:
             out["map"] = self.map_status()
             # (each partition's owners must agree: scripts/chaos.py compares them; 12 bytes each,

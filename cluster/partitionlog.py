@@ -289,7 +289,7 @@ class PartitionLog(Readers):
         last = max(last, floor - 1)
         if first > last + 1:
             return 3, []
-        new = msgs[last + 1 - first:] if last >= first else msgs
+        new = msgs[last + 1 - first :] if last >= first else msgs
         room = self.s.max_uncommitted - (self.end - self.commit)
         if new and room <= 0:
             return 2, []
@@ -592,8 +592,15 @@ class PartitionLog(Readers):
             # (a member our map does not hold live, asked because it fetched from us at a higher
             # epoch, that falls silent while we wait for its answer or copy from it: its death
             # changes no map of ours, so the claim goes on without it; seed 9980)
-            gone = {m for m in c.probes - self.probes if (m not in c.answers or m == c.source)
-                    and now >= c.heard.get(m, c.started) + self._silence} if not self.appending else ()
+            gone = (
+                {
+                    m
+                    for m in c.probes - self.probes
+                    if (m not in c.answers or m == c.source) and now >= c.heard.get(m, c.started) + self._silence
+                }
+                if not self.appending
+                else ()
+            )
             if gone:
                 return out + self._begin_claim(max(self.seen, c.epoch) + 1, c.probes - gone, now)
             for m in sorted(c.probes):

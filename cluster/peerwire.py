@@ -271,8 +271,12 @@ def check_forwarded_untrusted(msgs: Any) -> list[list[Any]]:
             if m[4] is None:
                 if m[5] is not None:
                     raise PeerProtocolError("a fire message has no sequence")
-            elif m[4].__class__ is not bytes or len(m[4]) != wire.ID_LEN or m[5].__class__ is not int \
-                    or not 0 < m[5] < wire.SEQ_LIMIT:  # fmt: skip  (as the client's PUB allows)
+            elif (
+                m[4].__class__ is not bytes
+                or len(m[4]) != wire.ID_LEN
+                or m[5].__class__ is not int
+                or not 0 < m[5] < wire.SEQ_LIMIT
+            ):  # fmt: skip  (as the client's PUB allows)
                 raise PeerProtocolError("a reliable message has a producer id and a sequence")
     except WireError as exc:
         raise PeerProtocolError(f"bad forwarded message: {exc.text}") from None

@@ -45,8 +45,14 @@ def _h(text: str) -> int:
     return int(mmh3.hash(text.encode(), 0, signed=False))
 
 
-def assign(members: Sequence[str], partitions: int, replicas: int = 2, placement: str = DEFAULT_PLACEMENT,
-           vnodes: int = DEFAULT_VNODES, load: float = DEFAULT_LOAD) -> Assignment:
+def assign(
+    members: Sequence[str],
+    partitions: int,
+    replicas: int = 2,
+    placement: str = DEFAULT_PLACEMENT,
+    vnodes: int = DEFAULT_VNODES,
+    load: float = DEFAULT_LOAD,
+) -> Assignment:
     """The owners of every partition (min(replicas, len(members)) each, primary first). The
     order of `members` does not matter; an empty membership owns nothing."""
     if partitions < 1 or replicas < 1:

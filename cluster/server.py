@@ -127,8 +127,12 @@ class ClusterNode:
         self._udp_draining = False  # the UDP task is sending _udp_pending, waiting for buffer room
         self._nursery: trio.Nursery | None = None
         st = cc.settings
-        self._logs = LogStore(Path(self.me.data_dir) / "log", self.log,  # durable partition logs
-                              LogSettings.of(st), st.segment_bytes)
+        self._logs = LogStore(
+            Path(self.me.data_dir) / "log",
+            self.log,  # durable partition logs
+            LogSettings.of(st),
+            st.segment_bytes,
+        )
         self._log_queues: dict[int, trio.MemorySendChannel[Any]] = {}  # one ordered queue per partition
 
     # ------------------------------------------------------------ lifecycle
@@ -143,8 +147,12 @@ class ClusterNode:
         )  # fmt: skip
         self.member.broker.pid = os.getpid()
         if self.cc.settings.secret_from == "config":  # (allowed for tests and tries: cluster/secretfile.py)
-            self.log("warning", "secret_in_config", config=self.cc.source,
-                     hint="keep the secret out of the config: secret_file (mode 0600) or $ROOST_CLUSTER_SECRET")
+            self.log(
+                "warning",
+                "secret_in_config",
+                config=self.cc.source,
+                hint="keep the secret out of the config: secret_file (mode 0600) or $ROOST_CLUSTER_SECRET",
+            )
         host = self.bind_host or self.me.peer_addr[0]
         try:
             listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)

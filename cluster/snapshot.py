@@ -71,8 +71,11 @@ def decode_untrusted_snapshot(data: bytes) -> tuple[float, list[list[tuple[Any, 
         if unpacker.tell() != len(data):
             raise ValueError(f"truncated: {len(data) - unpacker.tell()} bytes of a cut-off record at the end")
         if fmt >= 4 and count != sum(map(len, chunks)):
-            raise ValueError("truncated: no trailer" if count is None else
-                             f"the trailer counts {count} entries, the file holds {sum(map(len, chunks))}")
+            raise ValueError(
+                "truncated: no trailer"
+                if count is None
+                else f"the trailer counts {count} entries, the file holds {sum(map(len, chunks))}"
+            )
         return float(written), chunks, roster
     except PeerProtocolError as exc:
         raise ValueError(f"bad entry: {exc}") from None

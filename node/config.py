@@ -324,9 +324,7 @@ def fill_defaults(obj: Any, table: list[Setting]) -> None:
         setattr(obj, attr_of(s.section, s.key), value)
 
 
-def validate_value(
-    source: str, section: str, key: str, value: Any, table: list[Setting] | None = None
-) -> Any:
+def validate_value(source: str, section: str, key: str, value: Any, table: list[Setting] | None = None) -> Any:
     """Check one TOML value against a settings table; returns it converted."""
     table = SETTINGS if table is None else table
     s = next((x for x in table if x.section == section and x.key == key), None)

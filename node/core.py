@@ -57,8 +57,21 @@ from roost.node.registers import DIGEST_BUCKETS
 from roost.node.sessions import Sessions
 from roost.node.textproto import TextProtocol
 
-__all__ = ["DIGEST_BUCKETS", "Action", "BrokerCore", "Confirm", "DurableCommit", "DurableGet", "DurablePut", "Forward",
-           "Log", "Relay", "Replicate", "Send", "StatusQuery"]
+__all__ = [
+    "DIGEST_BUCKETS",
+    "Action",
+    "BrokerCore",
+    "Confirm",
+    "DurableCommit",
+    "DurableGet",
+    "DurablePut",
+    "Forward",
+    "Log",
+    "Relay",
+    "Replicate",
+    "Send",
+    "StatusQuery",
+]
 
 _CLIENT_FRAMES = (T.PUB, T.PUBRUN, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT, T.BYE)
 
@@ -301,8 +314,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
                 for w, m in subs.items()
             ),
             sorted(
-                (repr(cid), repr(c.addr), c.home, sorted(c.subs.items(), key=repr))
-                for cid, c in self.clients.items()
+                (repr(cid), repr(c.addr), c.home, sorted(c.subs.items(), key=repr)) for cid, c in self.clients.items()
             ),
             sorted(self.producers),
             self.text_subs,

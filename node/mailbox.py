@@ -29,9 +29,7 @@ class Mailbox:
         "inflight",
     )  # fmt: skip
 
-    def __init__(
-        self, stream_id: int, capacity: int, rto: float, rto_max: float, max_bytes: int = 1 << 62
-    ) -> None:
+    def __init__(self, stream_id: int, capacity: int, rto: float, rto_max: float, max_bytes: int = 1 << 62) -> None:
         self.stream_id = stream_id
         self.capacity = capacity
         self.max_bytes = max_bytes

@@ -286,8 +286,11 @@ class _Collector(Collector):
             ("uptime_seconds", "Seconds since the node started", v["uptime_s"]),
             ("resident_memory_bytes", "Resident memory of the node process", v["rss_bytes"]),
             ("monitor_connections", "Connections open to the monitoring endpoint", info.http.get("connections", 0)),
-            ("ready", "1 when /healthz says ok", 1 if self.status is None or self.status.get("state") == "ready"
-             else 0),
+            (
+                "ready",
+                "1 when /healthz says ok",
+                1 if self.status is None or self.status.get("state") == "ready" else 0,
+            ),
         ):
             g = GaugeMetricFamily(f"roost_{name}", doc, labels=["node"])
             g.add_metric(node, gauge)

@@ -205,7 +205,7 @@ class SegmentLog:
                     why = f"a record length of {length} bytes"
                 elif end > len(data):
                     why = "a record cut short"
-                elif crc32c(data[pos + PREFIX:end]) != crc:
+                elif crc32c(data[pos + PREFIX : end]) != crc:
                     why = "a bad CRC"
                 elif offset != expect:
                     why = f"offset {offset} where {expect} was next"

@@ -40,7 +40,7 @@ def mode_of(version: int) -> int:
 def upper_bound(wall_s: float) -> int:
     """The largest version any node could write at Unix time ``wall_s``."""
     ms = max(0, int(wall_s * 1000) - EPOCH_MS)
-    return ((((ms << _COUNTER_BITS) | ((1 << _COUNTER_BITS) - 1)) << _LOW) | ((1 << _LOW) - 1))
+    return (((ms << _COUNTER_BITS) | ((1 << _COUNTER_BITS) - 1)) << _LOW) | ((1 << _LOW) - 1)
 
 
 def millis_of(version: int) -> int:

@@ -103,12 +103,18 @@ def _rows(df: DataFrame) -> list[Any]:
     return list(df.collect())
 
 
-def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: Options,
-            step: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
+def analyze(
+    spark: SparkSession,
+    events: DataFrame,
+    metas: list[RunMeta],
+    opts: Options,
+    step: Callable[[str], None] = lambda _: None,
+) -> dict[str, dict[str, Any]]:
     """One report per run id. `step` is told the name of each stage as it starts (progress)."""
     ids = [m.id for m in metas]
     ev = events.where(F.col("run").isin(ids)).withColumn(
-        "ord", F.col("file_rank").cast("long") * ORD_SHIFT + F.col("line"))
+        "ord", F.col("file_rank").cast("long") * ORD_SHIFT + F.col("line")
+    )
 
     step("input counts")
     kinds: dict[str, dict[str, int]] = {i: {} for i in ids}
@@ -118,8 +124,11 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
         if r.ev != MALFORMED and r.max_t is not None:
             max_t[r.run] = max(max_t.get(r.run, -math.inf), r.max_t)
     malformed: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
-    bad = ev.where(F.col("ev") == MALFORMED).withColumn(
-        "i", F.row_number().over(W.partitionBy("run").orderBy("ord"))).where(F.col("i") <= opts.sample)
+    bad = (
+        ev.where(F.col("ev") == MALFORMED)
+        .withColumn("i", F.row_number().over(W.partitionBy("run").orderBy("ord")))
+        .where(F.col("i") <= opts.sample)
+    )
     for r in _rows(bad.select("run", "file", "line", "error", "ord").orderBy("run", "ord")):
         malformed[r.run].append({"file": r.file, "line": r.line, "error": r.error})
 
@@ -135,14 +144,22 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
                  F.col("p.proc").alias("pproc"))
          .persist())  # fmt: skip
     # (a puback with a null member acknowledges all the same: `acked`, not the member, says so)
-    acks = ev.where(F.col("ev") == "puback").groupBy("run", "pid", "seq").agg(
-        F.min_by("member", "ord").alias("ack"), F.lit(True).alias("acked")).persist()  # (joined twice)
+    acks = (
+        ev.where(F.col("ev") == "puback")
+        .groupBy("run", "pid", "seq")
+        .agg(F.min_by("member", "ord").alias("ack"), F.lit(True).alias("acked"))
+        .persist()
+    )  # (joined twice)
     dels = ev.where(F.col("ev") == "deliver").select("run", "sub", "pid", "seq", "t", "ord", "member", "mode")
     published: dict[str, dict[str, dict[str, int]]] = {
-        i: {mode: {"messages": 0, "acknowledged": 0} for mode in MODES} for i in ids}
+        i: {mode: {"messages": 0, "acknowledged": 0} for mode in MODES} for i in ids
+    }
     dup_pubs = dict.fromkeys(ids, 0)
-    for r in _rows(p.join(acks, ["run", "pid", "seq"], "left").groupBy("run", "pmode").agg(
-            F.count("*").alias("n"), F.count("acked").alias("acked"), F.sum(F.col("copies") - 1).alias("dups"))):
+    for r in _rows(
+        p.join(acks, ["run", "pid", "seq"], "left")
+        .groupBy("run", "pmode")
+        .agg(F.count("*").alias("n"), F.count("acked").alias("acked"), F.sum(F.col("copies") - 1).alias("dups"))
+    ):
         published[r.run][r.pmode] = {"messages": r.n, "acknowledged": r.acked}
         dup_pubs[r.run] += r.dups
 
@@ -160,13 +177,22 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
         counts_in[r.run]["phantom_deliveries"] = r["count"]
     for r in _rows(ds.where(F.col("sidx").isNull()).groupBy("run").count()):
         counts_in[r.run]["stray_deliveries"] = r["count"]
-    got = (ds.where(F.col("sidx").isNotNull())
-           .groupBy("run", "sidx", "pid", "seq")
-           .agg(F.count("*").alias("cnt"), F.min(F.struct("t", "ord")).alias("first"),
-                F.first("pt").alias("pt"), F.first("pmode").alias("pmode"),
-                F.first("pmember").alias("pmember"), F.first("pproc").alias("pproc"),
-                F.first("ptopic").alias("ptopic"))
-           .withColumn("first_t", F.col("first.t")).withColumn("first_ord", F.col("first.ord")).drop("first"))
+    got = (
+        ds.where(F.col("sidx").isNotNull())
+        .groupBy("run", "sidx", "pid", "seq")
+        .agg(
+            F.count("*").alias("cnt"),
+            F.min(F.struct("t", "ord")).alias("first"),
+            F.first("pt").alias("pt"),
+            F.first("pmode").alias("pmode"),
+            F.first("pmember").alias("pmember"),
+            F.first("pproc").alias("pproc"),
+            F.first("ptopic").alias("ptopic"),
+        )
+        .withColumn("first_t", F.col("first.t"))
+        .withColumn("first_ord", F.col("first.ord"))
+        .drop("first")
+    )
     got = (got.alias("g").join(
         F.broadcast(ranges_df).alias("m"),
         (F.col("g.run") == F.col("m.mrun")) & (F.col("g.sidx") == F.col("m.msidx"))
@@ -181,11 +207,13 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
     latency, cdf = _latency(spark, got, ids)
 
     step("reordering")
-    hw = F.max("seq").over(W.partitionBy("run", "sidx", "pid").orderBy("first_t", "first_ord")
-                           .rowsBetween(W.unboundedPreceding, -1))
+    hw = F.max("seq").over(
+        W.partitionBy("run", "sidx", "pid").orderBy("first_t", "first_ord").rowsBetween(W.unboundedPreceding, -1)
+    )
     reord = got.withColumn("after", hw).where(F.col("after").isNotNull() & (F.col("seq") < F.col("after")))
-    p2 = p.select("run", "pid", F.col("seq").alias("after"), F.col("pt").alias("pt2"),
-                  F.col("pmember").alias("pmember2"))
+    p2 = p.select(
+        "run", "pid", F.col("seq").alias("after"), F.col("pt").alias("pt2"), F.col("pmember").alias("pmember2")
+    )
     reord = reord.join(p2, ["run", "pid", "after"], "left")
     reord = reord.mapInPandas(_reorder_classifier(judged), _CLASSIFIED_REORDER).persist()
 
@@ -209,21 +237,36 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
 
     step("paths")
     keys = ["run", "mode", "pid", "sidx"]
-    recv = got.groupBy(*keys).agg(F.count("*").alias("received"),
-                                  F.count(F.when(F.col("cnt") > 1, 1)).alias("duplicated"))
+    recv = got.groupBy(*keys).agg(
+        F.count("*").alias("received"), F.count(F.when(F.col("cnt") > 1, 1)).alias("duplicated")
+    )
     expd = exp.groupBy(*keys).agg(
-        F.count("*").alias("expected"), F.count("acked").alias("acknowledged"), F.count("got").alias("delivered"),
-        F.count(F.when(F.col("acked").isNotNull() & F.col("got").isNull(), 1)).alias("lost"))
+        F.count("*").alias("expected"),
+        F.count("acked").alias("acknowledged"),
+        F.count("got").alias("delivered"),
+        F.count(F.when(F.col("acked").isNotNull() & F.col("got").isNull(), 1)).alias("lost"),
+    )
     reor = reord.groupBy(*keys).agg(F.count("*").alias("reordered"))
     paths = recv.join(expd, keys, "full").join(reor, keys, "full").fillna(0)
     reports = {m.id: _empty_report(m, judged[m.id], opts) for m in metas}
     for r in _rows(paths):
         j = judged[r.run]
         s = j.subs[r.sidx]
-        row = {"pid": r.pid, "sub": s.sub, "topic": s.topic, "key": s.key, "expected": r.expected,
-               "acknowledged": r.acknowledged, "delivered": r.delivered, "missing": r.expected - r.delivered,
-               "lost": r.lost, "received": r.received, "unexpected": r.received - r.delivered,
-               "duplicated": r.duplicated, "reordered": r.reordered}
+        row = {
+            "pid": r.pid,
+            "sub": s.sub,
+            "topic": s.topic,
+            "key": s.key,
+            "expected": r.expected,
+            "acknowledged": r.acknowledged,
+            "delivered": r.delivered,
+            "missing": r.expected - r.delivered,
+            "lost": r.lost,
+            "received": r.received,
+            "unexpected": r.received - r.delivered,
+            "duplicated": r.duplicated,
+            "reordered": r.reordered,
+        }
         mode = reports[r.run]["modes"][r.mode]
         mode["paths"].append(row)
         for f in COUNT_FIELDS:
@@ -245,10 +288,16 @@ def analyze(spark: SparkSession, events: DataFrame, metas: list[RunMeta], opts: 
     _durable(ev, judged, opts, reports, samples)
     for i in ids:
         rep = reports[i]
-        rep["input"].update({"events": sum(n for k, n in kinds[i].items() if k != MALFORMED),
-                             "malformed": kinds[i].get(MALFORMED, 0), "malformed_lines": malformed[i],
-                             "duplicate_publishes": dup_pubs[i], **counts_in[i],
-                             "by_kind": dict(sorted((k, n) for k, n in kinds[i].items() if k != MALFORMED))})
+        rep["input"].update(
+            {
+                "events": sum(n for k, n in kinds[i].items() if k != MALFORMED),
+                "malformed": kinds[i].get(MALFORMED, 0),
+                "malformed_lines": malformed[i],
+                "duplicate_publishes": dup_pubs[i],
+                **counts_in[i],
+                "by_kind": dict(sorted((k, n) for k, n in kinds[i].items() if k != MALFORMED)),
+            }
+        )
         rep["published"] = published[i]
         for mode in MODES:
             rep["modes"][mode]["latency"] = latency[i][mode]
@@ -283,11 +332,29 @@ def _durable(ev: DataFrame, judged: dict[str, Judged], opts: Options, reports: d
         reports[run]["ok"] = reports[run]["ok"] and not violations
 
 
-def _judge_small_tables(ev: DataFrame, metas: list[RunMeta], max_t: dict[str, float],
-                        opts: Options) -> dict[str, Judged]:
+def _judge_small_tables(
+    ev: DataFrame, metas: list[RunMeta], max_t: dict[str, float], opts: Options
+) -> dict[str, Judged]:
     small = ev.where(F.col("ev").isin("subscribe", "unsubscribe", "cancel", "fault", "failover", "status")).select(
-        "run", "ev", "t", "ord", "sub", "topic", "key", "mode", "member", "reason", "fault", "target", "phase",
-        "params", "client", "digest", "subscriptions", "state")
+        "run",
+        "ev",
+        "t",
+        "ord",
+        "sub",
+        "topic",
+        "key",
+        "mode",
+        "member",
+        "reason",
+        "fault",
+        "target",
+        "phase",
+        "params",
+        "client",
+        "digest",
+        "subscriptions",
+        "state",
+    )
     subevs: dict[str, list[Any]] = {m.id: [] for m in metas}
     faults: dict[str, list[Any]] = {m.id: [] for m in metas}
     failovers: dict[str, dict[str, list[float]]] = {m.id: {} for m in metas}
@@ -295,11 +362,13 @@ def _judge_small_tables(ev: DataFrame, metas: list[RunMeta], max_t: dict[str, fl
     for r in _rows(small):
         if r.ev in ("subscribe", "unsubscribe", "cancel"):
             extra = r.member if r.ev == "subscribe" else r.reason
-            subevs[r.run].append((r.t, r.ord, r.ev, r.sub, r.topic, r.key, r.mode if r.ev == "subscribe" else None,
-                                  extra))
+            subevs[r.run].append(
+                (r.t, r.ord, r.ev, r.sub, r.topic, r.key, r.mode if r.ev == "subscribe" else None, extra)
+            )
         elif r.ev == "fault":
-            faults[r.run].append((r.t, r.ord, r.fault, r.target, r.phase,
-                                  json.loads(r.params) if r.params is not None else None))
+            faults[r.run].append(
+                (r.t, r.ord, r.fault, r.target, r.phase, json.loads(r.params) if r.params is not None else None)
+            )
         elif r.ev == "failover":
             failovers[r.run].setdefault(r.client, []).append(r.t)
         else:
@@ -316,15 +385,21 @@ def _judge_small_tables(ev: DataFrame, metas: list[RunMeta], max_t: dict[str, fl
             sub_timeout = DEFAULT_SUBSCRIBER_TIMEOUT
         for lst in failovers[m.id].values():
             lst.sort()
-        judged[m.id] = Judged(m, run_end, sub_timeout, build_subscriptions(subevs[m.id], run_end),
-                              FaultIndex(faults[m.id], run_end, sub_timeout, opts.grace, opts.horizon,
-                                         placement_of(m.info)),
-                              failovers[m.id], {k: v[2] for k, v in sorted(status[m.id].items())})
+        judged[m.id] = Judged(
+            m,
+            run_end,
+            sub_timeout,
+            build_subscriptions(subevs[m.id], run_end),
+            FaultIndex(faults[m.id], run_end, sub_timeout, opts.grace, opts.horizon, placement_of(m.info)),
+            failovers[m.id],
+            {k: v[2] for k, v in sorted(status[m.id].items())},
+        )
     return judged
 
 
-def _subscription_tables(spark: SparkSession, judged: dict[str, Judged],
-                         opts: Options) -> tuple[DataFrame, DataFrame, DataFrame]:
+def _subscription_tables(
+    spark: SparkSession, judged: dict[str, Judged], opts: Options
+) -> tuple[DataFrame, DataFrame, DataFrame]:
     """Broadcast tables: subscriptions (for deliveries), windows (for expectations) and the mode
     ranges [open_i, open_i+1) of rules.Subscription.mode_window."""
     subs, wins, ranges = [], [], []
@@ -338,22 +413,38 @@ def _subscription_tables(spark: SparkSession, judged: dict[str, Judged],
                 ranges.append((run, s.idx, lo, hi, w.mode))
     subs_df = spark.createDataFrame(subs, "srun string, sidx int, ssub string, stopic string, skey string")
     windows_df = spark.createDataFrame(
-        wins, "wrun string, wsidx int, widx int, wtopic string, wkey string, after double, close double, wmode string")
+        wins, "wrun string, wsidx int, widx int, wtopic string, wkey string, after double, close double, wmode string"
+    )
     windows_df = windows_df.withColumnRenamed("wsidx", "sidx")
     ranges_df = spark.createDataFrame(ranges, "mrun string, msidx int, lo double, hi double, wmode string")
     return subs_df, windows_df, ranges_df
 
 
-_CLASSIFIED_REORDER = StructType([
-    StructField("run", StringType()), StructField("sidx", LongType()), StructField("pid", StringType()),
-    StructField("seq", LongType()), StructField("after", LongType()), StructField("mode", StringType()),
-    StructField("first_t", DoubleType()), StructField("pmember", StringType()), StructField("cls", StringType()),
-])
-_CLASSIFIED_LOSS = StructType([
-    StructField("run", StringType()), StructField("sidx", LongType()), StructField("pid", StringType()),
-    StructField("seq", LongType()), StructField("pt", DoubleType()), StructField("ack", StringType()),
-    StructField("mode", StringType()), StructField("cls", StringType()),
-])
+_CLASSIFIED_REORDER = StructType(
+    [
+        StructField("run", StringType()),
+        StructField("sidx", LongType()),
+        StructField("pid", StringType()),
+        StructField("seq", LongType()),
+        StructField("after", LongType()),
+        StructField("mode", StringType()),
+        StructField("first_t", DoubleType()),
+        StructField("pmember", StringType()),
+        StructField("cls", StringType()),
+    ]
+)
+_CLASSIFIED_LOSS = StructType(
+    [
+        StructField("run", StringType()),
+        StructField("sidx", LongType()),
+        StructField("pid", StringType()),
+        StructField("seq", LongType()),
+        StructField("pt", DoubleType()),
+        StructField("ack", StringType()),
+        StructField("mode", StringType()),
+        StructField("cls", StringType()),
+    ]
+)
 
 
 def _reorder_classifier(judged: dict[str, Judged]) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -364,8 +455,17 @@ def _reorder_classifier(judged: dict[str, Judged]) -> Callable[[Iterator[Any]], 
         for df in frames:
             cls = []
             for run, pt, member, proc, topic, pt2, member2, first_t, mode in zip(
-                    df["run"], df["pt"], df["pmember"], df["pproc"], df["ptopic"], df["pt2"], df["pmember2"],
-                    df["first_t"], df["mode"], strict=True):
+                df["run"],
+                df["pt"],
+                df["pmember"],
+                df["pproc"],
+                df["ptopic"],
+                df["pt2"],
+                df["pmember2"],
+                df["first_t"],
+                df["mode"],
+                strict=True,
+            ):
                 faults, failovers = index[run]
                 m = (float(pt), topic, None, "", member, proc)  # (the topic: partitioned mode's primary)
                 m2 = (float(pt2), "", None, "", member2, "")
@@ -397,8 +497,10 @@ def _loss_classifier(judged: dict[str, Judged]) -> Callable[[Iterator[Any]], Ite
 def _latency(spark: SparkSession, got: DataFrame, ids: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Nearest-rank percentiles per run and mode (rules.rank), and the CDF points for the plot."""
     lat = got.select("run", "mode", (F.col("first_t") - F.col("pt")).alias("lat"))
-    sizes = {(r.run, r.mode): (r.n, r.max) for r in _rows(lat.groupBy("run", "mode").agg(
-        F.count("*").alias("n"), F.max("lat").alias("max")))}
+    sizes = {
+        (r.run, r.mode): (r.n, r.max)
+        for r in _rows(lat.groupBy("run", "mode").agg(F.count("*").alias("n"), F.max("lat").alias("max")))
+    }
     wanted = []
     for (run, mode), (n, _) in sizes.items():
         for p in {50.0, 90.0, 99.0, *CDF_POINTS}:
@@ -422,8 +524,11 @@ def _latency(spark: SparkSession, got: DataFrame, ids: list[str]) -> tuple[dict[
 def _fault_gaps(dels: DataFrame, judged: dict[str, Judged], opts: Options, reports: dict[str, Any]) -> None:
     """rules.path_gap for every fault on every path (publisher -> subscriber), one pandas group
     per path; the driver keeps the worst gap and recovery over the paths."""
-    intervals = {run: [(start, j.faults.stop(start, end)) for start, end, *_ in j.faults.intervals]
-                 for run, j in judged.items() if j.faults.intervals}
+    intervals = {
+        run: [(start, j.faults.stop(start, end)) for start, end, *_ in j.faults.intervals]
+        for run, j in judged.items()
+        if j.faults.intervals
+    }
     tail = opts.fault_tail
 
     def per_path(df: Any) -> Any:
@@ -441,8 +546,12 @@ def _fault_gaps(dels: DataFrame, judged: dict[str, Judged], opts: Options, repor
     out = {run: [[0.0, None, 0] for _ in iv] for run, iv in intervals.items()}
     if intervals:
         schema = "run string, fi long, gap double, recover double, count long"
-        res = dels.where(F.col("run").isin(list(intervals))).select("run", "sub", "pid", "t") \
-            .groupBy("run", "sub", "pid").applyInPandas(per_path, schema)
+        res = (
+            dels.where(F.col("run").isin(list(intervals)))
+            .select("run", "sub", "pid", "t")
+            .groupBy("run", "sub", "pid")
+            .applyInPandas(per_path, schema)
+        )
         for r in _rows(res):
             acc = out[r.run][r.fi]
             acc[0] = max(acc[0], r.gap)
@@ -451,9 +560,19 @@ def _fault_gaps(dels: DataFrame, judged: dict[str, Judged], opts: Options, repor
             acc[2] += r["count"]
     for run, j in judged.items():
         reports[run]["faults"] = [
-            {"fault": kind, "target": target, "start": start, "end": end, "healed": end is not None,
-             "params": params, "gap": acc[0], "recover": acc[1], "deliveries": acc[2]}
-            for (start, end, kind, target, params), acc in zip(j.faults.intervals, out.get(run, []), strict=True)]
+            {
+                "fault": kind,
+                "target": target,
+                "start": start,
+                "end": end,
+                "healed": end is not None,
+                "params": params,
+                "gap": acc[0],
+                "recover": acc[1],
+                "deliveries": acc[2],
+            }
+            for (start, end, kind, target, params), acc in zip(j.faults.intervals, out.get(run, []), strict=True)
+        ]
 
 
 def _rates(dels: DataFrame, judged: dict[str, Judged], opts: Options) -> dict[str, Any]:
@@ -491,17 +610,30 @@ def _empty_report(m: RunMeta, j: Judged, opts: Options) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _violations(spark: SparkSession, reports: dict[str, Any], judged: dict[str, Judged], lost: DataFrame,
-                reord: DataFrame, got: DataFrame, phantoms: DataFrame, opts: Options) -> dict[str, Any]:
+def _violations(
+    spark: SparkSession,
+    reports: dict[str, Any],
+    judged: dict[str, Judged],
+    lost: DataFrame,
+    reord: DataFrame,
+    got: DataFrame,
+    phantoms: DataFrame,
+    opts: Options,
+) -> dict[str, Any]:
     """Counts per kind (exact) and the first `sample` of each list, as the checker orders them."""
     n = opts.sample
     out: dict[str, Any] = {}
     for run in reports:
-        out[run] = {"lost": [], "duplicated": [], "reordered": [], "counts": {
-            "lost": 0, "duplicated": 0, "reordered": 0, "phantom": 0, "disagreement": 0}}
+        out[run] = {
+            "lost": [],
+            "duplicated": [],
+            "reordered": [],
+            "counts": {"lost": 0, "duplicated": 0, "reordered": 0, "phantom": 0, "disagreement": 0},
+        }
 
-    names = spark.createDataFrame([(run, s.idx, s.sub) for run, j in judged.items() for s in j.subs],
-                                  "run string, sidx int, sub_name string")
+    names = spark.createDataFrame(
+        [(run, s.idx, s.sub) for run, j in judged.items() for s in j.subs], "run string, sidx int, sub_name string"
+    )
 
     def first(df: DataFrame) -> list[Any]:
         """The first `sample` rows per run in the checker's order: (pid, seq, subscriber name, and
@@ -513,15 +645,34 @@ def _violations(spark: SparkSession, reports: dict[str, Any], judged: dict[str, 
 
     for r in first(lost):
         s = judged[r.run].subs[r.sidx]
-        out[r.run]["lost"].append({"pid": r.pid, "seq": r.seq, "sub": s.sub, "topic": s.topic, "key": s.key,
-                                   "member": r.ack, "t": r.pt, "class": r.cls})
+        out[r.run]["lost"].append(
+            {
+                "pid": r.pid,
+                "seq": r.seq,
+                "sub": s.sub,
+                "topic": s.topic,
+                "key": s.key,
+                "member": r.ack,
+                "t": r.pt,
+                "class": r.cls,
+            }
+        )
     dup = got.where(F.col("cnt") > 1)
     for r in first(dup):
-        out[r.run]["duplicated"].append({"pid": r.pid, "seq": r.seq, "sub": judged[r.run].subs[r.sidx].sub,
-                                         "mode": r.mode, "count": r.cnt})
+        out[r.run]["duplicated"].append(
+            {"pid": r.pid, "seq": r.seq, "sub": judged[r.run].subs[r.sidx].sub, "mode": r.mode, "count": r.cnt}
+        )
     for r in first(reord):
-        out[r.run]["reordered"].append({"pid": r.pid, "seq": r.seq, "sub": judged[r.run].subs[r.sidx].sub,
-                                        "mode": r.mode, "after_seq": r.after, "class": r.cls})
+        out[r.run]["reordered"].append(
+            {
+                "pid": r.pid,
+                "seq": r.seq,
+                "sub": judged[r.run].subs[r.sidx].sub,
+                "mode": r.mode,
+                "after_seq": r.after,
+                "class": r.cls,
+            }
+        )
     for r in _rows(lost.where(F.col("cls") == VIOLATION).groupBy("run").count()):
         out[r.run]["counts"]["lost"] = r["count"]
     for r in _rows(dup.groupBy("run").count()):
@@ -533,8 +684,11 @@ def _violations(spark: SparkSession, reports: dict[str, Any], judged: dict[str, 
     for run, rep in reports.items():
         digests = judged[run].status
         agreed = agreement(digests)
-        rep["agreement"] = {"agreed": agreed, "digests": digests,
-                            "missing": [mm for mm in judged[run].meta.info.members if mm not in digests]}
+        rep["agreement"] = {
+            "agreed": agreed,
+            "digests": digests,
+            "missing": [mm for mm in judged[run].meta.info.members if mm not in digests],
+        }
         counts = out[run].pop("counts")
         counts["disagreement"] = 1 if agreed is False else 0
         out[run]["violations"] = {"total": sum(counts.values()), "by_kind": counts}

@@ -35,8 +35,14 @@ class Progress:
     def __init__(self, total: int, quiet: bool) -> None:
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, unit="step", desc="audit", disable=quiet, file=sys.stderr,
-                        bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed} {postfix}")
+        self.bar = tqdm(
+            total=total,
+            unit="step",
+            desc="audit",
+            disable=quiet,
+            file=sys.stderr,
+            bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed} {postfix}",
+        )
         self.stop = threading.Event()
         self.tracker: Any = None
         self.thread: threading.Thread | None = None
@@ -82,8 +88,15 @@ def _check_input(run_dirs: list[str]) -> None:
             raise InputError(f"{Path(d) / 'events'}: no *.jsonl event files")
 
 
-def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, opts: Options | None = None,
-          quiet: bool = False, spark: Any = None, chunk_bytes: int | None = None) -> dict[str, Any]:
+def audit(
+    run_dirs: list[str],
+    out: str | Path,
+    master: str = DEFAULT_MASTER,
+    opts: Options | None = None,
+    quiet: bool = False,
+    spark: Any = None,
+    chunk_bytes: int | None = None,
+) -> dict[str, Any]:
     """Run the audit; returns the summary (also written to OUT/summary.json). `spark`: an existing
     session to use (the tests share one), else one is started for `master`; `chunk_bytes`: how
     the event files are split for reading (default 64 MiB)."""
@@ -100,8 +113,9 @@ def audit(run_dirs: list[str], out: str | Path, master: str = DEFAULT_MASTER, op
         return _audit(run_dirs, out, store, master, opts, quiet, spark, chunk_bytes)
 
 
-def _audit(run_dirs: list[str], out: Path, store: Any, master: str, opts: Any, quiet: bool, spark: Any,
-           chunk_bytes: int | None) -> dict[str, Any]:
+def _audit(
+    run_dirs: list[str], out: Path, store: Any, master: str, opts: Any, quiet: bool, spark: Any, chunk_bytes: int | None
+) -> dict[str, Any]:
     from roost.pipeline.analysis import analyze
     from roost.pipeline.spark import session
 
@@ -132,10 +146,16 @@ def _audit(run_dirs: list[str], out: Path, store: Any, master: str, opts: Any, q
     summary = {
         "version": 1,
         "ok": all(r["ok"] for r in runs),
-        "audit": {"master": spark.sparkContext.master, "out": str(out), "convert_s": round(t1 - t0, 3),
-                  "analyze_s": round(t2 - t1, 3), "converted": len(stale), "reused": len(run_dirs) - len(stale),
-                  "events": sum(r["input"]["events"] + r["input"]["malformed"] for r in runs),
-                  "parquet": str(store.events)},
+        "audit": {
+            "master": spark.sparkContext.master,
+            "out": str(out),
+            "convert_s": round(t1 - t0, 3),
+            "analyze_s": round(t2 - t1, 3),
+            "converted": len(stale),
+            "reused": len(run_dirs) - len(stale),
+            "events": sum(r["input"]["events"] + r["input"]["malformed"] for r in runs),
+            "parquet": str(store.events),
+        },
         "runs": runs,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -145,15 +165,23 @@ def _audit(run_dirs: list[str], out: Path, store: Any, master: str, opts: Any, q
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (docs/eventlog.md)")
-    ap.add_argument("--master", default=DEFAULT_MASTER,
-                    help="Spark master URL: local[*], local[N] or spark://host:7077 (default %(default)s)")
-    ap.add_argument("--out", default="audit", help="output directory: report.md, summary.json, plots and the "
-                                                    "Parquet store (default %(default)s)")
+    ap.add_argument(
+        "--master",
+        default=DEFAULT_MASTER,
+        help="Spark master URL: local[*], local[N] or spark://host:7077 (default %(default)s)",
+    )
+    ap.add_argument(
+        "--out",
+        default="audit",
+        help="output directory: report.md, summary.json, plots and the Parquet store (default %(default)s)",
+    )
     ap.add_argument("--grace", type=float, default=DEFAULT_GRACE, help="as scripts/check.py (default %(default)s)")
-    ap.add_argument("--subscriber-timeout", type=float, default=None,
-                    help="seconds (default: each run.json's config, else 10)")
-    ap.add_argument("--fault-tail", type=float, default=DEFAULT_FAULT_TAIL,
-                    help="as scripts/check.py (default %(default)s)")
+    ap.add_argument(
+        "--subscriber-timeout", type=float, default=None, help="seconds (default: each run.json's config, else 10)"
+    )
+    ap.add_argument(
+        "--fault-tail", type=float, default=DEFAULT_FAULT_TAIL, help="as scripts/check.py (default %(default)s)"
+    )
     ap.add_argument("--horizon", type=float, default=DEFAULT_HORIZON, help="as scripts/check.py (default %(default)s)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -175,14 +203,18 @@ def run(a: argparse.Namespace) -> int:
         return 2
     for r in summary["runs"]:
         v = r["violations"]
-        print(f"{r['run']['id']}: {'OK' if r['ok'] else 'FAIL'}, {r['input']['events']} events, "
-              f"{r['input']['malformed']} malformed, {v['total']} violations")
+        print(
+            f"{r['run']['id']}: {'OK' if r['ok'] else 'FAIL'}, {r['input']['events']} events, "
+            f"{r['input']['malformed']} malformed, {v['total']} violations"
+        )
     print(f"wrote {Path(a.out) / 'report.md'}, {Path(a.out) / 'summary.json'} and the plots")
     return 0 if summary["ok"] else 1
 
 
-DESCRIPTION = ("Audit chaos, failover and benchmark runs with Spark: what was lost, duplicated or reordered, "
-               "latency, and the delivery gap around every fault (docs/pipeline.md).")
+DESCRIPTION = (
+    "Audit chaos, failover and benchmark runs with Spark: what was lost, duplicated or reordered, "
+    "latency, and the delivery gap around every fault (docs/pipeline.md)."
+)
 
 
 def main(argv: list[str] | None = None) -> int:

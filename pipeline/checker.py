@@ -39,8 +39,13 @@ _EXP, _ACK, _DEL, _MISS, _LOST, _RECV, _UNEXP, _DUP, _REORD = range(len(COUNT_FI
 class Checker:
     """Collects events (add) and judges them (result). Memory is a few tuples per event."""
 
-    def __init__(self, grace: float = DEFAULT_GRACE, subscriber_timeout: float | None = None,
-                 fault_tail: float = DEFAULT_FAULT_TAIL, horizon: float = DEFAULT_HORIZON) -> None:
+    def __init__(
+        self,
+        grace: float = DEFAULT_GRACE,
+        subscriber_timeout: float | None = None,
+        fault_tail: float = DEFAULT_FAULT_TAIL,
+        horizon: float = DEFAULT_HORIZON,
+    ) -> None:
         self.grace = grace
         self.horizon = horizon
         self.subscriber_timeout = subscriber_timeout
@@ -123,10 +128,18 @@ class Checker:
 
         violations: list[dict[str, Any]] = []
 
-        def violation(kind: str, pid: str | None, seq: int | None, sub: str | None, member: str | None,
-                      reason: str, t: float | None) -> None:
-            violations.append({"kind": kind, "pid": pid, "seq": seq, "sub": sub, "member": member,
-                               "reason": reason, "t": t})
+        def violation(
+            kind: str,
+            pid: str | None,
+            seq: int | None,
+            sub: str | None,
+            member: str | None,
+            reason: str,
+            t: float | None,
+        ) -> None:
+            violations.append(
+                {"kind": kind, "pid": pid, "seq": seq, "sub": sub, "member": member, "reason": reason, "t": t}
+            )
 
         # Deliveries, in time order: first delivery, count and high-water seq per path. The loops
         # below run once per event or per expected message, hence the local names.
@@ -174,11 +187,25 @@ class Checker:
                 if count > 1:
                     r[_DUP] += 1
                     pid, seq = mk
-                    duplicated.append({"pid": pid, "seq": seq, "sub": s.sub, "mode": mode, "count": count,
-                                       "members": [first_member, second_member]})
-                    violation("duplicated", pid, seq, s.sub, second_member,
-                              f"duplicated: delivered {count} times ({mode}; from {first_member} then "
-                              f"{second_member})", first_t)
+                    duplicated.append(
+                        {
+                            "pid": pid,
+                            "seq": seq,
+                            "sub": s.sub,
+                            "mode": mode,
+                            "count": count,
+                            "members": [first_member, second_member],
+                        }
+                    )
+                    violation(
+                        "duplicated",
+                        pid,
+                        seq,
+                        s.sub,
+                        second_member,
+                        f"duplicated: delivered {count} times ({mode}; from {first_member} then {second_member})",
+                        first_t,
+                    )
 
         reordered: list[dict[str, Any]] = []
         for s, pid, seq, after in reorders:
@@ -188,9 +215,16 @@ class Checker:
             first_t = s.got[(pid, seq)][1]
             cls = faults.classify_reorder(mode, m, m2, first_t, self.failovers)
             if cls == VIOLATION:
-                violation("reordered", pid, seq, s.sub, m[4],
-                          f"reordered: delivered after seq {after} of the same publisher, same member, "
-                          "no failover or crash between", first_t)
+                violation(
+                    "reordered",
+                    pid,
+                    seq,
+                    s.sub,
+                    m[4],
+                    f"reordered: delivered after seq {after} of the same publisher, same member, "
+                    "no failover or crash between",
+                    first_t,
+                )
             reordered.append({"pid": pid, "seq": seq, "sub": s.sub, "mode": mode, "after_seq": after, "class": cls})
 
         # Expectations, window by window over the publishes sorted by time.
@@ -235,18 +269,40 @@ class Checker:
                     ack = acks_get(mk)
                     cls = faults.classify_loss(ack, pt, w)
                     if cls == VIOLATION:
-                        violation("lost", mk[0], mk[1], s.sub, ack,
-                                  f"lost: acknowledged by {ack}, expected by {s.sub} "
-                                  f"({s.topic}{'' if s.key is None else '/' + s.key}), never delivered; "
-                                  "no fault or cancel explains it", pt)
+                        violation(
+                            "lost",
+                            mk[0],
+                            mk[1],
+                            s.sub,
+                            ack,
+                            f"lost: acknowledged by {ack}, expected by {s.sub} "
+                            f"({s.topic}{'' if s.key is None else '/' + s.key}), never delivered; "
+                            "no fault or cancel explains it",
+                            pt,
+                        )
                     lost_by_class[mode][cls] += 1
-                    lost.append({"pid": mk[0], "seq": mk[1], "sub": s.sub, "topic": s.topic, "key": s.key,
-                                 "member": ack, "t": pt, "class": cls})
+                    lost.append(
+                        {
+                            "pid": mk[0],
+                            "seq": mk[1],
+                            "sub": s.sub,
+                            "topic": s.topic,
+                            "key": s.key,
+                            "member": ack,
+                            "t": pt,
+                            "class": cls,
+                        }
+                    )
 
         modes_out: dict[str, Any] = {
-            mode: {"totals": dict.fromkeys(COUNT_FIELDS, 0), "lost_by_class": lost_by_class[mode],
-                   "latency": latency_summary(latencies[mode]), "paths": []}
-            for mode in MODES}
+            mode: {
+                "totals": dict.fromkeys(COUNT_FIELDS, 0),
+                "lost_by_class": lost_by_class[mode],
+                "latency": latency_summary(latencies[mode]),
+                "paths": [],
+            }
+            for mode in MODES
+        }
         for s in subs:
             for (mode, pid), r in s.rows.items():
                 r[_UNEXP] = r[_RECV] - r[_DEL]
@@ -275,9 +331,19 @@ class Checker:
                 if g[1] is not None and (recover is None or g[1] > recover):
                     recover = g[1]
                 count += g[2]
-            faults_out.append({"fault": kind, "target": target, "start": start, "end": end, "healed": end is not None,
-                               "params": params, "gap": gap, "recover": recover,
-                               "deliveries": count})
+            faults_out.append(
+                {
+                    "fault": kind,
+                    "target": target,
+                    "start": start,
+                    "end": end,
+                    "healed": end is not None,
+                    "params": params,
+                    "gap": gap,
+                    "recover": recover,
+                    "deliveries": count,
+                }
+            )
 
         published = {mode: {"messages": 0, "acknowledged": 0} for mode in MODES}
         for mk, m in pubs.items():
@@ -292,9 +358,16 @@ class Checker:
         # (a member whose status could not be read agrees with nobody)
         agreed = agreement(digests)
         if agreed is False:
-            violation("disagreement", None, None, None, ",".join(digests),
-                      "members disagree after the last heal: "
-                      + ", ".join(f"{mm}={(d or 'unreachable')[:12]}" for mm, d in digests.items()), None)
+            violation(
+                "disagreement",
+                None,
+                None,
+                None,
+                ",".join(digests),
+                "members disagree after the last heal: "
+                + ", ".join(f"{mm}={(d or 'unreachable')[:12]}" for mm, d in digests.items()),
+                None,
+            )
         violations.sort(key=lambda v: (v["kind"], v["pid"] or "", v["seq"] or 0, v["sub"] or ""))
         lost.sort(key=lambda x: (x["pid"], x["seq"], x["sub"]))
         duplicated.sort(key=lambda x: (x["pid"], x["seq"], x["sub"]))
@@ -302,29 +375,50 @@ class Checker:
         return {
             "version": 1,
             "ok": not violations,
-            "run": {"dir": run.dir, "seed": run.seed, "started": run.started, "ended": run.ended,
-                    "members": run.members, "config": run.config},
+            "run": {
+                "dir": run.dir,
+                "seed": run.seed,
+                "started": run.started,
+                "ended": run.ended,
+                "members": run.members,
+                "config": run.config,
+            },
             "options": {"grace": grace, "subscriber_timeout": sub_timeout, "fault_tail": self.fault_tail},
-            "input": {"files": self.files, "events": self.events, "malformed": len(self.malformed_lines),
-                      "malformed_lines": self.malformed_lines, "duplicate_publishes": self.duplicate_publishes,
-                      "unpaired_fault_ends": faults.unpaired_ends, "phantom_deliveries": phantoms,
-                      "stray_deliveries": stray, "by_kind": dict(sorted(self.by_kind.items()))},
+            "input": {
+                "files": self.files,
+                "events": self.events,
+                "malformed": len(self.malformed_lines),
+                "malformed_lines": self.malformed_lines,
+                "duplicate_publishes": self.duplicate_publishes,
+                "unpaired_fault_ends": faults.unpaired_ends,
+                "phantom_deliveries": phantoms,
+                "stray_deliveries": stray,
+                "by_kind": dict(sorted(self.by_kind.items())),
+            },
             "published": published,
             "modes": modes_out,
             "lost": lost,
             "duplicated": duplicated,
             "reordered": reordered,
             "faults": faults_out,
-            "agreement": {"agreed": agreed, "digests": digests,
-                          "missing": [mm for mm in run.members if mm not in digests]},
+            "agreement": {
+                "agreed": agreed,
+                "digests": digests,
+                "missing": [mm for mm in run.members if mm not in digests],
+            },
             "durable": durable,
             "violations": violations,
         }
 
 
-def check_events(events: Iterable[Mapping[str, Any]], run: RunInfo, grace: float = DEFAULT_GRACE,
-                 subscriber_timeout: float | None = None, fault_tail: float = DEFAULT_FAULT_TAIL,
-                 horizon: float = DEFAULT_HORIZON) -> dict[str, Any]:
+def check_events(
+    events: Iterable[Mapping[str, Any]],
+    run: RunInfo,
+    grace: float = DEFAULT_GRACE,
+    subscriber_timeout: float | None = None,
+    fault_tail: float = DEFAULT_FAULT_TAIL,
+    horizon: float = DEFAULT_HORIZON,
+) -> dict[str, Any]:
     """Judge already parsed events (each must pass validate()); the pure entry point."""
     checker = Checker(grace, subscriber_timeout, fault_tail, horizon)
     for e in events:
@@ -332,8 +426,13 @@ def check_events(events: Iterable[Mapping[str, Any]], run: RunInfo, grace: float
     return checker.result(run)
 
 
-def check_run(run_dir: str | Path, grace: float = DEFAULT_GRACE, subscriber_timeout: float | None = None,
-              fault_tail: float = DEFAULT_FAULT_TAIL, horizon: float = DEFAULT_HORIZON) -> dict[str, Any]:
+def check_run(
+    run_dir: str | Path,
+    grace: float = DEFAULT_GRACE,
+    subscriber_timeout: float | None = None,
+    fault_tail: float = DEFAULT_FAULT_TAIL,
+    horizon: float = DEFAULT_HORIZON,
+) -> dict[str, Any]:
     """Judge a run directory; InputError when there is no run.json or no event at all."""
     run = load_run(run_dir)
     paths = event_files(run_dir)

@@ -93,8 +93,17 @@ def judge(c: DurableCollector, faults: FaultIndex, fault_tail: float,
 
     def violation(kind: str, msg: MsgKey | None, k: SubKey | None, member: str | None, reason: str,
                   t: float | None) -> None:  # fmt: skip
-        violations.append({"kind": kind, "pid": msg[0] if msg else None, "seq": msg[1] if msg else None,
-                           "sub": sub_name(k) if k else None, "member": member, "reason": reason, "t": t})
+        violations.append(
+            {
+                "kind": kind,
+                "pid": msg[0] if msg else None,
+                "seq": msg[1] if msg else None,
+                "sub": sub_name(k) if k else None,
+                "member": member,
+                "reason": reason,
+                "t": t,
+            }
+        )
 
     keys = set(c.opens) | {r[2:5] for r in c.records} | {x[2:5] for x in c.commits}
     subs = {k: _Sub() for k in sorted(keys)}
@@ -121,8 +130,18 @@ def judge(c: DurableCollector, faults: FaultIndex, fault_tail: float,
             s.counts["commits"] += 1
             if s.committed is not None and offset < s.committed:
                 s.counts["cursor_regressions"] += 1
-                regressions.append({"client": k[0], "durable": k[1], "topic": k[2], "kind": "commit_back",
-                                    "offset": offset, "committed": s.committed, "t": t, "proc": proc})
+                regressions.append(
+                    {
+                        "client": k[0],
+                        "durable": k[1],
+                        "topic": k[2],
+                        "kind": "commit_back",
+                        "offset": offset,
+                        "committed": s.committed,
+                        "t": t,
+                        "proc": proc,
+                    }
+                )
                 violation("cursor_regression", None, k, None, f"{k[2]}: committed {offset} after {s.committed} "
                           f"had been committed ({proc})", t)  # fmt: skip
             s.committed = offset if s.committed is None else max(s.committed, offset)
@@ -133,8 +152,18 @@ def judge(c: DurableCollector, faults: FaultIndex, fault_tail: float,
         s.times.append(t)
         if s.committed is not None and offset < s.committed:
             s.counts["cursor_regressions"] += 1
-            regressions.append({"client": k[0], "durable": k[1], "topic": topic, "kind": "read_below",
-                                "offset": offset, "committed": s.committed, "t": t, "proc": proc})
+            regressions.append(
+                {
+                    "client": k[0],
+                    "durable": k[1],
+                    "topic": topic,
+                    "kind": "read_below",
+                    "offset": offset,
+                    "committed": s.committed,
+                    "t": t,
+                    "proc": proc,
+                }
+            )
             violation("cursor_regression", mk, k, member, f"{topic}: got offset {offset} after the cursor was "
                       f"committed at {s.committed} ({proc})", t)  # fmt: skip
         first = at_offset.setdefault((partition, offset), (mk, t))
@@ -173,8 +202,14 @@ def judge(c: DurableCollector, faults: FaultIndex, fault_tail: float,
                 n["duplicated"] += 1
                 duplicated.append({"pid": mk[0], "seq": mk[1], "client": k[0], "durable": k[1], "topic": k[2],
                                    "offsets": offs})  # fmt: skip
-                violation("durable_duplicated", mk, k, None, f"{k[2]}: one message at offsets "
-                          f"{', '.join(map(str, offs))} (de-duplication by offset keeps both)", s.at[offs[1]][2])
+                violation(
+                    "durable_duplicated",
+                    mk,
+                    k,
+                    None,
+                    f"{k[2]}: one message at offsets {', '.join(map(str, offs))} (de-duplication by offset keeps both)",
+                    s.at[offs[1]][2],
+                )
         high: dict[str, int] = {}
         for offset in sorted(s.at):  # (each message at its first offset: order within a producer)
             mk = s.at[offset][1]
@@ -197,8 +232,9 @@ def judge(c: DurableCollector, faults: FaultIndex, fault_tail: float,
             where = f"at offset {known} (another subscription got it)" if known is not None else "at no offset seen"
             behind = f" - it read only to offset {read_to - 1}: behind at the end" if (
                 known is not None and known >= read_to) else ""  # fmt: skip
-            violation("durable_lost", mk, k, ack[3], f"{k[2]}: acknowledged put never received, {where}{behind}",
-                      put[1])
+            violation(
+                "durable_lost", mk, k, ack[3], f"{k[2]}: acknowledged put never received, {where}{behind}", put[1]
+            )
 
     faults_out = []
     for start, end, fkind, target, _ in faults.intervals:

@@ -34,14 +34,27 @@ _NUM: tuple[type, ...] = (float, int)
 # Per event kind, its fields beyond t/proc/ev and the exact types accepted (type(), so a bool is
 # not an int).
 FIELDS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    "publish": (("pid", _STR), ("seq", _INT), ("topic", _STR), ("key", _STR_NULL), ("mode", _STR),
-                ("member", _STR_NULL)),
+    "publish": (
+        ("pid", _STR),
+        ("seq", _INT),
+        ("topic", _STR),
+        ("key", _STR_NULL),
+        ("mode", _STR),
+        ("member", _STR_NULL),
+    ),
     "puback": (("pid", _STR), ("seq", _INT), ("member", _STR_NULL)),
     "subscribe": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL), ("mode", _STR), ("member", _STR_NULL)),
     "unsubscribe": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL)),
     "cancel": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL), ("reason", _STR)),
-    "deliver": (("sub", _STR), ("topic", _STR), ("key", _STR_NULL), ("mode", _STR), ("pid", _STR),
-                ("seq", _INT), ("member", _STR_NULL)),
+    "deliver": (
+        ("sub", _STR),
+        ("topic", _STR),
+        ("key", _STR_NULL),
+        ("mode", _STR),
+        ("pid", _STR),
+        ("seq", _INT),
+        ("member", _STR_NULL),
+    ),
     "failover": (("client", _STR), ("from", _STR_NULL), ("to", _STR_NULL)),
     "fault": (("fault", _STR), ("target", _STR), ("phase", _STR)),
     "status": (("member", _STR), ("digest", _STR_NULL), ("subscriptions", (int, type(None))), ("state", _STR)),
@@ -49,13 +62,24 @@ FIELDS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
     "put": (("pid", _STR), ("seq", _INT), ("topic", _STR), ("member", _STR_NULL)),
     "putack": (("pid", _STR), ("seq", _INT), ("partition", _INT), ("member", _STR_NULL)),
     "dsubscribe": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR), ("start", _STR)),
-    "record": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR), ("partition", _INT),
-               ("offset", _INT), ("pid", _STR), ("seq", _INT), ("member", _STR_NULL)),
+    "record": (
+        ("sub", _STR),
+        ("client", _STR),
+        ("durable", _STR),
+        ("topic", _STR),
+        ("partition", _INT),
+        ("offset", _INT),
+        ("pid", _STR),
+        ("seq", _INT),
+        ("member", _STR_NULL),
+    ),
     "commit": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR), ("offset", _INT)),
     "crash": (("sub", _STR), ("client", _STR), ("durable", _STR), ("topic", _STR)),
 }
 _ENUMS: dict[str, frozenset[str]] = {
-    "mode": frozenset(MODES), "phase": frozenset({"start", "end"}), "fault": FAULT_KINDS,
+    "mode": frozenset(MODES),
+    "phase": frozenset({"start", "end"}),
+    "fault": FAULT_KINDS,
 }
 _TYPE_NAMES = {_STR: "a string", _STR_NULL: "a string or null", _INT: "an integer", _NUM: "a number"}
 _MISSING = object()
@@ -156,9 +180,14 @@ def load_run(run_dir: str | Path) -> RunInfo:
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
     members = raw.get("members")
-    info = RunInfo(dir=str(run_dir), seed=raw.get("seed"), started=num("started"), ended=num("ended"),
-                   members=sorted(members) if isinstance(members, dict) else [],
-                   config=raw.get("config") if isinstance(raw.get("config"), str) else None)
+    info = RunInfo(
+        dir=str(run_dir),
+        seed=raw.get("seed"),
+        started=num("started"),
+        ended=num("ended"),
+        members=sorted(members) if isinstance(members, dict) else [],
+        config=raw.get("config") if isinstance(raw.get("config"), str) else None,
+    )
     text = raw.get("config_text")
     if isinstance(text, str):
         try:
@@ -202,7 +231,7 @@ def _surrogate_error(obj: object) -> str | None:
     try:
         json.dumps(obj, ensure_ascii=False).encode()
     except UnicodeEncodeError as e:
-        return f"a string holds a lone surrogate ({e.object[e.start:e.end]!a})"
+        return f"a string holds a lone surrogate ({e.object[e.start : e.end]!a})"
     return None
 
 

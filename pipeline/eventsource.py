@@ -36,16 +36,29 @@ BATCH_ROWS = 65536
 
 # Event fields and their columns (JSON key -> column), in schema order after the fixed columns.
 _FIELD_COLUMNS: tuple[tuple[str, str, Any], ...] = (
-    ("pid", "pid", StringType()), ("seq", "seq", LongType()), ("topic", "topic", StringType()),
-    ("key", "key", StringType()), ("mode", "mode", StringType()), ("member", "member", StringType()),
-    ("sub", "sub", StringType()), ("reason", "reason", StringType()), ("client", "client", StringType()),
-    ("from", "from_member", StringType()), ("to", "to_member", StringType()), ("fault", "fault", StringType()),
-    ("target", "target", StringType()), ("phase", "phase", StringType()), ("params", "params", StringType()),
-    ("digest", "digest", StringType()), ("subscriptions", "subscriptions", LongType()),
+    ("pid", "pid", StringType()),
+    ("seq", "seq", LongType()),
+    ("topic", "topic", StringType()),
+    ("key", "key", StringType()),
+    ("mode", "mode", StringType()),
+    ("member", "member", StringType()),
+    ("sub", "sub", StringType()),
+    ("reason", "reason", StringType()),
+    ("client", "client", StringType()),
+    ("from", "from_member", StringType()),
+    ("to", "to_member", StringType()),
+    ("fault", "fault", StringType()),
+    ("target", "target", StringType()),
+    ("phase", "phase", StringType()),
+    ("params", "params", StringType()),
+    ("digest", "digest", StringType()),
+    ("subscriptions", "subscriptions", LongType()),
     ("state", "state", StringType()),
     # durable mode's events (pipeline/durablerules.py)
-    ("durable", "durable", StringType()), ("start", "start", StringType()),
-    ("partition", "log_partition", LongType()), ("offset", "log_offset", LongType()),
+    ("durable", "durable", StringType()),
+    ("start", "start", StringType()),
+    ("partition", "log_partition", LongType()),
+    ("offset", "log_offset", LongType()),
 )
 
 EVENT_SCHEMA = StructType([
@@ -103,8 +116,10 @@ _ARROW_TYPES = {"StringType()": "string", "LongType()": "int64", "IntegerType()"
 _NONE: dict[str, Any] = {}  # what a malformed line's row reads its event fields from
 # Per event kind, the fields that go to columns: those it defines. Any other field is allowed in
 # the logs and ignored (as by the checker), whatever its type.
-_KEEP = {ev: ("t", "proc", "ev", *(name for name, _ in spec), *(("params",) if ev == "fault" else ()))
-         for ev, spec in FIELDS.items()}
+_KEEP = {
+    ev: ("t", "proc", "ev", *(name for name, _ in spec), *(("params",) if ev == "fault" else ()))
+    for ev, spec in FIELDS.items()
+}
 
 
 def read_chunk(chunk: Chunk, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
@@ -112,8 +127,9 @@ def read_chunk(chunk: Chunk, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
     append; the columns are built per batch, one comprehension each."""
     import pyarrow as pa
 
-    schema = pa.schema([pa.field(f.name, getattr(pa, _ARROW_TYPES[repr(f.dataType)])(), f.nullable)
-                        for f in EVENT_SCHEMA.fields])
+    schema = pa.schema(
+        [pa.field(f.name, getattr(pa, _ARROW_TYPES[repr(f.dataType)])(), f.nullable) for f in EVENT_SCHEMA.fields]
+    )
     parse = line_parser()
     objs: list[dict[str, Any]] = []
     errors: list[str | None] = []
@@ -141,13 +157,17 @@ def read_chunk(chunk: Chunk, batch_rows: int = BATCH_ROWS) -> Iterator[Any]:
         yield _batch(pa, schema, objs, errors, chunk, line)
 
 
-def _batch(pa: Any, schema: Any, objs: list[dict[str, Any]], errors: list[str | None], chunk: Chunk,
-           first_line: int) -> Any:
+def _batch(
+    pa: Any, schema: Any, objs: list[dict[str, Any]], errors: list[str | None], chunk: Chunk, first_line: int
+) -> Any:
     n = len(objs)
     dumps = json.dumps
     cols: dict[str, Any] = {
-        "run": [chunk.run] * n, "file": [chunk.file] * n, "file_rank": [chunk.file_rank] * n,
-        "line": range(first_line, first_line + n), "ev": [o.get("ev", MALFORMED) for o in objs],
+        "run": [chunk.run] * n,
+        "file": [chunk.file] * n,
+        "file_rank": [chunk.file_rank] * n,
+        "line": range(first_line, first_line + n),
+        "ev": [o.get("ev", MALFORMED) for o in objs],
         "t": [None if (t := o.get("t")) is None else float(t) for o in objs],  # (float: an int past 2**53 too)
         "proc": [o.get("proc") for o in objs],
     }

@@ -7,8 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-FAULT_COLOURS = {"kill": "#d62728", "restart": "#2ca02c", "pause": "#ff7f0e", "partition": "#9467bd",
-                 "loss": "#8c564b", "dup": "#e377c2", "delay": "#7f7f7f"}
+FAULT_COLOURS = {
+    "kill": "#d62728",
+    "restart": "#2ca02c",
+    "pause": "#ff7f0e",
+    "partition": "#9467bd",
+    "loss": "#8c564b",
+    "dup": "#e377c2",
+    "delay": "#7f7f7f",
+}
 MODE_COLOURS = {"reliable": "#1f77b4", "fire": "#ff7f0e"}
 
 
@@ -33,8 +40,13 @@ def latency_cdf(report: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for mode, points in report["plots"]["latency_cdf"].items():
         if points:
-            ax.step([v * 1000 for _, v in points], [p / 100 for p, _ in points], where="post",
-                    label=f"{mode} (n={report['modes'][mode]['latency']['n']})", color=MODE_COLOURS.get(mode))
+            ax.step(
+                [v * 1000 for _, v in points],
+                [p / 100 for p, _ in points],
+                where="post",
+                label=f"{mode} (n={report['modes'][mode]['latency']['n']})",
+                color=MODE_COLOURS.get(mode),
+            )
     ax.set_xscale("log")
     ax.set_xlabel("one-way latency, publish to first delivery (ms, log scale)")
     ax.set_ylabel("fraction of deliveries")
@@ -55,8 +67,13 @@ def delivery_rate(report: dict[str, Any], path: Path) -> Path:
         bins = rate[mode]
         if bins:
             xs = sorted(int(b) for b in bins)
-            ax.plot([b * width for b in xs], [bins[b] if b in bins else bins[str(b)] for b in xs], label=mode,
-                    color=MODE_COLOURS[mode], linewidth=1)
+            ax.plot(
+                [b * width for b in xs],
+                [bins[b] if b in bins else bins[str(b)] for b in xs],
+                label=mode,
+                color=MODE_COLOURS[mode],
+                linewidth=1,
+            )
     seen: set[str] = set()
     for f in report["faults"]:
         start = f["start"] - t0
@@ -82,10 +99,21 @@ def fault_gaps(report: dict[str, Any], path: Path) -> Path:
     t0 = report["plots"]["rate"]["t0"]
     labels = [f"{f['fault']} {f['target']}\n+{f['start'] - t0:.1f}s" for f in faults]
     xs = range(len(faults))
-    ax.bar([x - 0.2 for x in xs], [f["gap"] * 1000 for f in faults], width=0.4, label="longest gap on a path",
-           color="#1f77b4")
-    ax.bar([x + 0.2 for x in xs], [(f["recover"] or 0) * 1000 for f in faults], width=0.4, color="#444444",
-           alpha=0.6, label="time to recover after the end")
+    ax.bar(
+        [x - 0.2 for x in xs],
+        [f["gap"] * 1000 for f in faults],
+        width=0.4,
+        label="longest gap on a path",
+        color="#1f77b4",
+    )
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [(f["recover"] or 0) * 1000 for f in faults],
+        width=0.4,
+        color="#444444",
+        alpha=0.6,
+        label="time to recover after the end",
+    )
     ax.set_xticks(list(xs), labels, fontsize="x-small", rotation=60 if len(faults) > 12 else 0)
     ax.set_xlabel("fault (kind, target, start)")
     ax.set_ylabel("milliseconds")
@@ -100,5 +128,8 @@ def fault_gaps(report: dict[str, Any], path: Path) -> Path:
 
 def draw_all(report: dict[str, Any], out: Path) -> list[Path]:
     rid = report["run"]["id"]
-    return [latency_cdf(report, out / f"{rid}-latency-cdf.png"), delivery_rate(report, out / f"{rid}-rate.png"),
-            fault_gaps(report, out / f"{rid}-fault-gaps.png")]
+    return [
+        latency_cdf(report, out / f"{rid}-latency-cdf.png"),
+        delivery_rate(report, out / f"{rid}-rate.png"),
+        fault_gaps(report, out / f"{rid}-fault-gaps.png"),
+    ]

@@ -258,8 +258,17 @@ REORDER_FIRE = "allowed: fire mode keeps no order"
 REORDER_PRIMARY = "allowed: the topic's primary changed (partitioned mode)"
 
 COUNT_FIELDS = (
-    "expected", "acknowledged", "delivered", "missing", "lost", "received", "unexpected", "duplicated", "reordered",
+    "expected",
+    "acknowledged",
+    "delivered",
+    "missing",
+    "lost",
+    "received",
+    "unexpected",
+    "duplicated",
+    "reordered",
 )
+
 
 @dataclass
 class Window:
@@ -445,15 +454,22 @@ class FaultIndex:
 
     def cut_off(self, member: str | None, t: float) -> bool:
         horizon = self.horizon
-        return any(stop >= t and start <= t + horizon
-                   for target in (member, "all") for start, stop in self.cuts.get(target, ()))
+        return any(
+            stop >= t and start <= t + horizon
+            for target in (member, "all")
+            for start, stop in self.cuts.get(target, ())
+        )
 
     def unreplicated(self, members: tuple[str | None, str | None], confirmed: float, t: float) -> bool:
         """Confirmed while the acking member or the subscriber's home was apart from the
         others, published before that ended (plus a grace): docs/guarantees.md, CMDACK."""
         grace = self.grace
-        return any(start <= confirmed <= stop and t <= stop + grace
-                   for m in members for target in (m, "all") for start, stop in self.apart.get(target, ()))
+        return any(
+            start <= confirmed <= stop and t <= stop + grace
+            for m in members
+            for target in (m, "all")
+            for start, stop in self.apart.get(target, ())
+        )
 
     def classify_loss(self, ack: str | None, t: float, w: Window) -> str:
         """The class of a lost message published at `t`, acknowledged by `ack`, expected in `w`."""
@@ -527,5 +543,10 @@ def latency_summary(values: list[float]) -> dict[str, Any]:
     values.sort()
     if not values:
         return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None}
-    return {"n": len(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
-            "p99": percentile(values, 99), "max": values[-1]}
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": values[-1],
+    }

@@ -78,16 +78,23 @@ def parse_options(options: dict[str, str], schema: StructType) -> SinkOptions:
     try:
         timeout = float(options.get("timeout", DEFAULT_TIMEOUT))
     except ValueError:
-        raise SinkError(f"roost sink: option 'timeout' must be a number of seconds, "
-                        f"not {options['timeout']!r}") from None
+        raise SinkError(
+            f"roost sink: option 'timeout' must be a number of seconds, not {options['timeout']!r}"
+        ) from None
     if not 0 < timeout < math.inf:
         raise SinkError(f"roost sink: option 'timeout' must be a number of seconds above 0, not {timeout}")
     fields = {f.name: f.dataType for f in schema.fields}
     if "payload" not in fields:
-        raise SinkError(f"roost sink: the DataFrame has no 'payload' column (string or binary); it has: "
-                        f"{', '.join(fields) or 'no columns'}")
-    allowed = {"payload": (StringType(), BinaryType()), "key": (StringType(),), "topic": (StringType(),),
-               "tags": (MapType(StringType(), StringType(), True), MapType(StringType(), StringType(), False))}
+        raise SinkError(
+            f"roost sink: the DataFrame has no 'payload' column (string or binary); it has: "
+            f"{', '.join(fields) or 'no columns'}"
+        )
+    allowed = {
+        "payload": (StringType(), BinaryType()),
+        "key": (StringType(),),
+        "topic": (StringType(),),
+        "tags": (MapType(StringType(), StringType(), True), MapType(StringType(), StringType(), False)),
+    }
     for name, types in allowed.items():
         if name in fields and fields[name] not in types:
             raise SinkError(f"roost sink: column {name!r} must be {COLUMNS[name]}, not {fields[name].simpleString()}")
@@ -126,8 +133,13 @@ def _rows(opts: SinkOptions, batches: Iterator[Any], where: str) -> Iterator[tup
             if not topic:
                 raise SinkError(f"roost sink: row {n} of {where} has no topic (null 'topic', no option)")
             t = tags[i]
-            yield n, topic, payload.encode() if isinstance(payload, str) else bytes(payload), keys[i], \
-                (dict(t) if t is not None else None)
+            yield (
+                n,
+                topic,
+                payload.encode() if isinstance(payload, str) else bytes(payload),
+                keys[i],
+                (dict(t) if t is not None else None),
+            )
 
 
 def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, where: str) -> int:
@@ -139,8 +151,10 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
 
     nodes = opts.nodes
     names = ",".join(f"{h}:{p}" for h, p in nodes)
-    stalled = SinkError(f"roost sink: {where}: the publish window stayed full for {opts.timeout:g} s: no "
-                        "acknowledgement (option 'timeout')")
+    stalled = SinkError(
+        f"roost sink: {where}: the publish window stayed full for {opts.timeout:g} s: no "
+        "acknowledgement (option 'timeout')"
+    )
 
     async def run() -> int:
         count = 0
@@ -155,16 +169,19 @@ def publish_partition(opts: SinkOptions, batches: Iterator[Any], pid: bytes, whe
                         else:
                             await c.publish(topic, payload, key, tags)
                     except (ValueError, WireError) as e:
-                        raise SinkError(f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes "
-                                        f"payload): {e}") from None
+                        raise SinkError(
+                            f"roost sink: row {n} of {where} (key {key!r}, {len(payload)} bytes payload): {e}"
+                        ) from None
                     if scope is not None and scope.cancelled_caught:
                         raise NodeLost("no node answered") if c.router.lost else stalled
                     count = n
                 if not await c.flush(opts.timeout):
                     if c.router.lost:
                         raise NodeLost("every node stopped answering")
-                    raise SinkError(f"roost sink: {where}: not every row was acknowledged within {opts.timeout:g} s "
-                                    "(option 'timeout')")
+                    raise SinkError(
+                        f"roost sink: {where}: not every row was acknowledged within {opts.timeout:g} s "
+                        "(option 'timeout')"
+                    )
         except NodeLost as e:
             raise SinkError(f"roost sink: {where}: no node answered (option 'nodes' = {names}): {e}") from None
         return count
@@ -203,8 +220,7 @@ class RoostStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         if not query or batch is None:
             raise SinkError("roost sink: a streaming write without a query id or batch id")
         pid = producer_id(query, batch, partition)
-        rows = publish_partition(self.opts, iterator, pid,
-                                 f"batch {batch} partition {partition} (attempt {attempt})")
+        rows = publish_partition(self.opts, iterator, pid, f"batch {batch} partition {partition} (attempt {attempt})")
         return Published(partition, rows)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -52,15 +52,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-SCHEMA = StructType([
-    StructField("topic", StringType(), False),
-    StructField("key", StringType(), True),
-    StructField("tags", MapType(StringType(), StringType(), True), True),
-    StructField("payload", BinaryType(), False),
-    StructField("partition", IntegerType(), False),
-    StructField("offset", LongType(), False),
-    StructField("timestamp", TimestampType(), False),  # when the partition's primary stored the record
-])
+SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("key", StringType(), True),
+        StructField("tags", MapType(StringType(), StringType(), True), True),
+        StructField("payload", BinaryType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("timestamp", TimestampType(), False),  # when the partition's primary stored the record
+    ]
+)
 OPTIONS = ("nodes", "topic", "startingOffsets", "endingOffsets", "maxRecordsPerTrigger", "offsetsPerPartition",
            "timeout")  # fmt: skip
 DEFAULT_TIMEOUT = 30.0
@@ -155,8 +157,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
     if not topic:
         raise _fail("option 'topic' is required: the durable topic to read")
     raw = options.get("startingoffsets")
-    starting = _position(raw, "startingOffsets", ("earliest", "latest")) if raw is not None else \
-        ("latest" if streaming else "earliest")  # (Kafka's defaults: a stream follows, a batch reads all)
+    starting = (
+        _position(raw, "startingOffsets", ("earliest", "latest"))
+        if raw is not None
+        else ("latest" if streaming else "earliest")
+    )  # (Kafka's defaults: a stream follows, a batch reads all)
     ending: Position = "latest"
     raw = options.get("endingoffsets")
     if raw is not None:
@@ -165,8 +170,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         ending = _position(raw, "endingOffsets", ("latest",))
     most = _positive(options, "maxRecordsPerTrigger", None)
     if most is not None and not streaming:
-        raise _fail("option 'maxRecordsPerTrigger' is for streaming reads (spark.readStream); a batch read "
-                    "reads its whole range")
+        raise _fail(
+            "option 'maxRecordsPerTrigger' is for streaming reads (spark.readStream); a batch read "
+            "reads its whole range"
+        )
     per = _positive(options, "offsetsPerPartition", DEFAULT_PER_PARTITION)
     assert per is not None
     raw = options.get("timeout")
@@ -181,6 +188,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
 
 def check_schema(schema: StructType | None) -> None:
     """The rows are the log's records: a schema the user gives must be this one."""
+
     def shape(s: StructType) -> list[tuple[str, str]]:
         return [(f.name, f.dataType.simpleString()) for f in s.fields]
 
@@ -207,8 +215,10 @@ def run(opts: SourceOptions, job: Callable[[Any], Awaitable[T]]) -> T:
                     return await job(c)
                 except NodeLost as e:
                     if c.router.cmap is None:
-                        raise _fail(f"the cluster at {opts.names} sent no cluster map: durable topics need a "
-                                    'partitioned cluster (cluster.toml: mode = "partitioned")') from None
+                        raise _fail(
+                            f"the cluster at {opts.names} sent no cluster map: durable topics need a "
+                            'partitioned cluster (cluster.toml: mode = "partitioned")'
+                        ) from None
                     raise _fail(f"topic {opts.topic!r}: {e} (within option 'timeout' = {opts.timeout:g} s)") from None
         except NodeLost as e:
             if entered:
@@ -241,15 +251,21 @@ def resolve(pos: Position, edge: Edge, name: str, topic: str) -> int:
         return edge.end
     assert isinstance(pos, dict)
     if set(pos) != {edge.partition}:
-        raise _fail(f"option '{name}' names partition(s) {', '.join(map(str, sorted(pos)))}, but topic {topic!r} "
-                    f'is in partition {edge.partition} only: {{"{edge.partition}": offset}}')
+        raise _fail(
+            f"option '{name}' names partition(s) {', '.join(map(str, sorted(pos)))}, but topic {topic!r} "
+            f'is in partition {edge.partition} only: {{"{edge.partition}": offset}}'
+        )
     at = pos[edge.partition]
     if at < edge.first:
-        raise _fail(f"option '{name}': offset {at} of partition {edge.partition} is no longer retained (the "
-                    f"first is {edge.first})")
+        raise _fail(
+            f"option '{name}': offset {at} of partition {edge.partition} is no longer retained (the "
+            f"first is {edge.first})"
+        )
     if at > edge.end:
-        raise _fail(f"option '{name}': offset {at} of partition {edge.partition} is past its end ({edge.end}): "
-                    "nothing is committed there yet")
+        raise _fail(
+            f"option '{name}': offset {at} of partition {edge.partition} is past its end ({edge.end}): "
+            "nothing is committed there yet"
+        )
     return at
 
 
@@ -292,9 +308,11 @@ async def read_range(c: Any, opts: SourceOptions, rng: OffsetRange) -> list[Row]
     while pos < rng.end:
         left = stalled_since + opts.timeout - trio.current_time()
         if left <= 0:
-            raise _fail(f"partition {rng.partition} of topic {opts.topic!r}: offsets [{pos}, {rng.end}) were "
-                        f"committed when the batch was planned but could not be read within {opts.timeout:g} s "
-                        "(option 'timeout')")
+            raise _fail(
+                f"partition {rng.partition} of topic {opts.topic!r}: offsets [{pos}, {rng.end}) were "
+                f"committed when the batch was planned but could not be read within {opts.timeout:g} s "
+                "(option 'timeout')"
+            )
         try:
             r = await c.read(opts.topic, pos, min(count, rng.end - pos), timeout=min(ATTEMPT, left))
         except NodeLost:
@@ -303,18 +321,31 @@ async def read_range(c: Any, opts: SourceOptions, rng: OffsetRange) -> list[Row]
             count = max(1, count // 4)  # (an answer too large for a datagram is lost: ask for less)
             continue
         if r.partition != rng.partition:
-            raise _fail(f"topic {opts.topic!r} is in partition {r.partition} now, not {rng.partition}: was the "
-                        "cluster's partition count changed?")
+            raise _fail(
+                f"topic {opts.topic!r} is in partition {r.partition} now, not {rng.partition}: was the "
+                "cluster's partition count changed?"
+            )
         if r.first > pos:
-            raise _fail(f"partition {rng.partition}: offsets [{pos}, {r.first}) were deleted (retention) before "
-                        f"this query read them; topic {opts.topic!r} lost records there")
+            raise _fail(
+                f"partition {rng.partition}: offsets [{pos}, {r.first}) were deleted (retention) before "
+                f"this query read them; topic {opts.topic!r} lost records there"
+            )
         for m, ms in zip(r.messages, r.times, strict=True):
             if m.sequence < pos:  # (a late answer to an earlier request: Client.read matches by partition)
                 continue
             if m.sequence >= rng.end:
                 break
-            rows.append((m.topic, m.key, m.tags, m.payload, rng.partition, m.sequence,
-                         datetime.fromtimestamp(ms / 1000, tz=UTC)))
+            rows.append(
+                (
+                    m.topic,
+                    m.key,
+                    m.tags,
+                    m.payload,
+                    rng.partition,
+                    m.sequence,
+                    datetime.fromtimestamp(ms / 1000, tz=UTC),
+                )
+            )
             largest = max(largest, _size(m) + 32)
         if r.next > pos:
             pos, stalled_since = r.next, trio.current_time()
@@ -383,10 +414,16 @@ class RoostStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
     def _at(self, offset: dict[str, Any]) -> tuple[int, int]:
         """A position from Spark (the checkpoint's, or ours): its one partition and offset."""
         items = list(offset.items()) if isinstance(offset, dict) else []
-        if len(items) != 1 or not str(items[0][0]).isdigit() or not isinstance(items[0][1], int) \
-                or items[0][1] < LATEST:
-            raise _fail(f"the checkpoint holds offset {offset!r}, not {{\"<partition>\": offset}} of a roost topic: "
-                        "is it another query's checkpoint?")
+        if (
+            len(items) != 1
+            or not str(items[0][0]).isdigit()
+            or not isinstance(items[0][1], int)
+            or items[0][1] < LATEST
+        ):
+            raise _fail(
+                f'the checkpoint holds offset {offset!r}, not {{"<partition>": offset}} of a roost topic: '
+                "is it another query's checkpoint?"
+            )
         return int(items[0][0]), items[0][1]
 
     def initialOffset(self) -> dict[str, int]:
@@ -412,8 +449,10 @@ class RoostStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
 
         edge = run(opts, job)
         if edge.partition != p:
-            raise _fail(f"the checkpoint's offsets are for partition {p}, but topic {opts.topic!r} is in partition "
-                        f"{edge.partition}: was the cluster's partition count changed?")
+            raise _fail(
+                f"the checkpoint's offsets are for partition {p}, but topic {opts.topic!r} is in partition "
+                f"{edge.partition}: was the cluster's partition count changed?"
+            )
         end = edge.end if self._target is None else min(edge.end, self._target)
         self._latest = {str(p): edge.end}
         if pos == LATEST:

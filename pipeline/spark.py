@@ -48,8 +48,10 @@ def session(master: str = DEFAULT_MASTER, app: str = "roost", **conf: Any) -> An
     major = java_major()
     if major is None or major < 17:
         found = "no java on PATH" if major is None else f"java {major}"
-        raise SparkUnavailable(f"Spark needs Java 17 or later ({found}): `make test` installs it, or "
-                               "apt-get install openjdk-17-jre-headless")
+        raise SparkUnavailable(
+            f"Spark needs Java 17 or later ({found}): `make test` installs it, or "
+            "apt-get install openjdk-17-jre-headless"
+        )
     try:
         from pyspark.sql import SparkSession
     except ImportError:

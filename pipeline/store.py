@@ -113,8 +113,13 @@ class Store:
                 os.replace(staging / f"run={rid}", target)
             elif any(size for _, size, _ in fp["files"]):  # (only a run of empty files has no rows)
                 raise RuntimeError(f"conversion of {rid} wrote nothing to {staging}")
-            m = {"version": MANIFEST_VERSION, "id": rid, "fingerprint": fp, "files": len(fp["files"]),
-                 "info": asdict(info)}
+            m = {
+                "version": MANIFEST_VERSION,
+                "id": rid,
+                "fingerprint": fp,
+                "files": len(fp["files"]),
+                "info": asdict(info),
+            }
             tmp = self.manifests / f".{rid}.json.tmp"
             tmp.write_text(json.dumps(m, indent=1))
             os.replace(tmp, self.manifests / f"{rid}.json")

@@ -13,5 +13,14 @@ try:
 except PackageNotFoundError:  # (run from a checkout that was never installed)
     __version__ = "0.0.0+unknown"
 
-__all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
-           "__version__"]
+__all__ = [
+    "Client",
+    "ClientClosed",
+    "ClientConfig",
+    "LogRead",
+    "Message",
+    "NodeLost",
+    "Request",
+    "Subscription",
+    "__version__",
+]

@@ -251,8 +251,12 @@ def text(a: argparse.Namespace) -> dict[str, Any]:
 
     tmp = Path(tempfile.mkdtemp(prefix="roost-attack-"))
     config = tmp / "cluster.toml"
-    ports = write_local_config(config, a.members, node_extra='[node]\nlog_level = "warning"\n' + (
-        "" if a.text_amplification is None else f"[limits]\ntext_amplification = {a.text_amplification}\n"))
+    ports = write_local_config(
+        config,
+        a.members,
+        node_extra='[node]\nlog_level = "warning"\n'
+        + ("" if a.text_amplification is None else f"[limits]\ntext_amplification = {a.text_amplification}\n"),
+    )
     members: list[subprocess.Popen[bytes]] = []
     try:
         for mid in ports:

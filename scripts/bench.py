@@ -137,7 +137,7 @@ def run_once(system: str, workload: str, mode: str, spec: dict[str, Any], profil
                                 "--rate", str(spec["rate"])]))  # fmt: skip
         spy(procs[len(subs)].pid, "pub")
         deadline = time.monotonic() + RUN_TIMEOUT
-        pub_out = results(procs[len(subs):], deadline)
+        pub_out = results(procs[len(subs) :], deadline)
         refused = [p["refused"] for p in pub_out if "refused" in p]
         if refused:
             raise Refused(refused[0])
@@ -244,17 +244,28 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", default="", help="comma list of nats, redis, mosquitto")
-    ap.add_argument("--workloads", default="",
-                    help="comma list of W1..W7, S1..S3 (default W1-W5; with --scaling, only the scaling runs)")
+    ap.add_argument(
+        "--workloads",
+        default="",
+        help="comma list of W1..W7, S1..S3 (default W1-W5; with --scaling, only the scaling runs)",
+    )
     ap.add_argument("--scaling", action="store_true", help="the scaling runs too: S1, S2 (W5's runs) and S3")
     ap.add_argument("--modes", default="reliable,fire", help="comma list of reliable, fire")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each, medians reported (S3 runs once)")
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages (a smoke test)")
     ap.add_argument("--json", action="store_true", help="one JSON row per line instead of the table")
-    ap.add_argument("--plot", default="", metavar="PNG",
-                    help="write a bar chart of msgs/s there (and the scaling runs' plot to PNG-scaling.png)")
-    ap.add_argument("--profile", default="", metavar="DIR",
-                    help="sample Roost's node, publisher and a subscriber with py-spy; profiles go there")
+    ap.add_argument(
+        "--plot",
+        default="",
+        metavar="PNG",
+        help="write a bar chart of msgs/s there (and the scaling runs' plot to PNG-scaling.png)",
+    )
+    ap.add_argument(
+        "--profile",
+        default="",
+        metavar="DIR",
+        help="sample Roost's node, publisher and a subscriber with py-spy; profiles go there",
+    )
     # (a role in a child process)
     ap.add_argument("--role", choices=("sub", "pub"), help=argparse.SUPPRESS)
     ap.add_argument("--system", default="roost", help=argparse.SUPPRESS)

@@ -80,8 +80,17 @@ def workloads(scale: int) -> dict[str, list[dict[str, Any]]]:
     s1 = []
     for n in SUBSCRIBER_COUNTS:
         procs = min(n, MAX_PROCESSES)
-        s1.append(dict(subs=[["s1"]] * procs, clients=n // procs, n=max(20, 200_000 // scale // n), size=100,
-                       rate=0.0, roost_only=True, label=f"fan-out 1->{n}"))
+        s1.append(
+            dict(
+                subs=[["s1"]] * procs,
+                clients=n // procs,
+                n=max(20, 200_000 // scale // n),
+                size=100,
+                rate=0.0,
+                roost_only=True,
+                label=f"fan-out 1->{n}",
+            )
+        )
     return {
         "W6": [dict(subs=[["w6"]] * 3, n=300_000 // scale, pubs=3, members=3, partitioned=False, order="publisher",
                     size=100, rate=0.0, roost_only=True, label="3 members, 3 pubs -> 3 subs")],
@@ -229,8 +238,10 @@ def scaling_table(rows: list[dict[str, Any]], mem: dict[str, Any] | None) -> str
                 "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in sorted(s1, key=lambda r: (r["mode"], r["subscribers"])):
             c = r["cpu"]
-            out.append(f"| {r['subscribers']:,} | {r['mode']} | {r['messages']:,} | {r['msgs_per_s']:,.0f} | "
-                       f"{r['lost']} | {r['duplicated']} | {c['node']}/{c['publisher']}/{c['subscriber']} |")
+            out.append(
+                f"| {r['subscribers']:,} | {r['mode']} | {r['messages']:,} | {r['msgs_per_s']:,.0f} | "
+                f"{r['lost']} | {r['duplicated']} | {c['node']}/{c['publisher']}/{c['subscriber']} |"
+            )
         out.append("")
     w5 = [r for r in rows if r["workload"] == "W5" and r["system"] == "roost"]
     if w5:

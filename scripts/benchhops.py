@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Loaded by every process of the run (PYTHONPATH): notes the datagrams carrying bench payloads.
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import atexit, builtins, json, os, socket, struct, sys, time
 
 _ns, _rec, _pad, _head = time.monotonic_ns, [], b"x" * 84, struct.Struct("!Qd")
@@ -68,7 +68,7 @@ def _dump():
     if _rec:
         with open(os.path.join(os.environ["ROOST_HOPS_DIR"], f"{os.getpid()}.json"), "w") as f:
             json.dump({"argv": sys.argv, "rec": _rec}, f)
-'''
+"""
 
 STEPS = [("made", "pub_send"), ("pub_send", "node_recv"), ("node_recv", "node_send"), ("node_send", "sub_recv"),
          ("sub_recv", "sub_app")]  # fmt: skip

@@ -94,16 +94,19 @@ def run_w1(tree: Path, modes: str) -> list[dict[str, Any]]:
 
 def summary(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Median msgs/s and CPU seconds per (build, mode), and compiled/plain per mode."""
-    lines = ["| build | mode | runs | median msgs/s | median cpu s node/pub/sub | lost | dup |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| build | mode | runs | median msgs/s | median cpu s node/pub/sub | lost | dup |",
+        "|---|---|---|---|---|---|---|",
+    ]
     medians: dict[tuple[str, str], float] = {}
     for build, rows in runs.items():
         for mode in sorted({r["mode"] for r in rows}):
             mine = [r for r in rows if r["mode"] == mode]
             rate = statistics.median(r["msgs_per_s"] for r in mine)
             medians[build, mode] = rate
-            cpu = "/".join(f"{statistics.median(r['cpu'][p] for r in mine):.2f}"
-                           for p in ("node", "publisher", "subscriber"))
+            cpu = "/".join(
+                f"{statistics.median(r['cpu'][p] for r in mine):.2f}" for p in ("node", "publisher", "subscriber")
+            )
             lines.append(f"| {build} | {mode} | {len(mine)} | {rate:,.0f} | {cpu} | "
                          f"{sum(r['lost'] for r in mine)} | {sum(r['duplicated'] for r in mine)} |")  # fmt: skip
     for (build, mode), rate in sorted(medians.items()):
@@ -117,8 +120,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="W1 runs of each build, alternating (default 5)")
     ap.add_argument("--modes", default="reliable,fire", help="bench.py --modes (default reliable,fire)")
-    ap.add_argument("--modules", default=",".join(MODULES),
-                    help=f"roost.client modules to compile (default {','.join(MODULES)})")
+    ap.add_argument(
+        "--modules", default=",".join(MODULES), help=f"roost.client modules to compile (default {','.join(MODULES)})"
+    )
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: must be at least 1")

@@ -64,8 +64,13 @@ def summary(path: str, top: int = 18) -> str:
     if not samples:
         return f"{path}: no samples"
     busy = samples - idle
-    lines = [f"{samples} samples, {100 * idle / samples:.0f}% idle (in the loop's poll or a sleep); "
-             f"shares below are of the {busy} busy samples", "", "| self % | total % | function |", "|---|---|---|"]
+    lines = [
+        f"{samples} samples, {100 * idle / samples:.0f}% idle (in the loop's poll or a sleep); "
+        f"shares below are of the {busy} busy samples",
+        "",
+        "| self % | total % | function |",
+        "|---|---|---|",
+    ]
     for fn, n in own.most_common(top):
         lines.append(f"| {100 * n / busy:5.1f} | {100 * total[fn] / busy:5.1f} | {fn} |")
     return "\n".join(lines)

@@ -290,8 +290,12 @@ def main() -> int:
     ap.add_argument("--dup", type=float, default=5.0, help="percent a dup fault duplicates (default 5)")
     ap.add_argument("--delay", type=float, default=50.0, help="milliseconds a delay fault holds packets")
     ap.add_argument("--rate", type=float, default=100.0, help="publishes per second per publisher (default 100)")
-    ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated",
-                    help="cluster mode of the default config (default replicated)")
+    ap.add_argument(
+        "--mode",
+        choices=("replicated", "partitioned"),
+        default="replicated",
+        help="cluster mode of the default config (default replicated)",
+    )
     ap.add_argument("--settle", type=float, default=8.0, help="seconds after the last heal before the end")
     chaos_durable.add_arguments(ap)
     args = ap.parse_args()
@@ -477,7 +481,7 @@ def _inject(run: Run, kind: str, target: str) -> Any:
     ft = run.faults()
     if kind == "partition":  # (a member's own namespace, or its own address on loopback)
         return ft.isolate(ns=run.ns_of(target)) if run.netns else ft.isolate(addrs=[run.host_of(target)])
-    where: dict[str, Any] = {"ns": run.netns[:CLIENT_HOST - 1]} if run.netns else {"addrs": run.all_hosts()}
+    where: dict[str, Any] = {"ns": run.netns[: CLIENT_HOST - 1]} if run.netns else {"addrs": run.all_hosts()}
     if kind == "loss":
         return ft.loss(args.loss, **where)
     if kind == "dup":

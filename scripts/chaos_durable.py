@@ -55,8 +55,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--durable-drain", type=float, default=120.0,
                     help="seconds at most to wait after the publishers for the durable subscribers to read every "
                          "acknowledged put (default 120)")  # fmt: skip
-    ap.add_argument("--durable-crash", type=float, default=0.05,
-                    help="chance per batch that a durable subscriber crashes before committing it (default 0.05)")
+    ap.add_argument(
+        "--durable-crash",
+        type=float,
+        default=0.05,
+        help="chance per batch that a durable subscriber crashes before committing it (default 0.05)",
+    )
 
 
 def wanted(args: argparse.Namespace, mode: str) -> bool:

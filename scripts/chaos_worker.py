@@ -336,8 +336,12 @@ def main() -> int:
     ap.add_argument("--durable", default="w", help="the durable subscription's name (dsub)")
     ap.add_argument("--batch", type=int, default=100, help="records per get at most (dsub)")
     ap.add_argument("--get-timeout", type=float, default=0.15, help="seconds a get waits for --batch (dsub)")
-    ap.add_argument("--crash", type=float, default=0.0,
-                    help="chance per batch received to SIGKILL itself before the commit (dsub, seeded)")
+    ap.add_argument(
+        "--crash",
+        type=float,
+        default=0.0,
+        help="chance per batch received to SIGKILL itself before the commit (dsub, seeded)",
+    )
     ap.add_argument("--crash-after", type=float, default=2.0, help="seconds a process lives before it may crash")
     ap.add_argument("--crash-until", type=float, default=0.0, help="Unix time after which it no longer crashes")
     args = ap.parse_args()

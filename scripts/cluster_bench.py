@@ -77,8 +77,9 @@ BENCH_SETTINGS = {"pull_timeout": "60", "snapshot_interval": "86400", "suspect_a
 
 #: Every benchmark client runs on 127.0.0.1: one source host, which the node's per-host budgets
 #: (docs/security.md) would stop long before a million subscriptions.
-ONE_HOST = (f"max_subscriptions_per_host = 1000000000\nmax_filter_bytes_per_host = {1 << 40}\n"
-            f"max_filter_bytes = {1 << 40}\n")
+ONE_HOST = (
+    f"max_subscriptions_per_host = 1000000000\nmax_filter_bytes_per_host = {1 << 40}\nmax_filter_bytes = {1 << 40}\n"
+)
 
 
 def free_tcp_port() -> int:
@@ -545,8 +546,12 @@ def partitioned(a: argparse.Namespace) -> int:
 
         def back() -> bool:
             s = c.statuses(ids)
-            return (s is not None and all(x.get("map", {}).get("live") == ids for x in s.values())
-                    and s[victim]["map"]["primary"] == led and sum(x["subscriptions"] for x in s.values()) == copies)
+            return (
+                s is not None
+                and all(x.get("map", {}).get("live") == ids for x in s.values())
+                and s[victim]["map"]["primary"] == led
+                and sum(x["subscriptions"] for x in s.values()) == copies
+            )
 
         lead = wait_for(back, 60)
         st3 = c.statuses(ids) or {}
@@ -570,10 +575,12 @@ def partitioned(a: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated")
-    ap.add_argument("--subs", type=int, default=None,
-                    help="subscriptions (default 1,000,000 replicated, 200,000 partitioned)")
-    ap.add_argument("--clients", type=int, default=None,
-                    help="clients in all (default 10,000 replicated, 2,000 partitioned)")
+    ap.add_argument(
+        "--subs", type=int, default=None, help="subscriptions (default 1,000,000 replicated, 200,000 partitioned)"
+    )
+    ap.add_argument(
+        "--clients", type=int, default=None, help="clients in all (default 10,000 replicated, 2,000 partitioned)"
+    )
     ap.add_argument("--topics", type=int, default=50_000)
     ap.add_argument("--partitions", type=int, default=256, help="partitioned: partitions")
     ap.add_argument("--replicas", type=int, default=2, help="partitioned: owners per partition")

@@ -343,7 +343,7 @@ class FaultTable:
             for fam in tables():
                 names = [o.get("chain", {}).get("name", "") for o in _nft_json("list", "table", fam, TABLE)]
                 used += [int(m.group(1)) for m in map(re.compile(r"f(\d+)(_\d+)?").fullmatch, names) if m]
-            used += [int(c[len(IPT_PREFIX):]) for c in _ipt_ours()[1] if c[len(IPT_PREFIX):].isdigit()]
+            used += [int(c[len(IPT_PREFIX) :]) for c in _ipt_ours()[1] if c[len(IPT_PREFIX) :].isdigit()]
             self._ids = itertools.count(max(used) + 1)
         return next(self._ids)
 

@@ -66,8 +66,17 @@ def _ev(t: float, proc: str, ev: str, **fields: Any) -> Event:
     return {"t": round(t, 6), "proc": proc, "ev": ev, **fields}
 
 
-def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: int = 0, reorder: int = 0,
-             kill_lose: int = 0, malformed: int = 0, disagree: bool = False) -> dict[str, Any]:
+def generate(
+    run_dir: str | Path,
+    events: int,
+    seed: int,
+    lose: int = 0,
+    dup: int = 0,
+    reorder: int = 0,
+    kill_lose: int = 0,
+    malformed: int = 0,
+    disagree: bool = False,
+) -> dict[str, Any]:
     """Write the run to `run_dir` and return its truth (also written to truth.json)."""
     rng = random.Random(seed)
     root = Path(run_dir)
@@ -89,10 +98,12 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
     for sub, *_ in subs_all:
         files.setdefault(sub, [])
     for i, (sub, topic, key, mode, member) in enumerate(SUBSCRIPTIONS):
-        files[sub].append(_ev(start + 0.1 + 0.01 * i, sub, "subscribe", sub=sub, topic=topic, key=key, mode=mode,
-                              member=member))
-    files[LATE[0]].append(_ev(late_open, LATE[0], "subscribe", sub=LATE[0], topic=LATE[1], key=LATE[2],
-                              mode=LATE[3], member=LATE[4]))
+        files[sub].append(
+            _ev(start + 0.1 + 0.01 * i, sub, "subscribe", sub=sub, topic=topic, key=key, mode=mode, member=member)
+        )
+    files[LATE[0]].append(
+        _ev(late_open, LATE[0], "subscribe", sub=LATE[0], topic=LATE[1], key=LATE[2], mode=LATE[3], member=LATE[4])
+    )
 
     # deliveries[(sub, pid)] = list of [t, seq, event], in seq order; a path of one subscriber process.
     deliveries: dict[tuple[str, str], list[list[Any]]] = {}
@@ -110,8 +121,7 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
         meta[(pid, seq)] = (proc, pmode, t)
         files[proc].append(_ev(t, proc, "publish", pid=pid, seq=seq, topic=topic, key=key, mode=pmode, member=member))
         if pmode == "reliable":
-            files[proc].append(_ev(t + 0.0003 + 0.0004 * rng.random(), proc, "puback", pid=pid, seq=seq,
-                                   member=member))
+            files[proc].append(_ev(t + 0.0003 + 0.0004 * rng.random(), proc, "puback", pid=pid, seq=seq, member=member))
         served: set[str] = set()
         for sub, stopic, skey, smode, _ in subs_all:
             if stopic != topic or (skey is not None and skey != key) or sub in served:
@@ -129,14 +139,23 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
             dt = max(t + 0.0005 + 0.002 * rng.random(), last_t.get(path, 0.0) + 0.00001)
             last_t[path] = dt
             deliveries.setdefault(path, []).append(
-                [dt, seq, _ev(dt, sub, "deliver", sub=sub, topic=topic, key=key, mode=dmode, pid=pid, seq=seq,
-                              member=member)])
+                [
+                    dt,
+                    seq,
+                    _ev(dt, sub, "deliver", sub=sub, topic=topic, key=key, mode=dmode, pid=pid, seq=seq, member=member),
+                ]
+            )
 
     # Plant the flaws on distinct messages, away from the run's edges and from sub-4.
     used: set[tuple[str, int]] = set()
     lo_t, hi_t = first_pub + 0.05 * duration, first_pub + 0.75 * duration
-    candidates = [(path, i) for path, lst in sorted(deliveries.items()) if path[0] != LATE[0]
-                  for i in range(len(lst) - 1) if lo_t < meta[(path[1], lst[i][1])][2] < hi_t]
+    candidates = [
+        (path, i)
+        for path, lst in sorted(deliveries.items())
+        if path[0] != LATE[0]
+        for i in range(len(lst) - 1)
+        if lo_t < meta[(path[1], lst[i][1])][2] < hi_t
+    ]
     rng.shuffle(candidates)
     truth: dict[str, Any] = {"lost": [], "allowed_lost": [], "duplicated": [], "reordered": []}
     dropped: set[int] = set()
@@ -161,6 +180,7 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
         def ok(path: tuple[str, str], lst: list[list[Any]], i: int) -> bool:
             ev = lst[i][2]
             return bool(ev["mode"] == "reliable" and ev["member"] in members)
+
         return ok
 
     for path, i in take(lose, "losses", reliable_by(("n1", "n2"))):
@@ -174,17 +194,32 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
         a, b = deliveries[path][i][2], deliveries[path][i + 1][2]
         a["t"], b["t"] = b["t"], a["t"]
         truth["reordered"].append([path[1], a["seq"], path[0]])
-    faults = [_ev(first_pub + 0.5 * duration, "nemesis", "fault", fault="loss", target="all", phase="start",
-                  params={"percent": 10}),
-              _ev(first_pub + 0.5 * duration + 1.0, "nemesis", "fault", fault="loss", target="all", phase="end")]
+    faults = [
+        _ev(
+            first_pub + 0.5 * duration,
+            "nemesis",
+            "fault",
+            fault="loss",
+            target="all",
+            phase="start",
+            params={"percent": 10},
+        ),
+        _ev(first_pub + 0.5 * duration + 1.0, "nemesis", "fault", fault="loss", target="all", phase="end"),
+    ]
     if kill_lose:
-        faults += [_ev(kill_t, "nemesis", "fault", fault="kill", target=KILLED, phase="start", params={"signal": 9}),
-                   _ev(kill_t + 1.0, "nemesis", "fault", fault="kill", target=KILLED, phase="end")]
+        faults += [
+            _ev(kill_t, "nemesis", "fault", fault="kill", target=KILLED, phase="start", params={"signal": 9}),
+            _ev(kill_t + 1.0, "nemesis", "fault", fault="kill", target=KILLED, phase="end"),
+        ]
 
         def before_kill(path: tuple[str, str], lst: list[list[Any]], i: int) -> bool:
             ev = lst[i][2]  # (lost only if published within the checker's horizon before the kill)
-            return bool(ev["member"] == KILLED and ev["mode"] == "reliable" and ev["sub"] == "sub-3"
-                        and kill_t - 4.0 < ev["t"] < kill_t)
+            return bool(
+                ev["member"] == KILLED
+                and ev["mode"] == "reliable"
+                and ev["sub"] == "sub-3"
+                and kill_t - 4.0 < ev["t"] < kill_t
+            )
 
         for path, i in take(kill_lose, "losses before the kill", before_kill):
             dropped.add(id(deliveries[path][i][2]))
@@ -198,13 +233,23 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
     for ev in extra:
         files[ev["proc"]].append(ev)
     for sub, topic, key, _, _ in subs_all:
-        files[sub].append(_ev(late_close if sub == LATE[0] else last_pub + 0.5, sub, "unsubscribe", sub=sub,
-                              topic=topic, key=key))
+        files[sub].append(
+            _ev(late_close if sub == LATE[0] else last_pub + 0.5, sub, "unsubscribe", sub=sub, topic=topic, key=key)
+        )
     files["nemesis"] = faults
     digest = f"{rng.getrandbits(128):032x}"
-    files["status"] = [_ev(ended - 0.2, "status", "status", member=m, state="ready", subscriptions=6,
-                           digest=(f"{rng.getrandbits(128):032x}" if disagree and m == "n2" else digest))
-                       for m in ("n1", "n2", "n3")]
+    files["status"] = [
+        _ev(
+            ended - 0.2,
+            "status",
+            "status",
+            member=m,
+            state="ready",
+            subscriptions=6,
+            digest=(f"{rng.getrandbits(128):032x}" if disagree and m == "n2" else digest),
+        )
+        for m in ("n1", "n2", "n3")
+    ]
 
     lines: dict[str, list[str | None]] = {}
     total = 0
@@ -212,11 +257,13 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
         evs.sort(key=lambda e: e["t"])
         lines[proc] = [json.dumps(e, separators=(",", ":")) for e in evs]
         total += len(evs)
-    bad = ['{"t": 1.5, "proc": "sub-0", "ev": "deliver", "sub": "sub-0"',  # cut short: bad JSON
-           '{"t": 1.5, "proc": "pub-0", "ev": "publish", "pid": "ab", "topic": "orders"}',  # no seq
-           '{"t": 1.5, "proc": "sub-0", "ev": "deliver", "sub": "sub-0", "topic": "orders", "key": null, '
-           '"mode": "reliable", "pid": "ab", "seq": "7", "member": "n1"}',  # seq is a string
-           "[1, 2, 3]"]
+    bad = [
+        '{"t": 1.5, "proc": "sub-0", "ev": "deliver", "sub": "sub-0"',  # cut short: bad JSON
+        '{"t": 1.5, "proc": "pub-0", "ev": "publish", "pid": "ab", "topic": "orders"}',  # no seq
+        '{"t": 1.5, "proc": "sub-0", "ev": "deliver", "sub": "sub-0", "topic": "orders", "key": null, '
+        '"mode": "reliable", "pid": "ab", "seq": "7", "member": "n1"}',  # seq is a string
+        "[1, 2, 3]",
+    ]
     procs = sorted(lines)
     for _ in range(malformed):
         target = lines[procs[rng.randrange(len(procs))]]
@@ -231,16 +278,30 @@ def generate(run_dir: str | Path, events: int, seed: int, lose: int = 0, dup: in
             out.append(line)
         (root / "events" / f"{proc}.jsonl").write_text("\n".join(out) + "\n")
 
-    run = {"seed": seed, "config": "synthetic", "config_text": "[timeouts]\nsubscriber_timeout = 10.0\n",
-           "duration": round(ended - start, 3), "faults": "loss" + (",kill" if kill_lose else ""),
-           "members": {m: {"client": f"127.0.0.1:74{i}1", "peer": f"127.0.0.1:75{i}1"}
-                       for i, m in enumerate(("n1", "n2", "n3"))},
-           "netns": False, "started": start, "ended": ended, "version": 1}
+    run = {
+        "seed": seed,
+        "config": "synthetic",
+        "config_text": "[timeouts]\nsubscriber_timeout = 10.0\n",
+        "duration": round(ended - start, 3),
+        "faults": "loss" + (",kill" if kill_lose else ""),
+        "members": {
+            m: {"client": f"127.0.0.1:74{i}1", "peer": f"127.0.0.1:75{i}1"} for i, m in enumerate(("n1", "n2", "n3"))
+        },
+        "netns": False,
+        "started": start,
+        "ended": ended,
+        "version": 1,
+    }
     (root / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     for k in ("lost", "allowed_lost", "duplicated", "reordered"):
         truth[k].sort()
-    truth.update(events=total, messages=n_msgs, grace_missed=sorted(grace_missed), agreed=not disagree,
-                 late={"sub": LATE[0], "open": late_open, "close": late_close})
+    truth.update(
+        events=total,
+        messages=n_msgs,
+        grace_missed=sorted(grace_missed),
+        agreed=not disagree,
+        late={"sub": LATE[0], "open": late_open, "close": late_close},
+    )
     (root / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
     return truth
 
@@ -258,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--disagree", action="store_true", help="give n2 a different status digest")
     a = ap.parse_args(argv)
     truth = generate(a.run_dir, a.events, a.seed, a.lose, a.dup, a.reorder, a.kill_lose, a.malformed, a.disagree)
-    print(f"{a.run_dir}: {truth['events']} events, {truth['messages']} messages; lost {len(truth['lost'])}, "
-          f"allowed {len(truth['allowed_lost'])}, duplicated {len(truth['duplicated'])}, "
-          f"reordered {len(truth['reordered'])}, malformed {len(truth['malformed'])}")
+    print(
+        f"{a.run_dir}: {truth['events']} events, {truth['messages']} messages; lost {len(truth['lost'])}, "
+        f"allowed {len(truth['allowed_lost'])}, duplicated {len(truth['duplicated'])}, "
+        f"reordered {len(truth['reordered'])}, malformed {len(truth['malformed'])}"
+    )
     return 0
 
 

@@ -103,12 +103,18 @@ def run(kind: str, count: int, messages: int, repeat: int, seed: int) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--counts", type=lambda v: [int(x) for x in v.split(",")], default=[1000, 10_000, 100_000],
-                    help="subscription counts, comma-separated (default 1000,10000,100000)")
-    ap.add_argument("--kinds", type=lambda v: v.split(","), default=list(KINDS),
-                    help="exact,wildcard,query (default: all)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--counts",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1000, 10_000, 100_000],
+        help="subscription counts, comma-separated (default 1000,10000,100000)",
+    )
+    ap.add_argument(
+        "--kinds", type=lambda v: v.split(","), default=list(KINDS), help="exact,wildcard,query (default: all)"
+    )
     ap.add_argument("--messages", type=int, default=20_000, help="messages matched per run (default 20000)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the median is shown (default 3)")
     ap.add_argument("--seed", type=int, default=1)

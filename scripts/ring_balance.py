@@ -25,8 +25,10 @@ def measure(placement: str, n: int, partitions: int, replicas: int) -> dict[str,
     ids = [f"n{i}" for i in range(1, n + 1)]
     a = ring.assign(ids, partitions, replicas, placement)
     prim, held = ring.loads(a, ids)
-    out = {"primary max/avg": max(prim.values()) / (partitions / n),
-           "copies max/avg": max(held.values()) / (partitions * min(replicas, n) / n)}
+    out = {
+        "primary max/avg": max(prim.values()) / (partitions / n),
+        "copies max/avg": max(held.values()) / (partitions * min(replicas, n) / n),
+    }
     joined = ring.assign([*ids, f"n{n + 1}"], partitions, replicas, placement)
     p, c = ring.moved(a, joined)
     out["join primaries/ideal"] = p / (partitions / (n + 1))
@@ -49,8 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--members", type=int, nargs="*", default=list(range(3, 11)))
     a = ap.parse_args(argv)
-    cols = ("primary max/avg", "copies max/avg", "join primaries/ideal", "join copies/ideal",
-            "leave primaries/share", "leave copies/share")
+    cols = (
+        "primary max/avg",
+        "copies max/avg",
+        "join primaries/ideal",
+        "join copies/ideal",
+        "leave primaries/share",
+        "leave copies/share",
+    )
     print(f"P={a.partitions} R={a.replicas}")
     print(f"| placement | N | {' | '.join(cols)} |")
     print("|---|---|" + "---|" * len(cols))

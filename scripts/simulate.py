@@ -62,16 +62,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="cluster members (default 3)")  # fmt: skip
     ap.add_argument("--clients", type=int, default=4, choices=range(2, 17), metavar="2..16",
                     help="client sessions, half subscribers, half publishers (default 4)")  # fmt: skip
-    ap.add_argument("--faults", type=parse_faults, default=list(FAULTS),
-                    help=f"comma-separated, from {','.join(FAULTS)} (default all; '' for none)")
-    ap.add_argument("--mode", choices=("replicated", "partitioned"), default="replicated",
-                    help="cluster mode (default replicated)")
+    ap.add_argument(
+        "--faults",
+        type=parse_faults,
+        default=list(FAULTS),
+        help=f"comma-separated, from {','.join(FAULTS)} (default all; '' for none)",
+    )
+    ap.add_argument(
+        "--mode", choices=("replicated", "partitioned"), default="replicated", help="cluster mode (default replicated)"
+    )
     ap.add_argument("--no-durable", action="store_true",
                     help="partitioned mode: without the durable workload (sim/durable.py)")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     ap.add_argument("--replay", type=int, metavar="SEED", help="run this one seed and print its violations")
-    ap.add_argument("--break", dest="broken", choices=sorted(BREAKS),
-                    help="run a deliberately broken build, to see the simulator catch it")
+    ap.add_argument(
+        "--break",
+        dest="broken",
+        choices=sorted(BREAKS),
+        help="run a deliberately broken build, to see the simulator catch it",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="print every violation, not the first 3")
     args = ap.parse_args(argv)
     kw = {"members": args.members, "clients": args.clients, "faults": tuple(args.faults), "mode": args.mode,

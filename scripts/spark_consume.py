@@ -36,8 +36,13 @@ def main(argv: list[str] | None = None) -> int:
                          "batch, latest for a stream)")  # fmt: skip
     ap.add_argument("--ending", default=None, metavar="OFFSETS", help="batch: endingOffsets (default latest)")
     ap.add_argument("--stream", action="store_true", help="a streaming query (default: a batch read)")
-    ap.add_argument("--seconds", type=float, default=None, metavar="S",
-                    help="streaming: run for S seconds (default: until what was committed at the start is read)")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="streaming: run for S seconds (default: until what was committed at the start is read)",
+    )
     ap.add_argument("--max-per-trigger", type=int, default=None, help="streaming: maxRecordsPerTrigger (log offsets)")
     ap.add_argument("--out", default=None, help="Parquet directory (required for --stream)")
     ap.add_argument("--checkpoint", default=None, help="streaming: checkpoint directory (default: a temporary one)")
@@ -46,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.stream and a.out is None:
         ap.error("--stream needs --out (the Parquet directory the query writes)")
     spark = session(a.master, "roost-consume")
-    reader = (spark.readStream if a.stream else spark.read).format("roost") \
-        .option("nodes", a.nodes).option("topic", a.topic)
+    reader = (
+        (spark.readStream if a.stream else spark.read).format("roost").option("nodes", a.nodes).option("topic", a.topic)
+    )
     if a.starting is not None:
         reader = reader.option("startingOffsets", a.starting)
     if a.ending is not None:
@@ -59,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         df = df.cache()
         n = df.count()
         print(f"{n} records of {a.topic}")
-        df.selectExpr("partition", "offset", "timestamp", "key", "cast(payload AS string) AS payload") \
-            .orderBy("offset").show(5, truncate=False)
+        df.selectExpr("partition", "offset", "timestamp", "key", "cast(payload AS string) AS payload").orderBy(
+            "offset"
+        ).show(5, truncate=False)
         if a.out is not None:
             df.write.mode("overwrite").parquet(a.out)
             print(f"wrote them to {a.out}")
@@ -78,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     batches = [p for p in query.recentProgress if p["numInputRows"]]
     rows = sum(p["numInputRows"] for p in batches)
     total = spark.read.parquet(a.out).count()
-    print(f"read {rows} records of {a.topic} in {len(batches)} micro-batches, {time.monotonic() - started:.0f} s; "
-          f"{a.out} holds {total} (checkpoint {checkpoint})")
+    print(
+        f"read {rows} records of {a.topic} in {len(batches)} micro-batches, {time.monotonic() - started:.0f} s; "
+        f"{a.out} holds {total} (checkpoint {checkpoint})"
+    )
     return 0
 
 

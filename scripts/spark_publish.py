@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     spark = session(a.master, "roost-publish")
     if a.stream is None:
-        df = spark.range(a.rows).selectExpr("concat('row-', id) AS payload", "cast(id % 10 AS string) AS key",
-                                            "map('source', 'spark') AS tags")
+        df = spark.range(a.rows).selectExpr(
+            "concat('row-', id) AS payload", "cast(id % 10 AS string) AS key", "map('source', 'spark') AS tags"
+        )
         df.write.format("roost").option("nodes", a.nodes).option("topic", a.topic).mode("append").save()
         print(f"published {a.rows} rows to {a.topic} with acknowledgement")
         return 0

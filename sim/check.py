@@ -235,8 +235,10 @@ def budget_drift(broker: Any) -> str:
             held[2] += len(c.subs) - len(live)
     b = broker.budgets
     if nbytes != b.filter_bytes or tombs != b.tombstones or hosts != b.hosts:
-        return (f"filter bytes {b.filter_bytes} (recount {nbytes}), tombstones {b.tombstones} (recount {tombs}), "
-                f"hosts {b.hosts} (recount {hosts})")
+        return (
+            f"filter bytes {b.filter_bytes} (recount {nbytes}), tombstones {b.tombstones} (recount {tombs}), "
+            f"hosts {b.hosts} (recount {hosts})"
+        )
     clients = Counter(c.counted for c in broker.clients.values() if c.counted is not None)
     if clients != Counter(broker.client_share.per_host):
         return f"client records per host {broker.client_share.per_host} (recount {dict(clients)})"

@@ -50,7 +50,7 @@ class SimLogDisk:
             i = max(0, a.start - log.start)
             if a.at_time >= 0:
                 i = next((j for j, r in enumerate(log.records) if r.time_ms >= a.at_time), len(log.records))
-            return at, LogRecords(a.partition, a.token, log.records[i:i + a.limit])
+            return at, LogRecords(a.partition, a.token, log.records[i : i + a.limit])
         log = logs.setdefault(a.partition, SimLog())
         if cls is SaveSeen:
             log.seen = max(log.seen, a.epoch)
@@ -62,7 +62,7 @@ class SimLogDisk:
             if a.sync:
                 log.synced = len(log.records)
         elif cls is Truncate or cls is Reload:
-            del log.records[max(0, a.to - log.start):]
+            del log.records[max(0, a.to - log.start) :]
             log.synced = min(log.synced, len(log.records))
             log.checkpoint = min(log.checkpoint, a.to)
             if cls is Reload:
@@ -92,5 +92,5 @@ class SimLogDisk:
 
     def power_loss(self, member: str) -> None:
         for log in self.logs.get(member, {}).values():
-            del log.records[log.synced:]
+            del log.records[log.synced :]
         self.busy_until.pop(member, None)

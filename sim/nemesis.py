@@ -134,8 +134,11 @@ class Nemesis:
     def join(self, number: int, attempt: int = 0) -> None:
         """``roost cluster join``: a ready member takes the JOIN and answers once the change is
         on its disk; then the new member starts. An admin whose seed died first asks another."""
-        ready = [m for m in self.members.values() if m.core is not None and m.core.ready and m.id not in self.left
-                 and m.paused_until <= self.now]  # fmt: skip  (a paused member answers no admin)
+        ready = [
+            m
+            for m in self.members.values()
+            if m.core is not None and m.core.ready and m.id not in self.left and m.paused_until <= self.now
+        ]  # fmt: skip  (a paused member answers no admin)
         if not ready or attempt > 3:
             return
         seed = self.rng.choice(ready)

@@ -84,6 +84,7 @@ from sim.world import (
 # (durable partition logs: sim/logs.py)
 LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
 
+
 class Simulation(SimAccounting, Nemesis, DurableWorkload):
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
                  loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
@@ -332,8 +333,11 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         after every other member collected the tombstone that ended it (docs/cluster.md: the
         horizon must exceed the longest partition you intend to heal from)."""
         now, horizon = self.now, self.cc.settings.tombstone_horizon
-        awake = {i for i, m in self.members.items()
-                 if m.core is not None and m.paused_until <= now and m.core.phase in ("syncing", "ready")}
+        awake = {
+            i
+            for i, m in self.members.items()
+            if m.core is not None and m.paused_until <= now and m.core.phase in ("syncing", "ready")
+        }
         for i in self.members:
             since = self.away_since.get(i)
             if i in self.left or (i in awake and any(o != i and frozenset((i, o)) not in self.cut for o in awake)):
@@ -390,8 +394,11 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             sender = self.client_at.get(src)
             if sender is not None and m.core is not None and m.serving:
                 self._reached(sender)
-            if m.core is not None and m.serving and not (self.frozen and (src in self.client_at
-                                                                          or src in self.durable_at)):
+            if (
+                m.core is not None
+                and m.serving
+                and not (self.frozen and (src in self.client_at or src in self.durable_at))
+            ):
                 self._pub_accounting(m, data, src)
             return
         if dst in self.durable_at:
@@ -584,6 +591,7 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         late = self.rng.random() < 0.3
         self.at(self.now + (self.rng.uniform(5.5, 9.0) if late else self.rng.uniform(0.1, 1.0)),
                 self._client_begin, c, c.number)  # fmt: skip
+
 
 def run_seed(seed: int, **kw: Any) -> tuple[Checker, dict[str, int]]:
     sim = Simulation(seed, **kw)

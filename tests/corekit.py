@@ -64,9 +64,7 @@ class FakeClient:
         self.batch += 1
         return self.send(self.cmds_frame(self.batch, cmds), now)
 
-    def cmds_frame(
-        self, batch: int, cmds: list[tuple[int, str, str | None, int]], session: int | None = None
-    ) -> bytes:
+    def cmds_frame(self, batch: int, cmds: list[tuple[int, str, str | None, int]], session: int | None = None) -> bytes:
         """A CMDS frame of this client (of its current session unless told)."""
         return wire.encode_cmds(self.cid, self.cookie, self.session if session is None else session, batch, cmds)
 

@@ -54,22 +54,49 @@ class History:
         assert eventlog.validate(e) is None, (eventlog.validate(e), e)
         self.events.append(e)
 
-    def subscribe(self, t: float, sub: str, topic: str = "t", key: str | None = None, mode: str = "reliable",
-                  member: str | None = "n1") -> None:
+    def subscribe(
+        self,
+        t: float,
+        sub: str,
+        topic: str = "t",
+        key: str | None = None,
+        mode: str = "reliable",
+        member: str | None = "n1",
+    ) -> None:
         self.add(t, sub, "subscribe", sub=sub, topic=topic, key=key, mode=mode, member=member)
 
-    def cancel(self, t: float, sub: str, topic: str = "t", key: str | None = None,
-               reason: str = "out_of_capacity") -> None:
+    def cancel(
+        self, t: float, sub: str, topic: str = "t", key: str | None = None, reason: str = "out_of_capacity"
+    ) -> None:
         self.add(t, sub, "cancel", sub=sub, topic=topic, key=key, reason=reason)
 
-    def publish(self, t: float, seq: int, pid: str = "p1", topic: str = "t", key: str | None = None,
-                mode: str = "reliable", member: str = "n1", ack: bool = True, proc: str = "pub-0") -> None:
+    def publish(
+        self,
+        t: float,
+        seq: int,
+        pid: str = "p1",
+        topic: str = "t",
+        key: str | None = None,
+        mode: str = "reliable",
+        member: str = "n1",
+        ack: bool = True,
+        proc: str = "pub-0",
+    ) -> None:
         self.add(t, proc, "publish", pid=pid, seq=seq, topic=topic, key=key, mode=mode, member=member)
         if ack and mode == "reliable":
             self.add(t + 0.001, proc, "puback", pid=pid, seq=seq, member=member)
 
-    def deliver(self, t: float, sub: str, seq: int, pid: str = "p1", topic: str = "t", key: str | None = None,
-                mode: str = "reliable", member: str | None = "n1") -> None:
+    def deliver(
+        self,
+        t: float,
+        sub: str,
+        seq: int,
+        pid: str = "p1",
+        topic: str = "t",
+        key: str | None = None,
+        mode: str = "reliable",
+        member: str | None = "n1",
+    ) -> None:
         self.add(t, sub, "deliver", sub=sub, topic=topic, key=key, mode=mode, pid=pid, seq=seq, member=member)
 
     def fault(self, t: float, fault: str, target: str, phase: str) -> None:
@@ -81,8 +108,9 @@ class History:
 
     def write(self, run_dir: Path, end: float = 100.0, config_text: str = "") -> Path:
         (run_dir / "events").mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps({"seed": 0, "started": T0, "ended": T0 + end,
-                                                       "members": {}, "config_text": config_text}))
+        (run_dir / "run.json").write_text(
+            json.dumps({"seed": 0, "started": T0, "ended": T0 + end, "members": {}, "config_text": config_text})
+        )
         by_proc: dict[str, list[str]] = {}
         for e in self.events:
             by_proc.setdefault(e["proc"], []).append(json.dumps(e))
@@ -194,10 +222,19 @@ def test_each_kind_of_bad_line_is_named(tmp_path, capsys):
     errors = {m["line"]: m["error"] for m in report["input"]["malformed_lines"] if m["file"] == "s.jsonl"}
     first = good.count("\n") + 1
     assert sorted(errors) == list(range(first, first + len(bad)))
-    expected = ["bad JSON", "deliver: missing field 'seq'", "deliver: field 'seq' is bool, expected an integer",
-                "field 't' is str, expected a number", "field 't' is not finite",
-                "subscribe: field 'mode' is 'durable', expected one of fire, reliable", "unknown ev 'hello'",
-                "not a JSON object (list)", "not UTF-8", "bad JSON", "bad JSON"]
+    expected = [
+        "bad JSON",
+        "deliver: missing field 'seq'",
+        "deliver: field 'seq' is bool, expected an integer",
+        "field 't' is str, expected a number",
+        "field 't' is not finite",
+        "subscribe: field 'mode' is 'durable', expected one of fire, reliable",
+        "unknown ev 'hello'",
+        "not a JSON object (list)",
+        "not UTF-8",
+        "bad JSON",
+        "bad JSON",
+    ]
     for offset, want in enumerate(expected):
         assert errors[first + offset].startswith(want), (offset, errors[first + offset])
     assert report["modes"]["reliable"]["totals"]["delivered"] == 1
@@ -232,8 +269,10 @@ def test_keyed_and_whole_topic_subscriptions_of_one_client_share_one_delivery():
     h.deliver(1.1, "s", 1, key="k1")
     r = h.check()
     rows = r["modes"]["reliable"]["paths"]
-    assert [(p["key"], p["expected"], p["delivered"], p["duplicated"]) for p in rows] == [(None, 1, 1, 0),
-                                                                                          ("k1", 1, 1, 0)]
+    assert [(p["key"], p["expected"], p["delivered"], p["duplicated"]) for p in rows] == [
+        (None, 1, 1, 0),
+        ("k1", 1, 1, 0),
+    ]
     assert r["ok"]
 
 
@@ -307,15 +346,18 @@ def test_unacknowledged_reliable_message_is_missing_but_not_lost():
 # -- classification ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fault", "target", "at", "cls"), [
-    ("kill", "n1", 5, ALLOWED_DIED),
-    ("kill", "all", 5, ALLOWED_DIED),
-    ("restart", "n1", 5, VIOLATION),  # a restart is the member coming back, not dying
-    ("kill", "n1", 30, VIOLATION),  # a kill long after the publish explains nothing
-    ("kill", "n1", 0.5, VIOLATION),  # killed before the publish: the restarted member acked it
-    ("kill", "n2", 5, VIOLATION),  # another member died
-    ("pause", "n1", 5, VIOLATION),  # a pause shorter than subscriber_timeout loses nothing
-])
+@pytest.mark.parametrize(
+    ("fault", "target", "at", "cls"),
+    [
+        ("kill", "n1", 5, ALLOWED_DIED),
+        ("kill", "all", 5, ALLOWED_DIED),
+        ("restart", "n1", 5, VIOLATION),  # a restart is the member coming back, not dying
+        ("kill", "n1", 30, VIOLATION),  # a kill long after the publish explains nothing
+        ("kill", "n1", 0.5, VIOLATION),  # killed before the publish: the restarted member acked it
+        ("kill", "n2", 5, VIOLATION),  # another member died
+        ("pause", "n1", 5, VIOLATION),  # a pause shorter than subscriber_timeout loses nothing
+    ],
+)
 def test_loss_classified_by_the_fault_on_the_acking_member(fault, target, at, cls):
     h = History()
     h.subscribe(0, "s")
@@ -327,11 +369,14 @@ def test_loss_classified_by_the_fault_on_the_acking_member(fault, target, at, cl
     assert r["ok"] is (cls != VIOLATION)
 
 
-@pytest.mark.parametrize(("length", "config", "cls"), [
-    (11.0, "", ALLOWED_CUT),  # default subscriber_timeout 10 s
-    (5.0, "", VIOLATION),
-    (5.0, "[timeouts]\nsubscriber_timeout = 3.0\n", ALLOWED_CUT),  # from run.json's config_text
-])
+@pytest.mark.parametrize(
+    ("length", "config", "cls"),
+    [
+        (11.0, "", ALLOWED_CUT),  # default subscriber_timeout 10 s
+        (5.0, "", VIOLATION),
+        (5.0, "[timeouts]\nsubscriber_timeout = 3.0\n", ALLOWED_CUT),  # from run.json's config_text
+    ],
+)
 def test_loss_when_the_member_was_cut_off_past_subscriber_timeout(tmp_path, capsys, length, config, cls):
     h = History()
     h.subscribe(0, "s")
@@ -343,12 +388,15 @@ def test_loss_when_the_member_was_cut_off_past_subscriber_timeout(tmp_path, caps
     assert code == (0 if cls != VIOLATION else 1)
 
 
-@pytest.mark.parametrize(("how", "cls"), [
-    ("same", VIOLATION),
-    ("members", "allowed: published through different members"),
-    ("failover", "allowed: publisher failed over"),
-    ("crash", "allowed: publishing member crashed"),
-])
+@pytest.mark.parametrize(
+    ("how", "cls"),
+    [
+        ("same", VIOLATION),
+        ("members", "allowed: published through different members"),
+        ("failover", "allowed: publisher failed over"),
+        ("crash", "allowed: publishing member crashed"),
+    ],
+)
 def test_reordering_is_a_violation_only_within_one_member_stream(how, cls):
     h = History()
     h.subscribe(0, "s")
@@ -468,8 +516,7 @@ def test_exit_status_2_for_unusable_input(tmp_path, capsys):
 
 def test_json_report_matches_its_schema_and_out_writes_the_same(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    gen_events.generate(run_dir, events=4000, seed=5, lose=1, dup=1, reorder=1, kill_lose=1, malformed=2,
-                        disagree=True)
+    gen_events.generate(run_dir, events=4000, seed=5, lose=1, dup=1, reorder=1, kill_lose=1, malformed=2, disagree=True)
     out = tmp_path / "report.json"
     code, stdout = run_cli(capsys, run_dir, "--json", "--out", str(out))
     assert code == 1
@@ -493,11 +540,17 @@ def test_text_report_has_a_table_per_mode_and_lists_violations(tmp_path, capsys)
 
 
 def test_script_runs_standalone(tmp_path):
-    gen = subprocess.run([sys.executable, "scripts/gen_events.py", str(tmp_path), "--events", "1500", "--seed", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    gen = subprocess.run(
+        [sys.executable, "scripts/gen_events.py", str(tmp_path), "--events", "1500", "--seed", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert gen.returncode == 0, gen.stderr
-    r = subprocess.run([sys.executable, "scripts/check.py", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "scripts/check.py", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK: no promise broken" in r.stdout
 
@@ -521,10 +574,13 @@ def test_a_cut_that_starts_long_after_the_publish_explains_no_loss(tmp_path, cap
     assert [x["class"] for x in r["lost"]] == [VIOLATION] and code == 1
 
 
-@pytest.mark.parametrize(("published", "cls"), [
-    (3.0, "allowed: subscription not yet at the member (confirmed while members were apart)"),
-    (9.0, VIOLATION),  # well after the heal: the subscription had reached n1
-])
+@pytest.mark.parametrize(
+    ("published", "cls"),
+    [
+        (3.0, "allowed: subscription not yet at the member (confirmed while members were apart)"),
+        (9.0, VIOLATION),  # well after the heal: the subscription had reached n1
+    ],
+)
 def test_a_subscription_confirmed_while_a_member_was_apart_misses_what_that_member_took_until_the_heal(
         published, cls):  # fmt: skip
     h = History()

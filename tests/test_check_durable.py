@@ -77,11 +77,25 @@ def test_a_clean_history_with_a_crash_and_its_redelivery_passes() -> None:
     d = r["durable"]
     assert r["violations"] == [] and r["ok"]
     assert (d["puts"], d["acknowledged"], d["crashes"], d["offset_conflicts"], d["phantoms"]) == (6, 6, 1, 0, 0)
-    assert d["totals"] == {"expected": 6, "received": 6, "records": 8, "redelivered": 2, "duplicated": 0,
-                           "lost": 0, "reordered": 0, "commits": 2, "cursor_regressions": 0}
+    assert d["totals"] == {
+        "expected": 6,
+        "received": 6,
+        "records": 8,
+        "redelivered": 2,
+        "duplicated": 0,
+        "lost": 0,
+        "reordered": 0,
+        "commits": 2,
+        "cursor_regressions": 0,
+    }
     [row] = d["subscriptions"]
-    assert (row["client"], row["durable"], row["topic"], row["committed"], row["read_to"]) == ("dc-0", "w", TOPIC,
-                                                                                                16, 16)
+    assert (row["client"], row["durable"], row["topic"], row["committed"], row["read_to"]) == (
+        "dc-0",
+        "w",
+        TOPIC,
+        16,
+        16,
+    )
     assert d["latency"]["n"] == 6 and d["longest_gap"]["gap"] == pytest.approx(2.53)  # (5.51 -> 8.04: the crash)
 
 
@@ -126,7 +140,9 @@ def test_a_read_below_the_committed_cursor_and_a_commit_going_back_are_cursor_re
     r = h.check()
     assert kinds(r) == {"cursor_regression": 2}
     assert [(x["kind"], x["offset"], x["committed"]) for x in r["durable"]["regressions"]] == [
-        ("read_below", 14, 16), ("commit_back", 15, 16)]
+        ("read_below", 14, 16),
+        ("commit_back", 15, 16),
+    ]
     assert r["durable"]["totals"]["cursor_regressions"] == 2
 
 
@@ -155,8 +171,9 @@ def test_a_producers_messages_out_of_order_in_the_log_and_a_record_never_put() -
     assert kinds(r) == {"durable_reordered": 1, "durable_phantom": 1}
 
 
-def test_durable_report_matches_the_schema_and_the_text_has_a_durable_table(tmp_path: Path,
-                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_durable_report_matches_the_schema_and_the_text_has_a_durable_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     h = clean()
     h.put(20, 7)
     run = h.write(tmp_path / "run")
@@ -173,11 +190,14 @@ def test_durable_report_matches_the_schema_and_the_text_has_a_durable_table(tmp_
 PARTITIONED = '[cluster]\nmode = "partitioned"\npartitions = 16\n'
 
 
-@pytest.mark.parametrize(("config", "paused", "cls"), [
-    (PARTITIONED, "n2", "allowed: the topic's primary changed (partitioned mode)"),  # n2 is t's primary
-    (PARTITIONED, "n3", "violation"),  # n3's pause changes no primary of t
-    ("", "n2", "violation"),  # replicated mode: no primaries
-])
+@pytest.mark.parametrize(
+    ("config", "paused", "cls"),
+    [
+        (PARTITIONED, "n2", "allowed: the topic's primary changed (partitioned mode)"),  # n2 is t's primary
+        (PARTITIONED, "n3", "violation"),  # n3's pause changes no primary of t
+        ("", "n2", "violation"),  # replicated mode: no primaries
+    ],
+)
 def test_a_reliable_reorder_across_a_change_of_the_topics_primary_is_allowed_in_partitioned_mode(
         tmp_path: Path, config: str, paused: str, cls: str) -> None:  # fmt: skip
     """Found by the durable chaos run of seed 3: a publisher's messages forwarded by its member
@@ -195,8 +215,9 @@ def test_a_reliable_reorder_across_a_change_of_the_topics_primary_is_allowed_in_
     h.deliver(3.5, "s", 2)
     h.deliver(3.6, "s", 1)
     run = h.write(tmp_path / "run", config_text=config)
-    (run / "run.json").write_text(json.dumps({**json.loads((run / "run.json").read_text()),
-                                              "members": {m: {} for m in ("n1", "n2", "n3")}}))
+    (run / "run.json").write_text(
+        json.dumps({**json.loads((run / "run.json").read_text()), "members": {m: {} for m in ("n1", "n2", "n3")}})
+    )
     r = checker.check_run(run)
     assert [(x["seq"], x["after_seq"], x["class"]) for x in r["reordered"]] == [(1, 2, cls)]
     assert r["ok"] is (cls != "violation")

@@ -295,8 +295,14 @@ def test_json_log_lines_carry_the_same_fields():
     (line,) = out.getvalue().splitlines()
     doc = json.loads(line)
     assert doc.pop("ts").endswith("Z")
-    assert doc == {"level": "info", "node": "j1", "event": "client_new", "client": "ab", "addr": "127.0.0.1:1",
-                   "subs": 3}
+    assert doc == {
+        "level": "info",
+        "node": "j1",
+        "event": "client_new",
+        "client": "ab",
+        "addr": "127.0.0.1:1",
+        "subs": 3,
+    }
 
 
 def test_roost_bench_runs_the_checkouts_script_with_its_own_options():

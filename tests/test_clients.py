@@ -132,11 +132,21 @@ async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything
     async with roost.Client(f"127.0.0.1:{node.port}") as c:
         before = await c.status()
         for bad in BAD_TIMEOUTS:
-            now = [c.publish("x.t", b"p", timeout=bad), c.publish("x.t", b"p", mode="fire", wait=True, timeout=bad),
-                   c.flush(bad), c.put("x.t", b"p", timeout=bad)]
-            asking = [c.publish("x.t", b"p", wait=True, timeout=bad), c.put("x.t", b"p", wait=True, timeout=bad),
-                      c.request("x.t", b"q", timeout=bad), c.get("x.t", "d", timeout=bad),
-                      c.read("x.t", timeout=bad), c.commit("x.t", "d", timeout=bad), c.subscribe("x.t").start(bad)]
+            now = [
+                c.publish("x.t", b"p", timeout=bad),
+                c.publish("x.t", b"p", mode="fire", wait=True, timeout=bad),
+                c.flush(bad),
+                c.put("x.t", b"p", timeout=bad),
+            ]
+            asking = [
+                c.publish("x.t", b"p", wait=True, timeout=bad),
+                c.put("x.t", b"p", wait=True, timeout=bad),
+                c.request("x.t", b"q", timeout=bad),
+                c.get("x.t", "d", timeout=bad),
+                c.read("x.t", timeout=bad),
+                c.commit("x.t", "d", timeout=bad),
+                c.subscribe("x.t").start(bad),
+            ]
             for calls, allowed in ((now, "None or a number of seconds >= 0"),
                                    (asking, "None or a number of seconds > 0"),
                                    ([c.status(bad)], "a number of seconds > 0")):  # fmt: skip
@@ -144,9 +154,16 @@ async def test_a_bad_timeout_is_refused_by_every_call_before_it_changes_anything
                     with pytest.raises(ValueError) as e:
                         await call
                     assert str(e.value) == f"timeout must be {allowed}, not {bad!r}"
-        zero = [c.publish("x.t", b"p", wait=True, timeout=0), c.put("x.t", b"p", wait=True, timeout=0),
-                c.status(0), c.request("x.t", b"q", timeout=0), c.get("x.t", "d", timeout=0),
-                c.read("x.t", timeout=0), c.commit("x.t", "d", timeout=0), c.subscribe("x.t").start(0)]
+        zero = [
+            c.publish("x.t", b"p", wait=True, timeout=0),
+            c.put("x.t", b"p", wait=True, timeout=0),
+            c.status(0),
+            c.request("x.t", b"q", timeout=0),
+            c.get("x.t", "d", timeout=0),
+            c.read("x.t", timeout=0),
+            c.commit("x.t", "d", timeout=0),
+            c.subscribe("x.t").start(0),
+        ]
         for call in zero:
             with pytest.raises(ValueError, match=r"a number of seconds > 0, not 0$"):
                 await call

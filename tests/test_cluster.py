@@ -133,8 +133,10 @@ def test_a_queue_group_across_members_shares_30000_messages_also_when_one_member
         wait_until(lambda: sum(map(len, got.values())) >= 30000, timeout=60,
                    what="all 30,000 messages at the group's members")  # fmt: skip
         everything = [int(x) for lines in got.values() for x in lines]
-        print(f"per member {[len(v) for v in got.values()]}; redelivered by the members "
-              f"{[cluster.status(m)['metrics'].get('queue_redelivered', 0) for m in ('n1', 'n2')]}")
+        print(
+            f"per member {[len(v) for v in got.values()]}; redelivered by the members "
+            f"{[cluster.status(m)['metrics'].get('queue_redelivered', 0) for m in ('n1', 'n2')]}"
+        )
         assert len(got["n3"]) == 4000
         assert sorted(everything) == list(range(30000)), "lost or duplicated"
     finally:
@@ -208,8 +210,10 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
         ((1 << 31).to_bytes(4, "big") + b"x" * 10, "exceeds max_frame"),
         (encode([P.HELLO, "something-else/9", "n2", os.urandom(NONCE_LEN), "replicated"]), "expected HELLO"),
         (encode([P.HELLO, PROTOCOL, "stranger", os.urandom(NONCE_LEN), "replicated"]), "unknown peer id"),
-        (encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/256/2"]),
-         "mode, partitions and replicas must be the same"),
+        (
+            encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/256/2"]),
+            "mode, partitions and replicas must be the same",
+        ),
         (encode([P.PULL]), "expected HELLO"),
     ],
     ids=["garbage", "oversized", "other-protocol", "stranger", "other-shape", "pull-first"],  # (the nonces are random)

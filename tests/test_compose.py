@@ -27,8 +27,10 @@ SCHEMA = os.path.join(ROOT, "tests", "data", "compose-spec.json")
 SHARED_SCHEMA = os.path.join(ROOT, "..", "shared", "schemas", "compose-spec.json")
 
 # (compose file, the cluster config its services run)
-SETUPS = [("docker-compose.yml", "configs/compose3.toml"),
-          ("docker-compose.partitioned.yml", "configs/compose5-partitioned.toml")]
+SETUPS = [
+    ("docker-compose.yml", "configs/compose3.toml"),
+    ("docker-compose.partitioned.yml", "configs/compose5-partitioned.toml"),
+]
 setups = pytest.mark.parametrize("setup", SETUPS, ids=[c for c, _ in SETUPS])
 WORKDIR = "/var/lib/roost"
 HOST_IP = "127.0.0.1"
@@ -61,8 +63,11 @@ def port_of(addr: str) -> int:
 
 
 def expected_ports(member: dict[str, Any]) -> set[tuple[int, str]]:
-    return {(port_of(member["client_addr"]), "udp"), (port_of(member["peer_addr"]), "tcp"),
-            (port_of(member["monitor_addr"]), "tcp")}
+    return {
+        (port_of(member["client_addr"]), "udp"),
+        (port_of(member["peer_addr"]), "tcp"),
+        (port_of(member["monitor_addr"]), "tcp"),
+    }
 
 
 def command_args(service: dict[str, Any]) -> list[str]:
@@ -87,8 +92,12 @@ def option_values(args: list[str], option: str) -> list[str]:
 def parse_port(spec: Any) -> tuple[str, int, int, str]:
     """(host_ip, published, target, protocol) of one `ports` entry (short or long syntax)."""
     if isinstance(spec, dict):
-        return (str(spec.get("host_ip", "")), int(spec["published"]), int(spec["target"]),
-                str(spec.get("protocol", "tcp")))
+        return (
+            str(spec.get("host_ip", "")),
+            int(spec["published"]),
+            int(spec["target"]),
+            str(spec.get("protocol", "tcp")),
+        )
     m = re.fullmatch(r"(?:(?P<ip>[^:]+):)?(?P<published>\d+):(?P<target>\d+)(?:/(?P<proto>tcp|udp))?", str(spec))
     assert m, f"unsupported port syntax (want [IP:]HOST:CONTAINER[/proto]): {spec!r}"
     return m["ip"] or "", int(m["published"]), int(m["target"]), m["proto"] or "tcp"

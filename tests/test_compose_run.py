@@ -101,6 +101,7 @@ def test_compose_services_form_a_cluster_as_local_processes(tmp_path: Path, host
                 procs[name] = subprocess.Popen([*hosts.exec_prefix(ns[name]), *local_command(service)], cwd=work,
                                                env=env, stdout=log, stderr=log)  # fmt: skip
         for name, service in services.items():
+
             def healthy(name: str = name, service: dict[str, Any] = service) -> bool:
                 assert procs[name].poll() is None, (tmp_path / f"{name}.log").read_text()
                 check = [*hosts.exec_prefix(ns[name]), *healthcheck(service)]

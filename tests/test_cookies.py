@@ -69,7 +69,8 @@ def test_the_keys_are_drawn_from_the_cores_rng_alone():
     rng = random.Random(1)
     j = jar(1)
     assert [j.issue(A, CID, t * LIFE) for t in range(3)] == [
-        CookieJar._make(rng.randbytes(cookies.KEY_LEN), A, CID) for _ in range(3)]  # (a key per lifetime)
+        CookieJar._make(rng.randbytes(cookies.KEY_LEN), A, CID) for _ in range(3)
+    ]  # (a key per lifetime)
 
 
 def test_the_cache_of_proven_cookies_is_bounded_and_forgets_retired_keys(monkeypatch):
@@ -98,8 +99,6 @@ def test_a_ping_with_the_previous_keys_cookie_gets_a_new_one_then_the_old_one_is
     assert [f[:2] for f in frames_to(c.ping(20.0), A)] == [(T.ERROR, E.BAD_COOKIE)]
     c.cookie = pong[3]
     assert frames_to(c.ping(20.0), A)[0][0] is T.PONG
-
-
 
 
 def test_a_members_cookie_is_refused_by_another_member_that_holds_the_same_secret(tmp_path):

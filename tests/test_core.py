@@ -527,8 +527,9 @@ def test_a_pub_whose_last_sequence_passes_2_63_is_refused_and_the_node_goes_on(r
 # STALE_BATCH is never an ERROR frame, only a command's result in CMDACK (tested below).
 @pytest.mark.parametrize("code", [c for c in E if c not in (E.OK, E.STALE_BATCH)], ids=lambda c: c.name)
 def test_every_error_code(code):
-    core = make_core(max_clients=0 if code is E.OVERLOADED else 100,
-                     max_subscriptions=1 if code is E.OVER_CAPACITY else 100)
+    core = make_core(
+        max_clients=0 if code is E.OVERLOADED else 100, max_subscriptions=1 if code is E.OVER_CAPACITY else 100
+    )
     data, addr = _trigger(core, code)
     before = core.state_digest()
     out = sends(core.handle_datagrams([(data, addr)], 0.0))

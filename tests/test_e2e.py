@@ -158,8 +158,11 @@ def test_clean_shutdown_on_signal(tmp_path, sig):
         ("[node]\nlog_level = 'loud'\n", "must be one of debug, info, warning, error"),
         ("[timeouts]\nretransmit_timeout = 5\nretransmit_max = 1\n", "retransmit_max = 1.0: must be at least"),
         ("[limits]\nsend_window = 64\n", "[limits] max_payload = 1048576: must be at most a quarter of send_window"),
-        ("[node]\nadvertise_addr = '127.0.0.1:0'\n", "advertise_addr = '127.0.0.1:0': must be empty (client_addr) or "
-         "HOST:PORT with an IP address that is not a wildcard, and a port other than 0"),
+        (
+            "[node]\nadvertise_addr = '127.0.0.1:0'\n",
+            "advertise_addr = '127.0.0.1:0': must be empty (client_addr) or "
+            "HOST:PORT with an IP address that is not a wildcard, and a port other than 0",
+        ),
     ],
 )
 def test_bad_config_exits_non_zero_naming_file_key_and_allowed(tmp_path, content, needle):
@@ -181,7 +184,7 @@ def test_a_config_that_is_not_utf8_is_refused_as_not_toml(tmp_path):
     from roost.node.config import ConfigError, load_node_config
 
     cfg = tmp_path / "latin1.toml"
-    cfg.write_bytes(b"[node]\nid = \"n\xe9\"\n")
+    cfg.write_bytes(b'[node]\nid = "n\xe9"\n')
     with pytest.raises(ConfigError, match=r"latin1\.toml: not valid TOML: not UTF-8 at byte 14"):
         load_node_config(cfg)
 
@@ -221,8 +224,10 @@ def test_bench_script_runs_and_reliable_loses_nothing():
     r = script("scripts/bench.py", "--quick", "--workloads", "W3", "--json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert [(row["system"], row["workload"], row["mode"]) for row in rows] == [("roost", "W3", "reliable"),
-                                                                              ("roost", "W3", "fire")]
+    assert [(row["system"], row["workload"], row["mode"]) for row in rows] == [
+        ("roost", "W3", "reliable"),
+        ("roost", "W3", "fire"),
+    ]
     reliable = rows[0]
     assert reliable["delivered"] == reliable["messages"] == 550 and reliable["lost"] == 0
     assert reliable["duplicated"] == reliable["out_of_order"] == 0

@@ -30,8 +30,10 @@ def test_text_wildcard_subscription_and_wildcard_publish_refused():
                                  (b"PUB t1\nw", B), (b"PUB t1x\nv", B)], 0.0)  # fmt: skip
     assert [s.data for s in sends(out)] == [b"MSG demo.a\nx", b"MSG t1\nw"]
     before = core.state_digest()
-    for bad, says in ((b"PUB demo.*\nx", b"ERR bad_topic '*' and '>' are wildcards"),
-                      (b"SUB ord*\n", b"ERR bad_topic topic filter: '*' and '>' are wildcards and must be whole")):
+    for bad, says in (
+        (b"PUB demo.*\nx", b"ERR bad_topic '*' and '>' are wildcards"),
+        (b"SUB ord*\n", b"ERR bad_topic topic filter: '*' and '>' are wildcards and must be whole"),
+    ):
         (reply,) = sends(text(core, bad, addr=C))
         assert says.startswith(reply.data) and len(reply.data) == min(len(says), 3 * len(bad)), reply.data
     assert core.state_digest() == before

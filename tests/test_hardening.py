@@ -87,8 +87,13 @@ def test_sequences_at_or_above_2_63_are_refused_where_decoded(first):
 
 
 def test_a_status_reply_says_what_it_could_not_encode_instead_of_raising():
-    status = {"node": "n1", "published": -(2**64), "nested": {"big": 2**70, "ok": 3}, "odd": object(),
-              "fine": 2**64 - 1}
+    status = {
+        "node": "n1",
+        "published": -(2**64),
+        "nested": {"big": 2**70, "ok": 3},
+        "odd": object(),
+        "fine": 2**64 - 1,
+    }
     f = decoding.decode_untrusted_frame(wire.encode_status_reply(status))
     got = f[1]
     assert got["node"] == "n1" and got["nested"]["ok"] == 3 and got["fine"] == 2**64 - 1
@@ -219,7 +224,8 @@ def test_admission_knows_the_largest_holder_whatever_the_order(ops):
             adm.release(host)
         assert adm.top == max(adm.per_host.values(), default=0)
         assert {n: set(hs) for n, hs in adm.by_count.items()} == {
-            n: {x for x, c in adm.per_host.items() if c == n} for n in set(adm.per_host.values())}
+            n: {x for x, c in adm.per_host.items() if c == n} for n in set(adm.per_host.values())
+        }
         big = adm.largest("other")
         assert big is None if adm.top < 2 else adm.per_host[big] == adm.top
 

@@ -78,7 +78,10 @@ async def test_a_join_and_a_leave_under_a_reliable_stream_lose_and_duplicate_not
         joined = roost("cluster", "leave", "n6", "--config", str(c.config), "--run-dir", run, timeout=120)
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert "leave of n6" in joined.stdout and max(_ratios(joined.stdout)) <= 1.25, joined.stdout
-        await trio.to_thread.run_sync(lambda: wait_until(
-            lambda: sorted(c.status("n1")["map"]["live"]) == ["n1", "n2", "n4", "n5"], what="n6 gone from the map"))
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: sorted(c.status("n1")["map"]["live"]) == ["n1", "n2", "n4", "n5"], what="n6 gone from the map"
+            )
+        )
     finally:
         c.stop()

@@ -84,7 +84,8 @@ def test_connz_pages_clients_in_the_order_they_arrived():
     # a text subscriber is listed while it has a subscription here
     core.handle_datagrams([(b"SUB tx\n", ("127.0.0.1", 7000))], 11.0)
     assert [(r["kind"], r["addr"]) for r in monitor.connz(core, 12.0, {"offset": "5"})["connections"]] == [
-        ("text", "127.0.0.1:7000")]
+        ("text", "127.0.0.1:7000")
+    ]
     core.handle_datagrams([(b"UNSUB tx\n", ("127.0.0.1", 7000))], 12.0)
     assert monitor.connz(core, 13.0, {})["total"] == 5
     for bad in ({"limit": "0"}, {"limit": "5000"}, {"offset": "-1"}, {"limit": "x"}, {"offset": str(2**63)}):
@@ -101,7 +102,14 @@ def test_subsz_pages_cut_anywhere_agree_with_the_whole_listing():
             (1, "c.*", "k", 1), (1, "c.*", None, 0), (1, "d.>", None, 1)])  # fmt: skip
     whole = monitor.subsz(core, {"limit": "1024"})["subscriptions"]
     assert [(s["filter"], s["key"]) for s in whole] == [
-        ("a", None), ("a", "k1"), ("a", "k2"), ("b", None), ("c.*", "k"), ("c.*", None), ("d.>", None)]
+        ("a", None),
+        ("a", "k1"),
+        ("a", "k2"),
+        ("b", None),
+        ("c.*", "k"),
+        ("c.*", None),
+        ("d.>", None),
+    ]
     for offset in range(9):
         for limit in range(1, 9):
             got = monitor.subsz(core, {"offset": str(offset), "limit": str(limit)})
@@ -117,11 +125,18 @@ def test_subsz_by_topic_keeps_the_filters_a_message_would_match():
     assert every["num_subscriptions"] == 4 and every["total"] == 4
     (pub,) = connect(core, ("127.0.0.1", 6001))
     pub.pub([("a.b", b"1"), ("a.b", b"2"), ("a.c", b"3")])
-    pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, pub.seq, pub.seq, True,
-                             [wire.pack_message("a.b", "k", None, b"4")]), 0.0)  # (a keyed message)
+    pub.send(
+        wire.encode_pub(
+            pub.cid, pub.cookie, pub.pid, pub.seq, pub.seq, True, [wire.pack_message("a.b", "k", None, b"4")]
+        ),
+        0.0,
+    )  # (a keyed message)
     hit = monitor.subsz(core, {"topic": "a.b"})
     assert [(s["filter"], s["key"], s["reliable"], s["matches"]) for s in hit["subscriptions"]] == [
-        ("a.*", None, 0, 4), ("a.>", "k", 1, 1), ("a.b", None, 1, 3)]
+        ("a.*", None, 0, 4),
+        ("a.>", "k", 1, 1),
+        ("a.b", None, 1, 3),
+    ]
     assert [s["filter"] for s in monitor.subsz(core, {"topic": "a.b.c"})["subscriptions"]] == ["a.>"]
     with pytest.raises(monitor.BadQuery, match="wildcards"):
         monitor.subsz(core, {"topic": "a.*"})
@@ -135,8 +150,11 @@ def test_metrics_parse_and_agree_with_the_core():
     sub, pub = connect(core, ("127.0.0.1", 5001), ("127.0.0.1", 5002))
     sub.sub("t")
     pub.pub([("t", b"x")] * 7)
-    status = {"state": "ready", "members": [{"id": "n1", "state": "ready", "queue": 0},
-                                            {"id": "n2", "state": "down", "queue": 12}], "map": {"epoch": 4}}
+    status = {
+        "state": "ready",
+        "members": [{"id": "n1", "state": "ready", "queue": 0}, {"id": "n2", "state": "down", "queue": 12}],
+        "map": {"epoch": 4},
+    }
     fams = families(monitor.metrics(core, INFO, 2.0, status))
     assert sample(fams, "roost_messages_in_total", node="n1") == 7
     assert sample(fams, "roost_events_total", event="datagrams_in") == core.metrics["datagrams_in"]
@@ -583,7 +601,7 @@ async def test_with_a_token_every_path_but_healthz_answers_401_without_it():
 ])  # fmt: skip
 def test_monitor_settings_are_checked_at_load_naming_file_key_and_what_is_allowed(tmp_path, toml, says):
     path = tmp_path / "node.toml"
-    path.write_text(f"[monitor]\naddr = \"127.0.0.1:0\"\n{toml}\n")
+    path.write_text(f'[monitor]\naddr = "127.0.0.1:0"\n{toml}\n')
     with pytest.raises(ConfigError) as exc:
         load_node_config(path)
     assert str(exc.value).startswith(f"{path}: {says}"), str(exc.value)
@@ -634,7 +652,8 @@ def test_a_cluster_configs_monitor_token_file_reaches_every_member(tmp_path):
     cc = load_cluster_config(tmp_path / "c.toml", {"cluster": {"secret": "x" * 16}, "members": members,
                                                    "monitor": {"token_file": "token", "max_per_host": 4}})  # fmt: skip
     assert [(cc.node_config(m).monitor_token, cc.node_config(m).monitor_max_per_host) for m in ("n1", "n2")] == [
-        (TOKEN, 4)] * 2
+        (TOKEN, 4)
+    ] * 2
     (tmp_path / "token").chmod(0o604)
     with pytest.raises(ConfigError, match="readable by group or others"):
         load_cluster_config(tmp_path / "c.toml", {"cluster": {"secret": "x" * 16}, "members": members,

@@ -46,8 +46,10 @@ async def test_subscriptions_live_on_their_owners_and_a_publish_anywhere_reaches
                                                          what="every subscription on its two owners"))  # fmt: skip
         counts = await trio.to_thread.run_sync(c.subscriptions)
         share = R * len(topics) / 5
-        print(f"subscriptions per member {counts} for {len(topics)} subscriptions: "
-              f"{[round(x / len(topics), 2) for x in counts]} of the total (replicas/5 = {R / 5})")
+        print(
+            f"subscriptions per member {counts} for {len(topics)} subscriptions: "
+            f"{[round(x / len(topics), 2) for x in counts]} of the total (replicas/5 = {R / 5})"
+        )
         assert all(0.6 * share <= x - before / 5 <= 1.4 * share for x in counts), counts
         # a publish at every member, for topics owned elsewhere, reaches the subscriber
         for i, t in enumerate(topics):
@@ -158,8 +160,10 @@ async def test_killing_a_primary_keeps_the_reliable_subscription_with_a_short_ga
         got = [x for _, x in arrivals]
         gap = max(b - a for (a, _), (b, _) in itertools.pairwise(arrivals))
         lost = sorted(set(range(total)) - set(got))
-        print(f"killed the primary {primary} of {topic!r}: longest gap {gap * 1000:.0f} ms, "
-              f"{len(lost)} of {total} lost (in the dead primary's mailbox), {len(got) - len(set(got))} duplicates")
+        print(
+            f"killed the primary {primary} of {topic!r}: longest gap {gap * 1000:.0f} ms, "
+            f"{len(lost)} of {total} lost (in the dead primary's mailbox), {len(got) - len(set(got))} duplicates"
+        )
         assert len(got) == len(set(got))  # no duplicates
         assert gap < 2.0
         assert all(kill_at - 100 <= x < kill_at + 100 for x in lost), lost  # only around the kill
@@ -206,8 +210,10 @@ async def test_a_client_learns_the_map_and_publishes_straight_to_the_primaries(f
             assert got == [f"{t}:{i}".encode() for i in range(per_topic)]
         assert len(pub.router.sessions) == len(c.ids)  # one per member: each leads one of the topics
         after = await trio.to_thread.run_sync(forwarded, c)
-        print(f"forwarded by the members while a routing client published {per_topic * len(topics)} "
-              f"messages: {after - before}")
+        print(
+            f"forwarded by the members while a routing client published {per_topic * len(topics)} "
+            f"messages: {after - before}"
+        )
         assert after - before == 0
         # A text client cannot be redirected: its PUB through a non-primary is forwarded.
         topic = next(t for t in topics if owners_of(c, t)[0] != "n1")

@@ -115,8 +115,11 @@ def test_malformed_forwarded_messages_are_refused(msgs):
 
 
 def test_well_formed_forwards_relays_and_partitions_pass():
-    ok = [["t", "k", {"a": "b"}, b"p", PID, 7], ["t", None, None, b"", None, None],
-          ["t", None, None, b"", PID, 2**63 - 1]]  # (every sequence a PUB may carry: review finding)
+    ok = [
+        ["t", "k", {"a": "b"}, b"p", PID, 7],
+        ["t", None, None, b"", None, None],
+        ["t", None, None, b"", PID, 2**63 - 1],
+    ]  # (every sequence a PUB may carry: review finding)
     assert check_forwarded_untrusted(ok) == ok
     assert check_relay_untrusted([["127.0.0.1", 9, b"MSG t\nx"]]) == [(("127.0.0.1", 9), b"MSG t\nx")]
     assert check_partitions_untrusted([0, 3], 4) == {0, 3}

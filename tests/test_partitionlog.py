@@ -358,7 +358,7 @@ def test_recovery_in_chunks_keeps_the_state_of_every_record_and_only_the_newest_
     whole = LogScan.of(0, o.disk["a"])
     chunked = LogScan(0, o.s.keep)
     for i in range(0, len(o.disk["a"]), 7):
-        chunked.feed(o.disk["a"][i:i + 7])
+        chunked.feed(o.disk["a"][i : i + 7])
     assert (chunked.state, chunked.epochs, chunked.end) == (whole.state, whole.epochs, whole.end)
     assert len(chunked.tail) == 100 and chunked.base_at == chunked.end - 100
     o.restart("a")
@@ -991,7 +991,6 @@ def test_an_owner_answers_a_claim_only_once_it_is_on_disk_and_remembers_it_after
     assert b.seen == epoch and b.last_epoch == 0  # (b never got a's EPOCH record, but keeps its promise)
     b.assign(["b"], [], 2, o.now, alone=True)
     assert b.epoch > epoch  # (it claims above the claim it accepted, not below)
-
 
 
 def fetched_by_an_outsider() -> tuple[Owners, PartitionLog, int]:

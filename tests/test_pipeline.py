@@ -22,8 +22,17 @@ from tests.clusterkit import ROOT
 from tests.test_check import History
 from tests.test_check_durable import clean
 
-RUN_FIELDS = ("files", "events", "malformed", "duplicate_publishes", "unpaired_fault_ends", "phantom_deliveries",
-              "stray_deliveries", "by_kind", "malformed_lines")
+RUN_FIELDS = (
+    "files",
+    "events",
+    "malformed",
+    "duplicate_publishes",
+    "unpaired_fault_ends",
+    "phantom_deliveries",
+    "stray_deliveries",
+    "by_kind",
+    "malformed_lines",
+)
 
 
 def assert_agrees(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -51,8 +60,9 @@ def assert_agrees(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
 
 def test_audit_agrees_with_the_checker_on_planted_flaws_and_reuses_its_parquet(tmp_path, spark):
     run = tmp_path / "gen"
-    truth = gen_events.generate(run, events=30000, seed=5, lose=4, dup=3, reorder=3, kill_lose=2, malformed=5,
-                                disagree=True)
+    truth = gen_events.generate(
+        run, events=30000, seed=5, lose=4, dup=3, reorder=3, kill_lose=2, malformed=5, disagree=True
+    )
     out = tmp_path / "audit"
     # Small chunks: every file is read in several parallel pieces, and line numbers still match.
     summary = audit.audit([str(run)], out, spark=spark, quiet=True, chunk_bytes=50_000)
@@ -64,12 +74,21 @@ def test_audit_agrees_with_the_checker_on_planted_flaws_and_reuses_its_parquet(t
     assert totals["duplicated"] == len(truth["duplicated"]) == 3
     assert aud["violations"]["by_kind"]["reordered"] == len(truth["reordered"]) == 3
     assert aud["modes"]["reliable"]["totals"]["lost"] == 4 + 2  # (+ the 2 allowed: n3 was killed)
-    assert sorted((m["file"], m["line"]) for m in aud["input"]["malformed_lines"]) == \
-        sorted((m[0], m[1]) for m in truth["malformed"])
+    assert sorted((m["file"], m["line"]) for m in aud["input"]["malformed_lines"]) == sorted(
+        (m[0], m[1]) for m in truth["malformed"]
+    )
     assert aud["agreement"]["agreed"] is False and not summary["ok"]
     stored = sorted(p.name for p in (out / "parquet" / "events" / f"run={aud['run']['id']}").iterdir())
-    assert stored == ["ev=deliver", "ev=fault", "ev=malformed", "ev=puback", "ev=publish", "ev=status",
-                      "ev=subscribe", "ev=unsubscribe"]
+    assert stored == [
+        "ev=deliver",
+        "ev=fault",
+        "ev=malformed",
+        "ev=puback",
+        "ev=publish",
+        "ev=status",
+        "ev=subscribe",
+        "ev=unsubscribe",
+    ]
 
     again = audit.audit([str(run)], out, spark=spark, quiet=True)  # the Parquet is reused, same answer
     assert again["audit"]["converted"] == 0 and again["audit"]["reused"] == 1
@@ -77,8 +96,10 @@ def test_audit_agrees_with_the_checker_on_planted_flaws_and_reuses_its_parquet(t
 
     # What a killed conversion leaves (Spark's _temporary, an old staging directory) is never read.
     part = next((out / "parquet" / "events" / f"run={aud['run']['id']}" / "ev=publish").glob("*.parquet"))
-    for left in (out / "parquet" / "events" / "_temporary" / "0" / "task_0" / f"run={aud['run']['id']}" / "ev=publish",
-                 out / "parquet" / ".staging-old" / f"run={aud['run']['id']}" / "ev=publish"):
+    for left in (
+        out / "parquet" / "events" / "_temporary" / "0" / "task_0" / f"run={aud['run']['id']}" / "ev=publish",
+        out / "parquet" / ".staging-old" / f"run={aud['run']['id']}" / "ev=publish",
+    ):
         left.mkdir(parents=True)
         (left / part.name).write_bytes(part.read_bytes())
     with (run / "events" / "sub-0.jsonl").open("a") as f:  # a changed run is converted again
@@ -93,28 +114,40 @@ def test_audit_agrees_with_the_checker_on_planted_flaws_and_reuses_its_parquet(t
 def test_every_kind_of_bad_line_is_counted_with_its_file_and_line_as_the_checker_does(tmp_path, spark):
     run = tmp_path / "bad"
     gen_events.generate(run, events=2000, seed=9)
-    bad = [b"not json\n", b"\n", b'{"t": 1}\n', b'[1, 2]\n', b'{"t": 1, "proc": "x", "ev": "nope"}\n',
-           b'{"t": 1, "proc": "x", "ev": "publish", "pid": "a", "seq": 1.0, "topic": "o", "key": null, '
-           b'"mode": "reliable", "member": null}\n',
-           b'{"t": 1, "proc": "x", "ev": "publish", "pid": "a", "seq": 99999999999999999999, "topic": "o", '
-           b'"key": null, "mode": "reliable", "member": null}\n',
-           b'{"t": 1, "proc": "x", "ev": "deliver", "sub": "\\ud800", "topic": "o", "key": null, "mode": "fire", '
-           b'"pid": "a", "seq": 1, "member": null}\n',
-           b'\xff\xfe{"t": 1}\n', b'{"t": NaN, "proc": "x", "ev": "status"}\n', b'{"t": 1, "proc": "x"} {}\n',
-           b'{"t": 1, "proc": "x", "ev": "fault", "fault": "kill", "target": "n1", "phase": "start", '
-           b'"params": 3}\n', struct.pack("B", 0) * 3 + b"\n",
-           b'{"t": 1' + b"0" * 400 + b', "proc": "x", "ev": "status", "member": "n1", "digest": null, '
-           b'"subscriptions": null, "state": "s"}\n']
+    bad = [
+        b"not json\n",
+        b"\n",
+        b'{"t": 1}\n',
+        b"[1, 2]\n",
+        b'{"t": 1, "proc": "x", "ev": "nope"}\n',
+        b'{"t": 1, "proc": "x", "ev": "publish", "pid": "a", "seq": 1.0, "topic": "o", "key": null, '
+        b'"mode": "reliable", "member": null}\n',
+        b'{"t": 1, "proc": "x", "ev": "publish", "pid": "a", "seq": 99999999999999999999, "topic": "o", '
+        b'"key": null, "mode": "reliable", "member": null}\n',
+        b'{"t": 1, "proc": "x", "ev": "deliver", "sub": "\\ud800", "topic": "o", "key": null, "mode": "fire", '
+        b'"pid": "a", "seq": 1, "member": null}\n',
+        b'\xff\xfe{"t": 1}\n',
+        b'{"t": NaN, "proc": "x", "ev": "status"}\n',
+        b'{"t": 1, "proc": "x"} {}\n',
+        b'{"t": 1, "proc": "x", "ev": "fault", "fault": "kill", "target": "n1", "phase": "start", "params": 3}\n',
+        struct.pack("B", 0) * 3 + b"\n",
+        b'{"t": 1' + b"0" * 400 + b', "proc": "x", "ev": "status", "member": "n1", "digest": null, '
+        b'"subscriptions": null, "state": "s"}\n',
+    ]
     with (run / "events" / "pub-0.jsonl").open("ab") as f:
         for b in bad:
             f.write(b)
         # valid lines: a field no event defines, of a type no column has; a subscribe with a null member
         f.write(b'{"t": 1, "proc": "x", "ev": "failover", "client": "x", "from": null, "to": "n1", "seq": "x"}\n')
-        f.write(b'{"t": 1, "proc": "x", "ev": "subscribe", "sub": "s9", "topic": "o", "key": null, "mode": "fire", '
-                b'"member": null}\n')
+        f.write(
+            b'{"t": 1, "proc": "x", "ev": "subscribe", "sub": "s9", "topic": "o", "key": null, "mode": "fire", '
+            b'"member": null}\n'
+        )
         for t in (b"100000000000000000000", b"9007199254740993"):  # (past int64; past a double's 2**53)
-            f.write(b'{"t": ' + t + b', "proc": "x", "ev": "status", "member": "n9", "digest": null, '
-                    b'"subscriptions": null, "state": "s"}\n')
+            f.write(
+                b'{"t": ' + t + b', "proc": "x", "ev": "status", "member": "n9", "digest": null, '
+                b'"subscriptions": null, "state": "s"}\n'
+            )
         f.write(b'{"t": 1, "proc": "x", "ev": "failover", "client": "pub-0", "from": null, "to": "n1"}')  # (no \n)
     summary = audit.audit([str(run)], tmp_path / "out", spark=spark, quiet=True, chunk_bytes=4096)
     aud = assert_agrees(run, summary)
@@ -138,8 +171,7 @@ def null_member_run(run_dir: Path) -> Path:
     return h.write(run_dir)
 
 
-def test_audit_of_a_real_chaos_run_and_others_in_one_job_writes_report_summary_and_plots(tmp_path, spark,
-                                                                                          chaos_run):
+def test_audit_of_a_real_chaos_run_and_others_in_one_job_writes_report_summary_and_plots(tmp_path, spark, chaos_run):
     run, proc = chaos_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "audit"
@@ -148,8 +180,13 @@ def test_audit_of_a_real_chaos_run_and_others_in_one_job_writes_report_summary_a
     hand = assert_agrees(other, summary)
     # (one message on two subscriptions of "s": the keyed and the whole-topic one count it each)
     assert hand["modes"]["reliable"]["totals"]["lost"] == 2 and hand["violations"]["by_kind"] == {
-        "lost": 2, "duplicated": 2, "reordered": 0, "phantom": 1, "disagreement": 0,
-        **dict.fromkeys(DURABLE_VIOLATIONS, 0)}  # (no durable events in this run)
+        "lost": 2,
+        "duplicated": 2,
+        "reordered": 0,
+        "phantom": 1,
+        "disagreement": 0,
+        **dict.fromkeys(DURABLE_VIOLATIONS, 0),
+    }  # (no durable events in this run)
     aud = assert_agrees(run, summary)
     assert aud["modes"]["reliable"]["totals"]["acknowledged"] > 1000 and aud["faults"]
     assert all(f["gap"] > 0 for f in aud["faults"])
@@ -200,16 +237,31 @@ def test_audit_agrees_with_the_checker_on_durable_mode(tmp_path, spark, durable_
 
 
 def test_roost_audit_command_exits_2_on_a_missing_run_and_names_it(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(tmp_path / "nope"), "--out",
-                        str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "roost", "audit", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "nope/run.json: no such file" in r.stderr
     (tmp_path / "empty" / "events").mkdir(parents=True)
     (tmp_path / "empty" / "run.json").write_text("{}")
-    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(tmp_path / "empty"), "--grace", "-1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "roost", "audit", str(tmp_path / "empty"), "--grace", "-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--grace must be a finite number >= 0" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(tmp_path / "empty")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "roost", "audit", str(tmp_path / "empty")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "no *.jsonl event files" in r.stderr
 
 
@@ -218,8 +270,13 @@ def test_roost_audit_command_end_to_end(tmp_path):
     """The command as a user runs it: its own Spark session, a progress bar, exit 1 on a violation."""
     run = tmp_path / "gen"
     gen_events.generate(run, events=3000, seed=2, lose=1)
-    r = subprocess.run([sys.executable, "-m", "roost", "audit", str(run), "--out", str(tmp_path / "o"),
-                        "--master", "local[1]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "roost", "audit", str(run), "--out", str(tmp_path / "o"), "--master", "local[1]"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAIL" in r.stdout and "1 violations" in r.stdout
     assert "audit: done" in r.stderr and "14/14" in r.stderr  # the progress bar reached its end

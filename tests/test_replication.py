@@ -28,8 +28,15 @@ WHO = [b"\x01" * 16, b"\x02" * 16, ("127.0.0.1", 9000)]
 
 
 def replica(node_id: str = "n1", idx: int = 0, horizon: float = math.inf) -> BrokerCore:
-    return BrokerCore(NodeConfig(id=node_id), random.Random(idx), 1, node_idx=idx, replicating=True,
-                      wall_offset=1_780_000_000.0, tombstone_horizon=horizon)  # fake time 0 is a day in 2026
+    return BrokerCore(
+        NodeConfig(id=node_id),
+        random.Random(idx),
+        1,
+        node_idx=idx,
+        replicating=True,
+        wall_offset=1_780_000_000.0,
+        tombstone_horizon=horizon,
+    )  # fake time 0 is a day in 2026
 
 
 def collected(actions: list) -> int:
@@ -381,45 +388,74 @@ data_dir = "d2"
     [
         (('secret = "0123456789abcdef"', 'secret = "short"'), "secret = 'short': must be a string of at least 16"),
         (('secret = "0123456789abcdef"', ""), "[cluster] secret (or secret_file, or $ROOST_CLUSTER_SECRET): required"),
-        (('"127.0.0.1:7402"', '"127.0.0.1:7401"'),
-         "n1 client_addr = '127.0.0.1:7401' and n2 client_addr = '127.0.0.1:7401': the same port on the same host"),
-        (('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "127.0.0.1:7501"'),
-         "n1 peer_addr = '127.0.0.1:7501' and n2 monitor_addr = '127.0.0.1:7501': the same port"),
-        (('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "0.0.0.0:7502"'),
-         "n2 peer_addr = '127.0.0.1:7502' and n2 monitor_addr = '0.0.0.0:7502': the same port"),
-        (('[cluster]', '[monitor]\naddr = "127.0.0.1:8222"\n[cluster]'),
-         "[monitor] addr: set per member as monitor_addr in [[members]]"),
+        (
+            ('"127.0.0.1:7402"', '"127.0.0.1:7401"'),
+            "n1 client_addr = '127.0.0.1:7401' and n2 client_addr = '127.0.0.1:7401': the same port on the same host",
+        ),
+        (
+            ('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "127.0.0.1:7501"'),
+            "n1 peer_addr = '127.0.0.1:7501' and n2 monitor_addr = '127.0.0.1:7501': the same port",
+        ),
+        (
+            ('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "0.0.0.0:7502"'),
+            "n2 peer_addr = '127.0.0.1:7502' and n2 monitor_addr = '0.0.0.0:7502': the same port",
+        ),
+        (
+            ("[cluster]", '[monitor]\naddr = "127.0.0.1:8222"\n[cluster]'),
+            "[monitor] addr: set per member as monitor_addr in [[members]]",
+        ),
         (('id = "n2"', 'id = "n 2"'), "id = 'n 2': must be 1..64 chars"),
         (('data_dir = "d2"', 'data_dir = "d2"\nport = 5'), "port: unknown key"),
-        (('[cluster]', '[cluster]\nheartbeat_interval = 0'), "heartbeat_interval = 0: must be a number of seconds"),
+        (("[cluster]", "[cluster]\nheartbeat_interval = 0"), "heartbeat_interval = 0: must be a number of seconds"),
         (('peer_addr = "127.0.0.1:7502"', 'peer_addr = "nohost"'), "peer_addr = 'nohost': must be HOST:PORT"),
-        (('[cluster]', '[durable]\nfsync = "sometimes"\n[cluster]'),
-         "[durable] fsync = 'sometimes': must be \"always\", \"interval\" or \"never\""),
-        (('[cluster]', '[durable]\nsegment_bytes = 10\n[cluster]'), "[durable] segment_bytes = 10: must be an integer"),
-        (('[cluster]', '[durable]\nfsync_every = 1\n[cluster]'),
-         "[durable] fsync_every: unknown key; known keys: fsync,"),
-        (('[cluster]', '[durable]\nfetch_bytes = 100000\n[cluster]\nmax_frame = 65536'),
-         "[durable] fetch_bytes = 100000: must be at most half of [cluster] max_frame (65536)"),
-        (('secret = "0123456789abcdef"', 'secret = "0123456789abcdef"\nsecret_file = "s"'),
-         "[cluster] secret and secret_file: set one of them, not both"),
+        (
+            ("[cluster]", '[durable]\nfsync = "sometimes"\n[cluster]'),
+            '[durable] fsync = \'sometimes\': must be "always", "interval" or "never"',
+        ),
+        (("[cluster]", "[durable]\nsegment_bytes = 10\n[cluster]"), "[durable] segment_bytes = 10: must be an integer"),
+        (
+            ("[cluster]", "[durable]\nfsync_every = 1\n[cluster]"),
+            "[durable] fsync_every: unknown key; known keys: fsync,",
+        ),
+        (
+            ("[cluster]", "[durable]\nfetch_bytes = 100000\n[cluster]\nmax_frame = 65536"),
+            "[durable] fetch_bytes = 100000: must be at most half of [cluster] max_frame (65536)",
+        ),
+        (
+            ('secret = "0123456789abcdef"', 'secret = "0123456789abcdef"\nsecret_file = "s"'),
+            "[cluster] secret and secret_file: set one of them, not both",
+        ),
         (('secret = "0123456789abcdef"', 'secret_file = "/"'), "[cluster] secret_file = '/': cannot read"),
-        (('secret = "0123456789abcdef"', 'secret_file = "s\\u0000"'),  # (ValueError before: fuzzing)
-         "[cluster] secret_file = 's\\x00': cannot read"),
+        (
+            ('secret = "0123456789abcdef"', 'secret_file = "s\\u0000"'),  # (ValueError before: fuzzing)
+            "[cluster] secret_file = 's\\x00': cannot read",
+        ),
         (('data_dir = "d2"', 'data_dir = "d2"\nmonitor_addr = "x:1"'), "monitor_addr = 'x:1': must be HOST:PORT"),
-        (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"\n'
-                             '[[members]]\nid="n3"\nclient_addr="127.0.0.1:7403"\npeer_addr="127.0.0.1:7503"\n'
-                             'data_dir="d3"\nadvertise_addr = "127.0.0.1:7401"'),
-         "advertise_addr, else client_addr) = ('127.0.0.1', 7401): must be unique"),
-        (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"'),  # (n1's client_addr)
-         "advertise_addr, else client_addr) = ('127.0.0.1', 7401): must be unique"),
-        (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:0"'), "advertise_addr = '127.0.0.1:0': must "
-         "be an address clients can be sent to"),
+        (
+            (
+                'data_dir = "d2"',
+                'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"\n'
+                '[[members]]\nid="n3"\nclient_addr="127.0.0.1:7403"\npeer_addr="127.0.0.1:7503"\n'
+                'data_dir="d3"\nadvertise_addr = "127.0.0.1:7401"',
+            ),
+            "advertise_addr, else client_addr) = ('127.0.0.1', 7401): must be unique",
+        ),
+        (
+            ('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:7401"'),  # (n1's client_addr)
+            "advertise_addr, else client_addr) = ('127.0.0.1', 7401): must be unique",
+        ),
+        (
+            ('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "127.0.0.1:0"'),
+            "advertise_addr = '127.0.0.1:0': must be an address clients can be sent to",
+        ),
         (('data_dir = "d2"', 'data_dir = "d2"\nadvertise_addr = "0.0.0.0:7402"'), "not a wildcard"),
         (('"127.0.0.1:7402"', '"0.0.0.0:7402"'), "client_addr = '0.0.0.0:7402': clients cannot be sent to a wildcard"),
-        (('[cluster]', '[node]\nadvertise_addr = "127.0.0.1:1"\n[cluster]'),
-         "[node] advertise_addr: set per member in [[members]]"),
-        (('[cluster]', 'node = 5\n[cluster]'), "[node] must be a table"),  # (a TypeError before: fuzzing)
-        (('[cluster]', 'monitor = "addr"\n[cluster]'), "[monitor] must be a table"),
+        (
+            ("[cluster]", '[node]\nadvertise_addr = "127.0.0.1:1"\n[cluster]'),
+            "[node] advertise_addr: set per member in [[members]]",
+        ),
+        (("[cluster]", "node = 5\n[cluster]"), "[node] must be a table"),  # (a TypeError before: fuzzing)
+        (("[cluster]", 'monitor = "addr"\n[cluster]'), "[monitor] must be a table"),
     ],
 )
 def test_cluster_config_errors_name_file_key_and_allowed(tmp_path, change, needle):

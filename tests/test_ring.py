@@ -37,8 +37,17 @@ def test_every_partition_has_distinct_owners_whatever_the_order_members_are_give
 def test_the_assignment_is_the_same_in_every_process():
     """No dependence on Python's per-process string hashing (PYTHONHASHSEED)."""
     code = "from roost.cluster import ring; print(ring.assign(['n1','n2','n3','n4','n5'], 256))"
-    outs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert len(outs) == 1 and outs.pop().strip() == repr(ring.assign(FIVE, 256))
 
 
@@ -82,7 +91,13 @@ def test_bad_arguments_are_refused():
 
 
 def test_the_balance_script_prints_a_row_per_placement_and_size():
-    r = subprocess.run([sys.executable, "scripts/ring_balance.py", "--members", "5", "6"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60, check=True)
+    r = subprocess.run(
+        [sys.executable, "scripts/ring_balance.py", "--members", "5", "6"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "|---" not in line]
     assert len(rows) == 1 + 3 * 2 + 3  # header, 3 placements x 2 sizes, 3 worst rows

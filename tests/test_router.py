@@ -244,6 +244,8 @@ def test_durable_requests_take_a_session_that_failed_over_back_to_the_member_the
     r.tick(s3, 2.2)
     assert (addr("n3"), T.HELLO) in [(a, f[0]) for a, f in frames(s3, 2.2)]
     assert r.durable_session_for(topic) is s3 and s3.node == addr("n3")  # (once: it stays)
+
+
 def test_every_put_datagram_fits_the_sessions_max_datagram():
     """A burst of durable puts is packed up to the datagram size: the PUT header (ids, cookie,
     sequences) counts too, or the member refuses the frame as too large and the go-back-N

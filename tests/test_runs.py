@@ -161,9 +161,10 @@ def test_the_node_relays_a_run_as_one_msgsrun_or_else_as_a_pubs_messages(others:
 def test_a_run_after_single_messages_in_one_batch_keeps_their_order() -> None:
     core, pub = _node()
     single = wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, False, [wire.pack_message("t", None, None, b"0")])
-    for batch, expected in [([single, _pubrun(pub, 2, [b"1", b"2"])], [(T.MSGS, [b"0", b"1", b"2"])]),
-                            ([_pubrun(pub, 4, [b"3", b"4"]), _pubrun(pub, 6, [b"5"])],
-                             [(T.MSGSRUN, [b"3", b"4", b"5"])])]:  # fmt: skip (two runs, one datagram)
+    for batch, expected in [
+        ([single, _pubrun(pub, 2, [b"1", b"2"])], [(T.MSGS, [b"0", b"1", b"2"])]),
+        ([_pubrun(pub, 4, [b"3", b"4"]), _pubrun(pub, 6, [b"5"])], [(T.MSGSRUN, [b"3", b"4", b"5"])]),
+    ]:  # fmt: skip (two runs, one datagram)
         out = core.handle_datagrams([(d, C) for d in batch], 1.0)
         assert _got(out, A) == expected
 

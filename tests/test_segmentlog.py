@@ -212,7 +212,7 @@ def test_a_read_that_meets_a_damaged_record_raises_log_corrupt(tmp_path: Path, d
     if damage == "crc":
         data[at + HEADER.size + 1] ^= 0xFF
     else:
-        data[at:at + 4] = (0xFFFFFFF0).to_bytes(4, "big")
+        data[at : at + 4] = (0xFFFFFFF0).to_bytes(4, "big")
     seg.write_bytes(bytes(data))
     assert [r.offset for r in log.read(0, max_records=3)] == [0, 1, 2]
     with pytest.raises(LogCorrupt, match=rf"{seg.name}: the record at offset 3 is damaged"):

@@ -542,7 +542,7 @@ def test_a_member_whose_loop_stood_still_does_not_take_its_peers_for_down():
     assert [f["reason"] for e, f in by_m0 if e == "link_down"] == ["closed by peer"] * 2  # (m1 and m2 closed them)
     # (the others did not hear m0 meanwhile: to them it was down, and is back)
     seen = [(m, f["new"]) for m, e, f in sim.logs if e == "peer_state" and f["peer"] == "m0"]
-    assert ("m1", "down") in seen and ("m1", "ready") in seen[seen.index(("m1", "down")):]
+    assert ("m1", "down") in seen and ("m1", "ready") in seen[seen.index(("m1", "down")) :]
     assert sim.members["m0"].core.ready
 
 

@@ -41,4 +41,3 @@ def test_a_record_served_before_any_leader_committed_it_is_a_violation() -> None
     dc.committed(0, [r1], {"a", "b"}, now=3.0)  # (... first committed at t=3)
     dc._final_consumer(10.0, 0, 0, dc.consumers[0], {0: r0.body, 1: r1.body}, "a", (5,))
     assert len(dc.check.violations) == 1 and "which no leader had committed by then" in dc.check.violations[0]
-

@@ -36,8 +36,13 @@ def counter(c: LocalCluster, name: str) -> int:
 
 def test_a_batch_job_writes_100000_rows_and_a_reliable_subscriber_gets_each_once(spark, cluster):
     sub = start_sub(cluster.addr("n2"), "sink.batch", count=100_000, timeout=120)
-    df = spark.range(100_000).selectExpr("concat('row-', id) AS payload", "cast(id % 7 AS string) AS key",
-                                         "map('n', cast(id AS string)) AS tags").repartition(4)
+    df = (
+        spark.range(100_000)
+        .selectExpr(
+            "concat('row-', id) AS payload", "cast(id % 7 AS string) AS key", "map('n', cast(id AS string)) AS tags"
+        )
+        .repartition(4)
+    )
     df.write.format("roost").option("nodes", nodes(cluster)).option("topic", "sink.batch").mode("append").save()
     got = sub_lines(sub, timeout=120)
     assert len(got) == 100_000 and set(got) == {f"row-{i}" for i in range(100_000)}
@@ -73,9 +78,14 @@ def test_a_task_failed_on_purpose_is_retried_and_no_row_is_delivered_twice(spark
 def test_a_streaming_query_of_a_rate_source_for_30_s_delivers_every_row_once(spark, cluster, tmp_path):
     sub = start_sub(cluster.addr("n1"), "sink.stream", count=10**9, timeout=60)
     stream = spark.readStream.format("rate").option("rowsPerSecond", 500).option("numPartitions", 2).load()
-    query = (stream.selectExpr("cast(value AS string) AS payload", "'sink.stream' AS topic")
-             .writeStream.format("roost").option("nodes", nodes(cluster))
-             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="1 second").start())
+    query = (
+        stream.selectExpr("cast(value AS string) AS payload", "'sink.stream' AS topic")
+        .writeStream.format("roost")
+        .option("nodes", nodes(cluster))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
     time.sleep(30)  # (the length of the run the acceptance asks for, not a wait for correctness)
     query.stop()
     progress = [p for p in query.recentProgress if p["numInputRows"]]
@@ -117,8 +127,11 @@ def test_a_micro_batch_run_again_after_a_restart_is_not_delivered_twice(spark, c
     (ckpt / "commits" / str(last)).unlink()  # the batch ran, its commit was never recorded
     (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)  # (and Hadoop's checksum of it)
     run_until(300)
-    end = json.loads((ckpt / "offsets" / str(max(int(p.name) for p in (ckpt / "offsets").iterdir()
-                                                  if p.name.isdigit()))).read_text().splitlines()[-1])
+    end = json.loads(
+        (ckpt / "offsets" / str(max(int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit())))
+        .read_text()
+        .splitlines()[-1]
+    )
     assert counter(cluster, "pub_duplicates") > before  # the batch was published again
     assert sub.stdout is not None
     got: list[str] = []
@@ -194,8 +207,9 @@ def test_a_node_that_dies_mid_write_fails_the_job_instead_of_hanging(spark, tmp_
     started = time.monotonic()
     try:
         with pytest.raises(Exception, match=r"no node answered \(option 'nodes' = |window stayed full for 5 s"):
-            df.write.format("roost").option("nodes", lone.addr("n1")).option("topic", "t").option("timeout", "5") \
-                .mode("append").save()
+            df.write.format("roost").option("nodes", lone.addr("n1")).option("topic", "t").option("timeout", "5").mode(
+                "append"
+            ).save()
     finally:
         lone.stop()
     assert time.monotonic() - started < 120

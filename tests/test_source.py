@@ -48,6 +48,7 @@ def neighbour(c: LocalCluster, topic: str) -> str:
 def put(c: LocalCluster, topic: str, names: list[str], other: str | None = None) -> tuple[int, list[int]]:
     """Put ``names`` as payloads of ``topic`` (key k<i % 3>, tag i), each followed by a record of
     ``other`` when given; returns the topic's partition and our records' log offsets, read back."""
+
     async def run() -> tuple[int, list[int]]:
         async with Client(c.addr("n1"), members=[c.addr("n2"), c.addr("n3")]) as cl:
             before = await cl.read(topic, 0, 1)
@@ -61,7 +62,7 @@ def put(c: LocalCluster, topic: str, names: list[str], other: str | None = None)
                 r = await cl.read(topic, at, 500)
                 out += [m.sequence or 0 for m in r.messages]  # (a log offset: never None here)
                 at = r.next
-            return before.partition, out[-len(names):]
+            return before.partition, out[-len(names) :]
 
     return trio.run(run)
 

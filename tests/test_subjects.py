@@ -143,7 +143,8 @@ _strings = st.text(alphabet="abcor d", max_size=5)
 _numbers = st.one_of(st.integers(-1000, 1000), st.decimals(-1000, 1000, places=2).map(float))
 _dates = st.dates(datetime.date(2025, 1, 1), datetime.date(2027, 12, 31))
 _times = st.datetimes(datetime.datetime(2025, 1, 1), datetime.datetime(2027, 1, 1)).map(
-    lambda t: t.replace(microsecond=0, tzinfo=datetime.UTC))
+    lambda t: t.replace(microsecond=0, tzinfo=datetime.UTC)
+)
 _ops = st.sampled_from(["=", "<", "<=", ">", ">="])
 
 

@@ -138,6 +138,7 @@ async def test_async_for_and_batches_give_the_same_messages_with_their_sequences
     the same mixed stream: plain messages (queued as their payload, the sequence beside it),
     keyed and tagged ones (queued as tuples) come as the same Messages, in order, on the
     subscription's topic, each with its own consecutive sequence."""
+
     def sent(i: int) -> tuple[str | None, dict[str, str] | None]:
         return ("k" if i % 7 == 3 else None), ({"n": str(i)} if i % 11 == 5 else None)
 

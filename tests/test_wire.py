@@ -16,8 +16,13 @@ from roost.cluster import clustermap
 
 CID, COOKIE, PID = b"c" * 16, b"k" * 16, b"p" * 16
 M = wire.pack_message("t", "k", {"a": "b"}, b"\x00payload")
-CMAP = clustermap.compute(4, {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)),
-                              "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}, {"n1", "n2"}, 16, 2)
+CMAP = clustermap.compute(
+    4,
+    {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))},
+    {"n1", "n2"},
+    16,
+    2,
+)
 
 EVERY_FRAME = {
     T.HELLO: (wire.encode_hello(CID), (T.HELLO, CID)),
@@ -337,8 +342,10 @@ def test_pack_messages_is_pack_message_and_pack_delivery_byte_for_byte(msgs, pid
     """The node packs each PUB's messages with ``pack_messages``: a plain one from its topic's
     cached head. Its bytes must be ``pack_message``'s (fire) or ``pack_delivery``'s (reliable,
     the sequences from ``first``: every msgpack int width), in any mix of topics and shapes."""
-    want = [wire.pack_message(t, k, g, p) if pid is None else wire.pack_delivery(t, k, g, p, pid, s)
-            for s, (t, k, g, p) in enumerate(msgs, first)]
+    want = [
+        wire.pack_message(t, k, g, p) if pid is None else wire.pack_delivery(t, k, g, p, pid, s)
+        for s, (t, k, g, p) in enumerate(msgs, first)
+    ]
     assert wire.pack_messages(msgs, pid, first) == want
     assert wire.pack_messages(msgs, pid, first) == want  # (the heads cached)
 

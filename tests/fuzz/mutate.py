@@ -34,6 +34,8 @@ PLAN = st.binary(min_size=5, max_size=5)
 
 def plan_of(x: bytes) -> Plan:
     return x[0], x[1] << 8 | x[2], x[3] << 8 | x[4]
+
+
 #: A few values of hypothesis's own per example, beside the fixed ones below.
 FREE = st.lists(st.one_of(st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=16),
                           st.binary(max_size=32)), max_size=6)  # fmt: skip
@@ -60,17 +62,102 @@ def deep(depth: int) -> list[Any]:
 
 #: Integers at every boundary a decoder or a counter may get wrong: msgpack's forms, 2**31,
 #: 2**53 (floats), 2**63 (SEQ_LIMIT, int64) and 2**64 - 1 (uint64, the largest msgpack packs).
-INTS = [0, 1, -1, 2, 7, 127, 128, 255, 256, 1024, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
-        2**53 + 1, 2**62, 2**63 - 2, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1, -(2**31), -(2**63) + 1, -(2**63)]
+INTS = [
+    0,
+    1,
+    -1,
+    2,
+    7,
+    127,
+    128,
+    255,
+    256,
+    1024,
+    65535,
+    65536,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**53 + 1,
+    2**62,
+    2**63 - 2,
+    2**63 - 1,
+    2**63,
+    2**64 - 2,
+    2**64 - 1,
+    -(2**31),
+    -(2**63) + 1,
+    -(2**63),
+]
 FLOATS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 0.5, 1e300, 9.3e18, -1.0]
-STRINGS = ["", "t", "u", "x" * 255, "x" * 256, "é" * 128, "a b", "t.*", "t.>", "a.>", ">", "*", "t\n", "\x00",
-           "q queue=g", "t where a > 1", "t where", "t queue=", "t where a CONTAINS 5", "roost.part",
-           "a1b2c3d4-2f 0 57 900000", "127.0.0.1", "::1", "localhost", "n1", "m0", "m1", "ready", "syncing",
-           "x" * 4000, "x" * 16000, "\u2028", "ü" * 200]
-BYTES = [b"", b"\x00" * 16, b"\xff" * 16, b"\x00" * 15, b"\x00" * 17, b"x" * 255, b"x" * 256, b"\x00" * 4000,
-         b"MSG t\nx", b"\x94\x01\x01", b"x" * 16000]
-OTHER = [None, True, False, [], {}, [None], {"": ""}, {"a": "1"}, {1: 2}, {"map": [1]}, [[1, 2]], [[2**63, 0]],
-         deep(64), deep(500), [0] * 1000, [[0, 1]] * 100, {f"k{i}": "v" for i in range(40)}]
+STRINGS = [
+    "",
+    "t",
+    "u",
+    "x" * 255,
+    "x" * 256,
+    "é" * 128,
+    "a b",
+    "t.*",
+    "t.>",
+    "a.>",
+    ">",
+    "*",
+    "t\n",
+    "\x00",
+    "q queue=g",
+    "t where a > 1",
+    "t where",
+    "t queue=",
+    "t where a CONTAINS 5",
+    "roost.part",
+    "a1b2c3d4-2f 0 57 900000",
+    "127.0.0.1",
+    "::1",
+    "localhost",
+    "n1",
+    "m0",
+    "m1",
+    "ready",
+    "syncing",
+    "x" * 4000,
+    "x" * 16000,
+    "\u2028",
+    "ü" * 200,
+]
+BYTES = [
+    b"",
+    b"\x00" * 16,
+    b"\xff" * 16,
+    b"\x00" * 15,
+    b"\x00" * 17,
+    b"x" * 255,
+    b"x" * 256,
+    b"\x00" * 4000,
+    b"MSG t\nx",
+    b"\x94\x01\x01",
+    b"x" * 16000,
+]
+OTHER = [
+    None,
+    True,
+    False,
+    [],
+    {},
+    [None],
+    {"": ""},
+    {"a": "1"},
+    {1: 2},
+    {"map": [1]},
+    [[1, 2]],
+    [[2**63, 0]],
+    deep(64),
+    deep(500),
+    [0] * 1000,
+    [[0, 1]] * 100,
+    {f"k{i}": "v" for i in range(40)},
+]
 VALUES: list[Any] = [*INTS, *FLOATS, *STRINGS, *BYTES, *OTHER]
 
 

@@ -205,8 +205,16 @@ def toml_safe(v: Any, depth: int = 0) -> bool:
     return True
 
 
-VALUES_TOML = [v for v in VALUES if toml_safe(v)] + [datetime.date(2026, 1, 1), "data/x", "/dev/null", "0.0.0.0:0",
-                                                     "127.0.0.1:65536", "[::1]:7400", "partitioned", "replicated"]
+VALUES_TOML = [v for v in VALUES if toml_safe(v)] + [
+    datetime.date(2026, 1, 1),
+    "data/x",
+    "/dev/null",
+    "0.0.0.0:0",
+    "127.0.0.1:65536",
+    "[::1]:7400",
+    "partitioned",
+    "replicated",
+]
 
 
 def tomlable(v: Any) -> Any:
