@@ -205,9 +205,9 @@ def _hello(f: list[Any]) -> tuple[Any, ...]:
 
 
 def _cluster_map(v: Any) -> Any:
-    """A cluster map's wire form, checked and placed (cluster/clustermap.py; imported here,
+    """A cluster map's wire form, checked and placed (client/clustermap.py; imported here,
     not at the top: the cluster package builds on this module)."""
-    from roost.cluster.clustermap import decode_untrusted_map
+    from roost.client.clustermap import decode_untrusted_map
 
     return decode_untrusted_map(v)
 

@@ -56,7 +56,7 @@ from roost.client.session import Addr, ClientConfig, ClientSession, SubState
 from roost.client.subjects import partition_topic
 
 if TYPE_CHECKING:
-    from roost.cluster.clustermap import ClusterMap
+    from roost.client.clustermap import ClusterMap
 
 __all__ = ["Router", "derive_id"]
 

@@ -31,7 +31,7 @@ from roost.client.subjects import is_plain, parse_filter_untrusted
 from roost.client.wire import E, Mode, Op, Reason, T, WireError
 
 if TYPE_CHECKING:
-    from roost.cluster.clustermap import ClusterMap
+    from roost.client.clustermap import ClusterMap
 
 #: Addresses a session keeps to fail over to and hear from (a cluster map names at most a few
 #: dozen members; a spoofed WELCOME must not make it grow).

@@ -288,7 +288,7 @@ def encode_hello(client_id: bytes) -> bytes:
 
 def encode_welcome(node_id: str, cookie: bytes, params: dict[str, Any], members: list[list[Any]]) -> bytes:
     """``params`` of a member of a partitioned cluster carry ``map_epoch`` and, when it fits
-    the anti-amplification budget, ``map`` (the cluster map's wire form, cluster/clustermap.py).
+    the anti-amplification budget, ``map`` (the cluster map's wire form, client/clustermap.py).
     In params rather than a field of its own: a client that does not route ignores them."""
     return pack([VERSION, T.WELCOME, node_id, cookie, params, members])
 
@@ -415,7 +415,7 @@ def encode_cancel(topic: str, key: str | None, reason: str) -> bytes:
 
 
 def encode_redirect(node_id: str, cmap: list[Any]) -> bytes:
-    """A newer cluster map (its wire form, cluster/clustermap.py) from member ``node_id``: sent
+    """A newer cluster map (its wire form, client/clustermap.py) from member ``node_id``: sent
     to a client whose PUB or SUB reached a member that is not its partition's primary, and
     as the answer to MAP."""
     return pack([VERSION, T.REDIRECT, node_id, cmap])

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Any
 
-from roost.cluster import ring
+from roost.client import ring
 from roost.cluster.config import ClusterConfig
 from roost.cluster.peerwire import (
     ADMIN,

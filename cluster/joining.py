@@ -37,8 +37,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from roost.client import clustermap
 from roost.client.wire import WireError, _ip, _port
-from roost.cluster import clustermap
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts
 from roost.cluster.peerwire import ADMIN, P, PeerProtocolError, encode

@@ -9,7 +9,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from roost.cluster.clustermap import ClusterMap
+    from roost.client.clustermap import ClusterMap
     from roost.cluster.config import ClusterConfig, ClusterSettings
     from roost.cluster.events import Action, Send
     from roost.cluster.forwarding import ForwardQueue

@@ -2,7 +2,7 @@
 
 Theory of operation (docs/cluster.md, "Partitioned mode")
 ---------------------------------------------------------
-Each member computes the cluster map (cluster/clustermap.py) from its own view:
+Each member computes the cluster map (client/clustermap.py) from its own view:
 the configured members, live unless its failure detector holds them ``down``
 or they report ``syncing``; a member always counts itself live (while it syncs
 it must accept the state of the partitions it is about to own). When the
@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from roost.cluster import clustermap
+from roost.client import clustermap
 from roost.cluster.events import Send
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts

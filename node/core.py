@@ -112,7 +112,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
 
     def set_cluster_map(self, cmap: list[Any] | None, epoch: int) -> None:
         """Partitioned mode: the cluster map the member core installed, in its wire form
-        (cluster/clustermap.py, ``encode``; the node package does not interpret it), and its
+        (client/clustermap.py, ``encode``; the node package does not interpret it), and its
         epoch. WELCOME carries it from now on (or, where it would break the anti-amplification
         budget, only its epoch, and the client asks with MAP); a binary client whose PUB or SUB
         reaches us for a partition we are not primary of gets it in a REDIRECT, once per epoch."""

@@ -29,16 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import mmh3
-
+from roost.client.ring import partition_of
 from roost.client.subjects import partition_topic
 
 _MEMO_MAX = 100_000
-
-
-def partition_of(topic: str, partitions: int) -> int:
-    """The partition of a topic: mmh3 (32-bit, seed 0, unsigned) of its UTF-8 bytes, mod P."""
-    return mmh3.hash(topic.encode(), 0, signed=False) % partitions
 
 
 class Ownership:

@@ -101,7 +101,7 @@ partitioned run (run.json ``config_text``: ``[cluster] mode = "partitioned"``), 
 on a *mover* of the topic's partition began or ended, or a member joined or left, within
 [min(M.publish.t, M'.publish.t) - horizon, first delivery of M] (docs/cluster.md does not
 promise order across a change of primary; a mover is a member whose absence alone changes the
-partition's primary, by cluster/clustermap.py's ``compute`` over run.json's members with
+partition's primary, by client/clustermap.py's ``compute`` over run.json's members with
 ``[cluster] partitions`` and ``replicas``: :class:`Placement`); otherwise a violation. Fire
 mode promises no order, and no delivery: its reorders and misses are counted only. A phantom
 is a violation. So is member disagreement (below).
@@ -357,13 +357,13 @@ class Placement:
     """Partitioned mode: whose faults change a topic's primary. docs/cluster.md does not promise
     one publisher's order across a change of primary (a forward in flight when two members' maps
     differ is routed again and can arrive after newer messages). The members' own function
-    (cluster/clustermap.py ``compute``) gives each partition's primary with every member of
+    (client/clustermap.py ``compute``) gives each partition's primary with every member of
     run.json live, and without each one of them: a member is a *mover* of a partition when its
     absence alone changes the primary (the chaos nemesis faults one member at a time). Computed
     once, on the driver of the audit too; only plain data travels to its executors."""
 
     def __init__(self, members: list[str], partitions: int, replicas: int) -> None:
-        from roost.cluster.clustermap import compute
+        from roost.client.clustermap import compute
 
         self.partitions = partitions
         addrs = {m: (("", 0), ("", 0)) for m in members}
@@ -376,7 +376,7 @@ class Placement:
                     self.movers[p] |= {x}
 
     def movers_of(self, topic: str) -> frozenset[str]:
-        from roost.cluster.ring import partition_of
+        from roost.client.ring import partition_of
 
         return self.movers[partition_of(topic, self.partitions)]
 

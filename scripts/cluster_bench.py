@@ -60,9 +60,12 @@ from typing import IO, Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from roost.client import decoding, wire  # noqa: E402
+from roost.client import (  # noqa: E402
+    clustermap,
+    decoding,
+    wire,
+)
 from roost.client.wire import T  # noqa: E402
-from roost.cluster import clustermap  # noqa: E402
 from roost.node.procs import free_udp_port, probe_status, probe_welcome, wait_listening  # noqa: E402
 
 Cmd = tuple[int, str, str | None, int]

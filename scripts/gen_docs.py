@@ -15,9 +15,12 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from roost.client import decoding, wire  # noqa: E402
+from roost.client import (  # noqa: E402
+    clustermap,
+    decoding,
+    wire,
+)
 from roost.client.wire import E, T  # noqa: E402
-from roost.cluster import clustermap  # noqa: E402
 from roost.cluster.config import CLUSTER_SETTINGS  # noqa: E402
 from roost.node.config import config_doc  # noqa: E402
 

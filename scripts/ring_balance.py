@@ -1,4 +1,4 @@
-"""Measure the partition placements of cluster/ring.py: balance and what a join or a leave moves.
+"""Measure the partition placements of client/ring.py: balance and what a join or a leave moves.
 
     python scripts/ring_balance.py                      # P=256, R=2, members n1..nN for N = 3..10
     python scripts/ring_balance.py --partitions 1024 --members 5
@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from roost.cluster import ring
+from roost.client import ring
 
 
 def measure(placement: str, n: int, partitions: int, replicas: int) -> dict[str, float]:

@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from roost.client import ring
 from roost.client.decoding import decode_untrusted_frame
 from roost.client.durablewire import START_EARLIEST, encode_commit, encode_get
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
 from roost.client.wire import T
-from roost.cluster import ring
 from roost.cluster.durable import cursor_key
 from roost.cluster.events import Send
 from roost.cluster.member import MemberCore

@@ -8,9 +8,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from roost.client import wire
+from roost.client import clustermap, wire
 from roost.client.wire import E, T
-from roost.cluster import clustermap
 from roost.cluster.peerwire import check_entries_untrusted
 from roost.node import versions
 from roost.node.config import NodeConfig

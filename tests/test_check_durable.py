@@ -204,7 +204,7 @@ def test_a_reliable_reorder_across_a_change_of_the_topics_primary_is_allowed_in_
     while the topic's primary came back from a pause arrived after newer ones (docs/cluster.md
     does not promise order across a change of primary). The publisher logs its first session's
     member, not the primary, so the checker works the primary out of run.json's members and
-    [cluster] (cluster/clustermap.py): only a fault on a member whose absence changes the topic's
+    [cluster] (client/clustermap.py): only a fault on a member whose absence changes the topic's
     primary allows the reorder, from ``horizon`` before the publishes to the delivery."""
     h = History()
     h.subscribe(0, "s")

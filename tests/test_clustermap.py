@@ -1,4 +1,4 @@
-"""cluster/clustermap.py: the map of partitioned mode. A member going down makes each of its
+"""client/clustermap.py: the map of partitioned mode. A member going down makes each of its
 partitions' secondary the primary (it has the state) without moving any other partition; the
 map's wire form is checked field by field when it comes from the network."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from roost.client import clustermap, ring
 from roost.client.wire import WireError
-from roost.cluster import clustermap, ring
 
 FIVE = {f"n{i}": ((f"127.0.0.{i}", 7400 + i), (f"127.0.0.{i}", 7500 + i)) for i in range(1, 6)}
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import msgpack
 import trio
 
+from roost.client.clustermap import compute
 from roost.client.library import Client
 from roost.client.offsets import OffsetFile
-from roost.cluster.clustermap import compute
 from roost.cluster.config import load_cluster_config
 from roost.node.segmentlog import Record, SegmentLog, encode_record
 from tests.clusterkit import LocalCluster, roost

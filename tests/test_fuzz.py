@@ -183,10 +183,10 @@ def _routed_subscription(spoof: bool) -> bool:
     an attacker's address. True if n1 confirms the subscription within 12 s."""
     import random
 
+    from roost.client import clustermap
     from roost.client.config import ClientConfig
     from roost.client.router import Router
     from roost.client.wire import Mode
-    from roost.cluster import clustermap
     from roost.node.config import NodeConfig
     from roost.node.core import BrokerCore
     from roost.node.ownership import Ownership

@@ -10,8 +10,7 @@ import time
 import pytest
 import trio
 
-from roost.client import Client
-from roost.cluster import clustermap
+from roost.client import Client, clustermap
 from tests.clusterkit import LocalCluster
 from tests.polling import wait_until
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from roost.client import decoding, wire
+from roost.client import clustermap, decoding, ring, wire
+from roost.client.ring import partition_of
 from roost.client.wire import E, T
-from roost.cluster import clustermap, ring
 from roost.cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame, Tick
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.peerwire import (
@@ -28,7 +28,7 @@ from roost.cluster.replication import PeerQueue
 from roost.node import versions
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore, Forward
-from roost.node.ownership import Ownership, partition_of
+from roost.node.ownership import Ownership
 from sim.check import Published
 from sim.simulation import Simulation
 from tests.corekit import connect, frames_to, make_core, replicated, sends

@@ -1,4 +1,4 @@
-"""cluster/ring.py: where partitions live in partitioned mode. Every member and client must
+"""client/ring.py: where partitions live in partitioned mode. Every member and client must
 compute the same owners from the same membership, the load must stay near the average, and a
 join or a leave must move about 1/N of the partitions."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from roost.cluster import ring
+from roost.client import ring
 from tests.clusterkit import ROOT
 
 FIVE = [f"n{i}" for i in range(1, 6)]
@@ -36,7 +36,7 @@ def test_every_partition_has_distinct_owners_whatever_the_order_members_are_give
 
 def test_the_assignment_is_the_same_in_every_process():
     """No dependence on Python's per-process string hashing (PYTHONHASHSEED)."""
-    code = "from roost.cluster import ring; print(ring.assign(['n1','n2','n3','n4','n5'], 256))"
+    code = "from roost.client import ring; print(ring.assign(['n1','n2','n3','n4','n5'], 256))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -8,11 +8,10 @@ import dataclasses
 
 import pytest
 
-from roost.client import decoding, wire
+from roost.client import clustermap, decoding, wire
 from roost.client.router import Router, derive_id
 from roost.client.session import ClientConfig, ClientSession
 from roost.client.wire import T
-from roost.cluster import clustermap
 
 CID, PID, FPID = b"c" * 16, b"p" * 16, b"f" * 16
 COOKIE = b"k" * 16

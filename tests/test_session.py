@@ -642,7 +642,7 @@ def test_msgs_naming_new_producers_cannot_grow_the_receivers_memory_without_end(
 def test_a_map_from_the_address_of_a_node_that_announced_none_is_not_taken():
     """A single node sends no cluster map: a REDIRECT from its address (spoofed) would route the
     client's subscriptions and publishes to the addresses it names."""
-    from roost.cluster import clustermap
+    from roost.client import clustermap
 
     two = {"n1": (NODE, ("127.0.0.1", 7500)), "x": (("203.0.113.66", 7400), ("203.0.113.66", 7500))}
     cmap = clustermap.encode(clustermap.compute(2**40, two, two, 16, 2))

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import trio
 
+from roost.client.clustermap import compute
 from roost.client.library import Client
-from roost.cluster.clustermap import compute
 from roost.cluster.config import load_cluster_config
 from tests.clusterkit import LocalCluster
 from tests.polling import wait_until

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from roost.client import decoding, durablewire, wire
+from roost.client import clustermap, decoding, durablewire, wire
 from roost.client.text import encode_text_msg, parse_untrusted_text
 from roost.client.wire import E, T, WireError
-from roost.cluster import clustermap
 
 CID, COOKIE, PID = b"c" * 16, b"k" * 16, b"p" * 16
 M = wire.pack_message("t", "k", {"a": "b"}, b"\x00payload")

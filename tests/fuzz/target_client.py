@@ -32,14 +32,13 @@ import random
 from collections import deque
 from typing import Any
 
-from roost.client import decoding, durablewire, wire
+from roost.client import clustermap, decoding, durablewire, wire
 from roost.client.commands import MAX_BATCH
 from roost.client.config import ClientConfig
 from roost.client.receive import FIRE_WINDOW, MAX_HOLES, MAX_PRODUCERS
 from roost.client.router import Router
 from roost.client.session import MAX_CANDIDATES, ClientSession
 from roost.client.wire import E, Mode, T, WireError
-from roost.cluster import clustermap
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 from tests.fuzz import checks

@@ -35,10 +35,9 @@ from typing import Any
 
 import msgpack
 
-from roost.client import decoding, wire
+from roost.client import clustermap, decoding, wire
 from roost.client.text import parse_untrusted_text
 from roost.client.wire import T, WireError
-from roost.cluster import clustermap
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore, Confirm, Log, Send
 from roost.node.ownership import Ownership

@@ -3,7 +3,7 @@
 Theory of operation. Two memberships shape the map:
 
 - the *placed* members: the configured ones (and, later, those joined and not left). Only a join
-  or a leave changes them, and cluster/ring.py places the partitions on them;
+  or a leave changes them, and client/ring.py places the partitions on them;
 - the *live* members: the placed ones this member's failure detector does not hold ``down``.
 
 A partition's *preference list* is its placed owners (primary first) followed by every other
@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from roost.client import ring
 from roost.client.wire import E, WireError, _ip, _list, _node_id, _port, _uint
-from roost.cluster import ring
 
 Addr = tuple[str, int]
 MAP_VERSION = 1

@@ -29,7 +29,11 @@ from collections.abc import Sequence
 
 import mmh3
 
-from roost.node.ownership import partition_of
+
+def partition_of(topic: str, partitions: int) -> int:
+    """The partition of a topic: mmh3 (32-bit, seed 0, unsigned) of its UTF-8 bytes, mod P."""
+    return mmh3.hash(topic.encode(), 0, signed=False) % partitions
+
 
 __all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "Assignment", "assign", "loads", "moved", "partition_of", "ranked"]
 
