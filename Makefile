@@ -31,6 +31,7 @@ test: $(STAMP)
 	$(BIN)/ruff check roost client node cluster pipeline sim scripts tests examples
 	$(BIN)/ruff format --check roost client node cluster pipeline sim scripts tests examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	@# The tests that share the machine's firewall, namespaces or chaos runs alone, then the rest in
 	@# two processes (tests/conftest.py says which and why); plain `pytest` runs all in one.
 	$(BIN)/pytest -m alone --durations=5
