@@ -243,11 +243,9 @@ class ClientBase(abc.ABC):
         if self._router is None or self._error is not None or self._closed:
             return
         for s in self._router.sessions:
-            sock, frame = self._socks.get(id(s)), s.bye()
-            if sock is not None and frame is not None and s.cookie is not None and sock.fileno() >= 0:
-                out: list[tuple[Addr, bytes]] = []
-                s.recv.acks(s.cid, s.node, s.cookie, s.member_cookies.held, out)
-                self.send_errors += send_now(sock, [*out, (s.node, frame)])
+            sock = self._socks.get(id(s))
+            if sock is not None and sock.fileno() >= 0:
+                self.send_errors += send_now(sock, s.close())
 
     async def aclose(self) -> None:
         """Close without ``async with`` (what leaving it does: flush for ``node_timeout`` at most)."""

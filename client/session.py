@@ -518,9 +518,17 @@ class ClientSession:
 
     # ------------------------------------------------------------ output
 
-    def bye(self) -> bytes | None:
-        """The BYE frame that tells our node we closed (None before it welcomed us)."""
-        return None if self.cookie is None else wire.encode_bye(self.cid, self.cookie, self.cmds.session)
+    def close(self) -> list[tuple[Addr, bytes]]:
+        """What to send as the client closes: the ACKs not sent yet (a message the application
+        took just before it left is acknowledged), then the BYE that tells our node to drop our
+        subscriptions now rather than at ``subscriber_timeout``; nothing before our node
+        welcomed us. Nothing else queued goes."""
+        if self.cookie is None:
+            return []
+        out: list[tuple[Addr, bytes]] = []
+        self.recv.acks(self.cid, self.node, self.cookie, self.member_cookies.held, out)
+        out.append((self.node, wire.encode_bye(self.cid, self.cookie, self.cmds.session)))
+        return out
 
     def outgoing(self, now: float) -> list[tuple[Addr, bytes]]:
         """Everything to send now, with its destination."""

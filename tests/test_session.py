@@ -652,3 +652,15 @@ def test_a_map_from_the_address_of_a_node_that_announced_none_is_not_taken():
     s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": 0.5, "map_epoch": 1}, [])]), 0.2)
     s.handle_datagrams(wrap([wire.encode_redirect("n1", cmap)]), 0.3)  # (a partitioned member's: taken)
     assert s.cmap is not None and s.cmap.epoch == 2**40
+
+
+def test_close_sends_the_acks_not_sent_yet_then_bye_and_nothing_before_a_welcome():
+    s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE, session=SESSION)
+    assert s.close() == []
+    s = connected_session()
+    s.subscribe("t", None, Mode.RELIABLE)
+    out(s, 0.0)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [wire.pack_message("t", None, None, b"x")])]), 0.2)
+    got = [decoding.decode_untrusted_frame(d) for _, d in s.close()]
+    assert [f[0] for f in got] == [T.ACK, T.BYE] and got[0][3:5] == (7, 1)
