@@ -1,8 +1,8 @@
 """Cluster state figures: memory per subscription and PULL time of a state dump.
 
-    python scripts/cluster_bench.py                      # replicated, 1,000,000 subscriptions
-    python scripts/cluster_bench.py --subs 100000        # smaller
-    python scripts/cluster_bench.py --mode partitioned   # 5 partitioned members, 200,000 subscriptions
+    python scripts/cluster_state.py                      # replicated, 1,000,000 subscriptions
+    python scripts/cluster_state.py --subs 100000        # smaller
+    python scripts/cluster_state.py --mode partitioned   # 5 partitioned members, 200,000 subscriptions
 
 Replicated mode (the default):
 

@@ -1,4 +1,4 @@
-"""scripts/cluster_bench.py --mode partitioned on real member processes, small: the share of the
+"""scripts/cluster_state.py --mode partitioned on real member processes, small: the share of the
 subscriptions each of 5 members holds, and a killed member that restarts, PULLs and serves."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.clusterkit import ROOT
 
 def test_partitioned_bench_spreads_the_subscriptions_and_a_killed_member_serves_again() -> None:
     r = subprocess.run(
-        [sys.executable, "scripts/cluster_bench.py", "--mode", "partitioned", "--subs", "4000", "--clients", "40",
+        [sys.executable, "scripts/cluster_state.py", "--mode", "partitioned", "--subs", "4000", "--clients", "40",
          "--topics", "2000", "--set", "suspect_after=0.6", "--set", "down_after=1.5"],
         cwd=ROOT, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
