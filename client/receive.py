@@ -40,9 +40,10 @@ Addr = tuple[str, int]
 SubKey = tuple[str, str | None]
 MAX_HOLES = 65536  # per producer: sequences skipped by a jump that may still arrive
 FIRE_WINDOW = 4096  # fire datagrams remembered to drop network duplicates
-#: Producers whose sequences a receiver remembers; past it the one heard of first is forgotten
-#: (a resend of its that was delivered before could come twice): spoofed MSGS naming new
-#: producers must not grow the memory without end.
+#: Producers whose sequences a receiver remembers; past it the one heard from least recently is
+#: forgotten (a resend of its that was delivered before could come twice): spoofed MSGS naming
+#: new producers must not grow the memory without end. (Recency is kept, at a dict move per
+#: message, only once more than half of them are remembered.)
 MAX_PRODUCERS = 65536
 
 
@@ -353,6 +354,8 @@ class Receiver:
                             last = seen.get(pid, 0)
                             if last and pseq == last + 1:  # (what _duplicate does for the next sequence)
                                 high = pseq
+                                if len(seen) > MAX_PRODUCERS // 2:
+                                    del seen[pid]  # (to the end when written: the least recently heard go first)
                             else:
                                 one, pid = pid, None
                                 if self._duplicate(one, pseq):
@@ -585,6 +588,8 @@ class Receiver:
             if holes is None:
                 holes = self.holes[pid] = Holes()
             holes.add(max(high + 1, pseq - MAX_HOLES), pseq - 1, MAX_HOLES)  # (the oldest go)
+        if high and len(self.seen) > MAX_PRODUCERS // 2:
+            del self.seen[pid]  # (to the end: the least recently heard stay first, to go first)
         self.seen[pid] = pseq
         return False
 

@@ -245,9 +245,10 @@ class ClientSession:
         elif ftype is T.CMDACK:
             self._on_cmdack(f[1], f[2], f[3])
         elif ftype is T.PONG:
-            if f[3] != self.cookie and self.member_cookies.held:
-                self.member_cookies.renew(now, self._out)  # (our node's key rotated: the others' too)
-            self._on_pong(f[1], f[2], f[3], f[4], f[5])
+            if f[1] <= self.ping_token:  # (else it answers no PING we sent: nothing of it is taken)
+                if f[3] != self.cookie and self.member_cookies.held:
+                    self.member_cookies.renew(now, self._out)  # (our node's key rotated: the others' too)
+                self._on_pong(f[1], f[2], f[3], f[4], f[5])
         elif ftype is T.WELCOME:
             self._on_welcome(f[1], f[2], f[3], f[4])
             self._on_map(f[5], f[3].get("map_epoch"), now)
@@ -346,8 +347,6 @@ class ClientSession:
 
     def _on_pong(self, token: int, known: bool, cookie: bytes, cancels: list[tuple[Any, ...]], digest: int) -> None:
         self.cookie = cookie
-        if token > self.ping_token:
-            return  # (answers no PING we sent: what it says of our subscriptions is not taken)
         if token > self.confirmed_token:
             # (a PONG older than our last CMDACK may list a cancellation we
             # already confirmed, of a subscription we have since renewed)

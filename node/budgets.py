@@ -129,12 +129,14 @@ class SubscriptionBudgets:
         return E.OK, ""
 
     def check(self, live: int, host: str | None, nbytes: int, count: int, now: float,
-              mailboxes: Callable[[], dict[str, int]], text: int = -1) -> tuple[int, str]:  # fmt: skip
+              mailboxes: Callable[[], dict[str, int]], text: int = -1,
+              revives: bool = False) -> tuple[int, str]:  # fmt: skip
         """May a client holding ``live`` subscriptions, admitted from ``host``, take one more of
         a filter ``nbytes`` long, the node holding ``count``? (E.OK, "") or (the refusal, the
         setting that refused it). ``mailboxes`` sums the mailboxes' bytes per host ("": clients
         no host here admitted), called at most once a second. ``text``: the node's text
-        subscriptions, for a text one (max_text_subscribers)."""
+        subscriptions, for a text one (max_text_subscribers). ``revives``: the subscription
+        replaces a tombstone of its own (one tombstone fewer: not refused for tombstones)."""
         cfg = self.cfg
         if live >= cfg.max_subscriptions_per_client:
             return self._refuse(E.OVERLOADED, "max_subscriptions_per_client", now, count)
@@ -144,7 +146,7 @@ class SubscriptionBudgets:
             return self._refuse(E.OVERLOADED, "max_subscriptions_per_host", now, count)
         if b + nbytes > cfg.max_filter_bytes_per_host:
             return self._refuse(E.OVERLOADED, "max_filter_bytes_per_host", now, count)
-        if t >= cfg.max_tombstones_per_host:  # (it unsubscribed that many within tombstone_horizon)
+        if t >= cfg.max_tombstones_per_host and not revives:  # (it unsubscribed that many within tombstone_horizon)
             return self._refuse(E.OVERLOADED, "max_tombstones_per_host", now, count)
         share = cfg.admission_share
         hosts = len(self.hosts)
@@ -153,7 +155,7 @@ class SubscriptionBudgets:
         for setting, used, mine, limit, extra in (
             ("max_subscriptions", count, n, cfg.max_subscriptions, 1),
             ("max_filter_bytes", self.filter_bytes, b, cfg.max_filter_bytes, nbytes),
-            ("max_tombstones", self.tombstones, t, cfg.max_tombstones, 1),
+            ("max_tombstones", -1 if revives else self.tombstones, t, cfg.max_tombstones, 1),
             ("max_text_subscribers", text, n, cfg.max_text_subscribers, 1),
         ):
             if used < 0:

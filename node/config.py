@@ -195,11 +195,13 @@ SETTINGS: list[Setting] = [
             "max_subscriptions, what bounds the memory subscriptions take (docs/security.md)."),
     Setting("limits", "max_filter_bytes_per_host", 2 << 20, int, "an integer from 4096 to 2**40",
             _num(4096, 2**40), "Bytes of subscription filters the clients of one source host may hold."),
-    number("limits", "max_tombstones_per_host", 20_000, int, 1, 1_000_000_000,
+    number("limits", "max_tombstones_per_host", 100_000, int, 1, 1_000_000_000,
             "In a cluster, the ended subscriptions (tombstones, kept tombstone_horizon so that a late "
             "copy cannot bring one back) the clients of one source host may leave on the member they "
-            "talk to; past it their new subscriptions are refused until tombstones are collected. The "
-            "default lets a host unsubscribe about 5 times a second, every second of an hour."),
+            "talk to; past it their new subscriptions are refused until tombstones are collected (one "
+            "that replaces a tombstone of its own is not). The default lets a host end about 28 "
+            "subscriptions a second, every second of an hour: ten restarts an hour of processes "
+            "holding max_subscriptions_per_host."),
     number("limits", "max_tombstones", 1_000_000, int, 1, 1_000_000_000,
             "Tombstones a cluster member holds (every member holds every one in a replicated cluster), "
             "with fair shares per host above admission_share of it."),

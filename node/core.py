@@ -257,6 +257,8 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         # A PING of a process the client id has since been restarted in (a lower session) is
         # answered, but is neither liveness nor a reason to move the client to its address.
         stale = ftype is T.PING and c is not None and 0 < f[5] < c.session
+        if ftype is T.PING and c is not None and not stale:
+            self._may_move(c, addr)  # (refused: no liveness either, so the record at its old address times out)
         if c is not None and not stale:
             c.last_seen = c.heard = now
         if ftype is T.PUB:
@@ -270,7 +272,6 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             if stale:
                 self.metrics["stale_pings"] += 1
             elif c is not None:
-                self._may_move(c, addr)
                 self._adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])

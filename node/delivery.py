@@ -438,10 +438,13 @@ class Delivery(Registers):
                 c.dirty = True
                 self._dirty.append(c)
 
-    def _sub_budget(self, live: int, host: str | None, nbytes: int, now: float, text: int = -1) -> tuple[int, str]:
+    def _sub_budget(
+        self, live: int, host: str | None, nbytes: int, now: float, text: int = -1, revives: bool = False
+    ) -> tuple[int, str]:
         """node/budgets.py: may one more subscription come (E.OK, "") or what refuses it
-        (``text``: the text subscriptions in force, for a text one)."""
-        return self.budgets.check(live, host, nbytes, self.index.count, now, self._mailboxes_bytes, text)
+        (``text``: the text subscriptions in force, for a text one; ``revives``: it replaces a
+        tombstone of its own)."""
+        return self.budgets.check(live, host, nbytes, self.index.count, now, self._mailboxes_bytes, text, revives)
 
     def _mailboxes_bytes(self) -> dict[str, int]:
         """The bytes the mailboxes hold, per host that admitted their client ("": none here)."""

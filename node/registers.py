@@ -353,6 +353,11 @@ class Registers(CoreBase):
                     self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, who)
                     if c.counted is None:  # (our own client, back from a snapshot or a peer's copy)
                         self._count(c, host_key(host))
+                elif c.local and not was_local:  # (a text address: charged to its host here now)
+                    self.budgets.rehome(c, host_key(who[0]))
+                    for (topic, _), v in c.subs.items():
+                        if v & versions.PRESENT:
+                            self._text_merged(who, topic, now)
             for topic, key, v in subs:
                 tk = (topic, key)
                 old = c.subs.get(tk, 0)

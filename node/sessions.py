@@ -51,8 +51,8 @@ class Sessions(Delivery):
         self, c: ClientState | None, cid: bytes, addr: Addr, session: int, batch: int, cmds: list[Command],
         now: float,
     ) -> None:  # fmt: skip
-        if c is not None:
-            self._may_move(c, addr)
+        if c is not None and not 0 < session < c.session:
+            self._may_move(c, addr, restarting=session != c.session and c.session > 0)
         if c is not None and session != c.session and c.session > 0:
             if session < c.session:
                 self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
@@ -163,7 +163,7 @@ class Sessions(Delivery):
                 self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
             return E.OK
         if not present:
-            refused, _ = self._sub_budget(c.live, c.counted, utf8_len(topic), now)
+            refused, _ = self._sub_budget(c.live, c.counted, utf8_len(topic), now, revives=tk in c.subs)
             if refused:
                 return refused
             if not self._filter_ok(topic):
@@ -197,16 +197,17 @@ class Sessions(Delivery):
         ours = (c.subs_digest() if c is not None else wire.subs_digest(())) if digest else 0
         self._send(addr, wire.encode_pong(token, known, cookie, cancels[:64], ours))
 
-    def _may_move(self, c: ClientState, addr: Addr) -> None:
+    def _may_move(self, c: ClientState, addr: Addr, restarting: bool = False) -> None:
         """A client counted here that talks from another host now brings what it holds to that
         host's limits: refused (WireError) past them, before anything changes, or two hosts
         could pass records and subscriptions between them without end. (A client this member
-        adopts from another home is not refused: ``_adopt``.)"""
+        adopts from another home is not refused: ``_adopt``. ``restarting``: a new process of
+        the client, whose subscriptions the restart ends, brings only the record.)"""
         host = host_key(addr[0])
         if c.counted is not None and c.counted != host:
             cfg = self.cfg
             self.admission.check_host(host)
-            setting = self.budgets.room(host, c)
+            setting = "" if restarting else self.budgets.room(host, c)
             if setting:
                 self.metrics[f"refused_{setting}"] += 1
                 raise wire.WireError(E.OVERLOADED, f"the client's subscriptions are over this host's limit "
@@ -273,5 +274,6 @@ class Sessions(Delivery):
         c.fire = []
         c.fire_whole = []
         c.local = False
+        self._uncount(c)  # (its tombstones stay charged to its host until collected)
         if not self.replicating:
             self._forget_client(c)

@@ -66,7 +66,7 @@ class TextProtocol(Delivery):
         if verb == "SUB":
             if c is None or not c.subs.get(tk, 0) & versions.PRESENT:
                 refused, setting = self._sub_budget(c.live if c else 0, host_key(addr[0]), utf8_len(topic), now,
-                                                    self.text_subs)  # fmt: skip
+                                                    self.text_subs, c is not None and tk in c.subs)  # fmt: skip
                 if refused:
                     raise WireError(E(refused), f"subscription refused: {setting} = {getattr(self.cfg, setting)}")
                 if c is None:
@@ -95,7 +95,7 @@ class TextProtocol(Delivery):
             self._mark_changed(c, None)
             self.budgets.rehome(c, host_key(c.cid[0]))  # (charged to its host here now)
             for (topic, _), v in c.subs.items():  # (and its subscriptions last a lease from now)
-                if v & versions.PRESENT and (c.cid, topic) not in self.text_leases:
+                if v & versions.PRESENT:
                     self._lease(c.cid, topic, now)
 
     def _credit(self, addr: Addr, n: int) -> None:

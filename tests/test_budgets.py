@@ -206,3 +206,99 @@ def test_refusals_by_the_node_wide_limits_are_counted_under_their_setting():
     core.handle_datagrams([(b"SUB t\n" + PAD, T1)], 0.0)
     assert text_errors(core.handle_datagrams([(b"SUB u\n" + PAD, T2)], 0.0))
     assert core.metrics["refused_max_producers"] == 1 and core.metrics["refused_max_text_subscribers"] == 1
+
+
+# ------------------------------------------------------------ what a legitimate client must still get
+
+
+def test_a_subscription_that_replaces_a_tombstone_of_its_own_is_not_refused_for_tombstones():
+    a = member("a", 0, max_subscriptions_per_host=10, max_tombstones_per_host=10)
+    (fc,) = clients(a, ("10.1.1.1", 1))
+    assert _subscribe(fc, [f"x.{i}" for i in range(10)], 1.0) == [E.OK] * 10
+    fc.cmds([(0, f"x.{i}", None, 0) for i in range(10)], 2.0)
+    assert a.budgets.hosts["10.1.1.1"] == [0, 0, 10]
+    assert _subscribe(fc, ["y"], 3.0) == [E.OVERLOADED]
+    assert _subscribe(fc, ["x.0"], 3.0) == [E.OK]  # (it was a tombstone of its own)
+    assert a.budgets.hosts["10.1.1.1"] == [1, 3, 9] and budget_drift(a) == ""
+
+
+def test_a_client_refused_where_it_moved_is_not_kept_alive_there_and_times_out():
+    a = member("a", 0, max_subscriptions_per_host=3)
+    A, B = ("10.0.0.2", 1000), ("10.0.0.3", 2000)
+    (fa,) = clients(a, A)
+    assert _subscribe(fa, ["t.1", "t.2"], 0.0) == [E.OK, E.OK]
+    (other,) = clients(a, ("10.0.0.3", 3000))  # (host B holds 2 already: t.1 and t.2 would pass its 3)
+    assert _subscribe(other, ["u.1", "u.2"], 0.0) == [E.OK, E.OK]
+    fb = FakeClient(a, B, fa.cid)  # the same process: its NAT maps it to host B now
+    fb.hello(1.0)
+    for t in range(1, 10):  # (subscriber_timeout: 10 s)
+        assert errors(fb.ping(float(t)), B) == [E.OVERLOADED]
+        other.ping(float(t))
+        a.tick(float(t))
+    a.tick(12.0)
+    c = a.clients[fa.cid]
+    assert not c.local and c.live == 0 and a.metrics["clients_timed_out"] == 1  # (its subscriptions ended)
+    (pong,) = [f for f in frames_to(fb.ping(12.5), B) if f[0] is T.PONG]
+    assert pong[2] is False  # (known = false: the client learns its subscriptions are gone)
+    assert budget_drift(a) == ""
+
+
+def test_a_process_restarted_on_another_host_brings_only_its_record():
+    a = member("a", 0, max_subscriptions_per_host=10)
+    A, B = ("10.0.0.2", 1000), ("10.0.0.3", 2000)
+    (fa,) = clients(a, A)
+    assert _subscribe(fa, [f"t.{i}" for i in range(8)], 0.0) == [E.OK] * 8
+    (other,) = clients(a, ("10.0.0.3", 3000))
+    assert _subscribe(other, [f"u.{i}" for i in range(5)], 0.0) == [E.OK] * 5
+    fb = FakeClient(a, B, fa.cid)  # (its configured client id, a new process: a higher session)
+    fb.hello(1.0)
+    fb.session, fb.batch = fa.session + 1, 0
+    assert _subscribe(fb, ["t.0"], 1.0) == [E.OK]
+    assert a.budgets.hosts["10.0.0.3"][0] == 6 and budget_drift(a) == ""
+    fa.batch = 100  # (and a late batch of the old process, from its old host, is stale, not refused)
+    (ack,) = [f for f in frames_to(fa.cmds([(1, "old", None, 0)], 2.0), A) if f[0] is T.CMDACK]
+    assert list(ack[3]) == [E.STALE_BATCH]
+
+
+def test_closed_clients_no_longer_count_against_their_host_records():
+    a = member("a", 0, max_per_host=6)
+    for gen in range(3):
+        for fc in clients(a, *[("10.1.1.1", 10 * gen + i) for i in range(3)]):
+            assert _subscribe(fc, ["app"], 10.0 * gen) == [E.OK]
+            fc.send(wire.encode_bye(fc.cid, fc.cookie, fc.session), 10.0 * gen + 5)
+    assert a.admission.per_host == {} and a.client_share.per_host == {}
+    assert a.budgets.hosts == {"10.1.1.1": [0, 0, 9]} and budget_drift(a) == ""  # (their tombstones do)
+
+
+def test_a_text_subscription_renewed_at_each_member_in_turn_never_lapses():
+    a, b = member("a", 0), member("b", 1)
+    lease = a.cfg.text_sub_lease
+
+    def sub(core: BrokerCore, other: BrokerCore, topic: bytes, t: float) -> None:
+        other.merge(entries(core.handle_datagrams([(b"SUB " + topic + b"\n" + PAD, T1)], t)), t)
+
+    sub(a, b, b"t", 1.0)
+    sub(a, b, b"u", 1.0)  # (home a: both leased there)
+    sub(b, a, b"u", 1.0 + 0.5 * lease)  # (u renewed at b: home b)
+    sub(a, b, b"t", 1.0 + 0.6 * lease)  # (t renewed at a: home a again, which must lease u anew)
+    t = 1.0 + 0.6 * lease
+    while t < 1.0 + 1.45 * lease:  # (u's renewal holds it until 1 + 1.5 x lease)
+        t += lease / 20
+        b.merge(entries(a.tick(t)), t)
+        a.merge(entries(b.tick(t)), t)
+        assert a.clients[T1].subs[("u", None)] & versions.PRESENT, t
+
+
+def test_a_text_address_made_home_here_by_a_merge_is_charged_and_leased():
+    a, b = member("a", 0), member("b", 1)
+    b.merge(entries(a.handle_datagrams([(b"SUB t\n" + PAD, T1)], 1.0)), 1.0)
+    a.merge(entries(b.handle_datagrams([(b"SUB u\n" + PAD, T1)], 2.0)), 2.0)  # (home b)
+    snapshot = check_entries_untrusted(list(a.dump()))  # (a's snapshot: home b)
+    b.merge(entries(a.handle_datagrams([(b"SUB w\n" + PAD, T1)], 3.0)), 3.0)  # (home a again; a crashes)
+    a2 = member("a", 0)
+    a2.merge(snapshot, 10.0)
+    a2.merge(check_entries_untrusted(list(b.dump())), 10.0)  # (its PULL from b: home a)
+    c = a2.clients[T1]
+    assert c.home == "a" and c.local and c.charged == "127.0.0.1" and a2.budgets.hosts["127.0.0.1"][0] == 3
+    a2.tick(10.0 + 2 * a2.cfg.text_sub_lease)
+    assert c.live == 0 and budget_drift(a2) == ""  # (not renewed: they lapse)

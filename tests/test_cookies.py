@@ -172,9 +172,11 @@ def test_when_our_nodes_key_rotates_the_others_cookies_are_renewed_until_they_ch
     s.outgoing(0.1)
     s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 0.1)
     s.outgoing(0.1)
-    s.handle_datagrams([(wire.encode_pong(1, True, K1, []), N1)], 0.5)  # (the same cookie: no rotation)
+    s.handle_datagrams([(wire.encode_pong(s.ping_token, True, K1, []), N1)], 0.5)  # (the same cookie: no rotation)
     assert s.outgoing(0.5) == []
-    s.handle_datagrams([(wire.encode_pong(2, True, K3, []), N1)], 1.0)  # n1 rotated
+    s.handle_datagrams([(wire.encode_pong(2**40, True, K3, []), N1)], 1.0)  # (answers no PING of ours: not taken)
+    assert s.cookie == K1 and s.outgoing(1.0) == []
+    s.handle_datagrams([(wire.encode_pong(s.ping_token, True, K3, []), N1)], 1.0)  # n1 rotated
     assert [(dst, f[0]) for dst, f in frames(s.outgoing(1.0))] == [(N2, T.HELLO)]
     s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 1.01)  # n2 has not rotated yet
     assert s.outgoing(1.1) == []  # (asked again only after hello_retry)
@@ -226,8 +228,8 @@ def test_a_member_that_answers_none_of_a_renewal_is_forgotten_not_asked_at_every
     s.outgoing(0.1)
     s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 0.1)
     s.outgoing(0.1)
-    s.handle_datagrams([(wire.encode_pong(2, True, K3, []), N1)], 1.0)  # n1 rotated; n2 has left since
+    s.handle_datagrams([(wire.encode_pong(s.ping_token, True, K3, []), N1)], 1.0)  # n1 rotated; n2 has left since
     hellos = [t for t in (1.0 + 0.3 * i for i in range(12)) for dst, f in frames(s.outgoing(t)) if dst == N2]
     assert len(hellos) == 1 + membercookies.RENEW_TRIES and N2 not in s.member_cookies.held
-    s.handle_datagrams([(wire.encode_pong(3, True, b"5" * 16, []), N1)], 9.0)  # the next rotation
+    s.handle_datagrams([(wire.encode_pong(s.ping_token, True, b"5" * 16, []), N1)], 9.0)  # the next rotation
     assert [dst for dst, _ in frames(s.outgoing(9.0))] == []

@@ -664,3 +664,23 @@ def test_close_sends_the_acks_not_sent_yet_then_bye_and_nothing_before_a_welcome
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [wire.pack_message("t", None, None, b"x")])]), 0.2)
     got = [decoding.decode_untrusted_frame(d) for _, d in s.close()]
     assert [f[0] for f in got] == [T.ACK, T.BYE] and got[0][3:5] == (7, 1)
+
+
+def test_the_producer_forgotten_first_is_the_one_heard_from_least_recently(monkeypatch):
+    """A long-lived producer still heard from is remembered; short-lived ones heard since go."""
+    monkeypatch.setattr(receive, "MAX_PRODUCERS", 4)
+    s = connected_session()
+    st = s.subscribe("t", None, Mode.RELIABLE)
+    P = b"P" * 16
+
+    def msgs(stream: int, seq: int, items: list[tuple[bytes, int, bytes]]) -> bytes:
+        return wire.encode_msgs(stream, seq, [wire.pack_delivery("t", None, None, p, pid, q) for pid, q, p in items])
+
+    s.handle_datagrams(wrap([msgs(1, 1, [(P, 1, b"p1"), (P, 2, b"p2"), (P, 3, b"p3")])]), 0.1)
+    for i in range(4):  # (four short-lived producers heard since, P among them)
+        s.handle_datagrams(
+            wrap([msgs(1, 4 + 2 * i, [(bytes([i]) * 16, 1, b"o%d" % i), (P, 4 + i, b"p%d" % (4 + i))])]), 0.2
+        )
+    assert P in s.recv.seen and len(s.recv.seen) == 4
+    s.handle_datagrams(wrap([msgs(9, 1, [(P, 3, b"p3"), (P, 7, b"p7")])]), 0.4)  # (a failover's resend)
+    assert [m.payload for m in st.messages()].count(b"p3") == 1
