@@ -283,13 +283,13 @@ class ClientBase(abc.ABC):
             why.append(f"{host}: {getattr(exc, 'strerror', None) or exc}")
             return []
 
-    def _noticed(self, s: ClientSession, now: float) -> None:
+    def _noticed(self, s: ClientSession, now: float, events: list[tuple[Any, ...]]) -> None:
         """Every I/O turn: once the user's session misses a PONG (and when it fails over), look its
         node names up again, at most once per ``node_timeout``: a container that moved has a new
         address under the same name, and the session can only fail over to addresses it has."""
         if self._resolving or now < self._resolve_after or s is not self.router.first or self._literal:
             return
-        if now - s.last_heard < s.ping_interval * 1.5 and not any(e[0] == "node_silent" for e in s.events):
+        if now - s.last_heard < s.ping_interval * 1.5 and not any(e[0] == "node_silent" for e in events):
             return
         self._resolving = True
         self._resolve_after = now + self.config.node_timeout
@@ -334,10 +334,9 @@ class ClientBase(abc.ABC):
         out = [] if batch and hold is not None and hold() else s.outgoing(now)
         if out:
             self.send_errors += send_now(sock, out)
-        self._noticed(s, now)
-        busy = bool(batch or s.events or out)
-        s.events.clear()
-        return len(batch), busy
+        events = s.take_events()
+        self._noticed(s, now, events)
+        return len(batch), bool(batch or events or out)
 
     def _socket_for(self, s: ClientSession, sock: socket.socket) -> socket.socket | None:
         """A new socket when ``s`` failed over to an address of the other family; None to keep

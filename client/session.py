@@ -517,6 +517,13 @@ class ClientSession:
 
     # ------------------------------------------------------------ output
 
+    def take_events(self) -> list[tuple[Any, ...]]:
+        """What happened since the last call (connected, map, cmdack, node_silent, ...), oldest
+        first; the list is emptied (in place: the receiver appends to the same one)."""
+        out = self.events[:]
+        self.events.clear()
+        return out
+
     def close(self) -> list[tuple[Addr, bytes]]:
         """What to send as the client closes: the ACKs not sent yet (a message the application
         took just before it left is acknowledged), then the BYE that tells our node to drop our

@@ -684,3 +684,14 @@ def test_the_producer_forgotten_first_is_the_one_heard_from_least_recently(monke
     assert P in s.recv.seen and len(s.recv.seen) == 4
     s.handle_datagrams(wrap([msgs(9, 1, [(P, 3, b"p3"), (P, 7, b"p7")])]), 0.4)  # (a failover's resend)
     assert [m.payload for m in st.messages()].count(b"p3") == 1
+
+
+def test_take_events_returns_what_happened_once_and_leaves_the_list_the_receiver_shares():
+    s = connected_session()
+    shared = s.events
+    assert s.take_events() == [("connected", "n1")] and s.take_events() == []
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 99, [0])]), 0.1)  # (no batch in flight: nothing)
+    s.subscribe("t", None, Mode.FIRE)
+    out(s, 0.2)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.3)
+    assert s.take_events() == [("cmdack", 1)] and s.events is shared and s.recv.events is shared
