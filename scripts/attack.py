@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import multiprocessing
 import os
@@ -49,6 +50,15 @@ sys.path.insert(0, str(ROOT))
 from roost.client import decoding, wire  # noqa: E402
 from roost.client.wire import T  # noqa: E402
 from roost.node.procs import free_port, free_udp_port, wait_listening  # noqa: E402
+
+
+def drain(sock: socket.socket) -> int:
+    """Read what a non-blocking socket holds now; the bytes read."""
+    n = 0
+    with contextlib.suppress(BlockingIOError):
+        while data := sock.recv(65536):
+            n += len(data)
+    return n
 
 
 def _hello(sock: socket.socket, node: tuple[str, int], cid: bytes) -> bytes:
@@ -96,17 +106,11 @@ def _attacker(index: int, node: tuple[str, int], rate: int, until: float, topic:
                 tag = {wire.PART_TAG: f"{os.urandom(4).hex()} 0 100 60000"}
                 msg = [wire.pack_message(topic, None, tag, b"p" * 600)]
                 data = wire.encode_pub(cids[c], cookies[c], os.urandom(16), 1, 1, False, msg)
-            try:
+            with contextlib.suppress(BlockingIOError):  # (a full socket buffer: that datagram is not sent)
                 sock.sendto(data, node)
                 sent += 1
-            except BlockingIOError:
-                pass
             n += 1
-            try:
-                while sock.recv(65536):
-                    pass
-            except BlockingIOError:
-                pass
+            drain(sock)  # (the node's answers are not read: they only must not fill our buffer)
         time.sleep(0.002)
     out.put(sent)
 
@@ -287,11 +291,7 @@ def text(a: argparse.Namespace) -> dict[str, Any]:
                     pub.sendto(b"PUB amp\n" + body, addr)
                     msgs += 1
                 next_pub += 0.01
-            try:
-                while True:
-                    bytes_out += len(victim.recv(65536))
-            except BlockingIOError:
-                pass
+            bytes_out += drain(victim)
             time.sleep(0.001)
         end = time.monotonic() + 1.0  # what was on its way
         while time.monotonic() < end:

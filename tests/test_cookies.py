@@ -166,12 +166,18 @@ def test_an_ack_to_another_member_carries_that_members_own_cookie():
     assert dst == N2 and ack[0] is T.ACK and ack[2] == K3
 
 
-def test_when_our_nodes_key_rotates_the_others_cookies_are_renewed_until_they_change():
+def holding_n2s_cookie() -> ClientSession:
+    """A session at n1 that acknowledged n2's delivery with n2's own cookie (asked with HELLO)."""
     s = subscribed_at_n1()
     s.handle_datagrams([(msgs(1), N2)], 0.1)
     s.outgoing(0.1)
     s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 0.1)
     s.outgoing(0.1)
+    return s
+
+
+def test_when_our_nodes_key_rotates_the_others_cookies_are_renewed_until_they_change():
+    s = holding_n2s_cookie()
     s.handle_datagrams([(wire.encode_pong(s.ping_token, True, K1, []), N1)], 0.5)  # (the same cookie: no rotation)
     assert s.outgoing(0.5) == []
     s.handle_datagrams([(wire.encode_pong(2**40, True, K3, []), N1)], 1.0)  # (answers no PING of ours: not taken)
@@ -223,11 +229,7 @@ def test_no_member_refuses_a_cookie_in_simulated_runs_without_faults(mode):
 
 
 def test_a_member_that_answers_none_of_a_renewal_is_forgotten_not_asked_at_every_rotation():
-    s = subscribed_at_n1()
-    s.handle_datagrams([(msgs(1), N2)], 0.1)
-    s.outgoing(0.1)
-    s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 0.1)
-    s.outgoing(0.1)
+    s = holding_n2s_cookie()
     s.handle_datagrams([(wire.encode_pong(s.ping_token, True, K3, []), N1)], 1.0)  # n1 rotated; n2 has left since
     hellos = [t for t in (1.0 + 0.3 * i for i in range(12)) for dst, f in frames(s.outgoing(t)) if dst == N2]
     assert len(hellos) == 1 + membercookies.RENEW_TRIES and N2 not in s.member_cookies.held
