@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roost.client import ring
-from roost.client.wire import E, WireError, _ip, _list, _node_id, _port, _uint
+from roost.client.wire import ErrorCode, WireError, _ip, _list, _node_id, _port, _uint
 
 Addr = tuple[str, int]
 MAP_VERSION = 1
@@ -113,28 +113,30 @@ def decode_untrusted_map(v: Any) -> ClusterMap:
     compute them; WireError names the first bad field."""
     f = _list(v, "map")
     if len(f) != 5:
-        raise WireError(E.MALFORMED, f"map has {len(f)} fields, expected 5")
+        raise WireError(ErrorCode.MALFORMED, f"map has {len(f)} fields, expected 5")
     if f[0] != MAP_VERSION or f[0].__class__ is not int:
-        raise WireError(E.MALFORMED, f"map version {f[0]!r}, expected {MAP_VERSION}")
+        raise WireError(ErrorCode.MALFORMED, f"map version {f[0]!r}, expected {MAP_VERSION}")
     epoch = _uint(f[1], "map epoch")
     partitions = _uint(f[2], "map partitions")
     replicas = _uint(f[3], "map replicas")
     if not 1 <= partitions <= MAX_PARTITIONS or not 1 <= replicas <= 8:
-        raise WireError(E.MALFORMED, f"map partitions {partitions} or replicas {replicas} out of range")
+        raise WireError(ErrorCode.MALFORMED, f"map partitions {partitions} or replicas {replicas} out of range")
     rows = _list(f[4], "map members")
     if not 1 <= len(rows) <= MAX_MEMBERS:
-        raise WireError(E.MALFORMED, f"map has {len(rows)} members")
+        raise WireError(ErrorCode.MALFORMED, f"map has {len(rows)} members")
     if partitions * len(rows) > MAX_WORK:
-        raise WireError(E.MALFORMED, f"map of {partitions} partitions on {len(rows)} members is too big to place")
+        raise WireError(
+            ErrorCode.MALFORMED, f"map of {partitions} partitions on {len(rows)} members is too big to place"
+        )
     members: dict[str, tuple[Addr, Addr]] = {}
     live = set()
     for row in rows:
         r = _list(row, "map member")
         if len(r) != 6 or type(r[5]) is not bool:
-            raise WireError(E.MALFORMED, "map member must be [id, host, port, peer host, peer port, live]")
+            raise WireError(ErrorCode.MALFORMED, "map member must be [id, host, port, peer host, peer port, live]")
         mid = _node_id(r[0], "map member id")
         if mid in members:
-            raise WireError(E.MALFORMED, f"map member {mid!r} twice")
+            raise WireError(ErrorCode.MALFORMED, f"map member {mid!r} twice")
         members[mid] = (
             (_ip(r[1], "map member host"), _port(r[2], "map member port")),
             (_ip(r[3], "map peer host"), _port(r[4], "map peer port")),
@@ -142,7 +144,7 @@ def decode_untrusted_map(v: Any) -> ClusterMap:
         if r[5]:
             live.add(mid)
     if sorted(members) != [str(x[0]) for x in rows]:
-        raise WireError(E.MALFORMED, "map members are not in sorted order")
+        raise WireError(ErrorCode.MALFORMED, "map members are not in sorted order")
     key = (epoch, partitions, replicas, tuple(members.items()), frozenset(live))
     cmap = _placed.get(key)
     if cmap is None:

@@ -26,8 +26,8 @@ from roost.client.wire import (
     RUN_PAYLOAD_MAX,
     SEQ_LIMIT,
     VERSION,
-    E,
-    T,
+    ErrorCode,
+    FrameType,
     WireError,
     _bytes,
     _cmd,
@@ -54,10 +54,10 @@ _Validator = Callable[[Any], tuple[Any, ...]]
 
 #: Frame type -> (type, frame length including version and type, validator).
 #: Keyed by the plain int so that the decoder needs no ``T(...)`` call per frame.
-_DECODERS: dict[int, tuple[T, int, _Validator]] = {}
+_DECODERS: dict[int, tuple[FrameType, int, _Validator]] = {}
 
 
-def _frame(ftype: T, fields: int) -> Callable[[_Validator], _Validator]:
+def _frame(ftype: FrameType, fields: int) -> Callable[[_Validator], _Validator]:
     """Register the validator of ``ftype``, which has ``fields`` after version and type."""
 
     def register(fn: _Validator) -> _Validator:
@@ -70,51 +70,51 @@ def _frame(ftype: T, fields: int) -> Callable[[_Validator], _Validator]:
 # The hot three first: PUB (node, per publisher datagram), MSGS (client), ACK (node).
 
 
-@_frame(T.PUB, 7)
+@_frame(FrameType.PUB, 7)
 def _pub(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES; mypyc checks a list annotation)
     _, _, cid, cookie, pid, first, floor, rel, msgs = f
     if rel.__class__ is not bool:
-        raise WireError(E.MALFORMED, "reliable flag must be a boolean")
+        raise WireError(ErrorCode.MALFORMED, "reliable flag must be a boolean")
     msgs = _batch("PUB", first, msgs)
     return (
-        T.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        FrameType.PUB, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), first,
         _seq(floor, "floor"), rel, _checked(msgs, False),
     )  # fmt: skip
 
 
-@_frame(T.MSGS, 3)
+@_frame(FrameType.MSGS, 3)
 def _msgs(f: Sequence[Any]) -> tuple[Any, ...]:  # (a tuple: _AS_TUPLES)
     _, _, stream, first, msgs = f
     msgs = _array(msgs, "messages")
     if _uint(stream, "stream"):  # (fire: first_seq numbers the datagram, as MSGSRUN's number does)
         _last_seq(_seq(first, "first_seq"), msgs)
-    return T.MSGS, stream, _uint(first, "first_seq"), _checked(msgs, True)
+    return FrameType.MSGS, stream, _uint(first, "first_seq"), _checked(msgs, True)
 
 
-@_frame(T.PUBRUN, 6)
+@_frame(FrameType.PUBRUN, 6)
 def _pubrun(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, pid, first, topic, payloads = f
     return (
-        T.PUBRUN, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        FrameType.PUBRUN, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _bytes(pid, ID_LEN, "producer id"), _seq(first, "first_seq"), check_topic(topic),
         _payloads(_batch("PUBRUN", first, payloads)),
     )  # fmt: skip
 
 
-@_frame(T.MSGSRUN, 3)
+@_frame(FrameType.MSGSRUN, 3)
 def _msgsrun(f: list[Any]) -> tuple[Any, ...]:
     _, _, number, topic, payloads = f
     if not _array(payloads, "payloads"):
-        raise WireError(E.MALFORMED, "MSGSRUN carries at least one payload")
-    return T.MSGSRUN, _uint(number, "number"), check_topic(topic), _payloads(payloads)
+        raise WireError(ErrorCode.MALFORMED, "MSGSRUN carries at least one payload")
+    return FrameType.MSGSRUN, _uint(number, "number"), check_topic(topic), _payloads(payloads)
 
 
 def _payloads(payloads: Sequence[Any]) -> Sequence[bytes]:
     """A run's payloads: each bytes of at most ``RUN_PAYLOAD_MAX`` (one loop, no call per payload)."""
     for p in payloads:
         if p.__class__ is not bytes or len(p) > RUN_PAYLOAD_MAX:
-            raise WireError(E.MALFORMED, f"a run's payload is bytes of at most {RUN_PAYLOAD_MAX}")
+            raise WireError(ErrorCode.MALFORMED, f"a run's payload is bytes of at most {RUN_PAYLOAD_MAX}")
     return payloads
 
 
@@ -159,7 +159,7 @@ def _batch(frame: str, first: Any, msgs: Any) -> Sequence[Any]:
     their sequences from ``first`` on below 2**63 (each message is checked by the caller)."""
     checked: Sequence[Any] = _array(msgs, "messages")
     if not checked:
-        raise WireError(E.MALFORMED, f"{frame} carries at least one message")
+        raise WireError(ErrorCode.MALFORMED, f"{frame} carries at least one message")
     _last_seq(_seq(first, "first_seq"), checked)
     return checked
 
@@ -167,7 +167,7 @@ def _batch(frame: str, first: Any, msgs: Any) -> Sequence[Any]:
 def _array(v: Any, what: str) -> Any:
     """``_list``, for the frames decoded with their arrays as tuples (``_AS_TUPLES``) as well."""
     if v.__class__ is not list and v.__class__ is not tuple:
-        raise WireError(E.MALFORMED, f"{what} must be an array")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be an array")
     return v
 
 
@@ -176,32 +176,32 @@ def _last_seq(first: int, msgs: Sequence[Any]) -> None:
     be below 2**63 too (``wire.SEQ_LIMIT``: one past it would overflow every frame that carries
     or acknowledges it, and the counters of the node that takes it)."""
     if first + len(msgs) - 1 >= SEQ_LIMIT:
-        raise WireError(E.MALFORMED, "first_seq + messages - 1 must be below 2**63")
+        raise WireError(ErrorCode.MALFORMED, "first_seq + messages - 1 must be below 2**63")
 
 
-@_frame(T.ACK, 5)
+@_frame(FrameType.ACK, 5)
 def _ack(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, stream, max_seq, sack = f
     ranges = []
     for r in _list(sack, "sack")[:64]:
         if r.__class__ is not list or len(r) != 2:
-            raise WireError(E.MALFORMED, "a sack range is [lo, hi]")
+            raise WireError(ErrorCode.MALFORMED, "a sack range is [lo, hi]")
         lo, hi = _seq(r[0], "sack lo"), _seq(r[1], "sack hi")
         if lo > hi:
-            raise WireError(E.MALFORMED, "sack range with lo > hi")
+            raise WireError(ErrorCode.MALFORMED, "sack range with lo > hi")
         ranges.append((lo, hi))
     return (
-        T.ACK, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        FrameType.ACK, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _uint(stream, "stream"), _seq(max_seq, "max_seq"), ranges,
     )  # fmt: skip
 
 
-@_frame(T.HELLO, 2)
+@_frame(FrameType.HELLO, 2)
 def _hello(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, pad = f
     if not isinstance(pad, bytes):
-        raise WireError(E.MALFORMED, "HELLO padding must be bytes")
-    return T.HELLO, _bytes(cid, ID_LEN, "client id")
+        raise WireError(ErrorCode.MALFORMED, "HELLO padding must be bytes")
+    return FrameType.HELLO, _bytes(cid, ID_LEN, "client id")
 
 
 def _cluster_map(v: Any) -> Any:
@@ -212,117 +212,129 @@ def _cluster_map(v: Any) -> Any:
     return decode_untrusted_map(v)
 
 
-@_frame(T.WELCOME, 4)
+@_frame(FrameType.WELCOME, 4)
 def _welcome(f: list[Any]) -> tuple[Any, ...]:
     """Returns the cluster map (params' ``map``, checked and placed) as a field of its own,
     None when there is none."""
     _, _, node_id, cookie, params, members = f
     if not isinstance(params, dict):
-        raise WireError(E.MALFORMED, "WELCOME params must be a map")
+        raise WireError(ErrorCode.MALFORMED, "WELCOME params must be a map")
     raw_map = params.pop("map", None)
     cmap = None if raw_map is None else _cluster_map(raw_map)
     if "map_epoch" in params:
         _uint(params["map_epoch"], "map_epoch")
     members = _list(members, "members")
     if len(members) > MAX_MEMBERS:
-        raise WireError(E.MALFORMED, f"a cluster map has at most {MAX_MEMBERS} members")
+        raise WireError(ErrorCode.MALFORMED, f"a cluster map has at most {MAX_MEMBERS} members")
     mem = []
     for m in members:
         if m.__class__ is not list or len(m) != 3:
-            raise WireError(E.MALFORMED, "a member is [id, host, port]")
+            raise WireError(ErrorCode.MALFORMED, "a member is [id, host, port]")
         mem.append((_node_id(m[0], "member id"), _ip(m[1], "member host"), _port(m[2], "member port")))
-    return T.WELCOME, _node_id(node_id, "node id"), _bytes(cookie, COOKIE_LEN, "cookie"), params, mem, cmap
+    return FrameType.WELCOME, _node_id(node_id, "node id"), _bytes(cookie, COOKIE_LEN, "cookie"), params, mem, cmap
 
 
-@_frame(T.CMDS, 5)
+@_frame(FrameType.CMDS, 5)
 def _cmds(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, session, batch, cmds = f
     return (
-        T.CMDS, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
+        FrameType.CMDS, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"),
         _seq(session, "session"), _seq(batch, "batch id"), [_cmd(c) for c in _list(cmds, "commands")],
     )  # fmt: skip
 
 
-@_frame(T.CMDACK, 3)
+@_frame(FrameType.CMDACK, 3)
 def _cmdack(f: list[Any]) -> tuple[Any, ...]:
     _, _, session, batch, results = f
     res = _list(results, "results")
     if any(r.__class__ is not int for r in res):
-        raise WireError(E.MALFORMED, "results must be integers")
-    return T.CMDACK, _seq(session, "session"), _seq(batch, "batch id"), res
+        raise WireError(ErrorCode.MALFORMED, "results must be integers")
+    return FrameType.CMDACK, _seq(session, "session"), _seq(batch, "batch id"), res
 
 
-@_frame(T.PUBACK, 2)
+@_frame(FrameType.PUBACK, 2)
 def _puback(f: list[Any]) -> tuple[Any, ...]:
     _, _, pid, acked = f
-    return T.PUBACK, _bytes(pid, ID_LEN, "producer id"), _seq(acked, "acked seq")
+    return FrameType.PUBACK, _bytes(pid, ID_LEN, "producer id"), _seq(acked, "acked seq")
 
 
-@_frame(T.PING, 5)
+@_frame(FrameType.PING, 5)
 def _ping(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, token, digest, session = f
     return (
-        T.PING, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(token, "token"),
+        FrameType.PING, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _uint(token, "token"),
         _uint(digest, "digest"), _seq(session, "session"),
     )  # fmt: skip
 
 
-@_frame(T.PONG, 5)
+@_frame(FrameType.PONG, 5)
 def _pong(f: list[Any]) -> tuple[Any, ...]:
     _, _, token, known, cookie, cancels, digest = f
     if known.__class__ is not bool:
-        raise WireError(E.MALFORMED, "known must be a boolean")
+        raise WireError(ErrorCode.MALFORMED, "known must be a boolean")
     cs = []
     for c in _list(cancels, "cancels"):
         if c.__class__ is not list or len(c) != 3:
-            raise WireError(E.MALFORMED, "a cancel is [topic, key, reason]")
+            raise WireError(ErrorCode.MALFORMED, "a cancel is [topic, key, reason]")
         cs.append((check_filter(c[0]), check_key(c[1]), _str(c[2], "reason")))
-    return T.PONG, _uint(token, "token"), known, _bytes(cookie, COOKIE_LEN, "cookie"), cs, _uint(digest, "digest")
+    return (
+        FrameType.PONG,
+        _uint(token, "token"),
+        known,
+        _bytes(cookie, COOKIE_LEN, "cookie"),
+        cs,
+        _uint(digest, "digest"),
+    )
 
 
-@_frame(T.CANCEL, 3)
+@_frame(FrameType.CANCEL, 3)
 def _cancel(f: list[Any]) -> tuple[Any, ...]:
     _, _, topic, key, reason = f
-    return T.CANCEL, check_filter(topic), check_key(key), _str(reason, "reason")
+    return FrameType.CANCEL, check_filter(topic), check_key(key), _str(reason, "reason")
 
 
-@_frame(T.REDIRECT, 2)
+@_frame(FrameType.REDIRECT, 2)
 def _redirect(f: list[Any]) -> tuple[Any, ...]:
     _, _, node_id, cmap = f
-    return T.REDIRECT, _node_id(node_id, "node id"), _cluster_map(cmap)
+    return FrameType.REDIRECT, _node_id(node_id, "node id"), _cluster_map(cmap)
 
 
-@_frame(T.MAP, 2)
+@_frame(FrameType.MAP, 2)
 def _map(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie = f
-    return T.MAP, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
+    return FrameType.MAP, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
 
 
-@_frame(T.BYE, 3)
+@_frame(FrameType.BYE, 3)
 def _bye(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie, session = f
-    return T.BYE, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie"), _seq(session, "session")
+    return (
+        FrameType.BYE,
+        _bytes(cid, ID_LEN, "client id"),
+        _bytes(cookie, COOKIE_LEN, "cookie"),
+        _seq(session, "session"),
+    )
 
 
-@_frame(T.ERROR, 2)
+@_frame(FrameType.ERROR, 2)
 def _error(f: list[Any]) -> tuple[Any, ...]:
     _, _, code, text = f
     if code.__class__ is not int:
-        raise WireError(E.MALFORMED, "error code must be an integer")
-    return T.ERROR, code, _str(text, "error text", MAX_ERROR_TEXT)
+        raise WireError(ErrorCode.MALFORMED, "error code must be an integer")
+    return FrameType.ERROR, code, _str(text, "error text", MAX_ERROR_TEXT)
 
 
-@_frame(T.STATUS, 2)
+@_frame(FrameType.STATUS, 2)
 def _status(f: list[Any]) -> tuple[Any, ...]:
     _, _, cid, cookie = f
-    return T.STATUS, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
+    return FrameType.STATUS, _bytes(cid, ID_LEN, "client id"), _bytes(cookie, COOKIE_LEN, "cookie")
 
 
-@_frame(T.STATUS_REPLY, 1)
+@_frame(FrameType.STATUS_REPLY, 1)
 def _status_reply(f: list[Any]) -> tuple[Any, ...]:
     if not isinstance(f[2], dict):
-        raise WireError(E.MALFORMED, "STATUS_REPLY carries a map")
-    return T.STATUS_REPLY, f[2]
+        raise WireError(ErrorCode.MALFORMED, "STATUS_REPLY carries a map")
+    return FrameType.STATUS_REPLY, f[2]
 
 
 #: The first three bytes of a PUB and of a MSGS (a fixarray of their length, the version, the
@@ -330,7 +342,7 @@ def _status_reply(f: list[Any]) -> tuple[Any, ...]:
 #: arrays as tuples, so that a checked message is the tuple msgpack made, not a copy of a list
 #: (~45-70 ns a message on each hop: docs/performance.md). Any other frame keeps its lists.
 #: (A tuple, compared by ==: a bytearray or memoryview datagram compares as bytes does.)
-_AS_TUPLES = (bytes((0x90 + 9, VERSION, T.PUB)), bytes((0x90 + 5, VERSION, T.MSGS)))
+_AS_TUPLES = (bytes((0x90 + 9, VERSION, FrameType.PUB)), bytes((0x90 + 5, VERSION, FrameType.MSGS)))
 
 
 #: The text of the ERROR a node answers a frame type it does not know with (every build's): a
@@ -357,19 +369,19 @@ def decode_untrusted_frame(data: bytes, max_len: int = 65536) -> tuple[Any, ...]
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises many types; all mean "not a frame"
-        code = E.BAD_UTF8 if isinstance(exc, UnicodeDecodeError) else E.MALFORMED
+        code = ErrorCode.BAD_UTF8 if isinstance(exc, UnicodeDecodeError) else ErrorCode.MALFORMED
         raise WireError(code, f"not a msgpack frame: {exc.__class__.__name__}") from None
     if (frame.__class__ is not list and frame.__class__ is not tuple) or len(frame) < 2:
-        raise WireError(E.MALFORMED, "a frame is [version, type, ...]")
+        raise WireError(ErrorCode.MALFORMED, "a frame is [version, type, ...]")
     if frame[0] != VERSION or frame[0].__class__ is not int:
-        raise WireError(E.UNSUPPORTED_VERSION, f"unsupported version, this node speaks {VERSION}")
+        raise WireError(ErrorCode.UNSUPPORTED_VERSION, f"unsupported version, this node speaks {VERSION}")
     ft = frame[1]
     rule = _DECODERS.get(ft) if ft.__class__ is int else None
     if rule is None:
-        raise WireError(E.UNKNOWN_TYPE, UNKNOWN_FRAME)
+        raise WireError(ErrorCode.UNKNOWN_TYPE, UNKNOWN_FRAME)
     ftype, length, validate = rule
     if len(frame) != length:
-        raise WireError(E.MALFORMED, f"{ftype.name} has {length - 2} fields, got {len(frame) - 2}")
+        raise WireError(ErrorCode.MALFORMED, f"{ftype.name} has {length - 2} fields, got {len(frame) - 2}")
     return validate(frame)
 
 

@@ -17,7 +17,7 @@ from roost.client.clientbase import ClientBase, NodeLost
 from roost.client.receive import Message
 from roost.client.router import Router
 from roost.client.session import ClientSession
-from roost.client.wire import T
+from roost.client.wire import FrameType
 
 
 def durable_id(client: str) -> bytes:
@@ -123,7 +123,7 @@ class DurableAPI(ClientBase):
             nxt = self._offsets.load(client, durable, topic) if self._offsets is not None else 0
         while len(out) < count:
             ask = functools.partial(_get_frame, did, durable, topic, p, kind, at, count - len(out), nxt)
-            f = await self._durable_ask(topic, T.RECORDS, durable, p, deadline, ask)
+            f = await self._durable_ask(topic, FrameType.RECORDS, durable, p, deadline, ask)
             if f is None:
                 break
             for offset, _ms, t, k, tags, payload in f[6]:
@@ -151,7 +151,7 @@ class DurableAPI(ClientBase):
         assert r.cmap is not None
         p = r.cmap.partition(topic)
         ask = functools.partial(_get_frame, b"\0" * 16, "", topic, p, 0, 0, count, offset)
-        f = await self._durable_ask(topic, T.RECORDS, "", p, deadline, ask)
+        f = await self._durable_ask(topic, FrameType.RECORDS, "", p, deadline, ask)
         if f is None:
             raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
         msgs = [Message(t, k, tags, payload, o) for o, _ms, t, k, tags, payload in f[6]]
@@ -181,7 +181,7 @@ class DurableAPI(ClientBase):
             await self._in_thread(self._offsets.save, client, durable, topic, nxt)
         f = await self._durable_ask(
             topic,
-            T.COMMITTED,
+            FrameType.COMMITTED,
             durable,
             p,
             deadline,
@@ -232,7 +232,7 @@ class DurableAPI(ClientBase):
 
             await self._until(answered, min(deadline, self._now() + self.config.pub_retry * 5))
             got = next((f for f in s.durable_replies if f[0] is want and f[1] == name and f[2] == p), None)
-            if got is not None and got[5 if want is T.RECORDS else 4] == 0:  # (status OK)
+            if got is not None and got[5 if want is FrameType.RECORDS else 4] == 0:  # (status OK)
                 return got
             await self._sleep_until(min(deadline, self._now() + self.config.pub_retry))  # (refused: not leader yet)
         return None

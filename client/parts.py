@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from roost.client import wire
-from roost.client.wire import PART_TAG, E, WireError
+from roost.client.wire import PART_TAG, ErrorCode, WireError
 
 #: The ``roost.part`` value's longest possible tail after the id (index, count, total).
 _TAIL_MAX = len(" 4294967295 4294967295 4294967295")
@@ -52,13 +52,13 @@ def split(
     when its topic, key and tags leave less than half of a datagram for payload."""
     own = dict(tags) if tags else {}
     if len(own) >= wire.MAX_TAGS:
-        raise WireError(E.TOO_LARGE, f"a message larger than one datagram is sent in parts and needs one tag "
+        raise WireError(ErrorCode.TOO_LARGE, f"a message larger than one datagram is sent in parts and needs one tag "
                         f"({PART_TAG}) of its own: at most {wire.MAX_TAGS - 1} tags")  # fmt: skip
     own[PART_TAG] = ident + " " * _TAIL_MAX
     header = len(wire.pack_message(topic, key, own, b"")) + 5  # (bin32: 5 bytes of length)
     room = max_datagram - wire.MESSAGE_ROOM - header
     if room < max_datagram // 2:
-        raise WireError(E.TOO_LARGE, f"topic, key and tags take {header:,} bytes: a message larger than one "
+        raise WireError(ErrorCode.TOO_LARGE, f"topic, key and tags take {header:,} bytes: a message larger than one "
                         f"datagram needs at least half of each ({max_datagram:,} bytes) for its payload")  # fmt: skip
     total = len(payload)
     count = -(-total // room)

@@ -25,7 +25,7 @@ from itertools import islice
 
 from roost.client import parts, wire
 from roost.client.config import ClientConfig
-from roost.client.wire import E, WireError
+from roost.client.wire import ErrorCode, WireError
 
 Addr = tuple[str, int]
 
@@ -84,7 +84,7 @@ class Publisher:
             if tags is not None:
                 wire.check_tags(tags)
                 if wire.PART_TAG in tags:
-                    raise WireError(E.BAD_TAGS, f"the tag {wire.PART_TAG} is reserved: it marks the parts of a "
+                    raise WireError(ErrorCode.BAD_TAGS, f"the tag {wire.PART_TAG} is reserved: it marks the parts of a "
                                     "large message")  # fmt: skip
             packed = wire.pack_message(topic, key, tags, payload)
         if len(packed) > self.room:
@@ -116,13 +116,15 @@ class Publisher:
                 raise WireError(exc.code, f"{exc.text}; fire publishes are one datagram each, a reliable one "
                                 f"of up to max_payload ({mp:,} bytes) is sent in parts") from None  # fmt: skip
         if len(payload) > mp:
-            raise WireError(E.TOO_LARGE, f"payload of {len(payload):,} bytes is over max_payload ({mp:,} bytes: "
+            raise WireError(ErrorCode.TOO_LARGE,
+                            f"payload of {len(payload):,} bytes is over max_payload ({mp:,} bytes: "
                             f"the node's [limits] max_payload or the client's ClientConfig.max_payload, whichever "
                             f"is lower)")  # fmt: skip
         ident = parts.part_id(self.pid, self.next_seq)
         fragments = parts.split(topic, key, tags, payload, ident, self.max_datagram)
         if len(fragments) > self.max_parts:
-            raise WireError(E.TOO_LARGE, f"payload of {len(payload):,} bytes would take {len(fragments):,} parts at "
+            raise WireError(ErrorCode.TOO_LARGE,
+                            f"payload of {len(payload):,} bytes would take {len(fragments):,} parts at "
                             f"max_datagram {self.max_datagram:,}: at most {self.max_parts:,} (a quarter of the node's "
                             f"[limits] send_window, so that a queue group's member can hold them); raise "
                             f"max_datagram (the node's and ClientConfig's) or send_window")  # fmt: skip

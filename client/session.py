@@ -28,7 +28,7 @@ from roost.client.membercookies import MemberCookies
 from roost.client.publisher import Publisher
 from roost.client.receive import Message, Receiver, SubKey, SubState
 from roost.client.subjects import is_plain, parse_filter_untrusted
-from roost.client.wire import E, Mode, Op, Reason, T, WireError
+from roost.client.wire import ErrorCode, FrameType, Mode, Op, Reason, WireError
 
 if TYPE_CHECKING:
     from roost.client.clustermap import ClusterMap
@@ -216,55 +216,55 @@ class ClientSession:
 
     def _on_frame(self, f: tuple[Any, ...], src: Addr, now: float) -> None:
         ftype = f[0]
-        if ftype is T.MSGS:
+        if ftype is FrameType.MSGS:
             self.recv.on_msgs(src, f[1], f[2], f[3])
             return
-        if ftype is T.MSGSRUN:
+        if ftype is FrameType.MSGSRUN:
             self.recv.on_run(src, f[1], f[2], f[3])
             return
-        if ftype is T.CANCEL:  # may come from any node that delivers to us
+        if ftype is FrameType.CANCEL:  # may come from any node that delivers to us
             self._on_cancel(f[1], f[2], f[3])
             return
         if src != self.node:  # the rest is conversation with our current node, but for our ACKs' cookies
-            if ftype is T.WELCOME:
+            if ftype is FrameType.WELCOME:
                 self.member_cookies.on_welcome(src, f[2])
-            elif ftype is T.ERROR and f[1] == E.BAD_COOKIE:
+            elif ftype is FrameType.ERROR and f[1] == ErrorCode.BAD_COOKIE:
                 self.member_cookies.refused(src)
                 rs = self.recv.streams.get(src)
                 if rs is not None:
                     rs.need_ack = True  # (the ACK it refused: owed again, once a new cookie comes)
             return
-        if ftype is T.PUTACK:
+        if ftype is FrameType.PUTACK:
             self.putacks.append((f[1], f[2], f[3], f[4]))
-        elif ftype is T.RECORDS or ftype is T.COMMITTED:
+        elif ftype is FrameType.RECORDS or ftype is FrameType.COMMITTED:
             if len(self.durable_replies) < 64:  # (nobody may fill our memory with answers)
                 self.durable_replies.append(f)
-        elif ftype is T.PUBACK:
+        elif ftype is FrameType.PUBACK:
             if self.pub.on_puback(f[1], f[2], now):
                 self.events.append(("puback", self.pub.acked))
-        elif ftype is T.CMDACK:
+        elif ftype is FrameType.CMDACK:
             self._on_cmdack(f[1], f[2], f[3])
-        elif ftype is T.PONG:
+        elif ftype is FrameType.PONG:
             if f[1] <= self.ping_token:  # (else it answers no PING we sent: nothing of it is taken)
                 if f[3] != self.cookie and self.member_cookies.held:
                     self.member_cookies.renew(now, self._out)  # (our node's key rotated: the others' too)
                 self._on_pong(f[1], f[2], f[3], f[4], f[5])
-        elif ftype is T.WELCOME:
+        elif ftype is FrameType.WELCOME:
             self._on_welcome(f[1], f[2], f[3], f[4])
             self._on_map(f[5], f[3].get("map_epoch"), now)
-        elif ftype is T.REDIRECT:
+        elif ftype is FrameType.REDIRECT:
             if "map_epoch" in self.params:  # (a partitioned member's WELCOME says so; a single node
                 self._on_map(f[2], None, now)  # sends no map, so one from its address is not taken)
-        elif ftype is T.ERROR:
-            if f[1] == E.BAD_COOKIE:
+        elif ftype is FrameType.ERROR:
+            if f[1] == ErrorCode.BAD_COOKIE:
                 self.cookie = None
                 self.next_hello = now
-            elif f[1] == E.UNKNOWN_TYPE and f[2] == decoding.UNKNOWN_FRAME and self.pub.runs:
+            elif f[1] == ErrorCode.UNKNOWN_TYPE and f[2] == decoding.UNKNOWN_FRAME and self.pub.runs:
                 # (its decoder does not know a frame we sent: a node rolled back to a build before
                 # PUBRUN, the cookie still good; runs stay off until the next WELCOME says)
                 self.pub.runs = False
             self.events.append(("error", f[1], f[2]))
-        elif ftype is T.STATUS_REPLY:
+        elif ftype is FrameType.STATUS_REPLY:
             self.last_status = f[1]
 
     def _on_welcome(self, node_id: str, cookie: bytes, params: dict[str, Any], members: list[Any]) -> None:
@@ -323,10 +323,10 @@ class ClientSession:
             st = self.subs.get((topic, key))
             if op != Op.SUB or st is None:
                 continue
-            if code == E.OK:
+            if code == ErrorCode.OK:
                 st.confirmed = True
             elif st.reason is None:
-                # E.STALE_BATCH lands here too: the node will not apply this
+                # ErrorCode.STALE_BATCH lands here too: the node will not apply this
                 # batch, so the subscription it carried never took effect.
                 st.reason = "refused: " + _error_name(code)
                 self._drop(topic, key)
@@ -557,15 +557,15 @@ class ClientSession:
 #: What a refused subscription's reason adds to its code: the node's settings that can refuse
 #: it (the node's log line ``subscription_refused`` names the one that did, and its value).
 _REFUSED_BY = {
-    E.OVERLOADED: ": a limit of the node's per client or per source host (max_subscriptions_per_client, "
+    ErrorCode.OVERLOADED: ": a limit of the node's per client or per source host (max_subscriptions_per_client, "
                   "max_subscriptions_per_host, max_filter_bytes_per_host, max_clients, max_per_host)",
-    E.OVER_CAPACITY: ": the node is near a limit (admission_share of max_subscriptions, max_filter_bytes or "
+    ErrorCode.OVER_CAPACITY: ": the node is near a limit (admission_share of max_subscriptions, max_filter_bytes or "
                      "max_mailbox_bytes) and this host holds its share",
 }  # fmt: skip
 
 
 def _error_name(code: int) -> str:
     try:
-        return E(code).name.lower() + _REFUSED_BY.get(E(code), "")
+        return ErrorCode(code).name.lower() + _REFUSED_BY.get(ErrorCode(code), "")
     except ValueError:
         return f"error {code}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from roost.client.wire import MAX_TOPIC_BYTES, WHITESPACE, E, WireError
+from roost.client.wire import MAX_TOPIC_BYTES, WHITESPACE, ErrorCode, WireError
 
 _SPLIT = re.compile(WHITESPACE.pattern + "+")
 
@@ -26,18 +26,18 @@ def parse_untrusted_text(data: bytes) -> tuple[str, str, str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise WireError(E.BAD_UTF8, "datagram is not valid UTF-8") from None
+        raise WireError(ErrorCode.BAD_UTF8, "datagram is not valid UTF-8") from None
     parts = _SPLIT.split(text, maxsplit=2)
     verb = parts[0]
     if verb not in VERBS:
         if verb == "MSG":
-            raise WireError(E.UNKNOWN_VERB, "MSG is sent by nodes, not clients")
-        raise WireError(E.UNKNOWN_VERB, f"unknown verb {verb[:16]!r}; use PUB, SUB or UNSUB")
+            raise WireError(ErrorCode.UNKNOWN_VERB, "MSG is sent by nodes, not clients")
+        raise WireError(ErrorCode.UNKNOWN_VERB, f"unknown verb {verb[:16]!r}; use PUB, SUB or UNSUB")
     if len(parts) < 3:
-        raise WireError(E.MALFORMED, f"{verb} needs whitespace after the topic")
+        raise WireError(ErrorCode.MALFORMED, f"{verb} needs whitespace after the topic")
     topic = parts[1]
     if len(topic.encode()) > MAX_TOPIC_BYTES:
-        raise WireError(E.BAD_TOPIC, f"topic longer than {MAX_TOPIC_BYTES} bytes")
+        raise WireError(ErrorCode.BAD_TOPIC, f"topic longer than {MAX_TOPIC_BYTES} bytes")
     return verb, topic, parts[2]
 
 
@@ -46,7 +46,7 @@ def encode_text_msg(topic: str, body: bytes) -> bytes:
     return b"MSG " + topic.encode() + b"\n" + body
 
 
-def encode_text_error(code: E, text: str) -> bytes:
+def encode_text_error(code: ErrorCode, text: str) -> bytes:
     return f"ERR {code.name.lower()} {text}".encode()
 
 

@@ -55,7 +55,7 @@ MESSAGE_ROOM = 2 * FRAME_OVERHEAD + MARKS_ROOM
 PART_TAG = "roost.part"
 
 
-class T(IntEnum):
+class FrameType(IntEnum):
     """Frame types. Values are part of the wire format: never renumber."""
 
     HELLO = 1
@@ -85,7 +85,7 @@ class T(IntEnum):
     MSGSRUN = 25  # n -> c: fire MSGS of plain messages of one topic: the topic once, then payloads
 
 
-class E(IntEnum):
+class ErrorCode(IntEnum):
     """Error codes carried by ERROR frames and text ``ERR`` replies."""
 
     OK = 0
@@ -144,7 +144,7 @@ class Reason:
 class WireError(Exception):
     """A datagram that cannot be accepted; ``code`` goes into the ERROR reply."""
 
-    def __init__(self, code: E, text: str) -> None:
+    def __init__(self, code: ErrorCode, text: str) -> None:
         super().__init__(text)
         self.code = code
         self.text = text
@@ -166,7 +166,7 @@ def check_fits(size: int, max_datagram: int, overhead: int = MESSAGE_ROOM) -> No
     delivered, the room of its queue marks); the error names the limit and the setting that
     raises it."""
     if size + overhead > max_datagram:
-        raise WireError(E.TOO_LARGE, f"message of {size:,} bytes does not fit one datagram: at most "
+        raise WireError(ErrorCode.TOO_LARGE, f"message of {size:,} bytes does not fit one datagram: at most "
                         f"{max_datagram - overhead:,} bytes per message, as max_datagram is {max_datagram:,} "
                         f"(the node's [limits] max_datagram or the client's ClientConfig.max_datagram, whichever "
                         f"is lower; at most {UDP_CEILING:,}, the UDP ceiling)")  # fmt: skip
@@ -281,7 +281,7 @@ def _header(n: int, *fields: Any) -> bytes:
 
 
 def encode_hello(client_id: bytes) -> bytes:
-    body = _header(4, VERSION, T.HELLO, client_id)
+    body = _header(4, VERSION, FrameType.HELLO, client_id)
     pad = max(0, HELLO_PAD_TO - len(body) - 2)  # bin8 header: 2 bytes
     return body + pack(b"\0" * pad)
 
@@ -290,7 +290,7 @@ def encode_welcome(node_id: str, cookie: bytes, params: dict[str, Any], members:
     """``params`` of a member of a partitioned cluster carry ``map_epoch`` and, when it fits
     the anti-amplification budget, ``map`` (the cluster map's wire form, client/clustermap.py).
     In params rather than a field of its own: a client that does not route ignores them."""
-    return pack([VERSION, T.WELCOME, node_id, cookie, params, members])
+    return pack([VERSION, FrameType.WELCOME, node_id, cookie, params, members])
 
 
 def encode_cmds(
@@ -299,13 +299,13 @@ def encode_cmds(
     """``session`` names the client process (its start in Unix ms), ``batch``
     counts from 1 within it: a node tells a restarted client that reuses its
     client id from a late datagram of the old one by the session alone."""
-    return pack([VERSION, T.CMDS, client_id, cookie, session, batch, [list(c) for c in cmds]])
+    return pack([VERSION, FrameType.CMDS, client_id, cookie, session, batch, [list(c) for c in cmds]])
 
 
 def encode_cmdack(session: int, batch: int, results: list[int]) -> bytes:
     """Echoes the batch's (session, batch) so a client never applies an answer
     meant for another batch, or for its previous process."""
-    return pack([VERSION, T.CMDACK, session, batch, results])
+    return pack([VERSION, FrameType.CMDACK, session, batch, results])
 
 
 def encode_pub(
@@ -334,7 +334,7 @@ def pub_header(client_id: bytes, cookie: bytes, producer_id: bytes, first_seq: i
                reliable: bool) -> bytes:  # fmt: skip
     """A PUB's bytes before its array of messages, each field in msgpack's shortest form (a
     node compares a PUB's first bytes with these: ``decoding.pub_messages_untrusted``)."""
-    return _header(9, VERSION, T.PUB, client_id, cookie, producer_id, first_seq, floor, reliable)
+    return _header(9, VERSION, FrameType.PUB, client_id, cookie, producer_id, first_seq, floor, reliable)
 
 
 #: The longest payload a PUBRUN or MSGSRUN carries (each a msgpack bin 8: 2 bytes of head).
@@ -348,12 +348,12 @@ def encode_pubrun(client_id: bytes, cookie: bytes, producer_id: bytes, first_seq
     ``[topic, nil, nil, payload]`` array each. A publisher's batch of one topic, as a rule: the
     node checks the topic once and each payload's type, and relays the run as one MSGSRUN per
     subscriber (docs/protocol.md, "Runs")."""
-    return _header(8, VERSION, T.PUBRUN, client_id, cookie, producer_id, first_seq, topic) + pack(payloads)
+    return _header(8, VERSION, FrameType.PUBRUN, client_id, cookie, producer_id, first_seq, topic) + pack(payloads)
 
 
 def pubrun_room(max_datagram: int, topic: str) -> int:
     """What a PUBRUN of ``topic`` has for its payloads' array (its header at its longest)."""
-    return max_datagram - len(_header(8, VERSION, T.PUBRUN, b"\0" * ID_LEN, b"\0" * COOKIE_LEN, b"\0" * ID_LEN,
+    return max_datagram - len(_header(8, VERSION, FrameType.PUBRUN, b"\0" * ID_LEN, b"\0" * COOKIE_LEN, b"\0" * ID_LEN,
                                       2**64 - 1, topic)) - 5  # fmt: skip
 
 
@@ -368,11 +368,11 @@ def run_body(topic: str, payloads: list[bytes]) -> tuple[bytes, bytes]:
 def msgsrun_header(number: int) -> bytes:
     """A MSGSRUN's bytes before its ``run_body``: the fire datagram's ``number``, as in a fire
     MSGS."""
-    return _header(5, VERSION, T.MSGSRUN, number)
+    return _header(5, VERSION, FrameType.MSGSRUN, number)
 
 
 def encode_puback(producer_id: bytes, acked_seq: int) -> bytes:
-    return pack([VERSION, T.PUBACK, producer_id, acked_seq])
+    return pack([VERSION, FrameType.PUBACK, producer_id, acked_seq])
 
 
 def encode_msgs(stream_id: int, first_seq: int, packed_msgs: list[bytes]) -> bytes:
@@ -386,14 +386,14 @@ def encode_msgs(stream_id: int, first_seq: int, packed_msgs: list[bytes]) -> byt
 def msgs_header(stream_id: int, first_seq: int) -> bytes:
     """A MSGS's bytes before its array of messages (a node that relays a PUB's array as it came
     adds it to that: node/delivery.py)."""
-    return _header(5, VERSION, T.MSGS, stream_id, first_seq)
+    return _header(5, VERSION, FrameType.MSGS, stream_id, first_seq)
 
 
 MSGS_HEADER_MAX = len(msgs_header(2**64 - 1, 2**64 - 1)) + 5  # (+ the array's header)
 
 
 def encode_ack(client_id: bytes, cookie: bytes, stream_id: int, max_seq: int, sack: list[list[int]]) -> bytes:
-    return pack([VERSION, T.ACK, client_id, cookie, stream_id, max_seq, sack])
+    return pack([VERSION, FrameType.ACK, client_id, cookie, stream_id, max_seq, sack])
 
 
 def encode_ping(client_id: bytes, cookie: bytes, token: int, digest: int = 0, session: int = 0) -> bytes:
@@ -401,35 +401,35 @@ def encode_ping(client_id: bytes, cookie: bytes, token: int, digest: int = 0, se
     confirmed, or 0 while commands are in flight (nothing to compare).
     ``session``: the client's command session, so that a node seeing the
     client at a new address can tell a moved process from a new one."""
-    return pack([VERSION, T.PING, client_id, cookie, token, digest, session])
+    return pack([VERSION, FrameType.PING, client_id, cookie, token, digest, session])
 
 
 def encode_pong(token: int, known: bool, cookie: bytes, cancels: list[list[Any]], digest: int = 0) -> bytes:
     """``digest``: the node's subs_digest of the client's subscriptions, when
     the PING carried one; 0 otherwise."""
-    return pack([VERSION, T.PONG, token, known, cookie, cancels, digest])
+    return pack([VERSION, FrameType.PONG, token, known, cookie, cancels, digest])
 
 
 def encode_cancel(topic: str, key: str | None, reason: str) -> bytes:
-    return pack([VERSION, T.CANCEL, topic, key, reason])
+    return pack([VERSION, FrameType.CANCEL, topic, key, reason])
 
 
 def encode_redirect(node_id: str, cmap: list[Any]) -> bytes:
     """A newer cluster map (its wire form, client/clustermap.py) from member ``node_id``: sent
     to a client whose PUB or SUB reached a member that is not its partition's primary, and
     as the answer to MAP."""
-    return pack([VERSION, T.REDIRECT, node_id, cmap])
+    return pack([VERSION, FrameType.REDIRECT, node_id, cmap])
 
 
 def encode_map_request(client_id: bytes, cookie: bytes) -> bytes:
     """Ask for the cluster map (when WELCOME announced one by ``map_epoch`` but had no room for it)."""
-    return pack([VERSION, T.MAP, client_id, cookie])
+    return pack([VERSION, FrameType.MAP, client_id, cookie])
 
 
 def encode_bye(client_id: bytes, cookie: bytes, session: int) -> bytes:
     """A client that closes cleanly says so, so that its node drops its subscriptions at once
     instead of after ``subscriber_timeout`` of silence. Not answered: a lost BYE is a time-out."""
-    return pack([VERSION, T.BYE, client_id, cookie, session])
+    return pack([VERSION, FrameType.BYE, client_id, cookie, session])
 
 
 #: The longest ERROR text, the decoder's limit: an encoder cuts a longer one (it may quote
@@ -437,14 +437,14 @@ def encode_bye(client_id: bytes, cookie: bytes, session: int) -> bytes:
 MAX_ERROR_TEXT = 1024
 
 
-def encode_error(code: E, text: str) -> bytes:
+def encode_error(code: ErrorCode, text: str) -> bytes:
     if len(text) > MAX_ERROR_TEXT:
         text = text[: MAX_ERROR_TEXT - 3] + "..."
-    return pack([VERSION, T.ERROR, int(code), text])
+    return pack([VERSION, FrameType.ERROR, int(code), text])
 
 
 def encode_status(client_id: bytes, cookie: bytes) -> bytes:
-    return pack([VERSION, T.STATUS, client_id, cookie])
+    return pack([VERSION, FrameType.STATUS, client_id, cookie])
 
 
 def encode_status_reply(status: dict[str, Any]) -> bytes:
@@ -452,12 +452,12 @@ def encode_status_reply(status: dict[str, Any]) -> bytes:
     know) is replaced by a string saying so, and the reply lists where under ``unencodable``,
     because an operator's STATUS must not be what ends a node."""
     try:
-        return pack([VERSION, T.STATUS_REPLY, status])
+        return pack([VERSION, FrameType.STATUS_REPLY, status])
     except (OverflowError, TypeError, ValueError):
         where: list[str] = []
         clean = _encodable(status, "", where)
         clean["unencodable"] = where[:32]
-        return pack([VERSION, T.STATUS_REPLY, clean])
+        return pack([VERSION, FrameType.STATUS_REPLY, clean])
 
 
 def _encodable(v: Any, path: str, where: list[str]) -> Any:
@@ -489,13 +489,13 @@ def check_topic(topic: Any) -> str:
     if topic.__class__ is str and topic in _valid_topics:
         return topic  # type: ignore[no-any-return]
     if not isinstance(topic, str) or not topic:
-        raise WireError(E.BAD_TOPIC, "topic must be a non-empty string")
+        raise WireError(ErrorCode.BAD_TOPIC, "topic must be a non-empty string")
     if len(topic) > 63 and len(topic.encode()) > MAX_TOPIC_BYTES:
-        raise WireError(E.BAD_TOPIC, f"topic longer than {MAX_TOPIC_BYTES} bytes")
+        raise WireError(ErrorCode.BAD_TOPIC, f"topic longer than {MAX_TOPIC_BYTES} bytes")
     if WHITESPACE.search(topic):
-        raise WireError(E.BAD_TOPIC, "topic contains whitespace")
+        raise WireError(ErrorCode.BAD_TOPIC, "topic contains whitespace")
     if "*" in topic or ">" in topic:
-        raise WireError(E.BAD_TOPIC, f"'*' and '>' are wildcards, for subscriptions only: topic {topic!r}")
+        raise WireError(ErrorCode.BAD_TOPIC, f"'*' and '>' are wildcards, for subscriptions only: topic {topic!r}")
     if len(_valid_topics) >= 65536:
         _valid_topics.clear()
     _valid_topics[topic] = None
@@ -512,14 +512,14 @@ def check_filter(text: Any) -> str:
     try:
         return subjects.parse_filter_untrusted(text).text
     except subjects.FilterError as exc:
-        raise WireError(E.BAD_TOPIC, f"topic filter: {exc}") from None
+        raise WireError(ErrorCode.BAD_TOPIC, f"topic filter: {exc}") from None
 
 
 def check_key(key: Any) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_BYTES:
-        raise WireError(E.BAD_KEY, f"key must be null or a string of 1..{MAX_KEY_BYTES} bytes")
+        raise WireError(ErrorCode.BAD_KEY, f"key must be null or a string of 1..{MAX_KEY_BYTES} bytes")
     return key
 
 
@@ -527,12 +527,12 @@ def check_tags(tags: Any) -> dict[str, str] | None:
     if tags is None:
         return None
     if not isinstance(tags, dict) or len(tags) > MAX_TAGS:
-        raise WireError(E.BAD_TAGS, f"tags must be null or a map of at most {MAX_TAGS} entries")
+        raise WireError(ErrorCode.BAD_TAGS, f"tags must be null or a map of at most {MAX_TAGS} entries")
     for k, v in tags.items():
         if not (isinstance(k, str) and isinstance(v, str)):
-            raise WireError(E.BAD_TAGS, "tag names and values must be strings")
+            raise WireError(ErrorCode.BAD_TAGS, "tag names and values must be strings")
         if len(k) > MAX_TAG_BYTES or len(v) > MAX_TAG_BYTES:
-            raise WireError(E.BAD_TAGS, f"tag names and values are at most {MAX_TAG_BYTES} chars")
+            raise WireError(ErrorCode.BAD_TAGS, f"tag names and values are at most {MAX_TAG_BYTES} chars")
     return tags
 
 
@@ -540,7 +540,7 @@ def check_message(m: Any) -> tuple[Any, ...]:
     """A message is [topic, key, tags, payload], plus [producer id, seq] when
     delivered reliably; returns it as a tuple."""
     if (m.__class__ is not list and m.__class__ is not tuple) or (len(m) != 4 and len(m) != 6):
-        raise WireError(E.MALFORMED, "a message is [topic, key, tags, payload(, producer, seq)]")
+        raise WireError(ErrorCode.MALFORMED, "a message is [topic, key, tags, payload(, producer, seq)]")
     if len(m) == 6:
         _bytes(m[4], ID_LEN, "producer id")
         _seq(m[5], "producer seq")
@@ -551,7 +551,7 @@ def check_message(m: Any) -> tuple[Any, ...]:
     if tags is not None:
         check_tags(tags)
     if payload.__class__ is not bytes:
-        raise WireError(E.MALFORMED, "payload must be bytes")
+        raise WireError(ErrorCode.MALFORMED, "payload must be bytes")
     return tuple(m)
 
 
@@ -563,22 +563,22 @@ def check_delivered(m: Any) -> tuple[Any, ...]:
         return check_message(m)
     marks = m[-1]
     if (marks.__class__ is not list and marks.__class__ is not tuple) or not 0 < len(marks) <= MAX_MARKS:
-        raise WireError(E.MALFORMED, f"queue marks must be an array of 1..{MAX_MARKS} mark ids")
+        raise WireError(ErrorCode.MALFORMED, f"queue marks must be an array of 1..{MAX_MARKS} mark ids")
     for mk in marks:
         if mk.__class__ is not bytes or len(mk) != MARK_LEN:
-            raise WireError(E.MALFORMED, f"a queue mark is a mark id of {MARK_LEN} bytes")
+            raise WireError(ErrorCode.MALFORMED, f"a queue mark is a mark id of {MARK_LEN} bytes")
     return (*check_message(m[:-1]), list(marks))  # (a list whichever msgpack made: decoding._AS_TUPLES)
 
 
 def _bytes(v: Any, n: int, what: str) -> bytes:
     if not isinstance(v, bytes) or len(v) != n:
-        raise WireError(E.MALFORMED, f"{what} must be {n} bytes")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be {n} bytes")
     return v
 
 
 def _uint(v: Any, what: str) -> int:
     if v.__class__ is not int or v < 0 or v >= 2**64:
-        raise WireError(E.MALFORMED, f"{what} must be an unsigned 64-bit integer")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be an unsigned 64-bit integer")
     return v  # type: ignore[no-any-return]
 
 
@@ -591,32 +591,34 @@ SEQ_LIMIT = 1 << 63
 def _seq(v: Any, what: str) -> int:
     """A sequence number, offset or counter from the wire: an int in 0 .. 2**63 - 1."""
     if v.__class__ is not int or v < 0 or v >= SEQ_LIMIT:
-        raise WireError(E.MALFORMED, f"{what} must be an integer in 0..2**63-1")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be an integer in 0..2**63-1")
     return v  # type: ignore[no-any-return]
 
 
 def _str(v: Any, what: str, limit: int = 255) -> str:
     if not isinstance(v, str) or len(v) > limit:
-        raise WireError(E.MALFORMED, f"{what} must be a string of at most {limit} chars")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be a string of at most {limit} chars")
     return v
 
 
 def _list(v: Any, what: str) -> list[Any]:
     if v.__class__ is not list:
-        raise WireError(E.MALFORMED, f"{what} must be an array")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be an array")
     return v  # type: ignore[no-any-return]
 
 
 def _cmd(c: Any) -> tuple[int, str, str | None, int]:
     if c.__class__ is not list or len(c) != 4:
-        raise WireError(E.MALFORMED, "a command is [op, topic, key, mode]")
+        raise WireError(ErrorCode.MALFORMED, "a command is [op, topic, key, mode]")
     op, topic, key, mode = c
     if op not in (0, 1, 2) or op.__class__ is not int:
-        raise WireError(E.MALFORMED, "op must be 0 (unsub), 1 (sub) or 2 (sync)")
+        raise WireError(ErrorCode.MALFORMED, "op must be 0 (unsub), 1 (sub) or 2 (sync)")
     if mode not in (0, 1) or mode.__class__ is not int:
-        raise WireError(E.BAD_MODE, "mode must be 0 (fire) or 1 (reliable)")
+        raise WireError(ErrorCode.BAD_MODE, "mode must be 0 (fire) or 1 (reliable)")
     if topic.__class__ is not str or not topic or len(topic) > subjects.MAX_FILTER_BYTES:
-        raise WireError(E.BAD_TOPIC, f"a command's topic filter is a string of 1..{subjects.MAX_FILTER_BYTES} bytes")
+        raise WireError(
+            ErrorCode.BAD_TOPIC, f"a command's topic filter is a string of 1..{subjects.MAX_FILTER_BYTES} bytes"
+        )
     # (its grammar is checked where a subscription is made, check_filter: after the budgets
     # that may refuse it, since parsing a kilobyte of query costs ~100 us and a stranger may
     # send thousands; a bad one gets bad_topic in its CMDACK slot)
@@ -626,7 +628,7 @@ def _cmd(c: Any) -> tuple[int, str, str | None, int]:
 def _node_id(v: Any, what: str) -> str:
     """Node ids are config names (1..64 chars): a longer or empty one is not from a node."""
     if v.__class__ is not str or not v or len(v) > MAX_NODE_ID:
-        raise WireError(E.MALFORMED, f"{what} must be a string of 1..{MAX_NODE_ID} chars")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be a string of 1..{MAX_NODE_ID} chars")
     return v  # type: ignore[no-any-return]
 
 
@@ -634,15 +636,15 @@ def _ip(v: Any, what: str) -> str:
     """Nodes advertise IP literals: a host name would make the client resolve
     whatever a datagram told it to, and a failover target must be reachable as is."""
     if v.__class__ is not str or len(v) > 64:
-        raise WireError(E.MALFORMED, f"{what} must be an IP address")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be an IP address")
     try:
         ipaddress.ip_address(v)
     except ValueError:
-        raise WireError(E.MALFORMED, f"{what} must be an IP address") from None
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be an IP address") from None
     return v  # type: ignore[no-any-return]
 
 
 def _port(v: Any, what: str) -> int:
     if v.__class__ is not int or not 0 < v < 65536:
-        raise WireError(E.MALFORMED, f"{what} must be 1..65535")
+        raise WireError(ErrorCode.MALFORMED, f"{what} must be 1..65535")
     return v  # type: ignore[no-any-return]

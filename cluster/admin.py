@@ -20,8 +20,8 @@ from roost.cluster.peerwire import (
     NONCE_LEN,
     PROTOCOL,
     FrameDecoder,
-    P,
     PeerProtocolError,
+    PeerType,
     check_challenge_untrusted,
     encode,
     mac,
@@ -54,18 +54,18 @@ def request(cc: ClusterConfig, peer_addr: Addr, frame: list[Any], timeout: float
                 return f
 
             nonce = os.urandom(NONCE_LEN)
-            sock.sendall(encode([P.HELLO, PROTOCOL, ADMIN, nonce, shape]))
+            sock.sendall(encode([PeerType.HELLO, PROTOCOL, ADMIN, nonce, shape]))
             member, their_nonce, their_mac = check_challenge_untrusted(read(), shape)
             if not hmac.compare_digest(their_mac, mac(secret, b"L", nonce, their_nonce, member, ADMIN)):
                 raise AdminError(f"{where} failed authentication: is [cluster] secret the same?")
-            sock.sendall(encode([P.AUTH, mac(secret, b"D", their_nonce, nonce, ADMIN, member)]))
+            sock.sendall(encode([PeerType.AUTH, mac(secret, b"D", their_nonce, nonce, ADMIN, member)]))
             sock.sendall(encode(frame))
             reply = read()
     except PeerProtocolError as exc:
         raise AdminError(f"{where}: {exc}") from None
     except OSError as exc:
         raise AdminError(f"cannot reach member at {where} (peer port): {exc.strerror or exc}") from None
-    if reply[0] != P.ADMIN_REPLY or len(reply) != 4 or reply[1].__class__ is not bool:
+    if reply[0] != PeerType.ADMIN_REPLY or len(reply) != 4 or reply[1].__class__ is not bool:
         raise AdminError(f"{where} answered with an unexpected frame")
     if not reply[1]:
         raise AdminError(f"{member} refused: {reply[2]}")
@@ -116,7 +116,7 @@ def resolve_peer(cc: ClusterConfig, text: str) -> Addr:
 
 
 def join_request(member: str, client: Addr, peer: Addr) -> list[Any]:
-    return [P.JOIN, member, list(client), list(peer)]
+    return [PeerType.JOIN, member, list(client), list(peer)]
 
 
 def leave(cc: ClusterConfig, member: str) -> tuple[str, list[str], str]:
@@ -125,7 +125,7 @@ def leave(cc: ClusterConfig, member: str) -> tuple[str, list[str], str]:
     errors = []
     for m in sorted(cc.members, key=lambda m: m.id == member):  # (the leaver itself last)
         try:
-            message, entries = request(cc, m.peer_addr, [P.LEAVE, member])
+            message, entries = request(cc, m.peer_addr, [PeerType.LEAVE, member])
         except AdminError as exc:
             if "refused" in str(exc):
                 raise

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from roost.cluster.peerwire import P, encode
+from roost.cluster.peerwire import PeerType, encode
 from roost.cluster.replication import chunked, subs_in
 
 # Frames produced per link per turn.
@@ -29,7 +29,7 @@ class _Stream:
 
     __slots__ = ("kind", "batches", "sent", "end")
 
-    def __init__(self, kind: P, batches: Iterator[list[Any]], end: Callable[[int], list[Any]]) -> None:
+    def __init__(self, kind: PeerType, batches: Iterator[list[Any]], end: Callable[[int], list[Any]]) -> None:
         self.kind = kind
         self.batches = batches
         self.sent = 0  # subscriptions sent so far (DUMPEND reports it)
@@ -44,14 +44,14 @@ class DumpStreams:
     def __bool__(self) -> bool:
         return bool(self.by_link)
 
-    def start(self, lid: int, kind: P, entries: Iterable[Any], end: Callable[[int], list[Any]]) -> None:
+    def start(self, lid: int, kind: PeerType, entries: Iterable[Any], end: Callable[[int], list[Any]]) -> None:
         """Answer on link ``lid`` with ``entries`` in ``kind`` frames, then ``end(sent)``."""
         self.by_link.setdefault(lid, deque()).append(_Stream(kind, chunked(entries, self.chunk), end))
 
     def drop(self, lid: int) -> None:
         self.by_link.pop(lid, None)
 
-    def running(self, lid: int, kind: P) -> bool:
+    def running(self, lid: int, kind: PeerType) -> bool:
         """Is an answer of this kind in progress on the link?"""
         return any(st.kind == kind for st in self.by_link.get(lid, ()))
 

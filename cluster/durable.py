@@ -58,7 +58,13 @@ from roost.cluster.partitionlog import (
     Reload,
     Retain,
 )
-from roost.cluster.peerwire import P, PeerProtocolError, check_logdata_untrusted, check_logfetch_untrusted, encode
+from roost.cluster.peerwire import (
+    PeerProtocolError,
+    PeerType,
+    check_logdata_untrusted,
+    check_logfetch_untrusted,
+    encode,
+)
 from roost.node.actions import DurableCommit, DurableGet, DurablePut
 from roost.node.segmentlog import Record
 
@@ -210,12 +216,12 @@ class Durable(MemberParts):
         if f[0] == "FETCH":
             lid = self.out.get(a.member)
             if lid is not None and self.links[lid].up:
-                self._frame(lid, encode([P.LOGFETCH, *f[1:]]))
+                self._frame(lid, encode([PeerType.LOGFETCH, *f[1:]]))
         else:
             lid = self.log_requests.get(a.member)
             link = self.links.get(lid) if lid is not None else None
             if link is not None and link.up and not link.outbound:
-                self._frame(link.id, encode([P.LOGDATA, *f[1:]]))
+                self._frame(link.id, encode([PeerType.LOGDATA, *f[1:]]))
 
     # ------------------------------------------------------------ peer frames
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from roost.cluster.logrecords import LogScan
 from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
-from roost.node.core import Log, Send
+from roost.node.actions import Log, Send, Trace
 from roost.node.segmentlog import Record
 
 Addr = tuple[str, int]
@@ -235,11 +235,12 @@ Action = (
     | Retain
     | Reload
     | SaveSeen
+    | Trace
 )
 
 __all__ = [
     "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
     "LinkOpened", "LinkSent", "Log", "LogFailed", "LogRecords", "LogReloaded", "LogRetained", "LogWritten",
     "LogsRead", "PersistDone", "ReadLog", "ReadSnapshot", "Reload", "ResetLog", "Retain", "SaveSeen", "SeenSaved",
-    "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick", "Truncate", "WriteSnapshot",
+    "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick", "Trace", "Truncate", "WriteSnapshot",
 ]  # fmt: skip

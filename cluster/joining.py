@@ -41,7 +41,7 @@ from roost.client import clustermap
 from roost.client.wire import WireError, _ip, _port
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts
-from roost.cluster.peerwire import ADMIN, P, PeerProtocolError, encode
+from roost.cluster.peerwire import ADMIN, PeerProtocolError, PeerType, encode
 from roost.cluster.replication import PeerQueue
 from roost.cluster.roster import MEMBER_ID, Entry, Roster, RosterError, decode_untrusted_roster
 
@@ -123,7 +123,7 @@ class Joining(MemberParts):
                 self._add_peer(m, peer_addr)
             elif m in self.departed and not self.roster.left(m):
                 self._rejoined(m, peer_addr)
-        self._to_peers(encode([P.ROSTER, self.roster.encode()]))
+        self._to_peers(encode([PeerType.ROSTER, self.roster.encode()]))
         self.told = {p for p in self.peers if (lid := self.out[p]) is not None and self.links[lid].up}
         self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
                   digest=f"{self.roster.digest():016x}")  # fmt: skip
@@ -265,7 +265,7 @@ class Joining(MemberParts):
 
     def _send_roster(self, link: Link) -> None:
         if self.roster.entries:
-            self._frame(link.id, encode([P.ROSTER, self.roster.encode()]))
+            self._frame(link.id, encode([PeerType.ROSTER, self.roster.encode()]))
 
     def _admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> str:
         """Make ``member`` a member (again), or confirm it is one with these addresses (a joiner
@@ -306,16 +306,16 @@ class Joining(MemberParts):
         try:
             if not self.ready:
                 raise RosterError(f"{self.id} is {self.phase}, not ready: ask another member")
-            if kind == P.JOIN and n == 4:
+            if kind == PeerType.JOIN and n == 4:
                 message = self._admin_join(f[1], _addr(f[2]), _addr(f[3]))
-            elif kind == P.LEAVE and n == 2:
+            elif kind == PeerType.LEAVE and n == 2:
                 message = self._admin_leave(f[1])
             else:
                 raise PeerProtocolError(f"unexpected admin frame type {kind}")
         except RosterError as exc:
             self._log("warning", "admin_refused", request=_kind_name(kind), reason=str(exc))
             if lid is not None:
-                self._frame(lid, encode([P.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
+                self._frame(lid, encode([PeerType.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
             return False, str(exc), 0
         self._log("info", "admin", request=_kind_name(kind), result=message)
         # (the reply waits for the change on our disk: acknowledged, a JOIN is never lost with us,
@@ -323,7 +323,7 @@ class Joining(MemberParts):
         version = self.state_version
         if lid is not None:
             self.links[lid].deadline = math.inf  # (no idle timeout while the admin waits for the reply)
-        self.admin_waiting.append((version, lid, encode([P.ADMIN_REPLY, True, message, self.roster.encode()])))
+        self.admin_waiting.append((version, lid, encode([PeerType.ADMIN_REPLY, True, message, self.roster.encode()])))
         self._reply_durable()
         return True, message, version
 
@@ -345,7 +345,7 @@ class Joining(MemberParts):
 
 def _kind_name(kind: Any) -> str:
     try:
-        return P(kind).name
+        return PeerType(kind).name
     except ValueError:
         return str(kind)[:20]
 

@@ -35,7 +35,7 @@ import math
 
 from roost.cluster.events import Exit, ReadSnapshot, ServeClients, WriteSnapshot
 from roost.cluster.memberparts import MemberParts
-from roost.cluster.peerwire import P, encode
+from roost.cluster.peerwire import PeerType, encode
 from roost.cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
 
 
@@ -100,9 +100,9 @@ class Lifecycle(MemberParts):
         self.pull_sent = True
         if self.partitioned:  # only the partitions we own (or gain), from every peer in turn
             parts = sorted(self.pull_parts) if self.pull_parts else [p for p, mine in enumerate(self.own.owned) if mine]
-            self._frame(lid, encode([P.PULL, parts]))
+            self._frame(lid, encode([PeerType.PULL, parts]))
         else:
-            self._frame(lid, encode([P.PULL]))
+            self._frame(lid, encode([PeerType.PULL]))
 
     def _pull_failed(self, why: str, close: bool) -> None:
         peer = self.pull_peer

@@ -32,8 +32,8 @@ from roost.cluster.peerwire import (
     HANDSHAKE_MAX_FRAME,
     PROTOCOL,
     FrameDecoder,
-    P,
     PeerProtocolError,
+    PeerType,
     check_auth_untrusted,
     check_challenge_untrusted,
     check_hello_untrusted,
@@ -68,7 +68,7 @@ class Link:
         partitions, replicas) must be the same at both ends."""
         self.nonce = nonce
         self.phase = HELLO_SENT
-        return encode([P.HELLO, PROTOCOL, me, nonce, shape])
+        return encode([PeerType.HELLO, PROTOCOL, me, nonce, shape])
 
     def handshake(self, f: list[Any], secret: bytes, me: str, members: set[str], nonce: bytes, shape: str) -> bytes:
         """Take one handshake frame; returns what to answer (maybe nothing).
@@ -80,12 +80,14 @@ class Link:
             if pid != self.peer or not hmac.compare_digest(their_mac, want):
                 raise PeerProtocolError("peer failed authentication (wrong cluster secret?)")
             self.phase = UP
-            return encode([P.AUTH, mac(secret, b"D", their_nonce, self.nonce, me, self.peer)])
+            return encode([PeerType.AUTH, mac(secret, b"D", their_nonce, self.nonce, me, self.peer)])
         if self.phase == AWAIT_HELLO:
             self.peer, self.their_nonce = check_hello_untrusted(f, members, me, shape)
             self.nonce = nonce
             self.phase = CHALLENGED
-            return encode([P.CHALLENGE, me, nonce, mac(secret, b"L", self.their_nonce, nonce, me, self.peer), shape])
+            return encode(
+                [PeerType.CHALLENGE, me, nonce, mac(secret, b"L", self.their_nonce, nonce, me, self.peer), shape]
+            )
         if self.phase == CHALLENGED:
             assert self.peer is not None
             got = check_auth_untrusted(f)

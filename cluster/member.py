@@ -89,8 +89,8 @@ from roost.cluster.partitioned import Partitioned
 from roost.cluster.peerwire import (
     ADMIN,
     NONCE_LEN,
-    P,
     PeerProtocolError,
+    PeerType,
     ShapeMismatch,
     check_digest_untrusted,
     check_entries_untrusted,
@@ -111,7 +111,7 @@ from roost.node.core import (
     StatusQuery,
 )
 
-_BEAT = encode([P.BEAT])
+_BEAT = encode([PeerType.BEAT])
 
 
 class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatus):
@@ -263,7 +263,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                 self._frame(lid, frame)
 
     def _beat(self) -> bytes:
-        return encode([P.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing", self.broker.index.count,
+        return encode([PeerType.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing", self.broker.index.count,
                        self.broker.status()["clients"], self.own.epoch, self.synced, self.committed])  # fmt: skip
 
     def _drained(self, lid: int) -> bool:
@@ -316,7 +316,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             return
         q = self.queues[peer]
         while (push := q.next_push()) is not None:
-            self._frame(lid, encode([P.PUSH, push[0], push[1]]))
+            self._frame(lid, encode([PeerType.PUSH, push[0], push[1]]))
 
     # ------------------------------------------------------------ timers
 
@@ -435,7 +435,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._log("error", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
             if not link.outbound:  # (the dialler learns why; it closes the link, or the handshake
                 # deadline does: a Close now could cut the answer)
-                self._frame(lid, encode([P.REFUSED, str(exc)[:300]]))
+                self._frame(lid, encode([PeerType.REFUSED, str(exc)[:300]]))
             else:
                 self._close(link, "[cluster] shape differs")
         except PeerProtocolError as exc:
@@ -486,12 +486,12 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._on_admin(link, f)
             return
         kind, n = f[0], len(f)
-        if kind == P.PUSH and n == 3:
+        if kind == PeerType.PUSH and n == 3:
             self._absorb(self.broker.merge(check_entries_untrusted(f[2]), self.now))
-            self._frame(link.id, encode([P.PUSHACK, f[1]]))
-        elif kind == P.LOGFETCH:
+            self._frame(link.id, encode([PeerType.PUSHACK, f[1]]))
+        elif kind == PeerType.LOGFETCH:
             self._on_logfetch(link, f)
-        elif kind == P.HEARTBEAT and n == 7:
+        elif kind == PeerType.HEARTBEAT and n == 7:
             state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
             if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
                     or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT for v in (subs, clients)) \
@@ -512,39 +512,39 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                     self._remap()
             if (ch or reported != state or was_synced != synced) and self.committed != self.roster.digest():
                 self._check_roster()
-        elif kind == P.ROSTER and n == 2:
+        elif kind == PeerType.ROSTER and n == 2:
             self._on_roster_frame(f[1])
-        elif kind == P.FORWARD and n == 3:
+        elif kind == PeerType.FORWARD and n == 3:
             self._on_forward_frame(link, f[1], f[2])
-        elif kind == P.RELAY and n == 2:
+        elif kind == PeerType.RELAY and n == 2:
             self._on_relay_frame(f[1])
-        elif kind == P.PULL and (n == 1 or n == 2):
-            if self._streams.running(link.id, P.DUMP):
+        elif kind == PeerType.PULL and (n == 1 or n == 2):
+            if self._streams.running(link.id, PeerType.DUMP):
                 raise PeerProtocolError("PULL while a dump is in progress on this link")
             if not self.ready:
-                self._frame(link.id, encode([P.DUMPEND, -1]))  # "not ready": pull from someone else
+                self._frame(link.id, encode([PeerType.DUMPEND, -1]))  # "not ready": pull from someone else
             else:
                 peer = link.peer
 
                 def end(sent: int) -> list[Any]:
                     self._log("info", "served_pull", peer=peer, subscriptions=sent)
-                    return [P.DUMPEND, sent]
+                    return [PeerType.DUMPEND, sent]
 
                 parts = check_partitions_untrusted(f[1], len(self.broker.digest)) if n == 2 else None
                 if parts is not None:
                     self._note_pull(peer, parts)
                 dump = self.broker.dump(parts, home=peer if parts is not None else None)
-                self._streams.start(link.id, P.DUMP, dump, end)
-        elif kind == P.DIGEST and n == 2:
-            if self._streams.running(link.id, P.DIFF):
+                self._streams.start(link.id, PeerType.DUMP, dump, end)
+        elif kind == PeerType.DIGEST and n == 2:
+            if self._streams.running(link.id, PeerType.DIFF):
                 raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
             ours = self.broker.digest
             theirs = check_digest_untrusted(f[1], len(ours))
             assert link.peer is not None
             among = self.shared(link.peer) if self.partitioned else range(len(ours))
             differ = [i for i in among if ours[i] != theirs[i]]
-            self._streams.start(link.id, P.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
-                         lambda sent: [P.DIFFEND, differ])  # fmt: skip
+            self._streams.start(link.id, PeerType.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
+                         lambda sent: [PeerType.DIFFEND, differ])  # fmt: skip
         else:
             raise PeerProtocolError(f"unexpected frame type {kind}")
 
@@ -553,22 +553,22 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         kind, n = f[0], len(f)
         peer = link.peer
         assert peer is not None
-        if kind == P.BEAT and n == 1:
+        if kind == PeerType.BEAT and n == 1:
             pass  # (_heard did what it is for)
-        elif kind == P.ROSTER and n == 2:
+        elif kind == PeerType.ROSTER and n == 2:
             self._on_roster_frame(f[1])  # (we left: a member that no longer dials us says so)
-        elif kind == P.PUSHACK and n == 2:
+        elif kind == PeerType.PUSHACK and n == 2:
             if f[1].__class__ is not int:
                 raise PeerProtocolError("malformed PUSHACK")
             self.queues[peer].acked(f[1])
             self._pump_pushes(peer)
-        elif kind == P.FWDACK and n == 3:
+        elif kind == PeerType.FWDACK and n == 3:
             self._on_fwdack(peer, f[1], f[2])
-        elif kind == P.LOGDATA:
+        elif kind == PeerType.LOGDATA:
             self._on_logdata(peer, f)
-        elif kind == P.DIFF and n == 2:
+        elif kind == PeerType.DIFF and n == 2:
             self._absorb(self.broker.merge(check_entries_untrusted(f[1]), self.now))
-        elif kind == P.DIFFEND and n == 2:
+        elif kind == PeerType.DIFFEND and n == 2:
             buckets = f[1]
             if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
                 raise PeerProtocolError("malformed DIFFEND")
@@ -584,11 +584,11 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self.next_digest[peer] = self.now + self.s.anti_entropy_interval
             self.last_synced[peer] = self.now
             self._pump_pushes(peer)
-        elif kind == P.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
+        elif kind == PeerType.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
             entries = check_entries_untrusted(f[1])
             self._absorb(self.broker.merge(entries, self.now))
             self.pull_count += sum(len(e[5]) for e in entries)
-        elif kind == P.DUMPEND and n == 2 and self.pull_peer == peer and self.pull_sent:
+        elif kind == PeerType.DUMPEND and n == 2 and self.pull_peer == peer and self.pull_sent:
             if f[1] == -1:
                 self._pull_failed("peer is not ready itself", close=False)
             else:
@@ -608,4 +608,4 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self.next_digest[peer] = now + self.s.anti_entropy_interval
             return
         self.digest_pending.add(peer)
-        self._frame(lid, encode([P.DIGEST, list(self.broker.digest)]))
+        self._frame(lid, encode([PeerType.DIGEST, list(self.broker.digest)]))

@@ -45,7 +45,7 @@ from roost.client import clustermap
 from roost.cluster.events import Send
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts
-from roost.cluster.peerwire import P, PeerProtocolError, check_forwarded_untrusted, check_relay_untrusted, encode
+from roost.cluster.peerwire import PeerProtocolError, PeerType, check_forwarded_untrusted, check_relay_untrusted, encode
 from roost.node.ownership import Ownership
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class Partitioned(MemberParts):
         if fire:
             lid = self.out[member]
             if lid is not None and self.links[lid].up:
-                self._frame(lid, encode([P.FORWARD, 0, fire]))
+                self._frame(lid, encode([PeerType.FORWARD, 0, fire]))
             else:
                 self.broker.metrics["forward_dropped"] += len(fire)
         if len(fire) < len(msgs):
@@ -280,7 +280,7 @@ class Partitioned(MemberParts):
         assert lid is not None
         q = self.fwd[peer]
         while (f := q.next_frame()) is not None:
-            self._frame(lid, encode([P.FORWARD, f[0], f[1]]))
+            self._frame(lid, encode([PeerType.FORWARD, f[0], f[1]]))
 
     def _reroute(self, msgs: list[Any]) -> None:
         """Our own forwards, routed again by the current map."""
@@ -302,7 +302,7 @@ class Partitioned(MemberParts):
     def _relay(self, member: str, sends: list[Any]) -> None:
         lid = self.out.get(member)
         if lid is not None and self.links[lid].up:
-            self._frame(lid, encode([P.RELAY, sends]))
+            self._frame(lid, encode([PeerType.RELAY, sends]))
         else:
             self.broker.metrics["relay_dropped"] += len(sends)
 
@@ -312,7 +312,7 @@ class Partitioned(MemberParts):
         actions, refused = self.broker.forwarded(check_forwarded_untrusted(msgs), self.now)
         self._absorb(actions)
         if fid:  # (fire messages refused are dropped: at most once)
-            self._frame(link.id, encode([P.FWDACK, fid, refused]))
+            self._frame(link.id, encode([PeerType.FWDACK, fid, refused]))
 
     def _on_fwdack(self, peer: str, fid: Any, refused: Any) -> None:
         if fid.__class__ is not int or refused.__class__ is not list \

@@ -35,7 +35,7 @@ HANDSHAKE_MAX_FRAME = 512  # until a peer has authenticated, no bigger frame is 
 _LEN = struct.Struct(">I")
 
 
-class P(IntEnum):
+class PeerType(IntEnum):
     HELLO = 1
     CHALLENGE = 2
     AUTH = 3
@@ -144,7 +144,7 @@ def _check_shape(theirs: Any, ours: str) -> None:
 
 
 def check_hello_untrusted(f: list[Any], members: set[str], me: str, shape: str) -> tuple[str, bytes]:
-    if len(f) != 5 or f[0] != P.HELLO or f[1] != PROTOCOL:
+    if len(f) != 5 or f[0] != PeerType.HELLO or f[1] != PROTOCOL:
         raise PeerProtocolError("expected HELLO " + PROTOCOL)
     _check_shape(f[4], shape)
     peer, nonce = f[2], f[3]
@@ -156,9 +156,9 @@ def check_hello_untrusted(f: list[Any], members: set[str], me: str, shape: str) 
 
 
 def check_challenge_untrusted(f: list[Any], shape: str) -> tuple[str, bytes, bytes]:
-    if len(f) == 2 and f[0] == P.REFUSED and isinstance(f[1], str):
+    if len(f) == 2 and f[0] == PeerType.REFUSED and isinstance(f[1], str):
         raise ShapeMismatch(f"refused by the peer: {f[1][:300]}")
-    if len(f) != 5 or f[0] != P.CHALLENGE:
+    if len(f) != 5 or f[0] != PeerType.CHALLENGE:
         raise PeerProtocolError("expected CHALLENGE")
     _check_shape(f[4], shape)
     peer, nonce, m = f[1], f[2], f[3]
@@ -168,7 +168,7 @@ def check_challenge_untrusted(f: list[Any], shape: str) -> tuple[str, bytes, byt
 
 
 def check_auth_untrusted(f: list[Any]) -> bytes:
-    if len(f) != 2 or f[0] != P.AUTH or not isinstance(f[1], bytes):
+    if len(f) != 2 or f[0] != PeerType.AUTH or not isinstance(f[1], bytes):
         raise PeerProtocolError("expected AUTH")
     return f[1]  # type: ignore[no-any-return]
 

@@ -106,4 +106,15 @@ class DurableCommit(NamedTuple):
     offset: int
 
 
-Action = Send | Log | Replicate | StatusQuery | Forward | Relay | Confirm | DurablePut | DurableGet | DurableCommit
+class Trace(NamedTuple):
+    """What a core did that a checker must know and no other action shows (FoundationDB's trace
+    events): emitted only when the core's configuration says ``trace`` (the simulator's), so the
+    shells never see one. ``event`` names it; ``fields`` are its values, as a checker reads them."""
+
+    event: str
+    fields: dict[str, Any]
+
+
+Action = (
+    Send | Log | Replicate | StatusQuery | Forward | Relay | Confirm | DurablePut | DurableGet | DurableCommit | Trace
+)

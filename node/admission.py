@@ -25,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter
 
-from roost.client.wire import E, WireError
+from roost.client.wire import ErrorCode, WireError
 
 _HOSTS: dict[str, str] = {}
 
@@ -75,7 +75,7 @@ class Admission:
         self.check_host(host)
         if count >= limit:
             self.metrics[f"refused_{setting}"] += 1
-            raise WireError(E.OVERLOADED, f"too many {what} on this node ({setting} = {limit})")
+            raise WireError(ErrorCode.OVERLOADED, f"too many {what} on this node ({setting} = {limit})")
         n = self.per_host.get(host, 0)
         self._move(host, n, n + 1)
 
@@ -83,7 +83,7 @@ class Admission:
         """Raises ``OVERLOADED`` if ``host`` holds ``max_per_host`` already."""
         if self.per_host.get(host, 0) >= self.max_per_host:
             self.metrics["refused_max_per_host"] += 1
-            raise WireError(E.OVERLOADED, f"too many producers and clients from this host (max_per_host = "
+            raise WireError(ErrorCode.OVERLOADED, f"too many producers and clients from this host (max_per_host = "
                             f"{self.max_per_host})")  # fmt: skip
 
     def add(self, host: str) -> None:

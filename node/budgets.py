@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from roost.client.wire import E
+from roost.client.wire import ErrorCode
 from roost.node import versions
 from roost.node.admission import host_key, over_fair_share
 from roost.node.clients import ClientState
@@ -123,31 +123,31 @@ class SubscriptionBudgets:
         this member does not hold, partitioned mode: it goes to the owners all the same)?"""
         t = (self.hosts.get(host) or (0, 0, 0))[2] if host else 0
         if t >= self.cfg.max_tombstones_per_host:
-            return self._refuse(E.OVERLOADED, "max_tombstones_per_host", now, 0)
+            return self._refuse(ErrorCode.OVERLOADED, "max_tombstones_per_host", now, 0)
         if self.tombstones >= self.cfg.max_tombstones:
-            return self._refuse(E.OVER_CAPACITY, "max_tombstones", now, 0)
-        return E.OK, ""
+            return self._refuse(ErrorCode.OVER_CAPACITY, "max_tombstones", now, 0)
+        return ErrorCode.OK, ""
 
     def check(self, live: int, host: str | None, nbytes: int, count: int, now: float,
               mailboxes: Callable[[], dict[str, int]], text: int = -1,
               revives: bool = False) -> tuple[int, str]:  # fmt: skip
         """May a client holding ``live`` subscriptions, admitted from ``host``, take one more of
-        a filter ``nbytes`` long, the node holding ``count``? (E.OK, "") or (the refusal, the
+        a filter ``nbytes`` long, the node holding ``count``? (ErrorCode.OK, "") or (the refusal, the
         setting that refused it). ``mailboxes`` sums the mailboxes' bytes per host ("": clients
         no host here admitted), called at most once a second. ``text``: the node's text
         subscriptions, for a text one (max_text_subscribers). ``revives``: the subscription
         replaces a tombstone of its own (one tombstone fewer: not refused for tombstones)."""
         cfg = self.cfg
         if live >= cfg.max_subscriptions_per_client:
-            return self._refuse(E.OVERLOADED, "max_subscriptions_per_client", now, count)
+            return self._refuse(ErrorCode.OVERLOADED, "max_subscriptions_per_client", now, count)
         held = self.hosts.get(host) if host else None
         n, b, t = held if held is not None else (0, 0, 0)
         if n >= cfg.max_subscriptions_per_host:
-            return self._refuse(E.OVERLOADED, "max_subscriptions_per_host", now, count)
+            return self._refuse(ErrorCode.OVERLOADED, "max_subscriptions_per_host", now, count)
         if b + nbytes > cfg.max_filter_bytes_per_host:
-            return self._refuse(E.OVERLOADED, "max_filter_bytes_per_host", now, count)
+            return self._refuse(ErrorCode.OVERLOADED, "max_filter_bytes_per_host", now, count)
         if t >= cfg.max_tombstones_per_host and not revives:  # (it unsubscribed that many within tombstone_horizon)
-            return self._refuse(E.OVERLOADED, "max_tombstones_per_host", now, count)
+            return self._refuse(ErrorCode.OVERLOADED, "max_tombstones_per_host", now, count)
         share = cfg.admission_share
         hosts = len(self.hosts)
         # Each node-wide pool: refused at its limit; above admission_share of it, refused for a
@@ -162,7 +162,7 @@ class SubscriptionBudgets:
                 continue
             if used + extra > limit or (used >= share * limit and (host is None or
                                         over_fair_share(mine, hosts, share * limit))):  # fmt: skip
-                return self._refuse(E.OVER_CAPACITY, setting, now, count)
+                return self._refuse(ErrorCode.OVER_CAPACITY, setting, now, count)
         if now >= self._summed + 1.0:
             self._summed = now
             self.mailbox_hosts = mailboxes()
@@ -173,11 +173,11 @@ class SubscriptionBudgets:
             holders = len(self.mailbox_hosts) - ("" in self.mailbox_hosts)
             if host is None or over_fair_share(self.mailbox_hosts.get(host, 0), holders,
                                                share * cfg.max_mailbox_bytes):  # fmt: skip
-                return self._refuse(E.OVER_CAPACITY, "max_mailbox_bytes", now, count)
-        return E.OK, ""
+                return self._refuse(ErrorCode.OVER_CAPACITY, "max_mailbox_bytes", now, count)
+        return ErrorCode.OK, ""
 
-    def _refuse(self, code: E, setting: str, now: float, count: int) -> tuple[int, str]:
-        self.metrics["refused_over_capacity" if code is E.OVER_CAPACITY else "refused_overloaded"] += 1
+    def _refuse(self, code: ErrorCode, setting: str, now: float, count: int) -> tuple[int, str]:
+        self.metrics["refused_over_capacity" if code is ErrorCode.OVER_CAPACITY else "refused_overloaded"] += 1
         self.metrics[f"refused_{setting}"] += 1
         if now >= self._logged + 10.0:
             self._logged = now

@@ -303,6 +303,12 @@ class NodeConfig:
     producer_timeout: float
     cookie_lifetime: float
     ping_interval: float
+    # Not settings (no TOML key sets them): the simulator's instruments, read by the cores.
+    #: Emit node/actions.py ``Trace`` actions for the simulator's checkers.
+    trace: bool = False
+    #: Deliberately broken mechanisms (sim/breaks.py names them): a campaign over a broken build
+    #: must report violations, which shows its checker can fail. Empty in every shipped build.
+    breaks: frozenset[str] = frozenset()
 
     def __init__(self, **overrides: Any) -> None:
         fill_defaults(self, SETTINGS)

@@ -34,7 +34,7 @@ import random
 from typing import Any
 
 from roost.client import decoding, wire
-from roost.client.wire import E, T, WireError
+from roost.client.wire import ErrorCode, FrameType, WireError
 from roost.node.actions import (
     Action,
     Confirm,
@@ -73,7 +73,19 @@ __all__ = [
     "StatusQuery",
 ]
 
-_CLIENT_FRAMES = (T.PUB, T.PUBRUN, T.ACK, T.CMDS, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT, T.BYE)
+_CLIENT_FRAMES = (
+    FrameType.PUB,
+    FrameType.PUBRUN,
+    FrameType.ACK,
+    FrameType.CMDS,
+    FrameType.PING,
+    FrameType.STATUS,
+    FrameType.MAP,
+    FrameType.PUT,
+    FrameType.GET,
+    FrameType.COMMIT,
+    FrameType.BYE,
+)
 
 
 class BrokerCore(Sessions, TextProtocol, Producers):
@@ -145,7 +157,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             is_text = 0x41 <= first <= 0x5A or 0x61 <= first <= 0x7A
             try:
                 if len(data) > self._max:
-                    raise WireError(E.TOO_LARGE, f"datagram over max_datagram ({self._max} bytes)")
+                    raise WireError(ErrorCode.TOO_LARGE, f"datagram over max_datagram ({self._max} bytes)")
                 if is_text:
                     self._on_text(data, addr, now)
                 else:
@@ -234,7 +246,7 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         f = decoding.decode_untrusted_frame(data, self._max)
         ftype = f[0]
         wall = now + self.wall_offset
-        if ftype is T.HELLO:
+        if ftype is FrameType.HELLO:
             cookie = self.cookies.issue(addr, f[1], wall)
             welcome = wire.encode_welcome(self.node_id, cookie, self.params, self.members)
             if len(welcome) > AMPLIFICATION * len(data) and self.params is not self._lean_params:
@@ -243,51 +255,53 @@ class BrokerCore(Sessions, TextProtocol, Producers):
             self._bounded(addr, welcome, len(data))
             return
         if ftype not in _CLIENT_FRAMES:
-            raise WireError(E.UNKNOWN_TYPE, f"{ftype.name} is not sent to nodes")
+            raise WireError(ErrorCode.UNKNOWN_TYPE, f"{ftype.name} is not sent to nodes")
         cid, cookie = f[1], f[2]
         if not self.cookies.check(addr, cid, cookie, wall):
-            raise WireError(E.BAD_COOKIE, "cookie invalid or expired for this address; send HELLO")
+            raise WireError(ErrorCode.BAD_COOKIE, "cookie invalid or expired for this address; send HELLO")
         c = self.clients.get(cid)
-        if ftype is T.CMDS:
+        if ftype is FrameType.CMDS:
             self._on_cmds(c, cid, addr, f[3], f[4], f[5], now)  # (a stale session must not touch c)
             return
-        if ftype is T.BYE:
+        if ftype is FrameType.BYE:
             self._on_bye(c, addr, f[3], now)
             return
         # A PING of a process the client id has since been restarted in (a lower session) is
         # answered, but is neither liveness nor a reason to move the client to its address.
-        stale = ftype is T.PING and c is not None and 0 < f[5] < c.session
-        if ftype is T.PING and c is not None and not stale:
+        stale = ftype is FrameType.PING and c is not None and 0 < f[5] < c.session
+        if ftype is FrameType.PING and c is not None and not stale:
             self._may_move(c, addr)  # (refused: no liveness either, so the record at its old address times out)
         if c is not None and not stale:
             c.last_seen = c.heard = now
-        if ftype is T.PUB:
+        if ftype is FrameType.PUB:
             self._on_pub(addr, f, now, data)
-        elif ftype is T.PUBRUN:
+        elif ftype is FrameType.PUBRUN:
             self._on_pubrun(addr, f, now)
-        elif ftype is T.ACK:
+        elif ftype is FrameType.ACK:
             if c is not None:
                 self._on_ack(c, f[3], f[4], f[5], now)
-        elif ftype is T.PING:
+        elif ftype is FrameType.PING:
             if stale:
                 self.metrics["stale_pings"] += 1
             elif c is not None:
                 self._adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             self._on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])
-        elif ftype is T.PUT:
+        elif ftype is FrameType.PUT:
             for m in f[7]:
                 self._durable_partition(m[0], f[4])
             self._out.append(DurablePut(addr, f[3], f[4], f[5], f[6], [list(m) for m in f[7]]))
-        elif ftype is T.GET:
+        elif ftype is FrameType.GET:
             self._durable_partition(f[5], f[6])
             self._out.append(DurableGet(addr, f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]))
-        elif ftype is T.COMMIT:
+        elif ftype is FrameType.COMMIT:
             self._durable_partition(f[5], f[6])
             self._out.append(DurableCommit(addr, f[3], f[4], f[5], f[6], f[7]))
-        elif ftype is T.MAP:
+        elif ftype is FrameType.MAP:
             if self.redirect_frame is None:
-                raise WireError(E.UNKNOWN_TYPE, "no cluster map: this node is not a member of a partitioned cluster")
+                raise WireError(
+                    ErrorCode.UNKNOWN_TYPE, "no cluster map: this node is not a member of a partitioned cluster"
+                )
             self._send(addr, self.redirect_frame)
         else:
             self._out.append(StatusQuery(addr, self.status()))
@@ -297,11 +311,11 @@ class BrokerCore(Sessions, TextProtocol, Producers):
         of a partitioned cluster and ``p`` is the topic's partition."""
         own = self.own
         if own is None:
-            raise WireError(E.UNKNOWN_TYPE, "durable publishes need a member of a partitioned cluster")
+            raise WireError(ErrorCode.UNKNOWN_TYPE, "durable publishes need a member of a partitioned cluster")
         if p >= own.partitions:
-            raise WireError(E.MALFORMED, f"partition {p}: the cluster has {own.partitions} partitions")
+            raise WireError(ErrorCode.MALFORMED, f"partition {p}: the cluster has {own.partitions} partitions")
         if own.partition(topic) != p:
-            raise WireError(E.MALFORMED, f"topic {topic!r} is not in partition {p}")
+            raise WireError(ErrorCode.MALFORMED, f"topic {topic!r} is not in partition {p}")
 
     # ------------------------------------------------------------ inspection
 

@@ -441,7 +441,7 @@ class Delivery(Registers):
     def _sub_budget(
         self, live: int, host: str | None, nbytes: int, now: float, text: int = -1, revives: bool = False
     ) -> tuple[int, str]:
-        """node/budgets.py: may one more subscription come (E.OK, "") or what refuses it
+        """node/budgets.py: may one more subscription come (ErrorCode.OK, "") or what refuses it
         (``text``: the text subscriptions in force, for a text one; ``revives``: it replaces a
         tombstone of its own)."""
         return self.budgets.check(live, host, nbytes, self.index.count, now, self._mailboxes_bytes, text, revives)

@@ -97,7 +97,7 @@ def probe_welcome(host: str, port: int, timeout: float = 0.25) -> tuple[Any, ...
     answers within ``timeout``."""
     host, cid = reachable(host), os.urandom(wire.ID_LEN)
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-        return _ask(s, (host, port), wire.encode_hello(cid), wire.T.WELCOME, time.monotonic() + timeout)
+        return _ask(s, (host, port), wire.encode_hello(cid), wire.FrameType.WELCOME, time.monotonic() + timeout)
 
 
 def probe_status(host: str, port: int, timeout: float = 0.25) -> dict[str, Any] | None:
@@ -106,13 +106,15 @@ def probe_status(host: str, port: int, timeout: float = 0.25) -> dict[str, Any] 
     started is the one serving, and not another that holds the port."""
     cid, node, deadline = os.urandom(wire.ID_LEN), (reachable(host), port), time.monotonic() + timeout
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-        welcome = _ask(s, node, wire.encode_hello(cid), wire.T.WELCOME, deadline)
+        welcome = _ask(s, node, wire.encode_hello(cid), wire.FrameType.WELCOME, deadline)
         reply = None if welcome is None else _ask(s, node, wire.encode_status(cid, welcome[2]),
-                                                  wire.T.STATUS_REPLY, deadline)  # fmt: skip
+                                                  wire.FrameType.STATUS_REPLY, deadline)  # fmt: skip
     return reply[1] if reply is not None and isinstance(reply[1], dict) else None
 
 
-def _ask(s: socket.socket, node: tuple[str, int], data: bytes, want: wire.T, deadline: float) -> tuple[Any, ...] | None:
+def _ask(
+    s: socket.socket, node: tuple[str, int], data: bytes, want: wire.FrameType, deadline: float
+) -> tuple[Any, ...] | None:
     """Send ``data`` to ``node``; its first frame of type ``want`` before ``deadline``, or None."""
     try:
         s.sendto(data, node)

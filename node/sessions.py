@@ -32,7 +32,7 @@ of silence.
 from __future__ import annotations
 
 from roost.client import wire
-from roost.client.wire import E, Op
+from roost.client.wire import ErrorCode, Op
 from roost.node import versions
 from roost.node.actions import Confirm, Send
 from roost.node.admission import host_key, over_fair_share
@@ -56,7 +56,7 @@ class Sessions(Delivery):
         if c is not None and session != c.session and c.session > 0:
             if session < c.session:
                 self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
-                self._send(addr, wire.encode_cmdack(session, batch, [E.STALE_BATCH] * len(cmds)))
+                self._send(addr, wire.encode_cmdack(session, batch, [ErrorCode.STALE_BATCH] * len(cmds)))
                 return
             # The same client id from a new client session (a restarted
             # process): what the old one subscribed is not this one's.
@@ -78,7 +78,7 @@ class Sessions(Delivery):
             answer = c.answers.get(batch)
             if answer is None:
                 self.metrics["stale_batch"] += 1  # older than what is remembered: its answer is gone
-                answer = wire.encode_cmdack(session, batch, [E.STALE_BATCH] * len(cmds))
+                answer = wire.encode_cmdack(session, batch, [ErrorCode.STALE_BATCH] * len(cmds))
             self._confirm(addr, answer)
             return
         if c is None:
@@ -94,7 +94,7 @@ class Sessions(Delivery):
             results.append(self._apply(c, op, topic, key, mode, now))
         if self.own is not None and c.redirected < self.map_epoch:
             forward_to = self.own.forward_to
-            if any(cmd[0] == Op.SUB and code == E.OK and forward_to(cmd[1]) is not None
+            if any(cmd[0] == Op.SUB and code == ErrorCode.OK and forward_to(cmd[1]) is not None
                    for cmd, code in zip(cmds, results, strict=True)):  # fmt: skip
                 # A SUB for a partition another member leads: the client should learn our map
                 # (once per epoch); the subscription itself is served from here all the same.
@@ -126,7 +126,8 @@ class Sessions(Delivery):
         if n >= pool and over_fair_share(self.client_share.per_host.get(host, 0), len(self.client_share.per_host),
                                          pool):  # fmt: skip
             self.metrics["refused_max_clients"] += 1
-            raise wire.WireError(E.OVERLOADED, f"too many clients on this node from this host: above admission_share "
+            raise wire.WireError(ErrorCode.OVERLOADED,
+                                 f"too many clients on this node from this host: above admission_share "
                                  f"({cfg.admission_share}) of max_clients ({cfg.max_clients}), a host at its "
                                  "share gets no more")  # fmt: skip
         self.admission.admit(host, n, cfg.max_clients, "clients", "max_clients")
@@ -145,7 +146,7 @@ class Sessions(Delivery):
 
     def _apply(self, c: ClientState, op: int, topic: str, key: str | None, mode: int, now: float) -> int:
         if op == Op.SYNC:
-            return E.OK
+            return ErrorCode.OK
         tk = (topic, key)
         c.cancelled.pop(tk, None)
         present = bool(c.subs.get(tk, 0) & versions.PRESENT)
@@ -158,19 +159,19 @@ class Sessions(Delivery):
                     if refused:
                         return refused
                     if not self._filter_ok(topic):
-                        return E.BAD_TOPIC
+                        return ErrorCode.BAD_TOPIC
                 self._write(c, tk, False, mode, now)
                 self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
-            return E.OK
+            return ErrorCode.OK
         if not present:
             refused, _ = self._sub_budget(c.live, c.counted, utf8_len(topic), now, revives=tk in c.subs)
             if refused:
                 return refused
             if not self._filter_ok(topic):
-                return E.BAD_TOPIC
+                return ErrorCode.BAD_TOPIC
         self._write(c, tk, True, mode, now)
         self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
-        return E.OK
+        return ErrorCode.OK
 
     def _filter_ok(self, topic: str) -> bool:
         """A CMDS's filter is parsed here, once its subscription passed the budgets (the
@@ -210,7 +211,7 @@ class Sessions(Delivery):
             setting = "" if restarting else self.budgets.room(host, c)
             if setting:
                 self.metrics[f"refused_{setting}"] += 1
-                raise wire.WireError(E.OVERLOADED, f"the client's subscriptions are over this host's limit "
+                raise wire.WireError(ErrorCode.OVERLOADED, f"the client's subscriptions are over this host's limit "
                                      f"({setting} = {getattr(cfg, setting)})")  # fmt: skip
 
     def _adopt(self, c: ClientState, addr: Addr, now: float, session: int) -> None:

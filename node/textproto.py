@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from roost.client import wire
 from roost.client.text import parse_untrusted_text
-from roost.client.wire import E, Mode, WireError
+from roost.client.wire import ErrorCode, Mode, WireError
 from roost.node import versions
 from roost.node.admission import host_key
 from roost.node.base import TIMER_LEASE, fmt
@@ -43,13 +43,13 @@ class TextProtocol(Delivery):
 
     def _on_text(self, data: bytes, addr: Addr, now: float) -> None:
         if not self._text_allowed(addr[0]):
-            raise WireError(E.FORBIDDEN, "text protocol not allowed from this network")
+            raise WireError(ErrorCode.FORBIDDEN, "text protocol not allowed from this network")
         verb, topic, body = parse_untrusted_text(data)
         if verb == "PUB":
             wire.check_topic(topic)
             payload = body.encode()
             if len(payload) + len(topic) + wire.MSGS_HEADER_MAX + 16 > self._max:
-                raise WireError(E.TOO_LARGE, "body too large to be delivered in one datagram")
+                raise WireError(ErrorCode.TOO_LARGE, "body too large to be delivered in one datagram")
             self.metrics["published"] += 1
             dest = None if self.own is None else self.own.forward_to(topic)
             if dest is None and self.own is not None and self.own.unowned(topic):
@@ -68,7 +68,9 @@ class TextProtocol(Delivery):
                 refused, setting = self._sub_budget(c.live if c else 0, host_key(addr[0]), utf8_len(topic), now,
                                                     self.text_subs, c is not None and tk in c.subs)  # fmt: skip
                 if refused:
-                    raise WireError(E(refused), f"subscription refused: {setting} = {getattr(self.cfg, setting)}")
+                    raise WireError(
+                        ErrorCode(refused), f"subscription refused: {setting} = {getattr(self.cfg, setting)}"
+                    )
                 if c is None:
                     c = self._new_client(addr, addr, now)
                 elif not c.local or c.home != self.node_id:

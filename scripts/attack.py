@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from roost.client import decoding, wire  # noqa: E402
-from roost.client.wire import T  # noqa: E402
+from roost.client.wire import FrameType  # noqa: E402
 from roost.node.procs import free_port, free_udp_port, wait_listening  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def _hello(sock: socket.socket, node: tuple[str, int], cid: bytes) -> bytes:
         try:
             while True:
                 f = decoding.decode_untrusted_frame(sock.recv(65536))
-                if f[0] is T.WELCOME:
+                if f[0] is FrameType.WELCOME:
                     return f[2]  # type: ignore[no-any-return]
         except (TimeoutError, wire.WireError):
             continue
@@ -176,7 +176,7 @@ async def _legit(node: str, duration: float, pid: int) -> dict[str, Any]:
                 with trio.move_on_after(0.5) as scope:
                     while True:
                         f = decoding.decode_untrusted_frame(await ping.recv(65536))
-                        if f[0] is T.PONG and f[1] == token:
+                        if f[0] is FrameType.PONG and f[1] == token:
                             rtts.append(time.perf_counter() - t0)
                             if rtts[-1] > 0.005:
                                 slow[int(duration - (until - now))] += 1

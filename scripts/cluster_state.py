@@ -65,7 +65,7 @@ from roost.client import (  # noqa: E402
     decoding,
     wire,
 )
-from roost.client.wire import T  # noqa: E402
+from roost.client.wire import FrameType  # noqa: E402
 from roost.node.procs import free_udp_port, probe_status, probe_welcome, wait_listening  # noqa: E402
 
 Cmd = tuple[int, str, str | None, int]
@@ -140,7 +140,7 @@ def populate(port: int, clients: int, per_client: int, topics: int) -> float:
         for b in range(0, per_client, 100):
             s.sendto(wire.encode_cmds(cid, cookie, 1, b // 100 + 1, cmds[b : b + 100]), node)
             f = decoding.decode_untrusted_frame(s.recv(70000))
-            assert f[0] is T.CMDACK and not any(f[3]), f
+            assert f[0] is FrameType.CMDACK and not any(f[3]), f
             n += len(cmds[b : b + 100])
     s.close()
     return time.monotonic() - t0
@@ -326,13 +326,13 @@ def populate_partitioned(ports: dict[str, int], work: dict[str, list[list[Cmd]]]
                     except BlockingIOError:
                         break
                     f = decoding.decode_untrusted_frame(data)
-                    if f[0] is T.WELCOME:
+                    if f[0] is FrameType.WELCOME:
                         h = hello[m]
                         if h is not None:
                             h[0].cookie = f[2]
                             ready_q[m].append(h[0])
                             hello[m] = None
-                    elif f[0] is T.CMDACK:
+                    elif f[0] is FrameType.CMDACK:
                         got = inflight[m].pop((f[1], f[2]), None)
                         if got is None:
                             continue  # (the answer to a datagram sent twice)
@@ -340,7 +340,7 @@ def populate_partitioned(ports: dict[str, int], work: dict[str, list[list[Cmd]]]
                         c = got[0]
                         if c.next < len(c.batches):
                             send_batch(m, c)
-                    elif f[0] is T.ERROR:
+                    elif f[0] is FrameType.ERROR:
                         raise RuntimeError(f"{m} answered {f}")
                     # (REDIRECT: none expected, every SUB goes to its primary; counted by the member)
             for m in work:

@@ -20,7 +20,7 @@ from roost.client import (  # noqa: E402
     decoding,
     wire,
 )
-from roost.client.wire import E, T  # noqa: E402
+from roost.client.wire import ErrorCode, FrameType  # noqa: E402
 from roost.cluster.config import CLUSTER_SETTINGS  # noqa: E402
 from roost.node.config import config_doc  # noqa: E402
 
@@ -32,38 +32,38 @@ MSG = wire.pack_message("prices", "EUR", {"src": "ecb"}, b"1.08")
 TWO = {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 7402), ("127.0.0.1", 7502))}
 CMAP = clustermap.compute(3, TWO, {"n2"}, 256, 2)  # n1 down: n2 leads every partition
 
-EXAMPLES: list[tuple[T, str, bytes]] = [
-    (T.HELLO, "client id c1..c1, padded to 256 bytes", wire.encode_hello(CID)),
-    (T.WELCOME, "node n1, cookie 5e..5e, params, one member",
+EXAMPLES: list[tuple[FrameType, str, bytes]] = [
+    (FrameType.HELLO, "client id c1..c1, padded to 256 bytes", wire.encode_hello(CID)),
+    (FrameType.WELCOME, "node n1, cookie 5e..5e, params, one member",
      wire.encode_welcome("n1", COOKIE, {"max_datagram": 16384, "ping_interval": 0.5},
                          [["n1", "127.0.0.1", 7400]])),
-    (T.CMDS, f"session {SESSION}, batch 1: SUB prices (reliable), SUB prices/EUR (fire), UNSUB news",
+    (FrameType.CMDS, f"session {SESSION}, batch 1: SUB prices (reliable), SUB prices/EUR (fire), UNSUB news",
      wire.encode_cmds(CID, COOKIE, SESSION, 1, [(1, "prices", None, 1), (1, "prices", "EUR", 0),
                                                 (0, "news", None, 0)])),
-    (T.CMDACK, f"session {SESSION}, batch 1: ok, ok, ok", wire.encode_cmdack(SESSION, 1, [0, 0, 0])),
-    (T.PUB, "producer d0..d0, sequence 7, floor 7, reliable, one message",
+    (FrameType.CMDACK, f"session {SESSION}, batch 1: ok, ok, ok", wire.encode_cmdack(SESSION, 1, [0, 0, 0])),
+    (FrameType.PUB, "producer d0..d0, sequence 7, floor 7, reliable, one message",
      wire.encode_pub(CID, COOKIE, PID, 7, 7, True, [MSG])),
-    (T.PUBACK, "producer d0..d0 acknowledged through 7", wire.encode_puback(PID, 7)),
-    (T.MSGS, "stream 65537, sequence 1, one reliable message from producer d0..d0, its seq 7",
+    (FrameType.PUBACK, "producer d0..d0 acknowledged through 7", wire.encode_puback(PID, 7)),
+    (FrameType.MSGS, "stream 65537, sequence 1, one reliable message from producer d0..d0, its seq 7",
      wire.encode_msgs(65537, 1, [wire.pack_delivery("prices", "EUR", {"src": "ecb"}, b"1.08", PID, 7)])),
-    (T.ACK, "stream 65537: processed through 1, also holds 3..4",
+    (FrameType.ACK, "stream 65537: processed through 1, also holds 3..4",
      wire.encode_ack(CID, COOKIE, 65537, 1, [[3, 4]])),
-    (T.PING, "token 42", wire.encode_ping(CID, COOKIE, 42)),
-    (T.PONG, "token 42, client known, cookie, no cancellations",
+    (FrameType.PING, "token 42", wire.encode_ping(CID, COOKIE, 42)),
+    (FrameType.PONG, "token 42, client known, cookie, no cancellations",
      wire.encode_pong(42, True, COOKIE, [])),
-    (T.CANCEL, "prices cancelled: out_of_capacity",
+    (FrameType.CANCEL, "prices cancelled: out_of_capacity",
      wire.encode_cancel("prices", None, "out_of_capacity")),
-    (T.REDIRECT, "from n2: the map of epoch 3, 256 partitions, 2 replicas, members n1 (down) and n2",
+    (FrameType.REDIRECT, "from n2: the map of epoch 3, 256 partitions, 2 replicas, members n1 (down) and n2",
      wire.encode_redirect("n2", clustermap.encode(CMAP))),
-    (T.ERROR, "bad_cookie", wire.encode_error(E.BAD_COOKIE, "send HELLO")),
-    (T.STATUS, "what does this node know?", wire.encode_status(CID, COOKIE)),
-    (T.STATUS_REPLY, "a (shortened) status map",
+    (FrameType.ERROR, "bad_cookie", wire.encode_error(ErrorCode.BAD_COOKIE, "send HELLO")),
+    (FrameType.STATUS, "what does this node know?", wire.encode_status(CID, COOKIE)),
+    (FrameType.STATUS_REPLY, "a (shortened) status map",
      wire.encode_status_reply({"node": "n1", "state": "ready", "subscriptions": 3})),
-    (T.MAP, "send me your cluster map", wire.encode_map_request(CID, COOKIE)),
-    (T.BYE, "the client closed (session 1764000000000)", wire.encode_bye(CID, COOKIE, 1764000000000)),
-    (T.PUBRUN, "fire producer d0..d0, sequence 3, two messages of prices (payloads 1.08 and 1.09)",
+    (FrameType.MAP, "send me your cluster map", wire.encode_map_request(CID, COOKIE)),
+    (FrameType.BYE, "the client closed (session 1764000000000)", wire.encode_bye(CID, COOKIE, 1764000000000)),
+    (FrameType.PUBRUN, "fire producer d0..d0, sequence 3, two messages of prices (payloads 1.08 and 1.09)",
      wire.encode_pubrun(CID, COOKIE, PID, 3, "prices", [b"1.08", b"1.09"])),
-    (T.MSGSRUN, "fire datagram 65537, two messages of prices (as the PUBRUN above is relayed)",
+    (FrameType.MSGSRUN, "fire datagram 65537, two messages of prices (as the PUBRUN above is relayed)",
      wire.msgsrun_header(65537) + wire.run_body("prices", [b"1.08", b"1.09"])[1]),
 ]  # fmt: skip
 
@@ -81,7 +81,7 @@ def protocol_examples() -> str:
     out = []
     for ftype, what, data in EXAMPLES:
         decoded = decoding.decode_untrusted_frame(data)
-        shown = hexdump(data) if ftype is not T.HELLO else hexdump(data[:48]) + "\n....  (zero padding)"
+        shown = hexdump(data) if ftype is not FrameType.HELLO else hexdump(data[:48]) + "\n....  (zero padding)"
         out.append(f"### {ftype.name} ({int(ftype)}): {what}\n\n{len(data)} bytes:\n\n```\n{shown}\n```\n\n"
                    f"decodes to `{decoded!r}`\n")  # fmt: skip
     return "\n".join(out)

@@ -15,7 +15,7 @@ import random
 import tracemalloc
 
 from roost.client import decoding, wire
-from roost.client.wire import T
+from roost.client.wire import FrameType
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 
@@ -49,7 +49,7 @@ def measure(subs: int, size: int, clients: int, many: bool) -> dict[str, float]:
         cid = a[0].encode().ljust(16, b"_")
         (welcome,) = [decoding.decode_untrusted_frame(s.data) for s in core.handle_datagrams(
             [(wire.encode_hello(cid), a)], 0.0) if hasattr(s, "data")]  # fmt: skip
-        assert welcome[0] is T.WELCOME
+        assert welcome[0] is FrameType.WELCOME
         cookies[a] = (cid, welcome[2])
     filters = [filter_of(i, size, many) for i in range(subs)]
     gc.collect()

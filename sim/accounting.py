@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from roost.client import decoding, wire
-from roost.client.wire import T
+from roost.client.wire import FrameType
 from roost.cluster.events import Datagrams
 from roost.cluster.member import MemberCore
 from roost.node import versions
@@ -55,7 +55,7 @@ class SimAccounting:
             m.backlog.append(ClientDatagram(data, src))
             return
         f = None
-        if data[:1] != b"" and data[1:3] == bytes([wire.VERSION, T.PUB]):
+        if data[:1] != b"" and data[1:3] == bytes([wire.VERSION, FrameType.PUB]):
             try:
                 f = decoding.decode_untrusted_frame(data)
             except wire.WireError:

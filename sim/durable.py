@@ -48,7 +48,7 @@ from roost.client.decoding import decode_untrusted_frame
 from roost.client.durablewire import START_EARLIEST, encode_commit, encode_get
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
-from roost.client.wire import T
+from roost.client.wire import FrameType
 from roost.cluster.durable import cursor_key
 from roost.cluster.events import Send
 from roost.cluster.member import MemberCore
@@ -271,16 +271,16 @@ class DurableWorkload:
     def _dreply(self, dc: DurableClient, s: ClientSession) -> None:
         r = dc.router
         assert r is not None
-        want = T.RECORDS if dc.want == "get" else T.COMMITTED
+        want = FrameType.RECORDS if dc.want == "get" else FrameType.COMMITTED
         f = next((f for f in s.durable_replies if f[0] is want and f[1] == dc.name and f[2] == dc.p), None)
         if f is None:
             return
         now = self.now
         dc.asked = None
-        if f[5 if want is T.RECORDS else -1] != 0:  # (refused: not the leader yet, or busy)
+        if f[5 if want is FrameType.RECORDS else -1] != 0:  # (refused: not the leader yet, or busy)
             dc.deadline = now + r.cfg.pub_retry
             return
-        if want is T.COMMITTED:
+        if want is FrameType.COMMITTED:
             dc.want, dc.deadline = "get", now + self.drng.uniform(*POLL_EVERY)
             return
         new = [(offset, payload) for offset, _ms, _t, _k, _tags, payload in f[6] if offset >= dc.nxt]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from roost.cluster.config import ClusterConfig, Member
 from roost.cluster.events import Tick
-from roost.cluster.peerwire import P
+from roost.cluster.peerwire import PeerType
 from sim.world import OWN_DRAWS, ClientDatagram, SimClient, SimMember
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class Nemesis:
         jid = f"j{number}"
         client, peer = ("127.0.0.1", 7601 + number), ("127.0.0.1", 7701 + number)
         assert seed.core is not None
-        ok, _, version = seed.core.admin_request([P.JOIN, jid, list(client), list(peer)], None)
+        ok, _, version = seed.core.admin_request([PeerType.JOIN, jid, list(client), list(peer)], None)
         if not ok:
             return
         roster = seed.core.roster.encode()  # (what the reply carries)
@@ -176,7 +176,7 @@ class Nemesis:
             return
         at = self.members[self.rng.choice(awake)]
         assert at.core is not None
-        ok, _, version = at.core.admin_request([P.LEAVE, victim], None)
+        ok, _, version = at.core.admin_request([PeerType.LEAVE, victim], None)
         if not ok:
             return
         self._feed(at, Tick())

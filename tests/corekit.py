@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from roost.client import decoding, wire
-from roost.client.wire import T
+from roost.client.wire import FrameType
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore, Replicate, Send
 
@@ -56,7 +56,7 @@ class FakeClient:
 
     def hello(self, now: float = 0.0) -> None:
         (f,) = frames_to(self.send(wire.encode_hello(self.cid), now), self.addr)
-        assert f[0] is T.WELCOME
+        assert f[0] is FrameType.WELCOME
         self.cookie = f[2]
 
     def cmds(self, cmds: list[tuple[int, str, str | None, int]], now: float = 0.0) -> list[Any]:
@@ -101,7 +101,7 @@ def delivered(actions: list[Any], addr: Any) -> list[tuple[int, int, bytes]]:
     """(stream, seq, payload) of every message in MSGS frames to ``addr``."""
     out = []
     for f in frames_to(actions, addr):
-        if f[0] is T.MSGS:
+        if f[0] is FrameType.MSGS:
             stream, first, msgs = f[1], f[2], f[3]
             for i, m in enumerate(msgs):
                 out.append((stream, first + i if stream else 0, m[3]))

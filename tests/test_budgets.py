@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 from roost.client import clustermap, wire
-from roost.client.wire import E, T
+from roost.client.wire import ErrorCode, FrameType
 from roost.cluster.peerwire import check_entries_untrusted
 from roost.node import versions
 from roost.node.config import NodeConfig
@@ -34,7 +34,7 @@ def entries(out: list[Any]) -> list[Any]:
 
 
 def errors(out: list[Any], addr: Any) -> list[int]:
-    return [f[1] for f in frames_to(out, addr) if f[0] is T.ERROR]
+    return [f[1] for f in frames_to(out, addr) if f[0] is FrameType.ERROR]
 
 
 def text_errors(out: list[Any]) -> list[bytes]:
@@ -44,14 +44,14 @@ def text_errors(out: list[Any]) -> list[bytes]:
 def test_a_host_at_max_per_host_asking_for_a_producer_takes_no_ones_place():
     core = make_core(max_producers=4, max_per_host=3)
     for fc in clients(core, *[("127.0.0.30", p) for p in range(3)]):
-        assert _subscribe(fc, ["park"]) == [E.OK]  # the host holds max_per_host records
+        assert _subscribe(fc, ["park"]) == [ErrorCode.OK]  # the host holds max_per_host records
     a, b = clients(core, ("127.0.0.2", 1), ("127.0.0.3", 1))
     for i in range(3):
         assert _pub_from(a, bytes([i]) * 16, 0.0) == []
     assert _pub_from(b, b"\x50" * 16, 0.0) == []
     (h,) = clients(core, ("127.0.0.30", 99))
     (err,) = _pub_from(h, b"\x77" * 16, 1.0)
-    assert err[1] == E.OVERLOADED and "max_per_host" in err[2]
+    assert err[1] == ErrorCode.OVERLOADED and "max_per_host" in err[2]
     assert core.metrics["producers_evicted"] == 0 and len(core.producers) == 4
     assert core.metrics["refused_max_per_host"] == 1
 
@@ -65,7 +65,7 @@ def _shuffle(core: BrokerCore, n: int, subs: int) -> list[list[int]]:
         cid = bytes([i + 1]) * 16
         fa = FakeClient(core, (A, 1000 + i), cid)
         fa.hello()
-        assert _subscribe(fa, [f"t{i}.{j}" for j in range(subs)]) == [E.OK] * subs
+        assert _subscribe(fa, [f"t{i}.{j}" for j in range(subs)]) == [ErrorCode.OK] * subs
         fb = FakeClient(core, (B, 2000 + i), cid)
         fb.hello()
         refused.append(errors(fb.ping(0.5), fb.addr))
@@ -76,10 +76,10 @@ def _shuffle(core: BrokerCore, n: int, subs: int) -> list[list[int]]:
 
 def test_two_hosts_cannot_pass_records_and_subscriptions_between_them_with_pings():
     core = make_core(max_per_host=10, max_subscriptions_per_host=5)
-    assert _shuffle(core, 3, 2) == [[], [], [E.OVERLOADED]]  # (B would hold 6 subscriptions)
+    assert _shuffle(core, 3, 2) == [[], [], [ErrorCode.OVERLOADED]]  # (B would hold 6 subscriptions)
     assert core.budgets.hosts["10.0.0.3"][0] == 4 and core.metrics["refused_max_subscriptions_per_host"] == 1
     core = make_core(max_per_host=2)
-    assert _shuffle(core, 3, 1) == [[], [], [E.OVERLOADED]]  # (B would hold 3 records)
+    assert _shuffle(core, 3, 1) == [[], [], [ErrorCode.OVERLOADED]]  # (B would hold 3 records)
     assert core.admission.per_host["10.0.0.3"] == 2 and core.metrics["refused_max_per_host"] == 1
 
 
@@ -87,14 +87,14 @@ def test_a_client_that_lives_at_another_member_now_is_counted_there_not_here():
     a, b = member("a", 0), member("b", 1)
     H = ("10.9.9.9", 4000)
     (at_a,) = clients(a, H)
-    assert _subscribe(at_a, ["t.1"]) == [E.OK]
+    assert _subscribe(at_a, ["t.1"]) == [ErrorCode.OK]
     b.merge(at_a.take_pushes(), 1.0)
     at_a.send(wire.encode_bye(at_a.cid, at_a.cookie, at_a.session), 2.0)  # (dropped at a)
     b.merge(at_a.take_pushes(), 2.0)
     at_b = FakeClient(b, H, at_a.cid)
     at_b.hello(3.0)
     at_b.session, at_b.batch = at_a.session + 1, 0
-    assert _subscribe(at_b, ["u.1", "u.2"], 3.0) == [E.OK, E.OK]
+    assert _subscribe(at_b, ["u.1", "u.2"], 3.0) == [ErrorCode.OK, ErrorCode.OK]
     a.merge(at_b.take_pushes(), 4.0)
     assert a.clients[at_a.cid].home == "b"
     assert a.admission.per_host == {} and a.client_share.per_host == {} and a.budgets.hosts == {}
@@ -106,14 +106,19 @@ def test_records_back_from_a_snapshot_are_counted_and_charged_to_their_host():
     a = member("a", 0, max_subscriptions_per_host=3)
     H = ("10.9.9.9", 4000)
     (fc,) = clients(a, H)
-    assert _subscribe(fc, ["t.0"]) == [E.OK]
+    assert _subscribe(fc, ["t.0"]) == [ErrorCode.OK]
     snapshot = check_entries_untrusted(list(a.dump()))
     a2 = member("a", 0, max_subscriptions_per_host=3)  # the member, restarted
     a2.merge(snapshot, 10.0)
     assert a2.admission.per_host == {"10.9.9.9": 1} and a2.budgets.hosts == {"10.9.9.9": [1, 3, 0]}
     fc.core = a2
     fc.hello(11.0)
-    assert _subscribe(fc, [f"t.{i}" for i in range(1, 5)], 11.0) == [E.OK, E.OK, E.OVERLOADED, E.OVERLOADED]
+    assert _subscribe(fc, [f"t.{i}" for i in range(1, 5)], 11.0) == [
+        ErrorCode.OK,
+        ErrorCode.OK,
+        ErrorCode.OVERLOADED,
+        ErrorCode.OVERLOADED,
+    ]
     assert budget_drift(a2) == ""
 
 
@@ -126,10 +131,10 @@ def test_tombstones_count_against_their_host_until_collected():
     c = a.clients[fc.cid]
     assert c.live == 0 and len(c.subs) == 30 and a.budgets.hosts == {"10.1.1.1": [0, 0, 30]}
     assert a.budgets.tombstones == 30 and a.metrics["refused_max_tombstones_per_host"] == 10
-    assert _subscribe(fc, ["y"], 5.0) == [E.OVERLOADED]
+    assert _subscribe(fc, ["y"], 5.0) == [ErrorCode.OVERLOADED]
     a.collect_tombstones(1000.0)  # (tombstone_horizon 600 s later)
     assert a.budgets.hosts == {} and a.budgets.tombstones == 0
-    assert _subscribe(fc, ["y"], 1001.0) == [E.OK]
+    assert _subscribe(fc, ["y"], 1001.0) == [ErrorCode.OK]
     assert budget_drift(a) == ""
 
 
@@ -165,7 +170,7 @@ def test_text_records_do_not_count_against_max_clients():
     for p in range(10):
         assert not text_errors(core.handle_datagrams([(b"SUB t\n" + PAD, ("127.0.0.2", 7000 + p))], 0.0))
     (legit,) = clients(core, ("10.0.0.11", 1))
-    assert _subscribe(legit, ["t"]) == [E.OK]
+    assert _subscribe(legit, ["t"]) == [ErrorCode.OK]
 
 
 def test_a_text_address_whose_home_moves_is_charged_and_leased_at_its_new_home():
@@ -202,7 +207,7 @@ def test_refusals_by_the_node_wide_limits_are_counted_under_their_setting():
     core = make_core(max_producers=1, max_per_host=100, max_text_subscribers=1, admission_share=1.0)
     (a,) = clients(core, ("10.0.0.2", 1))
     assert _pub_from(a, b"\x01" * 16, 0.0) == []
-    assert _pub_from(a, b"\x02" * 16, 0.0)[0][1] == E.OVERLOADED  # (the largest holder: no eviction)
+    assert _pub_from(a, b"\x02" * 16, 0.0)[0][1] == ErrorCode.OVERLOADED  # (the largest holder: no eviction)
     core.handle_datagrams([(b"SUB t\n" + PAD, T1)], 0.0)
     assert text_errors(core.handle_datagrams([(b"SUB u\n" + PAD, T2)], 0.0))
     assert core.metrics["refused_max_producers"] == 1 and core.metrics["refused_max_text_subscribers"] == 1
@@ -214,11 +219,11 @@ def test_refusals_by_the_node_wide_limits_are_counted_under_their_setting():
 def test_a_subscription_that_replaces_a_tombstone_of_its_own_is_not_refused_for_tombstones():
     a = member("a", 0, max_subscriptions_per_host=10, max_tombstones_per_host=10)
     (fc,) = clients(a, ("10.1.1.1", 1))
-    assert _subscribe(fc, [f"x.{i}" for i in range(10)], 1.0) == [E.OK] * 10
+    assert _subscribe(fc, [f"x.{i}" for i in range(10)], 1.0) == [ErrorCode.OK] * 10
     fc.cmds([(0, f"x.{i}", None, 0) for i in range(10)], 2.0)
     assert a.budgets.hosts["10.1.1.1"] == [0, 0, 10]
-    assert _subscribe(fc, ["y"], 3.0) == [E.OVERLOADED]
-    assert _subscribe(fc, ["x.0"], 3.0) == [E.OK]  # (it was a tombstone of its own)
+    assert _subscribe(fc, ["y"], 3.0) == [ErrorCode.OVERLOADED]
+    assert _subscribe(fc, ["x.0"], 3.0) == [ErrorCode.OK]  # (it was a tombstone of its own)
     assert a.budgets.hosts["10.1.1.1"] == [1, 3, 9] and budget_drift(a) == ""
 
 
@@ -226,19 +231,19 @@ def test_a_client_refused_where_it_moved_is_not_kept_alive_there_and_times_out()
     a = member("a", 0, max_subscriptions_per_host=3)
     A, B = ("10.0.0.2", 1000), ("10.0.0.3", 2000)
     (fa,) = clients(a, A)
-    assert _subscribe(fa, ["t.1", "t.2"], 0.0) == [E.OK, E.OK]
+    assert _subscribe(fa, ["t.1", "t.2"], 0.0) == [ErrorCode.OK, ErrorCode.OK]
     (other,) = clients(a, ("10.0.0.3", 3000))  # (host B holds 2 already: t.1 and t.2 would pass its 3)
-    assert _subscribe(other, ["u.1", "u.2"], 0.0) == [E.OK, E.OK]
+    assert _subscribe(other, ["u.1", "u.2"], 0.0) == [ErrorCode.OK, ErrorCode.OK]
     fb = FakeClient(a, B, fa.cid)  # the same process: its NAT maps it to host B now
     fb.hello(1.0)
     for t in range(1, 10):  # (subscriber_timeout: 10 s)
-        assert errors(fb.ping(float(t)), B) == [E.OVERLOADED]
+        assert errors(fb.ping(float(t)), B) == [ErrorCode.OVERLOADED]
         other.ping(float(t))
         a.tick(float(t))
     a.tick(12.0)
     c = a.clients[fa.cid]
     assert not c.local and c.live == 0 and a.metrics["clients_timed_out"] == 1  # (its subscriptions ended)
-    (pong,) = [f for f in frames_to(fb.ping(12.5), B) if f[0] is T.PONG]
+    (pong,) = [f for f in frames_to(fb.ping(12.5), B) if f[0] is FrameType.PONG]
     assert pong[2] is False  # (known = false: the client learns its subscriptions are gone)
     assert budget_drift(a) == ""
 
@@ -247,24 +252,24 @@ def test_a_process_restarted_on_another_host_brings_only_its_record():
     a = member("a", 0, max_subscriptions_per_host=10)
     A, B = ("10.0.0.2", 1000), ("10.0.0.3", 2000)
     (fa,) = clients(a, A)
-    assert _subscribe(fa, [f"t.{i}" for i in range(8)], 0.0) == [E.OK] * 8
+    assert _subscribe(fa, [f"t.{i}" for i in range(8)], 0.0) == [ErrorCode.OK] * 8
     (other,) = clients(a, ("10.0.0.3", 3000))
-    assert _subscribe(other, [f"u.{i}" for i in range(5)], 0.0) == [E.OK] * 5
+    assert _subscribe(other, [f"u.{i}" for i in range(5)], 0.0) == [ErrorCode.OK] * 5
     fb = FakeClient(a, B, fa.cid)  # (its configured client id, a new process: a higher session)
     fb.hello(1.0)
     fb.session, fb.batch = fa.session + 1, 0
-    assert _subscribe(fb, ["t.0"], 1.0) == [E.OK]
+    assert _subscribe(fb, ["t.0"], 1.0) == [ErrorCode.OK]
     assert a.budgets.hosts["10.0.0.3"][0] == 6 and budget_drift(a) == ""
     fa.batch = 100  # (and a late batch of the old process, from its old host, is stale, not refused)
-    (ack,) = [f for f in frames_to(fa.cmds([(1, "old", None, 0)], 2.0), A) if f[0] is T.CMDACK]
-    assert list(ack[3]) == [E.STALE_BATCH]
+    (ack,) = [f for f in frames_to(fa.cmds([(1, "old", None, 0)], 2.0), A) if f[0] is FrameType.CMDACK]
+    assert list(ack[3]) == [ErrorCode.STALE_BATCH]
 
 
 def test_closed_clients_no_longer_count_against_their_host_records():
     a = member("a", 0, max_per_host=6)
     for gen in range(3):
         for fc in clients(a, *[("10.1.1.1", 10 * gen + i) for i in range(3)]):
-            assert _subscribe(fc, ["app"], 10.0 * gen) == [E.OK]
+            assert _subscribe(fc, ["app"], 10.0 * gen) == [ErrorCode.OK]
             fc.send(wire.encode_bye(fc.cid, fc.cookie, fc.session), 10.0 * gen + 5)
     assert a.admission.per_host == {} and a.client_share.per_host == {}
     assert a.budgets.hosts == {"10.1.1.1": [0, 0, 9]} and budget_drift(a) == ""  # (their tombstones do)

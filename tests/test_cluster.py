@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from roost.client import Client
-from roost.cluster.peerwire import NONCE_LEN, PROTOCOL, P, encode
+from roost.cluster.peerwire import NONCE_LEN, PROTOCOL, PeerType, encode
 from tests.clusterkit import ROOST, ROOT, LocalCluster, read_lines, roost, start_sub, sub_lines
 from tests.polling import wait_until
 
@@ -188,13 +188,13 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     cluster.wait_subscriptions([1, 1, 1])
     before = cluster.status("n1")["subscriptions"]
     s = _dial(cluster)
-    s.sendall(encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "replicated"]))
+    s.sendall(encode([PeerType.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "replicated"]))
     s.settimeout(5)
     challenge = msgpack.unpackb(s.recv(65536)[4:])
-    assert challenge[0] == P.CHALLENGE
-    s.sendall(encode([P.AUTH, b"\0" * 32]))  # a MAC made without the secret
+    assert challenge[0] == PeerType.CHALLENGE
+    s.sendall(encode([PeerType.AUTH, b"\0" * 32]))  # a MAC made without the secret
     # then try to smuggle in a PUSH that would subscribe somebody
-    s.sendall(encode([P.PUSH, 1, [[b"x" * 16, 2**60, "127.0.0.1", 9, "n2", [["evil", None, 2**62]], 0]]]))
+    s.sendall(encode([PeerType.PUSH, 1, [[b"x" * 16, 2**60, "127.0.0.1", 9, "n2", [["evil", None, 2**62]], 0]]]))
     assert _closed_by_peer(s)
     wait_until(lambda: "peer_refused" in cluster.log("n1"), what="refusal logged")
     line = next(x for x in cluster.log("n1").splitlines() if "peer_refused" in x)
@@ -208,13 +208,13 @@ def test_peer_with_wrong_secret_is_refused_and_changes_nothing(cluster):
     [
         (b"\x00\x00\x00\x05" + b"\xc1" * 5, "undecodable frame"),
         ((1 << 31).to_bytes(4, "big") + b"x" * 10, "exceeds max_frame"),
-        (encode([P.HELLO, "something-else/9", "n2", os.urandom(NONCE_LEN), "replicated"]), "expected HELLO"),
-        (encode([P.HELLO, PROTOCOL, "stranger", os.urandom(NONCE_LEN), "replicated"]), "unknown peer id"),
+        (encode([PeerType.HELLO, "something-else/9", "n2", os.urandom(NONCE_LEN), "replicated"]), "expected HELLO"),
+        (encode([PeerType.HELLO, PROTOCOL, "stranger", os.urandom(NONCE_LEN), "replicated"]), "unknown peer id"),
         (
-            encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/256/2"]),
+            encode([PeerType.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/256/2"]),
             "mode, partitions and replicas must be the same",
         ),
-        (encode([P.PULL]), "expected HELLO"),
+        (encode([PeerType.PULL]), "expected HELLO"),
     ],
     ids=["garbage", "oversized", "other-protocol", "stranger", "other-shape", "pull-first"],  # (the nonces are random)
 )
@@ -233,10 +233,10 @@ def test_a_member_restarted_with_another_cluster_shape_is_refused_and_told_why(c
     too (review: a member with `partitions = 128` ran alone with nothing in its log to say why).
     Nobody stops: the shape is not authenticated, so acting on it would let anyone stop a member."""
     s = _dial(cluster)
-    s.sendall(encode([P.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/128/2"]))
+    s.sendall(encode([PeerType.HELLO, PROTOCOL, "n2", os.urandom(NONCE_LEN), "partitioned/128/2"]))
     s.settimeout(5)
     refused = msgpack.unpackb(s.recv(65536)[4:])
-    assert refused[0] == P.REFUSED and "must be the same" in refused[1] and "'replicated'" in refused[1]
+    assert refused[0] == PeerType.REFUSED and "must be the same" in refused[1] and "'replicated'" in refused[1]
     s.close()
     cluster.kill("n2")
     odd = cluster.tmp / "odd.toml"

@@ -10,7 +10,7 @@ import pytest
 
 from roost.client import decoding, membercookies, wire
 from roost.client.session import ClientConfig, ClientSession
-from roost.client.wire import E, Mode, T
+from roost.client.wire import ErrorCode, FrameType, Mode
 from roost.cluster.config import load_cluster_config
 from roost.cluster.member import MemberCore
 from roost.node import cookies
@@ -91,14 +91,14 @@ def test_a_ping_with_the_previous_keys_cookie_gets_a_new_one_then_the_old_one_is
     (c,) = connect(core, A)  # (its cookie from the bucket of time 0)
     old = c.cookie
     (pong,) = frames_to(c.ping(12.0), A)
-    assert pong[0] is T.PONG and pong[3] != old
+    assert pong[0] is FrameType.PONG and pong[3] != old
     c.cookie = pong[3]
     (again,) = frames_to(c.ping(12.5), A)
-    assert again[0] is T.PONG and again[3] == c.cookie  # (fresh: kept)
+    assert again[0] is FrameType.PONG and again[3] == c.cookie  # (fresh: kept)
     c.cookie = old
-    assert [f[:2] for f in frames_to(c.ping(20.0), A)] == [(T.ERROR, E.BAD_COOKIE)]
+    assert [f[:2] for f in frames_to(c.ping(20.0), A)] == [(FrameType.ERROR, ErrorCode.BAD_COOKIE)]
     c.cookie = pong[3]
-    assert frames_to(c.ping(20.0), A)[0][0] is T.PONG
+    assert frames_to(c.ping(20.0), A)[0][0] is FrameType.PONG
 
 
 def test_a_members_cookie_is_refused_by_another_member_that_holds_the_same_secret(tmp_path):
@@ -115,8 +115,8 @@ def test_a_members_cookie_is_refused_by_another_member_that_holds_the_same_secre
 
     (welcome,) = answers(n1, wire.encode_hello(CID))
     ping = wire.encode_ping(CID, welcome[2], 1, 0, 1)
-    assert answers(n1, ping)[0][0] is T.PONG
-    assert [f[:2] for f in answers(n2, ping)] == [(T.ERROR, E.BAD_COOKIE)]
+    assert answers(n1, ping)[0][0] is FrameType.PONG
+    assert [f[:2] for f in answers(n2, ping)] == [(FrameType.ERROR, ErrorCode.BAD_COOKIE)]
 
 
 # ---------------------------------------------------------------- the client's side
@@ -150,20 +150,20 @@ def test_an_ack_to_another_member_carries_that_members_own_cookie():
     s = subscribed_at_n1()
     s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 0.05)  # (not asked for: ignored)
     s.handle_datagrams([(msgs(1), N2)], 0.1)
-    assert [(dst, f[0]) for dst, f in frames(s.outgoing(0.1))] == [(N2, T.HELLO)]
+    assert [(dst, f[0]) for dst, f in frames(s.outgoing(0.1))] == [(N2, FrameType.HELLO)]
     assert not s.flushed(0)  # (the ACK is still owed)
     s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 0.11)
     assert s.cookie == K1 and s.node == N1  # (n2's WELCOME is no reconnection)
     ((dst, ack),) = frames(s.outgoing(0.11))
-    assert dst == N2 and ack[0] is T.ACK and ack[2] == K2 and ack[3:5] == (5, 1)
+    assert dst == N2 and ack[0] is FrameType.ACK and ack[2] == K2 and ack[3:5] == (5, 1)
     assert s.flushed(0)
     # n2 restarted (new keys): it refuses the cookie; the ACK waits for the next one
-    s.handle_datagrams([(wire.encode_error(E.BAD_COOKIE, "send HELLO"), N2)], 0.2)
+    s.handle_datagrams([(wire.encode_error(ErrorCode.BAD_COOKIE, "send HELLO"), N2)], 0.2)
     assert s.connected and s.cookie == K1
-    assert [(dst, f[0]) for dst, f in frames(s.outgoing(0.2))] == [(N2, T.HELLO)]
+    assert [(dst, f[0]) for dst, f in frames(s.outgoing(0.2))] == [(N2, FrameType.HELLO)]
     s.handle_datagrams([(wire.encode_welcome("n2", K3, {}, []), N2)], 0.21)
     ((dst, ack),) = frames(s.outgoing(0.21))
-    assert dst == N2 and ack[0] is T.ACK and ack[2] == K3
+    assert dst == N2 and ack[0] is FrameType.ACK and ack[2] == K3
 
 
 def holding_n2s_cookie() -> ClientSession:
@@ -183,10 +183,10 @@ def test_when_our_nodes_key_rotates_the_others_cookies_are_renewed_until_they_ch
     s.handle_datagrams([(wire.encode_pong(2**40, True, K3, []), N1)], 1.0)  # (answers no PING of ours: not taken)
     assert s.cookie == K1 and s.outgoing(1.0) == []
     s.handle_datagrams([(wire.encode_pong(s.ping_token, True, K3, []), N1)], 1.0)  # n1 rotated
-    assert [(dst, f[0]) for dst, f in frames(s.outgoing(1.0))] == [(N2, T.HELLO)]
+    assert [(dst, f[0]) for dst, f in frames(s.outgoing(1.0))] == [(N2, FrameType.HELLO)]
     s.handle_datagrams([(wire.encode_welcome("n2", K2, {}, []), N2)], 1.01)  # n2 has not rotated yet
     assert s.outgoing(1.1) == []  # (asked again only after hello_retry)
-    assert [(dst, f[0]) for dst, f in frames(s.outgoing(1.3))] == [(N2, T.HELLO)]
+    assert [(dst, f[0]) for dst, f in frames(s.outgoing(1.3))] == [(N2, FrameType.HELLO)]
     s.handle_datagrams([(wire.encode_welcome("n2", b"4" * 16, {}, []), N2)], 1.31)  # now it has
     assert s.outgoing(1.6) == [] and s.member_cookies.held[N2] == b"4" * 16
 
@@ -194,7 +194,7 @@ def test_when_our_nodes_key_rotates_the_others_cookies_are_renewed_until_they_ch
 def test_an_ack_owed_to_a_member_that_never_answers_is_given_up_after_node_timeout():
     s = subscribed_at_n1()
     s.handle_datagrams([(msgs(1), N2)], 0.1)
-    hellos = [t for t in (0.1, 0.2, 0.4, 0.7, 1.0, 1.3) for dst, f in frames(s.outgoing(t)) if f[0] is T.HELLO]
+    hellos = [t for t in (0.1, 0.2, 0.4, 0.7, 1.0, 1.3) for dst, f in frames(s.outgoing(t)) if f[0] is FrameType.HELLO]
     assert hellos == [0.1, 0.4, 0.7, 1.0, 1.3] and not s.flushed(0)
     s.outgoing(1.6)  # node_timeout (1.5 s) after the first: n2 is gone
     assert s.flushed(0)
@@ -206,7 +206,7 @@ def test_a_session_that_moves_acknowledges_its_old_node_with_its_old_cookie():
     s.outgoing(0.1)
     s.move_to(N2, 0.2)
     s.handle_datagrams([(msgs(2), N1)], 0.3)
-    acks = [(dst, f) for dst, f in frames(s.outgoing(0.3)) if f[0] is T.ACK]
+    acks = [(dst, f) for dst, f in frames(s.outgoing(0.3)) if f[0] is FrameType.ACK]
     assert [(dst, f[2]) for dst, f in acks] == [(N1, K1)]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from roost.client import decoding, wire
 from roost.client.text import parse_untrusted_text
-from roost.client.wire import E, Mode, Reason, T
+from roost.client.wire import ErrorCode, FrameType, Mode, Reason
 from roost.node.actions import Log
 from tests.corekit import PAD, connect, delivered, frames_to, make_core, sends
 
@@ -77,7 +77,7 @@ def test_oversized_datagram_gets_too_large():
     assert reply.data.startswith(b"ERR too_large")
     (fc,) = connect(core, B)
     (f,) = frames_to(fc.send(b"\x93" + b"\x01" * 2100, 0.0), B)
-    assert f[0] is T.ERROR and f[1] == E.TOO_LARGE
+    assert f[0] is FrameType.ERROR and f[1] == ErrorCode.TOO_LARGE
 
 
 def test_text_lease_expires_unless_renewed():
@@ -101,13 +101,13 @@ def test_welcome_cookie_then_reliable_delivery_in_order():
     core = make_core()
     sub, pub = connect(core, A, B)
     (ack,) = frames_to(sub.sub("t"), A)
-    assert ack[0] is T.CMDACK and ack[1:] == (1, 1, [0])
+    assert ack[0] is FrameType.CMDACK and ack[1:] == (1, 1, [0])
     out = pub.pub([("t", f"m{i}".encode()) for i in range(10)])
     got = delivered(out, A)
     assert [p for _, _, p in got] == [f"m{i}".encode() for i in range(10)]
     assert [s for _, s, _ in got] == list(range(1, 11))
     (puback,) = frames_to(out, B)
-    assert puback[0] is T.PUBACK and puback[2] == 10
+    assert puback[0] is FrameType.PUBACK and puback[2] == 10
 
 
 def test_many_messages_are_batched_into_few_datagrams():
@@ -115,7 +115,7 @@ def test_many_messages_are_batched_into_few_datagrams():
     sub, pub = connect(core, A, B)
     sub.sub("t")
     out = pub.pub([("t", b"x" * 100) for _ in range(100)])
-    msgs_frames = [f for f in frames_to(out, A) if f[0] is T.MSGS]
+    msgs_frames = [f for f in frames_to(out, A) if f[0] is FrameType.MSGS]
     assert len(msgs_frames) == 1 and len(msgs_frames[0][3]) == 100
 
 
@@ -180,12 +180,12 @@ def test_out_of_capacity_cancels_reliable_and_spares_others():
     cancelled = []
     for i in range(40):
         out = pub.pub([("t", b"%d" % i)], now=i * 0.01)
-        cancelled += [f for f in frames_to(out, A) if f[0] is T.CANCEL]
+        cancelled += [f for f in frames_to(out, A) if f[0] is FrameType.CANCEL]
         for stream, seq, _ in delivered(out, B):
             fast_stream = stream
             fast.ack(stream, seq, now=i * 0.01)
         # the publisher is never refused
-        assert [f[0] for f in frames_to(out, C)] == [T.PUBACK]
+        assert [f[0] for f in frames_to(out, C)] == [FrameType.PUBACK]
     assert [(f[1], f[3]) for f in cancelled] == [("t", Reason.OUT_OF_CAPACITY)]
     assert fast_stream is not None
     assert core.clients[slow.cid].modes() == {("other", None): Mode.FIRE}
@@ -209,7 +209,7 @@ def _fan_out_20(as_run: bool):
     if not as_run:
         other.sub("x.>")
     out = pub.pub([("t", b"%d" % i) for i in range(20)])
-    cancels = [(f[1], f[3]) for f in frames_to(out, A) if f[0] is T.CANCEL]
+    cancels = [(f[1], f[3]) for f in frames_to(out, A) if f[0] is FrameType.CANCEL]
     texts = [s.data for s in sends(out) if s.addr == D]
     return delivered(out, A), cancels, delivered(out, B), texts, dict(core.index.matched), core.state_digest()
 
@@ -240,7 +240,7 @@ def _overflow_beside_fire(as_run: bool):
         other.sub("x.>")
     packed = [wire.pack_message("t", "k", None, b"%d" % i) for i in range(20)]
     out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, packed), 0.0)
-    cancels = [(f[1], f[3]) for f in frames_to(out, A) if f[0] is T.CANCEL]
+    cancels = [(f[1], f[3]) for f in frames_to(out, A) if f[0] is FrameType.CANCEL]
     return delivered(out, A), cancels, dict(core.index.matched), core.metrics["delivered"]
 
 
@@ -268,7 +268,7 @@ def test_a_run_fills_a_mailbox_to_its_capacity_exactly():
     sub.sub("t")
     got = delivered(pub.pub([("t", b"%d" % i) for i in range(16)]), A)
     assert [(s, p) for _, s, p in got] == [(i + 1, b"%d" % i) for i in range(16)]
-    assert [f for f in frames_to(pub.pub([("t", b"x")] * 2), A) if f[0] is T.CANCEL]
+    assert [f for f in frames_to(pub.pub([("t", b"x")] * 2), A) if f[0] is FrameType.CANCEL]
 
 
 def test_resubscribe_after_cancel_starts_a_new_stream():
@@ -321,7 +321,7 @@ def test_a_bye_of_another_session_or_with_a_bad_cookie_changes_nothing():
     stale = sub.send(wire.encode_bye(sub.cid, sub.cookie, sub.session + 1), 1.0)  # (not this process's)
     forged = core.handle_datagrams([(wire.encode_bye(sub.cid, intruder.cookie, sub.session), B)], 1.0)
     assert core.state_digest() == before and core.metrics["bye_ignored"] == 1
-    assert [f[:2] for f in frames_to(forged, B)] == [(T.ERROR, E.BAD_COOKIE)]
+    assert [f[:2] for f in frames_to(forged, B)] == [(FrameType.ERROR, ErrorCode.BAD_COOKIE)]
     assert [a for a in stale if isinstance(a, Log)] == []
     assert delivered(intruder.pub([("t", b"x")], now=2.0), A) != []
     # a publisher's BYE (it has no record here) is the normal end of a run: not counted as ignored
@@ -340,7 +340,7 @@ def test_cannot_subscribe_another_address():
     out += core.handle_datagrams([(forged, B)], 0.0)
     assert core.clients == {} and core.index.count == 0
     errors = [*frames_to(out, A), *frames_to(out, B)]
-    assert [(f[0], f[1]) for f in errors] == [(T.ERROR, E.BAD_COOKIE)] * 2
+    assert [(f[0], f[1]) for f in errors] == [(FrameType.ERROR, ErrorCode.BAD_COOKIE)] * 2
     assert delivered(core.handle_datagrams([(b"PUB t\nboom", C)], 0.0), A) == []
 
 
@@ -356,7 +356,7 @@ def test_unvalidated_sources_never_get_more_than_3x():
 
 def test_short_hello_gets_no_welcome():
     core = make_core()
-    short = wire.pack([1, T.HELLO, b"x" * 16, b""])
+    short = wire.pack([1, FrameType.HELLO, b"x" * 16, b""])
     assert sends(core.handle_datagrams([(short, FAR)], 0.0)) == []
 
 
@@ -368,7 +368,7 @@ def test_command_batch_retry_does_not_undo_later_commands():
     fc.send(sub_batch, 0.0)
     fc.send(unsub_batch, 0.0)
     (ack,) = frames_to(fc.send(sub_batch, 0.1), A)  # late duplicate of batch 1
-    assert ack[0] is T.CMDACK and ack[1:] == (fc.session, 1, [E.OK])
+    assert ack[0] is FrameType.CMDACK and ack[1:] == (fc.session, 1, [ErrorCode.OK])
     assert core.index.count == 0
 
 
@@ -391,7 +391,7 @@ def test_keyed_and_whole_topic_subscriptions():
     assert len(delivered(out, B)) == 2
     keyed.cmds([(0, "actors", None, 0)])
     out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 3, 3, True, packed), 0.0)
-    (f,) = [f for f in frames_to(out, B) if f[0] is T.MSGS]
+    (f,) = [f for f in frames_to(out, B) if f[0] is FrameType.MSGS]
     assert [(m[1], m[2]) for m in f[3]] == [("a1", {"kind": "x"})]
 
 
@@ -404,7 +404,7 @@ def test_publisher_retries_are_deduplicated():
     assert len(delivered(pub.send(data, 0.0), A)) == 3
     out = pub.send(data, 0.1)  # the PUBACK was lost; the producer resends
     assert delivered(out, A) == []
-    assert [f[2] for f in frames_to(out, B) if f[0] is T.PUBACK] == [3]
+    assert [f[2] for f in frames_to(out, B) if f[0] is FrameType.PUBACK] == [3]
     # an overlapping batch delivers only its new part
     more = [*packed, wire.pack_message("t", None, None, b"3")]
     out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True, more), 0.2)
@@ -449,12 +449,12 @@ def test_limits_answer_overloaded():
     core = make_core(max_subscriptions_per_client=2)
     (fc,) = connect(core, A)
     (ack,) = frames_to(fc.cmds([(1, "a", None, 0), (1, "b", None, 0), (1, "c", None, 0)]), A)
-    assert ack[3] == [0, 0, E.OVERLOADED]
+    assert ack[3] == [0, 0, ErrorCode.OVERLOADED]
     core2 = make_core(max_clients=1)
     x, y = connect(core2, A, B)
     x.sub("t")
     (err,) = frames_to(y.sub("t"), B)
-    assert err[0] is T.ERROR and err[1] == E.OVERLOADED
+    assert err[0] is FrameType.ERROR and err[1] == ErrorCode.OVERLOADED
     core3 = make_core(max_text_subscribers=1)
     text(core3, b"SUB a\n")
     (reply,) = sends(text(core3, b"SUB b\n"))
@@ -484,24 +484,24 @@ def _trigger(core, code):
 
     (fc,) = connect(core, B)
     cid, ck = fc.cid, fc.cookie
-    bad_msg = lambda m: wire.pack([1, T.PUB, cid, ck, fc.pid, 1, 1, True, [m]])  # noqa: E731
-    if code is E.OVER_CAPACITY:
+    bad_msg = lambda m: wire.pack([1, FrameType.PUB, cid, ck, fc.pid, 1, 1, True, [m]])  # noqa: E731
+    if code is ErrorCode.OVER_CAPACITY:
         text(core, b"SUB first\n", addr=C)  # (the node's one subscription: it is full)
     return {
-        E.MALFORMED: (b"\x93\x01", B),
-        E.UNSUPPORTED_VERSION: (msgpack.packb([9, 1]), B),
-        E.UNKNOWN_TYPE: (wire.encode_msgs(1, 1, [wire.pack_message("t", None, None, b"")]), B),
-        E.TOO_LARGE: (b"PUB t " + b"x" * 70000, B),
-        E.BAD_COOKIE: (wire.encode_ping(cid, b"0" * 16, 1), B),
-        E.BAD_TOPIC: (b"SUB " + b"t" * 300 + b"\n", B),
-        E.BAD_UTF8: (b"PUB t \xff", B),
-        E.UNKNOWN_VERB: (b"GET t\n", B),
-        E.FORBIDDEN: (b"SUB t\n", FAR),
-        E.OVERLOADED: (wire.encode_cmds(cid, ck, 1, 1, [(1, "t", None, 0)]), B),
-        E.BAD_KEY: (bad_msg(["t", "", None, b""]), B),
-        E.BAD_MODE: (wire.pack([1, T.CMDS, cid, ck, 1, 1, [[1, "t", None, 5]]]), B),
-        E.BAD_TAGS: (bad_msg(["t", None, {"a": 1}, b""]), B),
-        E.OVER_CAPACITY: (b"SUB second\n", A),
+        ErrorCode.MALFORMED: (b"\x93\x01", B),
+        ErrorCode.UNSUPPORTED_VERSION: (msgpack.packb([9, 1]), B),
+        ErrorCode.UNKNOWN_TYPE: (wire.encode_msgs(1, 1, [wire.pack_message("t", None, None, b"")]), B),
+        ErrorCode.TOO_LARGE: (b"PUB t " + b"x" * 70000, B),
+        ErrorCode.BAD_COOKIE: (wire.encode_ping(cid, b"0" * 16, 1), B),
+        ErrorCode.BAD_TOPIC: (b"SUB " + b"t" * 300 + b"\n", B),
+        ErrorCode.BAD_UTF8: (b"PUB t \xff", B),
+        ErrorCode.UNKNOWN_VERB: (b"GET t\n", B),
+        ErrorCode.FORBIDDEN: (b"SUB t\n", FAR),
+        ErrorCode.OVERLOADED: (wire.encode_cmds(cid, ck, 1, 1, [(1, "t", None, 0)]), B),
+        ErrorCode.BAD_KEY: (bad_msg(["t", "", None, b""]), B),
+        ErrorCode.BAD_MODE: (wire.pack([1, FrameType.CMDS, cid, ck, 1, 1, [[1, "t", None, 5]]]), B),
+        ErrorCode.BAD_TAGS: (bad_msg(["t", None, {"a": 1}, b""]), B),
+        ErrorCode.OVER_CAPACITY: (b"SUB second\n", A),
     }[code]
 
 
@@ -517,7 +517,7 @@ def test_a_pub_whose_last_sequence_passes_2_63_is_refused_and_the_node_goes_on(r
     packed = [wire.pack_message("t", None, None, b"x")] * 2
     before = core.state_digest()
     out = pub.send(wire.encode_pub(pub.cid, pub.cookie, pub.pid, top, top, reliable, packed), 0.0)
-    assert [(f[0], f[1]) for f in frames_to(out, B)] == [(T.ERROR, E.MALFORMED)]
+    assert [(f[0], f[1]) for f in frames_to(out, B)] == [(FrameType.ERROR, ErrorCode.MALFORMED)]
     assert core.metrics["error_malformed"] == 1 and core.state_digest() == before
     assert [p for _, _, p in delivered(pub.pub([("t", b"after")]), A)] == [b"after"]
     with pytest.raises(wire.WireError, match="below 2"):  # (and a client refuses such a MSGS)
@@ -525,27 +525,30 @@ def test_a_pub_whose_last_sequence_passes_2_63_is_refused_and_the_node_goes_on(r
 
 
 # STALE_BATCH is never an ERROR frame, only a command's result in CMDACK (tested below).
-@pytest.mark.parametrize("code", [c for c in E if c not in (E.OK, E.STALE_BATCH)], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "code", [c for c in ErrorCode if c not in (ErrorCode.OK, ErrorCode.STALE_BATCH)], ids=lambda c: c.name
+)
 def test_every_error_code(code):
     core = make_core(
-        max_clients=0 if code is E.OVERLOADED else 100, max_subscriptions=1 if code is E.OVER_CAPACITY else 100
+        max_clients=0 if code is ErrorCode.OVERLOADED else 100,
+        max_subscriptions=1 if code is ErrorCode.OVER_CAPACITY else 100,
     )
     data, addr = _trigger(core, code)
     before = core.state_digest()
     out = sends(core.handle_datagrams([(data, addr)], 0.0))
     assert core.metrics[f"error_{code.name.lower()}"] == 1
     assert core.state_digest() == before
-    if code is E.FORBIDDEN:
+    if code is ErrorCode.FORBIDDEN:
         assert out == []  # never answered: the source is not trusted
     elif data[:1].isalpha():
         (reply,) = out
         assert reply.data.startswith(f"ERR {code.name.lower()} ".encode())
-    elif code in (E.MALFORMED, E.UNSUPPORTED_VERSION):  # (2-3 bytes: no ERROR fits in 3x of them)
+    elif code in (ErrorCode.MALFORMED, ErrorCode.UNSUPPORTED_VERSION):  # (2-3 bytes: no ERROR fits in 3x of them)
         assert out == [] and core.metrics["dropped_amplification"] == 1
     else:
         (reply,) = out
         f = decoding.decode_untrusted_frame(reply.data)
-        assert f[0] is T.ERROR and f[1] == code
+        assert f[0] is FrameType.ERROR and f[1] == code
 
 
 def test_a_restarted_client_with_the_same_id_starts_clean():
@@ -555,7 +558,7 @@ def test_a_restarted_client_with_the_same_id_starts_clean():
     first_stream = delivered(pub.pub([("a", b"x")]), A)[0][0]
     old.restart()  # a new process, same client id, a greater session, batch counter from 1
     (ack,) = frames_to(old.cmds([(1, "x", None, 1)], now=1.0), A)
-    assert ack[0] is T.CMDACK and ack[1:] == (2, 1, [0])
+    assert ack[0] is FrameType.CMDACK and ack[1:] == (2, 1, [0])
     assert core.clients[old.cid].modes() == {("x", None): Mode.RELIABLE}
     got = delivered(pub.pub([("x", b"y"), ("a", b"z")], now=1.1), A)
     assert [(s, p) for _, s, p in got] == [(1, b"y")] and got[0][0] > first_stream
@@ -567,10 +570,10 @@ def test_a_batch_id_with_high_bits_set_is_just_a_later_batch_of_the_same_session
     fc.cmds([(1, "a", None, 1)])
     big = (1 << 20) + 5  # once read as "a new session epoch", which dropped "a"
     (ack,) = frames_to(fc.send(fc.cmds_frame(big, [(1, "b", None, 0)]), 0.1), A)
-    assert ack[1:] == (fc.session, big, [E.OK])
+    assert ack[1:] == (fc.session, big, [ErrorCode.OK])
     assert core.clients[fc.cid].modes() == {("a", None): Mode.RELIABLE, ("b", None): Mode.FIRE}
     (ack,) = frames_to(fc.send(fc.cmds_frame(2**63 - 1, [(1, "c", None, 0)]), 0.2), A)
-    assert ack[3] == [E.OK] and len(core.clients[fc.cid].modes()) == 3
+    assert ack[3] == [ErrorCode.OK] and len(core.clients[fc.cid].modes()) == 3
 
 
 def test_a_late_batch_of_an_older_session_is_answered_stale_and_changes_nothing():
@@ -586,8 +589,8 @@ def test_a_late_batch_of_an_older_session_is_answered_stale_and_changes_nothing(
     before = core.state_digest()
     for frame, batch in ((late, 2), (first, 1)):  # (batch 1 is also a batch id of the new session)
         (ack,) = frames_to(core.handle_datagrams([(frame, A)], 1.0), A)
-        assert ack[0] is T.CMDACK
-        assert ack[1:] == (1, batch, [E.STALE_BATCH] * (2 if frame is late else 1))
+        assert ack[0] is FrameType.CMDACK
+        assert ack[1:] == (1, batch, [ErrorCode.STALE_BATCH] * (2 if frame is late else 1))
     assert core.state_digest() == before
     assert core.clients[fc.cid].addr == C  # the old address did not take the client back
 
@@ -597,9 +600,9 @@ def test_a_retried_batch_gets_its_own_answer_not_the_latest():
     (fc,) = connect(core, A)
     fc.cmds([(1, "a", None, 0)])
     (ack,) = frames_to(fc.cmds([(1, "b", None, 0), (1, "c", None, 0)]), A)
-    assert ack[1:] == (fc.session, 2, [E.OVERLOADED, E.OVERLOADED])
+    assert ack[1:] == (fc.session, 2, [ErrorCode.OVERLOADED, ErrorCode.OVERLOADED])
     (again,) = frames_to(fc.send(fc.cmds_frame(1, [(1, "a", None, 0)]), 0.1), A)  # the CMDACK was lost
-    assert again[1:] == (fc.session, 1, [E.OK])
+    assert again[1:] == (fc.session, 1, [ErrorCode.OK])
 
 
 def test_a_batch_older_than_those_remembered_is_answered_stale_and_changes_nothing():
@@ -615,11 +618,11 @@ def test_a_batch_older_than_those_remembered_is_answered_stale_and_changes_nothi
     assert len(core.clients[fc.cid].answers) == REMEMBERED_BATCHES  # bounded
     before = core.state_digest()
     (ack,) = frames_to(fc.send(first, 1.0), A)
-    assert ack[1:] == (fc.session, 1, [E.STALE_BATCH])
+    assert ack[1:] == (fc.session, 1, [ErrorCode.STALE_BATCH])
     assert core.state_digest() == before  # "t" was not subscribed again
     oldest = fc.batch - REMEMBERED_BATCHES + 1
     (ack,) = frames_to(fc.send(fc.cmds_frame(oldest, []), 1.0), A)
-    assert ack[1:] == (fc.session, oldest, [E.OK, E.OK])  # still remembered: its own answer
+    assert ack[1:] == (fc.session, oldest, [ErrorCode.OK, ErrorCode.OK])  # still remembered: its own answer
 
 
 def test_dropping_the_last_reliable_subscription_forgets_the_stream():
@@ -651,8 +654,8 @@ def test_one_host_cannot_take_every_producer_slot():
     for i in range(5):
         msg = wire.pack_message("t", None, None, b"")
         data = wire.encode_pub(fc.cid, fc.cookie, bytes([i]) * 16, 1, 1, False, [msg])
-        codes += [f[1] for f in frames_to(fc.send(data, 0.0), FAR) if f[0] is T.ERROR]
-    assert codes == [E.OVERLOADED, E.OVERLOADED] and len(core.producers) == 3
+        codes += [f[1] for f in frames_to(fc.send(data, 0.0), FAR) if f[0] is FrameType.ERROR]
+    assert codes == [ErrorCode.OVERLOADED, ErrorCode.OVERLOADED] and len(core.producers) == 3
     (other,) = connect(core, B)
     other.pub([("t", b"fine")])
     assert len(core.producers) == 4
@@ -672,10 +675,10 @@ def test_per_host_count_is_released_when_the_client_goes():
     b.sub("t")
     (third,) = connect(core, ("127.0.0.9", 3))
     (err,) = frames_to(third.sub("t"), third.addr)
-    assert err[1] == E.OVERLOADED
+    assert err[1] == ErrorCode.OVERLOADED
     core.tick(5.0)  # a and b time out
     (ack,) = frames_to(third.sub("t", now=5.1), third.addr)
-    assert ack[0] is T.CMDACK
+    assert ack[0] is FrameType.CMDACK
 
 
 def test_fire_datagrams_are_numbered_so_a_network_duplicate_can_be_told_apart():
@@ -685,7 +688,7 @@ def test_fire_datagrams_are_numbered_so_a_network_duplicate_can_be_told_apart():
     firsts = []
     for i in range(3):
         out = pub.pub([("t", b"same")], now=1.0 + i, reliable=False)  # identical messages
-        firsts += [f[2] for f in frames_to(out, sub.addr) if f[0] is T.MSGS and f[1] == 0]
+        firsts += [f[2] for f in frames_to(out, sub.addr) if f[0] is FrameType.MSGS and f[1] == 0]
     assert len(firsts) == 3 and len(set(firsts)) == 3 and all(firsts)
 
 

@@ -124,7 +124,7 @@ def test_100000_random_datagrams_do_not_stop_the_node(node):
         def welcomed() -> bool:
             s.sendto(wire.encode_hello(b"w" * 16), ("127.0.0.1", node.port))
             try:
-                return decoding.decode_untrusted_frame(s.recv(1000))[0] is wire.T.WELCOME
+                return decoding.decode_untrusted_frame(s.recv(1000))[0] is wire.FrameType.WELCOME
             except TimeoutError:
                 return False
 

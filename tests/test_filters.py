@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from roost.client import Client, decoding, wire
-from roost.client.wire import Mode, T
+from roost.client.wire import FrameType, Mode
 from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
 from tests.corekit import connect, delivered, frames_to, make_core, sends
 from tests.test_session import connected_session, wrap
@@ -68,7 +68,7 @@ def test_a_malformed_filter_is_refused_and_changes_nothing():
     for bad in ("a.>.b", "a where amount >", "a queue=x y", "a.* where kind = 'x' OR y = 1"):
         out = sub.cmds([(1, bad, None, 0), (0, bad, None, 0), (1, "ok2", None, 0)])
         (f,) = frames_to(out, A)
-        assert f[0] is T.CMDACK and f[3] == [wire.E.BAD_TOPIC, wire.E.OK, wire.E.OK], f
+        assert f[0] is FrameType.CMDACK and f[3] == [wire.ErrorCode.BAD_TOPIC, wire.ErrorCode.OK, wire.ErrorCode.OK], f
         sub.cmds([(0, "ok2", None, 0)])
         assert core.index.count == 1 and core.clients[sub.cid].live == 1
 
@@ -125,7 +125,7 @@ def _marked(actions, addr) -> list[tuple[bytes, list]]:
     """(payload, marks) of each message to ``addr``, marks [] when the node picked nobody."""
     out = []
     for f in frames_to(actions, addr):
-        if f[0] is T.MSGS:
+        if f[0] is FrameType.MSGS:
             out += [(m[3], m[-1] if len(m) in (5, 7) else []) for m in f[3]]
     return out
 
@@ -178,7 +178,7 @@ def test_new_subscriptions_are_refused_over_capacity_above_the_share_of_the_node
     (ack,) = frames_to(a.cmds([(1, f"t{i}", None, 1) for i in range(8)]), A)
     assert ack[3] == [0] * 8
     (ack,) = frames_to(b.cmds([(1, "t0", None, 1), (1, "u", None, 1)]), B)
-    assert ack[3] == [wire.E.OVER_CAPACITY, wire.E.OVER_CAPACITY]  # 8 of 10 held: 80%
+    assert ack[3] == [wire.ErrorCode.OVER_CAPACITY, wire.ErrorCode.OVER_CAPACITY]  # 8 of 10 held: 80%
     (ack,) = frames_to(a.cmds([(1, "t0", None, 0)]), A)  # (a change of one in force is no new one)
     assert ack[3] == [0] and core.metrics["refused_over_capacity"] == 2
     a.cmds([(0, "t7", None, 0)])
@@ -194,11 +194,11 @@ def test_mailbox_bytes_above_the_share_refuse_new_subscriptions_until_they_drain
     for i in range(70):  # 70 x 8 KB unacknowledged: above half of 1 MiB
         out += pub.pub([("big", b"x" * 8000)], now=0.01 * i)
     (ack,) = frames_to(late.cmds([(1, "other", None, 1)], now=1.0), B)
-    assert ack[3] == [wire.E.OVER_CAPACITY]
+    assert ack[3] == [wire.ErrorCode.OVER_CAPACITY]
     stream = delivered(out, A)[0][0]
     slow.ack(stream, 70, now=1.5)
     (ack,) = frames_to(late.cmds([(1, "other", None, 1)], now=1.6), B)  # (bytes are summed at most once a second)
-    assert ack[3] == [wire.E.OVER_CAPACITY]
+    assert ack[3] == [wire.ErrorCode.OVER_CAPACITY]
     (ack,) = frames_to(late.cmds([(1, "other", None, 1)], now=2.1), B)
     assert ack[3] == [0]
 
@@ -250,7 +250,7 @@ def test_an_overflowing_member_s_group_messages_go_to_the_others_once():
     to_a = delivered(pub.pub([("jobs", b"%d" % i) for i in range(4)], now=0.0), A)
     a.ack(to_a[0][0], 0, sack=[[1, 2]], now=0.1)  # received, not yet taken (SACKed)
     out = pub.pub([("other", b"o%d" % i) for i in range(20)], now=0.2)  # a's mailbox overflows
-    assert [f[3] for f in frames_to(out, A) if f[0] is T.CANCEL] == ["out_of_capacity", "out_of_capacity"]
+    assert [f[3] for f in frames_to(out, A) if f[0] is FrameType.CANCEL] == ["out_of_capacity", "out_of_capacity"]
     assert core.metrics["queue_redelivered"] == 2
 
 
@@ -262,7 +262,7 @@ def _group_msg(i: int) -> bytes:
 
 
 def _acks(s, now):
-    return [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(now)]) if f[0] is T.ACK]
+    return [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(now)]) if f[0] is FrameType.ACK]
 
 
 def test_the_client_acknowledges_a_group_s_messages_as_they_are_taken():

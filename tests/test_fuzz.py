@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from roost.client import decoding, wire
 from roost.client.text import parse_untrusted_text
-from roost.client.wire import T, WireError
+from roost.client.wire import FrameType, WireError
 from tests.corekit import connect, make_core, sends
 from tests.fuzz import campaign
 from tests.fuzz.campaign import Tally
@@ -51,7 +51,7 @@ def legit_change(core, data: bytes, addr) -> bool:
         f = decoding.decode_untrusted_frame(data, core.cfg.max_datagram)
     except WireError:
         return False
-    if f[0] not in (T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING):
+    if f[0] not in (FrameType.CMDS, FrameType.PUB, FrameType.PUBRUN, FrameType.ACK, FrameType.PING):
         return False
     return core.cookies.check(addr, f[1], f[2], 0.0)
 
@@ -156,7 +156,7 @@ def test_the_campaign_catches_a_node_that_takes_a_pub_with_a_wrong_cookie(monkey
     real = BrokerCore._on_binary
 
     def lax(self, data, addr, now):
-        if data[2:3] != bytes([T.PUB]):  # ([version, type, ...]: a PUB's type is its third byte)
+        if data[2:3] != bytes([FrameType.PUB]):  # ([version, type, ...]: a PUB's type is its third byte)
             return real(self, data, addr, now)
         self.cookies.check = lambda *_: True
         try:

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roost.client import decoding, durablewire, wire
-from roost.client.wire import E, T, WireError
+from roost.client.wire import ErrorCode, FrameType, WireError
 from roost.node.admission import Admission
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
@@ -53,7 +53,7 @@ def test_a_producer_going_back_from_the_top_moves_no_counter_out_of_range():
     # and the node still serves: a fresh producer's message reaches the subscriber
     other = connect(core, ("127.0.0.1", 5003))[0]
     out = other.pub([("t", b"after")], now=2.0)
-    assert [f[3][0][3] for f in frames_to(out, A) if f[0] is T.MSGS] == [b"after"]
+    assert [f[3][0][3] for f in frames_to(out, A) if f[0] is FrameType.MSGS] == [b"after"]
 
 
 @pytest.mark.parametrize("first", [wire.SEQ_LIMIT, 2**64 - 2, 2**64 - 1])
@@ -70,15 +70,15 @@ def test_sequences_at_or_above_2_63_are_refused_where_decoded(first):
         wire.encode_cmds(cid, cookie, 1, first, []),
         wire.encode_ping(cid, cookie, 1, 0, first),
         wire.encode_bye(cid, cookie, first),
-        msgpack.packb([wire.VERSION, T.PUBACK, pid, first]),
-        msgpack.packb([wire.VERSION, T.MSGS, 7, first, []]),
-        msgpack.packb([wire.VERSION, T.MSGS, 7, 1, [["t", None, None, b"x", pid, first]]]),
+        msgpack.packb([wire.VERSION, FrameType.PUBACK, pid, first]),
+        msgpack.packb([wire.VERSION, FrameType.MSGS, 7, first, []]),
+        msgpack.packb([wire.VERSION, FrameType.MSGS, 7, 1, [["t", None, None, b"x", pid, first]]]),
         durablewire.encode_commit(cid, cookie, pid, "d", "t", 0, first),
     ]
     for data in frames:
         with pytest.raises(WireError) as err:
             decoding.decode_untrusted_frame(data)
-        assert err.value.code == E.MALFORMED and "2**63" in err.value.text, data
+        assert err.value.code == ErrorCode.MALFORMED and "2**63" in err.value.text, data
     # the last sequence a batch takes must stay below the limit too
     top = wire.encode_pub(cid, cookie, pid, TOP, TOP, True, msg * 2)
     with pytest.raises(WireError, match="below 2\\*\\*63"):
@@ -118,14 +118,14 @@ def test_the_three_datagram_sequence_leaves_a_real_node_serving(tmp_path):
             s.bind(("127.0.0.7", 0))
             cid, pid = b"a" * 16, b"b" * 16
             welcome = _send(s, addr, wire.encode_hello(cid))
-            assert welcome[0] is T.WELCOME
+            assert welcome[0] is FrameType.WELCOME
             cookie = welcome[2]
             msg = [wire.pack_message("t", None, None, b"x")]
             # the original attack's 2**64 - 2 is refused where decoded; the top it may use is not harmful
             refused = _send(s, addr, wire.encode_pub(cid, cookie, pid, 2**64 - 2, 2**64 - 2, True, msg))
-            assert refused[0] is T.ERROR and refused[1] == E.MALFORMED
+            assert refused[0] is FrameType.ERROR and refused[1] == ErrorCode.MALFORMED
             for first in (TOP, 1):
-                assert _send(s, addr, wire.encode_pub(cid, cookie, pid, first, first, True, msg))[0] is T.PUBACK
+                assert _send(s, addr, wire.encode_pub(cid, cookie, pid, first, first, True, msg))[0] is FrameType.PUBACK
         st = roost("status", "--node", node.addr, "--json")
         assert st.returncode == 0, st.stderr
         assert json.loads(st.stdout)
@@ -187,7 +187,7 @@ def test_text_subscriptions_expire_by_default_unless_renewed():
 def _pub_from(fc: Any, pid: bytes, now: float) -> list[Any]:
     msg = wire.pack_message("t", None, None, b"")
     return [f for f in frames_to(fc.send(wire.encode_pub(fc.cid, fc.cookie, pid, 1, 1, False, [msg]), now), fc.addr)
-            if f[0] is T.ERROR]  # fmt: skip
+            if f[0] is FrameType.ERROR]  # fmt: skip
 
 
 def test_hosts_that_filled_the_producer_table_lose_their_oldest_to_a_newcomer_not_everyone():
@@ -197,7 +197,7 @@ def test_hosts_that_filled_the_producer_table_lose_their_oldest_to_a_newcomer_no
         assert _pub_from(attackers[i % 3], bytes([i]) * 16, 0.0) == []
     assert len(core.producers) == 12
     (err,) = _pub_from(attackers[0], b"\xee" * 16, 0.1)  # a holder of the most gets nothing more
-    assert err[1] == E.OVERLOADED and "max_producers = 12" in err[2]
+    assert err[1] == ErrorCode.OVERLOADED and "max_producers = 12" in err[2]
     (legit,) = connect(core, ("127.0.0.11", 9000))
     for i in range(3):  # the newcomer takes slots while it holds at least two fewer than the largest
         assert _pub_from(legit, bytes([100 + i]) * 16, 1.0 + i) == []
@@ -206,7 +206,7 @@ def test_hosts_that_filled_the_producer_table_lose_their_oldest_to_a_newcomer_no
     hosts = sorted(core.admission.per_host.values())
     assert hosts == [3, 3, 3, 3]  # (one taken from each attacker in turn)
     (err,) = _pub_from(legit, b"\xef" * 16, 5.0)  # now at its share: refused like the others
-    assert err[1] == E.OVERLOADED
+    assert err[1] == ErrorCode.OVERLOADED
     # the evicted producer is simply a new one when it comes back, and all counts stay exact
     core.tick(core.cfg.producer_timeout + 10)
     assert core.producers == {} and core.producer_hosts == {}
@@ -233,8 +233,8 @@ def test_admission_knows_the_largest_holder_whatever_the_order(ops):
 def test_an_error_text_is_cut_to_what_a_client_decodes():
     """An ERROR may quote what the sender sent (a kilobyte filter in a text SUB's reason):
     over the decoder's 1024 characters no client could read it."""
-    f = decoding.decode_untrusted_frame(wire.encode_error(E.BAD_TOPIC, "topic filter: " + "x" * 2000))
-    assert f[1] == E.BAD_TOPIC and len(f[2]) == wire.MAX_ERROR_TEXT and f[2].endswith("...")
+    f = decoding.decode_untrusted_frame(wire.encode_error(ErrorCode.BAD_TOPIC, "topic filter: " + "x" * 2000))
+    assert f[1] == ErrorCode.BAD_TOPIC and len(f[2]) == wire.MAX_ERROR_TEXT and f[2].endswith("...")
 
 
 def test_a_filter_is_parsed_only_once_the_budgets_let_its_subscription_in():
@@ -242,10 +242,10 @@ def test_a_filter_is_parsed_only_once_the_budgets_let_its_subscription_in():
     core = make_core(max_subscriptions_per_host=2)
     (c,) = clients(core, A)
     query = " AND ".join(f"k{j} = 'v{j}'" for j in range(40))  # (over the 32 conditions a query may have)
-    assert _subscribe(c, ["a", "b", f"t.* where {query}"]) == [E.OK, E.OK, E.OVERLOADED]
+    assert _subscribe(c, ["a", "b", f"t.* where {query}"]) == [ErrorCode.OK, ErrorCode.OK, ErrorCode.OVERLOADED]
     assert core.metrics["error_bad_topic"] == 0
     c.cmds([(0, "a", None, 0)])
-    assert _subscribe(c, [f"t.* where {query}"]) == [E.BAD_TOPIC]
+    assert _subscribe(c, [f"t.* where {query}"]) == [ErrorCode.BAD_TOPIC]
     assert core.metrics["error_bad_topic"] == 1 and core.index.count == 1
 
 
@@ -259,29 +259,31 @@ def clients(core: Any, *addrs: tuple[str, int]) -> list[FakeClient]:
 
 def _subscribe(fc: Any, topics: list[str], now: float = 0.0) -> list[int]:
     """The CMDACK's codes for SUBs of ``topics`` in one batch."""
-    (ack,) = [f for f in frames_to(fc.cmds([(1, t, None, 0) for t in topics], now), fc.addr) if f[0] is T.CMDACK]
+    (ack,) = [
+        f for f in frames_to(fc.cmds([(1, t, None, 0) for t in topics], now), fc.addr) if f[0] is FrameType.CMDACK
+    ]
     return list(ack[3])
 
 
 def test_subscriptions_and_filter_bytes_are_budgeted_per_host_and_freed_exactly():
     core = make_core(max_subscriptions_per_host=5, max_filter_bytes_per_host=4096)
     a1, a2 = clients(core, ("127.0.0.2", 1), ("127.0.0.2", 2))  # one host, two clients
-    assert _subscribe(a1, [f"a.{i}" for i in range(3)]) == [E.OK] * 3
-    assert _subscribe(a2, ["b.0", "b.1", "b.2"]) == [E.OK, E.OK, E.OVERLOADED]
+    assert _subscribe(a1, [f"a.{i}" for i in range(3)]) == [ErrorCode.OK] * 3
+    assert _subscribe(a2, ["b.0", "b.1", "b.2"]) == [ErrorCode.OK, ErrorCode.OK, ErrorCode.OVERLOADED]
     assert core.metrics["refused_max_subscriptions_per_host"] == 1
     (other,) = clients(core, ("127.0.0.3", 1))
-    assert _subscribe(other, ["c.0"]) == [E.OK]  # another host has its own budget
+    assert _subscribe(other, ["c.0"]) == [ErrorCode.OK]  # another host has its own budget
     assert core.budgets.hosts == {"127.0.0.2": [5, 5 * 3, 0], "127.0.0.3": [1, 3, 0]}
     a1.cmds([(0, "a.0", None, 0)])
     long = "d." + "x" * 250
-    assert _subscribe(a2, [long]) == [E.OK]
+    assert _subscribe(a2, [long]) == [ErrorCode.OK]
     assert core.budgets.hosts["127.0.0.2"] == [5, 4 * 3 + len(long), 0]
     assert core.budgets.filter_bytes == 4 * 3 + len(long) + 3
     # filter bytes: a host's long filters run out before its count does
     q = " AND ".join(f"k{j} = '{'v' * 100}'" for j in range(8))
     (b,) = clients(core, ("127.0.0.4", 1))
     codes = _subscribe(b, [f"e.{i}.* where {q}" for i in range(5)])
-    assert codes == [E.OK] * 4 + [E.OVERLOADED]  # (911 bytes each, 4096 a host)
+    assert codes == [ErrorCode.OK] * 4 + [ErrorCode.OVERLOADED]  # (911 bytes each, 4096 a host)
     assert core.metrics["refused_max_filter_bytes_per_host"] == 1
     # a client that goes frees what its host was charged, to the byte
     core.tick(core.cfg.subscriber_timeout + 1)
@@ -293,20 +295,20 @@ def test_a_pool_filled_by_a_few_hosts_still_admits_a_newcomer_below_its_share():
                      max_subscriptions_per_client=1000)  # fmt: skip
     attackers = clients(core, *[(f"127.0.0.{i}", 1) for i in range(2, 6)])
     for n, fc in enumerate(attackers):  # 3 x 25, then the 4th gets 5 below the share and 15 above it
-        assert _subscribe(fc, [f"x.{n}.{i}" for i in range(30)]).count(E.OK) == (25 if n < 3 else 20)
+        assert _subscribe(fc, [f"x.{n}.{i}" for i in range(30)]).count(ErrorCode.OK) == (25 if n < 3 else 20)
     assert core.index.count == 95
     # above admission_share, a host at its share (80 / the 4 hosts holding any) is refused...
-    assert _subscribe(attackers[3], ["x.more"]) == [E.OVER_CAPACITY]
+    assert _subscribe(attackers[3], ["x.more"]) == [ErrorCode.OVER_CAPACITY]
     assert core.metrics["refused_max_subscriptions"] == 11
     # ...a newcomer holds none: it is admitted, up to the limit itself
     (legit,) = clients(core, ("127.0.0.11", 1))
-    assert _subscribe(legit, [f"l.{i}" for i in range(8)]) == [E.OK] * 5 + [E.OVER_CAPACITY] * 3
+    assert _subscribe(legit, [f"l.{i}" for i in range(8)]) == [ErrorCode.OK] * 5 + [ErrorCode.OVER_CAPACITY] * 3
     assert core.index.count == core.cfg.max_subscriptions
 
 
 def _record(fc: Any, now: float = 0.0) -> int | None:
     """A SUB from ``fc``'s new client: None when its record was made, else the ERROR's code."""
-    errs = [f for f in frames_to(fc.cmds([(1, "t", None, 0)], now), fc.addr) if f[0] is T.ERROR]
+    errs = [f for f in frames_to(fc.cmds([(1, "t", None, 0)], now), fc.addr) if f[0] is FrameType.ERROR]
     return errs[0][1] if errs else None
 
 
@@ -324,11 +326,11 @@ def test_client_records_above_the_share_go_to_hosts_below_it_not_to_those_that_f
     assert made == {h: 3 for h in attackers} and len(core.clients) == 9
     assert core.metrics["refused_max_clients"] == 15 - 9
     (fc,) = clients(core, (attackers[0], next(port)))
-    assert _record(fc) == E.OVERLOADED
+    assert _record(fc) == ErrorCode.OVERLOADED
     (legit,) = clients(core, ("127.0.0.11", 1))
     assert _record(legit) is None  # a newcomer holds none: under its share (8 / 4)
     (again,) = clients(core, ("127.0.0.11", 2))
-    assert _record(again) == E.OVERLOADED and len(core.clients) == 10  # (max_clients itself now)
+    assert _record(again) == ErrorCode.OVERLOADED and len(core.clients) == 10  # (max_clients itself now)
     assert dict(core.client_share.per_host) == {**{h: 3 for h in attackers}, "127.0.0.11": 1}
     core.tick(core.cfg.subscriber_timeout + 1)  # records that go free their host's count
     assert core.clients == {} and core.client_share.per_host == {} and core.admission.per_host == {}
@@ -338,16 +340,16 @@ def test_client_records_above_the_share_go_to_hosts_below_it_not_to_those_that_f
 def test_one_host_whose_subscribers_never_acknowledge_is_refused_past_its_mailbox_share_not_everyone():
     core = make_core(max_mailbox_bytes=1 << 20, admission_share=0.5, send_window=4, mailbox_max_bytes=1 << 20)
     hog, pub = clients(core, ("127.0.0.2", 1), ("127.0.0.9", 1))
-    assert _subscribe(hog, ["hog"]) == [E.OK]
+    assert _subscribe(hog, ["hog"]) == [ErrorCode.OK]
     hog.cmds([(1, "hog", None, 1)])  # (reliable: its mailbox keeps what it does not acknowledge)
     for _ in range(40):
         pub.pub([("hog", bytes(15000))], now=0.0)
     held = core.clients[hog.cid].mailbox
     assert held is not None and held.nbytes > (1 << 20) // 2
-    assert _subscribe(hog, ["more"], now=2.0) == [E.OVER_CAPACITY]  # the host holding it all
+    assert _subscribe(hog, ["more"], now=2.0) == [ErrorCode.OVER_CAPACITY]  # the host holding it all
     assert core.metrics["refused_max_mailbox_bytes"] == 1
     (legit,) = clients(core, ("127.0.0.11", 1))
-    assert _subscribe(legit, ["mine"], now=2.0) == [E.OK]  # another host: under its share
+    assert _subscribe(legit, ["mine"], now=2.0) == [ErrorCode.OK]  # another host: under its share
 
 
 # ------------------------------------------------------------ the attacks, on real processes
@@ -420,13 +422,18 @@ def test_an_adopted_client_is_charged_to_its_host_where_it_lives_now():
                    wall_offset=1.8e9, replicating=True, tombstone_horizon=600.0)  # fmt: skip
     H = ("10.9.9.9", 4000)
     (at_a,) = clients(a, H)
-    assert _subscribe(at_a, [f"t.{i}" for i in range(3)]) == [E.OK] * 3
+    assert _subscribe(at_a, [f"t.{i}" for i in range(3)]) == [ErrorCode.OK] * 3
     b.merge(at_a.take_pushes(), 1.0)
     assert b.clients[at_a.cid].live == 3 and b.budgets.hosts == {}  # (a's to count)
     at_b = FakeClient(b, H, at_a.cid)
     at_b.hello(2.0)
     at_b.session, at_b.batch = at_a.session, at_a.batch
-    assert _subscribe(at_b, [f"u.{i}" for i in range(4)], 2.0) == [E.OK, E.OK, E.OVERLOADED, E.OVERLOADED]
+    assert _subscribe(at_b, [f"u.{i}" for i in range(4)], 2.0) == [
+        ErrorCode.OK,
+        ErrorCode.OK,
+        ErrorCode.OVERLOADED,
+        ErrorCode.OVERLOADED,
+    ]
     assert b.budgets.hosts == {"10.9.9.9": [5, 3 * 3 + 2 * 3, 0]} and b.admission.per_host == {"10.9.9.9": 1}
     a.merge(at_b.take_pushes(), 3.0)
     assert a.budgets.hosts == {} and a.admission.per_host == {}  # (its new home counts it)
@@ -439,13 +446,13 @@ def test_client_records_do_not_shield_a_host_from_producer_eviction_nor_pile_up_
     beside the new one when it came back."""
     core = make_core(max_producers=6, max_per_host=100)
     for fc in clients(core, *[("127.0.0.30", p) for p in range(10)]):
-        assert _subscribe(fc, ["park"]) == [E.OK]  # 10 client records, no producers
+        assert _subscribe(fc, ["park"]) == [ErrorCode.OK]  # 10 client records, no producers
     attackers = clients(core, ("127.0.0.2", 1), ("127.0.0.3", 1))
     for i in range(6):
         assert _pub_from(attackers[i % 2], bytes([i]) * 16, 0.0) == []
     (legit,) = clients(core, ("127.0.0.11", 1))
     assert _pub_from(legit, b"\x99" * 16, 1.0) == [] and core.metrics["producers_evicted"] == 1
-    assert _pub_from(attackers[0], bytes([0]) * 16, 2.0)[0][1] == E.OVERLOADED  # (its share is taken)
+    assert _pub_from(attackers[0], bytes([0]) * 16, 2.0)[0][1] == ErrorCode.OVERLOADED  # (its share is taken)
     core.tick(core.cfg.producer_timeout + 10)
     assert core.producers == {} and core._producer_timers == set()
     assert [t for t in core._timers if t[1] == 3] == []  # (TIMER_PRODUCER: none left armed)

@@ -703,7 +703,7 @@ def status_exchange(port: int) -> tuple[int, int]:
         welcome = s.recv(70000)
         s.sendto(wire.encode_status(cid, decoding.decode_untrusted_frame(welcome)[2]), ("127.0.0.1", port))
         reply = s.recv(70000)
-        assert decoding.decode_untrusted_frame(reply)[0] is wire.T.STATUS_REPLY
+        assert decoding.decode_untrusted_frame(reply)[0] is wire.FrameType.STATUS_REPLY
     return 2, len(welcome) + len(reply)
 
 

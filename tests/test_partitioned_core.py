@@ -12,13 +12,13 @@ import pytest
 
 from roost.client import clustermap, decoding, ring, wire
 from roost.client.ring import partition_of
-from roost.client.wire import E, T
+from roost.client.wire import ErrorCode, FrameType
 from roost.cluster.events import Close, Datagrams, LinkBytes, Log, Send, SendFrame, Tick
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.peerwire import (
     FrameDecoder,
-    P,
     PeerProtocolError,
+    PeerType,
     check_forwarded_untrusted,
     check_partitions_untrusted,
     check_relay_untrusted,
@@ -143,7 +143,7 @@ def test_a_malformed_forward_closes_the_link_and_changes_nothing():
     assert core is not None
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
     before = core.broker.state_digest()
-    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 1, [["t", None, None, "not bytes", None, None]]])),
+    out = core.handle(LinkBytes(inbound, encode([PeerType.FORWARD, 1, [["t", None, None, "not bytes", None, None]]])),
                       sim.now)  # fmt: skip
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
     assert any(isinstance(a, Log) and a.event == "peer_protocol_error" for a in out)
@@ -160,7 +160,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
     cmds = wire.encode_cmds(cid, cookie, 1, 1, [(wire.Op.SUB, topic, None, wire.Mode.RELIABLE)])
     out = core.handle(Datagrams([(cmds, addr)]), sim.now)
     to_client = [decoding.decode_untrusted_frame(a.data)[0] for a in out if isinstance(a, Send) and a.addr == addr]
-    assert to_client == [wire.T.REDIRECT]  # no CMDACK yet: held, the owners have not acknowledged
+    assert to_client == [wire.FrameType.REDIRECT]  # no CMDACK yet: held, the owners have not acknowledged
     assert core.held
     owners = [m for m in core.cmap.owners[core.own.partition(topic)] if m != "m0"]
     for peer in owners:  # the owners acknowledge our push
@@ -168,7 +168,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
         assert lid is not None
         q = core.queues[peer]
         for seq in list(q.inflight):
-            out = core.handle(LinkBytes(lid, encode([P.PUSHACK, seq])), sim.now)
+            out = core.handle(LinkBytes(lid, encode([PeerType.PUSHACK, seq])), sim.now)
     assert any(isinstance(a, Send) and a.addr == addr for a in out) and not core.held  # the CMDACK
 
 
@@ -183,14 +183,14 @@ def test_a_member_acknowledges_a_forwarded_pub_when_the_fwdack_comes_back():
     pub = wire.encode_pub(cid, cookie, pid, 1, 1, True, [wire.pack_message(topic, None, None, b"x")])
     out = core.handle(Datagrams([(pub, addr)]), sim.now)
     acks = [f for f in (decoding.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
-            if f[0] is wire.T.PUBACK and f[1] == pid]  # fmt: skip
+            if f[0] is wire.FrameType.PUBACK and f[1] == pid]  # fmt: skip
     assert [f[2] for f in acks] == [0]  # (accepted, not yet at the primary)
     (fid,) = list(core.fwd[primary].inflight)
     lid = core.out[primary]
     assert lid is not None
-    out = core.handle(LinkBytes(lid, encode([P.FWDACK, fid, []])), sim.now)
+    out = core.handle(LinkBytes(lid, encode([PeerType.FWDACK, fid, []])), sim.now)
     acks = [f for f in (decoding.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
-            if f[0] is wire.T.PUBACK and f[1] == pid]  # fmt: skip
+            if f[0] is wire.FrameType.PUBACK and f[1] == pid]  # fmt: skip
     assert [f[2] for f in acks] == [1]
 
 
@@ -200,7 +200,7 @@ def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
     core = sim.members["m0"].core
     assert core is not None
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
-    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 2**64 - 1, 0, 0])), sim.now)
+    out = core.handle(LinkBytes(inbound, encode([PeerType.HEARTBEAT, "ready", 0, 0, 2**64 - 1, 0, 0])), sim.now)
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
     assert core.epoch_seen < 2**62
 
@@ -214,7 +214,7 @@ def test_a_pushack_of_no_sequence_is_a_protocol_error_not_a_crash_caught():
     assert core is not None
     lid = core.out["m1"]
     assert lid is not None
-    out = core.handle(LinkBytes(lid, encode([P.PUSHACK, [0]])), sim.now)
+    out = core.handle(LinkBytes(lid, encode([PeerType.PUSHACK, [0]])), sim.now)
     assert any(isinstance(a, Close) and a.link == lid for a in out)
     assert [a.event for a in out if isinstance(a, Log) and a.level != "info"] == ["peer_protocol_error"]
 
@@ -243,13 +243,13 @@ def test_a_welcome_carries_the_map_and_a_plain_node_has_none():
     core, cmap = _member_core()
     (c,) = connect(core, ("127.0.0.9", 5000))
     (f,) = frames_to(core.handle_datagrams([(wire.encode_hello(c.cid), c.addr)], 0.0), c.addr)
-    assert f[0] is T.WELCOME and f[5] == cmap and f[3]["map_epoch"] == 1
+    assert f[0] is FrameType.WELCOME and f[5] == cmap and f[3]["map_epoch"] == 1
     plain = make_core()
     (f,) = frames_to(plain.handle_datagrams([(wire.encode_hello(c.cid), c.addr)], 0.0), c.addr)
     assert f[5] is None and "map_epoch" not in f[3]
     (pc,) = connect(plain, ("127.0.0.9", 5001))
     (err,) = frames_to(pc.send(wire.encode_map_request(pc.cid, pc.cookie), 0.0), pc.addr)
-    assert err[0] is T.ERROR and err[1] == E.UNKNOWN_TYPE
+    assert err[0] is FrameType.ERROR and err[1] == ErrorCode.UNKNOWN_TYPE
 
 
 def test_a_map_too_big_for_the_welcome_is_left_out_and_sent_on_request():
@@ -260,9 +260,9 @@ def test_a_map_too_big_for_the_welcome_is_left_out_and_sent_on_request():
     (s,) = sends(core.handle_datagrams([(hello, c.addr)], 0.0))
     assert len(s.data) <= 3 * len(hello)  # the anti-amplification budget holds
     f = decoding.decode_untrusted_frame(s.data)
-    assert f[0] is T.WELCOME and f[5] is None and f[3]["map_epoch"] == 1
+    assert f[0] is FrameType.WELCOME and f[5] is None and f[3]["map_epoch"] == 1
     (r,) = frames_to(c.send(wire.encode_map_request(c.cid, c.cookie), 0.0), c.addr)
-    assert r == (T.REDIRECT, "n1", cmap)
+    assert r == (FrameType.REDIRECT, "n1", cmap)
 
 
 def test_a_misrouted_pub_is_forwarded_and_redirected_once_per_epoch():
@@ -271,16 +271,16 @@ def test_a_misrouted_pub_is_forwarded_and_redirected_once_per_epoch():
     elsewhere, here = _topic(cmap, "n2"), _topic(cmap, "n1")
     out = c.pub([(elsewhere, b"1")])
     assert [a.member for a in out if isinstance(a, Forward)] == ["n2"]
-    assert [f for f in frames_to(out, c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", cmap)]
+    assert [f for f in frames_to(out, c.addr) if f[0] is FrameType.REDIRECT] == [(FrameType.REDIRECT, "n1", cmap)]
     out = c.pub([(elsewhere, b"2"), (here, b"3")])  # the same epoch: forwarded, not redirected again
     assert [a.member for a in out if isinstance(a, Forward)] == ["n2"]
-    assert [f[0] for f in frames_to(out, c.addr)] == [T.PUBACK]
-    assert [f[0] for f in frames_to(c.pub([(here, b"4")]), c.addr)] == [T.PUBACK]  # ours: nothing to say
+    assert [f[0] for f in frames_to(out, c.addr)] == [FrameType.PUBACK]
+    assert [f[0] for f in frames_to(c.pub([(here, b"4")]), c.addr)] == [FrameType.PUBACK]  # ours: nothing to say
     newer = dataclasses.replace(cmap, epoch=2)
     core.set_cluster_map(clustermap.encode(newer), 2)
     out = c.pub([(elsewhere, b"5")])
-    assert [f for f in frames_to(out, c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", newer)]
-    assert not [f for f in frames_to(c.pub([(elsewhere, b"6")]), c.addr) if f[0] is T.REDIRECT]
+    assert [f for f in frames_to(out, c.addr) if f[0] is FrameType.REDIRECT] == [(FrameType.REDIRECT, "n1", newer)]
+    assert not [f for f in frames_to(c.pub([(elsewhere, b"6")]), c.addr) if f[0] is FrameType.REDIRECT]
     assert core.metrics["redirects"] == 2
 
 
@@ -294,30 +294,32 @@ def test_a_forwarded_pub_is_acknowledged_only_once_the_primary_has_it():
     out = c.pub([(here, b"1"), (elsewhere, b"2"), (here, b"3"), (elsewhere, b"4")])
     (fwd,) = [a for a in out if isinstance(a, Forward)]
     assert [m[5] for m in fwd.msgs] == [2, 4]
-    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [1]  # (not 2, 3, 4: 2 waits)
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is FrameType.PUBACK] == [1]  # (not 2, 3, 4: 2 waits)
     # (a real producer's floor: its lowest sequence not acknowledged)
     out = c.send(wire.encode_pub(c.cid, c.cookie, c.pid, 5, 2, True, [wire.pack_message(here, None, None, b"5")]), 0.0)
-    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [1]
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is FrameType.PUBACK] == [1]
     out = core.settle_forwards(fwd.msgs[1:], 0.0)  # (4 is in n2's mailboxes; 2 still waits)
-    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [1]
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is FrameType.PUBACK] == [1]
     out = core.settle_forwards(fwd.msgs[:1], 0.0)
-    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [5]
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is FrameType.PUBACK] == [5]
     assert not core.settle_forwards(fwd.msgs, 0.0)  # (settled once: nothing more to say)
     # A producer acknowledged elsewhere (it failed over and came back) says so with its floor:
     # what still waits below it holds nothing back.
     out = c.pub([(elsewhere, b"6")])
-    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [5]
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is FrameType.PUBACK] == [5]
     out = c.send(wire.encode_pub(c.cid, c.cookie, c.pid, 8, 8, True, [wire.pack_message(here, None, None, b"8")]), 0.0)
-    assert [f[2] for f in frames_to(out, c.addr) if f[0] is T.PUBACK] == [8]
+    assert [f[2] for f in frames_to(out, c.addr) if f[0] is FrameType.PUBACK] == [8]
 
 
 def test_a_sub_for_a_partition_led_elsewhere_is_redirected_once_per_epoch():
     core, cmap = _member_core()
     (c,) = connect(core, ("127.0.0.9", 5000))
     elsewhere, here = _topic(cmap, "n2"), _topic(cmap, "n1")
-    assert not [f for f in frames_to(c.sub(here), c.addr) if f[0] is T.REDIRECT]
-    assert [f for f in frames_to(c.sub(elsewhere), c.addr) if f[0] is T.REDIRECT] == [(T.REDIRECT, "n1", cmap)]
-    assert not [f for f in frames_to(c.sub(_topic(cmap, "n2", "u")), c.addr) if f[0] is T.REDIRECT]
+    assert not [f for f in frames_to(c.sub(here), c.addr) if f[0] is FrameType.REDIRECT]
+    assert [f for f in frames_to(c.sub(elsewhere), c.addr) if f[0] is FrameType.REDIRECT] == [
+        (FrameType.REDIRECT, "n1", cmap)
+    ]
+    assert not [f for f in frames_to(c.sub(_topic(cmap, "n2", "u")), c.addr) if f[0] is FrameType.REDIRECT]
 
 
 # ---------------------------------------------------------------- client resets and homes (registers)
@@ -439,12 +441,12 @@ def test_a_member_delivers_forwards_it_owns_and_refuses_the_rest():
     before = core.broker.metrics["forwarded_in"]
     sim.check.published[(9, 2)] = Published(mine, ())  # (the simulator's accounting parses payloads)
     msgs = [[theirs, None, None, b"9:1", PID, 1], [mine, None, None, b"9:2", PID, 2]]
-    out = core.handle(LinkBytes(inbound, encode([P.FORWARD, 5, msgs])), sim.now)
+    out = core.handle(LinkBytes(inbound, encode([PeerType.FORWARD, 5, msgs])), sim.now)
     dec = FrameDecoder(1 << 20)
     for a in out:
         if isinstance(a, SendFrame) and a.link == inbound:
             dec.feed(a.data)
-    assert dec.next_frame_untrusted() == [P.FWDACK, 5, [0]]  # the first refused: m0 does not own it
+    assert dec.next_frame_untrusted() == [PeerType.FWDACK, 5, [0]]  # the first refused: m0 does not own it
     assert core.broker.metrics["forwarded_in"] == before + 1
 
 
@@ -638,10 +640,10 @@ def test_a_leaver_that_hears_no_owner_keeps_a_publish_unacknowledged_until_one_i
     before = core.broker.metrics["rerouted_here"] + core.broker.metrics["forwarded_in"]
     pub = wire.encode_pub(pb.cid, pb.cookie, b"q" * 16, 1, 1, True, [wire.pack_message("w1", None, None, b"x")])
     out = core.handle(Datagrams([(pub, pb.addr)]), now)
-    assert [f for f in frames_to(out, pb.addr) if f[0] is T.PUBACK and f[2] >= 1] == []
+    assert [f for f in frames_to(out, pb.addr) if f[0] is FrameType.PUBACK and f[2] >= 1] == []
     assert [m[3] for m in core.unrouted] == [b"x"]
     for i in range(1, 10):  # (heartbeats go by: still unacknowledged, still kept)
         out = core.handle(Tick(), now + 0.2 * i)
-        assert [f for f in frames_to(out, pb.addr) if f[0] is T.PUBACK and f[2] >= 1] == []
+        assert [f for f in frames_to(out, pb.addr) if f[0] is FrameType.PUBACK and f[2] >= 1] == []
     assert [m[3] for m in core.unrouted] == [b"x"]
     assert core.broker.metrics["rerouted_here"] + core.broker.metrics["forwarded_in"] == before

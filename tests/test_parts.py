@@ -11,7 +11,7 @@ import trio
 from roost.client import Client, decoding, parts, wire
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
-from roost.client.wire import Mode, T, WireError
+from roost.client.wire import FrameType, Mode, WireError
 from tests.clusterkit import node_process  # noqa: F401  (the fixture ``node``: a node process)
 from tests.corekit import connect, frames_to, make_core
 from tests.test_session import connected_session, wrap
@@ -152,19 +152,19 @@ def test_a_group_s_large_message_is_acknowledged_once_taken_and_a_stale_one_is_g
     mark = [wire.mark_id(g, None)]
     frags = [wire.mark_delivery(f, mark) for f in _fragments(_payload(40_000))]
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, frags)]), 0.1)
-    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.1)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.1)]) if f[0] is FrameType.ACK]
     assert (a[4], a[5]) == (0, [(1, 3)]) and len(st.queue) == 1  # (held, not acknowledged)
     s.consumed(st)
     st.take()
-    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.2)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(0.2)]) if f[0] is FrameType.ACK]
     assert (a[4], a[5]) == (3, [])
     # a message whose last part never comes: acknowledged once given up, so the stream moves on
     frags = [wire.mark_delivery(f, mark) for f in _fragments(_payload(40_000, 2), first=4)]
     s.handle_datagrams(wrap([wire.encode_msgs(7, 4, frags[:2])]), 1.0)
-    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(1.0)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(1.0)]) if f[0] is FrameType.ACK]
     assert a[4] == 3
     s.tick(1.6)
-    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(1.6)]) if f[0] is T.ACK]
+    (a,) = [f for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(1.6)]) if f[0] is FrameType.ACK]
     assert a[4] == 5 and s.recv.parts.dropped == 1 and not st.queue
 
 
@@ -188,13 +188,13 @@ def test_a_queue_group_gets_every_part_of_a_message_at_one_member_also_when_it_i
     frags = parts.split("big.x", None, None, _payload(100_000), parts.part_id(pub.pid, 1), 16384)
     out = [x for i, f in enumerate(frags) for x in pub.send(wire.encode_pub(
         pub.cid, pub.cookie, pub.pid, i + 1, 1, True, [f]), 0.0)]  # fmt: skip
-    got = {m.addr: [x for f in frames_to(out, m.addr) if f[0] is T.MSGS for x in f[3]] for m in (a, b, c)}
+    got = {m.addr: [x for f in frames_to(out, m.addr) if f[0] is FrameType.MSGS for x in f[3]] for m in (a, b, c)}
     (holder,) = [addr for addr, msgs in got.items() if msgs]
     assert len(got[holder]) == len(frags) == 7
     # the holder leaves before acknowledging: every part goes on to one other member, the same one
     (h,) = [m for m in (a, b, c) if m.addr == holder]
     out = h.cmds([(2, "big.* queue=w", None, 0)], 0.1)
-    got = {m.addr: [x for f in frames_to(out, m.addr) if f[0] is T.MSGS for x in f[3]] for m in (a, b, c)}
+    got = {m.addr: [x for f in frames_to(out, m.addr) if f[0] is FrameType.MSGS for x in f[3]] for m in (a, b, c)}
     (heir,) = [addr for addr, msgs in got.items() if msgs]
     assert heir != holder and [m[3] for m in got[heir]] == [wire.check_message(
         msgpack.unpackb(p))[3] for p in frags]  # fmt: skip
@@ -232,7 +232,7 @@ def _group_session():
 
 def _acked(s, now) -> list[tuple[int, int, list]]:
     return [(f[3], f[4], f[5]) for f in map(decoding.decode_untrusted_frame, [d for _, d in s.outgoing(now)])
-            if f[0] is T.ACK]  # fmt: skip
+            if f[0] is FrameType.ACK]  # fmt: skip
 
 
 def _marked(frags):

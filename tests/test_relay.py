@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from roost.client import decoding, wire
-from roost.client.wire import Mode, T
+from roost.client.wire import FrameType, Mode
 from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
 
 A = ("127.0.0.1", 5001)  # a fire subscriber
@@ -55,7 +55,7 @@ def _relay(packed: list[bytes], as_run: bool, long_first: bool = False) -> Got:
     out = pub.send(data, 0.0)
 
     def got(addr: tuple[str, int]) -> list[tuple[Any, ...]]:
-        return [tuple(m) for f in frames_to(out, addr) if f[0] is T.MSGS for m in f[3]]
+        return [tuple(m) for f in frames_to(out, addr) if f[0] is FrameType.MSGS for m in f[3]]
 
     return Got(got(A), got(B), [s.data for s in sends(out) if s.addr == D], core.metrics["delivered"],
                [s.data for s in sends(out) if s.addr == A],
@@ -120,7 +120,7 @@ def test_single_messages_queued_before_a_run_go_out_first_and_a_run_before_them(
     for sizes in [(1, 5, 1), (5, 1, 5), (5, 5)]:
         first = pub.seq
         out = core.handle_datagrams(pubs(*sizes), 1.0)
-        got = [m[3] for f in frames_to(out, A) if f[0] is T.MSGS for m in f[3]]
+        got = [m[3] for f in frames_to(out, A) if f[0] is FrameType.MSGS for m in f[3]]
         assert got == [b"%d" % i for i in range(first, pub.seq)], sizes
 
 

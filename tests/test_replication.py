@@ -17,7 +17,7 @@ from roost.cluster.config import load_cluster_config
 from roost.cluster.member import MemberCore
 from roost.cluster.membership import Membership
 from roost.cluster.partitionlog import LogSettings
-from roost.cluster.peerwire import FrameDecoder, P, PeerProtocolError, check_entries_untrusted, encode, mac
+from roost.cluster.peerwire import FrameDecoder, PeerProtocolError, PeerType, check_entries_untrusted, encode, mac
 from roost.cluster.replication import PeerQueue
 from roost.node import versions
 from roost.node.config import ConfigError, NodeConfig
@@ -238,7 +238,7 @@ def test_failure_detector_states():
 
 
 def test_frames_survive_any_split_of_the_stream():
-    frames = [[P.PUSH, i, [[b"c" * 16, 1, "127.0.0.1", 9, "n1", [["t", None, i]]]]] for i in range(20)]
+    frames = [[PeerType.PUSH, i, [[b"c" * 16, 1, "127.0.0.1", 9, "n1", [["t", None, i]]]]] for i in range(20)]
     data = b"".join(encode(f) for f in frames)
     rng = random.Random(3)
     dec = FrameDecoder(1 << 20)
@@ -256,12 +256,12 @@ def test_frames_survive_any_split_of_the_stream():
 def test_the_size_limit_applies_when_a_frame_is_read_not_when_it_arrived():
     """Frames after the last handshake frame may come in the same segment:
     they are judged by the limit in force once the handshake is done."""
-    big = encode([P.PUSH, 1, [[b"c" * 16, 1, "127.0.0.1", 9, "n1", [["t" * 200, None, i] for i in range(5)]]]])
+    big = encode([PeerType.PUSH, 1, [[b"c" * 16, 1, "127.0.0.1", 9, "n1", [["t" * 200, None, i] for i in range(5)]]]])
     dec = FrameDecoder(512)
-    dec.feed(encode([P.AUTH, b"m" * 32]) + big)
-    assert dec.next_frame_untrusted() == [P.AUTH, b"m" * 32]
+    dec.feed(encode([PeerType.AUTH, b"m" * 32]) + big)
+    assert dec.next_frame_untrusted() == [PeerType.AUTH, b"m" * 32]
     dec.max_frame = 1 << 20
-    assert dec.next_frame_untrusted()[0] == P.PUSH
+    assert dec.next_frame_untrusted()[0] == PeerType.PUSH
 
 
 def test_decoder_refuses_oversized_and_garbage():

@@ -11,7 +11,7 @@ import pytest
 from roost.client import clustermap, decoding, wire
 from roost.client.router import Router, derive_id
 from roost.client.session import ClientConfig, ClientSession
-from roost.client.wire import T
+from roost.client.wire import FrameType
 
 CID, PID, FPID = b"c" * 16, b"p" * 16, b"f" * 16
 COOKIE = b"k" * 16
@@ -38,7 +38,7 @@ def welcome(member: str, cmap: clustermap.ClusterMap | None, with_map: bool = Tr
 
 def connect(r: Router, s: ClientSession, member: str, cmap: clustermap.ClusterMap | None, now: float = 0.0) -> None:
     r.tick(s, now)
-    assert [decoding.decode_untrusted_frame(d)[0] for _, d in s.outgoing(now)] == [T.HELLO]
+    assert [decoding.decode_untrusted_frame(d)[0] for _, d in s.outgoing(now)] == [FrameType.HELLO]
     r.handle_datagrams(s, [(welcome(member, cmap), s.node)], now)
     assert s.connected
 
@@ -61,7 +61,7 @@ def test_without_a_map_everything_goes_to_one_session_with_the_users_ids():
     assert r.sessions == [r.first] and r.cmap is None
     sent = frames(r.first)
     assert {a for a, _ in sent} == {addr("n1")}
-    assert {f[1] for _, f in sent} == {CID} and {f[3] for _, f in sent if f[0] is T.PUB} == {PID}
+    assert {f[1] for _, f in sent} == {CID} and {f[3] for _, f in sent if f[0] is FrameType.PUB} == {PID}
 
 
 @pytest.mark.parametrize("cmap", [None, MAP1])
@@ -85,9 +85,10 @@ def test_offer_fire_publishes_take_no_sequence_and_bind_nothing(cmap):
     r.first.pub.cfg = dataclasses.replace(r.first.pub.cfg, pub_window_bytes=r.first.pub.unacked_bytes + 1)
     assert not r.first.pub.window_full and r.offer(t, None, None, b"r3", True) == 2
     sent = [f for _, f in frames(r.first)]
-    assert sorted([m[3] for f in sent if f[0] is T.PUB for m in f[7]]
-                  + [p for f in sent if f[0] is T.PUBRUN for p in f[6]]) == [b"f", b"f2", b"r", b"r3"]  # fmt: skip
-    assert [f[6] for f in sent if f[0] is T.PUBRUN] == [[b"f", b"f2"]]  # (fire, one topic: a run)
+    pubs = [m[3] for f in sent if f[0] is FrameType.PUB for m in f[7]]
+    runs = [p for f in sent if f[0] is FrameType.PUBRUN for p in f[6]]
+    assert sorted(pubs + runs) == [b"f", b"f2", b"r", b"r3"]
+    assert [f[6] for f in sent if f[0] is FrameType.PUBRUN] == [[b"f", b"f2"]]  # (fire, one topic: a run)
 
 
 def test_pub_and_sub_go_to_the_session_of_the_topics_primary():
@@ -105,9 +106,9 @@ def test_pub_and_sub_go_to_the_session_of_the_topics_primary():
     assert len({s.cid for s in r.sessions}) == 3
     connect(r, s2, "n2", MAP1)
     connect(r, s3, "n3", MAP1)
-    assert [(a, f[0], f[7][0][0]) for a, f in frames(s2) if f[0] is T.PUB] == [(addr("n2"), T.PUB, t2)]
-    assert [(a, f[5][0][1]) for a, f in frames(s3) if f[0] is T.CMDS] == [(addr("n3"), t3)]
-    assert [f[7][0][0] for _, f in frames(r.first) if f[0] is T.PUB] == [t1]
+    assert [(a, f[0], f[7][0][0]) for a, f in frames(s2) if f[0] is FrameType.PUB] == [(addr("n2"), FrameType.PUB, t2)]
+    assert [(a, f[5][0][1]) for a, f in frames(s3) if f[0] is FrameType.CMDS] == [(addr("n3"), t3)]
+    assert [f[7][0][0] for _, f in frames(r.first) if f[0] is FrameType.PUB] == [t1]
 
 
 def test_a_topic_moves_to_its_new_primary_only_once_the_old_session_acknowledged_it():
@@ -118,7 +119,7 @@ def test_a_topic_moves_to_its_new_primary_only_once_the_old_session_acknowledged
     seqs = [r.publish(topic, None, None, b"%d" % i, True) for i in range(3)]
     s2 = r.by_member["n2"]
     connect(r, s2, "n2", MAP1)
-    assert [f[4] for _, f in frames(s2) if f[0] is T.PUB] == [1]  # (first seq) the three in one PUB
+    assert [f[4] for _, f in frames(s2) if f[0] is FrameType.PUB] == [1]  # (first seq) the three in one PUB
     map2 = clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2)  # n2 down: n3 leads the topic now
     r.handle_datagrams(s2, [(wire.encode_redirect("n2", clustermap.encode(map2)), addr("n2"))], 0.1)
     assert r.cmap == map2 and r.session_for(topic) is r.by_member["n3"]
@@ -169,7 +170,7 @@ def test_a_welcome_without_room_for_the_map_makes_the_session_ask_for_it():
     r.first.outgoing(0.0)
     r.handle_datagrams(r.first, [(welcome("n1", MAP1, with_map=False), addr("n1"))], 0.0)
     assert r.cmap is None
-    assert [f for _, f in frames(r.first) if f[0] is T.MAP] == [(T.MAP, CID, COOKIE)]
+    assert [f for _, f in frames(r.first) if f[0] is FrameType.MAP] == [(FrameType.MAP, CID, COOKIE)]
     r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(MAP1)), addr("n1"))], 0.1)
     assert r.cmap == MAP1
 
@@ -186,12 +187,16 @@ def test_a_lost_map_request_is_asked_again_each_second_until_the_map_comes():
     for t in (0.0, 0.5, 0.99, 1.0, 1.5, 2.0):
         r.handle_datagrams(r.first, [(wire.encode_pong(0, True, COOKIE, []), addr("n1"))], t)  # (n1 is alive)
         r.tick(r.first, t)
-        asked += [(t, f) for _, f in frames(r.first, t) if f[0] is T.MAP]
-    assert asked == [(0.0, (T.MAP, CID, COOKIE)), (1.0, (T.MAP, CID, COOKIE)), (2.0, (T.MAP, CID, COOKIE))]
+        asked += [(t, f) for _, f in frames(r.first, t) if f[0] is FrameType.MAP]
+    assert asked == [
+        (0.0, (FrameType.MAP, CID, COOKIE)),
+        (1.0, (FrameType.MAP, CID, COOKIE)),
+        (2.0, (FrameType.MAP, CID, COOKIE)),
+    ]
     r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(MAP1)), addr("n1"))], 2.1)
     r.handle_datagrams(r.first, [(wire.encode_pong(0, True, COOKIE, []), addr("n1"))], 5.0)
     r.tick(r.first, 5.0)
-    assert r.cmap == MAP1 and r.first.connected and not [f for _, f in frames(r.first, 5.0) if f[0] is T.MAP]
+    assert r.cmap == MAP1 and r.first.connected and not [f for _, f in frames(r.first, 5.0) if f[0] is FrameType.MAP]
 
 
 def test_a_session_knows_when_its_node_has_no_map_to_give():
@@ -241,7 +246,7 @@ def test_durable_requests_take_a_session_that_failed_over_back_to_the_member_the
     assert r.durable_session_for(topic) is s3
     assert s3.node == addr("n3") and not s3.connected  # back to n3: a HELLO goes there
     r.tick(s3, 2.2)
-    assert (addr("n3"), T.HELLO) in [(a, f[0]) for a, f in frames(s3, 2.2)]
+    assert (addr("n3"), FrameType.HELLO) in [(a, f[0]) for a, f in frames(s3, 2.2)]
     assert r.durable_session_for(topic) is s3 and s3.node == addr("n3")  # (once: it stays)
 
 
@@ -262,7 +267,7 @@ def test_every_put_datagram_fits_the_sessions_max_datagram():
         assert len(r.first.outgoing(0.0)) == 1_200
         r.handle_datagrams(r.first, [(durablewire.encode_putack(r.putter.pid, p, 300, 0), addr("n1"))], 0.1)
         r.tick(r.first, 0.5)  # (past the retry time-out: 301.. again, packed, with 3-byte sequences)
-        again = [d for _, d in r.first.outgoing(0.5) if decoding.decode_untrusted_frame(d)[0] is T.PUT]
+        again = [d for _, d in r.first.outgoing(0.5) if decoding.decode_untrusted_frame(d)[0] is FrameType.PUT]
         assert sum(len(decoding.decode_untrusted_frame(d)[-1]) for d in again) == 1_200 - 300
         largest = max(largest, *(len(d) for d in again))
     assert largest <= r.first.max_datagram
@@ -283,14 +288,14 @@ def test_a_due_put_with_no_connected_session_waits_instead_of_waking_at_once() -
     r.put(topic_led_by(MAP1, "n2", "d"), None, None, b"x")
     s2 = r.by_member["n2"]
     connect(r, s2, "n2", MAP1)
-    assert [f[0] for _, f in frames(s2)] == [T.PUT]
-    r.handle_datagrams(s2, [(wire.encode_error(wire.E.BAD_COOKIE, "stale"), addr("n2"))], 0.1)
+    assert [f[0] for _, f in frames(s2)] == [FrameType.PUT]
+    r.handle_datagrams(s2, [(wire.encode_error(wire.ErrorCode.BAD_COOKIE, "stale"), addr("n2"))], 0.1)
     assert not s2.connected
     r.tick(s2, 1.0)  # (past the retry time-out)
     assert r.put_deadline() > 1.0
-    assert [f[0] for _, f in frames(s2, 1.0)] == [T.HELLO]
+    assert [f[0] for _, f in frames(s2, 1.0)] == [FrameType.HELLO]
     r.handle_datagrams(s2, [(welcome("n2", MAP1), addr("n2"))], 1.1)
-    assert [f[0] for _, f in frames(s2, 1.1)] == [T.PUT]  # (everything unacknowledged goes once connected)
+    assert [f[0] for _, f in frames(s2, 1.1)] == [FrameType.PUT]  # (everything unacknowledged goes once connected)
 
 
 def test_a_session_that_failed_over_goes_back_to_the_primary_its_puts_are_for() -> None:
@@ -309,7 +314,7 @@ def test_a_session_that_failed_over_goes_back_to_the_primary_its_puts_are_for() 
     assert s2.node == addr("n2") and not s2.connected
     frames(s2, 2.1)
     r.tick(s2, 2.1)
-    assert [(a, f[0]) for a, f in frames(s2, 2.1)] == [(addr("n2"), T.HELLO)]
+    assert [(a, f[0]) for a, f in frames(s2, 2.1)] == [(addr("n2"), FrameType.HELLO)]
 
 
 @pytest.mark.parametrize("epoch", [9, 1])

@@ -13,7 +13,7 @@ from roost.client import decoding, wire
 from roost.client.config import ClientConfig
 from roost.client.publisher import Publisher
 from roost.client.receive import Receiver, SubState
-from roost.client.wire import E, Mode, T, WireError
+from roost.client.wire import ErrorCode, FrameType, Mode, WireError
 from roost.node.core import BrokerCore
 from tests.corekit import PAD, FakeClient, connect, frames_to, make_core, sends
 
@@ -43,9 +43,9 @@ def _fire_messages(frames: list[tuple[Any, ...]]) -> list[tuple[int, str, bytes]
     """(producer sequence, topic, payload) of every fire message sent, PUB or PUBRUN, in order."""
     got = []
     for f in frames:
-        if f[0] is T.PUBRUN:
+        if f[0] is FrameType.PUBRUN:
             got += [(f[4] + i, f[5], p) for i, p in enumerate(f[6])]
-        elif f[0] is T.PUB and not f[6]:
+        elif f[0] is FrameType.PUB and not f[6]:
             got += [(f[4] + i, m[0], m[3]) for i, m in enumerate(f[7])]
     return got
 
@@ -56,7 +56,7 @@ def test_a_publishers_fire_messages_of_one_topic_go_as_runs_and_anything_else_ke
         pub.publish("a", None, None, b"a%d" % i, False)
     assert pub.fire_unsent == 3 and not pub.fire_pending  # (a run)
     frames = _sent(pub)
-    assert [f[0] for f in frames] == [T.PUBRUN] and frames[0][4:] == (1, "a", [b"a0", b"a1", b"a2"])
+    assert [f[0] for f in frames] == [FrameType.PUBRUN] and frames[0][4:] == (1, "a", [b"a0", b"a1", b"a2"])
     # another topic, a keyed message, a long payload: each turns what is queued into packed messages
     sequence = [("a", None, b"a3"), ("b", None, b"b0"), ("b", None, b"b1"), ("a", "k", b"ak"),
                 ("a", None, b"x" * 256), ("a", None, b"a4")]  # fmt: skip
@@ -64,7 +64,7 @@ def test_a_publishers_fire_messages_of_one_topic_go_as_runs_and_anything_else_ke
         pub.publish(topic, key, None, payload, False)
     assert pub.fire_unsent == len(sequence) and pub.run == [b"a3"]  # (the rest waits behind it, packed)
     frames = _sent(pub)
-    assert [f[0] for f in frames] == [T.PUB]  # (a run no longer than what follows it: packed in front)
+    assert [f[0] for f in frames] == [FrameType.PUB]  # (a run no longer than what follows it: packed in front)
     assert _fire_messages(frames) == [(4 + i, t, p) for i, (t, _, p) in enumerate(sequence)]
     assert pub.publish("b", None, None, b"b2", False) == 0 and pub.run == [b"b2"]  # (a new turn: a new run)
     assert pub.publish("a", None, None, b"r", True) == 1 and pub.run == [b"b2"]  # (reliable: apart)
@@ -76,7 +76,7 @@ def test_a_publishers_fire_messages_of_one_topic_go_as_runs_and_anything_else_ke
         pub.publish("d", None, None, b"d%d" % i, False)
     pub.publish("e", None, None, b"e0", False)
     frames = _sent(pub)
-    assert [f[0] for f in frames] == [T.PUBRUN, T.PUB]
+    assert [f[0] for f in frames] == [FrameType.PUBRUN, FrameType.PUB]
     assert _fire_messages(frames) == [(15 + i, "d", b"d%d" % i) for i in range(5)] + [(20, "e", b"e0")]
 
 
@@ -108,7 +108,7 @@ def test_a_bad_topic_is_refused_and_a_tiny_datagram_sends_no_runs() -> None:
     pub.publish("t" * 100, None, None, b"x", False)
     assert pub.run == [b"x"]
     pub.max_datagram = 300  # (lowered after the run began, as a WELCOME may: packed when sent)
-    assert [f[0] for f in _sent(pub)] == [T.PUB]
+    assert [f[0] for f in _sent(pub)] == [FrameType.PUB]
 
 
 def _node(*, wildcard: bool = False, reliable: bool = False, text_sub: bool = False) -> tuple[BrokerCore, FakeClient]:
@@ -129,13 +129,13 @@ def _pubrun(pub: FakeClient, first: int, payloads: list[bytes]) -> bytes:
     return wire.encode_pubrun(pub.cid, pub.cookie, pub.pid, first, "t", payloads)
 
 
-def _got(out: list[Any], addr: tuple[str, int]) -> list[tuple[T, list[bytes]]]:
+def _got(out: list[Any], addr: tuple[str, int]) -> list[tuple[FrameType, list[bytes]]]:
     got = []
     for f in frames_to(out, addr):
-        if f[0] is T.MSGSRUN:
-            got.append((T.MSGSRUN, f[3]))
-        elif f[0] is T.MSGS:
-            got.append((T.MSGS, [m[3] for m in f[3]]))
+        if f[0] is FrameType.MSGSRUN:
+            got.append((FrameType.MSGSRUN, f[3]))
+        elif f[0] is FrameType.MSGS:
+            got.append((FrameType.MSGS, [m[3] for m in f[3]]))
     return got
 
 
@@ -145,9 +145,9 @@ def test_the_node_relays_a_run_as_one_msgsrun_or_else_as_a_pubs_messages(others:
     payloads = [b"%d" % i for i in range(20)]
     out = pub.send(_pubrun(pub, 1, payloads), 0.0)
     relayed = not others
-    assert _got(out, A) == [(T.MSGSRUN if relayed else T.MSGS, payloads)]
+    assert _got(out, A) == [(FrameType.MSGSRUN if relayed else FrameType.MSGS, payloads)]
     if others.get("reliable"):
-        assert [m[3] for f in frames_to(out, B) if f[0] is T.MSGS for m in f[3]] == payloads
+        assert [m[3] for f in frames_to(out, B) if f[0] is FrameType.MSGS for m in f[3]] == payloads
     if others.get("text_sub"):
         assert [s.data for s in sends(out) if s.addr == D] == [b"MSG t\n%d" % i for i in range(20)]
     assert core.metrics["published"] == 20 and core.index.matched["t"] == 20
@@ -155,15 +155,17 @@ def test_the_node_relays_a_run_as_one_msgsrun_or_else_as_a_pubs_messages(others:
     assert _got(pub.send(_pubrun(pub, 1, payloads), 1.0), A) == []
     assert core.metrics["pub_duplicates"] == 20
     more = [b"%d" % i for i in range(15, 25)]
-    assert _got(pub.send(_pubrun(pub, 16, more), 2.0), A) == [(T.MSGSRUN if relayed else T.MSGS, more[5:])]
+    assert _got(pub.send(_pubrun(pub, 16, more), 2.0), A) == [
+        (FrameType.MSGSRUN if relayed else FrameType.MSGS, more[5:])
+    ]
 
 
 def test_a_run_after_single_messages_in_one_batch_keeps_their_order() -> None:
     core, pub = _node()
     single = wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, False, [wire.pack_message("t", None, None, b"0")])
     for batch, expected in [
-        ([single, _pubrun(pub, 2, [b"1", b"2"])], [(T.MSGS, [b"0", b"1", b"2"])]),
-        ([_pubrun(pub, 4, [b"3", b"4"]), _pubrun(pub, 6, [b"5"])], [(T.MSGSRUN, [b"3", b"4", b"5"])]),
+        ([single, _pubrun(pub, 2, [b"1", b"2"])], [(FrameType.MSGS, [b"0", b"1", b"2"])]),
+        ([_pubrun(pub, 4, [b"3", b"4"]), _pubrun(pub, 6, [b"5"])], [(FrameType.MSGSRUN, [b"3", b"4", b"5"])]),
     ]:  # fmt: skip (two runs, one datagram)
         out = core.handle_datagrams([(d, C) for d in batch], 1.0)
         assert _got(out, A) == expected
@@ -227,11 +229,15 @@ def test_small_batches_relayed_whole_share_datagrams_in_order_up_to_max_datagram
     out = core.handle_datagrams(batch, 1.0)
     data = [s.data for s in sends(out) if s.addr == A]
     frames = [decoding.decode_untrusted_frame(d) for d in data]
-    got = [p for f in frames for p in (f[3] if f[0] is T.MSGSRUN else [m[3] for m in f[3]])]
+    got = [p for f in frames for p in (f[3] if f[0] is FrameType.MSGSRUN else [m[3] for m in f[3]])]
     assert got == expected and core.metrics["delivered"] == len(expected)
-    assert [k for k, _ in itertools.groupby(f[0] for f in frames)] == [T.MSGSRUN, T.MSGS, T.MSGSRUN]
+    assert [k for k, _ in itertools.groupby(f[0] for f in frames)] == [
+        FrameType.MSGSRUN,
+        FrameType.MSGS,
+        FrameType.MSGSRUN,
+    ]
     assert all(len(d) <= 1200 for d in data) and len(data) < len(batch) / 3
-    assert len({f[2] if f[0] is T.MSGS else f[1] for f in frames}) == len(frames)  # (each numbered)
+    assert len({f[2] if f[0] is FrameType.MSGS else f[1] for f in frames}) == len(frames)  # (each numbered)
 
 
 def test_a_client_sends_runs_only_to_a_node_whose_welcome_says_it_takes_them() -> None:
@@ -241,30 +247,33 @@ def test_a_client_sends_runs_only_to_a_node_whose_welcome_says_it_takes_them() -
     assert not s.pub.runs
     for i in range(3):
         s.pub.publish("t", None, None, b"%d" % i, False)
-    assert [f[0] for f in _sent(s.pub)] == [T.PUB]
+    assert [f[0] for f in _sent(s.pub)] == [FrameType.PUB]
     (welcome,) = frames_to(make_core().handle_datagrams([(wire.encode_hello(b"c" * 16), SRC)], 0.0), SRC)
     s._on_welcome(*welcome[1:5])  # (this build's node)
     assert s.pub.runs
     for i in range(3):
         s.pub.publish("t", None, None, b"%d" % i, False)
-    assert [f[0] for f in _sent(s.pub)] == [T.PUBRUN]
+    assert [f[0] for f in _sent(s.pub)] == [FrameType.PUBRUN]
     s.pub.publish("t", None, None, b"queued", False)
     s._on_welcome("n2", b"k" * 16, {"max_datagram": 16384}, [])  # (failed over to an earlier build)
     (f,) = _sent(s.pub)
-    assert f[0] is T.PUB and [m[3] for m in f[7]] == [b"queued"]  # (the run queued goes as a PUB)
+    assert f[0] is FrameType.PUB and [m[3] for m in f[7]] == [b"queued"]  # (the run queued goes as a PUB)
     s._on_welcome(*welcome[1:5])
     for i in range(5):  # (a run, then packed messages behind it: a move to a node that takes runs)
         s.pub.publish("t", None, None, b"r%d" % i, False)
     s.pub.publish("t", "k", None, b"keyed", False)
     s._on_welcome(*welcome[1:5])
-    assert [(f[0], f[4]) for f in _sent(s.pub)] == [(T.PUBRUN, 8), (T.PUB, 13)]  # (in order, numbered on)
-    s.handle_datagrams([(wire.encode_error(E.UNKNOWN_TYPE, "no cluster map: not a member"), s.node)], 1.0)
+    assert [(f[0], f[4]) for f in _sent(s.pub)] == [
+        (FrameType.PUBRUN, 8),
+        (FrameType.PUB, 13),
+    ]  # (in order, numbered on)
+    s.handle_datagrams([(wire.encode_error(ErrorCode.UNKNOWN_TYPE, "no cluster map: not a member"), s.node)], 1.0)
     assert s.pub.runs  # (a refusal of something else: a MAP to a node with no map)
     s.pub.publish("t", None, None, b"sent", False)
-    s.handle_datagrams([(wire.encode_error(E.UNKNOWN_TYPE, decoding.UNKNOWN_FRAME), s.node)], 1.0)
+    s.handle_datagrams([(wire.encode_error(ErrorCode.UNKNOWN_TYPE, decoding.UNKNOWN_FRAME), s.node)], 1.0)
     assert not s.pub.runs  # (its node's decoder refused a PUBRUN: rolled back with the cookie still good)
     (f,) = _sent(s.pub)
-    assert f[0] is T.PUB and [m[3] for m in f[7]] == [b"sent"]  # (what was queued goes as a PUB)
+    assert f[0] is FrameType.PUB and [m[3] for m in f[7]] == [b"sent"]  # (what was queued goes as a PUB)
 
 
 def _array(items: list[bytes], form: int) -> bytes:
@@ -307,9 +316,11 @@ def test_merged_datagrams_decode_keep_order_and_fit(seed: int) -> None:
     assert all(len(d) <= max_datagram for d in data)
     got: list[tuple[str, bytes]] = []
     for f in frames:
-        got += [(f[2], p) for p in f[3]] if f[0] is T.MSGSRUN else [(m[0], m[3]) for m in f[3]]
+        got += [(f[2], p) for p in f[3]] if f[0] is FrameType.MSGSRUN else [(m[0], m[3]) for m in f[3]]
     assert got == expected  # (each message once, in order, under its own topic)
-    assert [f[1] if f[0] is T.MSGSRUN else f[2] for f in frames] == list(range(2**64 - 100, 2**64 - 100 + len(data)))
+    assert [f[1] if f[0] is FrameType.MSGSRUN else f[2] for f in frames] == list(
+        range(2**64 - 100, 2**64 - 100 + len(data))
+    )
 
 
 def test_batches_that_fit_share_one_datagram_and_one_that_does_not_starts_the_next() -> None:

@@ -10,7 +10,7 @@ from roost.client import decoding, receive, wire
 from roost.client.commands import MAX_BATCH
 from roost.client.receive import Message
 from roost.client.session import MAX_CANDIDATES, ClientConfig, ClientSession
-from roost.client.wire import E, Mode, Op, Reason, T
+from roost.client.wire import ErrorCode, FrameType, Mode, Op, Reason
 from tests.corekit import NODE, make_core
 from tests.simnet import SimNet
 
@@ -33,7 +33,7 @@ def connected_session(now: float = 0.0, cfg: ClientConfig | None = None) -> Clie
     s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, cfg or ClientConfig(), now, node=NODE, session=SESSION)
     s.tick(now)
     (hello,) = out(s, now)
-    assert decoding.decode_untrusted_frame(hello)[0] is T.HELLO
+    assert decoding.decode_untrusted_frame(hello)[0] is FrameType.HELLO
     s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {"ping_interval": 0.5}, [])]), now)
     return s
 
@@ -44,7 +44,7 @@ def test_reliable_receive_drops_duplicates_and_reorders():
     m = [wire.pack_message("t", None, None, b"%d" % i) for i in range(1, 7)]
     s.handle_datagrams(wrap([wire.encode_msgs(5, 1, m[0:2])]), 0.1)
     s.handle_datagrams(wrap([wire.encode_msgs(5, 5, m[4:6])]), 0.1)  # 3-4 missing
-    ack = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.1)) if f[0] is T.ACK][-1]
+    ack = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.1)) if f[0] is FrameType.ACK][-1]
     assert ack[4] == 2 and ack[5] == [(5, 6)]
     s.handle_datagrams(wrap([wire.encode_msgs(5, 1, m[0:4])]), 0.2)  # retransmit incl. duplicates
     assert [x.payload for x in st.messages()] == [b"1", b"2", b"3", b"4", b"5", b"6"]
@@ -78,10 +78,10 @@ def test_command_batches_one_in_flight_and_retried():
     s.subscribe("b", None, Mode.FIRE)
     assert out(s, 0.0) == []  # one batch in flight
     s.tick(0.3)
-    (again,) = [d for d in out(s, 0.3) if decoding.decode_untrusted_frame(d)[0] is T.CMDS]
+    (again,) = [d for d in out(s, 0.3) if decoding.decode_untrusted_frame(d)[0] is FrameType.CMDS]
     assert again == first  # the same batch id is retried
     s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.31)
-    (f,) = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.31)) if f[0] is T.CMDS]
+    (f,) = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.31)) if f[0] is FrameType.CMDS]
     assert f[3:] == (SESSION, 2, [(1, "b", None, 0)])
 
 
@@ -110,10 +110,10 @@ def test_a_refused_subscription_no_longer_counts_what_it_holds_as_buffered():
 
 def test_bad_cookie_error_makes_the_session_say_hello_again():
     s = connected_session()
-    s.handle_datagrams(wrap([wire.encode_error(wire.E.BAD_COOKIE, "x")]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_error(wire.ErrorCode.BAD_COOKIE, "x")]), 0.1)
     assert not s.connected
     s.tick(0.1)
-    assert decoding.decode_untrusted_frame(out(s, 0.1)[0])[0] is T.HELLO
+    assert decoding.decode_untrusted_frame(out(s, 0.1)[0])[0] is FrameType.HELLO
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -195,7 +195,7 @@ def test_slow_consumer_and_a_lost_datagram_do_not_stall_the_stream():
         got.append(st.take().payload)
         s.consumed(st)
     assert got == [b"%d" % i for i in range(1, 10)]
-    ack = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.3)) if f[0] is T.ACK][-1]
+    ack = [f for f in map(decoding.decode_untrusted_frame, out(s, 0.3)) if f[0] is FrameType.ACK][-1]
     assert ack[4] == 9 and ack[5] == []
 
 
@@ -227,7 +227,7 @@ def test_an_ended_subscription_does_not_keep_the_buffer_full():
 
 
 def cmds_sent(s, now):
-    return [f for f in map(decoding.decode_untrusted_frame, out(s, now)) if f[0] is T.CMDS]
+    return [f for f in map(decoding.decode_untrusted_frame, out(s, now)) if f[0] is FrameType.CMDS]
 
 
 def test_batches_carry_the_session_and_count_from_1_within_it():
@@ -270,7 +270,7 @@ def test_stale_batch_refuses_the_commands_it_carried():
     st = s.subscribe("a", None, Mode.RELIABLE)
     kept = s.subscribe("b", None, Mode.RELIABLE)
     out(s, 0.0)
-    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [wire.E.STALE_BATCH, wire.E.OK])]), 0.1)
+    s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [wire.ErrorCode.STALE_BATCH, wire.ErrorCode.OK])]), 0.1)
     assert st.reason == "refused: stale_batch" and ("a", None) not in s.subs
     assert kept.confirmed and kept.reason is None
     assert s.cmds.idle  # nothing retried: the node answered
@@ -300,7 +300,7 @@ def test_a_late_message_from_another_member_is_not_taken_for_a_duplicate():
 )  # fmt: skip
 def test_a_welcome_with_a_bad_cluster_map_is_ignored_and_counted(members):
     s = ClientSession(b"c" * 16, b"p" * 16, b"f" * 16, ClientConfig(), 0.0, node=NODE)
-    bad = wire.pack([wire.VERSION, T.WELCOME, "n1", b"k" * 16, {}, members])
+    bad = wire.pack([wire.VERSION, FrameType.WELCOME, "n1", b"k" * 16, {}, members])
     s.handle_datagrams(wrap([bad]), 0.1)
     assert not s.connected and s.node_id is None
     assert s.candidates == [NODE]
@@ -325,7 +325,7 @@ def test_ticking_at_the_deadline_always_moves_it(t0, welcomed, bad_cookie):
         if step == 1 and welcomed:
             s.handle_datagrams(wrap([wire.encode_welcome("n1", b"k" * 16, {}, [])]), now)
         if step == 3 and bad_cookie:
-            s.handle_datagrams(wrap([wire.encode_error(E.BAD_COOKIE, "expired")]), now)
+            s.handle_datagrams(wrap([wire.encode_error(ErrorCode.BAD_COOKIE, "expired")]), now)
         if step == 4:
             s.handle_datagrams(wrap([wire.encode_puback(b"p" * 16, 1)]), now)
         out(s, now)
@@ -422,7 +422,7 @@ def test_a_publisher_reusing_a_producer_id_the_node_acknowledged_further_sends_o
     pub.emit(NODE, b"c" * 16, b"k" * 16, 0.2, out)
     [(_, dgram)] = out
     frame = decoding.decode_untrusted_frame(dgram)
-    assert frame[0] == T.PUB and frame[4] == 7 and len(frame[7]) == 1  # only the new message, from 7
+    assert frame[0] == FrameType.PUB and frame[4] == 7 and len(frame[7]) == 1  # only the new message, from 7
 
 
 # ------------------------------------------------------------ the in-order hot path (Receiver._in_order)
@@ -663,7 +663,7 @@ def test_close_sends_the_acks_not_sent_yet_then_bye_and_nothing_before_a_welcome
     s.handle_datagrams(wrap([wire.encode_cmdack(SESSION, 1, [0])]), 0.1)
     s.handle_datagrams(wrap([wire.encode_msgs(7, 1, [wire.pack_message("t", None, None, b"x")])]), 0.2)
     got = [decoding.decode_untrusted_frame(d) for _, d in s.close()]
-    assert [f[0] for f in got] == [T.ACK, T.BYE] and got[0][3:5] == (7, 1)
+    assert [f[0] for f in got] == [FrameType.ACK, FrameType.BYE] and got[0][3:5] == (7, 1)
 
 
 def test_the_producer_forgotten_first_is_the_one_heard_from_least_recently(monkeypatch):

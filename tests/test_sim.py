@@ -25,7 +25,7 @@ from roost.cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.member import MemberCore
-from roost.cluster.peerwire import FrameDecoder, P, encode
+from roost.cluster.peerwire import FrameDecoder, PeerType, encode
 from roost.cluster.snapshot import decode_untrusted_snapshot
 from sim.simulation import Simulation, run_seed
 from sim.world import sim_config
@@ -286,7 +286,7 @@ def test_garbage_from_an_unauthenticated_peer_closes_the_link_and_changes_nothin
     core = member()
     core.handle(Start(), 0.0)
     before = core.broker.state_digest()
-    for i, junk in enumerate([b"\xff" * 8, encode([P.PUSH, 1, []]), (10_000).to_bytes(4, "big")]):
+    for i, junk in enumerate([b"\xff" * 8, encode([PeerType.PUSH, 1, []]), (10_000).to_bytes(4, "big")]):
         core.handle(Accepted(-1 - i, "127.0.0.9:1"), 0.1)
         out = core.handle(LinkBytes(-1 - i, junk), 0.2)
         assert any(isinstance(a, Close) and a.link == -1 - i for a in out)
@@ -304,10 +304,10 @@ def test_heartbeats_go_on_their_own_timer_not_on_every_wake():
     beats = 0
     for i in range(40):  # many wakes within one heartbeat interval
         out = core.handle(Datagrams([]), 0.001 * i)
-        beats += sum(1 for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([P.HEARTBEAT]))
+        beats += sum(1 for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([PeerType.HEARTBEAT]))
     assert beats == 0
     out = core.handle(Tick(), 0.05)
-    assert sum(1 for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([P.HEARTBEAT])) == len(up)
+    assert sum(1 for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([PeerType.HEARTBEAT])) == len(up)
 
 
 def test_a_snapshot_counts_as_written_only_when_the_fsync_is_reported():
@@ -388,24 +388,24 @@ def test_a_dump_goes_out_only_as_fast_as_its_link_drains():
     core.handle(Accepted(-99, "127.0.0.1:1"), now)
     link = core.links[-99]
     link.phase, link.peer = "up", "m1"  # (as if it had shaken hands)
-    frames = [a.data for a in core.handle(LinkBytes(-99, encode([P.PULL])), now) if isinstance(a, SendFrame)]
+    frames = [a.data for a in core.handle(LinkBytes(-99, encode([PeerType.PULL])), now) if isinstance(a, SendFrame)]
     for _ in range(20):  # the runner is stuck: nothing reported sent
         frames += [a.data for a in core.handle(Tick(), now) if isinstance(a, SendFrame) and a.link == -99]
     queued = sum(map(len, frames))
     assert 0 < queued < 2000 + max(map(len, frames)) and core.next_deadline() > now
-    out = core.handle(LinkBytes(-99, encode([P.PULL])), now)
+    out = core.handle(LinkBytes(-99, encode([PeerType.PULL])), now)
     assert any(isinstance(a, Close) and a.link == -99 for a in out)  # one dump per link at a time
     # On a link that drains, the whole dump arrives:
     core.handle(Accepted(-98, "127.0.0.1:2"), now)
     link = core.links[-98]
     link.phase, link.peer = "up", "m1"
-    sent = [a.data for a in core.handle(LinkBytes(-98, encode([P.PULL])), now) if isinstance(a, SendFrame)]
+    sent = [a.data for a in core.handle(LinkBytes(-98, encode([PeerType.PULL])), now) if isinstance(a, SendFrame)]
     for _ in range(1000):
-        if sent and sent[-1][5:6] == bytes([P.DUMPEND]):
+        if sent and sent[-1][5:6] == bytes([PeerType.DUMPEND]):
             break
         out = core.handle(LinkSent(-98, sum(map(len, sent))), now)
         sent += [a.data for a in out if isinstance(a, SendFrame) and a.link == -98]
-    assert sent[-1][5:6] == bytes([P.DUMPEND]) and len(sent) > 40
+    assert sent[-1][5:6] == bytes([PeerType.DUMPEND]) and len(sent) > 40
 
 
 def test_our_side_of_a_repair_is_made_as_the_push_window_opens_not_in_one_turn():
@@ -422,8 +422,8 @@ def test_our_side_of_a_repair_is_made_as_the_push_window_opens_not_in_one_turn()
     lid = core.out["m1"]
     assert lid is not None
     core.digest_pending.add("m1")
-    out = core.handle(LinkBytes(lid, encode([P.DIFFEND, list(range(256))])), now)  # every bucket differs
-    pushes = [a.data for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([P.PUSH])]
+    out = core.handle(LinkBytes(lid, encode([PeerType.DIFFEND, list(range(256))])), now)  # every bucket differs
+    pushes = [a.data for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([PeerType.PUSH])]
     assert len(pushes) == q.window and q.repair is not None and not q.pending
     entries = 0
     for _ in range(200):  # the peer acknowledges; the rest follows a window at a time
@@ -432,7 +432,7 @@ def test_our_side_of_a_repair_is_made_as_the_push_window_opens_not_in_one_turn()
         if not seqs:
             break
         for seq in seqs:
-            core.handle(LinkBytes(lid, encode([P.PUSHACK, seq])), now)
+            core.handle(LinkBytes(lid, encode([PeerType.PUSHACK, seq])), now)
     assert q.repair is None and entries >= 400
 
 
@@ -449,9 +449,9 @@ def test_a_dialled_link_that_goes_silent_is_closed_after_down_after():
     now = sim.now
     out = core.handle(Datagrams([(b"SUB half-open\n", ("127.0.0.1", 20001))]), now)  # a PUSH to m1
     assert any(isinstance(a, SendFrame) and a.link == lid for a in out) and core.queues["m1"].inflight
-    core.handle(LinkBytes(lid, encode([P.BEAT])), now)  # the last frame m1 gets through to us
+    core.handle(LinkBytes(lid, encode([PeerType.BEAT])), now)  # the last frame m1 gets through to us
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
-    beat = encode([P.HEARTBEAT, "ready", 0, 0, 0, 0, 0])
+    beat = encode([PeerType.HEARTBEAT, "ready", 0, 0, 0, 0, 0])
     silence = core.s.down_after
     closed: list[tuple[float, str]] = []
     t = now
@@ -469,8 +469,8 @@ def test_heartbeats_on_a_peers_link_are_answered_with_a_beat():
     assert sim.run_until(3.0)
     core = sim.members["m0"].core
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
-    out = core.handle(LinkBytes(inbound, encode([P.HEARTBEAT, "ready", 0, 0, 0, 0, 0])), sim.now)
-    assert SendFrame(inbound, encode([P.BEAT])) in out
+    out = core.handle(LinkBytes(inbound, encode([PeerType.HEARTBEAT, "ready", 0, 0, 0, 0, 0])), sim.now)
+    assert SendFrame(inbound, encode([PeerType.BEAT])) in out
 
 
 def test_stop_drains_the_pushes_it_owes_before_it_exits_and_takes_no_more_client_commands():
@@ -492,7 +492,7 @@ def test_stop_drains_the_pushes_it_owes_before_it_exits_and_takes_no_more_client
     assert not any(isinstance(a, Exit) for a in out)  # the pushes are not acknowledged yet
     for p, lid in to.items():
         for seq in list(core.queues[p].inflight):
-            out = core.handle(LinkBytes(lid, encode([P.PUSHACK, seq])), now)
+            out = core.handle(LinkBytes(lid, encode([PeerType.PUSHACK, seq])), now)
         assert Close(lid, "stopping") in out
     assert any(isinstance(a, Exit) for a in out) and core.phase == "stopped"
 
@@ -560,9 +560,9 @@ def test_an_admin_join_is_answered_only_once_the_roster_is_on_disk():
         for a in out:
             if isinstance(a, SendFrame) and a.link == lid:
                 dec.feed(a.data)
-        return [f for f in iter(dec.next_frame_untrusted, None) if f[0] == P.ADMIN_REPLY]
+        return [f for f in iter(dec.next_frame_untrusted, None) if f[0] == PeerType.ADMIN_REPLY]
 
-    ok, _, version = core.admin_request([P.JOIN, "j9", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], lid)
+    ok, _, version = core.admin_request([PeerType.JOIN, "j9", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], lid)
     out = core.handle(Tick(), sim.now)
     writes = [a for a in out if isinstance(a, WriteSnapshot)]
     assert ok and writes and not replies(out)  # (written at once, not at the next snapshot_interval)
@@ -595,7 +595,7 @@ def test_a_member_that_left_and_joins_again_is_dialled_and_owns_again():
     assert m0 is not None and m0.out["j1"] is None and m0.redial_gone["j1"] > sim.now
     assert m0.next_dial["j1"] <= sim.now + m0.s.reconnect_interval
     assert not m0.queues["j1"].pending and m0.next_digest["j1"] == float("inf")  # (nothing for it)
-    again = m0.admin_request([P.LEAVE, "j1"], None)
+    again = m0.admin_request([PeerType.LEAVE, "j1"], None)
     assert again[0] and "has left" in again[1]
     sim.left.discard("j1")
     sim.join(1)  # (the same id, at the same addresses)
@@ -620,7 +620,7 @@ def test_a_config_member_that_left_cannot_join_again_under_its_id():
     m0 = sim.members["m0"].core
     assert m0 is not None and m0.roster.left("m3")
     version = m0.roster.version
-    ok, message, _ = m0.admin_request([P.JOIN, "m3", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], None)
+    ok, message, _ = m0.admin_request([PeerType.JOIN, "m3", ["127.0.0.1", 7999], ["127.0.0.1", 7998]], None)
     assert not ok and "m3 is in the config's [[members]] and has left: it comes back under a new id" in message
     assert m0.roster.version == version and m0.roster.left("m3")
 

@@ -72,7 +72,7 @@ def test_bad_filters_are_refused_with_the_reason(text: str, says: str) -> None:
     # and on the wire, as bad_topic with the same words
     with pytest.raises(wire.WireError) as werr:
         wire.check_filter(text)
-    assert werr.value.code == wire.E.BAD_TOPIC
+    assert werr.value.code == wire.ErrorCode.BAD_TOPIC
     assert says in werr.value.text or (text == "" and werr.value.text == "topic must be a non-empty string")
 
 

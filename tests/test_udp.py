@@ -14,7 +14,7 @@ import trio.testing
 from roost.client import Client, ClientClosed, ClientConfig, Message, NodeLost, decoding, wire
 from roost.client import udp as udp_module
 from roost.client.udp import drain, send_all, send_now, send_ready
-from roost.client.wire import E, T
+from roost.client.wire import ErrorCode, FrameType
 from tests.polling import eventually
 
 pytestmark = pytest.mark.trio
@@ -59,7 +59,7 @@ async def test_oversized_datagram_is_refused_with_too_large(node):
     assert (await recv(a)).startswith(b"ERR too_large")
     await a.sendto(wire.encode_hello(b"c" * 16) + b"\0" * 20000, node.addr)
     f = decoding.decode_untrusted_frame(await recv(a))
-    assert f[0] is T.ERROR and f[1] == E.TOO_LARGE
+    assert f[0] is FrameType.ERROR and f[1] == ErrorCode.TOO_LARGE
 
 
 async def test_reliable_library_round_trip_in_order(node):
@@ -213,16 +213,16 @@ async def test_a_client_cannot_subscribe_another_address(node):
     # The attacker learned the victim's id and cookie, but sends from its own address.
     await attacker.sendto(wire.encode_cmds(vid, cookie, 1, 1, [(1, "t", None, 0)]), node.addr)
     f = decoding.decode_untrusted_frame(await recv(attacker))
-    assert f[0] is T.ERROR and f[1] == E.BAD_COOKIE
+    assert f[0] is FrameType.ERROR and f[1] == ErrorCode.BAD_COOKIE
     assert node.core.index.count == 0 and node.core.clients == {}
     # Nothing published reaches either socket: the node handles datagrams in
     # order, so an answer to a later request is the next datagram each gets.
     p = await udp()
     await p.sendto(b"PUB t\nsecret", node.addr)
     await victim.sendto(wire.encode_ping(vid, cookie, 1), node.addr)
-    assert decoding.decode_untrusted_frame(await recv(victim))[0] is T.PONG
+    assert decoding.decode_untrusted_frame(await recv(victim))[0] is FrameType.PONG
     await attacker.sendto(wire.encode_hello(os.urandom(16)), node.addr)
-    assert decoding.decode_untrusted_frame(await recv(attacker))[0] is T.WELCOME
+    assert decoding.decode_untrusted_frame(await recv(attacker))[0] is FrameType.WELCOME
 
 
 def client_addr(c: Client) -> tuple[str, int]:
@@ -233,13 +233,13 @@ async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
     """Whoever can send from the node's address (a spoofer) gets the client to
     ignore what it cannot use, or to recover from what it can."""
     bad = [
-        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 70000]]]),
-        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "evil.example", 7400]]]),
-        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1\x00", 7400]]]),
-        wire.pack([1, T.WELCOME, "", b"k" * 16, {}, []]),
-        wire.pack([1, T.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 1]] * 65]),
-        wire.pack([1, T.WELCOME, "n1", b"k" * 16, [], []]),
-        wire.pack([1, T.WELCOME, "n1"]),
+        wire.pack([1, FrameType.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 70000]]]),
+        wire.pack([1, FrameType.WELCOME, "n1", b"k" * 16, {}, [["n9", "evil.example", 7400]]]),
+        wire.pack([1, FrameType.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1\x00", 7400]]]),
+        wire.pack([1, FrameType.WELCOME, "", b"k" * 16, {}, []]),
+        wire.pack([1, FrameType.WELCOME, "n1", b"k" * 16, {}, [["n9", "127.0.0.1", 1]] * 65]),
+        wire.pack([1, FrameType.WELCOME, "n1", b"k" * 16, [], []]),
+        wire.pack([1, FrameType.WELCOME, "n1"]),
         b"", b"\xc1", b"\x91", b"\x92\x01\x63", b"MSG t\nhello", b"\xff" * 300,
     ]  # fmt: skip
     odd_but_valid = [
@@ -247,7 +247,7 @@ async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
         wire.encode_welcome("spoof", b"s" * 16, {"max_datagram": 10**9, "ping_interval": -1.0}, []),
         wire.encode_cmdack(1, 1, [0]),  # not our session
         wire.encode_puback(b"x" * 16, 10**9),  # not our producer
-        wire.pack([1, T.ERROR, 2**40, "x" * 1000]),  # an error code nobody defined
+        wire.pack([1, FrameType.ERROR, 2**40, "x" * 1000]),  # an error code nobody defined
         wire.encode_status_reply({"node": ["?"]}),
     ]
     async with Client(addr(node)) as c, Client(addr(node)) as pub:
@@ -272,7 +272,7 @@ async def test_a_datagram_the_session_fails_on_does_not_stop_the_client(node):
             handle = c.session._on_frame
 
             def buggy(f, src, now):  # a bug that a datagram can reach
-                if f[0] is T.STATUS_REPLY and "boom" in f[1]:
+                if f[0] is FrameType.STATUS_REPLY and "boom" in f[1]:
                     raise RuntimeError("boom")
                 handle(f, src, now)
 
@@ -303,7 +303,7 @@ async def test_what_a_node_sends_is_counted_where_it_is_sent(node):
     welcome = await recv(s)
     await s.sendto(wire.encode_status(cid, decoding.decode_untrusted_frame(welcome)[2]), node.addr)
     reply = await recv(s)
-    assert decoding.decode_untrusted_frame(reply)[0] is T.STATUS_REPLY
+    assert decoding.decode_untrusted_frame(reply)[0] is FrameType.STATUS_REPLY
     m = node.core.metrics
     assert m["datagrams_out"] - before.get("datagrams_out", 0) == 2
     assert m["bytes_out"] - before.get("bytes_out", 0) == len(welcome) + len(reply)
@@ -331,7 +331,7 @@ async def test_a_node_bound_to_a_wildcard_answers_the_launchers_probe(node):
     assert status is not None and status["node"] == node.cfg.id
 
 
-def _queued_frames(sock: socket.socket) -> list[T]:
+def _queued_frames(sock: socket.socket) -> list[FrameType]:
     """The kinds of the datagrams waiting in a node's socket (read, so the node never sees them)."""
     return [decoding.decode_untrusted_frame(d)[0] for d, _ in drain(sock, 70000)]
 
@@ -355,9 +355,9 @@ async def test_a_publish_on_an_idle_path_is_sent_before_publish_returns(node):
         # (no await gives the node a turn between the publishes and the look at its socket)
         assert await c.publish("t.idle", b"fire", mode="fire") == 0
         assert c.session.pub.fire_unsent == 0
-        assert _queued_frames(node.sock) == [T.PUBRUN]  # (a fire message of one topic: a run)
+        assert _queued_frames(node.sock) == [FrameType.PUBRUN]  # (a fire message of one topic: a run)
         seq = await c.publish("t.idle", b"one")
-        assert c.session.pub.unsent_from == seq + 1 and _queued_frames(node.sock) == [T.PUB]
+        assert c.session.pub.unsent_from == seq + 1 and _queued_frames(node.sock) == [FrameType.PUB]
         # A reliable publish in flight (the node has not answered): the next waits for the loop.
         await c.publish("t.idle", b"two")
         assert c.session.pub.unsent_from == seq + 1 and _queued_frames(node.sock) == []
@@ -406,7 +406,7 @@ async def test_a_burst_on_a_quiet_path_is_sent_call_by_call_and_what_follows_wai
             for i in range(3):
                 await c.publish("t.burst", f"{round_}.{i}", mode=mode)
                 assert (pub.fire_unsent, pub.unsent_from) == (0, pub.next_seq)  # (sent: nothing queued)
-            assert _queued_frames(node.sock) == [T.PUBRUN if mode == "fire" else T.PUB] * 3
+            assert _queued_frames(node.sock) == [FrameType.PUBRUN if mode == "fire" else FrameType.PUB] * 3
             await c.publish("t.burst", f"{round_}.3", mode=mode)  # (the burst is spent: the loop sends it)
             assert _queued_frames(node.sock) == []
             queued = (1, pub.next_seq) if mode == "fire" else (0, pub.next_seq - 1)
@@ -438,7 +438,7 @@ async def test_a_burst_ends_when_its_last_turn_is_idle_gap_old_on_a_busy_path(no
     try:
         c._busy_at = -math.inf
         await c.publish("t.spent", b"0", mode="fire")
-        assert c.session.pub.fire_unsent == 0 and _queued_frames(node.sock) == [T.PUBRUN]  # (the burst's first)
+        assert c.session.pub.fire_unsent == 0 and _queued_frames(node.sock) == [FrameType.PUBRUN]  # (the burst's first)
         c._burst_at -= 1.0  # (its last turn a second ago, ...)
         c._busy_at = trio.current_time()  # (... and the path busy since: a datagram just came)
         await c.publish("t.spent", b"1", mode="fire")
@@ -526,7 +526,7 @@ async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node, mo
     order: list[str] = []
 
     def noted(sock, datagrams):
-        order.extend("ACK" for _, d in datagrams if decoding.decode_untrusted_frame(d)[0] is T.ACK)
+        order.extend("ACK" for _, d in datagrams if decoding.decode_untrusted_frame(d)[0] is FrameType.ACK)
         return send_now(sock, datagrams)
 
     monkeypatch.setattr("roost.client.clientbase.send_now", noted)
@@ -557,7 +557,7 @@ async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_by
     """The application takes a driven reliable message and leaves the client at once (no
     await between: the loop's task, which would send the held ACK at its turn, gets none):
     the BYE goes with the ACK in front of it."""
-    sent: list[T] = []
+    sent: list[FrameType] = []
 
     def noted(sock, datagrams):
         if sock is c._socks[id(c.session)]:  # (the subscriber's, not the publisher's)
@@ -570,7 +570,7 @@ async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_by
         sub = c.subscribe("t.bye", mode="reliable")
         await sub.start()
         got, _ = await _driving(c, sub)
-        at_bye: list[list[T]] = []
+        at_bye: list[list[FrameType]] = []
 
         async def waiter() -> None:
             got.append(await sub.next(timeout=10))
@@ -583,7 +583,7 @@ async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_by
             assert c._driver == id(c.session)
             monkeypatch.setattr("roost.client.clientbase.send_now", noted)
             await p.publish("t.bye", b"last")
-        assert [m.payload for m in got] == [b"last"] and at_bye == [[T.ACK, T.BYE]]
+        assert [m.payload for m in got] == [b"last"] and at_bye == [[FrameType.ACK, FrameType.BYE]]
     finally:
         await p.aclose()
         await c.aclose()

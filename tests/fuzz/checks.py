@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from roost.client import decoding, wire
-from roost.client.wire import T, WireError
+from roost.client.wire import FrameType, WireError
 from roost.cluster.peerwire import check_entries_untrusted, check_forwarded_untrusted, check_relay_untrusted
 from roost.node import versions
 from roost.node.core import BrokerCore, Confirm, Forward, Log, Relay, Replicate, Send, StatusQuery
@@ -32,7 +32,7 @@ def counters_in_range(metrics: Mapping[str, Any], where: str = "metrics") -> Non
 def status_encodes(status: dict[str, Any]) -> dict[str, Any]:
     """``wire.encode_status_reply`` packs it without its fallback, and it decodes again."""
     f = decoding.decode_untrusted_frame(wire.encode_status_reply(status))
-    assert f[0] is T.STATUS_REPLY
+    assert f[0] is FrameType.STATUS_REPLY
     assert "unencodable" not in f[1], f"STATUS needed its fallback: {f[1]['unencodable']}"
     return f[1]  # type: ignore[no-any-return]
 

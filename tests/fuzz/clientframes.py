@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from roost.client import durablewire, wire
-from roost.client.wire import E, T
+from roost.client.wire import ErrorCode, FrameType
 
 Addr = tuple[str, int]
 
@@ -45,19 +45,19 @@ class BinClient:
     def seen(self, f: tuple[Any, ...]) -> None:
         """A frame the node sent us: what a real client takes from it."""
         t = f[0]
-        if t is T.MSGS or t is T.MSGSRUN:
-            self.got += [m[3] for m in f[3][:8]] if t is T.MSGS else f[3][:8]
+        if t is FrameType.MSGS or t is FrameType.MSGSRUN:
+            self.got += [m[3] for m in f[3][:8]] if t is FrameType.MSGS else f[3][:8]
             del self.got[:-8]
-        if t is T.MSGS and f[1]:
+        if t is FrameType.MSGS and f[1]:
             if f[1] > self.stream:
                 self.stream, self.max_seq = f[1], 0
             if f[1] == self.stream and f[2] <= self.max_seq + 1:
                 self.max_seq = max(self.max_seq, f[2] + len(f[3]) - 1)
-        elif t is T.PUBACK and f[1] == self.pid:
+        elif t is FrameType.PUBACK and f[1] == self.pid:
             self.acked = max(self.acked, f[2])
-        elif t is T.ERROR and f[1] == E.BAD_COOKIE:
+        elif t is FrameType.ERROR and f[1] == ErrorCode.BAD_COOKIE:
             self.needs_hello = True
-        elif t is T.WELCOME and self.hello_pending:
+        elif t is FrameType.WELCOME and self.hello_pending:
             self.cookie, self.hello_pending = f[2], False
 
     def hello(self) -> bytes:

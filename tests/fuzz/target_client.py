@@ -38,7 +38,7 @@ from roost.client.config import ClientConfig
 from roost.client.receive import FIRE_WINDOW, MAX_HOLES, MAX_PRODUCERS
 from roost.client.router import Router
 from roost.client.session import MAX_CANDIDATES, ClientSession
-from roost.client.wire import E, Mode, T, WireError
+from roost.client.wire import ErrorCode, FrameType, Mode, WireError
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
 from tests.fuzz import checks
@@ -61,7 +61,7 @@ class ClientRig:
         self.publisher = BinClient(1, ("127.0.0.1", 5101))
         self.watcher = BinClient(2, ("127.0.0.1", 5102))  # (the final check's subscriber of the router's publish)
         self.others = {c.addr: c for c in (self.publisher, self.watcher)}
-        self.heard: dict[T, bytes] = {}  # the last frame of each type the node sent the first session
+        self.heard: dict[FrameType, bytes] = {}  # the last frame of each type the node sent the first session
         self.values = Values(VALUES, free)
         self.trace: deque[str] = deque(maxlen=24)
         self.frames = self.mutated = self.steps = 0
@@ -136,7 +136,7 @@ class ClientRig:
             lambda: wire.encode_msgs(0, 3, [part]),
             lambda: wire.msgsrun_header(7) + wire.run_body("u", [b"a", b"b" * 255])[1],
             lambda: wire.encode_cancel("t", None, wire.Reason.OUT_OF_CAPACITY),
-            lambda: wire.encode_error(E.BAD_COOKIE, "send HELLO"),
+            lambda: wire.encode_error(ErrorCode.BAD_COOKIE, "send HELLO"),
             lambda: wire.encode_pong(s.ping_token, False, cookie, [["t", None, "timed_out"]], 77),
             lambda: wire.encode_cmdack(s.session, batch, [0, 14, 10]),
             lambda: wire.encode_puback(b"\xa7" * 16, s.pub.acked + 1),
@@ -285,11 +285,24 @@ def hijacks(data: bytes) -> bool:
         f = decoding.decode_untrusted_frame(data, 65536)
     except WireError:
         return False
-    cmap = f[5] if f[0] is T.WELCOME else f[2] if f[0] is T.REDIRECT else None
+    cmap = f[5] if f[0] is FrameType.WELCOME else f[2] if f[0] is FrameType.REDIRECT else None
     return cmap is not None and all(client != NODE for client, _ in cmap.members.values())
 
 
-_CLIENT_SENDS = {T.HELLO, T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT, T.BYE}
+_CLIENT_SENDS = {
+    FrameType.HELLO,
+    FrameType.CMDS,
+    FrameType.PUB,
+    FrameType.PUBRUN,
+    FrameType.ACK,
+    FrameType.PING,
+    FrameType.STATUS,
+    FrameType.MAP,
+    FrameType.PUT,
+    FrameType.GET,
+    FrameType.COMMIT,
+    FrameType.BYE,
+}
 
 
 def receiver_consistent(s: ClientSession) -> None:

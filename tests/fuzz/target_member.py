@@ -55,7 +55,7 @@ from roost.cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.member import MemberCore
-from roost.cluster.peerwire import PROTOCOL, FrameDecoder, P, encode, mac
+from roost.cluster.peerwire import PROTOCOL, FrameDecoder, PeerType, encode, mac
 from roost.node import versions
 from roost.node.logs import event_line
 from sim.logs import SimLogDisk
@@ -209,43 +209,43 @@ class MemberRig:
             return
         p = next((x for x in self.peers.values() if lid in (x.inbound, x.outbound)), None)
         if p is None or lid != p.outbound:
-            if p is not None and f[0] == P.LOGDATA:
+            if p is not None and f[0] == PeerType.LOGDATA:
                 p.data = f
             return
         kind = f[0]  # the member's requests to p: answered as p would
-        if kind == P.PUSH:
+        if kind == PeerType.PUSH:
             p.heard_push = f[1]
-            self._bytes(lid, encode([P.PUSHACK, f[1]]))
-        elif kind == P.HEARTBEAT:
-            self._bytes(lid, encode([P.BEAT]))
-        elif kind == P.PULL:
-            self._bytes(lid, encode([P.DUMPEND, 0]))
-        elif kind == P.DIGEST:
-            self._bytes(lid, encode([P.DIFFEND, []]))
-        elif kind == P.FORWARD and f[1]:
+            self._bytes(lid, encode([PeerType.PUSHACK, f[1]]))
+        elif kind == PeerType.HEARTBEAT:
+            self._bytes(lid, encode([PeerType.BEAT]))
+        elif kind == PeerType.PULL:
+            self._bytes(lid, encode([PeerType.DUMPEND, 0]))
+        elif kind == PeerType.DIGEST:
+            self._bytes(lid, encode([PeerType.DIFFEND, []]))
+        elif kind == PeerType.FORWARD and f[1]:
             p.heard_fwd = f[1]
-            self._bytes(lid, encode([P.FWDACK, f[1], []]))
-        elif kind == P.LOGFETCH:
+            self._bytes(lid, encode([PeerType.FWDACK, f[1], []]))
+        elif kind == PeerType.LOGFETCH:
             p.fetch = f
 
     def _handshake(self, lid: int, hs: tuple[Peer, bytes], f: list[Any]) -> None:
         p, ours = hs
         core = self.core
-        if f[0] == P.HELLO and p is self.dialled:
+        if f[0] == PeerType.HELLO and p is self.dialled:
             self.hellos[lid] = f
-        elif f[0] == P.HELLO:  # the member dialled p: p challenges it
+        elif f[0] == PeerType.HELLO:  # the member dialled p: p challenges it
             nonce = bytes([0x40 + p.n]) * 16
-            self._bytes(lid, encode([P.CHALLENGE, p.id, nonce, mac(self.secret, b"L", f[3], nonce, p.id, core.id),
-                                     core.shape]))  # fmt: skip
+            proof = mac(self.secret, b"L", f[3], nonce, p.id, core.id)
+            self._bytes(lid, encode([PeerType.CHALLENGE, p.id, nonce, proof, core.shape]))  # fmt: skip
             self.handshakes[lid] = (p, nonce)
-        elif f[0] == P.AUTH:
+        elif f[0] == PeerType.AUTH:
             del self.handshakes[lid]
             p.outbound = lid
-        elif f[0] == P.CHALLENGE and self.manual:
+        elif f[0] == PeerType.CHALLENGE and self.manual:
             self.challenges[lid] = f
-        elif f[0] == P.CHALLENGE:  # p dialled the member: p authenticates
+        elif f[0] == PeerType.CHALLENGE:  # p dialled the member: p authenticates
             del self.handshakes[lid]
-            self._bytes(lid, encode([P.AUTH, mac(self.secret, b"D", f[2], ours, p.id, core.id)]))
+            self._bytes(lid, encode([PeerType.AUTH, mac(self.secret, b"D", f[2], ours, p.id, core.id)]))
             if lid in core.links and core.links[lid].up:
                 p.inbound = lid
 
@@ -260,7 +260,7 @@ class MemberRig:
         self.handshakes[lid] = (p, nonce)
         self.feed(Accepted(lid, f"127.0.0.1:{40000 - lid}"))
         self.hello_fed = lid in self.core.links
-        self.feed(LinkBytes(lid, hello or encode([P.HELLO, PROTOCOL, p.id, nonce, self.core.shape])))
+        self.feed(LinkBytes(lid, hello or encode([PeerType.HELLO, PROTOCOL, p.id, nonce, self.core.shape])))
         return lid
 
     def tick(self, dt: float) -> None:
@@ -299,51 +299,53 @@ class MemberRig:
         which %= 8
         if which == 0:
             p.push_seq += 1 if legit else 0
-            return encode([P.PUSH, p.push_seq + (0 if legit else 1), [self._entry(p, p.push_seq, which & 1 == 0)]])
+            return encode(
+                [PeerType.PUSH, p.push_seq + (0 if legit else 1), [self._entry(p, p.push_seq, which & 1 == 0)]]
+            )
         if which == 1:
             digest = core.roster.digest()
-            return encode([P.HEARTBEAT, "ready", core.broker.index.count, 2, core.own.epoch, digest, digest])
+            return encode([PeerType.HEARTBEAT, "ready", core.broker.index.count, 2, core.own.epoch, digest, digest])
         if which == 2:
             owned = [i for i, mine in enumerate(core.own.owned) if mine]
-            return encode([P.PULL, owned] if core.partitioned else [P.PULL])
+            return encode([PeerType.PULL, owned] if core.partitioned else [PeerType.PULL])
         if which == 3:
             digest = list(core.broker.digest)
             digest[0] ^= 1
-            return encode([P.DIGEST, digest])
+            return encode([PeerType.DIGEST, digest])
         if which == 4:
             p.fwd += 1 if legit else 0
             p.seq += 1 if legit else 0
-            return encode([P.FORWARD, p.fwd + 1, [["t", None, None, b"fwd", bytes([0xB0 + p.n]) * 16, p.seq + 1],
+            return encode([PeerType.FORWARD, p.fwd + 1, [["t", None, None, b"fwd", bytes([0xB0 + p.n]) * 16, p.seq + 1],
                                                   ["u", "k", {"a": "1"}, b"fire", None, None]]])  # fmt: skip
         if which == 5:
-            return encode([P.RELAY, [["127.0.0.2", 9100, b"MSG t\nrelayed"], ["127.0.0.1", 6001, b"MSG t\nx"]]])
+            return encode([PeerType.RELAY, [["127.0.0.2", 9100, b"MSG t\nrelayed"], ["127.0.0.1", 6001, b"MSG t\nx"]]])
         if which == 6:
-            return encode([P.ROSTER, core.roster.encode()])
+            return encode([PeerType.ROSTER, core.roster.encode()])
         plog = min(core.plogs) if core.plogs else 0
         log = core.plogs.get(plog)
         end = log.end if log is not None else 0
-        return encode([P.LOGFETCH, plog, log.seen if log is not None else 0, end, 0, False])
+        return encode([PeerType.LOGFETCH, plog, log.seen if log is not None else 0, end, 0, False])
 
     def _reply(self, p: Peer, which: int) -> bytes:
         """p's answer to the member (on the link the member dialled), valid in context."""
         which %= 8
         if which == 0:
-            return encode([P.PUSHACK, p.heard_push])
+            return encode([PeerType.PUSHACK, p.heard_push])
         if which == 1:
-            return encode([P.FWDACK, p.heard_fwd, []])
+            return encode([PeerType.FWDACK, p.heard_fwd, []])
         if which == 2:
-            return encode([P.DIFF, [self._entry(p, 7000 + p.push_seq)]])
+            return encode([PeerType.DIFF, [self._entry(p, 7000 + p.push_seq)]])
         if which == 3:
-            return encode([P.DIFFEND, [0, 1]])
+            return encode([PeerType.DIFFEND, [0, 1]])
         if which == 4:
-            return encode([P.DUMP, [self._entry(p, 8000)]])
+            return encode([PeerType.DUMP, [self._entry(p, 8000)]])
         if which == 5:
-            return encode([P.DUMPEND, 0])
+            return encode([PeerType.DUMPEND, 0])
         if which == 6:
-            return encode([P.BEAT])
-        fetch = p.fetch or [P.LOGFETCH, 0, 0, 0, 0, False]
+            return encode([PeerType.BEAT])
+        fetch = p.fetch or [PeerType.LOGFETCH, 0, 0, 0, 0, False]
         recs = p.data[10] if p.data is not None and p.data[1] == fetch[1] else []
-        return encode([P.LOGDATA, fetch[1], fetch[2], 0, 0, fetch[3] + len(recs), fetch[4], fetch[3], -1, -1,
+        return encode([PeerType.LOGDATA, fetch[1], fetch[2], 0, 0, fetch[3] + len(recs), fetch[4], fetch[3], -1, -1,
                        [[fetch[3] + i, r[1], r[2]] for i, r in enumerate(recs)], fetch[3]])  # fmt: skip
 
     # ------------------------------------------------------------ steps
@@ -393,7 +395,9 @@ class MemberRig:
         self.trace.append(f"{p.id} {'request' if request else 'reply'} {unpack_peer(data)[0]}: {m.what}")
         legit = self._request(p, b + 1, True) if request else self._reply(p, b + 1)
         body = m.data + legit if after == "batch" else m.data
-        self.relaying = (request and _kind(m.data) == P.RELAY) or (_kind(legit) == P.RELAY and after == "batch")
+        self.relaying = (request and _kind(m.data) == PeerType.RELAY) or (
+            _kind(legit) == PeerType.RELAY and after == "batch"
+        )
         self.mutated += m.data != data and lid in self.core.links
         self.frames += 2 if after == "batch" else 1
         self.feed(LinkBytes(lid, body))
@@ -415,7 +419,7 @@ class MemberRig:
             self._dial_step(p, kind, where, c, refused=which == 3)
             return
         nonce = bytes([0x20 + p.n]) * 16
-        hello = encode([P.HELLO, PROTOCOL, p.id, nonce, self.core.shape])
+        hello = encode([PeerType.HELLO, PROTOCOL, p.id, nonce, self.core.shape])
         if which == 1:
             m = mutate_packed(hello, kind, where, self.values, c, unpack_peer, encode)
             self.trace.append(f"{p.id} HELLO: {m.what}")
@@ -428,7 +432,7 @@ class MemberRig:
             challenge = self.challenges.pop(lid, None)
             if challenge is None:
                 return
-            auth = encode([P.AUTH, mac(self.secret, b"D", challenge[2], nonce, p.id, self.core.id)])
+            auth = encode([PeerType.AUTH, mac(self.secret, b"D", challenge[2], nonce, p.id, self.core.id)])
             m = mutate_packed(auth, kind, where, self.values, c, unpack_peer, encode)
             self.trace.append(f"{p.id} AUTH: {m.what}")
             self.handshakes.pop(lid, None)
@@ -459,11 +463,12 @@ class MemberRig:
         lid, hello = self.hellos.popitem()
         self.hellos.clear()
         if refused:
-            frame = encode([P.REFUSED, f"peer runs {core.shape!r}, this member 'partitioned/7/3': [cluster] mode, "
+            frame = encode([PeerType.REFUSED,
+                            f"peer runs {core.shape!r}, this member 'partitioned/7/3': [cluster] mode, "
                                        "partitions and replicas must be the same on every member"])  # fmt: skip
         else:
             nonce = bytes([0x40 + p.n]) * 16
-            frame = encode([P.CHALLENGE, p.id, nonce, mac(self.secret, b"L", hello[3], nonce, p.id, core.id),
+            frame = encode([PeerType.CHALLENGE, p.id, nonce, mac(self.secret, b"L", hello[3], nonce, p.id, core.id),
                             core.shape])  # fmt: skip
             self.handshakes[lid] = (p, nonce)
         m = mutate_packed(frame, kind, where, self.values, c, unpack_peer, encode)

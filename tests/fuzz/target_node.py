@@ -37,7 +37,7 @@ import msgpack
 
 from roost.client import clustermap, decoding, wire
 from roost.client.text import parse_untrusted_text
-from roost.client.wire import T, WireError
+from roost.client.wire import FrameType, WireError
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore, Confirm, Log, Send
 from roost.node.ownership import Ownership
@@ -54,10 +54,10 @@ TWO = {"n1": (("127.0.0.1", 7401), ("127.0.0.1", 7501)), "n2": (("127.0.0.1", 74
 
 #: The frames that may change a node's state, given a good cookie (STATUS, MAP, PUT, GET and COMMIT
 #: carry one too, and change nothing of the core's; HELLO and the node's own frames none).
-_CHANGING = {T.CMDS, T.PUB, T.PUBRUN, T.ACK, T.PING, T.BYE}
+_CHANGING = {FrameType.CMDS, FrameType.PUB, FrameType.PUBRUN, FrameType.ACK, FrameType.PING, FrameType.BYE}
 #: The frames that, with a good cookie, change nothing of the core's but may act (StatusQuery, a REDIRECT, the
 #: durable requests' actions).
-_INERT = {T.STATUS, T.MAP, T.PUT, T.GET, T.COMMIT}
+_INERT = {FrameType.STATUS, FrameType.MAP, FrameType.PUT, FrameType.GET, FrameType.COMMIT}
 #: Counters a refused datagram must leave as they are (``snapshot``).
 _COUNTED = ("published", "delivered", "forwarded_out", "pub_duplicates", "retransmitted", "streams_restarted")
 VARIANTS = ("single", "tight", "replica", "partitioned")
@@ -213,8 +213,8 @@ class NodeRig:
     def _issued(self, batch: list[tuple[bytes, Addr]], out: list[tuple[Any, Send]]) -> None:
         """Note the cookies the node gave (WELCOME, PONG) with the ids their address sent."""
         for f, s in out:
-            if f is not None and (f[0] is T.WELCOME or f[0] is T.PONG):
-                cookie = f[2] if f[0] is T.WELCOME else f[3]
+            if f is not None and (f[0] is FrameType.WELCOME or f[0] is FrameType.PONG):
+                cookie = f[2] if f[0] is FrameType.WELCOME else f[3]
                 pairs = self.issued.setdefault(s.addr, set())
                 for data, a in batch:
                     cid = ids(data)[0] if a == s.addr else None
@@ -287,11 +287,11 @@ class NodeRig:
             self._hello_if_needed(x)
             assert x.cookie != b"\x00" * 16, "no WELCOME for a fresh client"
         acks = self._feed([(wire.encode_cmds(sub.cid, sub.cookie, 1, 1, [(1, topic, None, 1)]), sub.addr)])
-        assert any(f is not None and f[0] is T.CMDACK and f[3] == [0] for f, _ in acks), f"SUB refused: {acks}"
+        assert any(f is not None and f[0] is FrameType.CMDACK and f[3] == [0] for f, _ in acks), f"SUB refused: {acks}"
         out = self._feed([(wire.encode_pub(pub.cid, pub.cookie, pub.pid, 1, 1, True,
                                            [wire.pack_message(topic, None, None, b"hello")]), pub.addr)])  # fmt: skip
         assert sub.got == [b"hello"], f"the fresh subscriber got {sub.got}"
-        assert any(f is not None and f[0] is T.PUBACK and f[2] == 1 for f, s in out if s.addr == pub.addr)
+        assert any(f is not None and f[0] is FrameType.PUBACK and f[2] == 1 for f, s in out if s.addr == pub.addr)
         if core.own is None and core.text_subs < core.cfg.max_text_subscribers:
             self._feed([(f"SUB {topic}\n".encode(), ("127.0.0.9", 7003))])
             out = self._feed([(f"PUB {topic}\nline".encode(), ("127.0.0.9", 7004))])
