@@ -201,6 +201,9 @@ class ClusterConfig:
     settings: ClusterSettings
     members: list[Member]
     node_data: dict[str, Any]  # the [node] [limits] [timeouts] tables
+    # The simulator's instruments, copied into every member's NodeConfig (node/config.py says why).
+    trace: bool = False
+    breaks: frozenset[str] = frozenset()
 
     def member(self, member_id: str) -> Member:
         for m in self.members:
@@ -222,6 +225,7 @@ class ClusterConfig:
         if m.monitor_addr is not None:
             cfg.monitor_addr = hostport(bind_host or m.monitor_addr[0], m.monitor_addr[1])
         cfg.source = self.source
+        cfg.trace, cfg.breaks = self.trace, self.breaks
         return cfg
 
     def index_of(self, member_id: str) -> int:

@@ -34,7 +34,7 @@ from sim.world import FAULTS
 def _run(job: tuple[int, dict[str, Any], str | None]) -> tuple[int, list[str], dict[str, int], int]:
     seed, kw, broken = job
     apply_break(broken)  # (idempotent: once per worker process)
-    check, stats = run_seed(seed, **kw)
+    check, stats = run_seed(seed, broken=broken, **kw)
     return seed, check.violations, stats, check.checked
 
 

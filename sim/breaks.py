@@ -2,7 +2,10 @@
 
 Each one switches off a mechanism a guarantee rests on; a campaign over a
 broken build must report violations with seeds that replay, which shows the
-checker (sim/check.py) can fail. They patch this process only.
+checker (sim/check.py) can fail. A broken build is selected by configuration:
+the simulation puts the name in every core's ``breaks`` (node/config.py) and
+the core skips that mechanism (an entry of None below). Those with a function
+are still broken by patching this process.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def _break_no_fsync() -> None:
 
 
 # Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.
-BREAKS: dict[str, Callable[[], None]] = {
+BREAKS: dict[str, Callable[[], None] | None] = {
     "no-dedup": _break_dedup,
     "no-tombstones": _break_tombstones,
     "no-restream": _break_restream,
@@ -96,5 +99,7 @@ _broken: set[str] = set()
 def apply_break(name: str | None) -> None:
     """Break this process's build as ``name`` says (once); None leaves it whole."""
     if name is not None and name not in _broken:
-        BREAKS[name]()
+        patch = BREAKS[name]
+        if patch is not None:
+            patch()
         _broken.add(name)

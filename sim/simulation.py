@@ -32,6 +32,7 @@ The fake world:
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -89,13 +90,15 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
                  loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
                  sockets_guard: Callable[[], None] | None = None, mode: str = "replicated",
-                 durable: bool = True) -> None:  # fmt: skip
+                 durable: bool = True, broken: str | None = None) -> None:  # fmt: skip
         self.seed = seed
         self.rng = random.Random(seed)
         self.partitioned = mode == "partitioned"
         short = self.rng.random() < 0.35
         self.cc = sim_config(members, short=short, mode=mode,
                              partitions=self.rng.choice((4, 16, 64)) if self.partitioned else 16)  # fmt: skip
+        # (every core traces for the checkers; a broken build is one its cores are told to be)
+        self.cc = dataclasses.replace(self.cc, trace=True, breaks=frozenset({broken} if broken else ()))
         self.topics = PARTITIONED_TOPICS if self.partitioned else TOPICS
         self.map_changes = 0  # partitioned: maps installed by any member (a change of primary may reorder)
         self.loss, self.dup = loss, dup
