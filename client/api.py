@@ -1,5 +1,5 @@
 """The client API, written once for every shell: publish, subscribe, request/reply (and, through
-:class:`roost.client.durableapi.DurableAPI`, durable logs), over the primitives of
+the :class:`roost.client.durableapi.DurableAPI` it holds, durable logs), over the primitives of
 client/clientbase.py.
 
 Request/reply is built on plain subscriptions, as in NATS: each client subscribes (reliably) to
@@ -11,14 +11,16 @@ answer to the inbox with the same number. Replies for requests that timed out ar
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from roost.client import subjects, wire
-from roost.client.clientbase import ClientClosed, NodeLost, check_timeout
-from roost.client.durableapi import DurableAPI, LogRead, durable_id
+from roost.client.clientbase import ClientBase, ClientClosed, NodeLost, check_timeout
+from roost.client.durableapi import DurableAPI, LogRead
+from roost.client.durableclient import durable_id
 from roost.client.receive import Fields, Message, Receiver, SubState, message_of
 from roost.client.router import Router
 from roost.client.session import ClientSession
@@ -67,8 +69,13 @@ class Request(Message):
         return self._answer(self, payload, tags)
 
 
-class ClientAPI(DurableAPI):
+class ClientAPI(ClientBase):
     """Everything a client does, over the primitives its shell provides (client/clientbase.py)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """(ClientBase's arguments)"""
+        super().__init__(*args, **kwargs)
+        self.durable = DurableAPI(self)  # (durable mode: put, get, read, position, commit)
 
     # ------------------------------------------------------------ publishing
 
@@ -173,6 +180,49 @@ class ClientAPI(DurableAPI):
             raise NodeLost("no STATUS reply from the node")
         assert s.last_status is not None
         return s.last_status
+
+    # ------------------------------------------------------------ durable mode (client/durableapi.py)
+
+    async def put(self, topic: str, payload: bytes | str, key: str | None = None,
+                  tags: dict[str, str] | None = None, *, wait: bool = False,
+                  timeout: float | None = None) -> tuple[int, int]:  # fmt: skip
+        """Publish one message durably (docs/durable.md): stored in the log of its topic's
+        partition on both owners before it is acknowledged. Returns (partition, sequence);
+        ``wait=True`` returns only after the acknowledgement. Needs a partitioned cluster.
+        ``timeout`` bounds the waits, as for :meth:`publish`."""
+        return await self.durable.put(topic, payload, key, tags, wait=wait, timeout=timeout)
+
+    async def get(self, topic: str, durable: str, count: int = 1, *,
+                  start: str | int | datetime.datetime = "earliest", timeout: float | None = None,
+                  client: str = "default") -> list[Message]:  # fmt: skip
+        """Read up to ``count`` messages of ``topic`` from durable subscription ``durable`` (docs/durable.md).
+
+        The subscription, named by (``client``, ``durable``), lives on the cluster: its cursor is
+        the first offset not yet committed; it is made at ``start`` ("earliest", "latest", an
+        offset, or a datetime: the first message stored at or after it) the first time.
+        Messages come with their log offset as ``sequence``, each once per call; call
+        :meth:`commit` once they are processed, or the next reader gets them again.
+        Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
+        return await self.durable.get(topic, durable, count, start=start, timeout=timeout, client=client)
+
+    async def read(self, topic: str, offset: int = 0, count: int = 1000, *,
+                   timeout: float | None = 10.0) -> LogRead:  # fmt: skip
+        """Read committed messages of ``topic`` from log offset ``offset`` (up to ``count``), without a
+        durable subscription: for readers that keep their own offsets (the Spark source). Raises
+        NodeLost when the partition's primary does not answer within ``timeout``."""
+        return await self.durable.read(topic, offset, count, timeout=timeout)
+
+    def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
+        """The offset :meth:`commit` would move the cursor of (``client``, ``durable``) on ``topic``
+        to: past everything :meth:`get` returned in this process (None before its first answer).
+        An application that records what it processed (docs/durable.md) logs this with the commit."""
+        return self.durable.position(topic, durable, client=client)
+
+    async def commit(self, topic: str, durable: str, *, client: str = "default",
+                     timeout: float | None = 10.0) -> bool:  # fmt: skip
+        """Move the cursor of durable subscription (``client``, ``durable``) past everything
+        :meth:`get` returned; True once that is on disk on the partition's owners."""
+        return await self.durable.commit(topic, durable, client=client, timeout=timeout)
 
     # ------------------------------------------------------------ subscribing
 

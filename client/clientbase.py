@@ -1,7 +1,7 @@
 """What every client shell shares: the primitives it provides, the state they act on, the I/O turn.
 
 The protocol lives in the sans-IO :class:`roost.client.router.Router` and its sessions. What a
-user calls (client/api.py, client/durableapi.py) is the same for trio and asyncio: change the
+user calls (client/api.py, and the client/durableapi.py it holds) is the same for trio and asyncio: change the
 router, wake the I/O, wait until some condition on the router holds. So it is plain
 ``async def`` code over primitives that a shell provides for its event loop:
 
@@ -125,7 +125,6 @@ class ClientBase(abc.ABC):
         self.last_session_error: Exception | None = None
         self.callback_errors = 0  # exceptions raised by subscription callbacks (the client carries on)
         self.last_callback_error: BaseException | None = None
-        self._read_to: dict[tuple[str, str, str], int] = {}  # durable (client, name, topic) -> offset read to
         self._offsets = OffsetFile(offsets_dir) if offsets_dir is not None else None
         self._inbox: Subscription | None = None  # (request/reply: client/api.py)
         self._requests = 0

@@ -7,7 +7,7 @@ CLI fills it from TOML before any session exists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -54,6 +54,9 @@ class ClientConfig:
     # call alone
     idle_burst: int = 4
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
+    # Deliberately broken builds the simulator selects (sim/breaks.py, ``--break``), never set
+    # from TOML: the parts of the client that a name concerns read it once, at construction
+    breaks: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         for name in ("yield_every", "pub_window", "pub_window_bytes", "socket_buffer", "max_buffered", "idle_burst"):
@@ -75,7 +78,7 @@ class ClientConfig:
     @classmethod
     def from_mapping(cls, source: str, table: dict[str, Any]) -> ClientConfig:
         cfg = cls()
-        known = {f.name: f for f in fields(cls)}
+        known = {f.name: f for f in fields(cls) if f.name != "breaks"}
         for k, v in table.items():
             f = known.get(k)
             if f is None:

@@ -167,6 +167,8 @@ class Receiver:
         self.marked: dict[bytes, SubKey] = {}  # our queue-group subscriptions by mark id (wire.mark_id)
         self.parts = parts.Reassembler(config.max_payload, config.reassembly_bytes, config.reassembly_timeout)
         self.now = 0.0  # set by the session before each batch of datagrams
+        # (a deliberately broken build, sim/breaks.py: no de-duplication by producer id and sequence)
+        self.no_dedup = "no-dedup" in config.breaks
 
     def detach(self, st: SubState, release: bool = True) -> None:
         """An ended subscription's queue no longer counts as buffered; what is
@@ -401,6 +403,8 @@ class Receiver:
         return out
 
     def _deliver(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
+        if self.no_dedup:
+            m = m[:4]  # (broken: the message loses its producer id and sequence)
         topic, key = m[0], m[1]
         n = len(m)
         if m[2] is not None and PART_TAG in m[2]:

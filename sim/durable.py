@@ -14,13 +14,14 @@ second one in a third of the seeds (``SECOND_CLIENT``: more would cost too much 
 * It puts to every durable topic (``Router.put``: a go-back-N stream per partition,
   client/putter.py). A PUTACK that moves a stream's acknowledged sequence acknowledges those puts
   (the checker's promise).
-* It reads one topic as the library's ``get`` and ``commit`` do, over client/durablewire.py
-  frames, at ``Router.durable_session``: GET from the offset read to (``read_from``), keep the
+* It reads one topic with the library's own durable core (client/durableclient.py's
+  ``Reader``, the one ``get`` and ``commit`` drive): GET from the offset read to, keep the
   records at or past it, COMMIT what was read to, resend after 5 x ``pub_retry`` without an
-  answer or ``pub_retry`` after a refusal; between rounds it waits (``POLL_EVERY``). Now and then
-  the process dies after it got records and before it committed; its next process starts from
-  the cluster's cursor and gets them again. The application de-duplicates by offset (as with an
-  offsets file): the checker sees every record it got.
+  answer or ``pub_retry`` after a refusal, at the session of the topic's primary then; between
+  rounds it waits (``POLL_EVERY``). Now and then the process dies after it got records and
+  before it processed and committed them; its next process starts from the cluster's cursor
+  and must get them again. The application de-duplicates by offset (as with an offsets file):
+  the checker sees every record it processed.
 * Processes also die and restart at random times; a new process puts under a new producer id
   (what its old process had not had acknowledged is not promised).
 * Hooks on each member core (instance attributes, like sim/accounting.py's
@@ -45,10 +46,10 @@ import msgpack
 
 from roost.client import ring
 from roost.client.decoding import decode_untrusted_frame
-from roost.client.durablewire import START_EARLIEST, encode_commit, encode_get
+from roost.client.durableclient import DurableClient as DurableCore
+from roost.client.durableclient import Reader
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
-from roost.client.wire import FrameType
 from roost.cluster.durable import cursor_key
 from roost.cluster.events import Send
 from roost.cluster.member import MemberCore
@@ -86,11 +87,10 @@ class DurableClient:
     next_msg: int = 1  # a producer's next message number
     acked: dict[int, int] = field(default_factory=dict)  # partition -> acknowledged sequence heard
     marks: dict[int, int] | None = None  # puts made by the middle of the quiet period (progress)
-    # a consumer's request: "get" or "commit", the session it went to (None: not sent), its deadline
+    reader: Reader | None = None  # the consumer (this process's: client/durableclient.py)
+    # the consumer's next round, "get" or "commit", and when it starts (inf: one is under way)
     want: str = "get"
-    asked: ClientSession | None = None
     deadline: float = math.inf
-    nxt: int = 0  # the offset read to (this process's)
     p: int = 0
 
 
@@ -140,11 +140,13 @@ class DurableWorkload:
         ids = list(self.members)
         order = rng.sample(ids, len(ids))
         addrs = [self.members[i].addr for i in order]
-        dc.router = Router(rng.randbytes(16), rng.randbytes(16), rng.randbytes(16), ClientConfig(), self.now,
+        cfg = ClientConfig(breaks=self.cc.breaks)
+        dc.router = Router(rng.randbytes(16), rng.randbytes(16), rng.randbytes(16), cfg, self.now,
                            node=addrs[0], members=addrs[1:],
                            session=int((WALL + self.now) * 1000) + dc.number)  # fmt: skip
         dc.addrs, dc.acked, dc.marks, dc.tick_at = {}, {}, None, math.inf
-        dc.want, dc.asked, dc.deadline, dc.nxt = "get", None, self.now, 0
+        dc.reader = DurableCore(cfg).reader(dc.router, "sim", dc.name, dc.topic, dc.p, did=dc.did)
+        dc.want, dc.deadline = "get", self.now
         self.at(self.now + rng.uniform(0.01, 0.1), self._dput, dc, dc.number)
         self._dio(dc)
 
@@ -155,7 +157,7 @@ class DurableWorkload:
             return
         for addr in dc.addrs.values():
             self.durable_at.pop(addr, None)
-        dc.router = None
+        dc.router = dc.reader = None
         self.at(self.now + self.drng.uniform(0.05, 1.0), self._dstart, dc, dc.number)
 
     # ------------------------------------------------------------ input, output, time
@@ -163,9 +165,9 @@ class DurableWorkload:
     def _dio(self, dc: DurableClient) -> None:
         """Send what every session of the process has to send; wake it at its next deadline."""
         r = dc.router
-        if r is None:
+        if r is None or dc.reader is None:
             return
-        d = min(r.put_deadline(), dc.deadline)
+        d = min(r.put_deadline(), dc.deadline, dc.reader.next_deadline())
         for s in r.sessions:
             addr = dc.addrs.get(id(s))
             if addr is None:
@@ -190,8 +192,7 @@ class DurableWorkload:
             if now >= min(s.next_deadline(), puts):
                 r.tick(s, now)
         self._dacked(dc)
-        if now >= dc.deadline:
-            self._dask(dc)
+        self._dconsume(dc)
         self._dio(dc)
 
     def _darrive(self, dst: Addr, data: bytes, src: Addr) -> None:
@@ -201,8 +202,8 @@ class DurableWorkload:
             return
         r.handle_datagrams(s, [(data, src)], self.now)
         self._dacked(dc)
-        if dc.asked is s and s.durable_replies:
-            self._dreply(dc, s)
+        if dc.reader is not None and dc.reader.ready():
+            self._dconsume(dc)
         self._dio(dc)
 
     # ------------------------------------------------------------ producers
@@ -248,52 +249,36 @@ class DurableWorkload:
 
     # ------------------------------------------------------------ consumers
 
-    def _dask(self, dc: DurableClient) -> None:
-        """(Re)send the request the consumer is at, to the session of its topic's primary."""
-        r = dc.router
-        assert r is not None
+    def _dconsume(self, dc: DurableClient) -> None:
+        """The consumer's turn: start its next round when due, advance the one under way (its
+        reader resends, re-routes and pauses on its own), and act on the round that ended."""
+        rd = dc.reader
+        assert rd is not None
         now = self.now
-        if dc.asked is not None:  # (no answer in time: ask again after a pause, as the library does)
-            dc.asked, dc.deadline = None, now + r.cfg.pub_retry
+        if not rd.busy:
+            if now < dc.deadline:
+                return
+            if dc.want == "get":
+                rd.get(MOST, now)
+            else:
+                rd.commit(now)
+            dc.deadline = math.inf
+        rd.step(now)
+        if rd.busy:
             return
-        s = r.durable_session_for(dc.topic) if r.cmap is not None else None
-        if s is None or s.cookie is None:
-            dc.deadline = now + 0.05  # (no map or not connected yet: look again soon)
-            return
-        s.durable_replies.clear()
-        if dc.want == "get":
-            frame = encode_get(s.cid, s.cookie, dc.did, dc.name, dc.topic, dc.p, START_EARLIEST, 0, MOST, dc.nxt)
-        else:
-            frame = encode_commit(s.cid, s.cookie, dc.did, dc.name, dc.topic, dc.p, dc.nxt)
-        s.queue_raw([frame])
-        dc.asked, dc.deadline = s, now + 5 * r.cfg.pub_retry
-
-    def _dreply(self, dc: DurableClient, s: ClientSession) -> None:
-        r = dc.router
-        assert r is not None
-        want = FrameType.RECORDS if dc.want == "get" else FrameType.COMMITTED
-        f = next((f for f in s.durable_replies if f[0] is want and f[1] == dc.name and f[2] == dc.p), None)
-        if f is None:
-            return
-        now = self.now
-        dc.asked = None
-        if f[5 if want is FrameType.RECORDS else -1] != 0:  # (refused: not the leader yet, or busy)
-            dc.deadline = now + r.cfg.pub_retry
-            return
-        if want is FrameType.COMMITTED:
+        if dc.want == "commit":
             dc.want, dc.deadline = "get", now + self.drng.uniform(*POLL_EVERY)
             return
-        new = [(offset, payload) for offset, _ms, _t, _k, _tags, payload in f[6] if offset >= dc.nxt]
-        dc.nxt = max(dc.nxt, f[4])
-        for offset, payload in new:
-            self.dcheck.consumed(dc.index, dc.topic, dc.p, offset, payload, now)
+        new = rd.take()
         if not new:
             dc.deadline = now + self.drng.uniform(*POLL_EVERY)  # (nothing new yet: ask again)
         elif self.drng.random() < CRASH_BEFORE_COMMIT:
-            self._drestart(dc.index)
+            self._drestart(dc.index)  # (before it processed them: the next process must get them again)
         else:
+            for offset, _ms, _t, _k, _tags, payload in new:
+                self.dcheck.consumed(dc.index, dc.topic, dc.p, offset, payload, now)
             dc.want, dc.deadline = "commit", now
-            self._dask(dc)
+            self._dconsume(dc)
 
     # ------------------------------------------------------------ hooks on the members
 

@@ -510,7 +510,7 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         order = list(ids)
         self.rng.shuffle(order)
         addrs = [self.members[i].addr for i in order]
-        cfg = ClientConfig(pub_window=256, max_buffered=100_000)
+        cfg = ClientConfig(pub_window=256, max_buffered=100_000, breaks=self.cc.breaks)
         return ClientSession(cid, self.rng.randbytes(16), self.rng.randbytes(16), cfg, self.now, node=addrs[0],
                              members=addrs[1:], session=int((WALL + self.now) * 1000) + number)  # fmt: skip
 

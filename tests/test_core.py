@@ -742,7 +742,7 @@ def test_client_config_refuses_windows_and_yields_below_one():
 
     for name in ("yield_every", "pub_window_bytes", "pub_window", "idle_burst"):
         with pytest.raises(ValueError, match=f"{name} = 0: must be a positive integer"):
-            ClientConfig(**{name: 0})
+            ClientConfig(**{name: 0})  # type: ignore[arg-type]
     for gap in (-1.0, float("nan"), "0.001", None, True):
         with pytest.raises(ValueError, match=r"idle_gap = .*: must be a number of seconds, 0 or more"):
             ClientConfig(idle_gap=gap)  # type: ignore[arg-type]

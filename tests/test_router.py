@@ -200,10 +200,10 @@ def test_a_lost_map_request_is_asked_again_each_second_until_the_map_comes():
 
 
 def test_a_session_knows_when_its_node_has_no_map_to_give():
-    """``_no_map_here`` (client/durableapi.py), which ends a durable call's wait for the map at
+    """``no_map_here`` (client/durableclient.py), which ends a durable call's wait for the map at
     once: only a WELCOME that announced no map says so; before a WELCOME, or after one that
     announced a map not come yet, the map may still come."""
-    from roost.client.durableapi import _no_map_here
+    from roost.client.durableclient import no_map_here as _no_map_here
 
     plain, waiting = router(), router()
     for r, cmap in ((plain, None), (waiting, MAP1)):
