@@ -8,6 +8,13 @@ for however many calls came before the loop ran). A ``create_datagram_endpoint``
 read one datagram per loop iteration and call the protocol once per datagram; draining the
 socket ourselves hands the router whole batches, as the trio shell does.
 
+The latency policy is the trio shell's (client/turns.py): on a quiet path an API call makes
+the turn itself, before it returns, and so do the calls of a burst (``_turn_here``); a wait
+on a sparse path has the turn that brings what it waits for hold that turn's sends (a
+message's ACK) for a turn scheduled right after it, so the application has its message first.
+(A turn here is a callback already, with no task to hand over from: a waiting task has no
+socket to drive itself.)
+
     async with Client("127.0.0.1:7400") as c:
         async with c.subscribe("prices") as sub:
             await c.publish("prices", b"42")
@@ -25,8 +32,10 @@ from typing import Any
 
 from roost.client.api import ClientAPI, ClientClosed, LogRead, NodeLost, Request, Subscription, durable_id
 from roost.client.receive import Message
+from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
-from roost.client.udp import open_client_socket
+from roost.client.turns import CALLER, LOOP, WAITER, TurnPolicy
+from roost.client.udp import open_client_socket, yield_cpu
 
 __all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "NodeLost", "Request", "Subscription",
            "durable_id"]  # fmt: skip
@@ -42,6 +51,8 @@ class Client(ClientAPI):
         self._changed: asyncio.Event | None = None
         self._kicked = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._turns = TurnPolicy(self.config)  # (quiet path, bursts, sparse path, held sends)
+        self._hold: Callable[[], bool] | None = None  # (a sparse wait's: its turns hold their sends)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -55,27 +66,55 @@ class Client(ClientAPI):
         return self.loop.time()
 
     async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
-        while not cond():
-            if self._closed:
-                raise self._closed_error()
-            assert self._changed is not None
-            if deadline == math.inf:
-                await self._changed.wait()
-                continue
-            if self.loop.time() >= deadline:
-                return False
-            try:
-                async with asyncio.timeout_at(deadline):
+        if cond():
+            return True
+        start = self.loop.time()
+        hold = None
+        if self._hold is None and self._turns.drives():  # (sparse: the turn that brings it holds its sends)
+            hold = self._hold = TurnPolicy.holds(cond)
+        try:
+            while not cond():
+                if self._closed:
+                    raise self._closed_error()
+                assert self._changed is not None
+                if deadline == math.inf:
                     await self._changed.wait()
-            except TimeoutError:
-                return cond()
-        return True
+                    continue
+                if self.loop.time() >= deadline:
+                    return False
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._changed.wait()
+                except TimeoutError:
+                    return cond()
+            return True
+        finally:
+            if hold is not None and self._hold is hold:
+                self._hold = None
+            self._turns.waited(start, self.loop.time())
 
     def _kick(self) -> None:
         self._spawn()
         if not self._kicked and not self._closed:
+            r = self._router
+            if r is not None and self._turn_here(r):
+                return
             self._kicked = True
             self.loop.call_soon(self._turn_all)
+
+    def _turn_here(self, r: Router) -> bool:
+        """On a quiet path (``TurnPolicy.turn_here``: one session, nothing sent or received for
+        ``idle_gap``, or within a burst after it), make the session's turn in the caller, no
+        turn of the loop's being due: the datagram leaves before the call returns. Then give
+        up the CPU (the node, woken on this core by the datagram, runs now: see udp.send_all)."""
+        if len(r.sessions) != 1:
+            return False
+        s = r.sessions[0]
+        if not self._socket_fits(s) or not self._turns.turn_here(r, self.loop.time()):
+            return False
+        if self._turn(s, CALLER):
+            yield_cpu()
+        return True
 
     async def _sleep_until(self, deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - self.loop.time()))
@@ -140,17 +179,20 @@ class Client(ClientAPI):
                 if id(s) in self._socks:
                     self._turn(s)
 
-    def _turn(self, s: ClientSession) -> None:
+    def _turn(self, s: ClientSession, by: str = LOOP) -> bool:
+        """One turn of ``s``'s socket (``by``: the loop, or a caller on a quiet path); whether
+        it received or sent anything."""
         if self._closed:
-            return
+            return False
         try:
-            self._io(s)
+            return self._io(s, by)
         except Exception as exc:  # (a socket that broke: the client ends, its waiters hear why)
             self._fail(exc)
             self._stop_io()
             self._wake()
+            return False
 
-    def _io(self, s: ClientSession) -> None:
+    def _io(self, s: ClientSession, by: str) -> bool:
         r, key = self.router, id(s)
         sock = self._socks[key]
         new = self._socket_for(s, sock)
@@ -158,14 +200,21 @@ class Client(ClientAPI):
             self.loop.remove_reader(sock)
             sock.close()
             self._watch(s, sock := new)
-        if self._exchange(s, sock)[1]:
+        hold = self._hold
+        came, busy = self._exchange(s, sock, hold)
+        if busy:
+            self._turns.turned(came, self.loop.time(), WAITER if hold is not None and by == LOOP else by)
             self._wake()
+            if came and hold is not None and not self._kicked:  # (what it held goes at the next turn,
+                self._kicked = True  # once the waiter had its message: its task runs first)
+                self.loop.call_soon(self._turn_all)
         deadline = min(s.next_deadline(), r.put_deadline())
         timer = self._timers.get(key)
         if timer is None or timer.when() != deadline:
             if timer is not None:
                 timer.cancel()
             self._timers[key] = self.loop.call_at(deadline, self._on_timer, s)
+        return busy
 
     def _on_timer(self, s: ClientSession) -> None:
         self._timers.pop(id(s), None)

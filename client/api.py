@@ -75,7 +75,7 @@ class ClientAPI(ClientBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """(ClientBase's arguments)"""
         super().__init__(*args, **kwargs)
-        self.durable = DurableAPI(self)  # (durable mode: put, get, read, position, commit)
+        self._durable = DurableAPI(self)  # (durable mode: put, get, read, position, commit)
 
     # ------------------------------------------------------------ publishing
 
@@ -190,7 +190,7 @@ class ClientAPI(ClientBase):
         partition on both owners before it is acknowledged. Returns (partition, sequence);
         ``wait=True`` returns only after the acknowledgement. Needs a partitioned cluster.
         ``timeout`` bounds the waits, as for :meth:`publish`."""
-        return await self.durable.put(topic, payload, key, tags, wait=wait, timeout=timeout)
+        return await self._durable.put(topic, payload, key, tags, wait=wait, timeout=timeout)
 
     async def get(self, topic: str, durable: str, count: int = 1, *,
                   start: str | int | datetime.datetime = "earliest", timeout: float | None = None,
@@ -203,26 +203,26 @@ class ClientAPI(ClientBase):
         Messages come with their log offset as ``sequence``, each once per call; call
         :meth:`commit` once they are processed, or the next reader gets them again.
         Waits up to ``timeout`` (None: until ``count`` came) for messages to arrive."""
-        return await self.durable.get(topic, durable, count, start=start, timeout=timeout, client=client)
+        return await self._durable.get(topic, durable, count, start=start, timeout=timeout, client=client)
 
     async def read(self, topic: str, offset: int = 0, count: int = 1000, *,
                    timeout: float | None = 10.0) -> LogRead:  # fmt: skip
         """Read committed messages of ``topic`` from log offset ``offset`` (up to ``count``), without a
         durable subscription: for readers that keep their own offsets (the Spark source). Raises
         NodeLost when the partition's primary does not answer within ``timeout``."""
-        return await self.durable.read(topic, offset, count, timeout=timeout)
+        return await self._durable.read(topic, offset, count, timeout=timeout)
 
     def position(self, topic: str, durable: str, *, client: str = "default") -> int | None:
         """The offset :meth:`commit` would move the cursor of (``client``, ``durable``) on ``topic``
         to: past everything :meth:`get` returned in this process (None before its first answer).
         An application that records what it processed (docs/durable.md) logs this with the commit."""
-        return self.durable.position(topic, durable, client=client)
+        return self._durable.position(topic, durable, client=client)
 
     async def commit(self, topic: str, durable: str, *, client: str = "default",
                      timeout: float | None = 10.0) -> bool:  # fmt: skip
         """Move the cursor of durable subscription (``client``, ``durable``) past everything
         :meth:`get` returned; True once that is on disk on the partition's owners."""
-        return await self.durable.commit(topic, durable, client=client, timeout=timeout)
+        return await self._durable.commit(topic, durable, client=client, timeout=timeout)
 
     # ------------------------------------------------------------ subscribing
 

@@ -90,6 +90,8 @@ class ClientBase(abc.ABC):
         config: ClientConfig | None = None,
         producer_id: bytes | None = None,
         offsets_dir: str | os.PathLike[str] | None = None,
+        send: Callable[[socket.socket, list[tuple[Addr, bytes]]], int] = send_now,
+        router: Callable[..., Router] = Router,
     ) -> None:
         """``node``: the node to talk to first, as ``"host:port"``, ``(host, port)``, or a list of
         them (``"h1:7400,h2:7400"``) tried in turn; None means ``ROOST_NODES`` or 127.0.0.1:7400.
@@ -99,7 +101,9 @@ class ClientBase(abc.ABC):
         a client that publishes the same sequence of messages again under the same producer id
         (a retried Spark task) has them delivered once. ``offsets_dir``: where durable readers
         record what they committed before the cluster hears it (client/offsets.py): no repeats
-        after a crash there."""
+        after a crash there. ``send`` (client/udp.py's ``send_now``: how many failed) sends a
+        session's datagrams, and ``router`` makes the router (client/router.py's ``Router``):
+        what tests give to watch what leaves, or to plant a fault where datagrams are fed."""
         if producer_id is not None and len(producer_id) != 16:
             raise ValueError(f"producer_id must be 16 bytes, not {len(producer_id)}")
         self._names = addresses.parse_nodes(node)
@@ -109,6 +113,7 @@ class ClientBase(abc.ABC):
         self.client_id = client_id or os.urandom(16)
         self.producer_id = producer_id or os.urandom(16)
         self._router: Router | None = None
+        self._send, self._make_router = send, router
         self._socks: dict[int, socket.socket] = {}  # id(session) -> its socket
         # Truthy while ``_kick`` may have something to do for a publish that opened no session
         # (wake an I/O loop that waits): a shell that knows when none waits gives the container
@@ -244,7 +249,7 @@ class ClientBase(abc.ABC):
         for s in self._router.sessions:
             sock = self._socks.get(id(s))
             if sock is not None and sock.fileno() >= 0:
-                self.send_errors += send_now(sock, s.close())
+                self.send_errors += self._send(sock, s.close())
 
     async def aclose(self) -> None:
         """Close without ``async with`` (what leaving it does: flush for ``node_timeout`` at most)."""
@@ -264,7 +269,7 @@ class ClientBase(abc.ABC):
         if not addrs:
             raise NodeLost(f"cannot resolve {addresses.show(self._names)}: {'; '.join(why)}")
         self.node = addrs[0]
-        self._router = Router(
+        self._router = self._make_router(
             self.client_id, self.producer_id, os.urandom(16), self.config, self._now(),
             node=addrs[0], members=addrs[1:], session=int(time.time() * 1000),
         )  # fmt: skip
@@ -332,10 +337,15 @@ class ClientBase(abc.ABC):
         # leaves after its subscriber has it, at the next turn; W3 reliable p50 ~20 us lower)
         out = [] if batch and hold is not None and hold() else s.outgoing(now)
         if out:
-            self.send_errors += send_now(sock, out)
+            self.send_errors += self._send(sock, out)
         events = s.take_events()
         self._noticed(s, now, events)
         return len(batch), bool(batch or events or out)
+
+    def _socket_fits(self, s: ClientSession) -> bool:
+        """``s`` has its socket, of its node's family (else its loop's next turn opens a new one)."""
+        sock = self._socks.get(id(s))
+        return sock is not None and sock.family == addresses.family(s.node)
 
     def _socket_for(self, s: ClientSession, sock: socket.socket) -> socket.socket | None:
         """A new socket when ``s`` failed over to an address of the other family; None to keep

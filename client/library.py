@@ -4,9 +4,10 @@ Per session of the router: one UDP socket (its own source port, so MSGS for a se
 id reach that session alone) and one background task that drains it, feeds the router, fires
 the session's timers and sends what it produces. API calls (client/api.py) change the router and
 wake those tasks; awaiting callers sleep on a single "something changed" event. Two shortcuts
-cut a hop's latency where no batching is lost: on a quiet path an API call makes the loop's
-turn itself (``_turn_here``), and on a sparse one a waiting task drives the socket while the
-loop's task parks (``_until_driving``).
+cut a hop's latency where no batching is lost, as client/turns.py's policy decides (the asyncio
+shell's too): on a quiet path an API call makes the loop's turn itself (``_turn_here``), and
+on a sparse one a waiting task drives the socket while the loop's task parks
+(``_until_driving``).
 
     async with Client("127.0.0.1:7400") as c:
         async with c.subscribe("prices", mode="reliable") as sub:
@@ -23,11 +24,11 @@ from typing import Any
 
 import trio
 
-from roost.client import addresses
 from roost.client.api import ClientAPI, ClientClosed, LogRead, NodeLost, Request, Subscription, durable_id
 from roost.client.receive import Message
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
+from roost.client.turns import CALLER, LOOP, WAITER, TurnPolicy
 from roost.client.udp import open_client_socket, yield_cpu
 
 Addr = tuple[str, int]
@@ -46,15 +47,11 @@ class Client(ClientAPI):
         self._wait_scopes: dict[int, trio.CancelScope] = {}
         # (the loops waiting, or a task driving a socket: a _kick wakes these; never rebound)
         self._kick_wakes = self._wait_scopes
-        self._busy_at = -math.inf  # (when a turn last sent or received something)
+        self._turns = TurnPolicy(self.config)  # (quiet path, bursts, sparse path, held sends)
         # A waiting task that drives a session's socket itself (_until_driving): the session's
         # id while it does, and the event its parked I/O loop waits on until it gives it back.
         self._driver: int | None = None
         self._handed_back = trio.Event()
-        self._sparse = False  # (the last wait lasted idle_gap or more: the next drives the socket)
-        # The turns _turn_here made since the path was last quiet, and when it made the last:
-        # a burst goes on while each comes within idle_gap of the one before (none yet: spent)
-        self._burst, self._burst_at = 0, -math.inf
 
     # ------------------------------------------------------------ primitives (client/api.py)
 
@@ -66,7 +63,7 @@ class Client(ClientAPI):
             return True
         r, start = self._router, trio.current_time()
         try:
-            s = self._drivable(r) if self._sparse and r is not None else None
+            s = self._drivable(r) if r is not None and self._turns.drives() else None
             if s is not None:
                 return await self._until_driving(cond, deadline, s)
             with trio.move_on_at(deadline):
@@ -77,7 +74,7 @@ class Client(ClientAPI):
                 return True
             return False
         finally:
-            self._sparse = trio.current_time() - start >= self.config.idle_gap
+            self._turns.waited(start, trio.current_time())
 
     def _drivable(self, r: Router) -> ClientSession | None:
         """The session whose socket a waiting task may drive itself: an open client with one
@@ -88,11 +85,6 @@ class Client(ClientAPI):
             return None
         s = r.sessions[0]
         return s if self._socket_fits(s) else None
-
-    def _socket_fits(self, s: ClientSession) -> bool:
-        """``s`` has its socket, of its node's family (else its loop's next turn opens a new one)."""
-        sock = self._socks.get(id(s))
-        return sock is not None and sock.family == addresses.family(s.node)
 
     async def _until_driving(self, cond: Callable[[], bool], deadline: float, s: ClientSession) -> bool:
         """``_until`` on a sparse path: the waiting task makes the I/O loop's turns itself while
@@ -109,13 +101,7 @@ class Client(ClientAPI):
         reliable ~20 us): an application that works long without an await delays that ACK as
         it delays every turn of the loop's (the node resends after its retransmit_timeout)."""
         key, r = id(s), self.router
-
-        def hold() -> bool:  # (cond inside the turn: an exception of its own is not the I/O's
-            try:  # failing; it reaches the caller from the look at cond after the turn)
-                return cond()
-            except Exception:
-                return False
-
+        hold = TurnPolicy.holds(cond)  # (cond inside the turn: it holds the turn's sends)
         self._driver = key
         scope = self._wait_scopes.pop(key, None)
         if scope is not None:
@@ -126,7 +112,7 @@ class Client(ClientAPI):
                     if self._closed:
                         raise self._closed_error()
                     try:
-                        came, busy = self._turn(s, hold)
+                        came, busy = self._turn(s, hold, WAITER)
                     except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)
                         self._broke(exc)
                         raise self._closed_error() from exc
@@ -170,23 +156,18 @@ class Client(ClientAPI):
         then a burst of ``idle_burst`` calls (and as many reliable publishes in flight) within
         idle_gap of each other each makes its turn here. What comes after them, while the path
         stays busy, wakes the loop and goes out together at its turn, so a busy caller's
-        publishes share datagrams. False when the path is not quiet or its burst is spent."""
-        burst = self.config.idle_burst
-        if self._closed or len(r.sessions) != 1 or r.last_seq - r.acked > burst:
+        publishes share datagrams (the decision: ``TurnPolicy.turn_here``). False when the path
+        is not quiet or its burst is spent."""
+        if self._closed or len(r.sessions) != 1:
             return False  # (closed or closing: no turn after BYE, none on a closed socket)
         s = r.sessions[0]
         scope = self._wait_scopes.get(id(s))
         if scope is None or not self._socket_fits(s):
             return False  # (not waiting, or a new socket is due: the loop's own turn opens it)
-        now = trio.current_time()
-        if now - self._busy_at >= self.config.idle_gap:
-            self._burst = 0  # (quiet: a burst begins)
-        elif self._burst >= burst or now - self._burst_at >= self.config.idle_gap:
-            return False  # (spent, or the path is busy with other traffic since its last turn)
-        self._burst += 1
-        self._burst_at = now
+        if not self._turns.turn_here(r, trio.current_time()):
+            return False
         try:
-            busy = self._turn(s)[1]
+            busy = self._turn(s, None, CALLER)[1]
         except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)
             self._broke(exc)
             return True
@@ -286,9 +267,10 @@ class Client(ClientAPI):
                 if self._wait_scopes.get(key) is scope:
                     del self._wait_scopes[key]
 
-    def _turn(self, s: ClientSession, hold: Callable[[], bool] | None = None) -> tuple[int, bool]:
+    def _turn(self, s: ClientSession, hold: Callable[[], bool] | None = None, by: str = LOOP) -> tuple[int, bool]:
         """One turn of session ``s``'s socket (``_exchange``), on a new socket first when it
-        failed over to an address of the other family."""
+        failed over to an address of the other family; ``by``: who makes it (the loop, a caller
+        on a quiet path, a waiting task), for the turn policy."""
         key = id(s)
         sock = self._socks[key]
         new = self._socket_for(s, sock)
@@ -297,7 +279,7 @@ class Client(ClientAPI):
             sock = self._socks[key] = new
         came, busy = self._exchange(s, sock, hold)
         if busy:
-            self._busy_at = trio.current_time()
+            self._turns.turned(came, trio.current_time(), by)
         return came, busy
 
     def _wake(self) -> None:

@@ -12,6 +12,7 @@ import errno
 import os
 import socket
 from collections import Counter
+from collections.abc import Callable
 
 import trio
 
@@ -100,7 +101,11 @@ def send_ready(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Co
     return i
 
 
-async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Counter[str]) -> None:
+yield_cpu = getattr(os, "sched_yield", lambda: None)  # (not on every platform)
+
+
+async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics: Counter[str],
+                   give_way: Callable[[], None] = yield_cpu) -> None:  # fmt: skip
     """Send datagrams in order (counted as :func:`send_ready` does); waits only while the send
     buffer is full. ``sends`` may grow while it waits (the datagrams added go out too).
 
@@ -108,16 +113,14 @@ async def send_all(sock: socket.socket, sends: list[tuple[Addr, bytes]], metrics
     on the sender's core, and that receiver (a subscriber, the publisher awaiting its PUBACK)
     waits there until the sender sleeps: without the yield, the rest of the node's turn (its
     bookkeeping, the next drain, trio's scheduler) was added to every delivery's latency
-    (docs/performance.md has the A/B); alone on its core, the call returns at once."""
+    (docs/performance.md has the A/B); alone on its core, the call returns at once. (``give_way``:
+    that yield, for a test to see what the receiver holds then.)"""
     i = send_ready(sock, sends, metrics)
     while i < len(sends):
         await trio.lowlevel.wait_writable(sock)
         i = send_ready(sock, sends, metrics, i)
     if sends:
-        yield_cpu()
-
-
-yield_cpu = getattr(os, "sched_yield", lambda: None)  # (not on every platform)
+        give_way()
 
 
 def send_now(sock: socket.socket, datagrams: list[tuple[Addr, bytes]]) -> int:

@@ -214,7 +214,7 @@ async def test_a_durable_call_without_a_cluster_map_ends_at_its_own_timeout(node
                 await c.read("x.d", timeout=30)
             assert await c.commit("x.d", "d", timeout=30) is True  # (nothing read: nothing to commit)
         c.router.first.announced = 7  # (the WELCOME announced a map, not here yet)
-        c.durable.core.read_to[("default", "d", "x.d")] = 5  # (as if a get had read up to 5)
+        c._durable.core.read_to[("default", "d", "x.d")] = 5  # (as if a get had read up to 5)
         with trio.fail_after(20):
             for t in (0.2, 0):
                 with pytest.raises(TimeoutError, match=rf"^no cluster map from the node within {t} s: not put$"):

@@ -12,7 +12,8 @@ import trio
 import trio.testing
 
 from roost.client import Client, ClientClosed, ClientConfig, Message, NodeLost, decoding, wire
-from roost.client import udp as udp_module
+from roost.client.router import Router
+from roost.client.turns import CALLER, LOOP, WAITER
 from roost.client.udp import drain, send_all, send_now, send_ready
 from roost.client.wire import ErrorCode, FrameType
 from tests.polling import eventually
@@ -266,17 +267,27 @@ async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
         assert c.session_errors == 0 and c.session.connected
 
 
+class _BuggyRouter:
+    """The client's router with a bug that a datagram can reach: a STATUS reply that says
+    "boom" raises as it is fed (everything else is the real router's)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.real = Router(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def handle_datagrams(self, s, batch, now) -> None:
+        for data, _ in batch:
+            f = decoding.decode_untrusted_frame(data)
+            if f[0] is FrameType.STATUS_REPLY and "boom" in f[1]:
+                raise RuntimeError("boom")
+        self.real.handle_datagrams(s, batch, now)
+
+
 async def test_a_datagram_the_session_fails_on_does_not_stop_the_client(node):
-    async with Client(addr(node)) as c, Client(addr(node)) as pub:
+    async with Client(addr(node), router=_BuggyRouter) as c, Client(addr(node)) as pub:  # type: ignore[arg-type]
         async with c.subscribe("t") as sub:
-            handle = c.session._on_frame
-
-            def buggy(f, src, now):  # a bug that a datagram can reach
-                if f[0] is FrameType.STATUS_REPLY and "boom" in f[1]:
-                    raise RuntimeError("boom")
-                handle(f, src, now)
-
-            c.session._on_frame = buggy
             node.sock.sendto(wire.encode_status_reply({"boom": 1}), client_addr(c))
             with trio.fail_after(5):
                 await c._until(lambda: c.session_errors == 1)
@@ -336,9 +347,9 @@ def _queued_frames(sock: socket.socket) -> list[FrameType]:
     return [decoding.decode_untrusted_frame(d)[0] for d, _ in drain(sock, 70000)]
 
 
-async def _idle_client(node, **config):
-    """A connected client whose I/O loop waits, with the node drained."""
-    c = Client(addr(node), config=ClientConfig(**config))
+async def _idle_client(node, send=send_now, **config):
+    """A connected client whose I/O loop waits, with the node drained (``send``: its sends)."""
+    c = Client(addr(node), config=ClientConfig(**config), send=send)
     await c.__aenter__()
     await trio.testing.wait_all_tasks_blocked()
     return c
@@ -377,7 +388,7 @@ async def test_a_busy_publishers_messages_wait_for_the_loop_and_share_a_datagram
         async with c.subscribe("t.busy", mode="fire") as sub:
             await sub.start()
             await trio.testing.wait_all_tasks_blocked()
-            c._busy_at = -math.inf  # (quiet for longer than idle_gap: the subscription's turn is forgotten)
+            c._turns.busy_at = -math.inf  # (quiet for longer than idle_gap: the subscription's turn is forgotten)
             before = node.core.metrics["datagrams_in"]
             for i in range(5):
                 await c.publish("t.busy", str(i), mode="fire")
@@ -402,7 +413,7 @@ async def test_a_burst_on_a_quiet_path_is_sent_call_by_call_and_what_follows_wai
         pub = c.session.pub
         for round_ in range(2):
             await trio.testing.wait_all_tasks_blocked()  # (the loop waits, the node is drained)
-            c._busy_at = -math.inf  # (quiet for longer than idle_gap)
+            c._turns.busy_at = -math.inf  # (quiet for longer than idle_gap)
             for i in range(3):
                 await c.publish("t.burst", f"{round_}.{i}", mode=mode)
                 assert (pub.fire_unsent, pub.unsent_from) == (0, pub.next_seq)  # (sent: nothing queued)
@@ -436,36 +447,31 @@ async def test_a_burst_ends_when_its_last_turn_is_idle_gap_old_on_a_busy_path(no
     traffic that keeps the path busy does not keep a burst going."""
     c = await _idle_client(node, idle_gap=0.05, idle_burst=4)
     try:
-        c._busy_at = -math.inf
+        c._turns.busy_at = -math.inf
         await c.publish("t.spent", b"0", mode="fire")
         assert c.session.pub.fire_unsent == 0 and _queued_frames(node.sock) == [FrameType.PUBRUN]  # (the burst's first)
-        c._burst_at -= 1.0  # (its last turn a second ago, ...)
-        c._busy_at = trio.current_time()  # (... and the path busy since: a datagram just came)
+        c._turns.burst_at -= 1.0  # (its last turn a second ago, ...)
+        c._turns.busy_at = trio.current_time()  # (... and the path busy since: a datagram just came)
         await c.publish("t.spent", b"1", mode="fire")
         assert c.session.pub.fire_unsent == 1 and _queued_frames(node.sock) == []  # (for the loop)
     finally:
         await c.aclose()
 
 
-def _turns_by_task(c: Client) -> list[str]:
-    """The names of the tasks that make ``c``'s turns which receive datagrams, from now on."""
-    names: list[str] = []
-    turn = c._turn
-
-    def noted(s, *hold):
-        came, busy = turn(s, *hold)
-        if came:
-            names.append(trio.lowlevel.current_task().name)
-        return came, busy
-
-    c._turn = noted  # type: ignore[method-assign]
-    return names
+def _came(c: Client) -> dict[str, int]:
+    """How many of ``c``'s turns received datagrams so far, by who made them (client/turns.py)."""
+    return dict(c._turns.came)
 
 
-async def _driving(c: Client, sub, timeout: float = 10.0):
+def _more(before: dict[str, int], after: dict[str, int]) -> set[str]:
+    """Who made turns that received datagrams between the two counts."""
+    return {who for who, n in after.items() if n > before[who]}
+
+
+async def _driving(c: Client, sub, timeout: float = 10.0, came: list[dict[str, int]] | None = None):
     """Make ``c``'s path sparse (a wait of idle_gap or more), and return a list and a task
     function that waits in ``sub.next(timeout)`` (driving the socket) and puts what it got
-    there, or the exception the wait ended with."""
+    there, or the exception the wait ended with (and in ``came``, ``_came(c)`` as it got it)."""
     with pytest.raises(TimeoutError):
         await sub.next(timeout=0.01)  # (a wait of idle_gap or more: the next drives the socket)
     got: list[object] = []
@@ -473,6 +479,8 @@ async def _driving(c: Client, sub, timeout: float = 10.0):
     async def waiter() -> None:
         try:
             got.append(await sub.next(timeout=timeout))
+            if came is not None:
+                came.append(_came(c))
         except Exception as exc:  # (what the wait ended with, for the test to look at)
             got.append(exc)
 
@@ -490,17 +498,18 @@ async def test_a_sparse_wait_takes_its_message_in_the_waiting_task(node, mode):
     p = await _idle_client(node)
     try:
         async with c.subscribe("t.sparse", mode=mode) as sub:
-            turns = _turns_by_task(c)
             for i in range(3):
-                got, waiter = await _driving(c, sub)
+                came: list[dict[str, int]] = []
+                got, waiter = await _driving(c, sub, came=came)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(waiter, name="waiter")
                     await trio.testing.wait_all_tasks_blocked()
                     assert c._driver == id(c.session) and c._socks[id(c.session)] is not None
-                    turns.clear()
+                    before = _came(c)
                     await p.publish("t.sparse", str(i), mode=mode)
                 assert [m.payload for m in got] == [str(i).encode()]
-                assert turns[0] == "waiter" and c._driver is None
+                # (the turns that took datagrams until it had its message: the waiter's alone)
+                assert _more(before, came[0]) == {WAITER} and c._driver is None
                 await eventually(lambda: id(c.session) in c._wait_scopes, what="the loop to wait on its socket")
         c.config.idle_gap = 60.0  # (no wait is as long: every one is left to the loop's task)
         async with c.subscribe("t.busy", mode=mode) as sub:
@@ -509,27 +518,26 @@ async def test_a_sparse_wait_takes_its_message_in_the_waiting_task(node, mode):
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
                 assert c._driver is None
-                turns.clear()
+                before = _came(c)
                 await p.publish("t.busy", b"x", mode=mode)
-            assert [m.payload for m in got] == [b"x"] and turns and all(name.endswith("._run") for name in turns)
+            assert [m.payload for m in got] == [b"x"] and _more(before, _came(c)) == {LOOP}
     finally:
         await p.aclose()
         await c.aclose()
 
 
 @QUIET
-async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node, monkeypatch):
+async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node):
     """The waiting task's turn that brings its message holds the ACK back; the loop's task,
     woken as the wait ends, sends it at its turn, with no further wait of the subscriber's."""
-    c = await _idle_client(node, idle_gap=1e-9)
-    p = await _idle_client(node)
     order: list[str] = []
 
     def noted(sock, datagrams):
         order.extend("ACK" for _, d in datagrams if decoding.decode_untrusted_frame(d)[0] is FrameType.ACK)
         return send_now(sock, datagrams)
 
-    monkeypatch.setattr("roost.client.clientbase.send_now", noted)
+    c = await _idle_client(node, noted, idle_gap=1e-9)
+    p = await _idle_client(node)
     try:
         async with c.subscribe("t.ack", mode="reliable") as sub:
             got, _ = await _driving(c, sub)
@@ -553,18 +561,17 @@ async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node, mo
 
 
 @QUIET
-async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_bye(node, monkeypatch):
+async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_bye(node):
     """The application takes a driven reliable message and leaves the client at once (no
     await between: the loop's task, which would send the held ACK at its turn, gets none):
     the BYE goes with the ACK in front of it."""
     sent: list[FrameType] = []
 
-    def noted(sock, datagrams):
-        if sock is c._socks[id(c.session)]:  # (the subscriber's, not the publisher's)
-            sent.extend(decoding.decode_untrusted_frame(d)[0] for _, d in datagrams)
+    def noted(sock, datagrams):  # (the subscriber's sends)
+        sent.extend(decoding.decode_untrusted_frame(d)[0] for _, d in datagrams)
         return send_now(sock, datagrams)
 
-    c = await _idle_client(node, idle_gap=1e-9)
+    c = await _idle_client(node, noted, idle_gap=1e-9)
     p = await _idle_client(node)
     try:
         sub = c.subscribe("t.bye", mode="reliable")
@@ -581,7 +588,7 @@ async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_by
             nursery.start_soon(waiter, name="waiter")
             await trio.testing.wait_all_tasks_blocked()
             assert c._driver == id(c.session)
-            monkeypatch.setattr("roost.client.clientbase.send_now", noted)
+            sent.clear()  # (what it sends from now on)
             await p.publish("t.bye", b"last")
         assert [m.payload for m in got] == [b"last"] and at_bye == [[FrameType.ACK, FrameType.BYE]]
     finally:
@@ -636,10 +643,10 @@ async def test_a_driving_wait_that_times_out_gives_the_socket_back(node):
             assert len(got) == 1 and isinstance(got[0], TimeoutError) and c._driver is None
             await eventually(lambda: id(c.session) in c._wait_scopes, what="the loop to wait on its socket")
             c.config.idle_gap = 60.0
-            turns = _turns_by_task(c)
+            before = _came(c)
             await p.publish("t.back", b"later", mode="fire")
             await eventually(lambda: bool(sub.state.queue), what="the loop's task to queue it")
-            assert turns and all(name.endswith("._run") for name in turns)
+            assert _more(before, _came(c)) == {LOOP}
             assert (await sub.next(timeout=1)).payload == b"later"
     finally:
         await p.aclose()
@@ -655,17 +662,18 @@ async def test_a_publish_while_a_task_drives_the_socket_is_sent_at_once(node):
     c = await _idle_client(node, idle_gap=1e-9)
     try:
         async with c.subscribe("t.self", mode="fire") as sub:
-            got, waiter = await _driving(c, sub)
+            came: list[dict[str, int]] = []
+            got, waiter = await _driving(c, sub, came=came)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
                 assert c._driver == id(c.session) and id(c.session) in c._wait_scopes
-                turns = _turns_by_task(c)
-                c._busy_at = -math.inf
+                before = _came(c)
+                c._turns.busy_at = -math.inf
                 await c.publish("t.self", b"mine", mode="fire")
                 assert c.session.pub.fire_unsent == 0  # (sent before publish returned)
                 assert id(c.session) not in c._wait_scopes  # (the driver's wait ended: it looks again)
-            assert [m.payload for m in got] == [b"mine"] and turns[0] == "waiter"
+            assert [m.payload for m in got] == [b"mine"] and _more(before, came[0]) == {WAITER}
     finally:
         await c.aclose()
 
@@ -686,9 +694,11 @@ async def test_a_turn_made_by_a_publish_wakes_the_driver_to_what_it_took(node):
                     assert c._driver == id(c.session)
                     msgs = wire.encode_msgs(0, 0, [wire.pack_message("t.took", None, None, b"theirs")])
                     node.sock.sendto(msgs, c._socks[id(c.session)].getsockname())  # (as the node would)
-                    c._busy_at = -math.inf
+                    before = _came(c)
+                    c._turns.busy_at = -math.inf
                     await c.publish("t.other", b"mine", mode="fire")
                     assert c.session.pub.fire_unsent == 0 and len(sub.state.queue) == 1  # (its turn took it)
+                    assert _more(before, _came(c)) == {CALLER}
                     assert id(c.session) not in c._wait_scopes  # (the driver's wait ended)
             assert [m.payload for m in got] == [b"theirs"]
     finally:
@@ -735,7 +745,7 @@ async def test_a_driving_wait_keeps_the_session_alive_with_its_pings(node):
         await c.aclose()
 
 
-async def test_send_all_yields_the_cpu_only_after_every_datagram_left(monkeypatch):
+async def test_send_all_yields_the_cpu_only_after_every_datagram_left():
     a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     a.setblocking(False)
     b.bind(("127.0.0.1", 0))
@@ -745,12 +755,11 @@ async def test_send_all_yields_the_cpu_only_after_every_datagram_left(monkeypatc
     def yield_cpu() -> None:  # (what the receiver holds when the sender gives up its core)
         seen.append([d for d, _ in drain(b, 100)])
 
-    monkeypatch.setattr(udp_module, "yield_cpu", yield_cpu)
     to = b.getsockname()
     try:
-        await send_all(a, [(to, b"one"), (to, b"two")], Counter())
+        await send_all(a, [(to, b"one"), (to, b"two")], Counter(), yield_cpu)
         assert seen == [[b"one", b"two"]]
-        await send_all(a, [], Counter())  # (nothing sent: the core is not given up)
+        await send_all(a, [], Counter(), yield_cpu)  # (nothing sent: the core is not given up)
         assert seen == [[b"one", b"two"]]
     finally:
         a.close()
