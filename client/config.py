@@ -34,7 +34,7 @@ class ClientConfig:
     # API yields to it (a busy caller: the lot in a few datagrams of one turn; 256 measured best
     # on W1, 64 and 128 lower, 512 and 1024 no better: docs/performance.md)
     yield_every: int = 256
-    # Quiet path (the trio Client): when its one session sent and received nothing for this long
+    # Quiet path (the trio and asyncio Clients: client/turns.py): when its one session sent and received nothing for this long
     # (s), its I/O loop waiting (and at most idle_burst reliable publishes in flight), an API
     # call that queued something (a publish, subscribe...) makes the loop's turn itself: sent
     # before the call returns (with the shells' CPU yields, W3 p50 ~50 us sooner:
@@ -45,7 +45,7 @@ class ClientConfig:
     # loop waits, and every wait drives (a busy subscriber then pays a parked loop per wait);
     # inf: never
     idle_gap: float = 0.0002
-    # A burst on a quiet path (the trio Client): this many calls that queue something (and as
+    # A burst on a quiet path (the trio and asyncio Clients): this many calls that queue something (and as
     # many reliable publishes in flight), the first on the quiet path and each next within
     # idle_gap of the one before, each make the loop's turn themselves; only what follows
     # waits for the loop and shares its datagrams. A paced publisher wakes late from its sleep
