@@ -34,24 +34,25 @@ class ClientConfig:
     # API yields to it (a busy caller: the lot in a few datagrams of one turn; 256 measured best
     # on W1, 64 and 128 lower, 512 and 1024 no better: docs/performance.md)
     yield_every: int = 256
-    # Quiet path (the trio and asyncio Clients: client/turns.py): when its one session sent and received nothing for this long
-    # (s), its I/O loop waiting (and at most idle_burst reliable publishes in flight), an API
-    # call that queued something (a publish, subscribe...) makes the loop's turn itself: sent
-    # before the call returns (with the shells' CPU yields, W3 p50 ~50 us sooner:
-    # docs/performance.md). After the burst (idle_burst), within it, the loop sends it with
-    # whatever follows. And a wait that lasted this long makes the path sparse: the next wait
-    # (next(), flush(), a request) drives the socket in its own task, so what it waits for
-    # needs no hand-off from the loop's task (W3 p50 ~25-40 us sooner). 0: always when the
-    # loop waits, and every wait drives (a busy subscriber then pays a parked loop per wait);
-    # inf: never
+    # Quiet path (the trio and asyncio Clients: client/turns.py): when its one session sent
+    # and received nothing for this long (s), its I/O loop waiting (and at most idle_burst
+    # reliable publishes in flight), an API call that queued something (a publish,
+    # subscribe...) makes the loop's turn itself: sent before the call returns (with the
+    # shells' CPU yields, W3 p50 ~50 us sooner: docs/performance.md). After the burst
+    # (idle_burst), within it, the loop sends it with whatever follows. And a wait that lasted
+    # this long makes the path sparse: the next wait (next(), flush(), a request) drives the
+    # socket in its own task (trio), so what it waits for needs no hand-off from the loop's
+    # task (W3 p50 ~25-40 us sooner), and the turn that brings it holds its ACK until the
+    # waiter has it (trio and asyncio). 0: always when the loop waits, and every wait drives
+    # (a busy subscriber then pays a parked loop per wait); inf: never
     idle_gap: float = 0.0002
-    # A burst on a quiet path (the trio and asyncio Clients): this many calls that queue something (and as
-    # many reliable publishes in flight), the first on the quiet path and each next within
-    # idle_gap of the one before, each make the loop's turn themselves; only what follows
-    # waits for the loop and shares its datagrams. A paced publisher wakes late from its sleep
-    # (the event loop's timers have 1 ms steps) and publishes what is due at once, 2-3
-    # messages at 2,000/s: W3 p50 ~300 -> ~150-210 us (docs/performance.md). 1: the first
-    # call alone
+    # A burst on a quiet path (the trio and asyncio Clients): this many calls that queue
+    # something (and as many reliable publishes in flight), the first on the quiet path and
+    # each next within idle_gap of the one before, each make the loop's turn themselves; only
+    # what follows waits for the loop and shares its datagrams. A paced publisher wakes late
+    # from its sleep (the event loop's timers have 1 ms steps) and publishes what is due at
+    # once, 2-3 messages at 2,000/s: W3 p50 ~300 -> ~150-210 us (docs/performance.md). 1: the
+    # first call alone
     idle_burst: int = 4
     socket_buffer: int = 8 << 20  # SO_RCVBUF and SO_SNDBUF of each session's socket, bytes
     # Deliberately broken builds the simulator selects (sim/breaks.py, ``--break``), never set

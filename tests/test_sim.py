@@ -197,6 +197,7 @@ def test_a_whole_cluster_runs_in_one_process_without_a_socket(monkeypatch):
     ("no-handoff", 25, "partitioned", ("--members", "5", "--clients", "6", "--start", "9535")),
     ("early-ack", 8, "partitioned", ()),  # (durable mode: sim/durablecheck.py)
     ("no-fsync", 8, "partitioned", ()),  # (a power loss takes what was counted durable unsynced)
+    ("commit-before-read", 8, "partitioned", ()),  # (the client's durable core: a crash loses what it committed)
 ])  # fmt: skip
 def test_a_broken_build_is_caught_with_a_seed_that_replays(broken, seeds, mode, extra):
     run = [sys.executable, "scripts/simulate.py", "--jobs", "2", "--break", broken, "--mode", mode, *extra]
