@@ -81,7 +81,7 @@ def snapshot(core: BrokerCore, liveness: bool) -> tuple[Any, ...]:
 
     records = sorted((repr(cid), c.session, c.last_batch, mailbox(c.mailbox), mailbox(c.parked and c.parked[0]),
                       (c.last_seen, c.heard) if liveness else None) for cid, c in core.clients.items())  # fmt: skip
-    producers = sorted((pid, *st) for pid, st in core.producers.items())
+    producers = sorted((pid, *st.fields()) for pid, st in core.producers.items())
     return core.state_digest(), producers, records, [core.metrics[k] for k in _COUNTED]
 
 
