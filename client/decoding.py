@@ -57,6 +57,40 @@ _Validator = Callable[[Any], tuple[Any, ...]]
 _DECODERS: dict[int, tuple[FrameType, int, _Validator]] = {}
 
 
+#: The decoded frames' fields: ``decode_untrusted_frame`` returns a plain tuple, the frame's type
+#: first (``TYPE``), and these name the other positions, per frame type, where they are read. Index
+#: constants rather than a NamedTuple per frame: the tuple the validator builds stays a tuple (no
+#: class call per frame), and a message of a PUB's or MSGS's batch stays the tuple msgpack made.
+TYPE = 0
+#: Every frame a client sends a node: its client id and cookie (HELLO: the client id alone).
+CLIENT_ID, COOKIE = 1, 2
+PUB_PRODUCER, PUB_FIRST, PUB_FLOOR, PUB_RELIABLE, PUB_MESSAGES = 3, 4, 5, 6, 7
+PUBRUN_PRODUCER, PUBRUN_FIRST, PUBRUN_TOPIC, PUBRUN_PAYLOADS = 3, 4, 5, 6
+ACK_STREAM, ACK_MAX_SEQ, ACK_SACK = 3, 4, 5
+CMDS_SESSION, CMDS_BATCH, CMDS_COMMANDS = 3, 4, 5
+PING_TOKEN, PING_DIGEST, PING_SESSION = 3, 4, 5
+BYE_SESSION = 3
+#: The durable-mode frames (client/durablewire.py's validators).
+PUT_PRODUCER, PUT_PARTITION, PUT_FIRST, PUT_FLOOR, PUT_MESSAGES = 3, 4, 5, 6, 7
+GET_DURABLE, GET_NAME, GET_TOPIC, GET_PARTITION, GET_START, GET_START_AT, GET_MAX, GET_READ_FROM = range(3, 11)
+COMMIT_DURABLE, COMMIT_NAME, COMMIT_TOPIC, COMMIT_PARTITION, COMMIT_OFFSET = 3, 4, 5, 6, 7
+#: The frames a node sends a client.
+MSGS_STREAM, MSGS_FIRST, MSGS_MESSAGES = 1, 2, 3
+MSGSRUN_NUMBER, MSGSRUN_TOPIC, MSGSRUN_PAYLOADS = 1, 2, 3
+WELCOME_NODE, WELCOME_COOKIE, WELCOME_PARAMS, WELCOME_MEMBERS, WELCOME_MAP = 1, 2, 3, 4, 5
+CMDACK_SESSION, CMDACK_BATCH, CMDACK_RESULTS = 1, 2, 3
+PUBACK_PRODUCER, PUBACK_ACKED = 1, 2
+PONG_TOKEN, PONG_KNOWN, PONG_COOKIE, PONG_CANCELS, PONG_DIGEST = 1, 2, 3, 4, 5
+CANCEL_TOPIC, CANCEL_KEY, CANCEL_REASON = 1, 2, 3
+REDIRECT_NODE, REDIRECT_MAP = 1, 2
+ERROR_CODE, ERROR_TEXT = 1, 2
+STATUS_REPLY_STATUS = 1
+PUTACK_PRODUCER, PUTACK_PARTITION, PUTACK_ACKED, PUTACK_STATUS = 1, 2, 3, 4
+#: A message of a PUB's or MSGS's batch (a tuple: ``_checked``): topic, key, tags, payload; a
+#: delivered one (6 or 7 fields) also its producer id and sequence; a queue group's copy its marks last.
+MSG_TOPIC, MSG_KEY, MSG_TAGS, MSG_PAYLOAD, MSG_PRODUCER, MSG_SEQ = 0, 1, 2, 3, 4, 5
+
+
 def _frame(ftype: FrameType, fields: int) -> Callable[[_Validator], _Validator]:
     """Register the validator of ``ftype``, which has ``fields`` after version and type."""
 

@@ -40,6 +40,7 @@ from collections import Counter
 from typing import Any
 
 from roost.client import decoding, wire
+from roost.client import decoding as D
 from roost.client.text import encode_text_error
 from roost.client.wire import ErrorCode, FrameType, WireError
 from roost.node.actions import (
@@ -359,9 +360,9 @@ class BrokerCore:
         """Partitioned mode: our forwarded messages that a primary took into its mailboxes (or
         that we gave up: no owner, a full queue); their PUBACKs may go out now."""
         self.outbox.now = now
-        for m in msgs:
-            if m[4] is not None:
-                self.producing.settle(m[4], m[5])
+        for _, _, _, _, pid, seq in msgs:  # (a forward: topic, key, tags, payload, producer id, sequence)
+            if pid is not None:
+                self.producing.settle(pid, seq)
         return self._finish(now)
 
     def expire_home(self, home: str, now: float) -> list[Action]:
@@ -396,10 +397,10 @@ class BrokerCore:
 
     def _on_binary(self, data: bytes, addr: Addr, now: float) -> None:
         f = decoding.decode_untrusted_frame(data, self._max)
-        ftype = f[0]
+        ftype = f[D.TYPE]
         wall = now + self.wall_offset
         if ftype is FrameType.HELLO:
-            cookie = self.cookies.issue(addr, f[1], wall)
+            cookie = self.cookies.issue(addr, f[D.CLIENT_ID], wall)
             welcome = wire.encode_welcome(self.node_id, cookie, self.params, self.members)
             if len(welcome) > AMPLIFICATION * len(data) and self.params is not self._lean_params:
                 self.metrics["welcome_without_map"] += 1  # (the client asks for it with MAP)
@@ -408,20 +409,20 @@ class BrokerCore:
             return
         if ftype not in _CLIENT_FRAMES:
             raise WireError(ErrorCode.UNKNOWN_TYPE, f"{ftype.name} is not sent to nodes")
-        cid, cookie = f[1], f[2]
+        cid, cookie = f[D.CLIENT_ID], f[D.COOKIE]
         if not (self._any_cookie or self.cookies.check(addr, cid, cookie, wall)):
             raise WireError(ErrorCode.BAD_COOKIE, "cookie invalid or expired for this address; send HELLO")
         c = self.registers.clients.get(cid)
         sessions = self.sessions
-        if ftype is FrameType.CMDS:
-            sessions.on_cmds(c, cid, addr, f[3], f[4], f[5], now)  # (a stale session must not touch c)
+        if ftype is FrameType.CMDS:  # (a stale session must not touch c)
+            sessions.on_cmds(c, cid, addr, f[D.CMDS_SESSION], f[D.CMDS_BATCH], f[D.CMDS_COMMANDS], now)
             return
         if ftype is FrameType.BYE:
-            sessions.on_bye(c, addr, f[3], now)
+            sessions.on_bye(c, addr, f[D.BYE_SESSION], now)
             return
         # A PING of a process the client id has since been restarted in (a lower session) is
         # answered, but is neither liveness nor a reason to move the client to its address.
-        stale = ftype is FrameType.PING and c is not None and 0 < f[5] < c.session
+        stale = ftype is FrameType.PING and c is not None and 0 < f[D.PING_SESSION] < c.session
         if ftype is FrameType.PING and c is not None and not stale:
             sessions.may_move(c, addr)  # (refused: no liveness either, so the record at its old address times out)
         if c is not None and not stale:
@@ -432,24 +433,30 @@ class BrokerCore:
             self.producing.on_pubrun(addr, f, now)
         elif ftype is FrameType.ACK:
             if c is not None:
-                self.delivery.on_ack(c, f[3], f[4], f[5], now)
+                self.delivery.on_ack(c, f[D.ACK_STREAM], f[D.ACK_MAX_SEQ], f[D.ACK_SACK], now)
         elif ftype is FrameType.PING:
             if stale:
                 self.metrics["stale_pings"] += 1
             elif c is not None:
-                sessions.adopt(c, addr, now, f[5])  # the client talks to this node now: it is ours to watch
+                sessions.adopt(c, addr, now, f[D.PING_SESSION])  # the client talks to this node now: ours to watch
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
-            sessions.on_ping(c, addr, f[3], cookie if fresh else self.cookies.issue(addr, cid, wall), f[4])
+            sessions.on_ping(c, addr, f[D.PING_TOKEN], cookie if fresh else self.cookies.issue(addr, cid, wall),
+                             f[D.PING_DIGEST])  # fmt: skip
         elif ftype is FrameType.PUT:
-            for m in f[7]:
-                self._durable_partition(m[0], f[4])
-            self.outbox.out.append(DurablePut(addr, f[3], f[4], f[5], f[6], [list(m) for m in f[7]]))
+            msgs, p = f[D.PUT_MESSAGES], f[D.PUT_PARTITION]
+            for m in msgs:
+                self._durable_partition(m[D.MSG_TOPIC], p)
+            self.outbox.out.append(DurablePut(addr, f[D.PUT_PRODUCER], p, f[D.PUT_FIRST], f[D.PUT_FLOOR],
+                                              [list(m) for m in msgs]))  # fmt: skip
         elif ftype is FrameType.GET:
-            self._durable_partition(f[5], f[6])
-            self.outbox.out.append(DurableGet(addr, f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]))
+            self._durable_partition(f[D.GET_TOPIC], f[D.GET_PARTITION])
+            self.outbox.out.append(DurableGet(addr, f[D.GET_DURABLE], f[D.GET_NAME], f[D.GET_TOPIC],
+                                              f[D.GET_PARTITION], f[D.GET_START], f[D.GET_START_AT], f[D.GET_MAX],
+                                              f[D.GET_READ_FROM]))  # fmt: skip
         elif ftype is FrameType.COMMIT:
-            self._durable_partition(f[5], f[6])
-            self.outbox.out.append(DurableCommit(addr, f[3], f[4], f[5], f[6], f[7]))
+            self._durable_partition(f[D.COMMIT_TOPIC], f[D.COMMIT_PARTITION])
+            self.outbox.out.append(DurableCommit(addr, f[D.COMMIT_DURABLE], f[D.COMMIT_NAME], f[D.COMMIT_TOPIC],
+                                                 f[D.COMMIT_PARTITION], f[D.COMMIT_OFFSET]))  # fmt: skip
         elif ftype is FrameType.MAP:
             if self.place.redirect_frame is None:
                 raise WireError(

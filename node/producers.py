@@ -39,6 +39,7 @@ from collections import Counter
 from typing import Any
 
 from roost.client import decoding, wire
+from roost.client.decoding import MSG_KEY, MSG_PAYLOAD, MSG_TAGS, MSG_TOPIC
 from roost.client.text import encode_text_msg
 from roost.node.admission import Admission, host_key
 from roost.node.config import NodeConfig
@@ -173,13 +174,13 @@ class Producers:
             self.pubacks[(addr, pid)] = acked
         if not msgs:
             return
-        topic, key = msgs[0][0], msgs[0][1]
-        if len(msgs) > 1 and not self.index.filters and all(m[0] == topic and m[1] == key for m in msgs):
+        topic, key = msgs[0][MSG_TOPIC], msgs[0][MSG_KEY]
+        if len(msgs) > 1 and not self.index.filters and all(m[MSG_TOPIC] == topic and m[MSG_KEY] == key for m in msgs):
             whole = None if reliable or skip or run_topic is not None else self._as_sent(data, f, msgs)
             if self._publish_run(msgs, packs, whole):
                 return
         for m, packed in zip(msgs, packs or wire.pack_messages(msgs), strict=True):
-            publish(m[0], m[1], m[2], m[3], packed)
+            publish(m[MSG_TOPIC], m[MSG_KEY], m[MSG_TAGS], m[MSG_PAYLOAD], packed)
 
     @staticmethod
     def _as_sent(data: bytes, f: tuple[Any, ...], msgs: list[Any]) -> bytes | None:
@@ -231,8 +232,8 @@ class Producers:
         ``packs`` are the messages packed (None: packed here when a subscriber needs them);
         ``whole``, when not None, their array as the PUB carried it (``_as_sent``), which a fire
         subscriber with nothing else queued in this batch gets as it is, in a MSGS (node/relay.py)."""
-        topic = msgs[0][0]
-        subs = self.index.match(topic, msgs[0][1])
+        topic = msgs[0][MSG_TOPIC]
+        subs = self.index.match(topic, msgs[0][MSG_KEY])
         if not subs:
             return True
         clients, dirty = self.clients, self.dirty
@@ -251,7 +252,7 @@ class Producers:
         for who, mode in subs.items():
             if who.__class__ is not bytes:  # (a text client: one line per message)
                 for m in msgs:
-                    self.delivery.to_text(who, encode_text_msg(topic, m[3]))
+                    self.delivery.to_text(who, encode_text_msg(topic, m[MSG_PAYLOAD]))
                 continue
             c = clients[who]
             if mode:
@@ -279,7 +280,7 @@ class Producers:
         misrouted = False
         publish, forward = self.fanout.publish, self.forwarding.forward
         for m in msgs:
-            topic, key, tags, payload = m[0], m[1], m[2], m[3]
+            topic, key, tags, payload = m[MSG_TOPIC], m[MSG_KEY], m[MSG_TAGS], m[MSG_PAYLOAD]
             dest = forward_to(topic)
             if dest is None and unowned(topic):
                 dest = ""  # (no live owner: kept unacknowledged until there is one; cluster/partitioned.py)

@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 
 from roost.client import wire
+from roost.client.decoding import MSG_SEQ, MSG_TAGS, MSG_TOPIC
 from roost.node.clients import ClientState
 from roost.node.config import NodeConfig
 from roost.node.mailbox import Mailbox
@@ -184,8 +185,8 @@ class QueueGroups:
         (``only``: of that one group, by mark id)."""
         marks = m[-1]
         base = wire.pack(m[:-1])
-        pseq = m[5] if len(m) == 7 else None
-        tags = m[2]
+        pseq = m[MSG_SEQ] if len(m) == 7 else None
+        tags = m[MSG_TAGS]
         part = tags.get(wire.PART_TAG) if tags else None
         groups = self.index.groups
         for mark in marks:
@@ -211,8 +212,8 @@ class QueueGroups:
                 break
             if c is None:
                 self.metrics["queue_undeliverable"] += 1
-                self.outbox.log("warning", "queue_undeliverable", filter=fs.filter.text if fs else mark, topic=m[0],
-                          seq=pseq)  # fmt: skip
+                self.outbox.log("warning", "queue_undeliverable", filter=fs.filter.text if fs else mark,
+                                topic=m[MSG_TOPIC], seq=pseq)  # fmt: skip
                 continue
             self.metrics["queue_redelivered"] += 1
             if not c.dirty:

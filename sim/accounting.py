@@ -59,12 +59,12 @@ class SimAccounting:
                 f = decoding.decode_untrusted_frame(data)
             except wire.WireError:
                 f = None
-        st = core.broker.producers.get(f[3]) if f is not None else None
-        before = st.acked if st is not None else 0
+        producer = core.broker.producers.get(f[decoding.PUB_PRODUCER]) if f is not None else None
+        before = producer.acked if producer is not None else 0
         owed: list[tuple[Any, list[tuple[bytes, object]]]] = []
-        if f is not None and f[6] and not self.partitioned:  # (partitioned: _traced)
-            for m_ in f[7]:
-                owed.append((m_, self._reliable_subscribers(core, m_[0])))
+        if f is not None and f[decoding.PUB_RELIABLE] and not self.partitioned:  # (partitioned: _traced)
+            for m_ in f[decoding.PUB_MESSAGES]:
+                owed.append((m_, self._reliable_subscribers(core, m_[decoding.MSG_TOPIC])))
         sender = self.client_at.get(src)
         held = self._registers_of(core, sender) if sender is not None and not sender.publisher else {}
         self._feed(m, Datagrams([(data, src)]))
@@ -77,12 +77,12 @@ class SimAccounting:
                         sender.starts[id(st)] = (st, v)
         if f is None or m.core is None:
             return
-        st = m.core.broker.producers.get(f[3])
-        after = st.acked if st is not None else 0
+        producer = m.core.broker.producers.get(f[decoding.PUB_PRODUCER])
+        after = producer.acked if producer is not None else 0
         for i, (msg, subs) in enumerate(owed):
-            seq = f[4] + i
+            seq = f[decoding.PUB_FIRST] + i
             if before < seq <= after:
-                pub, n = parse_payload(msg[3])
+                pub, n = parse_payload(msg[decoding.MSG_PAYLOAD])
                 self.check.accepted(m.id, (pub, n), subs, self.now)
 
     def _acked_by(self, c: SimClient, member: str | None, crashes: int) -> None:
