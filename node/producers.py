@@ -9,7 +9,7 @@ an overlapping resend delivers just its new part. A node that never saw the
 producer, or forgot it, starts at ``floor``. For reliable PUBs a gap above
 the acknowledged point is refused (go-back-N keeps FIFO order); fire PUBs
 accept gaps. The cumulative PUBACK is coalesced per (address, producer) and
-sent by ``_flush`` at the end of the batch. An entry is forgotten after
+sent by ``Delivery.flush`` at the end of the batch. An entry is forgotten after
 ``producer_timeout`` without a PUB.
 
 In partitioned mode a message whose partition has another primary is
@@ -22,7 +22,7 @@ clients cannot get one; an older library) is still served by forwarding.
 The PUB loop is the hot path: one decode per datagram, one pack per message (not in fire), and
 a datagram's messages of one topic and key (a publisher's batch, as a rule) fanned out as one
 run (``_publish_run``: matched once, each subscriber given the run in one call). Any other
-datagram is one ``_publish`` call per message, and so is every datagram while the node has a
+datagram is one ``Fanout.publish`` call per message, and so is every datagram while the node has a
 filter subscription (wildcard, query or queue group, on any topic: each message's tags may
 decide who gets it) or while a reliable subscriber's mailbox lacks room for the whole run.
 A fire run goes further: a fire subscriber gets the PUB's array of messages as the datagram
@@ -223,11 +223,11 @@ class Producers:
         return True
 
     def _publish_run(self, msgs: list[Any], packs: list[bytes] | None, whole: bytes | None) -> bool:
-        """``_publish`` of a run of messages of one topic and key (a publisher's datagram, as a
+        """``Fanout.publish`` of a run of messages of one topic and key (a publisher's datagram, as a
         rule) with no filters on the node to ask about each one's tags: the subscribers are
         matched once and each given the run in one call, the per-message work of the fan-out
         done per batch. False, with nothing done, when a reliable subscriber's mailbox lacks room
-        for the run: then each message goes on its own (``_publish``), so that a mailbox fills
+        for the run: then each message goes on its own (``Fanout.publish``), so that a mailbox fills
         and its subscription is cancelled at the message it would have been, and what follows
         is matched again (the client may have a fire subscription that still takes it).
 
@@ -259,7 +259,7 @@ class Producers:
             c = clients[who]
             if mode:
                 mb = c.mailbox
-                if mb is None:  # (skipped, as _publish skips it)
+                if mb is None:  # (skipped, as Fanout.publish skips it)
                     continue
                 assert packs is not None
                 mb.push_many(packs, size)

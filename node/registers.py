@@ -25,6 +25,12 @@ unsubscribe, then collected; a tombstone older than the horizon that arrives
 from a replica which has not collected it yet stays dead. When a member dies,
 the survivors tombstone the subscriptions of the clients it was home to
 (``expire_home``); a client still talking to its home re-asserts them.
+
+The client table (``clients``) and the subscription index (``index``) are read by the other
+components of the broker core (node/core.py hands the same two to each); this one is their only
+writer. Each version installed is passed on to node/streams.py (a client's mailbox follows its
+reliable registers), and ``merge`` returns the text subscriptions whose leases start again
+(node/textproto.py), so that this component depends on no component above it.
 """
 
 from __future__ import annotations
