@@ -391,7 +391,9 @@ class BrokerCore:
             relays.clear()
         if self.registers.changed:
             out.append(Replicate(self.registers.take_changes()))
-        return self.outbox.take()
+        actions = out[:]
+        del out[:]  # (the list stays: the components hold it)
+        return actions
 
     # ------------------------------------------------------------ dispatch
 

@@ -164,7 +164,8 @@ class Delivery:
     def _emit_whole(self, addr: Addr, whole: list[Whole]) -> None:
         """The fire datagrams of the batches relayed whole (``ClientState.fire_whole``: a PUB's
         array of messages as it came, a PUBRUN's run), consecutive ones merged (node/relay.py)."""
-        self.out.extend([Send(addr, d) for d in relay.datagrams(whole, self.budget, self._fire_number)])
+        out = self.out
+        out += [Send(addr, d) for d in relay.datagrams(whole, self.budget, self._fire_number)]
         self.metrics["delivered"] += sum(n for _, n, _ in whole)
 
     def _emit(self, addr: Addr, stream: int, first: int, entries: list[bytes]) -> None:

@@ -2,7 +2,7 @@
 the timer heap and the entry point's time.
 
 Theory of operation. An entry point of the broker core (node/core.py) sets ``now``, routes its
-event to the components, and takes ``out`` at the end (``take``). Every component appends its
+event to the components, and takes what ``out`` holds at the end. Every component appends its
 actions to the one ``out`` list as it runs (the list is never replaced, so a component may keep a
 reference to it), so no component needs to know which entry point it was called from. Timers are
 one heap of ``(due, kind, key)`` entries; ``BrokerCore.tick`` pops what is due and hands each to
@@ -48,12 +48,6 @@ class Outbox:
 
     def timer(self, at: float, kind: int, key: Any) -> None:
         heapq.heappush(self.timers, (at, kind, key))
-
-    def take(self) -> list[Action]:
-        """The actions built since the last call (the list itself stays, emptied)."""
-        out = self.out.copy()
-        self.out.clear()
-        return out
 
 
 def fmt(addr: Addr) -> str:
