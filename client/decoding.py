@@ -14,7 +14,7 @@ wire.py imports nothing from here), because this is the part that faces the netw
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -55,6 +55,97 @@ _Validator = Callable[[Any], tuple[Any, ...]]
 #: Frame type -> (type, frame length including version and type, validator).
 #: Keyed by the plain int so that the decoder needs no ``T(...)`` call per frame.
 _DECODERS: dict[int, tuple[FrameType, int, _Validator]] = {}
+
+
+#: The decoded frames' fields: ``decode_untrusted_frame`` returns a plain tuple, the frame's type
+#: first (``TYPE``), and these name the other positions, per frame type, where they are read. Index
+#: constants rather than a NamedTuple per frame: the tuple the validator builds stays a tuple (no
+#: class call per frame), and a message of a PUB's or MSGS's batch stays the tuple msgpack made;
+#: ``Final``, so that mypyc (scripts/benchnative.py) compiles a read to a constant index.
+TYPE: Final = 0
+#: Every frame a client sends a node: its client id and cookie (HELLO: the client id alone).
+CLIENT_ID: Final = 1
+COOKIE: Final = 2
+PUB_PRODUCER: Final = 3
+PUB_FIRST: Final = 4
+PUB_FLOOR: Final = 5
+PUB_RELIABLE: Final = 6
+PUB_MESSAGES: Final = 7
+PUBRUN_PRODUCER: Final = 3
+PUBRUN_FIRST: Final = 4
+PUBRUN_TOPIC: Final = 5
+PUBRUN_PAYLOADS: Final = 6
+ACK_STREAM: Final = 3
+ACK_MAX_SEQ: Final = 4
+ACK_SACK: Final = 5
+CMDS_SESSION: Final = 3
+CMDS_BATCH: Final = 4
+CMDS_COMMANDS: Final = 5
+PING_TOKEN: Final = 3
+PING_DIGEST: Final = 4
+PING_SESSION: Final = 5
+BYE_SESSION: Final = 3
+#: The durable-mode frames (client/durablewire.py's validators).
+PUT_PRODUCER: Final = 3
+PUT_PARTITION: Final = 4
+PUT_FIRST: Final = 5
+PUT_FLOOR: Final = 6
+PUT_MESSAGES: Final = 7
+GET_DURABLE: Final = 3
+GET_NAME: Final = 4
+GET_TOPIC: Final = 5
+GET_PARTITION: Final = 6
+GET_START: Final = 7
+GET_START_AT: Final = 8
+GET_MAX: Final = 9
+GET_READ_FROM: Final = 10
+COMMIT_DURABLE: Final = 3
+COMMIT_NAME: Final = 4
+COMMIT_TOPIC: Final = 5
+COMMIT_PARTITION: Final = 6
+COMMIT_OFFSET: Final = 7
+#: The frames a node sends a client.
+MSGS_STREAM: Final = 1
+MSGS_FIRST: Final = 2
+MSGS_MESSAGES: Final = 3
+MSGSRUN_NUMBER: Final = 1
+MSGSRUN_TOPIC: Final = 2
+MSGSRUN_PAYLOADS: Final = 3
+WELCOME_NODE: Final = 1
+WELCOME_COOKIE: Final = 2
+WELCOME_PARAMS: Final = 3
+WELCOME_MEMBERS: Final = 4
+WELCOME_MAP: Final = 5
+CMDACK_SESSION: Final = 1
+CMDACK_BATCH: Final = 2
+CMDACK_RESULTS: Final = 3
+PUBACK_PRODUCER: Final = 1
+PUBACK_ACKED: Final = 2
+PONG_TOKEN: Final = 1
+PONG_KNOWN: Final = 2
+PONG_COOKIE: Final = 3
+PONG_CANCELS: Final = 4
+PONG_DIGEST: Final = 5
+CANCEL_TOPIC: Final = 1
+CANCEL_KEY: Final = 2
+CANCEL_REASON: Final = 3
+REDIRECT_NODE: Final = 1
+REDIRECT_MAP: Final = 2
+ERROR_CODE: Final = 1
+ERROR_TEXT: Final = 2
+STATUS_REPLY_STATUS: Final = 1
+PUTACK_PRODUCER: Final = 1
+PUTACK_PARTITION: Final = 2
+PUTACK_ACKED: Final = 3
+PUTACK_STATUS: Final = 4
+#: A message of a PUB's or MSGS's batch (a tuple: ``_checked``): topic, key, tags, payload; a
+#: delivered one (6 or 7 fields) also its producer id and sequence; a queue group's copy its marks last.
+MSG_TOPIC: Final = 0
+MSG_KEY: Final = 1
+MSG_TAGS: Final = 2
+MSG_PAYLOAD: Final = 3
+MSG_PRODUCER: Final = 4
+MSG_SEQ: Final = 5
 
 
 def _frame(ftype: FrameType, fields: int) -> Callable[[_Validator], _Validator]:

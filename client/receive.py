@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, cast
 
 from roost.client import parts, subjects, wire
 from roost.client.config import ClientConfig
+from roost.client.decoding import MSG_KEY, MSG_PAYLOAD, MSG_PRODUCER, MSG_SEQ, MSG_TAGS, MSG_TOPIC
 from roost.client.holes import Holes
 from roost.client.wire import PART_TAG
 
@@ -331,6 +332,8 @@ class Receiver:
         delivered = 0
         pid: Any = None
         high = 0
+        # (literal indices in this loop, the hot one: m[0] to m[5] are decoding.MSG_TOPIC, MSG_KEY, MSG_TAGS,
+        # MSG_PAYLOAD, MSG_PRODUCER, MSG_SEQ; a constant index costs nothing, a module's name a lookup)
         for m in msgs:
             if m[1] is not None or m[2] is not None or len(m) != plain:
                 if pid is not None:
@@ -387,14 +390,14 @@ class Receiver:
     def _targets(self, m: tuple[Any, ...]) -> list[SubState]:
         """The subscriptions in force that a message passes (wildcards, queries): slow path.
         A queue group's subscription gets only what the node picked us for (the marks)."""
-        topic, key, subs = m[0], m[1], self.subs
+        topic, key, subs = m[MSG_TOPIC], m[MSG_KEY], self.subs
         out = []
         for st in (subs.get((topic, None)), subs.get((topic, key)) if key is not None else None):
             if st is not None and st.reason is None:
                 out.append(st)
         for text in self.trie.match(topic.split(".")):
             f = subjects.parse_filter_untrusted(text)
-            if f.queue is not None or (f.query is not None and not f.query.matches(m[2])):
+            if f.queue is not None or (f.query is not None and not f.query.matches(m[MSG_TAGS])):
                 continue
             for k in (None, key) if key is not None else (None,):
                 st = subs.get((text, k))
@@ -405,9 +408,9 @@ class Receiver:
     def _deliver(self, m: tuple[Any, ...], seq: int | None, src: Addr, stream: int) -> None:
         if self.no_dedup:
             m = m[:4]  # (broken: the message loses its producer id and sequence)
-        topic, key = m[0], m[1]
+        topic, key = m[MSG_TOPIC], m[MSG_KEY]
         n = len(m)
-        if m[2] is not None and PART_TAG in m[2]:
+        if m[MSG_TAGS] is not None and PART_TAG in m[MSG_TAGS]:
             self._deliver_part(m, seq, src, stream)
             return
         if n == 5 or n == 7:  # picked for a queue group (docs/protocol.md, "Queue groups")
@@ -417,9 +420,9 @@ class Receiver:
             targets = self._targets(m)
             if not targets:
                 return
-            if n == 6 and self._duplicate(m[4], m[5]):
+            if n == 6 and self._duplicate(m[MSG_PRODUCER], m[MSG_SEQ]):
                 return
-            msg = (topic, key, m[2], m[3], seq)
+            msg = (topic, key, m[MSG_TAGS], m[MSG_PAYLOAD], seq)
             for st in targets:
                 st.queue.append(msg)
                 self.buffered += 1
@@ -432,9 +435,9 @@ class Receiver:
             keyed = None
         if whole is None and keyed is None:
             return  # no subscription in force: not seen by the application, so not "seen" below
-        if n == 6 and self._duplicate(m[4], m[5]):
+        if n == 6 and self._duplicate(m[MSG_PRODUCER], m[MSG_SEQ]):
             return
-        fields: Fields = (topic, key, m[2], m[3], seq)
+        fields: Fields = (topic, key, m[MSG_TAGS], m[MSG_PAYLOAD], seq)
         for one in (whole, keyed):
             if one is not None:
                 one.queue.append(fields)
@@ -459,21 +462,21 @@ class Receiver:
         targets, grouped = self._recipients(m, seq, src, stream)
         if not targets and not grouped:
             return
-        part = parts.parse_part_untrusted(m[2][PART_TAG]) if n == 6 or n == 7 else None
+        part = parts.parse_part_untrusted(m[MSG_TAGS][PART_TAG]) if n == 6 or n == 7 else None
         if part is None:  # (fire-published, or a tag some publisher made up)
             self.parts.dropped += 1
             return
         origin = None
         if grouped and seq is not None:
-            origin = [src, stream, seq, (m[4], m[5])]
+            origin = [src, stream, seq, (m[MSG_PRODUCER], m[MSG_SEQ])]
             self._unconsumed(src, seq)
-        done, dropped = self.parts.add(m[4], part, m[3], origin, self.now, grouped)
+        done, dropped = self.parts.add(m[MSG_PRODUCER], part, m[MSG_PAYLOAD], origin, self.now, grouped)
         for p in dropped:
             self._taken(tuple(p.origins))
         if done is None:
             return
-        tags = {k: v for k, v in m[2].items() if k != PART_TAG} or None
-        msg: Fields = (m[0], m[1], tags, done.payload, seq)
+        tags = {k: v for k, v in m[MSG_TAGS].items() if k != PART_TAG} or None
+        msg: Fields = (m[MSG_TOPIC], m[MSG_KEY], tags, done.payload, seq)
         for st in targets:
             self._give(st, msg, None)
         held = done.origins
@@ -498,8 +501,8 @@ class Receiver:
         targets = self._targets(m)
         grouped = self._grouped(m[-1]) if n == 5 or n == 7 else []
         if grouped and n == 7:
-            grouped = self._carried(grouped, (m[4], m[5]), src, stream, seq)
-        if targets and (n == 6 or n == 7) and self._duplicate(m[4], m[5]):
+            grouped = self._carried(grouped, (m[MSG_PRODUCER], m[MSG_SEQ]), src, stream, seq)
+        if targets and (n == 6 or n == 7) and self._duplicate(m[MSG_PRODUCER], m[MSG_SEQ]):
             targets = []  # (our other subscriptions had it: e.g. a group's copy handed on from another member)
         return targets, grouped
 
@@ -549,10 +552,10 @@ class Receiver:
         targets, grouped = self._recipients(m, seq, src, stream)
         if not targets and not grouped:
             return
-        msg: Fields = (m[0], m[1], m[2], m[3], seq)
+        msg: Fields = (m[MSG_TOPIC], m[MSG_KEY], m[MSG_TAGS], m[MSG_PAYLOAD], seq)
         for st in targets:
             self._give(st, msg, None)
-        ident = (m[4], m[5]) if len(m) == 7 else None
+        ident = (m[MSG_PRODUCER], m[MSG_SEQ]) if len(m) == 7 else None
         for st in grouped:
             self._give(st, msg, [src, stream, seq, ident])
             if seq is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from roost.client import decoding, wire
+from roost.client import decoding as D
 from roost.client.commands import MAX_BATCH, CommandBatches
 from roost.client.config import ClientConfig
 from roost.client.membercookies import MemberCookies
@@ -215,57 +216,59 @@ class ClientSession:
             self._on_frame(f, src, now)
 
     def _on_frame(self, f: tuple[Any, ...], src: Addr, now: float) -> None:
-        ftype = f[0]
+        ftype = f[D.TYPE]
         if ftype is FrameType.MSGS:
-            self.recv.on_msgs(src, f[1], f[2], f[3])
+            self.recv.on_msgs(src, f[D.MSGS_STREAM], f[D.MSGS_FIRST], f[D.MSGS_MESSAGES])
             return
         if ftype is FrameType.MSGSRUN:
-            self.recv.on_run(src, f[1], f[2], f[3])
+            self.recv.on_run(src, f[D.MSGSRUN_NUMBER], f[D.MSGSRUN_TOPIC], f[D.MSGSRUN_PAYLOADS])
             return
         if ftype is FrameType.CANCEL:  # may come from any node that delivers to us
-            self._on_cancel(f[1], f[2], f[3])
+            self._on_cancel(f[D.CANCEL_TOPIC], f[D.CANCEL_KEY], f[D.CANCEL_REASON])
             return
         if src != self.node:  # the rest is conversation with our current node, but for our ACKs' cookies
             if ftype is FrameType.WELCOME:
-                self.member_cookies.on_welcome(src, f[2])
-            elif ftype is FrameType.ERROR and f[1] == ErrorCode.BAD_COOKIE:
+                self.member_cookies.on_welcome(src, f[D.WELCOME_COOKIE])
+            elif ftype is FrameType.ERROR and f[D.ERROR_CODE] == ErrorCode.BAD_COOKIE:
                 self.member_cookies.refused(src)
                 rs = self.recv.streams.get(src)
                 if rs is not None:
                     rs.need_ack = True  # (the ACK it refused: owed again, once a new cookie comes)
             return
         if ftype is FrameType.PUTACK:
-            self.putacks.append((f[1], f[2], f[3], f[4]))
+            self.putacks.append((f[D.PUTACK_PRODUCER], f[D.PUTACK_PARTITION], f[D.PUTACK_ACKED], f[D.PUTACK_STATUS]))
         elif ftype is FrameType.RECORDS or ftype is FrameType.COMMITTED:
             if len(self.durable_replies) < 64:  # (nobody may fill our memory with answers)
                 self.durable_replies.append(f)
         elif ftype is FrameType.PUBACK:
-            if self.pub.on_puback(f[1], f[2], now):
+            if self.pub.on_puback(f[D.PUBACK_PRODUCER], f[D.PUBACK_ACKED], now):
                 self.events.append(("puback", self.pub.acked))
         elif ftype is FrameType.CMDACK:
-            self._on_cmdack(f[1], f[2], f[3])
+            self._on_cmdack(f[D.CMDACK_SESSION], f[D.CMDACK_BATCH], f[D.CMDACK_RESULTS])
         elif ftype is FrameType.PONG:
-            if f[1] <= self.ping_token:  # (else it answers no PING we sent: nothing of it is taken)
-                if f[3] != self.cookie and self.member_cookies.held:
+            if f[D.PONG_TOKEN] <= self.ping_token:  # (else it answers no PING we sent: nothing of it is taken)
+                if f[D.PONG_COOKIE] != self.cookie and self.member_cookies.held:
                     self.member_cookies.renew(now, self._out)  # (our node's key rotated: the others' too)
-                self._on_pong(f[1], f[2], f[3], f[4], f[5])
+                self._on_pong(f[D.PONG_TOKEN], f[D.PONG_KNOWN], f[D.PONG_COOKIE], f[D.PONG_CANCELS], f[D.PONG_DIGEST])
         elif ftype is FrameType.WELCOME:
-            self._on_welcome(f[1], f[2], f[3], f[4])
-            self._on_map(f[5], f[3].get("map_epoch"), now)
+            params = f[D.WELCOME_PARAMS]
+            self._on_welcome(f[D.WELCOME_NODE], f[D.WELCOME_COOKIE], params, f[D.WELCOME_MEMBERS])
+            self._on_map(f[D.WELCOME_MAP], params.get("map_epoch"), now)
         elif ftype is FrameType.REDIRECT:
             if "map_epoch" in self.params:  # (a partitioned member's WELCOME says so; a single node
-                self._on_map(f[2], None, now)  # sends no map, so one from its address is not taken)
+                self._on_map(f[D.REDIRECT_MAP], None, now)  # sends no map, so one from its address is not taken)
         elif ftype is FrameType.ERROR:
-            if f[1] == ErrorCode.BAD_COOKIE:
+            code, text = f[D.ERROR_CODE], f[D.ERROR_TEXT]
+            if code == ErrorCode.BAD_COOKIE:
                 self.cookie = None
                 self.next_hello = now
-            elif f[1] == ErrorCode.UNKNOWN_TYPE and f[2] == decoding.UNKNOWN_FRAME and self.pub.runs:
+            elif code == ErrorCode.UNKNOWN_TYPE and text == decoding.UNKNOWN_FRAME and self.pub.runs:
                 # (its decoder does not know a frame we sent: a node rolled back to a build before
                 # PUBRUN, the cookie still good; runs stay off until the next WELCOME says)
                 self.pub.runs = False
-            self.events.append(("error", f[1], f[2]))
+            self.events.append(("error", code, text))
         elif ftype is FrameType.STATUS_REPLY:
-            self.last_status = f[1]
+            self.last_status = f[D.STATUS_REPLY_STATUS]
 
     def _on_welcome(self, node_id: str, cookie: bytes, params: dict[str, Any], members: list[Any]) -> None:
         self.node_id, self.cookie, self.members, self.params = node_id, cookie, members, params

@@ -29,7 +29,11 @@ class _Formatter(logging.Formatter):
         return f"{_timestamp(record)} {record.levelname} node={self.node_id} {record.getMessage()}"
 
 
-class _JsonFormatter(_Formatter):
+class _JsonFormatter(logging.Formatter):
+    def __init__(self, node_id: str) -> None:
+        super().__init__()
+        self.node_id = node_id
+
     def format(self, record: logging.LogRecord) -> str:
         event, fields = record.args  # type: ignore[misc]  # (set by EventLog: (event, fields))
         assert isinstance(fields, dict)

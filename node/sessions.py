@@ -31,49 +31,70 @@ of silence.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from roost.client import wire
 from roost.client.wire import ErrorCode, Op
 from roost.node import versions
 from roost.node.actions import Confirm, Send
-from roost.node.admission import host_key, over_fair_share
-from roost.node.base import TIMER_LIVENESS, fmt
+from roost.node.admission import Admission, host_key, over_fair_share
 from roost.node.budgets import utf8_len
 from roost.node.clients import REMEMBERED_BATCHES, ClientState
+from roost.node.config import NodeConfig
 from roost.node.cookies import Addr
-from roost.node.delivery import Delivery
-from roost.node.registers import REASON_TIMED_OUT
+from roost.node.outbox import TIMER_LIVENESS, Outbox, fmt
+from roost.node.placement import Placement
+from roost.node.registers import Registers
+from roost.node.streams import Streams
+from roost.node.versions import REASON_TIMED_OUT
 
 Command = tuple[int, str, str | None, int]  # op, topic, key, mode
 
 
-class Sessions(Delivery):
-    def _on_cmds(
+class Sessions:
+    def __init__(
+        self, config: NodeConfig, metrics: Counter[str], outbox: Outbox, place: Placement, registers: Registers,
+        streams: Streams, admission: Admission, client_share: Admission,
+    ) -> None:  # fmt: skip
+        self.cfg = config
+        self.node_id = config.id
+        self.metrics = metrics
+        self.outbox = outbox
+        self.out = outbox.out
+        self.place = place
+        self.registers = registers
+        self.streams = streams
+        self.admission = admission
+        self.client_share = client_share
+        self.clients = registers.clients
+
+    def on_cmds(
         self, c: ClientState | None, cid: bytes, addr: Addr, session: int, batch: int, cmds: list[Command],
         now: float,
     ) -> None:  # fmt: skip
         if c is not None and not 0 < session < c.session:
-            self._may_move(c, addr, restarting=session != c.session and c.session > 0)
+            self.may_move(c, addr, restarting=session != c.session and c.session > 0)
         if c is not None and session != c.session and c.session > 0:
             if session < c.session:
                 self.metrics["stale_session"] += 1  # a late datagram of a session the client has left
-                self._send(addr, wire.encode_cmdack(session, batch, [ErrorCode.STALE_BATCH] * len(cmds)))
+                self.outbox.send(addr, wire.encode_cmdack(session, batch, [ErrorCode.STALE_BATCH] * len(cmds)))
                 return
             # The same client id from a new client session (a restarted
             # process): what the old one subscribed is not this one's.
-            self._log("info", "client_restarted", client=cid.hex())
+            self.outbox.log("info", "client_restarted", client=cid.hex())
             for tk, v in list(c.subs.items()):
                 if v & versions.PRESENT:
-                    self._write(c, tk, False, v & versions.RELIABLE, now)
+                    self.registers.write(c, tk, False, v & versions.RELIABLE, now)
             c.mailbox = None
             c.cancelled.clear()
             c.session = session
             c.last_batch = -1
             c.answers.clear()
-            self._reset_cver(c, now)  # the session is part of the client register
-            self._mark_changed(c, None)
+            self.registers.reset_cver(c, now)  # the session is part of the client register
+            self.registers.mark_changed(c, None)
         if c is not None:
             c.last_seen = c.heard = now
-            self._adopt(c, addr, now, session)  # the client talks to this node now: it is ours to watch
+            self.adopt(c, addr, now, session)  # the client talks to this node now: it is ours to watch
         if c is not None and session == c.session and batch <= c.last_batch:
             answer = c.answers.get(batch)
             if answer is None:
@@ -84,24 +105,24 @@ class Sessions(Delivery):
         if c is None:
             host = host_key(addr[0])
             self._admit_client(host)
-            c = self._new_client(cid, addr, now)
+            c = self.registers.new_client(cid, addr, now)
             c.counted = host
-            self._log("info", "client_new", client=cid.hex(), addr=fmt(addr))
+            self.outbox.log("info", "client_new", client=cid.hex(), addr=fmt(addr))
         results = []
         if cmds and cmds[0][0] == Op.SYNC:
             self._sync(c, cmds, now)
         for op, topic, key, mode in cmds:
             results.append(self._apply(c, op, topic, key, mode, now))
-        if self.own is not None and c.redirected < self.map_epoch:
-            forward_to = self.own.forward_to
+        if self.place.own is not None and c.redirected < self.place.map_epoch:
+            forward_to = self.place.own.forward_to
             if any(cmd[0] == Op.SUB and code == ErrorCode.OK and forward_to(cmd[1]) is not None
                    for cmd, code in zip(cmds, results, strict=True)):  # fmt: skip
                 # A SUB for a partition another member leads: the client should learn our map
                 # (once per epoch); the subscription itself is served from here all the same.
-                c.redirected = self.map_epoch
-                assert self.redirect_frame is not None
+                c.redirected = self.place.map_epoch
+                assert self.place.redirect_frame is not None
                 self.metrics["redirects"] += 1
-                self._send(addr, self.redirect_frame)
+                self.outbox.send(addr, self.place.redirect_frame)
         c.session = session
         c.last_batch = batch
         answer = wire.encode_cmdack(session, batch, results)
@@ -114,7 +135,7 @@ class Sessions(Delivery):
     def _confirm(self, addr: Addr, answer: bytes) -> None:
         """Send a CMDACK; in partitioned mode only once the partitions' owners
         hold what the batch changed (the member core holds a ``Confirm``)."""
-        self._out.append(Send(addr, answer) if self.own is None else Confirm(addr, answer))
+        self.out.append(Send(addr, answer) if self.place.own is None else Confirm(addr, answer))
 
     def _admit_client(self, host: str) -> None:
         """Room for a new client record from ``host``, or WireError (``overloaded``). Above
@@ -137,11 +158,11 @@ class Sessions(Delivery):
         """A SYNC batch lists every subscription the client holds: end the
         ones it does not list (an UNSUB lost with a crashed member)."""
         keep = {(t, k) for op, t, k, _ in cmds if op == Op.SUB}
-        if self.own is not None:
-            self._reset_cver(c, now)  # (the owners end what they hold and this batch does not renew)
+        if self.place.own is not None:
+            self.registers.reset_cver(c, now)  # (the owners end what they hold and this batch does not renew)
         for tk, v in list(c.subs.items()):
             if v & versions.PRESENT and tk not in keep:
-                self._write(c, tk, False, v & versions.RELIABLE, now)
+                self.registers.write(c, tk, False, v & versions.RELIABLE, now)
         self.metrics["subscriptions_synced"] += 1
 
     def _apply(self, c: ClientState, op: int, topic: str, key: str | None, mode: int, now: float) -> int:
@@ -153,24 +174,24 @@ class Sessions(Delivery):
         if op == Op.UNSUB:
             # (partitioned: the owners may hold it although this home does not, the client
             # having subscribed through another member: the tombstone goes to them anyway)
-            if present or self.own is not None:
+            if present or self.place.own is not None:
                 if tk not in c.subs:  # (a register of a filter never held here: state a stranger makes)
-                    refused, _ = self.budgets.may_tombstone(c.counted, now)
+                    refused, _ = self.registers.budgets.may_tombstone(c.counted, now)
                     if refused:
                         return refused
                     if not self._filter_ok(topic):
                         return ErrorCode.BAD_TOPIC
-                self._write(c, tk, False, mode, now)
-                self._log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
+                self.registers.write(c, tk, False, mode, now)
+                self.outbox.log("debug", "unsubscribe", client=c.cid.hex(), topic=topic, key=key)
             return ErrorCode.OK
         if not present:
-            refused, _ = self._sub_budget(c.live, c.counted, utf8_len(topic), now, revives=tk in c.subs)
+            refused, _ = self.registers.sub_budget(c.live, c.counted, utf8_len(topic), now, revives=tk in c.subs)
             if refused:
                 return refused
             if not self._filter_ok(topic):
                 return ErrorCode.BAD_TOPIC
-        self._write(c, tk, True, mode, now)
-        self._log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
+        self.registers.write(c, tk, True, mode, now)
+        self.outbox.log("debug", "subscribe", client=c.cid.hex(), topic=topic, key=key, mode=mode)
         return ErrorCode.OK
 
     def _filter_ok(self, topic: str) -> bool:
@@ -183,7 +204,7 @@ class Sessions(Delivery):
             return False
         return True
 
-    def _on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes, digest: int) -> None:
+    def on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes, digest: int) -> None:
         """Answer PING with PONG (``cookie`` is the one the client should use now).
 
         A PING with a digest of the client's subscriptions gets ours back: a
@@ -196,9 +217,9 @@ class Sessions(Delivery):
         known = c is not None and c.live > 0
         cancels = [[t, k, r] for (t, k), r in c.cancelled.items()] if c else []
         ours = (c.subs_digest() if c is not None else wire.subs_digest(())) if digest else 0
-        self._send(addr, wire.encode_pong(token, known, cookie, cancels[:64], ours))
+        self.outbox.send(addr, wire.encode_pong(token, known, cookie, cancels[:64], ours))
 
-    def _may_move(self, c: ClientState, addr: Addr, restarting: bool = False) -> None:
+    def may_move(self, c: ClientState, addr: Addr, restarting: bool = False) -> None:
         """A client counted here that talks from another host now brings what it holds to that
         host's limits: refused (WireError) past them, before anything changes, or two hosts
         could pass records and subscriptions between them without end. (A client this member
@@ -208,50 +229,50 @@ class Sessions(Delivery):
         if c.counted is not None and c.counted != host:
             cfg = self.cfg
             self.admission.check_host(host)
-            setting = "" if restarting else self.budgets.room(host, c)
+            setting = "" if restarting else self.registers.budgets.room(host, c)
             if setting:
                 self.metrics[f"refused_{setting}"] += 1
                 raise wire.WireError(ErrorCode.OVERLOADED, f"the client's subscriptions are over this host's limit "
                                      f"({setting} = {getattr(cfg, setting)})")  # fmt: skip
 
-    def _adopt(self, c: ClientState, addr: Addr, now: float, session: int) -> None:
+    def adopt(self, c: ClientState, addr: Addr, now: float, session: int) -> None:
         """Make this node the client's home (and note its address) if it is not yet (after
         ``_may_move``)."""
         if c.local and c.addr == addr:
             return
         host = host_key(addr[0])
         if c.addr != addr:
-            self._log("info", "client_moved", client=c.cid.hex(), old=fmt(c.addr), new=fmt(addr))
+            self.outbox.log("info", "client_moved", client=c.cid.hex(), old=fmt(c.addr), new=fmt(addr))
         elif not c.local:
-            self._log("info", "client_adopted", client=c.cid.hex(), previous_home=c.home)
+            self.outbox.log("info", "client_adopted", client=c.cid.hex(), previous_home=c.home)
         if c.addr != addr:
             c.addr = addr
             # never the middle of a stream to a new socket; the backlog only if it is the same process
-            self._readdressed(c, carry=session == c.session)
+            self.streams.readdressed(c, carry=session == c.session)
         if not c.local:
             c.local = True
-            self._timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)
+            self.outbox.timer(now + self.cfg.subscriber_timeout, TIMER_LIVENESS, c.cid)
         if c.counted != host:  # (its host is counted here now, and charged for its subscriptions)
-            self._uncount(c)
-            self._count(c, host)
+            self.registers.uncount(c)
+            self.registers.count(c, host)
         c.home = self.node_id
-        self._set_cver(c, self._version(now, True, 0))
-        self._mark_changed(c, None)
+        self.registers.set_cver(c, self.registers.version(now, True, 0))
+        self.registers.mark_changed(c, None)
 
-    def _on_liveness(self, cid: bytes, now: float) -> None:
+    def on_liveness(self, cid: bytes, now: float) -> None:
         """Liveness timer: drop the client if it was silent for subscriber_timeout."""
         c = self.clients.get(cid)
         if c is None or not c.local:
             return
         expires = c.last_seen + self.cfg.subscriber_timeout
         if expires > now:
-            self._timer(expires, TIMER_LIVENESS, cid)
+            self.outbox.timer(expires, TIMER_LIVENESS, cid)
             return
         self.metrics["clients_timed_out"] += 1
-        self._log("info", "client_timed_out", client=cid.hex(), addr=fmt(c.addr), subs=c.live)
+        self.outbox.log("info", "client_timed_out", client=cid.hex(), addr=fmt(c.addr), subs=c.live)
         self.drop_client(c, now)
 
-    def _on_bye(self, c: ClientState | None, addr: Addr, session: int, now: float) -> None:
+    def on_bye(self, c: ClientState | None, addr: Addr, session: int, now: float) -> None:
         """The client closed: what a time-out would do, now. Only its home acts, and only on a BYE
         of the client's current session: a late BYE of a process the client id has since been
         restarted in must not end the new process's subscriptions."""
@@ -261,20 +282,20 @@ class Sessions(Delivery):
             self.metrics["bye_ignored"] += 1  # (a late BYE of an earlier process of this client id)
             return
         self.metrics["clients_closed"] += 1
-        self._log("info", "client_closed", client=c.cid.hex(), addr=fmt(addr), subs=c.live)
+        self.outbox.log("info", "client_closed", client=c.cid.hex(), addr=fmt(addr), subs=c.live)
         self.drop_client(c, now)
 
     def drop_client(self, c: ClientState, now: float) -> None:
         """The client is gone: end its subscriptions everywhere and free its state."""
         for tk, v in list(c.subs.items()):
             if v & versions.PRESENT:
-                self._write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
-        if self.own is not None and self.replicating:
-            self._reset_cver(c, now, dropped=True)  # (and the owners end what this home does not know of)
+                self.registers.write(c, tk, False, v & versions.RELIABLE, now, REASON_TIMED_OUT)
+        if self.place.own is not None and self.registers.replicating:
+            self.registers.reset_cver(c, now, dropped=True)  # (and the owners end what this home does not know of)
         c.mailbox = None
         c.fire = []
         c.fire_whole = []
         c.local = False
-        self._uncount(c)  # (its tombstones stay charged to its host until collected)
-        if not self.replicating:
-            self._forget_client(c)
+        self.registers.uncount(c)  # (its tombstones stay charged to its host until collected)
+        if not self.registers.replicating:
+            self.registers.forget_client(c)

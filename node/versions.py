@@ -22,6 +22,8 @@ RELIABLE = 0b01
 _COUNTER_BITS = 12
 _NODE_BITS = 8
 FLAG_BITS = 4
+# Why a tombstone was written (bits 2-3 of its version).
+REASON_UNSUBSCRIBED, REASON_OUT_OF_CAPACITY, REASON_TIMED_OUT = 0, 1, 2
 _LOW = _NODE_BITS + FLAG_BITS
 
 

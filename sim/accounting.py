@@ -1,5 +1,6 @@
 """What the simulator tells its checker about messages and subscriptions (a mixin of
-sim/simulation.py's Simulation): which reliable subscribers a member owed a message it accepted,
+sim/simulation.py's Simulation): which reliable subscribers a member owed a message it accepted
+(partitioned mode: from the broker core's ``publish`` Trace actions),
 when a subscription's first register was written, a client's silences, and the publisher epoch
 its order is promised within."""
 
@@ -12,6 +13,7 @@ from roost.client.wire import FrameType
 from roost.cluster.events import Datagrams
 from roost.cluster.member import MemberCore
 from roost.node import versions
+from roost.node.actions import Trace
 from sim.check import Checker
 from sim.world import ClientDatagram, SimClient, SimMember, parse_payload
 
@@ -28,23 +30,20 @@ class SimAccounting:
 
         def _feed(self, m: SimMember, ev: Any) -> None: ...
 
-    def _watch_publish(self, m: SimMember, core: MemberCore) -> None:
-        """Partitioned mode: a message is accepted where it is delivered from (its
-        partition's primary, perhaps after a forward), so note what that member owes
-        there, at the moment its broker core publishes it."""
-        broker = core.broker
-        inner = broker._publish
-
-        def publish(topic: str, key: str | None, tags: Any, payload: bytes, packed: bytes | None) -> None:
-            if not core.own.owns(topic):
-                # (delivered where no subscription of it is indexed: to nobody; review, 2026-11-24)
-                self.check.violation(self.now, f"{m.id} published {parse_payload(payload)} on {topic!r}, "
-                                               "a partition it does not own")  # fmt: skip
-            subs = self._reliable_subscribers(core, topic)
-            inner(topic, key, tags, payload, packed)
-            self.check.accepted(m.id, parse_payload(payload), subs, self.now)
-
-        broker._publish = publish  # type: ignore[method-assign]
+    def _traced(self, m: SimMember, a: Trace) -> None:
+        """A core's ``Trace`` action (node/actions.py), as the member passed it on. ``publish``
+        (node/fanout.py), partitioned mode: a message is accepted where it is delivered from (its
+        partition's primary, perhaps after a forward), so note what that member owes there, as
+        its broker core stood when it published the message."""
+        if a.event != "publish" or not self.partitioned:
+            return
+        f = a.fields
+        topic, payload = f["topic"], f["payload"]
+        if not f["owned"]:
+            # (delivered where no subscription of it is indexed: to nobody; review, 2026-11-24)
+            self.check.violation(self.now, f"{m.id} published {parse_payload(payload)} on {topic!r}, "
+                                           "a partition it does not own")  # fmt: skip
+        self.check.accepted(m.id, parse_payload(payload), self._owed(topic, f["owes"]), self.now)
 
     def _pub_accounting(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None:
         """Feed a client datagram to a member; for a PUB, note which reliable
@@ -60,11 +59,12 @@ class SimAccounting:
                 f = decoding.decode_untrusted_frame(data)
             except wire.WireError:
                 f = None
-        before = core.broker.producers.get(f[3], [0])[0] if f is not None else 0
+        producer = core.broker.producers.get(f[decoding.PUB_PRODUCER]) if f is not None else None
+        before = producer.acked if producer is not None else 0
         owed: list[tuple[Any, list[tuple[bytes, object]]]] = []
-        if f is not None and f[6] and not self.partitioned:  # (partitioned: _watch_publish)
-            for m_ in f[7]:
-                owed.append((m_, self._reliable_subscribers(core, m_[0])))
+        if f is not None and f[decoding.PUB_RELIABLE] and not self.partitioned:  # (partitioned: _traced)
+            for m_ in f[decoding.PUB_MESSAGES]:
+                owed.append((m_, self._reliable_subscribers(core, m_[decoding.MSG_TOPIC])))
         sender = self.client_at.get(src)
         held = self._registers_of(core, sender) if sender is not None and not sender.publisher else {}
         self._feed(m, Datagrams([(data, src)]))
@@ -77,11 +77,12 @@ class SimAccounting:
                         sender.starts[id(st)] = (st, v)
         if f is None or m.core is None:
             return
-        after = m.core.broker.producers.get(f[3], [0])[0]
+        producer = m.core.broker.producers.get(f[decoding.PUB_PRODUCER])
+        after = producer.acked if producer is not None else 0
         for i, (msg, subs) in enumerate(owed):
-            seq = f[4] + i
+            seq = f[decoding.PUB_FIRST] + i
             if before < seq <= after:
-                pub, n = parse_payload(msg[3])
+                pub, n = parse_payload(msg[decoding.MSG_PAYLOAD])
                 self.check.accepted(m.id, (pub, n), subs, self.now)
 
     def _acked_by(self, c: SimClient, member: str | None, crashes: int) -> None:
@@ -102,20 +103,29 @@ class SimAccounting:
         """(client id, its live subscription) for every subscriber the member
         would deliver ``topic`` to reliably, at the address of its current session,
         holding that very subscription (not one the client ended since)."""
-        out: list[tuple[bytes, object]] = []
+        owes = []
         for cid, mode in (core.broker.index.match(topic, None) or {}).items():
             c = core.broker.clients.get(cid)
-            if not mode or c is None:
-                continue
+            if mode and c is not None:
+                owes.append((cid, c.addr, c.session, c.subs.get((topic, None), 0)))
+        return self._owed(topic, owes)
+
+    def _owed(self, topic: str, owes: list[tuple[bytes, Any, int, int]]) -> list[tuple[bytes, object]]:
+        """Of the reliable subscribers of ``topic`` at a member (client id, address, session, the
+        version of its subscription there), those the member owes a message: (client id, its
+        live subscription) where the client's current session at that address holds that very
+        subscription (not one the client ended since)."""
+        out: list[tuple[bytes, object]] = []
+        for cid, addr, session, version in owes:
             for s in self.clients:
                 st = s.session.subs.get((topic, None))
                 # (a member still holding the previous process's subscription, or one the
                 # client ended and took again since, owes the new one nothing)
-                if s.cid != cid or s.addr != c.addr or c.session != s.session.session or st is None:
+                if s.cid != cid or s.addr != addr or session != s.session.session or st is None:
                     continue
                 # (and none is owed for a subscription no member has seen yet)
                 start = s.starts.get(id(st))
-                if st.reason is None and start is not None and c.subs.get((topic, None), 0) >= start[1]:
+                if st.reason is None and start is not None and version >= start[1]:
                     out.append((cid, st))
         return out
 

@@ -14,38 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _break_tombstones() -> None:
-    """Replicas drop the tombstones that reach them: deletions do not replicate."""
-    from roost.node import versions
-    from roost.node.registers import Registers
-
-    merge = Registers._merge
-
-    def without_tombstones(self: Registers, entries: list[Any], now: float) -> None:
-        merge(self, [(*e[:5], [s for s in e[5] if versions.is_present(s[2])], e[6]) for e in entries], now)
-
-    Registers._merge = without_tombstones  # type: ignore[method-assign]
-
-
-def _break_restream() -> None:
-    """A member keeps streaming to a client's new address where the old stream left off."""
-    from roost.node.delivery import Delivery
-
-    Delivery._readdressed = lambda self, c, carry: None  # type: ignore[method-assign]
-
-
 def _break_handoff() -> None:
     """Partitioned mode: a member whose view gives a partition a new owner hands it nothing."""
     from roost.cluster.partitioned import Partitioned
 
     Partitioned._hand_off = lambda self, parts, old: None  # type: ignore[method-assign]
-
-
-def _break_void() -> None:
-    """Partitioned mode: a client's reset (new session, sync, timeout) ends nothing at the owners."""
-    from roost.node.registers import Registers
-
-    Registers._void_older = lambda self, c, cver, now: None  # type: ignore[method-assign]
 
 
 def _break_early_ack() -> None:
@@ -78,10 +51,10 @@ def _break_no_fsync() -> None:
 # Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.
 BREAKS: dict[str, Callable[[], None] | None] = {
     "no-dedup": None,  # (client/receive.py: subscribers keep a message they had already)
-    "no-tombstones": _break_tombstones,
-    "no-restream": _break_restream,
+    "no-tombstones": None,  # (node/registers.py: replicas drop the tombstones that reach them)
+    "no-restream": None,  # (node/streams.py: a stream goes on at a client's new address)
     "no-handoff": _break_handoff,  # (partitioned mode)
-    "no-void": _break_void,  # (partitioned mode)
+    "no-void": None,  # (partitioned mode; node/registers.py: a client's reset ends nothing at the owners)
     "early-ack": _break_early_ack,  # (partitioned mode: durable)
     "no-fsync": _break_no_fsync,  # (partitioned mode: durable)
     # (client/durableclient.py, partitioned mode: a durable reader commits what a GET answered

@@ -65,6 +65,7 @@ from roost.cluster.events import (
 from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from roost.cluster.roster import decode_untrusted_roster
+from roost.node.actions import Trace
 from sim.accounting import SimAccounting
 from sim.check import Checker, Published
 from sim.durable import DurableWorkload
@@ -225,8 +226,6 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
                             roster=decode_untrusted_roster(m.roster))  # fmt: skip
         m.serving = False
         m.tick_at = math.inf
-        if self.partitioned:
-            self._watch_publish(m, m.core)
         if self.durable:
             self._watch_durable(m, m.core)
         self._feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
@@ -285,6 +284,8 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         elif cls in LOG_ACTIONS:
             at, ev = self.logdisk.perform(m.id, a, self.now)
             self.at(at, self._disk_answer, m, m.incarnation, ev)
+        elif cls is Trace:
+            self._traced(m, a)
 
     def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:
         if m.incarnation == inc:

@@ -753,3 +753,54 @@ def test_client_config_refuses_windows_and_yields_below_one():
     assert not pub.window_full  # (empty: one message of any size may go)
     pub.publish("t", None, None, b"x" * 5000, True)
     assert pub.window_full
+
+
+# ------------------------------------------------------------ instruments for the simulator
+
+
+def test_a_publish_is_traced_with_whom_it_is_owed_only_when_the_config_says_trace():
+    """The simulator learns what a member owes from ``publish`` Trace actions (sim/accounting.py);
+    a core built without ``trace`` (every shipped one) emits none."""
+    from roost.node.actions import Trace
+
+    for trace in (False, True):
+        core = make_core(trace=trace)
+        sub, fire, pub = connect(core, A, B, ("127.0.0.1", 5003))
+        sub.sub("t", mode=Mode.RELIABLE)
+        fire.sub("t", mode=Mode.FIRE)
+        traces = [a for a in pub.pub([("t", b"1:7"), ("u", b"1:8")]) if a.__class__ is Trace]
+        if not trace:
+            assert traces == []
+            continue
+        assert [(t.event, t.fields["topic"], t.fields["payload"], t.fields["owned"]) for t in traces] == [
+            ("publish", "t", b"1:7", True),
+            ("publish", "u", b"1:8", True),
+        ]
+        c = core.clients[sub.cid]
+        assert traces[0].fields["owes"] == [(sub.cid, sub.addr, c.session, c.subs[("t", None)])]  # (not the fire one)
+        assert traces[1].fields["owes"] == []
+
+
+def test_a_broken_build_is_chosen_by_the_config_the_core_reads():
+    """sim/breaks.py's entries of None: the core skips the mechanism itself when its config names it."""
+    for breaks in (frozenset(), frozenset({"no-restream"})):
+        core = make_core(breaks=breaks)
+        (sub,) = connect(core, A)
+        sub.sub("t", mode=Mode.RELIABLE)
+        stream = core.clients[sub.cid].mailbox.stream_id
+        sub.addr = B  # (the same process from another address: a new stream, unless broken)
+        sub.hello()
+        sub.ping(1.0)
+        moved = core.clients[sub.cid]
+        assert moved.addr == B and (moved.mailbox.stream_id == stream) == bool(breaks)
+
+
+def test_a_node_built_to_accept_any_cookie_takes_a_wrong_one():
+    """tests/test_fuzz.py's broken node ("accept-any-cookie"): the campaign must catch it."""
+    for breaks in (frozenset(), frozenset({"accept-any-cookie"})):
+        core = make_core(breaks=breaks)
+        sub, pub = connect(core, A, B)
+        sub.sub("t", mode=Mode.FIRE)
+        pub.cookie = bytes(len(pub.cookie))
+        out = pub.pub([("t", b"x")], reliable=False)
+        assert bool(delivered(out, A)) == bool(breaks)

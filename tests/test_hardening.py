@@ -454,5 +454,5 @@ def test_client_records_do_not_shield_a_host_from_producer_eviction_nor_pile_up_
     assert _pub_from(legit, b"\x99" * 16, 1.0) == [] and core.metrics["producers_evicted"] == 1
     assert _pub_from(attackers[0], bytes([0]) * 16, 2.0)[0][1] == ErrorCode.OVERLOADED  # (its share is taken)
     core.tick(core.cfg.producer_timeout + 10)
-    assert core.producers == {} and core._producer_timers == set()
-    assert [t for t in core._timers if t[1] == 3] == []  # (TIMER_PRODUCER: none left armed)
+    assert core.producers == {} and core.producing._producer_timers == set()
+    assert [t for t in core.outbox.timers if t[1] == 3] == []  # (TIMER_PRODUCER: none left armed)

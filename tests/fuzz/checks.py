@@ -125,7 +125,7 @@ def broker_consistent(core: BrokerCore) -> None:
             mailbox_consistent(c.mailbox)
     assert held == want, f"index and registers differ: {_diff(held, want)}"
     assert core.text_subs == text_live, f"text_subs {core.text_subs}, text registers present {text_live}"
-    hosts = Counter(st[2] for st in core.producers.values())
+    hosts = Counter(st.host for st in core.producers.values())
     clients = Counter(c.counted for c in core.clients.values() if c.counted is not None)
     assert dict(core.client_share.per_host) == dict(clients), \
         f"client records per host {dict(core.client_share.per_host)}, counted {dict(clients)}"  # fmt: skip
@@ -133,7 +133,7 @@ def broker_consistent(core: BrokerCore) -> None:
     assert dict(core.admission.per_host) == dict(hosts), \
         f"admission per host {dict(core.admission.per_host)}, producers and clients {dict(hosts)}"  # fmt: skip
     for pid, st in core.producers.items():
-        assert st[0].__class__ is int and 0 <= st[0] < LIMIT, f"producer {pid!r} acknowledged through {st[0]}"
+        assert st.acked.__class__ is int and 0 <= st.acked < LIMIT, f"producer {pid!r} acknowledged through {st.acked}"
     drift = budget_drift(core)
     assert not drift, f"budgets: {drift}"
     if core.replicating:
@@ -168,7 +168,7 @@ def digest_consistent(core: BrokerCore) -> None:
             b, h = _key_hash(who, None)
             digest[b] ^= _mix(h, c.cver)
         for tk, v in c.subs.items():
-            b, h = core._bucket(who, tk)
-            digest[b] ^= core._share(h, v, c.cver)
+            b, h = core.registers.bucket(who, tk)
+            digest[b] ^= core.registers.share(h, v, c.cver)
     bad = [i for i, (x, y) in enumerate(zip(digest, core.digest, strict=True)) if x != y]
     assert not bad, f"digest buckets {bad[:8]} differ from the registers"
