@@ -47,8 +47,10 @@ from roost.client.durablewire import (
 from roost.cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved, Send
 from roost.cluster.memberparts import MemberParts
 from roost.cluster.partitionlog import (
+    EPOCH,
     LEADING,
     MESSAGE,
+    Append,
     Committed,
     LogFormatError,
     LogSettings,
@@ -65,7 +67,7 @@ from roost.cluster.peerwire import (
     check_logfetch_untrusted,
     encode,
 )
-from roost.node.actions import DurableCommit, DurableGet, DurablePut
+from roost.node.actions import DurableCommit, DurableGet, DurablePut, Trace
 from roost.node.segmentlog import Record
 
 if TYPE_CHECKING:
@@ -186,6 +188,8 @@ class Durable(MemberParts):
 
     def _run_log(self, actions: list[Any]) -> None:
         self._logs_due_stale = True
+        if self.cfg.trace:
+            self._trace_log(actions)
         for a in actions:
             cls = a.__class__
             if cls is PeerFrame:
@@ -210,6 +214,26 @@ class Durable(MemberParts):
                 self._out.append(a)
             else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
                 self._out.append(a)
+
+    def _trace_log(self, actions: list[Any]) -> None:
+        """The simulator's checker (sim/durablecheck.py) hears every record a leader commits, with the
+        members holding it on disk then (the leader and the followers whose fetches passed it), and
+        every leader's start, seen as the Append of its EPOCH record, with its view of the live
+        members and its log's epochs."""
+        for a in actions:
+            cls = a.__class__
+            if cls is Committed and a.records:
+                holders = {self.id, *self.plogs[a.partition].followers}
+                self._out.append(Trace("committed", {"partition": a.partition, "records": a.records,
+                                                     "holders": holders}))  # fmt: skip
+            elif cls is Append and len(a.records) == 1:
+                log = self.plogs.get(a.partition)
+                if log is not None and log.role == LEADING and log.end == a.records[0].offset + 1:
+                    b = msgpack.unpackb(a.records[0].body, raw=False)
+                    if b[1] == EPOCH and b[0] == log.epoch and self.cmap is not None:
+                        self._out.append(Trace("took_over", {"partition": a.partition, "member": self.id,
+                                                             "epoch": log.epoch, "live": self.cmap.live,
+                                                             "lineage": _lineage(log)}))  # fmt: skip
 
     def _log_frame(self, a: PeerFrame) -> None:
         f = a.frame
@@ -281,6 +305,19 @@ class Durable(MemberParts):
         return None
 
     def _on_durable_get(self, a: DurableGet) -> None:
+        self._serve_get(a)
+        if self.cfg.trace:  # (the cursor a leader read it from, for the simulator's checker)
+            log = self.plogs.get(a.partition)
+            # (a leader whose read lease ran out refuses the GET: it served no cursor; seed 20)
+            if log is not None and log.role == LEADING and log.readable(self.now):
+                key = cursor_key(a.name, a.topic)
+                v = log.state.cursors.get((a.did, key))
+                if v is not None:
+                    self._out.append(Trace("cursor_served", {"partition": a.partition, "did": a.did, "key": key,
+                                                             "cursor": v, "member": self.id,
+                                                             "lineage": _lineage(log)}))  # fmt: skip
+
+    def _serve_get(self, a: DurableGet) -> None:
         """A GET: committed records of the topic from the subscription's cursor (made at ``start``
         if it does not exist yet). Records of the partition's other topics are skipped."""
         log = self._leading(a.partition, a.addr)
@@ -330,6 +367,9 @@ class Durable(MemberParts):
             if b[1] == MESSAGE and b[2] == topic:
                 out.append([r.offset, r.time_ms, b[2], b[3], b[4], b[5]])
         self._out.append(Send(addr, encode_records(name, p, cursor, scanned, 0, out, log.start, log.commit)))
+        if self.cfg.trace:  # (the records it answered with: those it scanned)
+            served = [r for r in records if r.offset < scanned]
+            self._out.append(Trace("records_served", {"name": name, "partition": p, "records": served}))
 
     def _on_durable_commit(self, a: DurableCommit) -> None:
         """A COMMIT: the cursor moves (never back); COMMITTED once that is durable."""
@@ -373,3 +413,8 @@ class Durable(MemberParts):
             self._logs_due = min((log.next_deadline() for log in self.plogs.values()), default=math.inf)
             self._logs_due_stale = False
         return min(self._logs_due, self.next_retention)
+
+
+def _lineage(log: PartitionLog) -> tuple[int, ...]:
+    """The epochs of a log, oldest first (how the checker tells which leader's history it has)."""
+    return tuple(e for e, _ in log.epochs)

@@ -180,17 +180,17 @@ class Joining(MemberParts):
         self._log("info", "pulling_gains", partitions=len(gains), peers=len(self.pull_order))
         self._next_pull()
 
-    def _gain_pull_finished(self) -> None:
+    def _gain_pull_finished(self) -> bool:
         """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
-        pulled again at the next heartbeat (cluster/liveness.py)."""
+        pulled again at the next heartbeat (cluster/liveness.py). Returns whether the roster is
+        to be checked again now (every gain pulled)."""
         missed = {g for g in self.pull_parts if self.pull_from[g] and not self.pull_from[g] & self.pull_ok}
         if self.pull_base == self.committed:  # (a commit since: those gains were another roster's; review)
             self.pulled |= self.pull_parts - missed
         self.pull_parts = set()
         if missed:
             self._log("warning", "gains_missed", partitions=len(missed))
-        else:
-            self._check_roster()
+        return not missed
 
     def _commit(self, digest: int) -> None:
         self.committed = self.synced = digest

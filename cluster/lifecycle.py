@@ -119,7 +119,8 @@ class Lifecycle(MemberParts):
         self.pull_peer = None
         self.pull_deadline = math.inf
         if self.pull_parts:
-            self._gain_pull_finished()
+            if self._gain_pull_finished():
+                self._check_roster()
             return
         self.pull_done = True
         self._maybe_ready()

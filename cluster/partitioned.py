@@ -56,6 +56,7 @@ class Partitioned(MemberParts):
     def _init_partitioned(self) -> None:
         s = self.s
         self.partitioned = s.mode == "partitioned"
+        self.no_handoff = "no-handoff" in self.cfg.breaks  # (sim/breaks.py: a build that hands off nothing)
         self.own = Ownership(self.id, s.partitions)
         self.cmap: clustermap.ClusterMap | None = None
         self.epoch_seen = 0
@@ -134,6 +135,8 @@ class Partitioned(MemberParts):
         behind on a member that no longer owns it; merging is idempotent. Queued as
         a lazy dump per peer, taken as its push window opens (never built in one
         turn: review finding #9). ``old``: the map before (None: every owner is new)."""
+        if self.no_handoff:
+            return
         assert self.cmap is not None
         owners = self.cmap.owners
         per: dict[str, set[int]] = {}

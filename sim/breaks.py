@@ -42,13 +42,6 @@ def _break_restream() -> None:
     Delivery._readdressed = lambda self, c, carry: None  # type: ignore[method-assign]
 
 
-def _break_handoff() -> None:
-    """Partitioned mode: a member whose view gives a partition a new owner hands it nothing."""
-    from roost.cluster.partitioned import Partitioned
-
-    Partitioned._hand_off = lambda self, parts, old: None  # type: ignore[method-assign]
-
-
 def _break_void() -> None:
     """Partitioned mode: a client's reset (new session, sync, timeout) ends nothing at the owners."""
     from roost.node.registers import Registers
@@ -88,7 +81,7 @@ BREAKS: dict[str, Callable[[], None] | None] = {
     "no-dedup": _break_dedup,
     "no-tombstones": _break_tombstones,
     "no-restream": _break_restream,
-    "no-handoff": _break_handoff,  # (partitioned mode)
+    "no-handoff": None,  # (partitioned mode: cluster/partitioned.py)
     "no-void": _break_void,  # (partitioned mode)
     "early-ack": _break_early_ack,  # (partitioned mode: durable)
     "no-fsync": _break_no_fsync,  # (partitioned mode: durable)

@@ -60,6 +60,7 @@ from roost.cluster.events import (
     Start,
     Stop,
     Tick,
+    Trace,
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.member import MemberCore
@@ -67,7 +68,7 @@ from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain
 from roost.cluster.roster import decode_untrusted_roster
 from sim.accounting import SimAccounting
 from sim.check import Checker, Published
-from sim.durable import DurableWorkload
+from sim.durable import DURABLE_TRACES, DurableWorkload
 from sim.logs import SimLogDisk
 from sim.nemesis import Nemesis
 from sim.world import (
@@ -227,8 +228,6 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         m.tick_at = math.inf
         if self.partitioned:
             self._watch_publish(m, m.core)
-        if self.durable:
-            self._watch_durable(m, m.core)
         self._feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
         self._feed(m, Start())
         self._touch()
@@ -285,6 +284,8 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         elif cls in LOG_ACTIONS:
             at, ev = self.logdisk.perform(m.id, a, self.now)
             self.at(at, self._disk_answer, m, m.incarnation, ev)
+        elif cls is Trace and a.event in DURABLE_TRACES:  # (the cores trace for us: ClusterConfig.trace)
+            self._durable_traced(a)
 
     def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:
         if m.incarnation == inc:
