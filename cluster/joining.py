@@ -71,7 +71,7 @@ class Joining(MemberParts):
 
     def placed(self) -> dict[str, tuple[clustermap.Addr, clustermap.Addr]]:
         """The members the map places partitions on: those of the committed roster."""
-        return self._placed
+        return self.maps.placed
 
     # ------------------------------------------------------------ peers come and go
 
@@ -123,7 +123,7 @@ class Joining(MemberParts):
                 self._add_peer(m, peer_addr)
             elif m in self.departed and not self.roster.left(m):
                 self._rejoined(m, peer_addr)
-        self._to_peers(encode([PeerType.ROSTER, self.roster.encode()]))
+        self.lt.to_peers(encode([PeerType.ROSTER, self.roster.encode()]))
         self.told = {p for p in self.peers if (lid := self.out[p]) is not None and self.links[lid].up}
         self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
                   digest=f"{self.roster.digest():016x}")  # fmt: skip
@@ -162,18 +162,20 @@ class Joining(MemberParts):
 
     def _gains(self) -> set[int]:
         """Partitions we own in the target map and hold no state of."""
-        assert self.cmap is not None
-        target = clustermap.compute(0, self.roster.members(), self.live_view(), self.s.partitions, self.s.replicas)
-        now = self.cmap.owners
+        cmap = self.maps.cmap
+        assert cmap is not None
+        target = clustermap.compute(0, self.roster.members(), self.maps.live_view(), self.s.partitions, self.s.replicas)
+        now = cmap.owners
         return {p for p, o in enumerate(target.owners) if self.id in o and self.id not in now[p]} - self.pulled
 
     def _start_gain_pull(self, gains: set[int]) -> None:
         """PULL the gains from every live peer that owns some of them now, one after another."""
-        assert self.cmap is not None
-        owners = self.cmap.owners
+        cmap = self.maps.cmap
+        assert cmap is not None
+        owners = cmap.owners
         self.pull_parts = gains
         self.pull_base = self.committed
-        self.pull_order = [p for p in self.peers if p in self.cmap.live and any(p in owners[g] for g in gains)]
+        self.pull_order = [p for p in self.peers if p in cmap.live and any(p in owners[g] for g in gains)]
         self.pull_ok = set()
         # (the members each gain is pulled from; one with none live has nothing to pull)
         self.pull_from = {g: set(owners[g]) & set(self.pull_order) for g in gains}
@@ -197,10 +199,10 @@ class Joining(MemberParts):
         self.pulled = set()
         # (``pending`` stays: a joiner that pulled may not own its gains until it is ready; the
         # map prunes what each pending peer owns, cluster/partitioned.py _remap)
-        self._placed = self.roster.members()
-        self.broker.members = [[m, *a[0]] for m, a in self._placed.items()]  # (WELCOME's member list)
+        self.maps.placed = placed = self.roster.members()
+        self.broker.members = [[m, *a[0]] for m, a in placed.items()]  # (WELCOME's member list)
         if self.roster.version:
-            self._log("info", "roster_committed", version=self.roster.version, members=len(self._placed),
+            self._log("info", "roster_committed", version=self.roster.version, members=len(placed),
                       digest=f"{digest:016x}")  # fmt: skip
         for p in self.peers:
             if self._gone(p):
@@ -217,7 +219,7 @@ class Joining(MemberParts):
 
     def _gone(self, peer: str) -> bool:
         """A member whose leave is committed here."""
-        return peer not in self._placed and self.roster.left(peer)
+        return peer not in self.maps.placed and self.roster.left(peer)
 
     def _leave_due(self) -> None:
         """Our leave is committed: stop once nothing is left to deliver (or at the deadline)."""
@@ -265,7 +267,7 @@ class Joining(MemberParts):
 
     def _send_roster(self, link: Link) -> None:
         if self.roster.entries:
-            self._frame(link.id, encode([PeerType.ROSTER, self.roster.encode()]))
+            self.lt.frame(link.id, encode([PeerType.ROSTER, self.roster.encode()]))
 
     def _admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> str:
         """Make ``member`` a member (again), or confirm it is one with these addresses (a joiner
@@ -315,7 +317,7 @@ class Joining(MemberParts):
         except RosterError as exc:
             self._log("warning", "admin_refused", request=_kind_name(kind), reason=str(exc))
             if lid is not None:
-                self._frame(lid, encode([PeerType.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
+                self.lt.frame(lid, encode([PeerType.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
             return False, str(exc), 0
         self._log("info", "admin", request=_kind_name(kind), result=message)
         # (the reply waits for the change on our disk: acknowledged, a JOIN is never lost with us,
@@ -335,7 +337,7 @@ class Joining(MemberParts):
                 self.admin_waiting.append((version, lid, frame))
             elif lid is not None and lid in self.links:  # (an admin that gave up and went: nothing to tell)
                 self.links[lid].deadline = self.now + self.s.link_idle_timeout
-                self._frame(lid, frame)
+                self.lt.frame(lid, frame)
 
     def _note_pull(self, peer: str | None, parts: set[int]) -> None:
         """A peer pulled these partitions: push it their later changes too, until it owns them."""

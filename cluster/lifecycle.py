@@ -100,9 +100,9 @@ class Lifecycle(MemberParts):
         self.pull_sent = True
         if self.partitioned:  # only the partitions we own (or gain), from every peer in turn
             parts = sorted(self.pull_parts) if self.pull_parts else [p for p, mine in enumerate(self.own.owned) if mine]
-            self._frame(lid, encode([PeerType.PULL, parts]))
+            self.lt.frame(lid, encode([PeerType.PULL, parts]))
         else:
-            self._frame(lid, encode([PeerType.PULL]))
+            self.lt.frame(lid, encode([PeerType.PULL]))
 
     def _pull_failed(self, why: str, close: bool) -> None:
         peer = self.pull_peer

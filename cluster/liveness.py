@@ -32,7 +32,7 @@ class Liveness(MemberParts):
             link.deadline += stood
         self.pull_deadline += stood
         self.held = [(until + stood, waits, confirm) for until, waits, confirm in self.held]  # (PUSHACKs unread)
-        self._durable_paused()
+        self.durable.paused(self.now)
         if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
             self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
 

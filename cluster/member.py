@@ -49,10 +49,11 @@ import math
 import random
 from typing import Any
 
+from roost.client.clustermap import ClusterMap
 from roost.client.wire import SEQ_LIMIT, encode_status_reply
 from roost.cluster.config import ClusterConfig
 from roost.cluster.dumps import DumpStreams
-from roost.cluster.durable import Durable
+from roost.cluster.durable import DurableLogs
 from roost.cluster.events import (
     Accepted,
     Action,
@@ -74,18 +75,18 @@ from roost.cluster.events import (
     PersistDone,
     SeenSaved,
     Send,
-    SendFrame,
     SnapshotRead,
     Start,
     Stop,
 )  # fmt: skip
 from roost.cluster.joining import Joining
 from roost.cluster.lifecycle import Lifecycle
-from roost.cluster.links import Link
+from roost.cluster.links import Link, LinkTable
 from roost.cluster.liveness import Liveness
 from roost.cluster.membership import Membership
 from roost.cluster.memberstatus import MemberStatus
 from roost.cluster.partitioned import Partitioned
+from roost.cluster.partitionmap import PartitionMap
 from roost.cluster.peerwire import (
     ADMIN,
     NONCE_LEN,
@@ -114,7 +115,7 @@ from roost.node.core import (
 _BEAT = encode([PeerType.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatus):
+class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -155,13 +156,14 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         self.queues = {p: PeerQueue(s.max_peer_queue, s.chunk_subscriptions) for p in self.peers}
         self.phase = "starting"
         self.now = now
-        self.links: dict[int, Link] = {}
-        self.out: dict[str, int | None] = dict.fromkeys(self.peers)  # our dialled link per peer
+        self._out: list[Action] = []  # (shared with the components: handed out after every event)
+        self.lt = LinkTable(self.peers, self._out)
+        self.links = self.lt.links  # (the same dict: every link by id)
+        self.out = self.lt.out  # (the same dict: our dialled link per peer)
         self.was_up: dict[str, bool | None] = dict.fromkeys(self.peers)  # for link_up/link_down logs
         self.next_dial = {p: math.inf if self.roster.left(p) else now for p in self.peers}  # (never one that left)
         self.next_digest = dict.fromkeys(self.peers, math.inf)
         self.digest_pending: set[str] = set()
-        self._next_link = 1
         self._streams = DumpStreams(s.chunk_subscriptions)  # DUMP/DIFF answers in progress
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
@@ -170,9 +172,12 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         self._init_lifecycle()  # PULL and snapshot state (cluster/lifecycle.py)
         self._expired: set[str] = set()
         self._expire_again: dict[str, float] = {}
-        self._out: list[Action] = []
-        self._init_durable()  # durable partition logs (cluster/durable.py)
-        self._init_partitioned()  # the map, forwarding, held CMDACKs (cluster/partitioned.py)
+        self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster.members(), self._out)
+        self.own = self.maps.own  # (the same object: which partitions we own)
+        self.unreached = self.maps.unreached  # (the same set)
+        self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
+        self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
+        self._init_partitioned()  # forwarding, held CMDACKs (cluster/partitioned.py)
 
     # ------------------------------------------------------------ entry points
 
@@ -189,7 +194,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif isinstance(ev, LinkOpened):
             link = self.links.get(ev.link)
             if link is not None and link.outbound:
-                self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
+                self.lt.frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
         elif isinstance(ev, Accepted):
             if self.phase in ("stopping", "stopped"):
                 self._out.append(Close(ev.link, "stopping"))
@@ -208,14 +213,17 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
         elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved):
-            self._on_log_event(ev)  # (cluster/durable.py)
+            fatal = self.durable.on_log_event(ev, now, self.ready)  # (cluster/durable.py)
+            if fatal is not None:
+                self._fatal(fatal)
         elif isinstance(ev, Start):
             self._start()
         elif isinstance(ev, Stop):
             self._stop()
         # (Tick: only the timers below)
         self._due(now)
-        out, self._out = self._out, []
+        out = self._out[:]
+        self._out.clear()
         return out
 
     def next_deadline(self) -> float:
@@ -236,7 +244,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             d = min(d, held[0])
         if self._streams and self._streams.ready(self._drained):
             d = min(d, self.now)
-        d = min(d, self._durable_deadline())
+        d = min(d, self.durable.deadline())
         b = self.broker.next_deadline()
         return d if b is None else min(d, b)
 
@@ -244,33 +252,23 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
     def ready(self) -> bool:
         return self.phase == "ready"
 
+    @property
+    def cmap(self) -> ClusterMap | None:
+        """Our cluster map (partitioned mode; cluster/partitionmap.py)."""
+        return self.maps.cmap
+
     # ------------------------------------------------------------ plumbing
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
         self._out.append(Log(level, event, fields))
-
-    def _frame(self, link: int, data: bytes) -> None:
-        self._out.append(SendFrame(link, data))
-        lk = self.links.get(link)
-        if lk is not None:
-            lk.unsent += len(data)
-
-    def _to_peers(self, frame: bytes) -> None:
-        """One frame on every link we dialled that is up."""
-        for p in self.peers:
-            lid = self.out[p]
-            if lid is not None and self.links[lid].up:
-                self._frame(lid, frame)
 
     def _beat(self) -> bytes:
         return encode([PeerType.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing", self.broker.index.count,
                        self.broker.status()["clients"], self.own.epoch, self.synced, self.committed])  # fmt: skip
 
     def _drained(self, lid: int) -> bool:
-        """May a dump stream send more on this link? (backpressure: at most
-        about one frame's worth waits in the runner's queue)"""
-        link = self.links.get(lid)
-        return link is not None and link.unsent < self.s.max_frame
+        """May a dump stream send more on this link? (backpressure: cluster/links.py)"""
+        return self.lt.drained(lid, self.s.max_frame)
 
     def _absorb(self, actions: list[Any]) -> None:
         """Pass the broker core's actions on; replicate its changes, answer STATUS."""
@@ -289,11 +287,11 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             elif cls is Relay:
                 self._relay(a.member, a.sends)
             elif cls is DurablePut:
-                self._on_durable_put(a)
+                self.durable.on_put(a, self.now, self.ready)
             elif cls is DurableGet:
-                self._on_durable_get(a)
+                self.durable.on_get(a, self.now, self.ready)
             elif cls is DurableCommit:
-                self._on_durable_commit(a)
+                self.durable.on_commit(a, self.now, self.ready)
             else:
                 out.append(a)
         if confirms is not None:  # (after the Replicate: it comes last)
@@ -314,9 +312,9 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         lid = self.out[peer]
         if lid is None or not self.links[lid].up:
             return
-        q = self.queues[peer]
+        q, frame = self.queues[peer], self.lt.frame
         while (push := q.next_push()) is not None:
-            self._frame(lid, encode([PeerType.PUSH, push[0], push[1]]))
+            frame(lid, encode([PeerType.PUSH, push[0], push[1]]))
 
     # ------------------------------------------------------------ timers
 
@@ -332,7 +330,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._close(link, ("silent" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
-            self._to_peers(self._beat())
+            self.lt.to_peers(self._beat())
             if self.partitioned:
                 self._retry_refused()
         if now >= self.next_membership:
@@ -360,9 +358,9 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         if b is not None and b <= now:
             self._absorb(self.broker.tick(now))
         for lid, data in self._streams.turn(self._drained) if self._streams else ():
-            self._frame(lid, data)
+            self.lt.frame(lid, data)
         self._release_held()
-        self._durable_due()
+        self.durable.due(now, self.ready)
         self._leave_due()
         if self.phase == "stopping":
             self._drain()
@@ -370,8 +368,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
     # ------------------------------------------------------------ links
 
     def _dial(self, peer: str) -> None:
-        lid = self._next_link
-        self._next_link += 1
+        lid = self.lt.next_id
+        self.lt.next_id += 1
         self.links[lid] = Link(lid, True, peer, self.now + self.s.handshake_timeout)
         self.out[peer] = lid
         self._out.append(Dial(lid, peer, self.peer_addr[peer]))
@@ -404,8 +402,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         self.was_up[peer] = False
         if self.pull_peer == peer:
             self._pull_failed(why, close=False)
-        if not link.up:
-            self.dial_failed(peer)
+        if not link.up and self.maps.dial_failed(peer):
+            self._remap()
 
     def _on_bytes(self, lid: int, data: bytes) -> None:
         link = self.links.get(lid)
@@ -425,7 +423,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                     nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
                     reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce, self.shape)
                     if reply:
-                        self._frame(lid, reply)
+                        self.lt.frame(lid, reply)
                     if link.up:
                         self._link_up(link)
         except ShapeMismatch as exc:
@@ -435,7 +433,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._log("error", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
             if not link.outbound:  # (the dialler learns why; it closes the link, or the handshake
                 # deadline does: a Close now could cut the answer)
-                self._frame(lid, encode([PeerType.REFUSED, str(exc)[:300]]))
+                self.lt.frame(lid, encode([PeerType.REFUSED, str(exc)[:300]]))
             else:
                 self._close(link, "[cluster] shape differs")
         except PeerProtocolError as exc:
@@ -470,7 +468,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         self._heard(link)
         self._log("info", "link_up", peer=peer)
         self.was_up[peer] = True
-        self._frame(link.id, self._beat())
+        self.lt.frame(link.id, self._beat())
         self._send_roster(link)
         self.told.add(peer)
         self._pump_forwards(peer)
@@ -488,9 +486,10 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         kind, n = f[0], len(f)
         if kind == PeerType.PUSH and n == 3:
             self._absorb(self.broker.merge(check_entries_untrusted(f[2]), self.now))
-            self._frame(link.id, encode([PeerType.PUSHACK, f[1]]))
+            self.lt.frame(link.id, encode([PeerType.PUSHACK, f[1]]))
         elif kind == PeerType.LOGFETCH:
-            self._on_logfetch(link, f)
+            assert link.peer is not None
+            self.durable.on_logfetch(link.peer, link.id, f, self.now, self.ready)
         elif kind == PeerType.HEARTBEAT and n == 7:
             state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
             if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
@@ -498,7 +497,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                     or any(v.__class__ is not int or not 0 <= v < 2**64 for v in (synced, committed)):  # fmt: skip
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
-            self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)
+            self.lt.frame(link.id, _BEAT)  # (the dialler's proof that its link works)
             view = self.membership.peers[link.peer]
             reported, was_synced = view.reported, view.synced
             ch = self.membership.heard(link.peer, self.now, state, subs, clients, synced, committed)
@@ -506,7 +505,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                 self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
                 self._expired.discard(link.peer)
             if self.partitioned:
-                self.heard_epoch(epoch)
+                self.maps.heard_epoch(epoch)
                 self.unreached.discard(link.peer)
                 if ch or reported != state:
                     self._remap()
@@ -522,7 +521,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             if self._streams.running(link.id, PeerType.DUMP):
                 raise PeerProtocolError("PULL while a dump is in progress on this link")
             if not self.ready:
-                self._frame(link.id, encode([PeerType.DUMPEND, -1]))  # "not ready": pull from someone else
+                self.lt.frame(link.id, encode([PeerType.DUMPEND, -1]))  # "not ready": pull from someone else
             else:
                 peer = link.peer
 
@@ -541,7 +540,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             ours = self.broker.digest
             theirs = check_digest_untrusted(f[1], len(ours))
             assert link.peer is not None
-            among = self.shared(link.peer) if self.partitioned else range(len(ours))
+            among = self.maps.shared(link.peer) if self.partitioned else range(len(ours))
             differ = [i for i in among if ours[i] != theirs[i]]
             self._streams.start(link.id, PeerType.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
                          lambda sent: [PeerType.DIFFEND, differ])  # fmt: skip
@@ -565,7 +564,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif kind == PeerType.FWDACK and n == 3:
             self._on_fwdack(peer, f[1], f[2])
         elif kind == PeerType.LOGDATA:
-            self._on_logdata(peer, f)
+            self.durable.on_logdata(peer, f, self.now, self.ready)
         elif kind == PeerType.DIFF and n == 2:
             self._absorb(self.broker.merge(check_entries_untrusted(f[1]), self.now))
         elif kind == PeerType.DIFFEND and n == 2:
@@ -608,4 +607,4 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self.next_digest[peer] = now + self.s.anti_entropy_interval
             return
         self.digest_pending.add(peer)
-        self._frame(lid, encode([PeerType.DIGEST, list(self.broker.digest)]))
+        self.lt.frame(lid, encode([PeerType.DIGEST, list(self.broker.digest)]))

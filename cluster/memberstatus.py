@@ -39,7 +39,7 @@ class MemberStatus(MemberParts):
             "roster": {"version": self.roster.version, "committed": self.committed == self.roster.digest()},
         }
         if self.partitioned:
-            out["map"] = self.map_status()
+            out["map"] = self.maps.status()
             # (each partition's owners must agree: scripts/chaos.py compares them; 12 bytes each,
             # so up to 1,000 owned partitions fit a status datagram)
             own, d = self.own.owned, self.broker.digest

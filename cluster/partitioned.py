@@ -38,7 +38,6 @@ This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from roost.client import clustermap
@@ -46,7 +45,6 @@ from roost.cluster.events import Send
 from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts
 from roost.cluster.peerwire import PeerProtocolError, PeerType, check_forwarded_untrusted, check_relay_untrusted, encode
-from roost.node.ownership import Ownership
 
 if TYPE_CHECKING:
     from roost.cluster.links import Link
@@ -57,73 +55,38 @@ class Partitioned(MemberParts):
         s = self.s
         self.partitioned = s.mode == "partitioned"
         self.no_handoff = "no-handoff" in self.cfg.breaks  # (sim/breaks.py: a build that hands off nothing)
-        self.own = Ownership(self.id, s.partitions)
-        self.cmap: clustermap.ClusterMap | None = None
-        self.epoch_seen = 0
         self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue, s.max_frame // 2) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         # Reliable messages with no live owner in our map (a leaver that hears no placed member):
         # kept unacknowledged and routed again at the next map change (review, 2026-11-24: they were
         # delivered here, to nobody, and acknowledged)
         self.unrouted: list[Any] = []
-        self._placed = self.roster.members()  # (the committed roster: cluster/joining.py)
-        # Peers never heard from since we started whose dial failed: not live (review finding #4)
-        self.unreached: set[str] = set()
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
 
     # ------------------------------------------------------------ the map
 
-    def live_view(self) -> set[str]:
-        """Members this one counts live: itself, and every peer neither down nor syncing.
-
-        A peer not heard from since we started counts live (so a cluster that starts
-        together has its full map at once) until a dial to it fails: a member that
-        restarts while another is down must not take the dead one for an owner for
-        ``down_after`` (it would PULL the wrong partitions, refuse the hand-offs meant
-        for it and forward to the dead one)."""
-        live = {self.id}
-        for p, v in self.membership.peers.items():
-            if v.state != "down" and v.reported != "syncing" and p not in self.unreached:
-                live.add(p)
-        return live
-
-    def dial_failed(self, peer: str) -> None:
-        """A link we dialled closed before its handshake completed."""
-        if self.partitioned and self.membership.peers[peer].state == "unknown" and peer not in self.unreached:
-            self.unreached.add(peer)
-            self._remap()
-
     def _remap(self) -> None:
-        """Compute the map of our current view; install it if its owners changed."""
-        new = clustermap.compute(0, self._placed, self.live_view(), self.s.partitions, self.s.replicas)
+        """Compute the map of our current view (cluster/partitionmap.py); if its owners changed,
+        hand off, route our forwards again, and tell the durable logs their owners."""
+        moved = self.maps.remap(self.now)
+        cmap = self.maps.cmap
+        assert cmap is not None
         for peer, parts in self.pending.items():  # (a pending peer that now owns a partition gets it as owner)
-            parts.difference_update(p for p in list(parts) if p < new.partitions and peer in new.owners[p])
-        old = self.cmap
-        if old is not None and new.owners == old.owners:
-            if new.live != old.live:
-                self.cmap = dataclasses.replace(new, epoch=old.epoch)
-                self.broker.set_cluster_map(clustermap.encode(self.cmap), self.cmap.epoch)  # (for clients)
+            parts.difference_update(p for p in list(parts) if p < cmap.partitions and peer in cmap.owners[p])
+        if moved is None:
             return
-        epoch = max(self.epoch_seen, old.epoch if old is not None else 0) + 1
-        self.epoch_seen = epoch
-        self.cmap = cmap = dataclasses.replace(new, epoch=epoch)
-        self.broker.set_cluster_map(clustermap.encode(cmap), epoch)  # (WELCOME, REDIRECT carry it)
-        gained, lost = self.own.update(epoch, cmap.owners)
-        self.broker.reindex(gained, lost, self.now)
+        old, gained = moved
         if gained:  # (clients of a member down long enough expire in the partitions we now own too)
             self._expired.clear()
-        primaries = sum(1 for o in cmap.owners if o and o[0] == self.id)
-        self._log("info", "map_changed", epoch=epoch, live=len(cmap.live), primary=primaries,
-                  owned=sum(self.own.owned), gained=len(gained), lost=len(lost))  # fmt: skip
         if old is None:
             return
         self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
         for peer, q in self.fwd.items():
             self._reroute(q.take(everything=peer not in cmap.live))
         self._route_unrouted()
-        self._durable_map(old)
+        self.durable.map_changed(old, self.now, self.ready)
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
@@ -137,49 +100,16 @@ class Partitioned(MemberParts):
         turn: review finding #9). ``old``: the map before (None: every owner is new)."""
         if self.no_handoff:
             return
-        assert self.cmap is not None
-        owners = self.cmap.owners
-        per: dict[str, set[int]] = {}
-        for p in parts:
-            for m in owners[p]:
-                if m != self.id and (old is None or m not in old.owners[p]):
-                    per.setdefault(m, set()).add(p)
-        for peer, mine in per.items():
+        for peer, mine in self.maps.new_owners(parts, old).items():
             self.queues[peer].add_handoff(self.broker.dump(mine))
             self._pump_pushes(peer)
-
-    def heard_epoch(self, epoch: int) -> None:
-        if epoch > self.epoch_seen:
-            self.epoch_seen = epoch
-
-    def shared(self, peer: str) -> list[int]:
-        """Partitions both this member and ``peer`` own in our map (the spanning one too)."""
-        assert self.cmap is not None
-        return [p for p, o in enumerate(self.cmap.owners) if self.id in o and peer in o] + [self.own.spanning]
-
-    def _owners_of(self, p: int) -> tuple[str, ...]:
-        """Who keeps the registers of partition ``p``: its owners, or for the spanning
-        partition (wildcard subscriptions) every member of the map."""
-        assert self.cmap is not None
-        if p < len(self.cmap.owners):
-            return self.cmap.owners[p]
-        return tuple(self.cmap.members)
-
-    def map_status(self) -> dict[str, Any]:
-        cmap = self.cmap
-        if cmap is None:
-            return {}
-        return {"epoch": cmap.epoch, "partitions": cmap.partitions, "replicas": cmap.replicas,
-                "live": sorted(cmap.live), "owned": sum(self.own.owned),
-                "primary": sum(1 for o in cmap.owners if o and o[0] == self.id),
-                "unowned": sum(1 for o in cmap.owners if not o)}  # fmt: skip
 
     # ------------------------------------------------------------ who gets a change
 
     def _route_entries(self, entries: list[Any]) -> dict[str, list[Any]]:
         """Per peer, the part of each replication entry it keeps."""
-        assert self.cmap is not None
-        owners, part, me = self._owners_of, self.own.partition, self.id
+        assert self.maps.cmap is not None
+        owners, part, me = self.maps.owners_of, self.own.partition, self.id
         clients = self.broker.clients
         staying = [m for m in self.peers if not self._gone(m)]  # (none to a member that left)
         per: dict[str, list[Any]] = {}
@@ -265,7 +195,7 @@ class Partitioned(MemberParts):
         if fire:
             lid = self.out[member]
             if lid is not None and self.links[lid].up:
-                self._frame(lid, encode([PeerType.FORWARD, 0, fire]))
+                self.lt.frame(lid, encode([PeerType.FORWARD, 0, fire]))
             else:
                 self.broker.metrics["forward_dropped"] += len(fire)
         if len(fire) < len(msgs):
@@ -283,7 +213,7 @@ class Partitioned(MemberParts):
         assert lid is not None
         q = self.fwd[peer]
         while (f := q.next_frame()) is not None:
-            self._frame(lid, encode([PeerType.FORWARD, f[0], f[1]]))
+            self.lt.frame(lid, encode([PeerType.FORWARD, f[0], f[1]]))
 
     def _reroute(self, msgs: list[Any]) -> None:
         """Our own forwards, routed again by the current map."""
@@ -305,7 +235,7 @@ class Partitioned(MemberParts):
     def _relay(self, member: str, sends: list[Any]) -> None:
         lid = self.out.get(member)
         if lid is not None and self.links[lid].up:
-            self._frame(lid, encode([PeerType.RELAY, sends]))
+            self.lt.frame(lid, encode([PeerType.RELAY, sends]))
         else:
             self.broker.metrics["relay_dropped"] += len(sends)
 
@@ -315,7 +245,7 @@ class Partitioned(MemberParts):
         actions, refused = self.broker.forwarded(check_forwarded_untrusted(msgs), self.now)
         self._absorb(actions)
         if fid:  # (fire messages refused are dropped: at most once)
-            self._frame(link.id, encode([PeerType.FWDACK, fid, refused]))
+            self.lt.frame(link.id, encode([PeerType.FWDACK, fid, refused]))
 
     def _on_fwdack(self, peer: str, fid: Any, refused: Any) -> None:
         if fid.__class__ is not int or refused.__class__ is not list \

@@ -284,7 +284,7 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         elif cls in LOG_ACTIONS:
             at, ev = self.logdisk.perform(m.id, a, self.now)
             self.at(at, self._disk_answer, m, m.incarnation, ev)
-        elif cls is Trace and a.event in DURABLE_TRACES:  # (the cores trace for us: ClusterConfig.trace)
+        elif cls is Trace and self.durable and a.event in DURABLE_TRACES:  # (the cores trace: ClusterConfig.trace)
             self._durable_traced(a)
 
     def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:

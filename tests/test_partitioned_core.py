@@ -202,7 +202,7 @@ def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
     out = core.handle(LinkBytes(inbound, encode([PeerType.HEARTBEAT, "ready", 0, 0, 2**64 - 1, 0, 0])), sim.now)
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
-    assert core.epoch_seen < 2**62
+    assert core.maps.epoch_seen < 2**62
 
 
 def test_a_pushack_of_no_sequence_is_a_protocol_error_not_a_crash_caught():
