@@ -309,9 +309,11 @@ class Joining(MemberParts):
             if not self.ready:
                 raise RosterError(f"{self.id} is {self.phase}, not ready: ask another member")
             if kind == PeerType.JOIN and n == 4:
-                message = self._admin_join(f[1], _addr(f[2]), _addr(f[3]))
+                _, member, client, peer = f
+                message = self._admin_join(member, _addr(client), _addr(peer))
             elif kind == PeerType.LEAVE and n == 2:
-                message = self._admin_leave(f[1])
+                _, member = f
+                message = self._admin_leave(member)
             else:
                 raise PeerProtocolError(f"unexpected admin frame type {kind}")
         except RosterError as exc:

@@ -485,13 +485,14 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
             return
         kind, n = f[0], len(f)
         if kind == PeerType.PUSH and n == 3:
-            self._absorb(self.broker.merge(check_entries_untrusted(f[2]), self.now))
-            self.lt.frame(link.id, encode([PeerType.PUSHACK, f[1]]))
+            _, seq, entries = f
+            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
+            self.lt.frame(link.id, encode([PeerType.PUSHACK, seq]))
         elif kind == PeerType.LOGFETCH:
             assert link.peer is not None
             self.durable.on_logfetch(link.peer, link.id, f, self.now, self.ready)
         elif kind == PeerType.HEARTBEAT and n == 7:
-            state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
+            _, state, subs, clients, epoch, synced, committed = f
             if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
                     or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT for v in (subs, clients)) \
                     or any(v.__class__ is not int or not 0 <= v < 2**64 for v in (synced, committed)):  # fmt: skip
@@ -512,11 +513,14 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
             if (ch or reported != state or was_synced != synced) and self.committed != self.roster.digest():
                 self._check_roster()
         elif kind == PeerType.ROSTER and n == 2:
-            self._on_roster_frame(f[1])
+            _, roster = f
+            self._on_roster_frame(roster)
         elif kind == PeerType.FORWARD and n == 3:
-            self._on_forward_frame(link, f[1], f[2])
+            _, fid, msgs = f
+            self._on_forward_frame(link, fid, msgs)
         elif kind == PeerType.RELAY and n == 2:
-            self._on_relay_frame(f[1])
+            _, sends = f
+            self._on_relay_frame(sends)
         elif kind == PeerType.PULL and (n == 1 or n == 2):
             if self._streams.running(link.id, PeerType.DUMP):
                 raise PeerProtocolError("PULL while a dump is in progress on this link")
@@ -529,7 +533,10 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
                     self._log("info", "served_pull", peer=peer, subscriptions=sent)
                     return [PeerType.DUMPEND, sent]
 
-                parts = check_partitions_untrusted(f[1], len(self.broker.digest)) if n == 2 else None
+                parts = None  # (PULL [partitions]: these only; PULL: everything)
+                if n == 2:
+                    _, wanted = f
+                    parts = check_partitions_untrusted(wanted, len(self.broker.digest))
                 if parts is not None:
                     self._note_pull(peer, parts)
                 dump = self.broker.dump(parts, home=peer if parts is not None else None)
@@ -537,8 +544,9 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
         elif kind == PeerType.DIGEST and n == 2:
             if self._streams.running(link.id, PeerType.DIFF):
                 raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
+            _, digest = f
             ours = self.broker.digest
-            theirs = check_digest_untrusted(f[1], len(ours))
+            theirs = check_digest_untrusted(digest, len(ours))
             assert link.peer is not None
             among = self.maps.shared(link.peer) if self.partitioned else range(len(ours))
             differ = [i for i in among if ours[i] != theirs[i]]
@@ -555,20 +563,24 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
         if kind == PeerType.BEAT and n == 1:
             pass  # (_heard did what it is for)
         elif kind == PeerType.ROSTER and n == 2:
-            self._on_roster_frame(f[1])  # (we left: a member that no longer dials us says so)
+            _, roster = f
+            self._on_roster_frame(roster)  # (we left: a member that no longer dials us says so)
         elif kind == PeerType.PUSHACK and n == 2:
-            if f[1].__class__ is not int:
+            _, seq = f
+            if seq.__class__ is not int:
                 raise PeerProtocolError("malformed PUSHACK")
-            self.queues[peer].acked(f[1])
+            self.queues[peer].acked(seq)
             self._pump_pushes(peer)
         elif kind == PeerType.FWDACK and n == 3:
-            self._on_fwdack(peer, f[1], f[2])
+            _, fid, refused = f
+            self._on_fwdack(peer, fid, refused)
         elif kind == PeerType.LOGDATA:
             self.durable.on_logdata(peer, f, self.now, self.ready)
         elif kind == PeerType.DIFF and n == 2:
-            self._absorb(self.broker.merge(check_entries_untrusted(f[1]), self.now))
+            _, entries = f
+            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
         elif kind == PeerType.DIFFEND and n == 2:
-            buckets = f[1]
+            _, buckets = f
             if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
                 raise PeerProtocolError("malformed DIFFEND")
             q = self.queues[peer]
@@ -584,11 +596,13 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
             self.last_synced[peer] = self.now
             self._pump_pushes(peer)
         elif kind == PeerType.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
-            entries = check_entries_untrusted(f[1])
+            _, dumped = f
+            entries = check_entries_untrusted(dumped)
             self._absorb(self.broker.merge(entries, self.now))
             self.pull_count += sum(len(e[5]) for e in entries)
         elif kind == PeerType.DUMPEND and n == 2 and self.pull_peer == peer and self.pull_sent:
-            if f[1] == -1:
+            _, sent = f
+            if sent == -1:  # ("not ready")
                 self._pull_failed("peer is not ready itself", close=False)
             else:
                 self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)

@@ -212,8 +212,10 @@ class Partitioned(MemberParts):
         lid = self.out[peer]
         assert lid is not None
         q = self.fwd[peer]
+        frame = self.lt.frame
         while (f := q.next_frame()) is not None:
-            self.lt.frame(lid, encode([PeerType.FORWARD, f[0], f[1]]))
+            fid, msgs = f
+            frame(lid, encode([PeerType.FORWARD, fid, msgs]))
 
     def _reroute(self, msgs: list[Any]) -> None:
         """Our own forwards, routed again by the current map."""
