@@ -115,7 +115,7 @@ from roost.node.core import (
 _BEAT = encode([PeerType.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
+class MemberCore(Lifecycle, Partitioned, Joining):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -170,14 +170,15 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
         self.next_gc = now + s.tombstone_horizon / 10
         self.next_snapshot = now + s.snapshot_interval
         self._init_lifecycle()  # PULL and snapshot state (cluster/lifecycle.py)
-        self._expired: set[str] = set()
-        self._expire_again: dict[str, float] = {}
+        self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
         self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster.members(), self._out)
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
         self._init_partitioned()  # forwarding, held CMDACKs (cluster/partitioned.py)
+        self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
+                                       self.roster, self.maps, self.last_synced)  # fmt: skip
 
     # ------------------------------------------------------------ entry points
 
@@ -251,6 +252,11 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
     @property
     def ready(self) -> bool:
         return self.phase == "ready"
+
+    def status(self) -> dict[str, Any]:
+        """The cluster as this member sees it (``roost status``; cluster/memberstatus.py)."""
+        left = {p for p in self.peers if self._gone(p)}
+        return self.statusview.status(self.phase, self.now, self.committed, left)
 
     @property
     def cmap(self) -> ClusterMap | None:
@@ -364,6 +370,43 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
         self._leave_due()
         if self.phase == "stopping":
             self._drain()
+
+    # ------------------------------------------------------------ liveness
+
+    def _paused(self, stood: float) -> None:
+        """Our loop stood still (a long core call, SIGSTOP, a VM pause, a slow snapshot
+        read): what peers sent meanwhile waits unread in the kernel, so their silence
+        and our links' deadlines are credited with the pause, as Cassandra's failure
+        detector ignores a local pause. Without it one stall past ``down_after`` takes
+        every peer down at once and remaps to owning everything, which stalls again."""
+        self.membership.credit(stood, self.now)
+        for link in self.links.values():
+            link.deadline += stood
+        self.pull_deadline += stood
+        self.held = [(until + stood, waits, confirm) for until, waits, confirm in self.held]  # (PUSHACKs unread)
+        self.durable.paused(self.now)
+        if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
+            self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
+
+    def _watch_peers(self, now: float) -> None:
+        """The failure detector's verdicts (cluster/membership.py), acted on; then the clients of
+        members down for good expire (cluster/liveness.py)."""
+        changes = self.membership.tick(now)
+        for peer, old, new in changes:
+            self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
+            lid = self.out[peer]
+            if new == "down" and lid is not None:
+                self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
+        for peer, _old, new in changes:
+            if new == "down":
+                self.pending.pop(peer, None)
+        if changes and self.partitioned:
+            self._remap()
+        if self.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
+            self._check_roster()
+        if self.ready and not self._gone(self.id):  # (leaving, we may not hear the members that stopped dialling us)
+            for actions in self.liveness.expire_lost_homes(now):
+                self._absorb(actions)
 
     # ------------------------------------------------------------ links
 
@@ -504,7 +547,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, MemberStatus):
             ch = self.membership.heard(link.peer, self.now, state, subs, clients, synced, committed)
             if ch:
                 self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
-                self._expired.discard(link.peer)
+                self.liveness.heard(link.peer)
             if self.partitioned:
                 self.maps.heard_epoch(epoch)
                 self.unreached.discard(link.peer)

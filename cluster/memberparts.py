@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from roost.cluster.events import Action, Send
     from roost.cluster.forwarding import ForwardQueue
     from roost.cluster.links import Link, LinkTable
+    from roost.cluster.liveness import Liveness
     from roost.cluster.membership import Membership
     from roost.cluster.partitionmap import PartitionMap
     from roost.cluster.replication import PeerQueue
@@ -65,11 +66,10 @@ class MemberParts:
         pull_from: dict[int, set[str]]
         committed: int
         pending: dict[str, set[int]]
-        _expired: set[str]
+        liveness: Liveness
         persisted: int
         pull_deadline: float
         cfg: NodeConfig
-        _expire_again: dict[str, float]
         roster_changes: int
         admin_waiting: list[tuple[int, int | None, bytes]]
         held: list[tuple[float, dict[str, int], Send]]

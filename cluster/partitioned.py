@@ -79,7 +79,7 @@ class Partitioned(MemberParts):
             return
         old, gained = moved
         if gained:  # (clients of a member down long enough expire in the partitions we now own too)
-            self._expired.clear()
+            self.liveness.gained()
         if old is None:
             return
         self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
