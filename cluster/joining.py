@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 
 from roost.client import clustermap
 from roost.client.wire import WireError, _ip, _port
-from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts
 from roost.cluster.peerwire import ADMIN, PeerProtocolError, PeerType, encode
 from roost.cluster.replication import PeerQueue
@@ -85,7 +84,7 @@ class Joining(MemberParts):
         self.peer_addr[peer] = addr
         self.membership.add(peer, self.now)
         self.queues[peer] = PeerQueue(s.max_peer_queue, s.chunk_subscriptions)
-        self.fwd[peer] = ForwardQueue(s.max_forward_queue, s.max_frame // 2)
+        self.forwarding.add_peer(peer)
         self.out[peer] = None
         self.was_up[peer] = None
         self.next_digest[peer] = math.inf

@@ -224,7 +224,7 @@ class Lifecycle(MemberParts):
         for peer, lid in self.out.items():
             q = self.queues[peer]
             if lid is not None and not q.pending and not q.inflight and q.repair is None and q.handoff is None \
-                    and not self.fwd[peer]:  # fmt: skip
+                    and not self.forwarding.queues[peer]:  # fmt: skip
                 self._close(self.links[lid], "stopping")
         if self.final_done and not self.links:
             self.phase = "stopped"

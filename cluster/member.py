@@ -79,6 +79,7 @@ from roost.cluster.events import (
     Start,
     Stop,
 )  # fmt: skip
+from roost.cluster.forwarding import Forwarding
 from roost.cluster.joining import Joining
 from roost.cluster.lifecycle import Lifecycle
 from roost.cluster.links import Link, LinkTable
@@ -174,6 +175,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster.members(), self._out)
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
+        self.forwarding = Forwarding(self.peers, s.max_forward_queue, s.max_frame // 2, self.broker, self.lt, self._out)
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
         self._init_partitioned()  # forwarding, held CMDACKs (cluster/partitioned.py)
@@ -287,11 +289,14 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             elif cls is StatusQuery:
                 out.append(Send(a.addr, encode_status_reply({**a.status, **self.status()})))
             elif cls is Forward:
-                self._forward(a.member, a.msgs)
+                given_up = self.forwarding.forward(a.member, a.msgs)
+                if given_up is not None:
+                    self._absorb(self.broker.settle_forwards(given_up, self.now))
+                    self.forwarding.pump(a.member)
             elif cls is Confirm:
                 confirms = [Send(a.addr, a.data)] if confirms is None else [*confirms, Send(a.addr, a.data)]
             elif cls is Relay:
-                self._relay(a.member, a.sends)
+                self.forwarding.relay(a.member, a.sends)
             elif cls is DurablePut:
                 self.durable.on_put(a, self.now, self.ready)
             elif cls is DurableGet:
@@ -338,7 +343,8 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             self.next_heartbeat = now + s.heartbeat_interval
             self.lt.to_peers(self._beat())
             if self.partitioned:
-                self._retry_refused()
+                for msgs in self.forwarding.refused():
+                    self._reroute(msgs)
         if now >= self.next_membership:
             self.next_membership = now + s.heartbeat_interval
             self._watch_peers(now)
@@ -430,7 +436,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             return
         self.out[peer] = None
         self.queues[peer].disconnected()
-        self.fwd[peer].disconnected()
+        self.forwarding.queues[peer].disconnected()
         self.digest_pending.discard(peer)
         # A member whose leave is committed is dialled while it may still be draining (it hears
         # the cluster only through the heartbeats of the links we dial: review, 2026-11-24, a
@@ -514,7 +520,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self.lt.frame(link.id, self._beat())
         self._send_roster(link)
         self.told.add(peer)
-        self._pump_forwards(peer)
+        self.forwarding.pump(peer)
         q = self.queues[peer]
         self.next_digest[peer] = self.now if q.overflowed else self.now + self.s.anti_entropy_interval
         self._pump_pushes(peer)
@@ -560,10 +566,13 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             self._on_roster_frame(roster)
         elif kind == PeerType.FORWARD and n == 3:
             _, fid, msgs = f
-            self._on_forward_frame(link, fid, msgs)
+            actions, ack = self.forwarding.received(link.id, fid, msgs, self.now)
+            self._absorb(actions)
+            if ack is not None:
+                self.lt.frame(link.id, ack)
         elif kind == PeerType.RELAY and n == 2:
             _, sends = f
-            self._on_relay_frame(sends)
+            self.forwarding.relayed(sends)
         elif kind == PeerType.PULL and (n == 1 or n == 2):
             if self._streams.running(link.id, PeerType.DUMP):
                 raise PeerProtocolError("PULL while a dump is in progress on this link")
@@ -616,7 +625,10 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             self._pump_pushes(peer)
         elif kind == PeerType.FWDACK and n == 3:
             _, fid, refused = f
-            self._on_fwdack(peer, fid, refused)
+            delivered = self.forwarding.acked(peer, fid, refused)
+            if delivered:
+                self._absorb(self.broker.settle_forwards(delivered, self.now))
+            self.forwarding.pump(peer)
         elif kind == PeerType.LOGDATA:
             self.durable.on_logdata(peer, f, self.now, self.ready)
         elif kind == PeerType.DIFF and n == 2:

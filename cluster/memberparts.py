@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from roost.cluster.config import ClusterConfig, ClusterSettings
     from roost.cluster.durable import DurableLogs
     from roost.cluster.events import Action, Send
-    from roost.cluster.forwarding import ForwardQueue
+    from roost.cluster.forwarding import Forwarding
     from roost.cluster.links import Link, LinkTable
     from roost.cluster.liveness import Liveness
     from roost.cluster.membership import Membership
@@ -41,7 +41,7 @@ class MemberParts:
         links: dict[int, Link]
         out: dict[str, int | None]
         queues: dict[str, PeerQueue]
-        fwd: dict[str, ForwardQueue]
+        forwarding: Forwarding
         next_digest: dict[str, float]
         last_synced: dict[str, float]
         _out: list[Action]

@@ -42,12 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 from roost.client import clustermap
 from roost.cluster.events import Send
-from roost.cluster.forwarding import ForwardQueue
 from roost.cluster.memberparts import MemberParts
-from roost.cluster.peerwire import PeerProtocolError, PeerType, check_forwarded_untrusted, check_relay_untrusted, encode
 
 if TYPE_CHECKING:
-    from roost.cluster.links import Link
+    pass
 
 
 class Partitioned(MemberParts):
@@ -55,12 +53,7 @@ class Partitioned(MemberParts):
         s = self.s
         self.partitioned = s.mode == "partitioned"
         self.no_handoff = "no-handoff" in self.cfg.breaks  # (sim/breaks.py: a build that hands off nothing)
-        self.fwd: dict[str, ForwardQueue] = {p: ForwardQueue(s.max_forward_queue, s.max_frame // 2) for p in self.peers}
         self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
-        # Reliable messages with no live owner in our map (a leaver that hears no placed member):
-        # kept unacknowledged and routed again at the next map change (review, 2026-11-24: they were
-        # delivered here, to nobody, and acknowledged)
-        self.unrouted: list[Any] = []
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
@@ -83,9 +76,8 @@ class Partitioned(MemberParts):
         if old is None:
             return
         self._hand_off({p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}, old)
-        for peer, q in self.fwd.items():
-            self._reroute(q.take(everything=peer not in cmap.live))
-        self._route_unrouted()
+        for msgs in self.forwarding.to_route_again(cmap.live):
+            self._reroute(msgs)
         self.durable.map_changed(old, self.now, self.ready)
         if gained and self.ready:
             for peer in self.peers:
@@ -174,96 +166,7 @@ class Partitioned(MemberParts):
         lid = self.out[peer]
         return lid is not None and self.links[lid].up
 
-    # ------------------------------------------------------------ forwarding and relaying
-
-    def _forward(self, member: str, msgs: list[Any]) -> None:
-        if member == "":  # (no live owner)
-            reliable = [m for m in msgs if m[4] is not None]
-            self.broker.metrics["forward_dropped"] += len(msgs) - len(reliable)
-            room = max(0, self.s.max_forward_queue - len(self.unrouted))
-            self.unrouted.extend(reliable[:room])
-            if reliable[room:]:
-                self.broker.metrics["forward_overflow"] += len(reliable) - room
-                self._absorb(self.broker.settle_forwards(reliable[room:], self.now))  # (given up)
-            return
-        q = self.fwd.get(member)
-        if q is None:
-            self.broker.metrics["forward_dropped"] += len(msgs)
-            self._absorb(self.broker.settle_forwards(msgs, self.now))  # (given up)
-            return
-        fire = [m for m in msgs if m[4] is None]
-        if fire:
-            lid = self.out[member]
-            if lid is not None and self.links[lid].up:
-                self.lt.frame(lid, encode([PeerType.FORWARD, 0, fire]))
-            else:
-                self.broker.metrics["forward_dropped"] += len(fire)
-        if len(fire) < len(msgs):
-            dropped = q.add([m for m in msgs if m[4] is not None])
-            if dropped:
-                self.broker.metrics["forward_overflow"] += len(dropped)
-                self._log("warning", "forward_overflow", peer=member, dropped=len(dropped))
-                self._absorb(self.broker.settle_forwards(dropped, self.now))  # (given up)
-            self._pump_forwards(member)
-
-    def _pump_forwards(self, peer: str) -> None:
-        if not self._peer_link_up(peer):
-            return
-        lid = self.out[peer]
-        assert lid is not None
-        q = self.fwd[peer]
-        frame = self.lt.frame
-        while (f := q.next_frame()) is not None:
-            fid, msgs = f
-            frame(lid, encode([PeerType.FORWARD, fid, msgs]))
-
     def _reroute(self, msgs: list[Any]) -> None:
         """Our own forwards, routed again by the current map."""
         if msgs:
             self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
-
-    def _retry_refused(self) -> None:
-        """Every heartbeat: messages a peer refused (its map differed) are routed again, ahead
-        of the newer ones still queued."""
-        for q in self.fwd.values():
-            if q.parked:
-                self._reroute(q.take(everything=False))
-
-    def _route_unrouted(self) -> None:
-        if self.unrouted:
-            msgs, self.unrouted = self.unrouted, []
-            self._reroute(msgs)
-
-    def _relay(self, member: str, sends: list[Any]) -> None:
-        lid = self.out.get(member)
-        if lid is not None and self.links[lid].up:
-            self.lt.frame(lid, encode([PeerType.RELAY, sends]))
-        else:
-            self.broker.metrics["relay_dropped"] += len(sends)
-
-    def _on_forward_frame(self, link: Link, fid: Any, msgs: Any) -> None:
-        if fid.__class__ is not int or not 0 <= fid < 2**63:
-            raise PeerProtocolError("malformed FORWARD")
-        actions, refused = self.broker.forwarded(check_forwarded_untrusted(msgs), self.now)
-        self._absorb(actions)
-        if fid:  # (fire messages refused are dropped: at most once)
-            self.lt.frame(link.id, encode([PeerType.FWDACK, fid, refused]))
-
-    def _on_fwdack(self, peer: str, fid: Any, refused: Any) -> None:
-        if fid.__class__ is not int or refused.__class__ is not list \
-                or not all(i.__class__ is int and 0 <= i < 65536 for i in refused):  # fmt: skip
-            raise PeerProtocolError("malformed FWDACK")
-        delivered = self.fwd[peer].acked(fid, refused)
-        if delivered:
-            self._absorb(self.broker.settle_forwards(delivered, self.now))
-        self._pump_forwards(peer)
-
-    def _on_relay_frame(self, sends: Any) -> None:
-        clients = self.broker.clients
-        for addr, data in check_relay_untrusted(sends):
-            c = clients.get(addr)
-            if c is not None and c.local:
-                if self.broker.text_budget(c, len(data)):
-                    self._out.append(Send(addr, data))
-            else:
-                self.broker.metrics["relay_refused"] += 1

@@ -185,7 +185,7 @@ def test_a_member_acknowledges_a_forwarded_pub_when_the_fwdack_comes_back():
     acks = [f for f in (decoding.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
             if f[0] is wire.FrameType.PUBACK and f[1] == pid]  # fmt: skip
     assert [f[2] for f in acks] == [0]  # (accepted, not yet at the primary)
-    (fid,) = list(core.fwd[primary].inflight)
+    (fid,) = list(core.forwarding.queues[primary].inflight)
     lid = core.out[primary]
     assert lid is not None
     out = core.handle(LinkBytes(lid, encode([PeerType.FWDACK, fid, []])), sim.now)
@@ -641,9 +641,9 @@ def test_a_leaver_that_hears_no_owner_keeps_a_publish_unacknowledged_until_one_i
     pub = wire.encode_pub(pb.cid, pb.cookie, b"q" * 16, 1, 1, True, [wire.pack_message("w1", None, None, b"x")])
     out = core.handle(Datagrams([(pub, pb.addr)]), now)
     assert [f for f in frames_to(out, pb.addr) if f[0] is FrameType.PUBACK and f[2] >= 1] == []
-    assert [m[3] for m in core.unrouted] == [b"x"]
+    assert [m[3] for m in core.forwarding.unrouted] == [b"x"]
     for i in range(1, 10):  # (heartbeats go by: still unacknowledged, still kept)
         out = core.handle(Tick(), now + 0.2 * i)
         assert [f for f in frames_to(out, pb.addr) if f[0] is FrameType.PUBACK and f[2] >= 1] == []
-    assert [m[3] for m in core.unrouted] == [b"x"]
+    assert [m[3] for m in core.forwarding.unrouted] == [b"x"]
     assert core.broker.metrics["rerouted_here"] + core.broker.metrics["forwarded_in"] == before
