@@ -41,7 +41,6 @@ from roost.client import clustermap
 from roost.client.wire import WireError, _ip, _port
 from roost.cluster.memberparts import MemberParts
 from roost.cluster.peerwire import ADMIN, PeerProtocolError, PeerType, encode
-from roost.cluster.replication import PeerQueue
 from roost.cluster.roster import MEMBER_ID, Entry, Roster, RosterError, decode_untrusted_roster
 
 if TYPE_CHECKING:
@@ -78,16 +77,14 @@ class Joining(MemberParts):
         """A member we did not know (a join; or one that left before we heard of it): every
         per-peer structure, and a dial at once (none to one that left).
         It counts live only once it reports ``ready`` (it may still be pulling)."""
-        s = self.s
         self.peers.append(peer)
         self.member_ids.add(peer)
         self.peer_addr[peer] = addr
         self.membership.add(peer, self.now)
-        self.queues[peer] = PeerQueue(s.max_peer_queue, s.chunk_subscriptions)
+        self.replicator.add_peer(peer)
         self.forwarding.add_peer(peer)
         self.out[peer] = None
         self.was_up[peer] = None
-        self.next_digest[peer] = math.inf
         if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
             self.next_dial[peer] = math.inf
             self.departed.add(peer)
@@ -108,8 +105,7 @@ class Joining(MemberParts):
         if self.out[m] is None and self.next_dial[m] == math.inf:
             self.next_dial[m] = self.now
             self.unreached.add(m)
-        self.queues[m] = PeerQueue(self.s.max_peer_queue, self.s.chunk_subscriptions)  # (cleared when it left)
-        self.next_digest[m] = self.now + self.s.anti_entropy_interval
+        self.replicator.rejoined(m, self.now)  # (its queue was cleared when it left)
 
     def _roster_changed(self) -> None:
         """The latest roster changed (proposed here, or a peer's): learn new members, tell
@@ -207,9 +203,8 @@ class Joining(MemberParts):
             if self._gone(p):
                 # (no more pushes: it owns nothing. Our link stays while it drains, so that it
                 # hears we committed; once a dial to it fails we stop dialling it: member.py _closed)
-                self.queues[p].clear()
+                self.replicator.left(p)
                 self.departed.add(p)
-                self.next_digest[p] = math.inf
                 self.pending.pop(p, None)
         if self.pull_peer is not None and self._gone(self.pull_peer):
             self._pull_failed("left the cluster", close=False)
@@ -218,7 +213,7 @@ class Joining(MemberParts):
 
     def _gone(self, peer: str) -> bool:
         """A member whose leave is committed here."""
-        return peer not in self.maps.placed and self.roster.left(peer)
+        return self.maps.gone(peer)
 
     def _leave_due(self) -> None:
         """Our leave is committed: stop once nothing is left to deliver (or at the deadline)."""

@@ -53,7 +53,6 @@ class Lifecycle(MemberParts):
         self.pull_count = 0
         self.pull_done = False
         self.pulled_from: str | None = None
-        self.last_synced: dict[str, float] = {}  # peer -> when a PULL from it or an anti-entropy round with it ended
         self.snapshot_done = False
         # Snapshots: ``persisted`` is ``state_version`` as of the last fsynced snapshot.
         self.persisted = 0
@@ -158,8 +157,7 @@ class Lifecycle(MemberParts):
             self._hand_off({p for p, mine in enumerate(self.own.owned) if not mine}, None)
         self._out.append(ServeClients())
         self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
-        for p in self.peers:
-            self.next_digest[p] = self.now + self.s.anti_entropy_interval
+        self.replicator.ready(self.now)
 
     # ------------------------------------------------------------ snapshots
 
@@ -222,9 +220,7 @@ class Lifecycle(MemberParts):
         """Stopping: close each dialled link whose pushes are all acknowledged;
         exit once none is left and the last snapshot is done."""
         for peer, lid in self.out.items():
-            q = self.queues[peer]
-            if lid is not None and not q.pending and not q.inflight and q.repair is None and q.handoff is None \
-                    and not self.forwarding.queues[peer]:  # fmt: skip
+            if lid is not None and self.replicator.drained(peer) and not self.forwarding.queues[peer]:
                 self._close(self.links[lid], "stopping")
         if self.final_done and not self.links:
             self.phase = "stopped"

@@ -99,7 +99,7 @@ from roost.cluster.peerwire import (
     check_partitions_untrusted,
     encode,
 )  # fmt: skip
-from roost.cluster.replication import PeerQueue
+from roost.cluster.replicator import Replicator
 from roost.cluster.roster import Entry
 from roost.node.core import (
     BrokerCore,
@@ -154,7 +154,6 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             wall_offset=wall_offset, replicating=True, tombstone_horizon=s.tombstone_horizon,
         )  # fmt: skip
         self.membership = Membership(self.peers, s.suspect_after, s.down_after, now)
-        self.queues = {p: PeerQueue(s.max_peer_queue, s.chunk_subscriptions) for p in self.peers}
         self.phase = "starting"
         self.now = now
         self._out: list[Action] = []  # (shared with the components: handed out after every event)
@@ -163,8 +162,6 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self.out = self.lt.out  # (the same dict: our dialled link per peer)
         self.was_up: dict[str, bool | None] = dict.fromkeys(self.peers)  # for link_up/link_down logs
         self.next_dial = {p: math.inf if self.roster.left(p) else now for p in self.peers}  # (never one that left)
-        self.next_digest = dict.fromkeys(self.peers, math.inf)
-        self.digest_pending: set[str] = set()
         self._streams = DumpStreams(s.chunk_subscriptions)  # DUMP/DIFF answers in progress
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
@@ -172,15 +169,18 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self.next_snapshot = now + s.snapshot_interval
         self._init_lifecycle()  # PULL and snapshot state (cluster/lifecycle.py)
         self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
-        self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster.members(), self._out)
+        self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster, self._out)
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
+        self.replicator = Replicator(member_id, s, self.peers, self.broker, self.lt, self.maps, self.membership,
+                                     self.pending, self._out)  # fmt: skip
+        self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
         self.forwarding = Forwarding(self.peers, s.max_forward_queue, s.max_frame // 2, self.broker, self.lt, self._out)
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
         self._init_partitioned()  # forwarding, held CMDACKs (cluster/partitioned.py)
         self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
-                                       self.roster, self.maps, self.last_synced)  # fmt: skip
+                                       self.roster, self.maps, self.replicator.last_synced)  # fmt: skip
 
     # ------------------------------------------------------------ entry points
 
@@ -235,16 +235,13 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         d = min(self.next_heartbeat, self.next_membership, self.next_gc, self.next_snapshot, self.pull_deadline)
         # (only deadlines _due acts on in this phase: any other would wake us for nothing, forever)
         dialling = self.phase in ("syncing", "ready")
-        for p in self.peers:
-            if self.out[p] is None:
-                if dialling:
+        if dialling:
+            for p in self.peers:
+                if self.out[p] is None:
                     d = min(d, self.next_dial[p])
-            elif p not in self.digest_pending and self.ready:
-                d = min(d, self.next_digest[p])
+        d = min(d, self.replicator.deadline(self.ready))
         for link in self.links.values():
             d = min(d, link.deadline)
-        for held in self.held:
-            d = min(d, held[0])
         if self._streams and self._streams.ready(self._drained):
             d = min(d, self.now)
         d = min(d, self.durable.deadline())
@@ -285,7 +282,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         for a in actions:
             cls = a.__class__
             if cls is Replicate:
-                self._distribute(a.entries)
+                self.replicator.distribute(a.entries)
             elif cls is StatusQuery:
                 out.append(Send(a.addr, encode_status_reply({**a.status, **self.status()})))
             elif cls is Forward:
@@ -306,26 +303,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             else:
                 out.append(a)
         if confirms is not None:  # (after the Replicate: it comes last)
-            self._hold(confirms)
-
-    def _distribute(self, entries: list[Any]) -> None:
-        if self.partitioned:
-            for peer, mine in self._route_entries(entries).items():
-                self.queues[peer].add(mine)
-                self._pump_pushes(peer)
-            return
-        for peer, q in self.queues.items():
-            if not self._gone(peer):
-                q.add(entries)
-                self._pump_pushes(peer)
-
-    def _pump_pushes(self, peer: str) -> None:
-        lid = self.out[peer]
-        if lid is None or not self.links[lid].up:
-            return
-        q, frame = self.queues[peer], self.lt.frame
-        while (push := q.next_push()) is not None:
-            frame(lid, encode([PeerType.PUSH, push[0], push[1]]))
+            self.replicator.hold(confirms, self.now)
 
     # ------------------------------------------------------------ timers
 
@@ -351,12 +329,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         if now >= self.pull_deadline:
             self._pull_failed("timeout", close=True)
         if self.ready:
-            for p in self.peers:
-                if now >= self.next_digest[p] and p not in self.digest_pending:
-                    if self._gone(p):  # (anti-entropy with members only)
-                        self.next_digest[p] = math.inf
-                    else:
-                        self._send_digest(p, now)
+            self.replicator.digests_due(now)
         if now >= self.next_gc:
             self.next_gc = now + s.tombstone_horizon / 10
             self._absorb(self.broker.collect_tombstones(now))
@@ -371,7 +344,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             self._absorb(self.broker.tick(now))
         for lid, data in self._streams.turn(self._drained) if self._streams else ():
             self.lt.frame(lid, data)
-        self._release_held()
+        self.replicator.release_held(now)
         self.durable.due(now, self.ready)
         self._leave_due()
         if self.phase == "stopping":
@@ -389,7 +362,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         for link in self.links.values():
             link.deadline += stood
         self.pull_deadline += stood
-        self.held = [(until + stood, waits, confirm) for until, waits, confirm in self.held]  # (PUSHACKs unread)
+        self.replicator.paused(stood)  # (PUSHACKs unread)
         self.durable.paused(self.now)
         if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
             self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
@@ -435,9 +408,8 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         if not link.outbound or peer is None or self.out.get(peer) != link.id:
             return
         self.out[peer] = None
-        self.queues[peer].disconnected()
+        self.replicator.disconnected(peer)
         self.forwarding.queues[peer].disconnected()
-        self.digest_pending.discard(peer)
         # A member whose leave is committed is dialled while it may still be draining (it hears
         # the cluster only through the heartbeats of the links we dial: review, 2026-11-24, a
         # leaver cut off once went deaf for good); then, out of reach, it has stopped.
@@ -521,9 +493,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self._send_roster(link)
         self.told.add(peer)
         self.forwarding.pump(peer)
-        q = self.queues[peer]
-        self.next_digest[peer] = self.now if q.overflowed else self.now + self.s.anti_entropy_interval
-        self._pump_pushes(peer)
+        self.replicator.link_up(peer, self.now)
         if self.pull_peer == peer and not self.pull_sent:
             self._send_pull()
 
@@ -619,10 +589,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             self._on_roster_frame(roster)  # (we left: a member that no longer dials us says so)
         elif kind == PeerType.PUSHACK and n == 2:
             _, seq = f
-            if seq.__class__ is not int:
-                raise PeerProtocolError("malformed PUSHACK")
-            self.queues[peer].acked(seq)
-            self._pump_pushes(peer)
+            self.replicator.acked(peer, seq)
         elif kind == PeerType.FWDACK and n == 3:
             _, fid, refused = f
             delivered = self.forwarding.acked(peer, fid, refused)
@@ -636,20 +603,7 @@ class MemberCore(Lifecycle, Partitioned, Joining):
             self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
         elif kind == PeerType.DIFFEND and n == 2:
             _, buckets = f
-            if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
-                raise PeerProtocolError("malformed DIFFEND")
-            q = self.queues[peer]
-            q.repaired()  # (first: an overflowed queue would drop what follows)
-            if buckets:
-                # They sent their side of the differing buckets; ours goes back as
-                # pushes, made as the push window opens (never all in one turn).
-                if not self._gone(peer):  # (a digest in flight when its leave was committed)
-                    q.add_repair(self.broker.dump(set(buckets)))
-                self._log("info", "anti_entropy", peer=peer, buckets=len(buckets))
-            self.digest_pending.discard(peer)
-            self.next_digest[peer] = self.now + self.s.anti_entropy_interval
-            self.last_synced[peer] = self.now
-            self._pump_pushes(peer)
+            self.replicator.diffend(peer, buckets, self.now)
         elif kind == PeerType.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
             _, dumped = f
             entries = check_entries_untrusted(dumped)
@@ -661,7 +615,8 @@ class MemberCore(Lifecycle, Partitioned, Joining):
                 self._pull_failed("peer is not ready itself", close=False)
             else:
                 self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
-                self.pulled_from, self.last_synced[peer] = peer, self.now
+                self.pulled_from = peer
+                self.replicator.synced(peer, self.now)
                 self.pull_ok.add(peer)
                 if self.partitioned:
                     self._next_pull()  # (each peer holds only its own partitions: ask them all)
@@ -669,11 +624,3 @@ class MemberCore(Lifecycle, Partitioned, Joining):
                     self._pull_finished()
         else:
             raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
-
-    def _send_digest(self, peer: str, now: float) -> None:
-        lid = self.out[peer]
-        if lid is None or not self.links[lid].up or self.membership.peers[peer].state != "ready":
-            self.next_digest[peer] = now + self.s.anti_entropy_interval
-            return
-        self.digest_pending.add(peer)
-        self.lt.frame(lid, encode([PeerType.DIGEST, list(self.broker.digest)]))

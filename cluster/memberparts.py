@@ -12,13 +12,14 @@ if TYPE_CHECKING:
     from roost.client.clustermap import ClusterMap
     from roost.cluster.config import ClusterConfig, ClusterSettings
     from roost.cluster.durable import DurableLogs
-    from roost.cluster.events import Action, Send
+    from roost.cluster.events import Action
     from roost.cluster.forwarding import Forwarding
     from roost.cluster.links import Link, LinkTable
     from roost.cluster.liveness import Liveness
     from roost.cluster.membership import Membership
     from roost.cluster.partitionmap import PartitionMap
     from roost.cluster.replication import PeerQueue
+    from roost.cluster.replicator import Replicator
     from roost.cluster.roster import Roster
     from roost.node.config import NodeConfig
     from roost.node.core import BrokerCore
@@ -41,9 +42,8 @@ class MemberParts:
         links: dict[int, Link]
         out: dict[str, int | None]
         queues: dict[str, PeerQueue]
+        replicator: Replicator
         forwarding: Forwarding
-        next_digest: dict[str, float]
-        last_synced: dict[str, float]
         _out: list[Action]
         partitioned: bool
         own: Ownership
@@ -72,15 +72,12 @@ class MemberParts:
         cfg: NodeConfig
         roster_changes: int
         admin_waiting: list[tuple[int, int | None, bytes]]
-        held: list[tuple[float, dict[str, int], Send]]
 
         @property
         def ready(self) -> bool: ...
         def _log(self, level: str, event: str, **fields: Any) -> None: ...
         def _close(self, link: Link, why: str) -> None: ...
         def _absorb(self, actions: list[Any]) -> None: ...
-        def _distribute(self, entries: list[Any]) -> None: ...
-        def _pump_pushes(self, peer: str) -> None: ...
         def _hand_off(self, parts: set[int], old: ClusterMap | None) -> None: ...
         def _remap(self) -> None: ...
         def _next_pull(self) -> None: ...

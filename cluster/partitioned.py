@@ -41,7 +41,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from roost.client import clustermap
-from roost.cluster.events import Send
 from roost.cluster.memberparts import MemberParts
 
 if TYPE_CHECKING:
@@ -53,7 +52,6 @@ class Partitioned(MemberParts):
         s = self.s
         self.partitioned = s.mode == "partitioned"
         self.no_handoff = "no-handoff" in self.cfg.breaks  # (sim/breaks.py: a build that hands off nothing)
-        self.held: list[tuple[float, dict[str, int], Send]] = []  # (give up at, peer -> entry number, CMDACK)
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
@@ -82,7 +80,7 @@ class Partitioned(MemberParts):
         if gained and self.ready:
             for peer in self.peers:
                 if any(peer in cmap.owners[p] for p in gained):
-                    self.next_digest[peer] = self.now
+                    self.replicator.digest_soon(peer, self.now)
 
     def _hand_off(self, parts: set[int], old: clustermap.ClusterMap | None) -> None:
         """Each new owner of these partitions gets what we hold of them (as their old
@@ -92,79 +90,7 @@ class Partitioned(MemberParts):
         turn: review finding #9). ``old``: the map before (None: every owner is new)."""
         if self.no_handoff:
             return
-        for peer, mine in self.maps.new_owners(parts, old).items():
-            self.queues[peer].add_handoff(self.broker.dump(mine))
-            self._pump_pushes(peer)
-
-    # ------------------------------------------------------------ who gets a change
-
-    def _route_entries(self, entries: list[Any]) -> dict[str, list[Any]]:
-        """Per peer, the part of each replication entry it keeps."""
-        assert self.maps.cmap is not None
-        owners, part, me = self.maps.owners_of, self.own.partition, self.id
-        clients = self.broker.clients
-        staying = [m for m in self.peers if not self._gone(m)]  # (none to a member that left)
-        per: dict[str, list[Any]] = {}
-        for e in entries:
-            home, subs = e[4], e[5]
-            if subs:
-                targets: dict[str, list[Any]] = {}
-                for sub in subs:
-                    p = part(sub[0])
-                    for m in owners(p):
-                        if m != me:
-                            targets.setdefault(m, []).append(sub)
-                    for m, parts in self.pending.items():  # (peers pulling it: cluster/joining.py)
-                        if p in parts and m not in owners(p) and not self._gone(m):
-                            targets.setdefault(m, []).append(sub)
-                for m, mine in targets.items():
-                    if m != home:
-                        per.setdefault(m, []).append(e if len(mine) == len(subs) else [*e[:5], mine, e[6]])
-            else:  # the client register alone: wherever its registers are
-                who = e[0] if e[0].__class__ is bytes else tuple(e[0])
-                c = clients.get(who)
-                for m in dict.fromkeys(m for tk in (c.subs if c is not None else ()) for m in owners(part(tk[0]))):
-                    if m != me and m != home:
-                        per.setdefault(m, []).append(e)
-            if home != me and home in self.queues and not self._gone(home):
-                per.setdefault(home, []).append(e)
-            # The client register goes to everyone else: a member may hold registers of the
-            # client that this one does not know of (subscribed through another home), and
-            # needs its address, home and resets (node/registers.py, _void_older).
-            bare = None
-            for m in staying:
-                got = per.get(m)
-                if not got or (got[-1] is not e and got[-1][0] is not e[0]):
-                    if bare is None:
-                        bare = [*e[:5], [], e[6]]
-                    per.setdefault(m, []).append(bare)
-        return per
-
-    # ------------------------------------------------------------ held CMDACKs
-
-    def _hold(self, confirms: list[Send]) -> None:
-        waits = {p: q.added for p, q in self.queues.items() if q.acked_through < q.added and self._peer_link_up(p)}
-        if not waits:
-            self._out.extend(confirms)
-            return
-        until = self.now + self.s.down_after
-        self.held.extend((until, waits, c) for c in confirms)
-
-    def _release_held(self) -> None:
-        if not self.held:
-            return
-        keep = []
-        for until, waits, send in self.held:
-            if self.now >= until or all(self.queues[p].acked_through >= n or not self._peer_link_up(p)
-                                        for p, n in waits.items()):  # fmt: skip
-                self._out.append(send)
-            else:
-                keep.append((until, waits, send))
-        self.held = keep
-
-    def _peer_link_up(self, peer: str) -> bool:
-        lid = self.out[peer]
-        return lid is not None and self.links[lid].up
+        self.replicator.hand_off(self.maps.new_owners(parts, old))
 
     def _reroute(self, msgs: list[Any]) -> None:
         """Our own forwards, routed again by the current map."""

@@ -28,6 +28,7 @@ from typing import Any
 from roost.client import clustermap
 from roost.cluster.config import ClusterSettings
 from roost.cluster.membership import Membership
+from roost.cluster.roster import Roster
 from roost.node.actions import Log
 from roost.node.core import BrokerCore
 from roost.node.ownership import Ownership
@@ -35,7 +36,7 @@ from roost.node.ownership import Ownership
 
 class PartitionMap:
     def __init__(self, member_id: str, s: ClusterSettings, broker: BrokerCore, membership: Membership,
-                 placed: dict[str, tuple[clustermap.Addr, clustermap.Addr]], actions: list[Any]) -> None:  # fmt: skip
+                 roster: Roster, actions: list[Any]) -> None:  # fmt: skip
         self.id = member_id
         self.s = s
         self.partitioned = s.mode == "partitioned"
@@ -45,7 +46,8 @@ class PartitionMap:
         self.own = Ownership(member_id, s.partitions)
         self.cmap: clustermap.ClusterMap | None = None
         self.epoch_seen = 0
-        self.placed = placed  # the members of the committed roster (cluster/joining.py)
+        self.roster = roster
+        self.placed = roster.members()  # the members of the committed roster (cluster/joining.py commits)
         # Peers never heard from since we started whose dial failed: not live (review finding #4)
         self.unreached: set[str] = set()
 
@@ -90,6 +92,10 @@ class PartitionMap:
         self.actions.append(Log("info", "map_changed", {"epoch": epoch, "live": len(cmap.live), "primary": primaries,
                                 "owned": sum(self.own.owned), "gained": len(gained), "lost": len(lost)}))  # fmt: skip
         return old, gained
+
+    def gone(self, peer: str) -> bool:
+        """A member whose leave is committed here."""
+        return peer not in self.placed and self.roster.left(peer)
 
     def heard_epoch(self, epoch: int) -> None:
         if epoch > self.epoch_seen:

@@ -161,7 +161,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
     out = core.handle(Datagrams([(cmds, addr)]), sim.now)
     to_client = [decoding.decode_untrusted_frame(a.data)[0] for a in out if isinstance(a, Send) and a.addr == addr]
     assert to_client == [wire.FrameType.REDIRECT]  # no CMDACK yet: held, the owners have not acknowledged
-    assert core.held
+    assert core.replicator.held
     owners = [m for m in core.cmap.owners[core.own.partition(topic)] if m != "m0"]
     for peer in owners:  # the owners acknowledge our push
         lid = core.out[peer]
@@ -169,7 +169,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
         q = core.queues[peer]
         for seq in list(q.inflight):
             out = core.handle(LinkBytes(lid, encode([PeerType.PUSHACK, seq])), sim.now)
-    assert any(isinstance(a, Send) and a.addr == addr for a in out) and not core.held  # the CMDACK
+    assert any(isinstance(a, Send) and a.addr == addr for a in out) and not core.replicator.held  # the CMDACK
 
 
 def test_a_member_acknowledges_a_forwarded_pub_when_the_fwdack_comes_back():

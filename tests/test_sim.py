@@ -263,14 +263,14 @@ def test_anti_entropy_repairs_what_pushes_lost_over_real_digest_and_diff_frames(
             q.pending_subs = 0
             q.inflight.clear()
     assert m0.core.broker.digest != m1.core.broker.digest
-    before = m0.core.last_synced.get("m1", -1.0)
+    before = m0.core.replicator.last_synced.get("m1", -1.0)
     sim.heal()
     assert sim.run_until(2.1 + sim.cc.settings.anti_entropy_interval * 3)
     assert m0.core.broker.digest == m1.core.broker.digest
     # /clusterz and roost status tell when each peer was last synced with (here: a round after the heal)
-    assert m0.core.last_synced["m1"] > max(before, 2.1)
+    assert m0.core.replicator.last_synced["m1"] > max(before, 2.1)
     (seen,) = [m for m in m0.core.status()["members"] if m["id"] == "m1"]
-    assert seen["last_sync_s"] == round(m0.core.now - m0.core.last_synced["m1"], 3)
+    assert seen["last_sync_s"] == round(m0.core.now - m0.core.replicator.last_synced["m1"], 3)
     assert ("127.0.0.1", 9501) in m0.core.broker.clients and ("127.0.0.1", 9500) in m1.core.broker.clients
     assert any(event == "anti_entropy" for _, event, _ in sim.logs)
 
@@ -421,7 +421,7 @@ def test_our_side_of_a_repair_is_made_as_the_push_window_opens_not_in_one_turn()
     q.chunk = 10
     lid = core.out["m1"]
     assert lid is not None
-    core.digest_pending.add("m1")
+    core.replicator.digest_pending.add("m1")
     out = core.handle(LinkBytes(lid, encode([PeerType.DIFFEND, list(range(256))])), now)  # every bucket differs
     pushes = [a.data for a in out if isinstance(a, SendFrame) and a.data[5:6] == bytes([PeerType.PUSH])]
     assert len(pushes) == q.window and q.repair is not None and not q.pending
@@ -594,7 +594,7 @@ def test_a_member_that_left_and_joins_again_is_dialled_and_owns_again():
     # (dialled on while it may still be draining: leave_timeout + stop_timeout after a failed dial)
     assert m0 is not None and m0.out["j1"] is None and m0.redial_gone["j1"] > sim.now
     assert m0.next_dial["j1"] <= sim.now + m0.s.reconnect_interval
-    assert not m0.queues["j1"].pending and m0.next_digest["j1"] == float("inf")  # (nothing for it)
+    assert not m0.queues["j1"].pending and m0.replicator.next_digest["j1"] == float("inf")  # (nothing for it)
     again = m0.admin_request([PeerType.LEAVE, "j1"], None)
     assert again[0] and "has left" in again[1]
     sim.left.discard("j1")
