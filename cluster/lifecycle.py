@@ -154,7 +154,9 @@ class Lifecycle(MemberParts):
         if self.partitioned:
             # What we hold of partitions we do not own (our clients' registers, from the
             # snapshot) may never have reached the owners before we went down: hand it off.
-            self._hand_off({p for p, mine in enumerate(self.own.owned) if not mine}, None)
+            self.replicator.hand_off(
+                self.maps.new_owners({p for p, mine in enumerate(self.own.owned) if not mine}, None)
+            )
         self._out.append(ServeClients())
         self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
         self.replicator.ready(self.now)

@@ -86,7 +86,6 @@ from roost.cluster.links import Link, LinkTable
 from roost.cluster.liveness import Liveness
 from roost.cluster.membership import Membership
 from roost.cluster.memberstatus import MemberStatus
-from roost.cluster.partitioned import Partitioned
 from roost.cluster.partitionmap import PartitionMap
 from roost.cluster.peerwire import (
     ADMIN,
@@ -116,7 +115,7 @@ from roost.node.core import (
 _BEAT = encode([PeerType.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned, Joining):
+class MemberCore(Lifecycle, Joining):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -173,12 +172,15 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
         self.replicator = Replicator(member_id, s, self.peers, self.broker, self.lt, self.maps, self.membership,
-                                     self.pending, self._out)  # fmt: skip
+                                     self.pending, self._out, no_handoff="no-handoff" in self.cfg.breaks)  # fmt: skip
         self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
         self.forwarding = Forwarding(self.peers, s.max_forward_queue, s.max_frame // 2, self.broker, self.lt, self._out)
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
-        self._init_partitioned()  # forwarding, held CMDACKs (cluster/partitioned.py)
+        self.partitioned = s.mode == "partitioned"
+        if self.partitioned:
+            self.broker.set_ownership(self.own)
+            self._remap()
         self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
                                        self.roster, self.maps, self.replicator.last_synced)  # fmt: skip
 
@@ -349,6 +351,41 @@ class MemberCore(Lifecycle, Partitioned, Joining):
         self._leave_due()
         if self.phase == "stopping":
             self._drain()
+
+    # ------------------------------------------------------------ the map
+
+    def _remap(self) -> None:
+        """Compute the map of our current view (cluster/partitionmap.py); if its owners changed,
+        hand off (as the partitions' old owner, or as the home of clients with registers there,
+        so no change stays behind on a member that no longer owns it), route our forwards again,
+        tell the durable logs their owners, and run anti-entropy at once with the co-owners of
+        what we gained (a new secondary is filled from the primary within one round)."""
+        moved = self.maps.remap(self.now)
+        cmap = self.maps.cmap
+        assert cmap is not None
+        for peer, parts in self.pending.items():  # (a pending peer that now owns a partition gets it as owner)
+            parts.difference_update(p for p in list(parts) if p < cmap.partitions and peer in cmap.owners[p])
+        if moved is None:
+            return
+        old, gained = moved
+        if gained:  # (clients of a member down long enough expire in the partitions we now own too)
+            self.liveness.gained()
+        if old is None:
+            return
+        moved_parts = {p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}
+        self.replicator.hand_off(self.maps.new_owners(moved_parts, old))
+        for msgs in self.forwarding.to_route_again(cmap.live):
+            self._reroute(msgs)
+        self.durable.map_changed(old, self.now, self.ready)
+        if gained and self.ready:
+            for peer in self.peers:
+                if any(peer in cmap.owners[p] for p in gained):
+                    self.replicator.digest_soon(peer, self.now)
+
+    def _reroute(self, msgs: list[Any]) -> None:
+        """Our own forwards, routed again by the current map."""
+        if msgs:
+            self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
 
     # ------------------------------------------------------------ liveness
 

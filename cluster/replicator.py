@@ -46,8 +46,8 @@ from roost.node.core import BrokerCore
 
 class Replicator:
     def __init__(self, member_id: str, s: ClusterSettings, peers: list[str], broker: BrokerCore, links: LinkTable,
-                 maps: PartitionMap, membership: Membership, pending: dict[str, set[int]],
-                 actions: list[Any]) -> None:  # fmt: skip
+                 maps: PartitionMap, membership: Membership, pending: dict[str, set[int]], actions: list[Any],
+                 no_handoff: bool = False) -> None:  # fmt: skip
         self.id = member_id
         self.s = s
         self.partitioned = s.mode == "partitioned"
@@ -58,6 +58,7 @@ class Replicator:
         self.membership = membership
         self.pending = pending  # peer -> partitions it pulled from us: it gets their changes
         self._out = actions
+        self.no_handoff = no_handoff  # (sim/breaks.py "no-handoff": a build that hands off nothing)
         self.queues = {p: PeerQueue(s.max_peer_queue, s.chunk_subscriptions) for p in peers}
         self.next_digest = dict.fromkeys(peers, math.inf)
         self.digest_pending: set[str] = set()  # peers our DIGEST went to, its DIFFEND not yet back
@@ -143,6 +144,8 @@ class Replicator:
         """Each new owner gets what we hold of its new partitions (cluster/partitionmap.py
         ``new_owners``), queued as a lazy dump per peer, taken as its push window opens (never
         built in one turn: review finding #9); merging is idempotent."""
+        if self.no_handoff:
+            return
         for peer, mine in per.items():
             self.queues[peer].add_handoff(self.broker.dump(mine))
             self.pump(peer)
