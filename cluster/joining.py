@@ -142,11 +142,11 @@ class Joining(MemberParts):
         if self.phase != "ready":
             return
         if self.synced != latest:
-            if self.pull_peer is not None:  # (a pull runs: no other can start; the map is not cheap)
+            if self.life.pull_peer is not None:  # (a pull runs: no other can start; the map is not cheap)
                 return
             gains = self._gains()
             if gains:
-                if self.pull_peer is None:
+                if self.life.pull_peer is None:
                     self._start_gain_pull(gains)
                 return
             self.synced = latest
@@ -164,29 +164,16 @@ class Joining(MemberParts):
         return {p for p, o in enumerate(target.owners) if self.id in o and self.id not in now[p]} - self.pulled
 
     def _start_gain_pull(self, gains: set[int]) -> None:
-        """PULL the gains from every live peer that owns some of them now, one after another."""
-        cmap = self.maps.cmap
-        assert cmap is not None
-        owners = cmap.owners
-        self.pull_parts = gains
-        self.pull_base = self.committed
-        self.pull_order = [p for p in self.peers if p in cmap.live and any(p in owners[g] for g in gains)]
-        self.pull_ok = set()
-        # (the members each gain is pulled from; one with none live has nothing to pull)
-        self.pull_from = {g: set(owners[g]) & set(self.pull_order) for g in gains}
-        self._log("info", "pulling_gains", partitions=len(gains), peers=len(self.pull_order))
+        """PULL the gains from every live peer that owns some of them now (cluster/lifecycle.py)."""
+        self.life.pull_gains(gains, self.committed, self.peers)
         self._next_pull()
 
     def _gain_pull_finished(self) -> bool:
         """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
-        pulled again at the next heartbeat (cluster/liveness.py). Returns whether the roster is
-        to be checked again now (every gain pulled)."""
-        missed = {g for g in self.pull_parts if self.pull_from[g] and not self.pull_from[g] & self.pull_ok}
-        if self.pull_base == self.committed:  # (a commit since: those gains were another roster's; review)
-            self.pulled |= self.pull_parts - missed
-        self.pull_parts = set()
-        if missed:
-            self._log("warning", "gains_missed", partitions=len(missed))
+        pulled again at the next heartbeat (the member's _watch_peers). Returns whether the
+        roster is to be checked again now (every gain pulled)."""
+        got, missed = self.life.gains_pulled(self.committed)
+        self.pulled |= got
         return not missed
 
     def _commit(self, digest: int) -> None:
@@ -206,7 +193,7 @@ class Joining(MemberParts):
                 self.replicator.left(p)
                 self.departed.add(p)
                 self.pending.pop(p, None)
-        if self.pull_peer is not None and self._gone(self.pull_peer):
+        if self.life.pull_peer is not None and self._gone(self.life.pull_peer):
             self._pull_failed("left the cluster", close=False)
         if self.partitioned:
             self._remap()
@@ -329,7 +316,7 @@ class Joining(MemberParts):
         """Send the admin replies whose change is in a snapshot on disk."""
         waiting, self.admin_waiting = self.admin_waiting, []
         for version, lid, frame in waiting:
-            if version > self.persisted:
+            if version > self.life.persisted:
                 self.admin_waiting.append((version, lid, frame))
             elif lid is not None and lid in self.links:  # (an admin that gave up and went: nothing to tell)
                 self.links[lid].deadline = self.now + self.s.link_idle_timeout

@@ -61,6 +61,7 @@ from roost.cluster.events import (
     Datagrams,
     Dial,
     Event,
+    Exit,
     LinkBytes,
     LinkClosed,
     LinkOpened,
@@ -73,8 +74,10 @@ from roost.cluster.events import (
     LogsRead,
     LogWritten,
     PersistDone,
+    ReadSnapshot,
     SeenSaved,
     Send,
+    ServeClients,
     SnapshotRead,
     Start,
     Stop,
@@ -115,7 +118,7 @@ from roost.node.core import (
 _BEAT = encode([PeerType.BEAT])
 
 
-class MemberCore(Lifecycle, Joining):
+class MemberCore(Joining):
     def __init__(
         self,
         cc: ClusterConfig,
@@ -165,8 +168,6 @@ class MemberCore(Lifecycle, Joining):
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
         self.next_gc = now + s.tombstone_horizon / 10
-        self.next_snapshot = now + s.snapshot_interval
-        self._init_lifecycle()  # PULL and snapshot state (cluster/lifecycle.py)
         self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
         self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster, self._out)
         self.own = self.maps.own  # (the same object: which partitions we own)
@@ -175,6 +176,8 @@ class MemberCore(Lifecycle, Joining):
                                      self.pending, self._out, no_handoff="no-handoff" in self.cfg.breaks)  # fmt: skip
         self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
         self.forwarding = Forwarding(self.peers, s.max_forward_queue, s.max_frame // 2, self.broker, self.lt, self._out)
+        self.life = Lifecycle(member_id, s, wall_offset, now, self.broker, self.roster, self.lt, self.maps, self._out)
+        self.roster_changes = 0  # roster changes made or learnt here: a snapshot holds the roster too
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
         self.partitioned = s.mode == "partitioned"
@@ -234,7 +237,8 @@ class MemberCore(Lifecycle, Joining):
     def next_deadline(self) -> float:
         if self.phase in ("starting", "stopped"):
             return math.inf
-        d = min(self.next_heartbeat, self.next_membership, self.next_gc, self.next_snapshot, self.pull_deadline)
+        life = self.life
+        d = min(self.next_heartbeat, self.next_membership, self.next_gc, life.next_snapshot, life.pull_deadline)
         # (only deadlines _due acts on in this phase: any other would wake us for nothing, forever)
         dialling = self.phase in ("syncing", "ready")
         if dialling:
@@ -253,6 +257,16 @@ class MemberCore(Lifecycle, Joining):
     @property
     def ready(self) -> bool:
         return self.phase == "ready"
+
+    @property
+    def state_version(self) -> int:
+        """Grows with every change a snapshot holds: registers and the roster."""
+        return self.broker.changes + self.roster_changes
+
+    @property
+    def persisted(self) -> int:
+        """``state_version`` as of the last snapshot on disk (cluster/lifecycle.py)."""
+        return self.life.persisted
 
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``; cluster/memberstatus.py)."""
@@ -328,7 +342,7 @@ class MemberCore(Lifecycle, Joining):
         if now >= self.next_membership:
             self.next_membership = now + s.heartbeat_interval
             self._watch_peers(now)
-        if now >= self.pull_deadline:
+        if now >= self.life.pull_deadline:
             self._pull_failed("timeout", close=True)
         if self.ready:
             self.replicator.digests_due(now)
@@ -336,11 +350,12 @@ class MemberCore(Lifecycle, Joining):
             self.next_gc = now + s.tombstone_horizon / 10
             self._absorb(self.broker.collect_tombstones(now))
         # (an admin reply waits for its change on disk: written at once, unless the last write failed)
-        if now >= self.next_snapshot or (self.admin_waiting and not self.write_failed):
-            if now >= self.next_snapshot:
-                self.next_snapshot = now + s.snapshot_interval
-            if self.ready and self.writing is None and self.state_version != self.persisted:
-                self._write_snapshot()
+        life = self.life
+        if now >= life.next_snapshot or (self.admin_waiting and not life.write_failed):
+            if now >= life.next_snapshot:
+                life.next_snapshot = now + s.snapshot_interval
+            if self.ready and life.writing is None and self.state_version != life.persisted:
+                life.write(self.state_version, now)
         b = self.broker.next_deadline()
         if b is not None and b <= now:
             self._absorb(self.broker.tick(now))
@@ -351,6 +366,107 @@ class MemberCore(Lifecycle, Joining):
         self._leave_due()
         if self.phase == "stopping":
             self._drain()
+
+    # ------------------------------------------------------------ start, pull, snapshots, stop (cluster/lifecycle.py)
+
+    def _start(self) -> None:
+        if self.phase != "starting":
+            return
+        self.phase = "syncing"
+        self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
+                  members=len(self.roster.members()))  # fmt: skip
+        self._out.append(ReadSnapshot())
+        self.life.pull_order = order = list(self.peers)
+        self.rng.shuffle(order)
+        self._next_pull()
+
+    def _next_pull(self) -> None:
+        if self.life.next_pull(self.now):
+            self._pull_finished()
+
+    def _pull_failed(self, why: str, close: bool) -> None:
+        peer = self.life.pull_failed(why)
+        if peer is None:
+            return
+        lid = self.out[peer]
+        if close and lid is not None:
+            self._close(self.links[lid], "pull " + why)  # late DUMP frames must not arrive
+        self._next_pull()
+
+    def _pull_finished(self) -> None:
+        if self.life.pull_finished():
+            if self._gain_pull_finished():
+                self._check_roster()
+            return
+        self._maybe_ready()
+
+    def _on_snapshot(self, data: bytes | None, reason: str) -> None:
+        if self.life.snapshot_done:
+            return
+        got = self.life.snapshot_read(data, reason)
+        if got is not None:
+            written, chunks, roster = got
+            for entries in chunks:
+                self._absorb(self.broker.merge(entries, self.now))
+            if self.roster.merge(roster):
+                self._roster_changed()
+            age = self.now + self.wall_offset - written
+            self._log("info", "loaded_snapshot", subscriptions=self.broker.index.count, age_s=round(age, 1))
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        life = self.life
+        if self.phase != "syncing" or not (life.pull_done and life.snapshot_done):
+            return
+        if life.pulled_from is None and self.broker.index.count == 0:
+            self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")
+        self.phase = "ready"
+        if self.partitioned:
+            # What we hold of partitions we do not own (our clients' registers, from the
+            # snapshot) may never have reached the owners before we went down: hand it off.
+            theirs = {p for p, mine in enumerate(self.own.owned) if not mine}
+            self.replicator.hand_off(self.maps.new_owners(theirs, None))
+        self._out.append(ServeClients())
+        self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=life.pulled_from)
+        self.replicator.ready(self.now)
+
+    def _on_persisted(self, token: int, error: str | None) -> None:
+        ok = self.life.written(token, error)
+        if ok is None:
+            return
+        if ok:
+            self._reply_durable()
+        if self.phase == "stopping":
+            self.life.last_write(not ok, self.state_version, self.now)
+
+    def _stop(self) -> None:
+        if self.phase in ("stopping", "stopped"):
+            return
+        was_ready = self.ready
+        self.phase = "stopping"
+        for link in [x for x in self.links.values() if not x.outbound or not x.up]:
+            self._close(link, "stopping")
+        self.life.stopping(was_ready, self.state_version, self.now)
+
+    def _fatal(self, why: str) -> None:
+        """This member must not run: at start (it never served: nothing to write or hand over), or
+        a durable log failed on disk (cluster/durable.py: it stops as a crash would)."""
+        self._log("error", "cannot_run", reason=why)
+        self.phase = "stopped"  # (first: closing a link while syncing could make us ready and serve)
+        for link in list(self.links.values()):
+            self._close(link, "cannot run")
+        self._out.append(Exit(why))
+
+    def _drain(self) -> None:
+        """Stopping: close each dialled link whose pushes are all acknowledged;
+        exit once none is left and the last snapshot is done."""
+        for peer, lid in self.out.items():
+            if lid is not None and self.replicator.drained(peer) and not self.forwarding.queues[peer]:
+                self._close(self.links[lid], "stopping")
+        if self.life.final_done and not self.links:
+            self.phase = "stopped"
+            self._log("info", "node_stopped", subscriptions=self.broker.index.count)
+            self._out.append(Exit())
 
     # ------------------------------------------------------------ the map
 
@@ -398,7 +514,7 @@ class MemberCore(Lifecycle, Joining):
         self.membership.credit(stood, self.now)
         for link in self.links.values():
             link.deadline += stood
-        self.pull_deadline += stood
+        self.life.paused(stood)
         self.replicator.paused(stood)  # (PUSHACKs unread)
         self.durable.paused(self.now)
         if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
@@ -458,7 +574,7 @@ class MemberCore(Lifecycle, Joining):
         if self.was_up[peer] is not False:
             self._log("info", "link_down", peer=peer, reason=why)
         self.was_up[peer] = False
-        if self.pull_peer == peer:
+        if self.life.pull_peer == peer:
             self._pull_failed(why, close=False)
         if not link.up and self.maps.dial_failed(peer):
             self._remap()
@@ -531,8 +647,8 @@ class MemberCore(Lifecycle, Joining):
         self.told.add(peer)
         self.forwarding.pump(peer)
         self.replicator.link_up(peer, self.now)
-        if self.pull_peer == peer and not self.pull_sent:
-            self._send_pull()
+        if self.life.pull_peer == peer and not self.life.pull_sent:
+            self.life.send_pull()
 
     def _on_request(self, link: Link, f: list[Any]) -> None:
         """A frame on a link the peer dialled."""
@@ -641,20 +757,18 @@ class MemberCore(Lifecycle, Joining):
         elif kind == PeerType.DIFFEND and n == 2:
             _, buckets = f
             self.replicator.diffend(peer, buckets, self.now)
-        elif kind == PeerType.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
+        elif kind == PeerType.DUMP and n == 2 and self.life.pulling(peer):
             _, dumped = f
             entries = check_entries_untrusted(dumped)
             self._absorb(self.broker.merge(entries, self.now))
-            self.pull_count += sum(len(e[5]) for e in entries)
-        elif kind == PeerType.DUMPEND and n == 2 and self.pull_peer == peer and self.pull_sent:
+            self.life.dumped(entries)
+        elif kind == PeerType.DUMPEND and n == 2 and self.life.pulling(peer):
             _, sent = f
             if sent == -1:  # ("not ready")
                 self._pull_failed("peer is not ready itself", close=False)
             else:
-                self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
-                self.pulled_from = peer
+                self.life.pulled(peer)
                 self.replicator.synced(peer, self.now)
-                self.pull_ok.add(peer)
                 if self.partitioned:
                     self._next_pull()  # (each peer holds only its own partitions: ask them all)
                 else:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from roost.cluster.durable import DurableLogs
     from roost.cluster.events import Action
     from roost.cluster.forwarding import Forwarding
+    from roost.cluster.lifecycle import Lifecycle
     from roost.cluster.links import Link, LinkTable
     from roost.cluster.liveness import Liveness
     from roost.cluster.membership import Membership
@@ -57,19 +58,12 @@ class MemberParts:
         departed: set[str]
         redial_gone: dict[str, float]
         told: set[str]
-        pull_peer: str | None
-        pull_order: list[str]
-        pull_parts: set[int]
-        pull_base: int
-        pull_ok: set[str]
-        pull_from: dict[int, set[str]]
         committed: int
         pending: dict[str, set[int]]
         liveness: Liveness
-        persisted: int
-        pull_deadline: float
         cfg: NodeConfig
         roster_changes: int
+        life: Lifecycle
         admin_waiting: list[tuple[int, int | None, bytes]]
 
         @property

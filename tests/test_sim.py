@@ -315,17 +315,19 @@ def test_a_snapshot_counts_as_written_only_when_the_fsync_is_reported():
     assert sim.run_until(2.5)
     m = sim.members["m0"]
     core = m.core
-    assert core.ready and core.writing is None
+    assert core.ready and core.life.writing is None
     core.broker.changes += 1  # something new to write
-    t = core.next_snapshot
+    t = core.life.next_snapshot
     writes = [a for a in core.handle(Tick(), t) if a.__class__.__name__ == "WriteSnapshot"]
     assert len(writes) == 1 and core.persisted != core.broker.changes
     core.handle(PersistDone(writes[0].token, "disk full"), t)
-    assert core.persisted != writes[0].token and core.writing is None  # a failed write acknowledges nothing
+    assert core.persisted != writes[0].token and core.life.writing is None  # a failed write acknowledges nothing
     # In the simulator a crash between the write and its fsync loses the write:
     disk = m.disk
     core.broker.changes += 1
-    sim._perform(m, next(a for a in core.handle(Tick(), core.next_snapshot) if a.__class__.__name__ == "WriteSnapshot"))
+    sim._perform(
+        m, next(a for a in core.handle(Tick(), core.life.next_snapshot) if a.__class__.__name__ == "WriteSnapshot")
+    )
     sim.crash("m0")
     assert sim.run_until(sim.now + 0.1) and m.disk == disk
 
@@ -647,12 +649,12 @@ def test_a_gain_pull_that_ends_after_a_commit_counts_for_nothing():
     assert core is not None and core.ready and core.cmap is not None
     theirs = [p for p, o in enumerate(core.cmap.owners) if "m0" not in o]
     core._start_gain_pull(set(theirs))
-    core.pull_ok = set(core.peers)  # (every peer answered the whole PULL)
+    core.life.pull_ok = set(core.peers)  # (every peer answered the whole PULL)
     core._commit(core.committed ^ 1)  # (another roster committed while it ran)
     core._gain_pull_finished()  # (alone: what the member does next, a roster check, is not run)
     assert core.pulled == set()
     core._start_gain_pull(set(theirs))
-    core.pull_ok = set(core.peers)
+    core.life.pull_ok = set(core.peers)
     core._gain_pull_finished()
     assert core.pulled == set(theirs)
 
