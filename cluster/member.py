@@ -102,7 +102,7 @@ from roost.cluster.peerwire import (
     encode,
 )  # fmt: skip
 from roost.cluster.replicator import Replicator
-from roost.cluster.roster import Entry
+from roost.cluster.roster import Entry, Roster, RosterError
 from roost.node.core import (
     BrokerCore,
     Confirm,
@@ -118,7 +118,7 @@ from roost.node.core import (
 _BEAT = encode([PeerType.BEAT])
 
 
-class MemberCore(Joining):
+class MemberCore:
     def __init__(
         self,
         cc: ClusterConfig,
@@ -140,7 +140,7 @@ class MemberCore(Joining):
         self.secret = s.secret.encode()
         self.rng = rng
         self.wall_offset = wall_offset
-        self._init_roster(roster or [])  # (cluster/joining.py: the base config plus joins and leaves)
+        self.roster = Roster.of(cc.members, roster or [])  # (the base config plus joins and leaves)
         members = self.roster.members()
         known = self.roster.known()  # (members that left too: one still draining may dial us)
         self.peers = [m for m in known if m != member_id]
@@ -152,7 +152,7 @@ class MemberCore(Joining):
         # from a generator seeded by it: the keys are this member's alone, never the secret.
         self.broker = BrokerCore(
             self.cfg, rng, incarnation,
-            members=[[m, *a[0]] for m, a in members.items()], node_idx=self.node_index,
+            members=[[m, *a[0]] for m, a in members.items()], node_idx=self.roster.index_of(member_id),
             wall_offset=wall_offset, replicating=True, tombstone_horizon=s.tombstone_horizon,
         )  # fmt: skip
         self.membership = Membership(self.peers, s.suspect_after, s.down_after, now)
@@ -168,8 +168,11 @@ class MemberCore(Joining):
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
         self.next_gc = now + s.tombstone_horizon / 10
-        self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
         self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster, self._out)
+        self.joins = Joining(member_id, s, self.roster, self.member_ids, self.maps, self.membership, self.broker,
+                             self.lt, self._out)  # fmt: skip
+        self.pending = self.joins.pending  # (the same dict: peers pulling partitions from us)
+        self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
         self.replicator = Replicator(member_id, s, self.peers, self.broker, self.lt, self.maps, self.membership,
@@ -177,7 +180,6 @@ class MemberCore(Joining):
         self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
         self.forwarding = Forwarding(self.peers, s.max_forward_queue, s.max_frame // 2, self.broker, self.lt, self._out)
         self.life = Lifecycle(member_id, s, wall_offset, now, self.broker, self.roster, self.lt, self.maps, self._out)
-        self.roster_changes = 0  # roster changes made or learnt here: a snapshot holds the roster too
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
         self.partitioned = s.mode == "partitioned"
@@ -261,7 +263,12 @@ class MemberCore(Joining):
     @property
     def state_version(self) -> int:
         """Grows with every change a snapshot holds: registers and the roster."""
-        return self.broker.changes + self.roster_changes
+        return self.broker.changes + self.joins.roster_changes
+
+    @property
+    def leave_by(self) -> float:
+        """Our leave is committed: we stop by then at the latest (cluster/joining.py)."""
+        return self.joins.leave_by
 
     @property
     def persisted(self) -> int:
@@ -270,8 +277,8 @@ class MemberCore(Joining):
 
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``; cluster/memberstatus.py)."""
-        left = {p for p in self.peers if self._gone(p)}
-        return self.statusview.status(self.phase, self.now, self.committed, left)
+        left = {p for p in self.peers if self.maps.gone(p)}
+        return self.statusview.status(self.phase, self.now, self.joins.committed, left)
 
     @property
     def cmap(self) -> ClusterMap | None:
@@ -284,8 +291,9 @@ class MemberCore(Joining):
         self._out.append(Log(level, event, fields))
 
     def _beat(self) -> bytes:
-        return encode([PeerType.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing", self.broker.index.count,
-                       self.broker.status()["clients"], self.own.epoch, self.synced, self.committed])  # fmt: skip
+        state = "ready" if self.phase != "syncing" else "syncing"
+        return encode([PeerType.HEARTBEAT, state, self.broker.index.count, self.broker.status()["clients"],
+                       self.own.epoch, self.joins.synced, self.joins.committed])  # fmt: skip
 
     def _drained(self, lid: int) -> bool:
         """May a dump stream send more on this link? (backpressure: cluster/links.py)"""
@@ -351,7 +359,7 @@ class MemberCore(Joining):
             self._absorb(self.broker.collect_tombstones(now))
         # (an admin reply waits for its change on disk: written at once, unless the last write failed)
         life = self.life
-        if now >= life.next_snapshot or (self.admin_waiting and not life.write_failed):
+        if now >= life.next_snapshot or (self.joins.admin_waiting and not life.write_failed):
             if now >= life.next_snapshot:
                 life.next_snapshot = now + s.snapshot_interval
             if self.ready and life.writing is None and self.state_version != life.persisted:
@@ -363,7 +371,8 @@ class MemberCore(Joining):
             self.lt.frame(lid, data)
         self.replicator.release_held(now)
         self.durable.due(now, self.ready)
-        self._leave_due()
+        if self.joins.leave_due(self.phase, now, self.peer_addr[self.id]):
+            self._stop()
         if self.phase == "stopping":
             self._drain()
 
@@ -468,6 +477,103 @@ class MemberCore(Joining):
             self._log("info", "node_stopped", subscriptions=self.broker.index.count)
             self._out.append(Exit())
 
+    # ------------------------------------------------------------ joins and leaves (cluster/joining.py)
+
+    def _add_peer(self, peer: str, addr: tuple[str, int]) -> None:
+        """A member we did not know (a join; or one that left before we heard of it): every
+        per-peer structure, and a dial at once (none to one that left).
+        It counts live only once it reports ``ready`` (it may still be pulling)."""
+        self.peers.append(peer)
+        self.member_ids.add(peer)
+        self.peer_addr[peer] = addr
+        self.membership.add(peer, self.now)
+        self.replicator.add_peer(peer)
+        self.forwarding.add_peer(peer)
+        self.out[peer] = None
+        self.was_up[peer] = None
+        if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
+            self.next_dial[peer] = math.inf
+        else:
+            self.next_dial[peer] = self.now
+            self.unreached.add(peer)
+
+    def _rejoined(self, m: str, peer_addr: tuple[str, int]) -> None:
+        """A member that left joined again, maybe at new addresses: dial it (at those), and
+        push and repair again."""
+        if self.peer_addr[m] != peer_addr:
+            self.peer_addr[m] = peer_addr
+            lid = self.out[m]
+            if lid is not None:
+                self._close(self.links[lid], "joined again at another address")
+        if self.out[m] is None and self.next_dial[m] == math.inf:
+            self.next_dial[m] = self.now
+            self.unreached.add(m)
+        self.replicator.rejoined(m, self.now)  # (its queue was cleared when it left)
+
+    def _roster_changed(self) -> None:
+        """The latest roster changed (proposed here, or a peer's): learn new members, tell
+        every peer, and work toward committing it."""
+        for m, peer_addr, new in self.joins.changed():
+            if new:
+                self._add_peer(m, peer_addr)
+            else:
+                self._rejoined(m, peer_addr)
+        self.joins.announce()
+        self._check_roster()
+
+    def _check_roster(self) -> None:
+        """Pull our gains for the latest roster, report it synced, commit it when all are."""
+        todo = self.joins.check(self.phase, self.life.pull_peer is not None)
+        if todo is None:
+            return
+        if todo[0] == "pull":
+            self._start_gain_pull(todo[1])
+        else:
+            self._commit(todo[1])
+
+    def _start_gain_pull(self, gains: set[int]) -> None:
+        """PULL the gains from every live peer that owns some of them now (cluster/lifecycle.py)."""
+        self.life.pull_gains(gains, self.joins.committed, self.peers)
+        self._next_pull()
+
+    def _gain_pull_finished(self) -> bool:
+        """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
+        pulled again at the next heartbeat (_watch_peers). Returns whether the roster is to be
+        checked again now (every gain pulled)."""
+        got, missed = self.life.gains_pulled(self.joins.committed)
+        self.joins.pulled |= got
+        return not missed
+
+    def _commit(self, digest: int) -> None:
+        """The map moves to the roster ``digest``."""
+        for p in self.joins.commit(digest, self.peers):
+            self.replicator.left(p)
+        pulling = self.life.pull_peer
+        if pulling is not None and self.maps.gone(pulling):
+            self._pull_failed("left the cluster", close=False)
+        if self.partitioned:
+            self._remap()
+
+    def admin_request(self, f: list[Any], lid: int | None) -> tuple[bool, str, int]:
+        """Carry out an admin JOIN or LEAVE frame; the reply goes on link ``lid`` (None: the
+        simulator's admin, which watches ``persisted``). Returns (done, message, the state
+        version that must be on disk before the reply goes out)."""
+        try:
+            message, changed = self.joins.admin(f, self.phase)
+            if changed:
+                self._roster_changed()
+        except RosterError as exc:
+            self.joins.refused(f[0], str(exc), lid)
+            return False, str(exc), 0
+        version = self.state_version
+        self.joins.accepted(f[0], message, version, lid)
+        self._reply_durable()
+        return True, message, version
+
+    def _reply_durable(self) -> None:
+        """Send the admin replies whose change is in a snapshot on disk."""
+        self.joins.reply_durable(self.life.persisted, self.now)
+
     # ------------------------------------------------------------ the map
 
     def _remap(self) -> None:
@@ -534,9 +640,10 @@ class MemberCore(Joining):
                 self.pending.pop(peer, None)
         if changes and self.partitioned:
             self._remap()
-        if self.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
+        if self.joins.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
             self._check_roster()
-        if self.ready and not self._gone(self.id):  # (leaving, we may not hear the members that stopped dialling us)
+        # (leaving, we may not hear the members that stopped dialling us)
+        if self.ready and not self.maps.gone(self.id):
             for actions in self.liveness.expire_lost_homes(now):
                 self._absorb(actions)
 
@@ -567,8 +674,8 @@ class MemberCore(Joining):
         # the cluster only through the heartbeats of the links we dial: review, 2026-11-24, a
         # leaver cut off once went deaf for good); then, out of reach, it has stopped.
         self.next_dial[peer] = self.now + self.s.reconnect_interval
-        if self._gone(peer) and not link.up:
-            until = self.redial_gone.setdefault(peer, self.now + self.s.leave_timeout + self.s.stop_timeout)
+        if self.maps.gone(peer) and not link.up:
+            until = self.joins.redial_gone.setdefault(peer, self.now + self.s.leave_timeout + self.s.stop_timeout)
             if self.now >= until:
                 self.next_dial[peer] = math.inf
         if self.was_up[peer] is not False:
@@ -630,8 +737,8 @@ class MemberCore(Joining):
         link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
         if not link.outbound:
             link.deadline = self.now + self.s.link_idle_timeout
-            if link.peer is not None and self._gone(link.peer):
-                self._send_roster(link)  # (a member that left without hearing it: it learns here)
+            if link.peer is not None and self.maps.gone(link.peer):
+                self.joins.send_roster(link.id)  # (a member that left without hearing it: it learns here)
                 if self.out[link.peer] is None and self.phase == "ready":
                     # It drains and dials us: dial it back, so that it hears our heartbeats (who is
                     # alive, our map) even when we restarted since its leave (simulator seed 9384).
@@ -643,8 +750,8 @@ class MemberCore(Joining):
         self._log("info", "link_up", peer=peer)
         self.was_up[peer] = True
         self.lt.frame(link.id, self._beat())
-        self._send_roster(link)
-        self.told.add(peer)
+        self.joins.send_roster(link.id)
+        self.joins.told.add(peer)
         self.forwarding.pump(peer)
         self.replicator.link_up(peer, self.now)
         if self.life.pull_peer == peer and not self.life.pull_sent:
@@ -653,7 +760,7 @@ class MemberCore(Joining):
     def _on_request(self, link: Link, f: list[Any]) -> None:
         """A frame on a link the peer dialled."""
         if link.peer == ADMIN:
-            self._on_admin(link, f)
+            self.admin_request(f, link.id)  # (roost cluster join/leave, authenticated like a peer)
             return
         kind, n = f[0], len(f)
         if kind == PeerType.PUSH and n == 3:
@@ -682,11 +789,12 @@ class MemberCore(Joining):
                 self.unreached.discard(link.peer)
                 if ch or reported != state:
                     self._remap()
-            if (ch or reported != state or was_synced != synced) and self.committed != self.roster.digest():
+            if (ch or reported != state or was_synced != synced) and self.joins.committed != self.roster.digest():
                 self._check_roster()
         elif kind == PeerType.ROSTER and n == 2:
             _, roster = f
-            self._on_roster_frame(roster)
+            if self.joins.roster_frame(roster):
+                self._roster_changed()
         elif kind == PeerType.FORWARD and n == 3:
             _, fid, msgs = f
             actions, ack = self.forwarding.received(link.id, fid, msgs, self.now)
@@ -713,7 +821,7 @@ class MemberCore(Joining):
                     _, wanted = f
                     parts = check_partitions_untrusted(wanted, len(self.broker.digest))
                 if parts is not None:
-                    self._note_pull(peer, parts)
+                    self.joins.note_pull(peer, parts)
                 dump = self.broker.dump(parts, home=peer if parts is not None else None)
                 self._streams.start(link.id, PeerType.DUMP, dump, end)
         elif kind == PeerType.DIGEST and n == 2:
@@ -739,7 +847,8 @@ class MemberCore(Joining):
             pass  # (_heard did what it is for)
         elif kind == PeerType.ROSTER and n == 2:
             _, roster = f
-            self._on_roster_frame(roster)  # (we left: a member that no longer dials us says so)
+            if self.joins.roster_frame(roster):  # (we left: a member that no longer dials us says so)
+                self._roster_changed()
         elif kind == PeerType.PUSHACK and n == 2:
             _, seq = f
             self.replicator.acked(peer, seq)

@@ -594,7 +594,7 @@ def test_a_member_that_left_and_joins_again_is_dialled_and_owns_again():
     assert sim.members["j1"].core is None and "j1" in sim.left  # (it delivered, and stopped)
     m0 = sim.members["m0"].core
     # (dialled on while it may still be draining: leave_timeout + stop_timeout after a failed dial)
-    assert m0 is not None and m0.out["j1"] is None and m0.redial_gone["j1"] > sim.now
+    assert m0 is not None and m0.out["j1"] is None and m0.joins.redial_gone["j1"] > sim.now
     assert m0.next_dial["j1"] <= sim.now + m0.s.reconnect_interval
     assert not m0.queues["j1"].pending and m0.replicator.next_digest["j1"] == float("inf")  # (nothing for it)
     again = m0.admin_request([PeerType.LEAVE, "j1"], None)
@@ -650,13 +650,13 @@ def test_a_gain_pull_that_ends_after_a_commit_counts_for_nothing():
     theirs = [p for p, o in enumerate(core.cmap.owners) if "m0" not in o]
     core._start_gain_pull(set(theirs))
     core.life.pull_ok = set(core.peers)  # (every peer answered the whole PULL)
-    core._commit(core.committed ^ 1)  # (another roster committed while it ran)
+    core._commit(core.joins.committed ^ 1)  # (another roster committed while it ran)
     core._gain_pull_finished()  # (alone: what the member does next, a roster check, is not run)
-    assert core.pulled == set()
+    assert core.joins.pulled == set()
     core._start_gain_pull(set(theirs))
     core.life.pull_ok = set(core.peers)
     core._gain_pull_finished()
-    assert core.pulled == set(theirs)
+    assert core.joins.pulled == set(theirs)
 
 
 def test_a_leave_does_not_wait_leave_timeout_because_a_member_is_down():
