@@ -20,7 +20,7 @@ leadership moves):
 3. A member that holds all it owns in the target map reports the latest roster's digest as
    *synced* in its heartbeats. When it and every live, ready peer report the latest digest, it
    commits: the map is computed from the latest roster (a new epoch; hand-off to new owners as on
-   any map change, cluster/partitioned.py).
+   any map change, the member's _remap).
 4. A member whose own leave is committed owns nothing; it keeps delivering what its mailboxes
    hold, and stops once they are empty (or ``leave_timeout`` passed) and its queues drained.
    Members send a member whose leave is committed no more pushes; they keep their link to it

@@ -41,6 +41,28 @@ Phases of the member::
 Each link has its own phase (cluster/links.py). Randomness (PULL order,
 handshake nonces) comes from the ``rng`` argument and time from ``now``: the
 simulator (sim/simulation.py) runs a whole cluster of these, seeded.
+
+Composition
+-----------
+MemberCore is a router: it owns the phase, the timers and the links' events, and hands each
+event to the component that owns the state it concerns, gathering their actions on one shared
+list (``_out``, returned by ``handle``). Each component is a plain class with its own state; it
+gets the shared small objects it needs (the action list, the link table, the roster, the map,
+the broker core, settings) when it is made and never calls the member: what the member must do
+next comes back as a return value.
+
+* ``lt``: cluster/links.py LinkTable, every link and our dialled link per peer; frames out.
+* ``maps``: cluster/partitionmap.py PartitionMap, our live view, the map, its epochs.
+* ``joins``: cluster/joining.py Joining, the roster committed and synced, leaves, admin requests.
+* ``replicator``: cluster/replicator.py Replicator, push queues, who gets a change, hand-off,
+  anti-entropy rounds, held CMDACKs.
+* ``forwarding``: cluster/forwarding.py Forwarding, FORWARD/FWDACK queues and RELAY.
+* ``life``: cluster/lifecycle.py Lifecycle, the PULL in progress and the snapshots.
+* ``liveness``: cluster/liveness.py Liveness, the clients of members down for good.
+* ``durable``: cluster/durable.py DurableLogs, the partition logs (Trace actions with cfg.trace).
+* ``statusview``: cluster/memberstatus.py MemberStatus, what ``roost status`` shows.
+* ``membership`` (cluster/membership.py, the failure detector) and ``_streams``
+  (cluster/dumps.py, DUMP/DIFF answers in progress) as before.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ BREAKS: dict[str, Callable[[], None] | None] = {
     "no-dedup": _break_dedup,
     "no-tombstones": _break_tombstones,
     "no-restream": _break_restream,
-    "no-handoff": None,  # (partitioned mode: cluster/partitioned.py)
+    "no-handoff": None,  # (partitioned mode: cluster/replicator.py hand_off)
     "no-void": _break_void,  # (partitioned mode)
     "early-ack": _break_early_ack,  # (partitioned mode: durable)
     "no-fsync": _break_no_fsync,  # (partitioned mode: durable)
