@@ -1,10 +1,10 @@
-"""A member's durable partition logs: which it keeps, what it says to the other owners (mixin, sans-IO).
+"""A member's durable partition logs: which it keeps, what it says to the other owners (sans-IO).
 
 Theory of operation (docs/durable.md)
 -------------------------------------
 Each partition with durable messages has a log on its owners in the cluster
 map; cluster/partitionlog.py is one owner's view of one log, and this mixin
-keeps those views (``plogs``) for the member:
+keeps those views (``plogs``) for the member, as one of its components:
 
 * Start-up: the runner opens every log in the data dir (torn tails cut) and
   feeds their records as ``LogsRead`` before ``Start``; only then does this
@@ -22,15 +22,25 @@ keeps those views (``plogs``) for the member:
 * Disk work leaves as the log's actions (``Append``, ``Truncate``,
   ``ResetLog``, ``ReadLog``), for the runner to do in order, off the event
   loop; ``LogWritten`` and ``LogRecords`` bring the results back.
-* A committed put or cursor comes back as its token: ``durable_committed``
+* A committed put or cursor comes back as its token: ``committed``
   collects them for whoever made the request.
+* With ``cfg.trace`` (the simulator's), what the checker must know and no other
+  action shows comes out as ``Trace`` actions: every record a leader commits
+  (``committed``), every leader's start (``took_over``), every cursor a leader
+  reads a GET from (``cursor_served``) and the records it answers with
+  (``records_served``).
+
+The member routes to :class:`DurableLogs` the runner's log events, the peers'
+LOGFETCH and LOGDATA frames and the broker core's durable requests, each with
+the time (``now``) and whether the member is ready; the links, the map holder
+and the action list are shared with the member.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -44,11 +54,14 @@ from roost.client.durablewire import (
     encode_putack,
     encode_records,
 )
+from roost.cluster.config import ClusterSettings
 from roost.cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved, Send
-from roost.cluster.memberparts import MemberParts
+from roost.cluster.links import LinkTable
 from roost.cluster.partitionlog import (
+    EPOCH,
     LEADING,
     MESSAGE,
+    Append,
     Committed,
     LogFormatError,
     LogSettings,
@@ -58,6 +71,7 @@ from roost.cluster.partitionlog import (
     Reload,
     Retain,
 )
+from roost.cluster.partitionmap import PartitionMap
 from roost.cluster.peerwire import (
     PeerProtocolError,
     PeerType,
@@ -65,11 +79,10 @@ from roost.cluster.peerwire import (
     check_logfetch_untrusted,
     encode,
 )
-from roost.node.actions import DurableCommit, DurableGet, DurablePut
+from roost.node.actions import DurableCommit, DurableGet, DurablePut, Log, Trace
+from roost.node.config import NodeConfig
+from roost.node.core import BrokerCore
 from roost.node.segmentlog import Record
-
-if TYPE_CHECKING:
-    from roost.cluster.links import Link
 
 
 class PutToken(NamedTuple):
@@ -96,38 +109,53 @@ def cursor_key(name: str, topic: str) -> str:
     return f"{name}\0{topic}"
 
 
-class Durable(MemberParts):
-    def _init_durable(self) -> None:
+class DurableLogs:
+    def __init__(self, member_id: str, s: ClusterSettings, cfg: NodeConfig, wall_offset: float, now: float,
+                 broker: BrokerCore, links: LinkTable, maps: PartitionMap, actions: list[Any]) -> None:  # fmt: skip
+        self.id = member_id
+        self.s = s
+        self.partitioned = s.mode == "partitioned"
+        self.trace = cfg.trace
+        self.wall_offset = wall_offset
+        self.broker = broker  # (its redirect frame: where a client goes whose partition we do not lead)
+        self.links = links
+        self.maps = maps
+        self._out = actions
+        self.now = now  # (the time of the event being handled: every entry point sets it)
+        self.ready = False  # (the member is ready: every entry point that depends on it sets it)
         self.plogs: dict[int, PartitionLog] = {}
-        self.log_settings = LogSettings.of(self.s)
-        self.next_retention = self.now + self.log_settings.retention_check_interval
+        self.log_settings = LogSettings.of(s)
+        self.next_retention = now + self.log_settings.retention_check_interval
         self.logs_ready = False  # LogsRead came: durable requests are taken
-        self.durable_committed: list[Any] = []  # tokens of puts and cursor commits now durable
+        self.committed: list[Any] = []  # tokens of puts and cursor commits now durable
         self.log_requests: dict[str, int] = {}  # peer -> the link its last LOGFETCH came on
         # The earliest deadline of any log, kept between events: a log's deadline changes only through
         # its own calls, every one of which ends in ``_run_log`` (which marks it stale). Asked
         # before and after every event of the member, it cost a call per active log each time.
         self._logs_due, self._logs_due_stale = math.inf, True
 
-    def _on_log_event(
-        self, ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved
-    ) -> None:
+    def on_log_event(
+        self,
+        ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved,
+        now: float,
+        ready: bool,
+    ) -> str | None:
         """The runner's answers: a write, a read, a retention done; the logs read at start-up.
 
         A failed disk action stops the member (Kafka halts a broker whose only log directory
         fails): the log's records on disk are no longer those its core counts as durable, and
         serving on would acknowledge puts or answer claims from memory. Its partitions fail over
-        to the other owners; restarted, it reads its logs again (a torn tail is cut) and catches up."""
+        to the other owners; restarted, it reads its logs again (a torn tail is cut) and catches up.
+        Returns why the member must stop (None: it runs on)."""
+        self.now, self.ready = now, ready
         if isinstance(ev, LogsRead):
-            self._on_logs_read(ev)
-            return
+            return self._on_logs_read(ev)
         if isinstance(ev, LogFailed):
-            self._fatal(f"partition {ev.partition}: its durable log failed on disk ({ev.reason});"
-                        " restart the member to read it again")  # fmt: skip
-            return
+            return (f"partition {ev.partition}: its durable log failed on disk ({ev.reason});"
+                    " restart the member to read it again")  # fmt: skip
         log = self.plogs.get(ev.partition)
         if log is None:
-            return
+            return None
         if isinstance(ev, LogWritten):
             self._run_log(log.appended(ev.durable, self.now))
         elif isinstance(ev, LogRecords):
@@ -139,22 +167,24 @@ class Durable(MemberParts):
         else:
             log.retained(ev.start)
             self._run_log(log.refresh_cursors(ev.wanted, self._wall_ms()))
+        return None
 
-    def _on_logs_read(self, ev: LogsRead) -> None:
+    def _on_logs_read(self, ev: LogsRead) -> str | None:
         if not self.partitioned or self.logs_ready:
-            return
+            return None
         if ev.error:
-            self._fatal(f"a durable log cannot be opened: {ev.error}")
-            return
+            return f"a durable log cannot be opened: {ev.error}"
         for p, scan in ev.logs.items():
             if 0 <= p < self.s.partitions:
                 self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
                 self.plogs[p].recovered(scan)
         self.logs_ready = True
         self._logs_due_stale = True
-        self._log("info", "logs_read", partitions=len(ev.logs), records=sum(s.records for s in ev.logs.values()))
+        self._out.append(Log("info", "logs_read", {"partitions": len(ev.logs),
+                             "records": sum(s.records for s in ev.logs.values())}))  # fmt: skip
         for p, log in self.plogs.items():
             self._assign_log(p, log, None)
+        return None
 
     def _log_for(self, p: int) -> PartitionLog:
         """The log of partition ``p``, made active (with an empty log) if it was not."""
@@ -166,7 +196,7 @@ class Durable(MemberParts):
         return log
 
     def _assign_log(self, p: int, log: PartitionLog, old: Any) -> None:
-        cmap = self.cmap
+        cmap = self.maps.cmap
         if cmap is None:
             return
         owners = list(cmap.owners[p])
@@ -178,14 +208,17 @@ class Durable(MemberParts):
         alone = cmap.replicas == 1 or len(cmap.members) == 1
         self._run_log(log.assign(owners, before, cmap.epoch, self.now, alone))
 
-    def _durable_map(self, old: Any) -> None:
+    def map_changed(self, old: Any, now: float, ready: bool) -> None:
         """The map changed: every active log learns its owners."""
+        self.now, self.ready = now, ready
         if self.logs_ready:
             for p, log in self.plogs.items():
                 self._assign_log(p, log, old)
 
     def _run_log(self, actions: list[Any]) -> None:
         self._logs_due_stale = True
+        if self.trace:
+            self._trace_log(actions)
         for a in actions:
             cls = a.__class__
             if cls is PeerFrame:
@@ -197,44 +230,67 @@ class Durable(MemberParts):
                     elif t.__class__ is CursorToken:
                         self._out.append(Send(t.addr, encode_committed(t.name, t.partition, t.offset, 0)))
                     else:
-                        self.durable_committed.append(t)
+                        self.committed.append(t)
             elif cls is ReadDone:
                 if a.token[0] == "seek":  # (the offset of a time older than the cache: now the GET)
                     get, log = a.token[1], self.plogs[a.token[1].partition]
                     at = a.records[0].offset if a.records else log.commit
-                    self._on_durable_get(get._replace(start=START_OFFSET, start_at=at))
+                    self._on_get(get._replace(start=START_OFFSET, start_at=at))
                 else:
                     self._answer_get(a.token, a.records)
             elif cls is Reload:  # (a cut below the cache: rare, and worth a line; the runner does it)
-                self._log("warning", "log_reload", partition=a.partition, to=a.to)
+                self._out.append(Log("warning", "log_reload", {"partition": a.partition, "to": a.to}))
                 self._out.append(a)
             else:  # (Append, Truncate, ResetLog, ReadLog: the runner's)
                 self._out.append(a)
 
+    def _trace_log(self, actions: list[Any]) -> None:
+        """The simulator's checker (sim/durablecheck.py) hears every record a leader commits, with the
+        members holding it on disk then (the leader and the followers whose fetches passed it), and
+        every leader's start, seen as the Append of its EPOCH record, with its view of the live
+        members and its log's epochs."""
+        for a in actions:
+            cls = a.__class__
+            if cls is Committed and a.records:
+                holders = {self.id, *self.plogs[a.partition].followers}
+                self._out.append(Trace("committed", {"partition": a.partition, "records": a.records,
+                                                     "holders": holders}))  # fmt: skip
+            elif cls is Append and len(a.records) == 1:
+                log = self.plogs.get(a.partition)
+                if log is not None and log.role == LEADING and log.end == a.records[0].offset + 1:
+                    b = msgpack.unpackb(a.records[0].body, raw=False)
+                    cmap = self.maps.cmap
+                    if b[1] == EPOCH and b[0] == log.epoch and cmap is not None:
+                        self._out.append(Trace("took_over", {"partition": a.partition, "member": self.id,
+                                                             "epoch": log.epoch, "live": cmap.live,
+                                                             "lineage": _lineage(log)}))  # fmt: skip
+
     def _log_frame(self, a: PeerFrame) -> None:
         f = a.frame
         if f[0] == "FETCH":
-            lid = self.out.get(a.member)
-            if lid is not None and self.links[lid].up:
-                self._frame(lid, encode([PeerType.LOGFETCH, *f[1:]]))
+            lid = self.links.up(a.member)
+            if lid is not None:
+                self.links.frame(lid, encode([PeerType.LOGFETCH, *f[1:]]))
         else:
             lid = self.log_requests.get(a.member)
-            link = self.links.get(lid) if lid is not None else None
+            link = self.links.links.get(lid) if lid is not None else None
             if link is not None and link.up and not link.outbound:
-                self._frame(link.id, encode([PeerType.LOGDATA, *f[1:]]))
+                self.links.frame(link.id, encode([PeerType.LOGDATA, *f[1:]]))
 
     # ------------------------------------------------------------ peer frames
 
-    def _on_logfetch(self, link: Link, f: list[Any]) -> None:
+    def on_logfetch(self, peer: str, lid: int, f: list[Any], now: float, ready: bool) -> None:
+        """A peer's LOGFETCH on the link ``lid`` it dialled (the answer goes back there)."""
+        self.now, self.ready = now, ready
         p, epoch, end, last_epoch, claim = check_logfetch_untrusted(f, self.s.partitions)
-        peer = link.peer
-        assert peer is not None
-        self.log_requests[peer] = link.id
-        if not self.logs_ready or not self.ready:
+        self.log_requests[peer] = lid
+        if not self.logs_ready or not ready:
             return  # (it asks again)
         self._run_log(self._log_for(p).on_fetch(peer, epoch, end, last_epoch, claim, self.now))
 
-    def _on_logdata(self, peer: str, f: list[Any]) -> None:
+    def on_logdata(self, peer: str, f: list[Any], now: float, ready: bool) -> None:
+        """A peer's LOGDATA: the answer to our LOGFETCH."""
+        self.now, self.ready = now, ready
         p, epoch, status, start, end, last_epoch, commit, truncate, reset, recs, asked = check_logdata_untrusted(
             f, self.s.partitions
         )
@@ -252,35 +308,57 @@ class Durable(MemberParts):
 
     # ------------------------------------------------------------ requests and time
 
-    def durable_put(self, p: int, msgs: list[list[Any]], pid: bytes, first: int, floor: int,
-                    token: Callable[[int], Any], wall_ms: int) -> int:  # fmt: skip
+    def put(self, p: int, msgs: list[list[Any]], pid: bytes, first: int, floor: int,
+            token: Callable[[int], Any], wall_ms: int, now: float, ready: bool) -> int:  # fmt: skip
         """A durable publish to partition ``p``; its status (cluster/partitionlog.py ``put``).
-        ``token(last sequence taken)`` is in ``durable_committed`` once that much is committed."""
-        if not self.logs_ready or not self.ready:
+        ``token(last sequence taken)`` is in ``committed`` once that much is committed."""
+        self.now, self.ready = now, ready
+        if not self.logs_ready or not ready:
             return 1
         status, actions = self._log_for(p).put(msgs, pid, first, floor, token, wall_ms)
         self._run_log(actions)
         return status
 
-    def _on_durable_put(self, a: DurablePut) -> None:
+    def on_put(self, a: DurablePut, now: float, ready: bool) -> None:
         """A client's PUT: acknowledged (PUTACK) once committed, or at once with why not."""
-        status = self.durable_put(a.partition, a.msgs, a.pid, a.first, a.floor,
-                                  lambda last: PutToken(a.addr, a.pid, a.partition, last), self._wall_ms())  # fmt: skip
+        self.now = now
+        status = self.put(a.partition, a.msgs, a.pid, a.first, a.floor, lambda last: PutToken(a.addr, a.pid,
+                          a.partition, last), self._wall_ms(), now, ready)  # fmt: skip
         if status:
             self._out.append(Send(a.addr, encode_putack(a.pid, a.partition, 0, status)))
-            if status == PUT_NOT_LEADER and self.broker.redirect_frame is not None:
-                self._out.append(Send(a.addr, self.broker.redirect_frame))  # (our map: where it leads)
+            redirect = self.broker.redirect_frame
+            if status == PUT_NOT_LEADER and redirect is not None:
+                self._out.append(Send(a.addr, redirect))  # (our map: where it leads)
 
     def _leading(self, p: int, addr: tuple[str, int]) -> PartitionLog | None:
         """The log of ``p`` if we lead it; else None, and the client hears where to go."""
         log = self._log_for(p) if self.logs_ready and self.ready else None
         if log is not None and log.role == LEADING:
             return log
-        if self.broker.redirect_frame is not None:
-            self._out.append(Send(addr, self.broker.redirect_frame))
+        redirect = self.broker.redirect_frame
+        if redirect is not None:
+            self._out.append(Send(addr, redirect))
         return None
 
-    def _on_durable_get(self, a: DurableGet) -> None:
+    def on_get(self, a: DurableGet, now: float, ready: bool) -> None:
+        """A client's GET (see ``_serve_get``)."""
+        self.now, self.ready = now, ready
+        self._on_get(a)
+
+    def _on_get(self, a: DurableGet) -> None:
+        self._serve_get(a)
+        if self.trace:  # (the cursor a leader read it from, for the simulator's checker)
+            log = self.plogs.get(a.partition)
+            # (a leader whose read lease ran out refuses the GET: it served no cursor; seed 20)
+            if log is not None and log.role == LEADING and log.readable(self.now):
+                key = cursor_key(a.name, a.topic)
+                v = log.state.cursors.get((a.did, key))
+                if v is not None:
+                    self._out.append(Trace("cursor_served", {"partition": a.partition, "did": a.did, "key": key,
+                                                             "cursor": v, "member": self.id,
+                                                             "lineage": _lineage(log)}))  # fmt: skip
+
+    def _serve_get(self, a: DurableGet) -> None:
         """A GET: committed records of the topic from the subscription's cursor (made at ``start``
         if it does not exist yet). Records of the partition's other topics are skipped."""
         log = self._leading(a.partition, a.addr)
@@ -330,9 +408,13 @@ class Durable(MemberParts):
             if b[1] == MESSAGE and b[2] == topic:
                 out.append([r.offset, r.time_ms, b[2], b[3], b[4], b[5]])
         self._out.append(Send(addr, encode_records(name, p, cursor, scanned, 0, out, log.start, log.commit)))
+        if self.trace:  # (the records it answered with: those it scanned)
+            served = [r for r in records if r.offset < scanned]
+            self._out.append(Trace("records_served", {"name": name, "partition": p, "records": served}))
 
-    def _on_durable_commit(self, a: DurableCommit) -> None:
+    def on_commit(self, a: DurableCommit, now: float, ready: bool) -> None:
         """A COMMIT: the cursor moves (never back); COMMITTED once that is durable."""
+        self.now, self.ready = now, ready
         log = self._leading(a.partition, a.addr)
         if log is None:
             self._out.append(Send(a.addr, encode_committed(a.name, a.partition, a.offset, PUT_NOT_LEADER)))
@@ -347,14 +429,17 @@ class Durable(MemberParts):
     def _wall_ms(self) -> int:
         return int((self.now + self.wall_offset) * 1000)
 
-    def _durable_paused(self) -> None:
+    def paused(self, now: float) -> None:
         """We stood still (cluster/liveness.py): no log takes a read lease from what waited meanwhile."""
+        self.now = now
         for log in self.plogs.values():
             log.paused(self.now)
         self._logs_due_stale = True
 
-    def _durable_due(self) -> None:
-        if self._durable_deadline() > self.now:
+    def due(self, now: float, ready: bool) -> None:
+        """The logs' timers (fetches, claims, leases) and the retention check."""
+        self.now, self.ready = now, ready
+        if self.deadline() > now:
             return
         for log in self.plogs.values():
             if log.next_deadline() <= self.now:
@@ -368,8 +453,13 @@ class Durable(MemberParts):
                     self._out.append(Retain(p, log.retain_limit(), self._wall_ms(), max_bytes,
                                             int(s.retention_age * 1000)))  # fmt: skip
 
-    def _durable_deadline(self) -> float:
+    def deadline(self) -> float:
         if self._logs_due_stale:
             self._logs_due = min((log.next_deadline() for log in self.plogs.values()), default=math.inf)
             self._logs_due_stale = False
         return min(self._logs_due, self.next_retention)
+
+
+def _lineage(log: PartitionLog) -> tuple[int, ...]:
+    """The epochs of a log, oldest first (how the checker tells which leader's history it has)."""
+    return tuple(e for e, _ in log.epochs)

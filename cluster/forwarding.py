@@ -27,12 +27,24 @@ new primary once the old route acknowledged everything, so nothing sent
 straight to the new primary overtakes what waits here. A queue holds at most
 ``max_queue`` reliable messages; beyond that new ones are dropped, counted and
 logged (``forward_overflow``), and acknowledged as given up.
+
+:class:`Forwarding` is the member's component for all of it: one ForwardQueue per peer, the
+reliable messages no live owner can take yet (``unrouted``, routed again at the next map
+change), FORWARD and RELAY frames out and in. What the broker core must settle or route again
+is returned to the member, which hands it to the broker core (the member routes the broker's
+actions); the links, the broker core and the action list are shared.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
+
+from roost.cluster.links import LinkTable
+from roost.cluster.peerwire import PeerProtocolError, PeerType, check_forwarded_untrusted, check_relay_untrusted, encode
+from roost.node.actions import Log, Send
+from roost.node.core import BrokerCore
 
 Msg = list[Any]  # [topic, key, tags, payload, producer id | None, sequence | None]
 
@@ -102,3 +114,117 @@ class ForwardQueue:
         self.pending.clear()
         self.parked = []
         return out
+
+
+class Forwarding:
+    def __init__(self, peers: list[str], max_queue: int, max_bytes: int, broker: BrokerCore, links: LinkTable,
+                 actions: list[Any]) -> None:  # fmt: skip
+        self.max_queue = max_queue
+        self.max_bytes = max_bytes
+        self.broker = broker
+        self.links = links
+        self._out = actions
+        self.queues = {p: ForwardQueue(max_queue, max_bytes) for p in peers}
+        # Reliable messages with no live owner in our map (a leaver that hears no placed member):
+        # kept unacknowledged and routed again at the next map change (review, 2026-11-24: they were
+        # delivered here, to nobody, and acknowledged)
+        self.unrouted: list[Msg] = []
+
+    def add_peer(self, peer: str) -> None:
+        self.queues[peer] = ForwardQueue(self.max_queue, self.max_bytes)
+
+    def forward(self, member: str, msgs: list[Msg]) -> list[Msg] | None:
+        """The broker core's ``Forward``: fire messages go at once (or are dropped), reliable ones
+        are queued and sent as the window allows. Returns the messages given up (no room, no such
+        member), which the member settles with the broker core and then calls :meth:`pump`."""
+        metrics = self.broker.metrics
+        if member == "":  # (no live owner)
+            reliable = [m for m in msgs if m[4] is not None]
+            metrics["forward_dropped"] += len(msgs) - len(reliable)
+            room = max(0, self.max_queue - len(self.unrouted))
+            self.unrouted.extend(reliable[:room])
+            if reliable[room:]:
+                metrics["forward_overflow"] += len(reliable) - room
+                return reliable[room:]
+            return None
+        q = self.queues.get(member)
+        if q is None:
+            metrics["forward_dropped"] += len(msgs)
+            return msgs
+        fire = [m for m in msgs if m[4] is None]
+        if fire:
+            lid = self.links.up(member)
+            if lid is not None:
+                self.links.frame(lid, encode([PeerType.FORWARD, 0, fire]))
+            else:
+                metrics["forward_dropped"] += len(fire)
+        if len(fire) < len(msgs):
+            dropped = q.add([m for m in msgs if m[4] is not None])
+            if dropped:
+                metrics["forward_overflow"] += len(dropped)
+                self._out.append(Log("warning", "forward_overflow", {"peer": member, "dropped": len(dropped)}))
+                return dropped
+            self.pump(member)
+        return None
+
+    def pump(self, peer: str) -> None:
+        """FORWARD frames to ``peer`` as its window allows, if our link to it is up."""
+        lid = self.links.up(peer)
+        if lid is None:
+            return
+        q, frame = self.queues[peer], self.links.frame
+        while (f := q.next_frame()) is not None:
+            fid, msgs = f
+            frame(lid, encode([PeerType.FORWARD, fid, msgs]))
+
+    def to_route_again(self, live: frozenset[str] | set[str]) -> Iterator[list[Msg]]:
+        """The map changed: per peer, what is not acknowledged (everything, for a peer no longer
+        live), then what had no live owner, for the member to route again (lazily: one batch is
+        routed before the next is taken)."""
+        for peer, q in self.queues.items():
+            yield q.take(everything=peer not in live)
+        if self.unrouted:
+            msgs, self.unrouted = self.unrouted, []
+            yield msgs
+
+    def refused(self) -> Iterator[list[Msg]]:
+        """Every heartbeat: messages a peer refused (its map differed), to route again ahead of the
+        newer ones still queued."""
+        for q in self.queues.values():
+            if q.parked:
+                yield q.take(everything=False)
+
+    def relay(self, member: str, sends: list[Any]) -> None:
+        """Text datagrams for a client whose home is ``member``: a RELAY frame (fire)."""
+        lid = self.links.up(member)
+        if lid is not None:
+            self.links.frame(lid, encode([PeerType.RELAY, sends]))
+        else:
+            self.broker.metrics["relay_dropped"] += len(sends)
+
+    def received(self, lid: int, fid: Any, msgs: Any, now: float) -> tuple[list[Any], bytes | None]:
+        """A peer's FORWARD on link ``lid``: the broker core's actions, and the FWDACK to send
+        after them (None for fire messages: refused ones are dropped, at most once)."""
+        if fid.__class__ is not int or not 0 <= fid < 2**63:
+            raise PeerProtocolError("malformed FORWARD")
+        actions, refused = self.broker.forwarded(check_forwarded_untrusted(msgs), now)
+        return actions, encode([PeerType.FWDACK, fid, refused]) if fid else None
+
+    def acked(self, peer: str, fid: Any, refused: Any) -> list[Msg]:
+        """A FWDACK: the messages delivered, for the member to settle; then :meth:`pump`."""
+        if fid.__class__ is not int or refused.__class__ is not list \
+                or not all(i.__class__ is int and 0 <= i < 65536 for i in refused):  # fmt: skip
+            raise PeerProtocolError("malformed FWDACK")
+        return self.queues[peer].acked(fid, refused)
+
+    def relayed(self, sends: Any) -> None:
+        """A peer's RELAY: datagrams for our text clients, within their budgets."""
+        broker = self.broker
+        clients = broker.clients
+        for addr, data in check_relay_untrusted(sends):
+            c = clients.get(addr)
+            if c is not None and c.local:
+                if broker.text_budget(c, len(data)):
+                    self._out.append(Send(addr, data))
+            else:
+                broker.metrics["relay_refused"] += 1

@@ -20,7 +20,7 @@ leadership moves):
 3. A member that holds all it owns in the target map reports the latest roster's digest as
    *synced* in its heartbeats. When it and every live, ready peer report the latest digest, it
    commits: the map is computed from the latest roster (a new epoch; hand-off to new owners as on
-   any map change, cluster/partitioned.py).
+   any map change, the member's _remap).
 4. A member whose own leave is committed owns nothing; it keeps delivering what its mailboxes
    hold, and stops once they are empty (or ``leave_timeout`` passed) and its queues drained.
    Members send a member whose leave is committed no more pushes; they keep their link to it
@@ -29,30 +29,43 @@ leadership moves):
 A member that is still syncing (starting up) is in no one's map, so it commits every roster at
 once and pulls what it owns in it before it reports ready.
 
-This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
+The member routes to :class:`Joining` (a plain component) the ROSTER frames, the admin
+requests and its timers; it answers with what the member must do with its other components
+(members to add or dial again, a commit, gains to pull, stop). The roster, the map, the failure
+detector's view, the broker core, the links and the action list are shared with the member.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from roost.client import clustermap
 from roost.client.wire import WireError, _ip, _port
-from roost.cluster.forwarding import ForwardQueue
-from roost.cluster.memberparts import MemberParts
+from roost.cluster.config import ClusterSettings
+from roost.cluster.links import LinkTable
+from roost.cluster.membership import Membership
+from roost.cluster.partitionmap import PartitionMap
 from roost.cluster.peerwire import ADMIN, PeerProtocolError, PeerType, encode
-from roost.cluster.replication import PeerQueue
-from roost.cluster.roster import MEMBER_ID, Entry, Roster, RosterError, decode_untrusted_roster
-
-if TYPE_CHECKING:
-    from roost.cluster.links import Link
+from roost.cluster.roster import MEMBER_ID, Roster, RosterError, decode_untrusted_roster
+from roost.node.actions import Log
+from roost.node.core import BrokerCore
 
 
-class Joining(MemberParts):
-    def _init_roster(self, entries: list[tuple[str, Entry]]) -> None:
-        self.roster = Roster.of(self.cc.members, entries)
-        self.committed = self.roster.digest()  # the roster the map is computed from
+class Joining:
+    def __init__(self, member_id: str, s: ClusterSettings, roster: Roster, known: set[str], maps: PartitionMap,
+                 membership: Membership, broker: BrokerCore, links: LinkTable, actions: list[Any]) -> None:  # fmt: skip
+        self.id = member_id
+        self.s = s
+        self.partitioned = s.mode == "partitioned"
+        self.roster = roster
+        self.known = known  # (the member's set of every member id it knows, itself too)
+        self.maps = maps
+        self.membership = membership
+        self.broker = broker
+        self.links = links
+        self._out = actions
+        self.committed = roster.digest()  # the roster the map is computed from
         self.synced = self.committed  # the latest roster whose gains we hold
         self.pulled: set[int] = set()  # gains pulled for the roster being committed
         self.pending: dict[str, set[int]] = {}  # peer -> partitions it pulled from us: it gets their changes
@@ -60,181 +73,119 @@ class Joining(MemberParts):
         # Peers our latest roster went to, on a link we dialled that was up (a leaver waits for the rest)
         self.told: set[str] = set()
         # Peers whose leave is committed here (or that had left when we heard of them)
-        self.departed = {m for m in self.roster.known() if self.roster.left(m)}
+        self.departed = {m for m in roster.known() if roster.left(m)}
         self.redial_gone: dict[str, float] = {}  # departed peer -> dial it until then (cluster/member.py)
         # Admin replies held until a snapshot with the change is on disk: (state version, link, frame)
         self.admin_waiting: list[tuple[int, int | None, bytes]] = []
+        self.roster_changes = 0  # roster changes made or learnt here: a snapshot holds the roster too
 
-    @property
-    def node_index(self) -> int:
-        return self.roster.index_of(self.id)
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self._out.append(Log(level, event, fields))
 
-    def placed(self) -> dict[str, tuple[clustermap.Addr, clustermap.Addr]]:
-        """The members the map places partitions on: those of the committed roster."""
-        return self._placed
+    # ------------------------------------------------------------ the roster changes
 
-    # ------------------------------------------------------------ peers come and go
-
-    def _add_peer(self, peer: str, addr: clustermap.Addr) -> None:
-        """A member we did not know (a join; or one that left before we heard of it): every
-        per-peer structure, and a dial at once (none to one that left).
-        It counts live only once it reports ``ready`` (it may still be pulling)."""
-        s = self.s
-        self.peers.append(peer)
-        self.member_ids.add(peer)
-        self.peer_addr[peer] = addr
-        self.membership.add(peer, self.now)
-        self.queues[peer] = PeerQueue(s.max_peer_queue, s.chunk_subscriptions)
-        self.fwd[peer] = ForwardQueue(s.max_forward_queue, s.max_frame // 2)
-        self.out[peer] = None
-        self.was_up[peer] = None
-        self.next_digest[peer] = math.inf
-        if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
-            self.next_dial[peer] = math.inf
-            self.departed.add(peer)
-        else:
-            self.next_dial[peer] = self.now
-            self.unreached.add(peer)
-
-    def _rejoined(self, m: str, peer_addr: clustermap.Addr) -> None:
-        """A member that left joined again, maybe at new addresses: dial it (at those), and
-        push and repair again."""
-        self.departed.discard(m)
-        self.redial_gone.pop(m, None)
-        if self.peer_addr[m] != peer_addr:
-            self.peer_addr[m] = peer_addr
-            lid = self.out[m]
-            if lid is not None:
-                self._close(self.links[lid], "joined again at another address")
-        if self.out[m] is None and self.next_dial[m] == math.inf:
-            self.next_dial[m] = self.now
-            self.unreached.add(m)
-        self.queues[m] = PeerQueue(self.s.max_peer_queue, self.s.chunk_subscriptions)  # (cleared when it left)
-        self.next_digest[m] = self.now + self.s.anti_entropy_interval
-
-    def _roster_changed(self) -> None:
-        """The latest roster changed (proposed here, or a peer's): learn new members, tell
-        every peer, and work toward committing it."""
+    def changed(self) -> list[tuple[str, clustermap.Addr, bool]]:
+        """The latest roster changed (proposed here, or a peer's): the members the member must
+        add (True: one we did not know) or dial again (False: one that left and joined again)."""
         self.roster_changes += 1
+        todo = []
         for m, (_client, peer_addr) in self.roster.known().items():
             if m == self.id:
                 continue
-            if m not in self.member_ids:
-                self._add_peer(m, peer_addr)
+            if m not in self.known:
+                if self.roster.left(m):  # (it left before we heard of it: it may dial us while it drains)
+                    self.departed.add(m)
+                todo.append((m, peer_addr, True))
             elif m in self.departed and not self.roster.left(m):
-                self._rejoined(m, peer_addr)
-        self._to_peers(encode([PeerType.ROSTER, self.roster.encode()]))
-        self.told = {p for p in self.peers if (lid := self.out[p]) is not None and self.links[lid].up}
+                self.departed.discard(m)
+                self.redial_gone.pop(m, None)
+                todo.append((m, peer_addr, False))
+        return todo
+
+    def announce(self) -> None:
+        """Tell every peer our latest roster."""
+        self.links.to_peers(encode([PeerType.ROSTER, self.roster.encode()]))
+        self.told = {p for p in self.links.out if self.links.up(p) is not None}
         self._log("info", "roster_changed", version=self.roster.version, members=len(self.roster.members()),
                   digest=f"{self.roster.digest():016x}")  # fmt: skip
-        self._check_roster()
 
-    def _check_roster(self) -> None:
-        """Pull our gains for the latest roster, report it synced, commit it when all are."""
+    def check(self, phase: str, pulling: bool) -> tuple[str, Any] | None:
+        """Pull our gains for the latest roster, report it synced, commit it when all are: what
+        the member is to do, ("commit", digest) or ("pull", gains), or None."""
         latest = self.roster.digest()
         if latest == self.committed:
             self.synced = latest
-            return
+            return None
         if not self.roster.members():  # (concurrent leaves of every member: keep the map we have)
             if self.synced != latest:
                 self.synced = latest
                 self._log("error", "roster_empty", reason="every member has left: the map stays as it is")
-            return
-        if self.phase == "syncing" or not self.partitioned:
+            return None
+        if phase == "syncing" or not self.partitioned:
             # (no one's map has us yet, or every member holds everything: nothing to wait for)
-            self._commit(latest)
-            return
-        if self.phase != "ready":
-            return
+            return "commit", latest
+        if phase != "ready":
+            return None
+        gone = self.maps.gone
         if self.synced != latest:
-            if self.pull_peer is not None:  # (a pull runs: no other can start; the map is not cheap)
-                return
+            if pulling:  # (a pull runs: no other can start; the map is not cheap)
+                return None
             gains = self._gains()
             if gains:
-                if self.pull_peer is None:
-                    self._start_gain_pull(gains)
-                return
+                return "pull", gains
             self.synced = latest
             self._log("info", "roster_synced", digest=f"{latest:016x}", pulled=len(self.pulled))
         if all(v.synced == latest for p, v in self.membership.peers.items()
-               if v.state == "ready" and v.reported == "ready" and not self._gone(p)):  # fmt: skip
-            self._commit(latest)
+               if v.state == "ready" and v.reported == "ready" and not gone(p)):  # fmt: skip
+            return "commit", latest
+        return None
 
     def _gains(self) -> set[int]:
         """Partitions we own in the target map and hold no state of."""
-        assert self.cmap is not None
-        target = clustermap.compute(0, self.roster.members(), self.live_view(), self.s.partitions, self.s.replicas)
-        now = self.cmap.owners
+        cmap = self.maps.cmap
+        assert cmap is not None
+        s = self.s
+        target = clustermap.compute(0, self.roster.members(), self.maps.live_view(), s.partitions, s.replicas)
+        now = cmap.owners
         return {p for p, o in enumerate(target.owners) if self.id in o and self.id not in now[p]} - self.pulled
 
-    def _start_gain_pull(self, gains: set[int]) -> None:
-        """PULL the gains from every live peer that owns some of them now, one after another."""
-        assert self.cmap is not None
-        owners = self.cmap.owners
-        self.pull_parts = gains
-        self.pull_base = self.committed
-        self.pull_order = [p for p in self.peers if p in self.cmap.live and any(p in owners[g] for g in gains)]
-        self.pull_ok = set()
-        # (the members each gain is pulled from; one with none live has nothing to pull)
-        self.pull_from = {g: set(owners[g]) & set(self.pull_order) for g in gains}
-        self._log("info", "pulling_gains", partitions=len(gains), peers=len(self.pull_order))
-        self._next_pull()
-
-    def _gain_pull_finished(self) -> None:
-        """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
-        pulled again at the next heartbeat (cluster/liveness.py)."""
-        missed = {g for g in self.pull_parts if self.pull_from[g] and not self.pull_from[g] & self.pull_ok}
-        if self.pull_base == self.committed:  # (a commit since: those gains were another roster's; review)
-            self.pulled |= self.pull_parts - missed
-        self.pull_parts = set()
-        if missed:
-            self._log("warning", "gains_missed", partitions=len(missed))
-        else:
-            self._check_roster()
-
-    def _commit(self, digest: int) -> None:
+    def commit(self, digest: int, peers: list[str]) -> list[str]:
+        """The map moves to the roster ``digest``: returns the peers whose leave is committed now."""
         self.committed = self.synced = digest
         self.pulled = set()
         # (``pending`` stays: a joiner that pulled may not own its gains until it is ready; the
-        # map prunes what each pending peer owns, cluster/partitioned.py _remap)
-        self._placed = self.roster.members()
-        self.broker.members = [[m, *a[0]] for m, a in self._placed.items()]  # (WELCOME's member list)
+        # map prunes what each pending peer owns, the member's _remap)
+        self.maps.placed = placed = self.roster.members()
+        self.broker.members = [[m, *a[0]] for m, a in placed.items()]  # (WELCOME's member list)
         if self.roster.version:
-            self._log("info", "roster_committed", version=self.roster.version, members=len(self._placed),
+            self._log("info", "roster_committed", version=self.roster.version, members=len(placed),
                       digest=f"{digest:016x}")  # fmt: skip
-        for p in self.peers:
-            if self._gone(p):
-                # (no more pushes: it owns nothing. Our link stays while it drains, so that it
-                # hears we committed; once a dial to it fails we stop dialling it: member.py _closed)
-                self.queues[p].clear()
-                self.departed.add(p)
-                self.next_digest[p] = math.inf
-                self.pending.pop(p, None)
-        if self.pull_peer is not None and self._gone(self.pull_peer):
-            self._pull_failed("left the cluster", close=False)
-        if self.partitioned:
-            self._remap()
+        left = [p for p in peers if self.maps.gone(p)]
+        for p in left:
+            # (no more pushes: it owns nothing. Our link stays while it drains, so that it
+            # hears we committed; once a dial to it fails we stop dialling it: member.py _closed)
+            self.departed.add(p)
+            self.pending.pop(p, None)
+        return left
 
-    def _gone(self, peer: str) -> bool:
-        """A member whose leave is committed here."""
-        return peer not in self._placed and self.roster.left(peer)
-
-    def _leave_due(self) -> None:
-        """Our leave is committed: stop once nothing is left to deliver (or at the deadline)."""
-        if self.phase != "ready":
-            return
+    def leave_due(self, phase: str, now: float, peer_addr: clustermap.Addr) -> bool:
+        """Our leave is committed: True once nothing is left to deliver (or at the deadline), when
+        the member stops. ``peer_addr``: our own peer address."""
+        if phase != "ready":
+            return False
+        gone = self.maps.gone
         # (a JOIN of us again, taken where our link was down: stay, if it is at our addresses)
-        if self.leave_by < math.inf and not self._gone(self.id) \
-                and self.roster.members().get(self.id, (None, None))[1] == self.peer_addr[self.id]:  # fmt: skip
+        if self.leave_by < math.inf and not gone(self.id) \
+                and self.roster.members().get(self.id, (None, None))[1] == peer_addr:  # fmt: skip
             self.leave_by = math.inf
             self._log("info", "leave_cancelled", reason="joined again")
-            return
+            return False
         if self.leave_by == math.inf:
-            if not self._gone(self.id):
-                return
+            if not gone(self.id):
+                return False
             # (committed here, or found committed when we came back: syncing, we restarted after
             # the leave with nothing to deliver, and stop once ready; simulator seed 32)
-            self.leave_by = self.now + self.s.leave_timeout
+            self.leave_by = now + self.s.leave_timeout
             self._log("info", "leaving", deadline_s=self.s.leave_timeout)
         # (until every member has moved its map, some may still send us publishes to deliver; and
         # one out of reach may know nothing of our roster: a JOIN and our LEAVE taken where only
@@ -243,104 +194,102 @@ class Joining(MemberParts):
         # down need not hear it from us, or any leave would wait leave_timeout; review)
         peers = self.membership.peers
         relayed = any(v.state == "ready" and v.committed == self.committed and p in self.roster.base_index
-                      for p, v in peers.items() if not self._gone(p))  # fmt: skip
+                      for p, v in peers.items() if not gone(p))  # fmt: skip
         if any(v.committed != self.committed for p, v in peers.items()
-               if (v.state == "ready" or (p not in self.told and not relayed)) and not self._gone(p)) \
-                and self.now < self.leave_by:  # fmt: skip
-            return
+               if (v.state == "ready" or (p not in self.told and not relayed)) and not gone(p)) \
+                and now < self.leave_by:  # fmt: skip
+            return False
         held = sum(len(c.mailbox) for c in self.broker.clients.values() if c.mailbox is not None)
-        if held == 0 or self.now >= self.leave_by:
+        if held == 0 or now >= self.leave_by:
             self._log("info", "left", undelivered=held)
-            self._stop()
+            return True
+        return False
 
     # ------------------------------------------------------------ frames
 
-    def _on_roster_frame(self, entries: Any) -> None:
+    def roster_frame(self, entries: Any) -> bool:
+        """A peer's ROSTER: True if our latest roster changed."""
         try:
             got = decode_untrusted_roster(entries)
         except RosterError as exc:
             raise PeerProtocolError(f"malformed ROSTER: {exc}") from None
-        if self.roster.merge(got):
-            self._roster_changed()
+        return self.roster.merge(got)
 
-    def _send_roster(self, link: Link) -> None:
+    def send_roster(self, lid: int) -> None:
         if self.roster.entries:
-            self._frame(link.id, encode([PeerType.ROSTER, self.roster.encode()]))
+            self.links.frame(lid, encode([PeerType.ROSTER, self.roster.encode()]))
 
-    def _admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> str:
+    def note_pull(self, peer: str | None, parts: set[int]) -> None:
+        """A peer pulled these partitions: push it their later changes too, until it owns them."""
+        if self.partitioned and peer is not None and peer != ADMIN and not self.maps.gone(peer):
+            self.pending.setdefault(peer, set()).update(parts)
+
+    # ------------------------------------------------------------ admin requests
+
+    def admin(self, f: list[Any], phase: str) -> tuple[str, bool]:
+        """An admin JOIN or LEAVE frame, carried out on the roster: (the answer, whether the roster
+        changed). RosterError says why not (PeerProtocolError: no admin frame)."""
+        kind, n = f[0], len(f)
+        if phase != "ready":
+            raise RosterError(f"{self.id} is {phase}, not ready: ask another member")
+        if kind == PeerType.JOIN and n == 4:
+            _, member, client, peer = f
+            return self._admin_join(member, _addr(client), _addr(peer))
+        if kind == PeerType.LEAVE and n == 2:
+            _, member = f
+            return self._admin_leave(member)
+        raise PeerProtocolError(f"unexpected admin frame type {kind}")
+
+    def _admin_join(self, member: Any, client: clustermap.Addr, peer: clustermap.Addr) -> tuple[str, bool]:
         """Make ``member`` a member (again), or confirm it is one with these addresses (a joiner
         restarted by the same command). RosterError says why not."""
         if member.__class__ is not str or not MEMBER_ID.match(member):
             raise RosterError("JOIN: a member id is 1-64 letters, digits, '_', '.' or '-'")
         current = self.roster.members().get(member)
-        if current != (client, peer):
-            if current is not None:
-                raise RosterError(f"{member} is already a member with other addresses")
-            if member in self.roster.base_index:  # (its process would refuse --join: it is in [[members]])
-                raise RosterError(f"{member} is in the config's [[members]] and has left: "
-                                  "it comes back under a new id")  # fmt: skip
-            if member in self.membership.peers and self.membership.peers[member].state in ("ready", "suspect"):
-                raise RosterError(f"{member} is still leaving (delivering what it holds): join it once it stopped")
-            self.roster.propose_join(member, client, peer)
-            self._roster_changed()
-        return f"{member} is a member"
+        if current == (client, peer):
+            return f"{member} is a member", False
+        if current is not None:
+            raise RosterError(f"{member} is already a member with other addresses")
+        if member in self.roster.base_index:  # (its process would refuse --join: it is in [[members]])
+            raise RosterError(f"{member} is in the config's [[members]] and has left: "
+                              "it comes back under a new id")  # fmt: skip
+        if member in self.membership.peers and self.membership.peers[member].state in ("ready", "suspect"):
+            raise RosterError(f"{member} is still leaving (delivering what it holds): join it once it stopped")
+        self.roster.propose_join(member, client, peer)
+        return f"{member} is a member", True
 
-    def _admin_leave(self, member: Any) -> str:
+    def _admin_leave(self, member: Any) -> tuple[str, bool]:
         if member.__class__ is not str:
             raise RosterError("LEAVE: member id must be a string")
         if self.roster.left(member):  # (a retried request: its leave is in the roster already)
-            return f"{member} has left"
+            return f"{member} has left", False
         self.roster.propose_leave(member)
-        self._roster_changed()
-        return f"{member} is leaving"
+        return f"{member} is leaving", True
 
-    def _on_admin(self, link: Link, f: list[Any]) -> None:
-        """A request from ``roost cluster join/leave`` (authenticated like a peer)."""
-        self.admin_request(f, link.id)
-
-    def admin_request(self, f: list[Any], lid: int | None) -> tuple[bool, str, int]:
-        """Carry out an admin JOIN or LEAVE frame; the reply goes on link ``lid`` (None: the
-        simulator's admin, which watches ``persisted``). Returns (done, message, the state
-        version that must be on disk before the reply goes out)."""
-        kind, n = f[0], len(f)
-        try:
-            if not self.ready:
-                raise RosterError(f"{self.id} is {self.phase}, not ready: ask another member")
-            if kind == PeerType.JOIN and n == 4:
-                message = self._admin_join(f[1], _addr(f[2]), _addr(f[3]))
-            elif kind == PeerType.LEAVE and n == 2:
-                message = self._admin_leave(f[1])
-            else:
-                raise PeerProtocolError(f"unexpected admin frame type {kind}")
-        except RosterError as exc:
-            self._log("warning", "admin_refused", request=_kind_name(kind), reason=str(exc))
-            if lid is not None:
-                self._frame(lid, encode([PeerType.ADMIN_REPLY, False, str(exc), self.roster.encode()]))
-            return False, str(exc), 0
-        self._log("info", "admin", request=_kind_name(kind), result=message)
-        # (the reply waits for the change on our disk: acknowledged, a JOIN is never lost with us,
-        # and we tell every peer of it again when we come back; simulator seed 9202)
-        version = self.state_version
+    def refused(self, kind: Any, why: str, lid: int | None) -> None:
+        self._log("warning", "admin_refused", request=_kind_name(kind), reason=why)
         if lid is not None:
-            self.links[lid].deadline = math.inf  # (no idle timeout while the admin waits for the reply)
-        self.admin_waiting.append((version, lid, encode([PeerType.ADMIN_REPLY, True, message, self.roster.encode()])))
-        self._reply_durable()
-        return True, message, version
+            self.links.frame(lid, encode([PeerType.ADMIN_REPLY, False, why, self.roster.encode()]))
 
-    def _reply_durable(self) -> None:
+    def accepted(self, kind: Any, message: str, version: int, lid: int | None) -> None:
+        """The reply waits for the change on our disk (``version`` persisted): acknowledged, a JOIN
+        is never lost with us, and we tell every peer of it again when we come back (simulator
+        seed 9202)."""
+        self._log("info", "admin", request=_kind_name(kind), result=message)
+        if lid is not None:
+            self.links.links[lid].deadline = math.inf  # (no idle timeout while the admin waits for the reply)
+        self.admin_waiting.append((version, lid, encode([PeerType.ADMIN_REPLY, True, message, self.roster.encode()])))
+
+    def reply_durable(self, persisted: int, now: float) -> None:
         """Send the admin replies whose change is in a snapshot on disk."""
         waiting, self.admin_waiting = self.admin_waiting, []
+        links = self.links.links
         for version, lid, frame in waiting:
-            if version > self.persisted:
+            if version > persisted:
                 self.admin_waiting.append((version, lid, frame))
-            elif lid is not None and lid in self.links:  # (an admin that gave up and went: nothing to tell)
-                self.links[lid].deadline = self.now + self.s.link_idle_timeout
-                self._frame(lid, frame)
-
-    def _note_pull(self, peer: str | None, parts: set[int]) -> None:
-        """A peer pulled these partitions: push it their later changes too, until it owns them."""
-        if self.partitioned and peer is not None and peer != ADMIN and not self._gone(peer):
-            self.pending.setdefault(peer, set()).update(parts)
+            elif lid is not None and lid in links:  # (an admin that gave up and went: nothing to tell)
+                links[lid].deadline = now + self.s.link_idle_timeout
+                self.links.frame(lid, frame)
 
 
 def _kind_name(kind: Any) -> str:

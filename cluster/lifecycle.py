@@ -26,21 +26,40 @@ when that is on disk (or failed) and no dialled link is left::
     starting --Start--> syncing --pull done and snapshot read--> ready
     syncing|ready --Stop--> stopping --last snapshot done, pushes drained--> stopped
 
-This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
+The member's phase is its own; :class:`Lifecycle` is the component that holds the PULL in
+progress (also the gain pulls of cluster/joining.py) and the snapshots, and answers the member's
+calls with what it must do next (a pull finished, a write done). The links, the map, the broker
+core, the roster and the action list are shared with the member.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from roost.cluster.events import Exit, ReadSnapshot, ServeClients, WriteSnapshot
-from roost.cluster.memberparts import MemberParts
+from roost.cluster.config import ClusterSettings
+from roost.cluster.events import WriteSnapshot
+from roost.cluster.links import LinkTable
+from roost.cluster.partitionmap import PartitionMap
 from roost.cluster.peerwire import PeerType, encode
+from roost.cluster.roster import Roster
 from roost.cluster.snapshot import decode_untrusted_snapshot, snapshot_chunks
+from roost.node.actions import Log
+from roost.node.core import BrokerCore
 
 
-class Lifecycle(MemberParts):
-    def _init_lifecycle(self) -> None:
+class Lifecycle:
+    def __init__(self, member_id: str, s: ClusterSettings, wall_offset: float, now: float, broker: BrokerCore,
+                 roster: Roster, links: LinkTable, maps: PartitionMap, actions: list[Any]) -> None:  # fmt: skip
+        self.id = member_id
+        self.s = s
+        self.partitioned = s.mode == "partitioned"
+        self.wall_offset = wall_offset
+        self.broker = broker
+        self.roster = roster
+        self.links = links
+        self.maps = maps
+        self._out = actions
         # PULL
         self.pull_order: list[str] = []
         self.pull_parts: set[int] = set()  # a running member's gains (cluster/joining.py); empty: all we own
@@ -53,179 +72,160 @@ class Lifecycle(MemberParts):
         self.pull_count = 0
         self.pull_done = False
         self.pulled_from: str | None = None
-        self.last_synced: dict[str, float] = {}  # peer -> when a PULL from it or an anti-entropy round with it ended
         self.snapshot_done = False
-        # Snapshots: ``persisted`` is ``state_version`` as of the last fsynced snapshot.
+        # Snapshots: ``persisted`` is the member's ``state_version`` as of the last fsynced snapshot.
+        self.next_snapshot = now + s.snapshot_interval
         self.persisted = 0
-        self.roster_changes = 0  # roster changes made or learnt here: a snapshot holds the roster too
         self.writing: int | None = None
         self.write_failed = False  # the last write failed: the next waits for snapshot_interval
         self.final_snapshot = False
         self.final_done = False  # stopping: the last snapshot is written (or failed, or not needed)
 
-    # ------------------------------------------------------------ start-up
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self._out.append(Log(level, event, fields))
 
-    def _start(self) -> None:
-        if self.phase != "starting":
-            return
-        self.phase = "syncing"
-        self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
-                  members=len(self.roster.members()))  # fmt: skip
-        self._out.append(ReadSnapshot())
-        self.pull_order = list(self.peers)
-        self.rng.shuffle(self.pull_order)
-        self._next_pull()
+    # ------------------------------------------------------------ PULL
 
-    def _next_pull(self) -> None:
+    def next_pull(self, now: float) -> bool:
+        """PULL from the next peer in order (members only); True when none is left."""
         self.pull_sent = False
         self.pull_count = 0
-        if not self.pull_order:
-            self.pull_peer = None
-            self.pull_deadline = math.inf
-            self._pull_finished()
-            return
-        self.pull_peer = peer = self.pull_order.pop(0)
-        if self._gone(peer):
-            self._next_pull()
-            return
-        self.pull_deadline = self.now + self.s.pull_timeout
-        lid = self.out[peer]
-        if lid is not None and self.links[lid].up:
-            self._send_pull()
+        while True:
+            if not self.pull_order:
+                self.pull_peer = None
+                self.pull_deadline = math.inf
+                return True
+            self.pull_peer = peer = self.pull_order.pop(0)
+            if not self.maps.gone(peer):
+                break
+        self.pull_deadline = now + self.s.pull_timeout
+        if self.links.up(peer) is not None:
+            self.send_pull()
+        return False
 
-    def _send_pull(self) -> None:
+    def send_pull(self) -> None:
         assert self.pull_peer is not None
-        lid = self.out[self.pull_peer]
+        lid = self.links.out[self.pull_peer]
         assert lid is not None
         self.pull_sent = True
         if self.partitioned:  # only the partitions we own (or gain), from every peer in turn
-            parts = sorted(self.pull_parts) if self.pull_parts else [p for p, mine in enumerate(self.own.owned) if mine]
-            self._frame(lid, encode([PeerType.PULL, parts]))
+            owned = self.maps.own.owned
+            parts = sorted(self.pull_parts) if self.pull_parts else [p for p, mine in enumerate(owned) if mine]
+            self.links.frame(lid, encode([PeerType.PULL, parts]))
         else:
-            self._frame(lid, encode([PeerType.PULL]))
+            self.links.frame(lid, encode([PeerType.PULL]))
 
-    def _pull_failed(self, why: str, close: bool) -> None:
+    def pull_failed(self, why: str) -> str | None:
+        """The PULL in progress failed: the peer it went to (None: none was in progress). The
+        member closes that link if late DUMP frames must not arrive, and moves to the next."""
         peer = self.pull_peer
-        if peer is None:
-            return
-        self._log("info", "pull_failed", peer=peer, reason=why)
-        self.pull_peer = None
-        lid = self.out[peer]
-        if close and lid is not None:
-            self._close(self.links[lid], "pull " + why)  # late DUMP frames must not arrive
-        self._next_pull()
+        if peer is not None:
+            self._log("info", "pull_failed", peer=peer, reason=why)
+            self.pull_peer = None
+        return peer
 
-    def _pull_finished(self) -> None:
+    def pulling(self, peer: str) -> bool:
+        """Is our PULL to ``peer`` sent and not yet answered?"""
+        return self.pull_peer == peer and self.pull_sent
+
+    def dumped(self, entries: list[Any]) -> None:
+        self.pull_count += sum(len(e[5]) for e in entries)
+
+    def pulled(self, peer: str) -> None:
+        """``peer`` answered the whole PULL."""
+        self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
+        self.pulled_from = peer
+        self.pull_ok.add(peer)
+
+    def pull_finished(self) -> bool:
+        """No peer is left to pull from: True if that was a gain pull (the member checks what it
+        got, ``gains_pulled``), else the start-up pull is done."""
         self.pull_peer = None
         self.pull_deadline = math.inf
         if self.pull_parts:
-            self._gain_pull_finished()
-            return
+            return True
         self.pull_done = True
-        self._maybe_ready()
+        return False
 
-    def _on_snapshot(self, data: bytes | None, reason: str) -> None:
-        if self.snapshot_done:
-            return
+    def pull_gains(self, gains: set[int], committed: int, peers: list[str]) -> None:
+        """PULL the gains from every live peer that owns some of them now, one after another."""
+        cmap = self.maps.cmap
+        assert cmap is not None
+        owners = cmap.owners
+        self.pull_parts = gains
+        self.pull_base = committed
+        self.pull_order = [p for p in peers if p in cmap.live and any(p in owners[g] for g in gains)]
+        self.pull_ok = set()
+        # (the members each gain is pulled from; one with none live has nothing to pull)
+        self.pull_from = {g: set(owners[g]) & set(self.pull_order) for g in gains}
+        self._log("info", "pulling_gains", partitions=len(gains), peers=len(self.pull_order))
+
+    def gains_pulled(self, committed: int) -> tuple[set[int], set[int]]:
+        """The gain pull ended: (the gains pulled, the gains missed). A gain counts as pulled once
+        one of its owners answered the whole PULL; none does if a roster was committed since
+        (those gains were another roster's; review)."""
+        missed = {g for g in self.pull_parts if self.pull_from[g] and not self.pull_from[g] & self.pull_ok}
+        got = self.pull_parts - missed if self.pull_base == committed else set()
+        self.pull_parts = set()
+        if missed:
+            self._log("warning", "gains_missed", partitions=len(missed))
+        return got, missed
+
+    def paused(self, stood: float) -> None:
+        self.pull_deadline += stood
+
+    # ------------------------------------------------------------ snapshots
+
+    def snapshot_read(self, data: bytes | None, reason: str) -> tuple[float, list[Any], Any] | None:
+        """Our snapshot at start-up: (written at, chunks of entries, roster entries) to merge, or
+        None (missing, unreadable: logged)."""
         self.snapshot_done = True
         if data is None:
             if reason != "missing":
                 self._log("error", "snapshot_unreadable", reason=reason)
-        else:
-            try:
-                written, chunks, roster = decode_untrusted_snapshot(data)
-            except ValueError as exc:
-                self._log("error", "snapshot_unreadable", reason=str(exc)[:200])
-            else:
-                for entries in chunks:
-                    self._absorb(self.broker.merge(entries, self.now))
-                if self.roster.merge(roster):
-                    self._roster_changed()
-                age = self.now + self.wall_offset - written
-                self._log("info", "loaded_snapshot", subscriptions=self.broker.index.count, age_s=round(age, 1))
-        self._maybe_ready()
+            return None
+        try:
+            written, chunks, roster = decode_untrusted_snapshot(data)
+        except ValueError as exc:
+            self._log("error", "snapshot_unreadable", reason=str(exc)[:200])
+            return None
+        return written, list(chunks), roster
 
-    def _maybe_ready(self) -> None:
-        if self.phase != "syncing" or not (self.pull_done and self.snapshot_done):
-            return
-        if self.pulled_from is None and self.broker.index.count == 0:
-            self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")
-        self.phase = "ready"
-        if self.partitioned:
-            # What we hold of partitions we do not own (our clients' registers, from the
-            # snapshot) may never have reached the owners before we went down: hand it off.
-            self._hand_off({p for p, mine in enumerate(self.own.owned) if not mine}, None)
-        self._out.append(ServeClients())
-        self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=self.pulled_from)
-        for p in self.peers:
-            self.next_digest[p] = self.now + self.s.anti_entropy_interval
-
-    # ------------------------------------------------------------ snapshots
-
-    def _write_snapshot(self) -> None:
-        self.writing = token = self.state_version
-        chunks = snapshot_chunks(self.id, self.now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions,
+    def write(self, version: int, now: float) -> None:
+        """Our state as of ``version`` (the member's ``state_version``) goes to disk."""
+        self.writing = version
+        chunks = snapshot_chunks(self.id, now + self.wall_offset, self.broker.dump(), self.s.chunk_subscriptions,
                                  self.roster.encode())  # fmt: skip
-        self._out.append(WriteSnapshot(token, chunks))
+        self._out.append(WriteSnapshot(version, chunks))
 
-    @property
-    def state_version(self) -> int:
-        """Grows with every change a snapshot holds: registers and the roster."""
-        return self.broker.changes + self.roster_changes
-
-    def _on_persisted(self, token: int, error: str | None) -> None:
+    def written(self, token: int, error: str | None) -> bool | None:
+        """``PersistDone``: True if our snapshot ``token`` is on disk now (admin replies may go),
+        False if its write failed, None if it was no write of ours."""
         if token != self.writing:
-            return
+            return None
         self.writing = None
         self.write_failed = error is not None
         if error is not None:
             self._log("error", "snapshot_failed", reason=error[:200])
+            return False
+        self.persisted = max(self.persisted, token)
+        self._log("debug", "snapshot_written", changes=token)
+        return True
+
+    def last_write(self, failed: bool, version: int, now: float) -> None:
+        """Stopping, a write ended: one more if the state changed meanwhile, else we are done."""
+        if self.final_snapshot or failed or version == self.persisted:
+            self.final_done = True
         else:
-            self.persisted = max(self.persisted, token)
-            self._log("debug", "snapshot_written", changes=token)
-            self._reply_durable()
-        if self.phase == "stopping":
-            if self.final_snapshot or error is not None or self.state_version == self.persisted:
-                self.final_done = True
-            else:
-                self.final_snapshot = True
-                self._write_snapshot()
+            self.final_snapshot = True
+            self.write(version, now)
 
-    # ------------------------------------------------------------ stopping
-
-    def _stop(self) -> None:
-        if self.phase in ("stopping", "stopped"):
-            return
-        was_ready = self.ready
-        self.phase = "stopping"
-        for link in [x for x in self.links.values() if not x.outbound or not x.up]:
-            self._close(link, "stopping")
+    def stopping(self, was_ready: bool, version: int, now: float) -> None:
+        """``Stop``: a last snapshot if we served and it changed (after the write in progress)."""
         if self.writing is not None:
             return  # PersistDone decides whether one more write is needed
-        if was_ready and self.state_version != self.persisted:
+        if was_ready and version != self.persisted:
             self.final_snapshot = True
-            self._write_snapshot()
+            self.write(version, now)
         else:
             self.final_done = True
-
-    def _fatal(self, why: str) -> None:
-        """This member must not run: at start (it never served: nothing to write or hand over), or
-        a durable log failed on disk (cluster/durable.py: it stops as a crash would)."""
-        self._log("error", "cannot_run", reason=why)
-        self.phase = "stopped"  # (first: closing a link while syncing could make us ready and serve)
-        for link in list(self.links.values()):
-            self._close(link, "cannot run")
-        self._out.append(Exit(why))
-
-    def _drain(self) -> None:
-        """Stopping: close each dialled link whose pushes are all acknowledged;
-        exit once none is left and the last snapshot is done."""
-        for peer, lid in self.out.items():
-            q = self.queues[peer]
-            if lid is not None and not q.pending and not q.inflight and q.repair is None and q.handoff is None \
-                    and not self.fwd[peer]:  # fmt: skip
-                self._close(self.links[lid], "stopping")
-        if self.final_done and not self.links:
-            self.phase = "stopped"
-            self._log("info", "node_stopped", subscriptions=self.broker.index.count)
-            self._out.append(Exit())

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from roost.cluster.events import SendFrame
 from roost.cluster.peerwire import (
     HANDSHAKE_MAX_FRAME,
     PROTOCOL,
@@ -96,3 +97,44 @@ class Link:
             self.phase = UP
             return b""
         raise PeerProtocolError(f"no handshake frame expected in phase {self.phase}")
+
+
+class LinkTable:
+    """Every link of a member, and the frames it sends on them (shared by the member's components).
+
+    ``links`` holds each open link by id; ``out`` each peer's link that we dialled (None while
+    there is none: it carries our requests and heartbeats). ``frame`` queues a frame as a
+    ``SendFrame`` on the member's action list ``actions`` (shared with the member, which hands
+    them to its runner after every event) and counts its bytes as unsent until ``LinkSent``."""
+
+    __slots__ = ("links", "out", "actions", "next_id")
+
+    def __init__(self, peers: list[str], actions: list[Any]) -> None:
+        self.links: dict[int, Link] = {}
+        self.out: dict[str, int | None] = dict.fromkeys(peers)
+        self.actions = actions
+        self.next_id = 1
+
+    def frame(self, lid: int, data: bytes) -> None:
+        self.actions.append(SendFrame(lid, data))
+        lk = self.links.get(lid)
+        if lk is not None:
+            lk.unsent += len(data)
+
+    def up(self, peer: str) -> int | None:
+        """Our dialled link to ``peer`` if it is up (what requests go on), else None."""
+        lid = self.out.get(peer)
+        return lid if lid is not None and self.links[lid].up else None
+
+    def to_peers(self, frame: bytes) -> None:
+        """One frame on every link we dialled that is up."""
+        links = self.links
+        for lid in self.out.values():
+            if lid is not None and links[lid].up:
+                self.frame(lid, frame)
+
+    def drained(self, lid: int, max_frame: int) -> bool:
+        """May a dump stream send more on this link? (backpressure: at most about one frame's
+        worth waits in the runner's queue)"""
+        link = self.links.get(lid)
+        return link is not None and link.unsent < max_frame

@@ -1,72 +1,67 @@
-"""A member's view of its peers' liveness (sans-IO): the failure detector's verdicts acted on,
-our own pauses kept out of them, and the clients of members dead for good expired.
+"""A member's view of its peers' liveness (sans-IO): the clients of members dead for good expired.
 
 Theory of operation (docs/cluster.md, "Failure detection")
 -----------------------------------------------------------
-cluster/membership.py turns heartbeats into peer states. Here a state change closes the link
-to a peer gone ``down`` (it may be a dead TCP connection), drops what it had pulled from us
-(``pending``), moves the map in partitioned mode and re-checks a roster not yet committed. A
-peer down longer than ``subscriber_timeout`` takes its clients' subscriptions with it.
+cluster/membership.py turns heartbeats into peer states; the member acts on its verdicts (a
+state change closes the link to a peer gone ``down``, which may be a dead TCP connection, drops
+what it had pulled from us, moves the map in partitioned mode and re-checks a roster not yet
+committed). A peer down longer than ``subscriber_timeout`` takes its clients' subscriptions with
+it: :class:`Liveness` decides when, and keeps which peers' clients are expired already.
 
 A pause of our own loop (a long core call, SIGSTOP, a VM pause) is no silence of our peers:
-what they sent meanwhile is unread in the kernel, so ``_paused`` credits their silence and our
-link deadlines with it (Cassandra's failure detector ignores a local pause the same way).
+what they sent meanwhile is unread in the kernel, so the member credits their silence and its
+deadlines with it (Cassandra's failure detector ignores a local pause the same way).
 
-This is a mixin of :class:`cluster.member.MemberCore`, which owns the state.
+One component of :class:`cluster.member.MemberCore`: the broker core, the failure detector and
+the member's list of peers are shared; the broker's actions are returned for the member to pass
+on.
 """
 
 from __future__ import annotations
 
-from roost.cluster.memberparts import MemberParts
+from typing import Any
+
+from roost.cluster.membership import Membership
+from roost.node.config import NodeConfig
+from roost.node.core import BrokerCore
 
 
-class Liveness(MemberParts):
-    def _paused(self, stood: float) -> None:
-        """Our loop stood still (a long core call, SIGSTOP, a VM pause, a slow snapshot
-        read): what peers sent meanwhile waits unread in the kernel, so their silence
-        and our links' deadlines are credited with the pause, as Cassandra's failure
-        detector ignores a local pause. Without it one stall past ``down_after`` takes
-        every peer down at once and remaps to owning everything, which stalls again."""
-        self.membership.credit(stood, self.now)
-        for link in self.links.values():
-            link.deadline += stood
-        self.pull_deadline += stood
-        self.held = [(until + stood, waits, confirm) for until, waits, confirm in self.held]  # (PUSHACKs unread)
-        self._durable_paused()
-        if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
-            self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
+class Liveness:
+    def __init__(self, member_id: str, cfg: NodeConfig, partitioned: bool, broker: BrokerCore,
+                 membership: Membership, peers: list[str]) -> None:  # fmt: skip
+        self.id = member_id
+        self.cfg = cfg
+        self.partitioned = partitioned
+        self.broker = broker
+        self.membership = membership
+        self.peers = peers  # (the member's list: it grows with joins)
+        self.expired: set[str] = set()  # peers whose clients we expired (until they come back)
+        self.expire_again: dict[str, float] = {}  # peer -> when to look again (clients alive elsewhere)
 
-    def _watch_peers(self, now: float) -> None:
-        changes = self.membership.tick(now)
-        for peer, old, new in changes:
-            self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
-            lid = self.out[peer]
-            if new == "down" and lid is not None:
-                self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
-        for peer, _old, new in changes:
-            if new == "down":
-                self.pending.pop(peer, None)
-        if changes and self.partitioned:
-            self._remap()
-        if self.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
-            self._check_roster()
-        if self.ready:
-            self._expire_lost_homes(now)
+    def heard(self, peer: str) -> None:
+        """The peer's state changed: its clients may expire again once it is down long enough."""
+        self.expired.discard(peer)
 
-    def _expire_lost_homes(self, now: float) -> None:
-        """A member down for longer than subscriber_timeout takes its clients'
-        subscriptions with it; one surviving member (the lowest ready id)
-        writes the tombstones, which replicate like any change."""
-        if self._gone(self.id):  # (leaving, we may not hear the members that stopped dialling us)
-            return
+    def gained(self) -> None:
+        """We own new partitions: clients of a member down long enough expire in them too."""
+        self.expired.clear()
+
+    def expire_lost_homes(self, now: float) -> list[list[Any]]:
+        """A member down for longer than subscriber_timeout takes its clients' subscriptions
+        with it; one surviving member (the lowest ready id) writes the tombstones, which
+        replicate like any change. Returns the broker core's actions, one list per peer, for
+        the member to pass on in that order."""
         ready = [self.id] + [p for p, v in self.membership.peers.items() if v.state == "ready"]
         if min(ready) != self.id and not self.partitioned:  # (partitioned: each primary its own)
-            return
+            return []
+        out = []
+        timeout = self.cfg.subscriber_timeout
         for peer in self.peers:
-            if peer not in self._expired and self.membership.down_for(peer, now) > self.cfg.subscriber_timeout \
-                    and now >= self._expire_again.get(peer, 0.0):  # fmt: skip
-                self._absorb(self.broker.expire_home(peer, now))
+            if peer not in self.expired and self.membership.down_for(peer, now) > timeout \
+                    and now >= self.expire_again.get(peer, 0.0):  # fmt: skip
+                out.append(self.broker.expire_home(peer, now))
                 if self.broker.expire_skipped:  # clients alive elsewhere: look again in a while
-                    self._expire_again[peer] = now + self.cfg.subscriber_timeout / 2
+                    self.expire_again[peer] = now + timeout / 2
                 else:
-                    self._expired.add(peer)
+                    self.expired.add(peer)
+        return out

@@ -41,6 +41,28 @@ Phases of the member::
 Each link has its own phase (cluster/links.py). Randomness (PULL order,
 handshake nonces) comes from the ``rng`` argument and time from ``now``: the
 simulator (sim/simulation.py) runs a whole cluster of these, seeded.
+
+Composition
+-----------
+MemberCore is a router: it owns the phase, the timers and the links' events, and hands each
+event to the component that owns the state it concerns, gathering their actions on one shared
+list (``_out``, returned by ``handle``). Each component is a plain class with its own state; it
+gets the shared small objects it needs (the action list, the link table, the roster, the map,
+the broker core, settings) when it is made and never calls the member: what the member must do
+next comes back as a return value.
+
+* ``lt``: cluster/links.py LinkTable, every link and our dialled link per peer; frames out.
+* ``maps``: cluster/partitionmap.py PartitionMap, our live view, the map, its epochs.
+* ``joins``: cluster/joining.py Joining, the roster committed and synced, leaves, admin requests.
+* ``replicator``: cluster/replicator.py Replicator, push queues, who gets a change, hand-off,
+  anti-entropy rounds, held CMDACKs.
+* ``forwarding``: cluster/forwarding.py Forwarding, FORWARD/FWDACK queues and RELAY.
+* ``life``: cluster/lifecycle.py Lifecycle, the PULL in progress and the snapshots.
+* ``liveness``: cluster/liveness.py Liveness, the clients of members down for good.
+* ``durable``: cluster/durable.py DurableLogs, the partition logs (Trace actions with cfg.trace).
+* ``statusview``: cluster/memberstatus.py MemberStatus, what ``roost status`` shows.
+* ``membership`` (cluster/membership.py, the failure detector) and ``_streams``
+  (cluster/dumps.py, DUMP/DIFF answers in progress) as before.
 """
 
 from __future__ import annotations
@@ -49,10 +71,11 @@ import math
 import random
 from typing import Any
 
+from roost.client.clustermap import ClusterMap
 from roost.client.wire import SEQ_LIMIT, encode_status_reply
 from roost.cluster.config import ClusterConfig
 from roost.cluster.dumps import DumpStreams
-from roost.cluster.durable import Durable
+from roost.cluster.durable import DurableLogs
 from roost.cluster.events import (
     Accepted,
     Action,
@@ -60,6 +83,7 @@ from roost.cluster.events import (
     Datagrams,
     Dial,
     Event,
+    Exit,
     LinkBytes,
     LinkClosed,
     LinkOpened,
@@ -72,20 +96,22 @@ from roost.cluster.events import (
     LogsRead,
     LogWritten,
     PersistDone,
+    ReadSnapshot,
     SeenSaved,
     Send,
-    SendFrame,
+    ServeClients,
     SnapshotRead,
     Start,
     Stop,
 )  # fmt: skip
+from roost.cluster.forwarding import Forwarding
 from roost.cluster.joining import Joining
 from roost.cluster.lifecycle import Lifecycle
-from roost.cluster.links import Link
+from roost.cluster.links import Link, LinkTable
 from roost.cluster.liveness import Liveness
 from roost.cluster.membership import Membership
 from roost.cluster.memberstatus import MemberStatus
-from roost.cluster.partitioned import Partitioned
+from roost.cluster.partitionmap import PartitionMap
 from roost.cluster.peerwire import (
     ADMIN,
     NONCE_LEN,
@@ -97,8 +123,8 @@ from roost.cluster.peerwire import (
     check_partitions_untrusted,
     encode,
 )  # fmt: skip
-from roost.cluster.replication import PeerQueue
-from roost.cluster.roster import Entry
+from roost.cluster.replicator import Replicator
+from roost.cluster.roster import Entry, Roster, RosterError
 from roost.node.core import (
     BrokerCore,
     Confirm,
@@ -114,7 +140,7 @@ from roost.node.core import (
 _BEAT = encode([PeerType.BEAT])
 
 
-class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatus):
+class MemberCore:
     def __init__(
         self,
         cc: ClusterConfig,
@@ -136,7 +162,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         self.secret = s.secret.encode()
         self.rng = rng
         self.wall_offset = wall_offset
-        self._init_roster(roster or [])  # (cluster/joining.py: the base config plus joins and leaves)
+        self.roster = Roster.of(cc.members, roster or [])  # (the base config plus joins and leaves)
         members = self.roster.members()
         known = self.roster.known()  # (members that left too: one still draining may dial us)
         self.peers = [m for m in known if m != member_id]
@@ -148,31 +174,42 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         # from a generator seeded by it: the keys are this member's alone, never the secret.
         self.broker = BrokerCore(
             self.cfg, rng, incarnation,
-            members=[[m, *a[0]] for m, a in members.items()], node_idx=self.node_index,
+            members=[[m, *a[0]] for m, a in members.items()], node_idx=self.roster.index_of(member_id),
             wall_offset=wall_offset, replicating=True, tombstone_horizon=s.tombstone_horizon,
         )  # fmt: skip
         self.membership = Membership(self.peers, s.suspect_after, s.down_after, now)
-        self.queues = {p: PeerQueue(s.max_peer_queue, s.chunk_subscriptions) for p in self.peers}
         self.phase = "starting"
         self.now = now
-        self.links: dict[int, Link] = {}
-        self.out: dict[str, int | None] = dict.fromkeys(self.peers)  # our dialled link per peer
+        self._out: list[Action] = []  # (shared with the components: handed out after every event)
+        self.lt = LinkTable(self.peers, self._out)
+        self.links = self.lt.links  # (the same dict: every link by id)
+        self.out = self.lt.out  # (the same dict: our dialled link per peer)
         self.was_up: dict[str, bool | None] = dict.fromkeys(self.peers)  # for link_up/link_down logs
         self.next_dial = {p: math.inf if self.roster.left(p) else now for p in self.peers}  # (never one that left)
-        self.next_digest = dict.fromkeys(self.peers, math.inf)
-        self.digest_pending: set[str] = set()
-        self._next_link = 1
         self._streams = DumpStreams(s.chunk_subscriptions)  # DUMP/DIFF answers in progress
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
         self.next_gc = now + s.tombstone_horizon / 10
-        self.next_snapshot = now + s.snapshot_interval
-        self._init_lifecycle()  # PULL and snapshot state (cluster/lifecycle.py)
-        self._expired: set[str] = set()
-        self._expire_again: dict[str, float] = {}
-        self._out: list[Action] = []
-        self._init_durable()  # durable partition logs (cluster/durable.py)
-        self._init_partitioned()  # the map, forwarding, held CMDACKs (cluster/partitioned.py)
+        self.maps = PartitionMap(member_id, s, self.broker, self.membership, self.roster, self._out)
+        self.joins = Joining(member_id, s, self.roster, self.member_ids, self.maps, self.membership, self.broker,
+                             self.lt, self._out)  # fmt: skip
+        self.pending = self.joins.pending  # (the same dict: peers pulling partitions from us)
+        self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
+        self.own = self.maps.own  # (the same object: which partitions we own)
+        self.unreached = self.maps.unreached  # (the same set)
+        self.replicator = Replicator(member_id, s, self.peers, self.broker, self.lt, self.maps, self.membership,
+                                     self.pending, self._out, no_handoff="no-handoff" in self.cfg.breaks)  # fmt: skip
+        self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
+        self.forwarding = Forwarding(self.peers, s.max_forward_queue, s.max_frame // 2, self.broker, self.lt, self._out)
+        self.life = Lifecycle(member_id, s, wall_offset, now, self.broker, self.roster, self.lt, self.maps, self._out)
+        self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
+        self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
+        self.partitioned = s.mode == "partitioned"
+        if self.partitioned:
+            self.broker.set_ownership(self.own)
+            self._remap()
+        self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
+                                       self.roster, self.maps, self.replicator.last_synced)  # fmt: skip
 
     # ------------------------------------------------------------ entry points
 
@@ -189,7 +226,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif isinstance(ev, LinkOpened):
             link = self.links.get(ev.link)
             if link is not None and link.outbound:
-                self._frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
+                self.lt.frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
         elif isinstance(ev, Accepted):
             if self.phase in ("stopping", "stopped"):
                 self._out.append(Close(ev.link, "stopping"))
@@ -208,35 +245,36 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
         elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved):
-            self._on_log_event(ev)  # (cluster/durable.py)
+            fatal = self.durable.on_log_event(ev, now, self.ready)  # (cluster/durable.py)
+            if fatal is not None:
+                self._fatal(fatal)
         elif isinstance(ev, Start):
             self._start()
         elif isinstance(ev, Stop):
             self._stop()
         # (Tick: only the timers below)
         self._due(now)
-        out, self._out = self._out, []
+        out = self._out[:]
+        self._out.clear()
         return out
 
     def next_deadline(self) -> float:
         if self.phase in ("starting", "stopped"):
             return math.inf
-        d = min(self.next_heartbeat, self.next_membership, self.next_gc, self.next_snapshot, self.pull_deadline)
+        life = self.life
+        d = min(self.next_heartbeat, self.next_membership, self.next_gc, life.next_snapshot, life.pull_deadline)
         # (only deadlines _due acts on in this phase: any other would wake us for nothing, forever)
         dialling = self.phase in ("syncing", "ready")
-        for p in self.peers:
-            if self.out[p] is None:
-                if dialling:
+        if dialling:
+            for p in self.peers:
+                if self.out[p] is None:
                     d = min(d, self.next_dial[p])
-            elif p not in self.digest_pending and self.ready:
-                d = min(d, self.next_digest[p])
+        d = min(d, self.replicator.deadline(self.ready))
         for link in self.links.values():
             d = min(d, link.deadline)
-        for held in self.held:
-            d = min(d, held[0])
         if self._streams and self._streams.ready(self._drained):
             d = min(d, self.now)
-        d = min(d, self._durable_deadline())
+        d = min(d, self.durable.deadline())
         b = self.broker.next_deadline()
         return d if b is None else min(d, b)
 
@@ -244,33 +282,44 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
     def ready(self) -> bool:
         return self.phase == "ready"
 
+    @property
+    def state_version(self) -> int:
+        """Grows with every change a snapshot holds: registers and the roster."""
+        return self.broker.changes + self.joins.roster_changes
+
+    @property
+    def leave_by(self) -> float:
+        """Our leave is committed: we stop by then at the latest (cluster/joining.py)."""
+        return self.joins.leave_by
+
+    @property
+    def persisted(self) -> int:
+        """``state_version`` as of the last snapshot on disk (cluster/lifecycle.py)."""
+        return self.life.persisted
+
+    def status(self) -> dict[str, Any]:
+        """The cluster as this member sees it (``roost status``; cluster/memberstatus.py)."""
+        left = {p for p in self.peers if self.maps.gone(p)}
+        return self.statusview.status(self.phase, self.now, self.joins.committed, left)
+
+    @property
+    def cmap(self) -> ClusterMap | None:
+        """Our cluster map (partitioned mode; cluster/partitionmap.py)."""
+        return self.maps.cmap
+
     # ------------------------------------------------------------ plumbing
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
         self._out.append(Log(level, event, fields))
 
-    def _frame(self, link: int, data: bytes) -> None:
-        self._out.append(SendFrame(link, data))
-        lk = self.links.get(link)
-        if lk is not None:
-            lk.unsent += len(data)
-
-    def _to_peers(self, frame: bytes) -> None:
-        """One frame on every link we dialled that is up."""
-        for p in self.peers:
-            lid = self.out[p]
-            if lid is not None and self.links[lid].up:
-                self._frame(lid, frame)
-
     def _beat(self) -> bytes:
-        return encode([PeerType.HEARTBEAT, "ready" if self.phase != "syncing" else "syncing", self.broker.index.count,
-                       self.broker.status()["clients"], self.own.epoch, self.synced, self.committed])  # fmt: skip
+        state = "ready" if self.phase != "syncing" else "syncing"
+        return encode([PeerType.HEARTBEAT, state, self.broker.index.count, self.broker.status()["clients"],
+                       self.own.epoch, self.joins.synced, self.joins.committed])  # fmt: skip
 
     def _drained(self, lid: int) -> bool:
-        """May a dump stream send more on this link? (backpressure: at most
-        about one frame's worth waits in the runner's queue)"""
-        link = self.links.get(lid)
-        return link is not None and link.unsent < self.s.max_frame
+        """May a dump stream send more on this link? (backpressure: cluster/links.py)"""
+        return self.lt.drained(lid, self.s.max_frame)
 
     def _absorb(self, actions: list[Any]) -> None:
         """Pass the broker core's actions on; replicate its changes, answer STATUS."""
@@ -279,44 +328,28 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         for a in actions:
             cls = a.__class__
             if cls is Replicate:
-                self._distribute(a.entries)
+                self.replicator.distribute(a.entries)
             elif cls is StatusQuery:
                 out.append(Send(a.addr, encode_status_reply({**a.status, **self.status()})))
             elif cls is Forward:
-                self._forward(a.member, a.msgs)
+                given_up = self.forwarding.forward(a.member, a.msgs)
+                if given_up is not None:
+                    self._absorb(self.broker.settle_forwards(given_up, self.now))
+                    self.forwarding.pump(a.member)
             elif cls is Confirm:
                 confirms = [Send(a.addr, a.data)] if confirms is None else [*confirms, Send(a.addr, a.data)]
             elif cls is Relay:
-                self._relay(a.member, a.sends)
+                self.forwarding.relay(a.member, a.sends)
             elif cls is DurablePut:
-                self._on_durable_put(a)
+                self.durable.on_put(a, self.now, self.ready)
             elif cls is DurableGet:
-                self._on_durable_get(a)
+                self.durable.on_get(a, self.now, self.ready)
             elif cls is DurableCommit:
-                self._on_durable_commit(a)
+                self.durable.on_commit(a, self.now, self.ready)
             else:
                 out.append(a)
         if confirms is not None:  # (after the Replicate: it comes last)
-            self._hold(confirms)
-
-    def _distribute(self, entries: list[Any]) -> None:
-        if self.partitioned:
-            for peer, mine in self._route_entries(entries).items():
-                self.queues[peer].add(mine)
-                self._pump_pushes(peer)
-            return
-        for peer, q in self.queues.items():
-            if not self._gone(peer):
-                q.add(entries)
-                self._pump_pushes(peer)
-
-    def _pump_pushes(self, peer: str) -> None:
-        lid = self.out[peer]
-        if lid is None or not self.links[lid].up:
-            return
-        q = self.queues[peer]
-        while (push := q.next_push()) is not None:
-            self._frame(lid, encode([PeerType.PUSH, push[0], push[1]]))
+            self.replicator.hold(confirms, self.now)
 
     # ------------------------------------------------------------ timers
 
@@ -332,46 +365,315 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._close(link, ("silent" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
-            self._to_peers(self._beat())
+            self.lt.to_peers(self._beat())
             if self.partitioned:
-                self._retry_refused()
+                for msgs in self.forwarding.refused():
+                    self._reroute(msgs)
         if now >= self.next_membership:
             self.next_membership = now + s.heartbeat_interval
             self._watch_peers(now)
-        if now >= self.pull_deadline:
+        if now >= self.life.pull_deadline:
             self._pull_failed("timeout", close=True)
         if self.ready:
-            for p in self.peers:
-                if now >= self.next_digest[p] and p not in self.digest_pending:
-                    if self._gone(p):  # (anti-entropy with members only)
-                        self.next_digest[p] = math.inf
-                    else:
-                        self._send_digest(p, now)
+            self.replicator.digests_due(now)
         if now >= self.next_gc:
             self.next_gc = now + s.tombstone_horizon / 10
             self._absorb(self.broker.collect_tombstones(now))
         # (an admin reply waits for its change on disk: written at once, unless the last write failed)
-        if now >= self.next_snapshot or (self.admin_waiting and not self.write_failed):
-            if now >= self.next_snapshot:
-                self.next_snapshot = now + s.snapshot_interval
-            if self.ready and self.writing is None and self.state_version != self.persisted:
-                self._write_snapshot()
+        life = self.life
+        if now >= life.next_snapshot or (self.joins.admin_waiting and not life.write_failed):
+            if now >= life.next_snapshot:
+                life.next_snapshot = now + s.snapshot_interval
+            if self.ready and life.writing is None and self.state_version != life.persisted:
+                life.write(self.state_version, now)
         b = self.broker.next_deadline()
         if b is not None and b <= now:
             self._absorb(self.broker.tick(now))
         for lid, data in self._streams.turn(self._drained) if self._streams else ():
-            self._frame(lid, data)
-        self._release_held()
-        self._durable_due()
-        self._leave_due()
+            self.lt.frame(lid, data)
+        self.replicator.release_held(now)
+        self.durable.due(now, self.ready)
+        if self.joins.leave_due(self.phase, now, self.peer_addr[self.id]):
+            self._stop()
         if self.phase == "stopping":
             self._drain()
+
+    # ------------------------------------------------------------ start, pull, snapshots, stop (cluster/lifecycle.py)
+
+    def _start(self) -> None:
+        if self.phase != "starting":
+            return
+        self.phase = "syncing"
+        self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
+                  members=len(self.roster.members()))  # fmt: skip
+        self._out.append(ReadSnapshot())
+        self.life.pull_order = order = list(self.peers)
+        self.rng.shuffle(order)
+        self._next_pull()
+
+    def _next_pull(self) -> None:
+        if self.life.next_pull(self.now):
+            self._pull_finished()
+
+    def _pull_failed(self, why: str, close: bool) -> None:
+        peer = self.life.pull_failed(why)
+        if peer is None:
+            return
+        lid = self.out[peer]
+        if close and lid is not None:
+            self._close(self.links[lid], "pull " + why)  # late DUMP frames must not arrive
+        self._next_pull()
+
+    def _pull_finished(self) -> None:
+        if self.life.pull_finished():
+            if self._gain_pull_finished():
+                self._check_roster()
+            return
+        self._maybe_ready()
+
+    def _on_snapshot(self, data: bytes | None, reason: str) -> None:
+        if self.life.snapshot_done:
+            return
+        got = self.life.snapshot_read(data, reason)
+        if got is not None:
+            written, chunks, roster = got
+            for entries in chunks:
+                self._absorb(self.broker.merge(entries, self.now))
+            if self.roster.merge(roster):
+                self._roster_changed()
+            age = self.now + self.wall_offset - written
+            self._log("info", "loaded_snapshot", subscriptions=self.broker.index.count, age_s=round(age, 1))
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        life = self.life
+        if self.phase != "syncing" or not (life.pull_done and life.snapshot_done):
+            return
+        if life.pulled_from is None and self.broker.index.count == 0:
+            self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")
+        self.phase = "ready"
+        if self.partitioned:
+            # What we hold of partitions we do not own (our clients' registers, from the
+            # snapshot) may never have reached the owners before we went down: hand it off.
+            theirs = {p for p, mine in enumerate(self.own.owned) if not mine}
+            self.replicator.hand_off(self.maps.new_owners(theirs, None))
+        self._out.append(ServeClients())
+        self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=life.pulled_from)
+        self.replicator.ready(self.now)
+
+    def _on_persisted(self, token: int, error: str | None) -> None:
+        ok = self.life.written(token, error)
+        if ok is None:
+            return
+        if ok:
+            self._reply_durable()
+        if self.phase == "stopping":
+            self.life.last_write(not ok, self.state_version, self.now)
+
+    def _stop(self) -> None:
+        if self.phase in ("stopping", "stopped"):
+            return
+        was_ready = self.ready
+        self.phase = "stopping"
+        for link in [x for x in self.links.values() if not x.outbound or not x.up]:
+            self._close(link, "stopping")
+        self.life.stopping(was_ready, self.state_version, self.now)
+
+    def _fatal(self, why: str) -> None:
+        """This member must not run: at start (it never served: nothing to write or hand over), or
+        a durable log failed on disk (cluster/durable.py: it stops as a crash would)."""
+        self._log("error", "cannot_run", reason=why)
+        self.phase = "stopped"  # (first: closing a link while syncing could make us ready and serve)
+        for link in list(self.links.values()):
+            self._close(link, "cannot run")
+        self._out.append(Exit(why))
+
+    def _drain(self) -> None:
+        """Stopping: close each dialled link whose pushes are all acknowledged;
+        exit once none is left and the last snapshot is done."""
+        for peer, lid in self.out.items():
+            if lid is not None and self.replicator.drained(peer) and not self.forwarding.queues[peer]:
+                self._close(self.links[lid], "stopping")
+        if self.life.final_done and not self.links:
+            self.phase = "stopped"
+            self._log("info", "node_stopped", subscriptions=self.broker.index.count)
+            self._out.append(Exit())
+
+    # ------------------------------------------------------------ joins and leaves (cluster/joining.py)
+
+    def _add_peer(self, peer: str, addr: tuple[str, int]) -> None:
+        """A member we did not know (a join; or one that left before we heard of it): every
+        per-peer structure, and a dial at once (none to one that left).
+        It counts live only once it reports ``ready`` (it may still be pulling)."""
+        self.peers.append(peer)
+        self.member_ids.add(peer)
+        self.peer_addr[peer] = addr
+        self.membership.add(peer, self.now)
+        self.replicator.add_peer(peer)
+        self.forwarding.add_peer(peer)
+        self.out[peer] = None
+        self.was_up[peer] = None
+        if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
+            self.next_dial[peer] = math.inf
+        else:
+            self.next_dial[peer] = self.now
+            self.unreached.add(peer)
+
+    def _rejoined(self, m: str, peer_addr: tuple[str, int]) -> None:
+        """A member that left joined again, maybe at new addresses: dial it (at those), and
+        push and repair again."""
+        if self.peer_addr[m] != peer_addr:
+            self.peer_addr[m] = peer_addr
+            lid = self.out[m]
+            if lid is not None:
+                self._close(self.links[lid], "joined again at another address")
+        if self.out[m] is None and self.next_dial[m] == math.inf:
+            self.next_dial[m] = self.now
+            self.unreached.add(m)
+        self.replicator.rejoined(m, self.now)  # (its queue was cleared when it left)
+
+    def _roster_changed(self) -> None:
+        """The latest roster changed (proposed here, or a peer's): learn new members, tell
+        every peer, and work toward committing it."""
+        for m, peer_addr, new in self.joins.changed():
+            if new:
+                self._add_peer(m, peer_addr)
+            else:
+                self._rejoined(m, peer_addr)
+        self.joins.announce()
+        self._check_roster()
+
+    def _check_roster(self) -> None:
+        """Pull our gains for the latest roster, report it synced, commit it when all are."""
+        todo = self.joins.check(self.phase, self.life.pull_peer is not None)
+        if todo is None:
+            return
+        if todo[0] == "pull":
+            self._start_gain_pull(todo[1])
+        else:
+            self._commit(todo[1])
+
+    def _start_gain_pull(self, gains: set[int]) -> None:
+        """PULL the gains from every live peer that owns some of them now (cluster/lifecycle.py)."""
+        self.life.pull_gains(gains, self.joins.committed, self.peers)
+        self._next_pull()
+
+    def _gain_pull_finished(self) -> bool:
+        """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
+        pulled again at the next heartbeat (_watch_peers). Returns whether the roster is to be
+        checked again now (every gain pulled)."""
+        got, missed = self.life.gains_pulled(self.joins.committed)
+        self.joins.pulled |= got
+        return not missed
+
+    def _commit(self, digest: int) -> None:
+        """The map moves to the roster ``digest``."""
+        for p in self.joins.commit(digest, self.peers):
+            self.replicator.left(p)
+        pulling = self.life.pull_peer
+        if pulling is not None and self.maps.gone(pulling):
+            self._pull_failed("left the cluster", close=False)
+        if self.partitioned:
+            self._remap()
+
+    def admin_request(self, f: list[Any], lid: int | None) -> tuple[bool, str, int]:
+        """Carry out an admin JOIN or LEAVE frame; the reply goes on link ``lid`` (None: the
+        simulator's admin, which watches ``persisted``). Returns (done, message, the state
+        version that must be on disk before the reply goes out)."""
+        try:
+            message, changed = self.joins.admin(f, self.phase)
+            if changed:
+                self._roster_changed()
+        except RosterError as exc:
+            self.joins.refused(f[0], str(exc), lid)
+            return False, str(exc), 0
+        version = self.state_version
+        self.joins.accepted(f[0], message, version, lid)
+        self._reply_durable()
+        return True, message, version
+
+    def _reply_durable(self) -> None:
+        """Send the admin replies whose change is in a snapshot on disk."""
+        self.joins.reply_durable(self.life.persisted, self.now)
+
+    # ------------------------------------------------------------ the map
+
+    def _remap(self) -> None:
+        """Compute the map of our current view (cluster/partitionmap.py); if its owners changed,
+        hand off (as the partitions' old owner, or as the home of clients with registers there,
+        so no change stays behind on a member that no longer owns it), route our forwards again,
+        tell the durable logs their owners, and run anti-entropy at once with the co-owners of
+        what we gained (a new secondary is filled from the primary within one round)."""
+        moved = self.maps.remap(self.now)
+        cmap = self.maps.cmap
+        assert cmap is not None
+        for peer, parts in self.pending.items():  # (a pending peer that now owns a partition gets it as owner)
+            parts.difference_update(p for p in list(parts) if p < cmap.partitions and peer in cmap.owners[p])
+        if moved is None:
+            return
+        old, gained = moved
+        if gained:  # (clients of a member down long enough expire in the partitions we now own too)
+            self.liveness.gained()
+        if old is None:
+            return
+        moved_parts = {p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}
+        self.replicator.hand_off(self.maps.new_owners(moved_parts, old))
+        for msgs in self.forwarding.to_route_again(cmap.live):
+            self._reroute(msgs)
+        self.durable.map_changed(old, self.now, self.ready)
+        if gained and self.ready:
+            for peer in self.peers:
+                if any(peer in cmap.owners[p] for p in gained):
+                    self.replicator.digest_soon(peer, self.now)
+
+    def _reroute(self, msgs: list[Any]) -> None:
+        """Our own forwards, routed again by the current map."""
+        if msgs:
+            self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
+
+    # ------------------------------------------------------------ liveness
+
+    def _paused(self, stood: float) -> None:
+        """Our loop stood still (a long core call, SIGSTOP, a VM pause, a slow snapshot
+        read): what peers sent meanwhile waits unread in the kernel, so their silence
+        and our links' deadlines are credited with the pause, as Cassandra's failure
+        detector ignores a local pause. Without it one stall past ``down_after`` takes
+        every peer down at once and remaps to owning everything, which stalls again."""
+        self.membership.credit(stood, self.now)
+        for link in self.links.values():
+            link.deadline += stood
+        self.life.paused(stood)
+        self.replicator.paused(stood)  # (PUSHACKs unread)
+        self.durable.paused(self.now)
+        if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
+            self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
+
+    def _watch_peers(self, now: float) -> None:
+        """The failure detector's verdicts (cluster/membership.py), acted on; then the clients of
+        members down for good expire (cluster/liveness.py)."""
+        changes = self.membership.tick(now)
+        for peer, old, new in changes:
+            self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
+            lid = self.out[peer]
+            if new == "down" and lid is not None:
+                self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
+        for peer, _old, new in changes:
+            if new == "down":
+                self.pending.pop(peer, None)
+        if changes and self.partitioned:
+            self._remap()
+        if self.joins.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
+            self._check_roster()
+        # (leaving, we may not hear the members that stopped dialling us)
+        if self.ready and not self.maps.gone(self.id):
+            for actions in self.liveness.expire_lost_homes(now):
+                self._absorb(actions)
 
     # ------------------------------------------------------------ links
 
     def _dial(self, peer: str) -> None:
-        lid = self._next_link
-        self._next_link += 1
+        lid = self.lt.next_id
+        self.lt.next_id += 1
         self.links[lid] = Link(lid, True, peer, self.now + self.s.handshake_timeout)
         self.out[peer] = lid
         self._out.append(Dial(lid, peer, self.peer_addr[peer]))
@@ -388,24 +690,23 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         if not link.outbound or peer is None or self.out.get(peer) != link.id:
             return
         self.out[peer] = None
-        self.queues[peer].disconnected()
-        self.fwd[peer].disconnected()
-        self.digest_pending.discard(peer)
+        self.replicator.disconnected(peer)
+        self.forwarding.queues[peer].disconnected()
         # A member whose leave is committed is dialled while it may still be draining (it hears
         # the cluster only through the heartbeats of the links we dial: review, 2026-11-24, a
         # leaver cut off once went deaf for good); then, out of reach, it has stopped.
         self.next_dial[peer] = self.now + self.s.reconnect_interval
-        if self._gone(peer) and not link.up:
-            until = self.redial_gone.setdefault(peer, self.now + self.s.leave_timeout + self.s.stop_timeout)
+        if self.maps.gone(peer) and not link.up:
+            until = self.joins.redial_gone.setdefault(peer, self.now + self.s.leave_timeout + self.s.stop_timeout)
             if self.now >= until:
                 self.next_dial[peer] = math.inf
         if self.was_up[peer] is not False:
             self._log("info", "link_down", peer=peer, reason=why)
         self.was_up[peer] = False
-        if self.pull_peer == peer:
+        if self.life.pull_peer == peer:
             self._pull_failed(why, close=False)
-        if not link.up:
-            self.dial_failed(peer)
+        if not link.up and self.maps.dial_failed(peer):
+            self._remap()
 
     def _on_bytes(self, lid: int, data: bytes) -> None:
         link = self.links.get(lid)
@@ -425,7 +726,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                     nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
                     reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce, self.shape)
                     if reply:
-                        self._frame(lid, reply)
+                        self.lt.frame(lid, reply)
                     if link.up:
                         self._link_up(link)
         except ShapeMismatch as exc:
@@ -435,7 +736,7 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
             self._log("error", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
             if not link.outbound:  # (the dialler learns why; it closes the link, or the handshake
                 # deadline does: a Close now could cut the answer)
-                self._frame(lid, encode([PeerType.REFUSED, str(exc)[:300]]))
+                self.lt.frame(lid, encode([PeerType.REFUSED, str(exc)[:300]]))
             else:
                 self._close(link, "[cluster] shape differs")
         except PeerProtocolError as exc:
@@ -458,8 +759,8 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
         if not link.outbound:
             link.deadline = self.now + self.s.link_idle_timeout
-            if link.peer is not None and self._gone(link.peer):
-                self._send_roster(link)  # (a member that left without hearing it: it learns here)
+            if link.peer is not None and self.maps.gone(link.peer):
+                self.joins.send_roster(link.id)  # (a member that left without hearing it: it learns here)
                 if self.out[link.peer] is None and self.phase == "ready":
                     # It drains and dials us: dial it back, so that it hears our heartbeats (who is
                     # alive, our map) even when we restarted since its leave (simulator seed 9384).
@@ -470,59 +771,66 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         self._heard(link)
         self._log("info", "link_up", peer=peer)
         self.was_up[peer] = True
-        self._frame(link.id, self._beat())
-        self._send_roster(link)
-        self.told.add(peer)
-        self._pump_forwards(peer)
-        q = self.queues[peer]
-        self.next_digest[peer] = self.now if q.overflowed else self.now + self.s.anti_entropy_interval
-        self._pump_pushes(peer)
-        if self.pull_peer == peer and not self.pull_sent:
-            self._send_pull()
+        self.lt.frame(link.id, self._beat())
+        self.joins.send_roster(link.id)
+        self.joins.told.add(peer)
+        self.forwarding.pump(peer)
+        self.replicator.link_up(peer, self.now)
+        if self.life.pull_peer == peer and not self.life.pull_sent:
+            self.life.send_pull()
 
     def _on_request(self, link: Link, f: list[Any]) -> None:
         """A frame on a link the peer dialled."""
         if link.peer == ADMIN:
-            self._on_admin(link, f)
+            self.admin_request(f, link.id)  # (roost cluster join/leave, authenticated like a peer)
             return
         kind, n = f[0], len(f)
         if kind == PeerType.PUSH and n == 3:
-            self._absorb(self.broker.merge(check_entries_untrusted(f[2]), self.now))
-            self._frame(link.id, encode([PeerType.PUSHACK, f[1]]))
+            _, seq, entries = f
+            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
+            self.lt.frame(link.id, encode([PeerType.PUSHACK, seq]))
         elif kind == PeerType.LOGFETCH:
-            self._on_logfetch(link, f)
+            assert link.peer is not None
+            self.durable.on_logfetch(link.peer, link.id, f, self.now, self.ready)
         elif kind == PeerType.HEARTBEAT and n == 7:
-            state, subs, clients, epoch, synced, committed = f[1], f[2], f[3], f[4], f[5], f[6]
+            _, state, subs, clients, epoch, synced, committed = f
             if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
                     or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT for v in (subs, clients)) \
                     or any(v.__class__ is not int or not 0 <= v < 2**64 for v in (synced, committed)):  # fmt: skip
                 raise PeerProtocolError("malformed HEARTBEAT")
             assert link.peer is not None
-            self._frame(link.id, _BEAT)  # (the dialler's proof that its link works)
+            self.lt.frame(link.id, _BEAT)  # (the dialler's proof that its link works)
             view = self.membership.peers[link.peer]
             reported, was_synced = view.reported, view.synced
             ch = self.membership.heard(link.peer, self.now, state, subs, clients, synced, committed)
             if ch:
                 self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
-                self._expired.discard(link.peer)
+                self.liveness.heard(link.peer)
             if self.partitioned:
-                self.heard_epoch(epoch)
+                self.maps.heard_epoch(epoch)
                 self.unreached.discard(link.peer)
                 if ch or reported != state:
                     self._remap()
-            if (ch or reported != state or was_synced != synced) and self.committed != self.roster.digest():
+            if (ch or reported != state or was_synced != synced) and self.joins.committed != self.roster.digest():
                 self._check_roster()
         elif kind == PeerType.ROSTER and n == 2:
-            self._on_roster_frame(f[1])
+            _, roster = f
+            if self.joins.roster_frame(roster):
+                self._roster_changed()
         elif kind == PeerType.FORWARD and n == 3:
-            self._on_forward_frame(link, f[1], f[2])
+            _, fid, msgs = f
+            actions, ack = self.forwarding.received(link.id, fid, msgs, self.now)
+            self._absorb(actions)
+            if ack is not None:
+                self.lt.frame(link.id, ack)
         elif kind == PeerType.RELAY and n == 2:
-            self._on_relay_frame(f[1])
+            _, sends = f
+            self.forwarding.relayed(sends)
         elif kind == PeerType.PULL and (n == 1 or n == 2):
             if self._streams.running(link.id, PeerType.DUMP):
                 raise PeerProtocolError("PULL while a dump is in progress on this link")
             if not self.ready:
-                self._frame(link.id, encode([PeerType.DUMPEND, -1]))  # "not ready": pull from someone else
+                self.lt.frame(link.id, encode([PeerType.DUMPEND, -1]))  # "not ready": pull from someone else
             else:
                 peer = link.peer
 
@@ -530,18 +838,22 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
                     self._log("info", "served_pull", peer=peer, subscriptions=sent)
                     return [PeerType.DUMPEND, sent]
 
-                parts = check_partitions_untrusted(f[1], len(self.broker.digest)) if n == 2 else None
+                parts = None  # (PULL [partitions]: these only; PULL: everything)
+                if n == 2:
+                    _, wanted = f
+                    parts = check_partitions_untrusted(wanted, len(self.broker.digest))
                 if parts is not None:
-                    self._note_pull(peer, parts)
+                    self.joins.note_pull(peer, parts)
                 dump = self.broker.dump(parts, home=peer if parts is not None else None)
                 self._streams.start(link.id, PeerType.DUMP, dump, end)
         elif kind == PeerType.DIGEST and n == 2:
             if self._streams.running(link.id, PeerType.DIFF):
                 raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
+            _, digest = f
             ours = self.broker.digest
-            theirs = check_digest_untrusted(f[1], len(ours))
+            theirs = check_digest_untrusted(digest, len(ours))
             assert link.peer is not None
-            among = self.shared(link.peer) if self.partitioned else range(len(ours))
+            among = self.maps.shared(link.peer) if self.partitioned else range(len(ours))
             differ = [i for i in among if ours[i] != theirs[i]]
             self._streams.start(link.id, PeerType.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
                          lambda sent: [PeerType.DIFFEND, differ])  # fmt: skip
@@ -556,56 +868,41 @@ class MemberCore(Lifecycle, Partitioned, Joining, Liveness, Durable, MemberStatu
         if kind == PeerType.BEAT and n == 1:
             pass  # (_heard did what it is for)
         elif kind == PeerType.ROSTER and n == 2:
-            self._on_roster_frame(f[1])  # (we left: a member that no longer dials us says so)
+            _, roster = f
+            if self.joins.roster_frame(roster):  # (we left: a member that no longer dials us says so)
+                self._roster_changed()
         elif kind == PeerType.PUSHACK and n == 2:
-            if f[1].__class__ is not int:
-                raise PeerProtocolError("malformed PUSHACK")
-            self.queues[peer].acked(f[1])
-            self._pump_pushes(peer)
+            _, seq = f
+            self.replicator.acked(peer, seq)
         elif kind == PeerType.FWDACK and n == 3:
-            self._on_fwdack(peer, f[1], f[2])
+            _, fid, refused = f
+            delivered = self.forwarding.acked(peer, fid, refused)
+            if delivered:
+                self._absorb(self.broker.settle_forwards(delivered, self.now))
+            self.forwarding.pump(peer)
         elif kind == PeerType.LOGDATA:
-            self._on_logdata(peer, f)
+            self.durable.on_logdata(peer, f, self.now, self.ready)
         elif kind == PeerType.DIFF and n == 2:
-            self._absorb(self.broker.merge(check_entries_untrusted(f[1]), self.now))
+            _, entries = f
+            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
         elif kind == PeerType.DIFFEND and n == 2:
-            buckets = f[1]
-            if buckets.__class__ is not list or not all(b.__class__ is int for b in buckets):
-                raise PeerProtocolError("malformed DIFFEND")
-            q = self.queues[peer]
-            q.repaired()  # (first: an overflowed queue would drop what follows)
-            if buckets:
-                # They sent their side of the differing buckets; ours goes back as
-                # pushes, made as the push window opens (never all in one turn).
-                if not self._gone(peer):  # (a digest in flight when its leave was committed)
-                    q.add_repair(self.broker.dump(set(buckets)))
-                self._log("info", "anti_entropy", peer=peer, buckets=len(buckets))
-            self.digest_pending.discard(peer)
-            self.next_digest[peer] = self.now + self.s.anti_entropy_interval
-            self.last_synced[peer] = self.now
-            self._pump_pushes(peer)
-        elif kind == PeerType.DUMP and n == 2 and self.pull_peer == peer and self.pull_sent:
-            entries = check_entries_untrusted(f[1])
+            _, buckets = f
+            self.replicator.diffend(peer, buckets, self.now)
+        elif kind == PeerType.DUMP and n == 2 and self.life.pulling(peer):
+            _, dumped = f
+            entries = check_entries_untrusted(dumped)
             self._absorb(self.broker.merge(entries, self.now))
-            self.pull_count += sum(len(e[5]) for e in entries)
-        elif kind == PeerType.DUMPEND and n == 2 and self.pull_peer == peer and self.pull_sent:
-            if f[1] == -1:
+            self.life.dumped(entries)
+        elif kind == PeerType.DUMPEND and n == 2 and self.life.pulling(peer):
+            _, sent = f
+            if sent == -1:  # ("not ready")
                 self._pull_failed("peer is not ready itself", close=False)
             else:
-                self._log("info", "pulled", peer=peer, subscriptions=self.pull_count)
-                self.pulled_from, self.last_synced[peer] = peer, self.now
-                self.pull_ok.add(peer)
+                self.life.pulled(peer)
+                self.replicator.synced(peer, self.now)
                 if self.partitioned:
                     self._next_pull()  # (each peer holds only its own partitions: ask them all)
                 else:
                     self._pull_finished()
         else:
             raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
-
-    def _send_digest(self, peer: str, now: float) -> None:
-        lid = self.out[peer]
-        if lid is None or not self.links[lid].up or self.membership.peers[peer].state != "ready":
-            self.next_digest[peer] = now + self.s.anti_entropy_interval
-            return
-        self.digest_pending.add(peer)
-        self._frame(lid, encode([PeerType.DIGEST, list(self.broker.digest)]))

@@ -146,8 +146,8 @@ def _check_shape(theirs: Any, ours: str) -> None:
 def check_hello_untrusted(f: list[Any], members: set[str], me: str, shape: str) -> tuple[str, bytes]:
     if len(f) != 5 or f[0] != PeerType.HELLO or f[1] != PROTOCOL:
         raise PeerProtocolError("expected HELLO " + PROTOCOL)
-    _check_shape(f[4], shape)
-    peer, nonce = f[2], f[3]
+    _, _protocol, peer, nonce, their_shape = f
+    _check_shape(their_shape, shape)
     if not isinstance(peer, str) or (peer not in members and peer != ADMIN) or peer == me:
         raise PeerProtocolError(f"unknown peer id {str(peer)[:64]!r}")
     if not isinstance(nonce, bytes) or len(nonce) != NONCE_LEN:
@@ -160,8 +160,8 @@ def check_challenge_untrusted(f: list[Any], shape: str) -> tuple[str, bytes, byt
         raise ShapeMismatch(f"refused by the peer: {f[1][:300]}")
     if len(f) != 5 or f[0] != PeerType.CHALLENGE:
         raise PeerProtocolError("expected CHALLENGE")
-    _check_shape(f[4], shape)
-    peer, nonce, m = f[1], f[2], f[3]
+    _, peer, nonce, m, their_shape = f
+    _check_shape(their_shape, shape)
     if not (isinstance(peer, str) and isinstance(nonce, bytes) and isinstance(m, bytes)):
         raise PeerProtocolError("malformed CHALLENGE")
     return peer, nonce, m
@@ -297,9 +297,12 @@ def check_relay_untrusted(sends: Any) -> list[tuple[tuple[str, int], bytes]]:
 
 def check_logfetch_untrusted(f: list[Any], partitions: int) -> tuple[int, int, int, int, bool]:
     """Validate LOGFETCH ``[type, partition, epoch, end, last epoch, claim]``."""
-    if len(f) != 6 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[5].__class__ is not bool:
+    if len(f) != 6:
         raise PeerProtocolError("malformed LOGFETCH")
-    return f[1], _seq(f[2], "an epoch"), _seq(f[3], "an offset"), _seq(f[4], "an epoch"), f[5]
+    _, p, epoch, end, last_epoch, claim = f
+    if p.__class__ is not int or not 0 <= p < partitions or claim.__class__ is not bool:
+        raise PeerProtocolError("malformed LOGFETCH")
+    return p, _seq(epoch, "an epoch"), _seq(end, "an offset"), _seq(last_epoch, "an epoch"), claim
 
 
 def check_logdata_untrusted(f: list[Any], partitions: int) -> tuple[Any, ...]:
@@ -307,15 +310,18 @@ def check_logdata_untrusted(f: list[Any], partitions: int) -> tuple[Any, ...]:
     truncate, reset, records, asked]``; records ``[offset, time ms, body]`` with consecutive offsets;
     ``asked``: the end the FETCH answered came from. (The bodies are checked where they are taken:
     cluster/partitionlog.py.)"""
-    if len(f) != 12 or f[1].__class__ is not int or not 0 <= f[1] < partitions or f[10].__class__ is not list:
+    if len(f) != 12:
         raise PeerProtocolError("malformed LOGDATA")
-    _seq(f[11], "a LOGDATA field")
-    head = [_seq(v, "a LOGDATA field") for v in f[2:8]]
-    cuts = [v for v in f[8:10] if v.__class__ is not int or not -1 <= v < wire.SEQ_LIMIT]
+    _, p, epoch, status, start, end, last_epoch, commit, truncate, reset, records, asked = f
+    if p.__class__ is not int or not 0 <= p < partitions or records.__class__ is not list:
+        raise PeerProtocolError("malformed LOGDATA")
+    _seq(asked, "a LOGDATA field")
+    head = [_seq(v, "a LOGDATA field") for v in (epoch, status, start, end, last_epoch, commit)]
+    cuts = [v for v in (truncate, reset) if v.__class__ is not int or not -1 <= v < wire.SEQ_LIMIT]
     if cuts:
         raise PeerProtocolError("LOGDATA truncate and reset are offsets or -1")
     expect = None
-    for r in f[10]:
+    for r in records:
         if r.__class__ is not list or len(r) != 3 or r[2].__class__ is not bytes:
             raise PeerProtocolError("a LOGDATA record is [offset, time ms, body]")
         o = _seq(r[0], "an offset")
@@ -323,7 +329,7 @@ def check_logdata_untrusted(f: list[Any], partitions: int) -> tuple[Any, ...]:
         if expect is not None and o != expect:
             raise PeerProtocolError("LOGDATA records must have consecutive offsets")
         expect = o + 1
-    return (f[1], *head, f[8], f[9], f[10], f[11])
+    return (p, *head, truncate, reset, records, asked)
 
 
 def check_partitions_untrusted(parts: Any, partitions: int) -> set[int]:

@@ -14,13 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _break_handoff() -> None:
-    """Partitioned mode: a member whose view gives a partition a new owner hands it nothing."""
-    from roost.cluster.partitioned import Partitioned
-
-    Partitioned._hand_off = lambda self, parts, old: None  # type: ignore[method-assign]
-
-
 def _break_early_ack() -> None:
     """Durable mode: a leader commits (acknowledges puts, serves readers) once a record is on its own
     disk, without waiting for its followers' copies."""
@@ -53,7 +46,7 @@ BREAKS: dict[str, Callable[[], None] | None] = {
     "no-dedup": None,  # (client/receive.py: subscribers keep a message they had already)
     "no-tombstones": None,  # (node/registers.py: replicas drop the tombstones that reach them)
     "no-restream": None,  # (node/streams.py: a stream goes on at a client's new address)
-    "no-handoff": _break_handoff,  # (partitioned mode)
+    "no-handoff": None,  # (partitioned mode: cluster/replicator.py hand_off)
     "no-void": None,  # (partitioned mode; node/registers.py: a client's reset ends nothing at the owners)
     "early-ack": _break_early_ack,  # (partitioned mode: durable)
     "no-fsync": _break_no_fsync,  # (partitioned mode: durable)

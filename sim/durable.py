@@ -24,11 +24,11 @@ second one in a third of the seeds (``SECOND_CLIENT``: more would cost too much 
   the checker sees every record it processed.
 * Processes also die and restart at random times; a new process puts under a new producer id
   (what its old process had not had acknowledged is not promised).
-* Hooks on each member core (instance attributes, like sim/accounting.py's
-  ``_watch_publish``): every record a leader commits, with the members holding it on disk then
-  (the leader and the followers whose fetches passed it); every leader's start, seen as the
-  Append of its EPOCH record, with its view of the live members and its log's epochs; every
-  cursor a leader reads a GET from, and every range of records it answers one with.
+* What the members did comes as their ``Trace`` actions (cluster/durable.py, emitted because the
+  simulation's ClusterConfig says ``trace``): every record a leader commits, with the members
+  holding it on disk then (the leader and the followers whose fetches passed it); every leader's
+  start, seen as the Append of its EPOCH record, with its view of the live members and its log's
+  epochs; every cursor a leader reads a GET from, and every range of records it answers one with.
 
 At the freeze they stop with the other clients. ``_durable_progress`` checks that what a
 process had put by the middle of the quiet period is acknowledged by the end, and the final
@@ -42,26 +42,19 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from roost.client import ring
-from roost.client.decoding import decode_untrusted_frame
 from roost.client.durableclient import DurableClient as DurableCore
 from roost.client.durableclient import Reader
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
-from roost.cluster.durable import cursor_key
-from roost.cluster.events import Send
-from roost.cluster.member import MemberCore
-from roost.cluster.partitionlog import EPOCH, LEADING, Append, Committed, PartitionLog
-from roost.node.actions import DurableGet
-from roost.node.segmentlog import Record
+from roost.node.actions import Trace
 from sim.check import Checker
 from sim.durablecheck import DurableCheck
 from sim.world import WALL, SimMember
 
 Addr = tuple[str, int]
 DURABLE_TOPICS = ("d0", "d1", "d2")
+DURABLE_TRACES = frozenset({"committed", "took_over", "cursor_served", "records_served"})  # (_durable_traced)
 # Durable client processes: each puts to every durable topic and reads one; a second one in a
 # third of the seeds (two writers to a partition, two cursors in it), one otherwise (the cost of
 # a seed: scripts/simulate.py campaigns run 10,000 of them)
@@ -282,44 +275,20 @@ class DurableWorkload:
 
     # ------------------------------------------------------------ hooks on the members
 
-    def _watch_durable(self, m: SimMember, core: MemberCore) -> None:
-        run_log, get, answer = core._run_log, core._on_durable_get, core._answer_get
-        check, readers = self.dcheck, self._dreaders
-
-        def watched(actions: list[Any]) -> None:
-            for a in actions:
-                cls = a.__class__
-                if cls is Committed and a.records:
-                    check.committed(a.partition, a.records, {core.id, *core.plogs[a.partition].followers}, self.now)
-                elif cls is Append and len(a.records) == 1:
-                    log = core.plogs.get(a.partition)
-                    if log is not None and log.role == LEADING and log.end == a.records[0].offset + 1:
-                        b = msgpack.unpackb(a.records[0].body, raw=False)
-                        if b[1] == EPOCH and b[0] == log.epoch and core.cmap is not None:
-                            check.took_over(a.partition, core.id, log.epoch, core.cmap.live, _lineage(log), self.now)
-            run_log(actions)
-
-        def watched_get(a: DurableGet) -> None:
-            get(a)
-            log = core.plogs.get(a.partition)
-            # (a leader whose read lease ran out refuses the GET: it served no cursor; seed 20)
-            if log is not None and log.role == LEADING and log.readable(self.now):
-                key = cursor_key(a.name, a.topic)
-                v = log.state.cursors.get((a.did, key))
-                if v is not None:
-                    check.cursor_served(a.partition, a.did, key, v, core.id, _lineage(log), self.now)
-
-        def watched_answer(token: Any, records: list[Record]) -> None:
-            answer(token, records)
-            index = readers.get(token[2])
-            sent = core._out[-1]  # (the RECORDS it sent: how far it scanned)
-            if index is not None and sent.__class__ is Send:
-                f = decode_untrusted_frame(sent.data)
-                check.records_served(index, token[4], [r for r in records if r.offset < f[4]], self.now)
-
-        core._run_log = watched  # type: ignore[method-assign]
-        core._answer_get = watched_answer  # type: ignore[method-assign]
-        core._on_durable_get = watched_get  # type: ignore[method-assign]
+    def _durable_traced(self, t: Trace) -> None:
+        """A member core's durable Trace (cluster/durable.py, emitted as the simulator's configuration
+        asks): what it committed, took over, and served, for the checker."""
+        f, check = t.fields, self.dcheck
+        if t.event == "committed":
+            check.committed(f["partition"], f["records"], f["holders"], self.now)
+        elif t.event == "took_over":
+            check.took_over(f["partition"], f["member"], f["epoch"], f["live"], f["lineage"], self.now)
+        elif t.event == "cursor_served":
+            check.cursor_served(f["partition"], f["did"], f["key"], f["cursor"], f["member"], f["lineage"], self.now)
+        elif t.event == "records_served":
+            index = self._dreaders.get(f["name"])
+            if index is not None:
+                check.records_served(index, f["partition"], f["records"], self.now)
 
     def _durable_final(self) -> None:
         cores = {i: m.core for i, m in self.members.items() if m.core is not None and m.core.leave_by == math.inf}
@@ -327,7 +296,3 @@ class DurableWorkload:
         st = self.dcheck.stats  # (scripts/simulate.py totals them)
         self.stats.update(durable_acked=st["puts_acked"], durable_consumed=st["consumed"],
                           durable_excused=st["excused"])  # fmt: skip
-
-
-def _lineage(log: PartitionLog) -> tuple[int, ...]:
-    return tuple(e for e, _ in log.epochs)

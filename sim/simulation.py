@@ -60,15 +60,15 @@ from roost.cluster.events import (
     Start,
     Stop,
     Tick,
+    Trace,
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
 from roost.cluster.roster import decode_untrusted_roster
-from roost.node.actions import Trace
 from sim.accounting import SimAccounting
 from sim.check import Checker, Published
-from sim.durable import DurableWorkload
+from sim.durable import DURABLE_TRACES, DurableWorkload
 from sim.logs import SimLogDisk
 from sim.nemesis import Nemesis
 from sim.world import (
@@ -226,8 +226,6 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
                             roster=decode_untrusted_roster(m.roster))  # fmt: skip
         m.serving = False
         m.tick_at = math.inf
-        if self.durable:
-            self._watch_durable(m, m.core)
         self._feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
         self._feed(m, Start())
         self._touch()
@@ -284,8 +282,11 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         elif cls in LOG_ACTIONS:
             at, ev = self.logdisk.perform(m.id, a, self.now)
             self.at(at, self._disk_answer, m, m.incarnation, ev)
-        elif cls is Trace:
-            self._traced(m, a)
+        elif cls is Trace:  # (the cores trace: ClusterConfig.trace)
+            if self.durable and a.event in DURABLE_TRACES:
+                self._durable_traced(a)
+            else:
+                self._traced(m, a)
 
     def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:
         if m.incarnation == inc:

@@ -23,10 +23,10 @@ class Producer:
         for m in sim.members.values():  # (acknowledgements: the tokens members committed)
             core = m.core
             if core is not None:
-                for pid, seq in core.durable_committed:
+                for pid, seq in core.durable.committed:
                     if pid == self.pid:
                         self.acked = max(self.acked, seq)
-                core.durable_committed = [t for t in core.durable_committed if t[0] != self.pid]
+                core.durable.committed[:] = [t for t in core.durable.committed if t[0] != self.pid]
         if self.next_seq - self.acked <= 20:
             self.next_seq += 1
         first, last = self.acked + 1, self.next_seq - 1
@@ -36,7 +36,8 @@ class Producer:
         for m in sim.members.values():  # (to whoever leads it in its own view)
             core = m.core
             if core is not None and core.ready and core.cmap is not None and core.cmap.owners[self.p][:1] == (m.id,):
-                core.durable_put(self.p, msgs, self.pid, first, first, lambda last: (self.pid, last), 5000)
+                token = lambda last: (self.pid, last)  # noqa: E731
+                core.durable.put(self.p, msgs, self.pid, first, first, token, 5000, sim.now, True)
                 sim._feed(m, Tick())  # (the core's actions go out)
 
 

@@ -161,7 +161,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
     out = core.handle(Datagrams([(cmds, addr)]), sim.now)
     to_client = [decoding.decode_untrusted_frame(a.data)[0] for a in out if isinstance(a, Send) and a.addr == addr]
     assert to_client == [wire.FrameType.REDIRECT]  # no CMDACK yet: held, the owners have not acknowledged
-    assert core.held
+    assert core.replicator.held
     owners = [m for m in core.cmap.owners[core.own.partition(topic)] if m != "m0"]
     for peer in owners:  # the owners acknowledge our push
         lid = core.out[peer]
@@ -169,7 +169,7 @@ def test_a_cmdack_waits_for_the_owners_and_a_forward_is_delivered_by_the_primary
         q = core.queues[peer]
         for seq in list(q.inflight):
             out = core.handle(LinkBytes(lid, encode([PeerType.PUSHACK, seq])), sim.now)
-    assert any(isinstance(a, Send) and a.addr == addr for a in out) and not core.held  # the CMDACK
+    assert any(isinstance(a, Send) and a.addr == addr for a in out) and not core.replicator.held  # the CMDACK
 
 
 def test_a_member_acknowledges_a_forwarded_pub_when_the_fwdack_comes_back():
@@ -185,7 +185,7 @@ def test_a_member_acknowledges_a_forwarded_pub_when_the_fwdack_comes_back():
     acks = [f for f in (decoding.decode_untrusted_frame(a.data) for a in out if isinstance(a, Send) and a.addr == addr)
             if f[0] is wire.FrameType.PUBACK and f[1] == pid]  # fmt: skip
     assert [f[2] for f in acks] == [0]  # (accepted, not yet at the primary)
-    (fid,) = list(core.fwd[primary].inflight)
+    (fid,) = list(core.forwarding.queues[primary].inflight)
     lid = core.out[primary]
     assert lid is not None
     out = core.handle(LinkBytes(lid, encode([PeerType.FWDACK, fid, []])), sim.now)
@@ -202,7 +202,7 @@ def test_a_heartbeat_with_an_epoch_out_of_range_closes_the_link():
     inbound = next(x.id for x in core.links.values() if not x.outbound and x.peer == "m1")
     out = core.handle(LinkBytes(inbound, encode([PeerType.HEARTBEAT, "ready", 0, 0, 2**64 - 1, 0, 0])), sim.now)
     assert any(isinstance(a, Close) and a.link == inbound for a in out)
-    assert core.epoch_seen < 2**62
+    assert core.maps.epoch_seen < 2**62
 
 
 def test_a_pushack_of_no_sequence_is_a_protocol_error_not_a_crash_caught():
@@ -640,9 +640,9 @@ def test_a_leaver_that_hears_no_owner_keeps_a_publish_unacknowledged_until_one_i
     pub = wire.encode_pub(pb.cid, pb.cookie, b"q" * 16, 1, 1, True, [wire.pack_message("w1", None, None, b"x")])
     out = core.handle(Datagrams([(pub, pb.addr)]), now)
     assert [f for f in frames_to(out, pb.addr) if f[0] is FrameType.PUBACK and f[2] >= 1] == []
-    assert [m[3] for m in core.unrouted] == [b"x"]
+    assert [m[3] for m in core.forwarding.unrouted] == [b"x"]
     for i in range(1, 10):  # (heartbeats go by: still unacknowledged, still kept)
         out = core.handle(Tick(), now + 0.2 * i)
         assert [f for f in frames_to(out, pb.addr) if f[0] is FrameType.PUBACK and f[2] >= 1] == []
-    assert [m[3] for m in core.unrouted] == [b"x"]
+    assert [m[3] for m in core.forwarding.unrouted] == [b"x"]
     assert core.broker.metrics["rerouted_here"] + core.broker.metrics["forwarded_in"] == before
