@@ -99,7 +99,7 @@ def cursor_key(name: str, topic: str) -> str:
 class Durable(MemberParts):
     def _init_durable(self) -> None:
         self.plogs: dict[int, PartitionLog] = {}
-        self.log_settings = LogSettings.of(self.s)
+        self.log_settings = LogSettings.of(self.s, self.cfg.breaks)
         self.next_retention = self.now + self.log_settings.retention_check_interval
         self.logs_ready = False  # LogsRead came: durable requests are taken
         self.durable_committed: list[Any] = []  # tokens of puts and cursor commits now durable

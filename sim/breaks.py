@@ -56,33 +56,6 @@ def _break_void() -> None:
     Registers._void_older = lambda self, c, cver, now: None  # type: ignore[method-assign]
 
 
-def _break_early_ack() -> None:
-    """Durable mode: a leader commits (acknowledges puts, serves readers) once a record is on its own
-    disk, without waiting for its followers' copies."""
-    from roost.cluster.partitionlog import PartitionLog
-
-    advance = PartitionLog._advance
-
-    def alone(self: PartitionLog) -> list[Any]:
-        followers, self.followers = self.followers, {}
-        try:
-            return advance(self)
-        finally:
-            self.followers = followers
-
-    PartitionLog._advance = alone  # type: ignore[method-assign]
-
-
-def _break_no_fsync() -> None:
-    """Durable mode: an owner's appends are written but not synced, and counted durable all the same
-    (fsync = never, without saying so): a power loss takes what it acknowledged."""
-    from roost.cluster.partitionlog import LogSettings
-
-    of = LogSettings.of.__func__  # type: ignore[attr-defined]
-    # (the members' settings come from their config, fsync = "always": a changed default did nothing)
-    LogSettings.of = classmethod(lambda cls, s: of(cls, s)._replace(fsync="never"))  # type: ignore[assignment,method-assign]
-
-
 # Deliberately broken builds (``scripts/simulate.py --break NAME``): each must be caught.
 BREAKS: dict[str, Callable[[], None] | None] = {
     "no-dedup": _break_dedup,
@@ -90,8 +63,8 @@ BREAKS: dict[str, Callable[[], None] | None] = {
     "no-restream": _break_restream,
     "no-handoff": _break_handoff,  # (partitioned mode)
     "no-void": _break_void,  # (partitioned mode)
-    "early-ack": _break_early_ack,  # (partitioned mode: durable)
-    "no-fsync": _break_no_fsync,  # (partitioned mode: durable)
+    "early-ack": None,  # (partitioned mode: durable; cluster/partitionlog.py ``early_ack``)
+    "no-fsync": None,  # (partitioned mode: durable; cluster/logdisk.py syncs nothing)
 }
 _broken: set[str] = set()
 

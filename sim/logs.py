@@ -3,9 +3,10 @@
 It does for sim/simulation.py what node/segmentlog.py does for a real member:
 appends, truncations, resets and reads, in order, each answered after a
 seeded delay. A crash of the member is a power loss: every record after the
-synced mark is gone, as on a machine whose page cache died with it. Only
-``sync`` appends (fsync = always) move the mark; the others are written, not
-synced.
+synced mark is gone, as on a machine whose page cache died with it. It decides
+nothing: ``sync`` appends (fsync = always) and ``Sync`` (fsync = interval) move
+the mark, a ``Checkpoint`` replaces the commit checkpoint, as the log core
+(cluster/logdisk.py) asks; ``Sync`` and ``Checkpoint`` are not answered (None).
 """
 
 from __future__ import annotations
@@ -16,7 +17,18 @@ from typing import Any
 
 from roost.cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
 from roost.cluster.logrecords import LogScan
-from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.partitionlog import (
+    Append,
+    Checkpoint,
+    LogSettings,
+    ReadLog,
+    Reload,
+    ResetLog,
+    Retain,
+    SaveSeen,
+    Sync,
+    Truncate,
+)
 from roost.node.segmentlog import Record
 
 
@@ -40,11 +52,18 @@ class SimLogDisk:
         self.busy_until: dict[str, float] = {}  # (one member's disk work is done in order)
 
     def perform(self, member: str, a: Any, now: float) -> tuple[float, Any]:
-        """Do ``a`` for ``member``; returns (when its answer comes, the answer event)."""
+        """Do ``a`` for ``member``; returns (when its answer comes, the answer event or None)."""
         logs = self.logs.setdefault(member, {})
+        cls = a.__class__
+        if cls is Sync or cls is Checkpoint:  # (done at once, in order, not answered: no delay drawn)
+            log = logs.setdefault(a.partition, SimLog())
+            if cls is Sync:
+                log.synced = len(log.records)
+            else:
+                log.checkpoint = a.commit
+            return now, None
         at = max(now, self.busy_until.get(member, 0.0)) + self.rng.uniform(0.0002, 0.003)
         self.busy_until[member] = at
-        cls = a.__class__
         if cls is ReadLog:
             log = logs.get(a.partition, SimLog())
             i = max(0, a.start - log.start)
@@ -58,19 +77,16 @@ class SimLogDisk:
         if cls is Append:
             assert a.records[0].offset == log.end, (member, a.partition, a.records[0].offset, log.end)
             log.records.extend(a.records)
-            log.checkpoint = max(log.checkpoint, a.commit)
             if a.sync:
                 log.synced = len(log.records)
         elif cls is Truncate or cls is Reload:
             del log.records[max(0, a.to - log.start) :]
             log.synced = min(log.synced, len(log.records))
-            log.checkpoint = min(log.checkpoint, a.to)
             if cls is Reload:
                 scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint, log.seen)
                 return at, LogReloaded(a.partition, scan)
         elif cls is ResetLog:
             log.start, log.records, log.synced = a.start, [], 0
-            log.checkpoint = min(log.checkpoint, a.start)
         elif cls is Retain:  # (record by record: the simulated disk has no segments)
             wanted = log.start
             for r in log.records:

@@ -63,7 +63,7 @@ from roost.cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.member import MemberCore
-from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.partitionlog import Append, Checkpoint, ReadLog, Reload, ResetLog, Retain, SaveSeen, Sync, Truncate
 from roost.cluster.roster import decode_untrusted_roster
 from sim.accounting import SimAccounting
 from sim.check import Checker, Published
@@ -83,7 +83,7 @@ from sim.world import (
 )
 
 # (durable partition logs: sim/logs.py)
-LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
+LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
 
 
 class Simulation(SimAccounting, Nemesis, DurableWorkload):
@@ -284,7 +284,8 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             self._gone(m)
         elif cls in LOG_ACTIONS:
             at, ev = self.logdisk.perform(m.id, a, self.now)
-            self.at(at, self._disk_answer, m, m.incarnation, ev)
+            if ev is not None:  # (Sync, Checkpoint: not answered)
+                self.at(at, self._disk_answer, m, m.incarnation, ev)
 
     def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:
         if m.incarnation == inc:
