@@ -109,7 +109,7 @@ class ClusterNode:
         peer_hosts: dict[str, str] | None = None,
         log: EventLog | None = None,
         roster: list[Any] | None = None,
-        fsync_file: Callable[[Any], None] | None = None,
+        fsync_file: Callable[[Any], object] | None = None,
     ) -> None:
         """``fsync_file(f)`` flushes and fsyncs an open snapshot file (a test gives one that hangs)."""
         self.cc = cc

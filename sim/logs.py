@@ -39,6 +39,13 @@ class SimLog:
     synced: int = 0  # records[:synced] survive a power loss
     checkpoint: int = 0  # the commit checkpoint (kept through a power loss: its worst case, the highest)
     seen: int = 0  # the highest claim accepted (SaveSeen: synced, kept through a power loss)
+    written: list[float] = field(default_factory=list)  # when each record's Append was answered
+
+    def cut(self, n: int) -> None:
+        """Keep only the first ``n`` records."""
+        del self.records[n:]
+        del self.written[n:]
+        self.synced = min(self.synced, n)
 
     @property
     def end(self) -> int:
@@ -77,16 +84,16 @@ class SimLogDisk:
         if cls is Append:
             assert a.records[0].offset == log.end, (member, a.partition, a.records[0].offset, log.end)
             log.records.extend(a.records)
+            log.written.extend([at] * len(a.records))
             if a.sync:
                 log.synced = len(log.records)
         elif cls is Truncate or cls is Reload:
-            del log.records[max(0, a.to - log.start) :]
-            log.synced = min(log.synced, len(log.records))
+            log.cut(max(0, a.to - log.start))
             if cls is Reload:
                 scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint, log.seen)
                 return at, LogReloaded(a.partition, scan)
         elif cls is ResetLog:
-            log.start, log.records, log.synced = a.start, [], 0
+            log.start, log.records, log.written, log.synced = a.start, [], [], 0
         elif cls is Retain:  # (record by record: the simulated disk has no segments)
             wanted = log.start
             for r in log.records:
@@ -95,6 +102,7 @@ class SimLogDisk:
                 wanted = r.offset + 1
             gone = max(0, min(wanted, a.keep_from) - log.start)
             del log.records[:gone]
+            del log.written[:gone]
             log.start += gone
             log.synced = max(0, log.synced - gone)
             return at, LogRetained(a.partition, log.start, wanted)
@@ -106,7 +114,12 @@ class SimLogDisk:
         return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint, log.seen)
                          for p, log in logs.items() if log.records or log.start or log.seen}, "")  # fmt: skip
 
-    def power_loss(self, member: str) -> None:
-        for log in self.logs.get(member, {}).values():
-            del log.records[log.synced :]
+    def power_loss(self, member: str) -> list[tuple[int, Record, float]]:
+        """``member``'s machine lost power: what was not synced is gone. Returns what went
+        (partition, record, when its Append was answered): fsync = interval loses some."""
+        gone: list[tuple[int, Record, float]] = []
+        for p, log in self.logs.get(member, {}).items():
+            gone += [(p, r, t) for r, t in zip(log.records[log.synced :], log.written[log.synced :], strict=True)]
+            log.cut(log.synced)
         self.busy_until.pop(member, None)
+        return gone
