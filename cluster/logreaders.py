@@ -1,9 +1,12 @@
-"""What a durable partition log's readers and its retention see of it (sans-IO).
+"""What a durable partition log's readers, its fetchers and its retention see of it (sans-IO).
 
-A leader serves durable readers (GET) only records below its commit, and only
-while its read lease holds (``readable``): every follower in its map fetched
-from it lately. Retention deletes old segments of each owner's own log, never
-at or past ``retain_limit`` (cluster/partitionlog.py's theory of operation
+An owner answers another owner's FETCH with ``DATA`` (``answer``, ``data``): the
+records from the fetcher's end out of its cache, or read from disk (``read_done``),
+or where the fetcher must cut or reset its log to (cluster/partitionlog.py's theory
+of operation). A leader serves durable readers (GET) only records below its commit,
+and only while its read lease holds (``readable``): every follower in its map
+fetched from it lately. Retention deletes old segments of each owner's own log,
+never at or past ``retain_limit`` (cluster/partitionlog.py's theory of operation
 says why the newest record of each cursor is kept). A ``PartitionLog`` holds one
 ``Readers`` over itself (``LogView``: the state it reads, and what retention moves)
 and hands these calls to it.
@@ -14,11 +17,14 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
-from roost.cluster.logactions import LogAction, LogSettings, ReadLog
-from roost.cluster.logrecords import State
+from roost.cluster.logactions import LogAction, LogSettings, PeerFrame, ReadDone, ReadLog
+from roost.cluster.logrecords import State, diverges, last_epoch_of
 from roost.node.segmentlog import Record
 
 IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
+# DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
+# that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
+OK, NOT_LEADER, STALE, PROBED = 0, 1, 2, 3
 
 
 class LogView(Protocol):
@@ -38,6 +44,9 @@ class LogView(Protocol):
     stale_until: float
     tail: deque[tuple[Record, list[Any]]]
     state: State
+    seen: int
+    end: int
+    epochs: list[tuple[int, int]]
 
 
 class Readers:
@@ -114,3 +123,45 @@ class Readers:
                     return min(r.offset, v.commit), []
             return v.commit, []
         return None, [ReadLog(v.p, v.start, 1, token, time_ms)]
+
+    # ------------------------------------------------------------ fetchers
+
+    def answer(self, member: str, end: int, last_epoch: int | None = None, status: int = OK) -> list[LogAction]:
+        """``DATA`` for ``member``'s fetch from ``end`` (its last epoch ``last_epoch``), or a
+        ``ReadLog`` of records no longer in the cache (answered through ``read_done``)."""
+        v = self.v
+        if last_epoch is not None:
+            cut = diverges(v.epochs, v.end, end, last_epoch)
+            if cut is not None:
+                return [self.data(member, status, end, [], truncate=cut)]
+        if end < v.start:
+            return [self.data(member, status, end, [], reset=v.start)]
+        if end < v.base_at:
+            return [ReadLog(v.p, end, v.s.fetch_records, ("fetch", member, status))]
+        return [self.data(member, status, end, self._cached(end))]
+
+    def _cached(self, end: int) -> list[Record]:
+        v = self.v
+        out: list[Record] = []
+        size = 0
+        for r, _ in v.tail:
+            if r.offset < end:
+                continue
+            if len(out) >= v.s.fetch_records or (out and size + len(r.body) > v.s.fetch_bytes):
+                break
+            out.append(r)
+            size += len(r.body)
+        return out
+
+    def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
+        """A ``ReadLog`` is done: a fetcher's ``DATA``, or a reader's committed records (``ReadDone``)."""
+        if token.__class__ is tuple and token[0] == "fetch":
+            return [self.data(token[1], token[2], records[0].offset, records)] if records else []
+        return [ReadDone(token, [r for r in records if r.offset < self.v.commit])]
+
+    def data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
+             reset: int = -1) -> PeerFrame:  # fmt: skip
+        v = self.v
+        recs = [[r.offset, r.time_ms, r.body] for r in records]
+        return PeerFrame(member, ["DATA", v.p, v.seen, status, v.start, v.end, last_epoch_of(v.epochs),
+                                  v.commit, truncate, reset, recs, end])  # fmt: skip

@@ -96,7 +96,7 @@ from roost.cluster.logactions import (
     Truncate,
 )
 from roost.cluster.logdisk import DiskPolicy
-from roost.cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, Readers
+from roost.cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, NOT_LEADER, OK, PROBED, STALE, Readers
 from roost.cluster.logrecords import (
     CURSOR,
     EPOCH,
@@ -107,7 +107,6 @@ from roost.cluster.logrecords import (
     cursor_body,
     decode_untrusted_body,
     diverges,
-    end_for_epoch,
     last_epoch_of,
     message_body,
     take,
@@ -119,9 +118,6 @@ __all__ = [
     "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog",
     "Retain", "SaveSeen", "State", "Sync", "Truncate", "decode_untrusted_body",
 ]  # fmt: skip
-# DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
-# that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
-OK, NOT_LEADER, STALE, PROBED = 0, 1, 2, 3
 EPOCH_TAG_BITS = 20  # a leader epoch's low bits name the member that claimed it (``_own_epoch``)
 
 
@@ -209,10 +205,6 @@ class PartitionLog:
     @property
     def last_epoch(self) -> int:
         return last_epoch_of(self.epochs)
-
-    def end_for_epoch(self, epoch: int) -> int:
-        """Where ``epoch`` ended in this log (cluster/logrecords.py)."""
-        return end_for_epoch(self.epochs, self.end, epoch)
 
     def diverges(self, end: int, last_epoch: int) -> int | None:
         """Where a fetcher at ``end`` with ``last_epoch`` must cut its log to, or None (cluster/logrecords.py)."""
@@ -374,7 +366,7 @@ class PartitionLog:
         self.appending += 1
         out = self.disk.append(recs, self.commit)
         for m, (_, end, last_epoch) in list(self.parked.items()):  # (fetchers waiting get them now)
-            out += self._answer(m, end, last_epoch)
+            out += self.readers.answer(m, end, last_epoch)
             del self.parked[m]
         return out
 
@@ -412,7 +404,7 @@ class PartitionLog:
             # (two claims at one epoch: the greater member id wins)
             if epoch < self.seen or (epoch == self.seen and self.role in (LEADING, CLAIMING)
                                      and self.epoch == epoch and member < self.me):  # fmt: skip
-                return [self._data(member, STALE, end, [])]
+                return [self.readers.data(member, STALE, end, [])]
             if epoch == self.seen and self.role in (LEADING, CLAIMING) and self.epoch == epoch:
                 self._step_down()
             if epoch > self.seen:
@@ -425,12 +417,12 @@ class PartitionLog:
                 asked = any(e >= epoch for e, _, _ in self.unsaved.values())
                 self.unsaved[member] = (epoch, end, last_epoch)
                 return [] if asked else [SaveSeen(self.p, epoch)]
-            return self._answer(member, end, last_epoch, PROBED) + self._follow_primary(member, epoch, now)
+            return self.readers.answer(member, end, last_epoch, PROBED) + self._follow_primary(member, epoch, now)
         if self.role == CLAIMING and epoch <= self.epoch:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
         if self.role != LEADING or epoch > self.epoch:
-            out: list[LogAction] = [self._data(member, NOT_LEADER, end, [])]
+            out: list[LogAction] = [self.readers.data(member, NOT_LEADER, end, [])]
             if self.role != CLAIMING and self.owners[:1] == [self.me] and (self.role != LEADING or epoch > self.epoch):
                 # (the primary of our map, idle or below an owner's epoch: claim above it; stepping
                 # down alone left no leader until the map changed again; seed 8)
@@ -447,7 +439,7 @@ class PartitionLog:
         if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out
-        return out + self._answer(member, end, last_epoch)
+        return out + self.readers.answer(member, end, last_epoch)
 
     def seen_saved(self, epoch: int, now: float) -> list[LogAction]:
         """A ``SaveSeen`` is done: the claims it covers are answered (one overtaken by a higher claim
@@ -469,33 +461,8 @@ class PartitionLog:
         self.role, self.leader, self.epoch = FOLLOWING, member, epoch
         return self._fetch(member, now)
 
-    def _answer(self, member: str, end: int, last_epoch: int | None = None, status: int = OK) -> list[LogAction]:
-        if last_epoch is not None:
-            cut = self.diverges(end, last_epoch)
-            if cut is not None:
-                return [self._data(member, status, end, [], truncate=cut)]
-        if end < self.start:
-            return [self._data(member, status, end, [], reset=self.start)]
-        if end < self.base_at:
-            return [ReadLog(self.p, end, self.s.fetch_records, ("fetch", member, status))]
-        return [self._data(member, status, end, self._cached(end))]
-
-    def _cached(self, end: int) -> list[Record]:
-        out: list[Record] = []
-        size = 0
-        for r, _ in self.tail:
-            if r.offset < end:
-                continue
-            if len(out) >= self.s.fetch_records or (out and size + len(r.body) > self.s.fetch_bytes):
-                break
-            out.append(r)
-            size += len(r.body)
-        return out
-
     def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
-        if token.__class__ is tuple and token[0] == "fetch":
-            return [self._data(token[1], token[2], records[0].offset, records)] if records else []
-        return [ReadDone(token, [r for r in records if r.offset < self.commit])]
+        return self.readers.read_done(token, records)
 
     # ------------------------------------------------------------ retention
 
@@ -507,12 +474,6 @@ class PartitionLog:
         old = sorted(k for k, at in self.state.cursor_at.items() if at < before)
         bodies = [cursor_body(self.epoch, cid, name, self.state.cursors[cid, name]) for cid, name in old]
         return self._append_local(bodies, now_ms) + self._advance()
-
-    def _data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
-              reset: int = -1) -> PeerFrame:  # fmt: skip
-        recs = [[r.offset, r.time_ms, r.body] for r in records]
-        return PeerFrame(member, ["DATA", self.p, self.seen, status, self.start, self.end, self.last_epoch,
-                                  self.commit, truncate, reset, recs, end])  # fmt: skip
 
     # ------------------------------------------------------------ fetch answers
 
@@ -621,7 +582,7 @@ class PartitionLog:
         for m, (since, end, _) in list(self.parked.items()):
             if now >= since + self.s.fetch_wait:
                 del self.parked[m]
-                out.append(self._data(m, OK if self.role == LEADING else NOT_LEADER, end, []))
+                out.append(self.readers.data(m, OK if self.role == LEADING else NOT_LEADER, end, []))
         if self.role == FOLLOWING and self.leader is not None and now >= self.fetch_sent + self.s.fetch_retry:
             self.fetching = False
             out += self._fetch(self.leader, now)
