@@ -13,8 +13,10 @@ simulator's sim/logs.py) only store what they are told and say when it is done.
   written (a crash of the process loses nothing: the page cache has them). The
   first ``Append`` answered after the last ``Sync`` starts the clock: at most
   ``fsync_interval`` later the core asks a ``Sync``, which the shell runs in
-  the log's queue after every write asked before it. A power loss of every
-  owner within that interval can lose an acknowledged record.
+  the log's queue after every write asked before it. A log opened at start
+  is synced at the first tick (a process that died left its writes unsynced).
+  A power loss of the owners within that interval can lose an acknowledged
+  record.
 * ``never``: written only; the operating system syncs when it likes.
 
 The commit checkpoint (Kafka's high-watermark file) is a commit this owner
@@ -50,8 +52,12 @@ class DiskPolicy:
         self.sync_due = math.inf  # interval: when the next Sync is asked
 
     def recovered(self, checkpoint: int) -> None:
-        """The log as opened (or read again): its checkpoint holds ``checkpoint``."""
+        """The log as opened (or read again): its checkpoint holds ``checkpoint``. Under
+        ``interval`` what it holds may be written and not synced (the process, not the machine,
+        went down): it is synced at the first tick."""
         self.checkpointed = checkpoint
+        if self.interval < math.inf:
+            self.unsynced, self.sync_due = True, 0.0
 
     def append(self, records: list[Record], commit: int) -> list[LogAction]:
         """The actions that write ``records``, the log's commit being ``commit``."""

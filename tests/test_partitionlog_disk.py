@@ -36,6 +36,8 @@ def test_interval_asks_a_sync_once_a_written_record_has_waited_the_interval() ->
     d.append(_recs(3, 1), 0)
     d.written(9.0)
     assert d.next_deadline() == 9.5 and d.tick(9.5) == [Sync(0)]
+    d.recovered(0)  # (opened at start: what the last process wrote may not be synced)
+    assert d.next_deadline() == 0.0 and d.tick(20.0) == [Sync(0)] and d.next_deadline() == math.inf
 
 
 def test_never_and_the_no_fsync_break_sync_nothing() -> None:
