@@ -104,7 +104,8 @@ CLUSTER_SETTINGS: list[Setting] = [
             lambda v: v in ("always", "interval", "never"),
             "always: a put is acknowledged only once it is fsynced on every owner of its partition "
             "(survives power loss). interval: once written on every owner (survives a crash of "
-            "the process; a power loss of both owners within fsync_interval can lose it); the "
+            "the process; a power loss within fsync_interval can lose it, of both owners or of one "
+            "while the other is down, which may then take over with the shorter log); the "
             "logs are fsynced every fsync_interval. never: left to the operating system."),
     number("durable", "fsync_interval", 0.2, float, 0.001, 60, "fsync = \"interval\": how often the logs are fsynced."),
     number("durable", "segment_bytes", 64 << 20, int, 4096, 1 << 32,

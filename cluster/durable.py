@@ -124,7 +124,7 @@ class DurableLogs:
         self.now = now  # (the time of the event being handled: every entry point sets it)
         self.ready = False  # (the member is ready: every entry point that depends on it sets it)
         self.plogs: dict[int, PartitionLog] = {}
-        self.log_settings = LogSettings.of(s)
+        self.log_settings = LogSettings.of(s, cfg.breaks)
         self.next_retention = now + self.log_settings.retention_check_interval
         self.logs_ready = False  # LogsRead came: durable requests are taken
         self.committed: list[Any] = []  # tokens of puts and cursor commits now durable

@@ -1,9 +1,11 @@
 """What a partition log's core (cluster/partitionlog.py) is configured with and asks for (sans-IO).
 
-``LogSettings`` are the [durable] settings the core uses. The actions are what
-one owner's log asks of its shell (node/segmentlog.py through cluster/logstore.py,
-or the simulator's disk, sim/logs.py): disk work (``Append``,
-``Truncate``, ``ResetLog``, ``ReadLog``, ``Retain``, ``SaveSeen``), a frame for another owner
+``LogSettings`` are the [durable] settings the core uses (and the broken builds
+it is told to be, for the simulator). The actions are what one owner's log asks
+of its shell (node/segmentlog.py through cluster/logstore.py, or the simulator's
+disk, sim/logs.py): disk work (``Append``, ``Truncate``, ``ResetLog``,
+``ReadLog``, ``Retain``, ``SaveSeen``, and the disk policy's ``Sync`` and
+``Checkpoint``: cluster/logdisk.py decides when), a frame for another owner
 (``PeerFrame``), puts and cursors now committed (``Committed``), a reader's
 records read from disk (``ReadDone``), and ``Reload`` (a cut past the cache: the shell
 cuts the log and reads it again).
@@ -20,6 +22,7 @@ class LogSettings(NamedTuple):
     """The [durable] settings a log's core uses (cluster/config.py documents each)."""
 
     fsync: str = "always"  # always | interval | never
+    fsync_interval: float = 0.2  # fsync = interval: how long a written record may wait for its fsync
     max_uncommitted: int = 10_000
     cache_records: int = 20_000
     fetch_records: int = 500
@@ -29,11 +32,15 @@ class LogSettings(NamedTuple):
     retention_bytes: int = 0  # 0: no limit
     retention_age: float = 604800.0
     retention_check_interval: float = 60.0
+    # Deliberately broken mechanisms (sim/breaks.py: "early-ack", "no-fsync"), from the member's
+    # NodeConfig.breaks: empty in every real member.
+    breaks: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, settings: Any) -> LogSettings:
-        """From the cluster's settings (cluster/config.py ClusterSettings: the same names)."""
-        return cls(**{k: getattr(settings, k) for k in cls._fields})
+    def of(cls, settings: Any, breaks: frozenset[str] = frozenset()) -> LogSettings:
+        """From the cluster's settings (cluster/config.py ClusterSettings: the same names) and the
+        member's ``breaks`` (NodeConfig)."""
+        return cls(**{k: getattr(settings, k) for k in cls._fields if k != "breaks"}, breaks=breaks)
 
     @property
     def keep(self) -> int:
@@ -45,13 +52,28 @@ class LogSettings(NamedTuple):
 
 
 class Append(NamedTuple):
-    """``records`` to append (fsynced if ``sync``); ``commit``, the log's commit when it asked, is
-    kept beside the log as its checkpoint (``LogScan.commit`` on the next start)."""
+    """``records`` to append, fsynced before the answer if ``sync`` (fsync = always)."""
 
     partition: int
     records: list[Record]
     sync: bool
-    commit: int = -1
+
+
+class Sync(NamedTuple):
+    """fsync the log (fsync = interval: the core asks once a written record has waited
+    ``fsync_interval``); it covers every ``Append`` asked before it. Not answered: no
+    acknowledgement waits for it under that policy (docs/durable.md)."""
+
+    partition: int
+
+
+class Checkpoint(NamedTuple):
+    """Replace the log's commit checkpoint (a file beside it, never fsynced) with ``commit``: read
+    back as ``LogScan.commit`` on the next start. Asked after the ``Append`` of the records it
+    covers, and before a cut below it. Not answered."""
+
+    partition: int
+    commit: int
 
 
 class Truncate(NamedTuple):
@@ -120,4 +142,17 @@ class ReadDone(NamedTuple):
     records: list[Record]
 
 
-LogAction = Append | Truncate | ResetLog | ReadLog | Retain | PeerFrame | Committed | Reload | ReadDone | SaveSeen
+LogAction = (
+    Append
+    | Sync
+    | Checkpoint
+    | Truncate
+    | ResetLog
+    | ReadLog
+    | Retain
+    | PeerFrame
+    | Committed
+    | Reload
+    | ReadDone
+    | SaveSeen
+)

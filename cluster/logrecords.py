@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -86,9 +86,9 @@ class State:
         return State(dict(self.producers), dict(self.cursors), dict(self.cursor_at))
 
 
-class Held:
-    """Records held in memory and what they add up to; a log read at start-up (``LogScan``) and an
-    owner's live log (``PartitionLog``) take each record the same way."""
+class Held(Protocol):
+    """What holds records in memory and what they add up to: a log read at start-up (``LogScan``)
+    and an owner's live log (``PartitionLog``) take each record the same way (``take``)."""
 
     epochs: list[tuple[int, int]]  # (leader epoch, its first offset), ascending
     tail: deque[tuple[Record, list[Any]]]
@@ -96,53 +96,59 @@ class Held:
     end: int
     last_ms: int
 
-    def _take(self, r: Record, b: list[Any]) -> None:
-        if not self.epochs or b[0] > self.epochs[-1][0]:
-            self.epochs.append((b[0], r.offset))
-        self.tail.append((r, b))
-        self.state.apply(r.offset, b)
-        self.end = r.offset + 1
-        if r.time_ms > self.last_ms:
-            self.last_ms = r.time_ms
 
-    @property
-    def last_epoch(self) -> int:
-        return self.epochs[-1][0] if self.epochs else 0
+def take(h: Held, r: Record, b: list[Any]) -> None:
+    """``h`` takes the record ``r`` (decoded: ``b``) at its end."""
+    if not h.epochs or b[0] > h.epochs[-1][0]:
+        h.epochs.append((b[0], r.offset))
+    h.tail.append((r, b))
+    h.state.apply(r.offset, b)
+    h.end = r.offset + 1
+    if r.time_ms > h.last_ms:
+        h.last_ms = r.time_ms
 
-    def end_for_epoch(self, epoch: int) -> int:
-        """Where ``epoch`` ended in this log: the first offset of the next higher epoch."""
-        for e, first in self.epochs:
-            if e > epoch:
-                return first
-        return self.end
 
-    def diverges(self, end: int, last_epoch: int) -> int | None:
-        """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None. An epoch this
-        log never had is divergent whatever its end: the answer is then at or past ``end``, and
-        the fetcher cuts all of that epoch (PartitionLog._copy; simulator seed 9). One older than
-        every epoch held here: 0, and the fetcher resets to our start."""
-        if last_epoch == 0:  # (no records: nothing to cut)
-            return None
-        if self.epochs and last_epoch < self.epochs[0][0]:
-            # (older than every epoch held here: where it ended went with retention or a reset, and
-            # the fetcher may hold a never-committed record below our first; it begins again at our
-            # start, as ``PartitionLog._copy`` does with a cut to 0; second review)
-            return 0 if end > 0 else None
-        cut = self.end_for_epoch(last_epoch)
-        if end > cut:
-            return cut
-        if self.epochs and last_epoch > self.epochs[0][0] and all(e != last_epoch for e, _ in self.epochs):
-            return max(cut, end)
+def last_epoch_of(epochs: list[tuple[int, int]]) -> int:
+    return epochs[-1][0] if epochs else 0
+
+
+def end_for_epoch(epochs: list[tuple[int, int]], log_end: int, epoch: int) -> int:
+    """Where ``epoch`` ended in a log of ``epochs`` ending at ``log_end``: the first offset of the
+    next higher epoch."""
+    for e, first in epochs:
+        if e > epoch:
+            return first
+    return log_end
+
+
+def diverges(epochs: list[tuple[int, int]], log_end: int, end: int, last_epoch: int) -> int | None:
+    """The offset a fetcher at ``end`` with ``last_epoch`` must truncate to, or None, against a log
+    of ``epochs`` ending at ``log_end``. An epoch this log never had is divergent whatever its
+    end: the answer is then at or past ``end``, and the fetcher cuts all of that epoch
+    (PartitionLog._copy; simulator seed 9). One older than every epoch held here: 0, and the
+    fetcher resets to our start."""
+    if last_epoch == 0:  # (no records: nothing to cut)
         return None
+    if epochs and last_epoch < epochs[0][0]:
+        # (older than every epoch held here: where it ended went with retention or a reset, and
+        # the fetcher may hold a never-committed record below our first; it begins again at our
+        # start, as ``PartitionLog._copy`` does with a cut to 0; second review)
+        return 0 if end > 0 else None
+    cut = end_for_epoch(epochs, log_end, last_epoch)
+    if end > cut:
+        return cut
+    if epochs and last_epoch > epochs[0][0] and all(e != last_epoch for e, _ in epochs):
+        return max(cut, end)
+    return None
 
 
-class LogScan(Held):
+class LogScan:
     """A log read at start-up, chunk by chunk: everything a ``PartitionLog`` needs to begin."""
 
     def __init__(self, start: int, keep: int, commit: int = 0, seen: int = 0) -> None:
         self.start = self.end = start
         self.keep = keep
-        self.commit = commit  # the log's commit checkpoint (``Append.commit``): at most the true commit
+        self.commit = commit  # the log's commit checkpoint (``Checkpoint``): at most the true commit
         self.seen = seen  # the highest claim accepted, as saved (``SaveSeen``)
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, its first offset), ascending
         self.state = State()  # every record's
@@ -160,7 +166,7 @@ class LogScan(Held):
     def feed(self, records: list[Record]) -> None:
         """The next records of the log, in order. Raises LogFormatError for a body not ours."""
         for r in records:
-            self._take(r, decode_untrusted_body(r.body))
+            take(self, r, decode_untrusted_body(r.body))
             if len(self.tail) > self.keep:
                 old, ob = self.tail.popleft()
                 self.base.apply(old.offset, ob)

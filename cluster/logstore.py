@@ -5,11 +5,12 @@ node/segmentlog.py, blocking, so the shell calls it in a worker thread: at
 start, ``open_all`` opens every partition directory under ``<data_dir>/log``
 (torn tails cut, each cut logged) and returns the ``LogsRead`` event fed before
 ``Start``; then ``perform`` does one ``Append``/``Truncate``/``ResetLog``/
-``ReadLog`` and returns the event that answers it. The shell keeps one queue
-per partition, so each partition's work is done in the order the core gave it.
-An ``Append`` with ``sync`` returns only after fsync (fsync policy ``always``);
-with ``interval`` the shell's timer queues a ``Sync`` on every partition's
-queue every ``fsync_interval``; ``never`` leaves it to the OS.
+``ReadLog``/... and returns the event that answers it. The shell keeps one
+queue per partition, so each partition's work is done in the order the core
+gave it. Nothing here decides when to fsync or what the commit checkpoint says
+(the log core's cluster/logdisk.py does): an ``Append`` with ``sync`` is
+answered only after fsync, a ``Sync`` fsyncs, a ``Checkpoint`` replaces the
+checkpoint file with the number it carries.
 """
 
 from __future__ import annotations
@@ -18,24 +19,28 @@ import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from roost.cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
 from roost.cluster.logrecords import LogFormatError, LogScan
-from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.partitionlog import (
+    Append,
+    Checkpoint,
+    LogSettings,
+    ReadLog,
+    Reload,
+    ResetLog,
+    Retain,
+    SaveSeen,
+    Sync,
+    Truncate,
+)
 from roost.node.segmentlog import LogCorrupt, LogUsage, SegmentLog, sync_dir
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
 CHECKPOINT = "commit"  # in a partition directory: a commit its member knew (decimal), Kafka's high watermark
 SEEN = "seen"  # in a partition directory: the highest claim its member accepted (decimal, synced)
 SCAN_BYTES = 4 << 20  # a log is read at start-up this much at a time
-
-
-class Sync(NamedTuple):
-    """fsync = interval: the shell's timer puts one in every partition's queue (a log is used
-    by one worker at a time, so the sync waits its turn there)."""
-
-    partition: int
 
 
 class LogStore:
@@ -45,7 +50,6 @@ class LogStore:
         self.settings = settings
         self.segment_bytes = segment_bytes
         self.logs: dict[int, SegmentLog] = {}
-        self.checkpointed: dict[int, int] = {}  # partition -> the commit last written to its checkpoint
 
     def _dir(self, p: int) -> Path:
         return self.root / f"{PREFIX}{p:05d}"
@@ -85,7 +89,6 @@ class LogStore:
                 self.log("warning", "log_tail_cut", partition=p, cut_at=rec.cut_at, cut_bytes=rec.cut_bytes,
                          reason=rec.cut_reason)  # fmt: skip
             self.logs[p] = log
-            self.checkpointed[p] = scan.commit
             if scan.records or scan.start or scan.seen:  # (an empty log reset to a later start begins there)
                 logs[p] = scan
         return LogsRead(logs, "")
@@ -100,7 +103,8 @@ class LogStore:
         return scan
 
     def perform(self, a: Any) -> Any:
-        """Do one disk action of the core; returns the event that answers it (None for ``Sync``)."""
+        """Do one disk action of the core; returns the event that answers it (None for ``Sync`` and
+        ``Checkpoint``)."""
         p = a.partition
         cls = a.__class__
         try:
@@ -110,6 +114,9 @@ class LogStore:
             log = self._log(p)
             if cls is Sync:
                 log.sync()
+                return None
+            if cls is Checkpoint:
+                _write_number(self._dir(p) / CHECKPOINT, a.commit)
                 return None
             if cls is ReadLog:
                 start = a.start if a.at_time < 0 else log.offset_for_time(a.at_time)
@@ -123,23 +130,14 @@ class LogStore:
                 return LogRetained(p, log.start, log.wanted)
             if cls is Reload:
                 log.truncate(a.to)
-                self._lower_checkpoint(p, log.end)
                 return LogReloaded(p, self._scan(log, self._dir(p)))
             if cls is Truncate:
                 log.truncate(a.to)
             elif cls is ResetLog:
                 log.reset(a.start)
-            self._lower_checkpoint(p, log.end)
             return LogWritten(p, log.end)
         except (OSError, LogUsage, LogCorrupt, LogFormatError) as exc:
             return self._failed(p, exc)
-
-    def _lower_checkpoint(self, p: int, end: int) -> None:
-        """A cut (or reset) to ``end``: a checkpoint past it would count the next branch's records
-        there as committed after a restart."""
-        if self.checkpointed.get(p, 0) > end:  # (what the file holds: set at open and at every write)
-            _write_number(self._dir(p) / CHECKPOINT, end)
-            self.checkpointed[p] = end
 
     def _failed(self, p: int, exc: Exception) -> LogFailed:
         self.log("error", "log_failed", partition=p, reason=str(exc)[:200])
@@ -147,11 +145,13 @@ class LogStore:
 
     def perform_all(self, actions: list[Any]) -> list[Any]:
         """Do one partition's queued actions in order, with one fsync for a run of ``Append``
-        actions (group commit); each is answered, a run's answers once the run is on disk."""
+        actions (group commit); each is answered, a run's answers once the run is on disk. The
+        ``Checkpoint`` actions among them go with the run: its last is written after the run's
+        records (each follows the records it covers)."""
         out: list[Any] = []
-        run: list[Any] = []  # consecutive Appends
+        run: list[Any] = []  # consecutive Appends (and the Checkpoints between them)
         for a in actions:
-            if a.__class__ is Append:
+            if a.__class__ is Append or (run and a.__class__ is Checkpoint):
                 run.append(a)
                 continue
             if run:
@@ -167,17 +167,17 @@ class LogStore:
     def _append_run(self, run: list[Any]) -> list[Any]:
         p = run[0].partition
         log = self._log(p)
+        appends = [a for a in run if a.__class__ is Append]
+        checkpoints = [a for a in run if a.__class__ is Checkpoint]
         try:
-            for a in run:
+            for a in appends:
                 log.append(a.records)
-            durable = log.sync() if any(a.sync for a in run) else _flushed(log)
-            commit = max(a.commit for a in run)
-            if commit > self.checkpointed.get(p, -1):  # (after the records it covers are on disk)
-                _write_number(self._dir(p) / CHECKPOINT, commit)
-                self.checkpointed[p] = commit
+            durable = log.sync() if any(a.sync for a in appends) else _flushed(log)
+            if checkpoints:  # (after the records it covers are written)
+                _write_number(self._dir(p) / CHECKPOINT, checkpoints[-1].commit)
         except (OSError, LogUsage, LogCorrupt) as exc:
             return [self._failed(p, exc)]
-        return [LogWritten(p, durable) for _ in run]
+        return [LogWritten(p, durable) for _ in appends]
 
     def close(self) -> None:
         for log in self.logs.values():

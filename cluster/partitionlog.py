@@ -9,7 +9,11 @@ appends, truncations and reads (``Append``, ``Truncate``, ``ResetLog``,
 ``ReadLog``) that a shell runs on node/segmentlog.py in a worker thread, and is
 told when they are done (``appended``, ``read_done``); what it says to the other
 owners is a ``PeerFrame``; a put or a cursor commit it has made durable comes
-back as a token in ``Committed``.
+back as a token in ``Committed``. When its log is fsynced and what its commit
+checkpoint says are decided by its ``DiskPolicy`` (cluster/logdisk.py: ``Sync``
+and ``Checkpoint`` actions, the fsync policy driven by ``now`` and
+``next_deadline``); its readers and retention are a ``Readers``
+(cluster/logreaders.py) over its state.
 
 Records (cluster/logrecords.py). A body is msgpack ``[epoch, kind, ...]``:
 ``MESSAGE`` (topic, key, tags, payload, producer id, producer sequence),
@@ -77,6 +81,7 @@ import msgpack
 
 from roost.cluster.logactions import (
     Append,
+    Checkpoint,
     Committed,
     LogAction,
     LogSettings,
@@ -87,9 +92,11 @@ from roost.cluster.logactions import (
     ResetLog,
     Retain,
     SaveSeen,
+    Sync,
     Truncate,
 )
-from roost.cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, Readers
+from roost.cluster.logdisk import DiskPolicy
+from roost.cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, NOT_LEADER, OK, PROBED, STALE, Readers
 from roost.cluster.logrecords import (
     CURSOR,
     EPOCH,
@@ -99,18 +106,18 @@ from roost.cluster.logrecords import (
     State,
     cursor_body,
     decode_untrusted_body,
+    diverges,
+    last_epoch_of,
     message_body,
+    take,
 )
 from roost.node.segmentlog import Record
 
 __all__ = [
-    "CLAIMING", "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "Append", "Committed", "LogAction",
-    "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog", "Retain",
-    "SaveSeen", "State", "Truncate", "decode_untrusted_body",
+    "CLAIMING", "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "Append", "Checkpoint", "Committed",
+    "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog",
+    "Retain", "SaveSeen", "State", "Sync", "Truncate", "decode_untrusted_body",
 ]  # fmt: skip
-# DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
-# that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
-OK, NOT_LEADER, STALE, PROBED = 0, 1, 2, 3
 EPOCH_TAG_BITS = 20  # a leader epoch's low bits name the member that claimed it (``_own_epoch``)
 
 
@@ -125,11 +132,15 @@ class Claim:
     started: float = 0.0
 
 
-class PartitionLog(Readers):
+class PartitionLog:
     def __init__(self, partition: int, me: str, settings: LogSettings) -> None:
         self.p = partition
         self.me = me
         self.s = settings
+        self.disk = DiskPolicy(partition, settings)  # when to fsync, what the checkpoint says
+        self.readers = Readers(self)  # the read lease, committed reads, retention
+        # (a broken build for the simulator: commit what is on our own disk, not waiting for followers)
+        self.early_ack = "early-ack" in settings.breaks
         self.start = self.end = self.durable = self.commit = 0
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, its first offset), ascending
         self.seen = 0  # the highest leader epoch accepted for this partition
@@ -171,6 +182,7 @@ class PartitionLog(Readers):
         # (the checkpoint is a commit this owner knew, so never past the true one; what lies after it
         # is served once a claim and the followers' fetches commit it again)
         self.commit = max(self.start, min(scan.commit, self.end))
+        self.disk.recovered(scan.commit)
         self._fold()
 
     def reloaded(self, scan: LogScan, now: float) -> list[LogAction]:
@@ -185,10 +197,38 @@ class PartitionLog(Readers):
         return self.appended(durable, now)
 
     def _take(self, r: Record, b: list[Any]) -> None:
-        super()._take(r, b)
+        take(self, r, b)
         # (we hold records of that epoch: a claim below it is stale. Copied from a leader, they were
         # taken with no claim; simulator seeds 79, 842: a claim below took them)
         self.seen = max(self.seen, b[0])
+
+    @property
+    def last_epoch(self) -> int:
+        return last_epoch_of(self.epochs)
+
+    def diverges(self, end: int, last_epoch: int) -> int | None:
+        """Where a fetcher at ``end`` with ``last_epoch`` must cut its log to, or None (cluster/logrecords.py)."""
+        return diverges(self.epochs, self.end, end, last_epoch)
+
+    # (readers and retention: cluster/logreaders.py)
+
+    def readable(self, now: float) -> bool:
+        return self.readers.readable(now)
+
+    def paused(self, now: float) -> None:
+        self.readers.paused(now)
+
+    def read_committed(self, start: int, limit: int, token: Any) -> tuple[list[Record] | None, list[LogAction]]:
+        return self.readers.read_committed(start, limit, token)
+
+    def retain_limit(self) -> int:
+        return self.readers.retain_limit()
+
+    def retained(self, start: int) -> None:
+        self.readers.retained(start)
+
+    def first_at(self, time_ms: int, token: Any) -> tuple[int | None, list[LogAction]]:
+        return self.readers.first_at(time_ms, token)
 
     def _fold(self) -> None:
         """Move committed records more than ``cache_records`` behind the end into ``base``."""
@@ -324,9 +364,9 @@ class PartitionLog(Readers):
             self._take(r, msgpack.unpackb(body, raw=False))
             recs.append(r)
         self.appending += 1
-        out: list[LogAction] = [Append(self.p, recs, self.s.fsync == "always", self.commit)]
+        out = self.disk.append(recs, self.commit)
         for m, (_, end, last_epoch) in list(self.parked.items()):  # (fetchers waiting get them now)
-            out += self._answer(m, end, last_epoch)
+            out += self.readers.answer(m, end, last_epoch)
             del self.parked[m]
         return out
 
@@ -334,6 +374,7 @@ class PartitionLog(Readers):
         """An ``Append`` (or truncation) finished: everything before ``durable`` is on disk."""
         self.appending = max(0, self.appending - 1)
         self.durable = max(self.durable, min(durable, self.end))
+        self.disk.written(now)
         out = self._advance()
         if self.role == FOLLOWING and self.leader is not None:
             out += self._fetch(self.leader, now)
@@ -344,7 +385,7 @@ class PartitionLog(Readers):
     def _advance(self) -> list[LogAction]:
         if self.role != LEADING or not (self.followers or self.alone):
             return []  # (a replicated log's leader with no follower in its map commits nothing: it may be cut off)
-        commit = min([self.durable, *self.followers.values()])
+        commit = self.durable if self.early_ack else min([self.durable, *self.followers.values()])
         newly: list[Record] = []
         if commit > self.commit:
             newly = [r for r, _ in self.tail if self.commit <= r.offset < commit]
@@ -363,7 +404,7 @@ class PartitionLog(Readers):
             # (two claims at one epoch: the greater member id wins)
             if epoch < self.seen or (epoch == self.seen and self.role in (LEADING, CLAIMING)
                                      and self.epoch == epoch and member < self.me):  # fmt: skip
-                return [self._data(member, STALE, end, [])]
+                return [self.readers.data(member, STALE, end, [])]
             if epoch == self.seen and self.role in (LEADING, CLAIMING) and self.epoch == epoch:
                 self._step_down()
             if epoch > self.seen:
@@ -376,12 +417,12 @@ class PartitionLog(Readers):
                 asked = any(e >= epoch for e, _, _ in self.unsaved.values())
                 self.unsaved[member] = (epoch, end, last_epoch)
                 return [] if asked else [SaveSeen(self.p, epoch)]
-            return self._answer(member, end, last_epoch, PROBED) + self._follow_primary(member, epoch, now)
+            return self.readers.answer(member, end, last_epoch, PROBED) + self._follow_primary(member, epoch, now)
         if self.role == CLAIMING and epoch <= self.epoch:
             self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
             return []
         if self.role != LEADING or epoch > self.epoch:
-            out: list[LogAction] = [self._data(member, NOT_LEADER, end, [])]
+            out: list[LogAction] = [self.readers.data(member, NOT_LEADER, end, [])]
             if self.role != CLAIMING and self.owners[:1] == [self.me] and (self.role != LEADING or epoch > self.epoch):
                 # (the primary of our map, idle or below an owner's epoch: claim above it; stepping
                 # down alone left no leader until the map changed again; seed 8)
@@ -398,7 +439,7 @@ class PartitionLog(Readers):
         if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out
-        return out + self._answer(member, end, last_epoch)
+        return out + self.readers.answer(member, end, last_epoch)
 
     def seen_saved(self, epoch: int, now: float) -> list[LogAction]:
         """A ``SaveSeen`` is done: the claims it covers are answered (one overtaken by a higher claim
@@ -420,33 +461,8 @@ class PartitionLog(Readers):
         self.role, self.leader, self.epoch = FOLLOWING, member, epoch
         return self._fetch(member, now)
 
-    def _answer(self, member: str, end: int, last_epoch: int | None = None, status: int = OK) -> list[LogAction]:
-        if last_epoch is not None:
-            cut = self.diverges(end, last_epoch)
-            if cut is not None:
-                return [self._data(member, status, end, [], truncate=cut)]
-        if end < self.start:
-            return [self._data(member, status, end, [], reset=self.start)]
-        if end < self.base_at:
-            return [ReadLog(self.p, end, self.s.fetch_records, ("fetch", member, status))]
-        return [self._data(member, status, end, self._cached(end))]
-
-    def _cached(self, end: int) -> list[Record]:
-        out: list[Record] = []
-        size = 0
-        for r, _ in self.tail:
-            if r.offset < end:
-                continue
-            if len(out) >= self.s.fetch_records or (out and size + len(r.body) > self.s.fetch_bytes):
-                break
-            out.append(r)
-            size += len(r.body)
-        return out
-
     def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
-        if token.__class__ is tuple and token[0] == "fetch":
-            return [self._data(token[1], token[2], records[0].offset, records)] if records else []
-        return [ReadDone(token, [r for r in records if r.offset < self.commit])]
+        return self.readers.read_done(token, records)
 
     # ------------------------------------------------------------ retention
 
@@ -458,12 +474,6 @@ class PartitionLog(Readers):
         old = sorted(k for k, at in self.state.cursor_at.items() if at < before)
         bodies = [cursor_body(self.epoch, cid, name, self.state.cursors[cid, name]) for cid, name in old]
         return self._append_local(bodies, now_ms) + self._advance()
-
-    def _data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
-              reset: int = -1) -> PeerFrame:  # fmt: skip
-        recs = [[r.offset, r.time_ms, r.body] for r in records]
-        return PeerFrame(member, ["DATA", self.p, self.seen, status, self.start, self.end, self.last_epoch,
-                                  self.commit, truncate, reset, recs, end])  # fmt: skip
 
     # ------------------------------------------------------------ fetch answers
 
@@ -497,14 +507,17 @@ class PartitionLog(Readers):
             reset = start if gone else reset  # (begin again where the source's log does)
             self._reset(reset)
             self.appending += 1
-            return [ResetLog(self.p, reset)]
+            return [*self.disk.cut(reset), ResetLog(self.p, reset)]
         if 0 <= truncate < self.end:
             self.appending += 1
             # (below the cache the state there is no longer in memory: the shell reads the log again,
             # and until then the producers and cursors are unknown: puts are refused as busy)
             self.reloading = truncate < self.base_at
             self._truncate(truncate)
-            return [Reload(self.p, truncate) if self.reloading else Truncate(self.p, truncate)]
+            return [
+                *self.disk.cut(truncate),
+                Reload(self.p, truncate) if self.reloading else Truncate(self.p, truncate),
+            ]
         recs = [r for r in records if r.offset >= self.end]
         if not recs or recs[0].offset != self.end:
             return []
@@ -512,7 +525,7 @@ class PartitionLog(Readers):
         for r, b in zip(recs, bodies, strict=True):
             self._take(r, b)
         self.appending += 1
-        return [Append(self.p, recs, self.s.fsync == "always", self.commit)]
+        return self.disk.append(recs, self.commit)
 
     def _truncate(self, to: int) -> None:
         while self.tail and self.tail[-1][0].offset >= to:
@@ -565,11 +578,11 @@ class PartitionLog(Readers):
     # ------------------------------------------------------------ time
 
     def tick(self, now: float) -> list[LogAction]:
-        out: list[LogAction] = []
+        out = self.disk.tick(now)
         for m, (since, end, _) in list(self.parked.items()):
             if now >= since + self.s.fetch_wait:
                 del self.parked[m]
-                out.append(self._data(m, OK if self.role == LEADING else NOT_LEADER, end, []))
+                out.append(self.readers.data(m, OK if self.role == LEADING else NOT_LEADER, end, []))
         if self.role == FOLLOWING and self.leader is not None and now >= self.fetch_sent + self.s.fetch_retry:
             self.fetching = False
             out += self._fetch(self.leader, now)
@@ -624,7 +637,8 @@ class PartitionLog(Readers):
             times.append(self.idle_since + self._silence)
         if self.role == LEADING:
             times += [self._wake_at(m) for m in self.followers]
-        return min(times, default=float("inf"))
+        times.append(self.disk.next_deadline())  # (fsync = interval: the next Sync)
+        return min(times)
 
     @property
     def _silence(self) -> float:

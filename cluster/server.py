@@ -60,9 +60,20 @@ from roost.cluster.events import (
     Tick,
     WriteSnapshot,
 )  # fmt: skip
-from roost.cluster.logstore import LogStore, Sync
+from roost.cluster.logstore import LogStore
 from roost.cluster.member import MemberCore
-from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.partitionlog import (
+    Append,
+    Checkpoint,
+    LogSettings,
+    ReadLog,
+    Reload,
+    ResetLog,
+    Retain,
+    SaveSeen,
+    Sync,
+    Truncate,
+)
 from roost.cluster.roster import decode_untrusted_roster
 from roost.cluster.snapshot import SNAPSHOT_FILE
 from roost.node import monitor, monitorhttp
@@ -74,7 +85,7 @@ from roost.node.server import CannotBind, open_monitor
 T = TypeVar("T")
 
 # (durable partition logs: cluster/logstore.py)
-_LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
+_LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
 
 # Snapshot chunks handed to one worker-thread call.
 _CHUNKS_PER_WRITE = 8
@@ -98,7 +109,9 @@ class ClusterNode:
         peer_hosts: dict[str, str] | None = None,
         log: EventLog | None = None,
         roster: list[Any] | None = None,
+        fsync_file: Callable[[Any], object] | None = None,
     ) -> None:
+        """``fsync_file(f)`` flushes and fsyncs an open snapshot file (a test gives one that hangs)."""
         self.cc = cc
         self.id = member_id
         self.me = cc.member(member_id)
@@ -107,6 +120,7 @@ class ClusterNode:
         self.roster = roster or []  # (a member that joined: the roster its JOIN was answered with)
         self.cfg = cc.node_config(member_id, bind_host)
         self.log = log or EventLog(member_id, self.cfg.log_level, fmt=self.cfg.log_format)
+        self._fsync_file = fsync_file or _fsync_file
         self.member: MemberCore | None = None
         self.addr: tuple[str, int] | None = None
         self._links: dict[int, _LinkIO] = {}
@@ -174,8 +188,6 @@ class ClusterNode:
                 if monitors:
                     nursery.start_soon(monitorhttp.serve, monitors, self.documents(), self.log, self.cfg)
                 nursery.start_soon(self._timers)
-                if self.cc.settings.fsync == "interval":
-                    nursery.start_soon(self._fsync_timer)
                 self._feed(await _in_thread(self._logs.open_all))  # (durable logs, before Start)
                 self._feed(Start())
                 await self._ready.wait()  # (also set when the member exits before serving)
@@ -428,13 +440,6 @@ class ClusterNode:
                 if ev is not None:
                     self._feed(ev)
 
-    async def _fsync_timer(self) -> None:
-        """fsync = interval: every log is fsynced every fsync_interval, in its own queue's turn."""
-        while True:
-            await trio.sleep(self.cc.settings.fsync_interval)
-            for p, q in self._log_queues.items():
-                q.send_nowait(Sync(p))
-
     async def _read_snapshot(self) -> None:
         path = self._snapshot_path()
 
@@ -465,7 +470,7 @@ class ClusterNode:
                     if not part:
                         break
                     await _in_thread(f.write, part)
-                await _in_thread(_fsync_file, f)
+                await _in_thread(self._fsync_file, f)
             finally:
                 f.close()
             await _in_thread(_replace_and_sync_dir, tmp, path, d)

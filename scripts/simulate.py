@@ -26,14 +26,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.breaks import BREAKS, apply_break
+from sim.breaks import BREAKS
 from sim.simulation import run_seed
 from sim.world import FAULTS
 
 
 def _run(job: tuple[int, dict[str, Any], str | None]) -> tuple[int, list[str], dict[str, int], int]:
     seed, kw, broken = job
-    apply_break(broken)  # (idempotent: once per worker process)
     check, stats = run_seed(seed, broken=broken, **kw)
     return seed, check.violations, stats, check.checked
 

@@ -3,9 +3,10 @@
 It does for sim/simulation.py what node/segmentlog.py does for a real member:
 appends, truncations, resets and reads, in order, each answered after a
 seeded delay. A crash of the member is a power loss: every record after the
-synced mark is gone, as on a machine whose page cache died with it. Only
-``sync`` appends (fsync = always) move the mark; the others are written, not
-synced.
+synced mark is gone, as on a machine whose page cache died with it. It decides
+nothing: ``sync`` appends (fsync = always) and ``Sync`` (fsync = interval) move
+the mark, a ``Checkpoint`` replaces the commit checkpoint, as the log core
+(cluster/logdisk.py) asks; ``Sync`` and ``Checkpoint`` are not answered (None).
 """
 
 from __future__ import annotations
@@ -16,7 +17,18 @@ from typing import Any
 
 from roost.cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
 from roost.cluster.logrecords import LogScan
-from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.partitionlog import (
+    Append,
+    Checkpoint,
+    LogSettings,
+    ReadLog,
+    Reload,
+    ResetLog,
+    Retain,
+    SaveSeen,
+    Sync,
+    Truncate,
+)
 from roost.node.segmentlog import Record
 
 
@@ -27,6 +39,13 @@ class SimLog:
     synced: int = 0  # records[:synced] survive a power loss
     checkpoint: int = 0  # the commit checkpoint (kept through a power loss: its worst case, the highest)
     seen: int = 0  # the highest claim accepted (SaveSeen: synced, kept through a power loss)
+    written: list[float] = field(default_factory=list)  # when each record's Append was answered
+
+    def cut(self, n: int) -> None:
+        """Keep only the first ``n`` records."""
+        del self.records[n:]
+        del self.written[n:]
+        self.synced = min(self.synced, n)
 
     @property
     def end(self) -> int:
@@ -40,11 +59,18 @@ class SimLogDisk:
         self.busy_until: dict[str, float] = {}  # (one member's disk work is done in order)
 
     def perform(self, member: str, a: Any, now: float) -> tuple[float, Any]:
-        """Do ``a`` for ``member``; returns (when its answer comes, the answer event)."""
+        """Do ``a`` for ``member``; returns (when its answer comes, the answer event or None)."""
         logs = self.logs.setdefault(member, {})
+        cls = a.__class__
+        if cls is Sync or cls is Checkpoint:  # (done at once, in order, not answered: no delay drawn)
+            log = logs.setdefault(a.partition, SimLog())
+            if cls is Sync:
+                log.synced = len(log.records)
+            else:
+                log.checkpoint = a.commit
+            return now, None
         at = max(now, self.busy_until.get(member, 0.0)) + self.rng.uniform(0.0002, 0.003)
         self.busy_until[member] = at
-        cls = a.__class__
         if cls is ReadLog:
             log = logs.get(a.partition, SimLog())
             i = max(0, a.start - log.start)
@@ -58,19 +84,16 @@ class SimLogDisk:
         if cls is Append:
             assert a.records[0].offset == log.end, (member, a.partition, a.records[0].offset, log.end)
             log.records.extend(a.records)
-            log.checkpoint = max(log.checkpoint, a.commit)
+            log.written.extend([at] * len(a.records))
             if a.sync:
                 log.synced = len(log.records)
         elif cls is Truncate or cls is Reload:
-            del log.records[max(0, a.to - log.start) :]
-            log.synced = min(log.synced, len(log.records))
-            log.checkpoint = min(log.checkpoint, a.to)
+            log.cut(max(0, a.to - log.start))
             if cls is Reload:
                 scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint, log.seen)
                 return at, LogReloaded(a.partition, scan)
         elif cls is ResetLog:
-            log.start, log.records, log.synced = a.start, [], 0
-            log.checkpoint = min(log.checkpoint, a.start)
+            log.start, log.records, log.written, log.synced = a.start, [], [], 0
         elif cls is Retain:  # (record by record: the simulated disk has no segments)
             wanted = log.start
             for r in log.records:
@@ -79,6 +102,7 @@ class SimLogDisk:
                 wanted = r.offset + 1
             gone = max(0, min(wanted, a.keep_from) - log.start)
             del log.records[:gone]
+            del log.written[:gone]
             log.start += gone
             log.synced = max(0, log.synced - gone)
             return at, LogRetained(a.partition, log.start, wanted)
@@ -90,7 +114,12 @@ class SimLogDisk:
         return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint, log.seen)
                          for p, log in logs.items() if log.records or log.start or log.seen}, "")  # fmt: skip
 
-    def power_loss(self, member: str) -> None:
-        for log in self.logs.get(member, {}).values():
-            del log.records[log.synced :]
+    def power_loss(self, member: str) -> list[tuple[int, Record, float]]:
+        """``member``'s machine lost power: what was not synced is gone. Returns what went
+        (partition, record, when its Append was answered): fsync = interval loses some."""
+        gone: list[tuple[int, Record, float]] = []
+        for p, log in self.logs.get(member, {}).items():
+            gone += [(p, r, t) for r, t in zip(log.records[log.synced :], log.written[log.synced :], strict=True)]
+            log.cut(log.synced)
         self.busy_until.pop(member, None)
+        return gone

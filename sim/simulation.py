@@ -64,7 +64,7 @@ from roost.cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.member import MemberCore
-from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.partitionlog import Append, Checkpoint, ReadLog, Reload, ResetLog, Retain, SaveSeen, Sync, Truncate
 from roost.cluster.roster import decode_untrusted_roster
 from sim.accounting import SimAccounting
 from sim.check import Checker, Published
@@ -84,7 +84,7 @@ from sim.world import (
 )
 
 # (durable partition logs: sim/logs.py)
-LOG_ACTIONS = (Append, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
+LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
 
 
 class Simulation(SimAccounting, Nemesis, DurableWorkload):
@@ -100,6 +100,10 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
                              partitions=self.rng.choice((4, 16, 64)) if self.partitioned else 16)  # fmt: skip
         # (every core traces for the checkers; a broken build is one its cores are told to be)
         self.cc = dataclasses.replace(self.cc, trace=True, breaks=frozenset({broken} if broken else ()))
+        # (the durable logs' fsync policy: "interval" in a quarter of the seeds, from its own stream so
+        # that the other draws stay; docs/durable.md says what each promises, sim/durablecheck.py checks it)
+        if self.partitioned and random.Random(seed ^ 0xF5_1C).random() < 0.25:
+            self.cc.settings.fsync = "interval"  # (this run's own config: sim_config makes a new one)
         self.topics = PARTITIONED_TOPICS if self.partitioned else TOPICS
         self.map_changes = 0  # partitioned: maps installed by any member (a change of primary may reorder)
         self.loss, self.dup = loss, dup
@@ -281,7 +285,8 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             self._gone(m)
         elif cls in LOG_ACTIONS:
             at, ev = self.logdisk.perform(m.id, a, self.now)
-            self.at(at, self._disk_answer, m, m.incarnation, ev)
+            if ev is not None:  # (Sync, Checkpoint: not answered)
+                self.at(at, self._disk_answer, m, m.incarnation, ev)
         elif cls is Trace:  # (the cores trace: ClusterConfig.trace)
             if self.durable and a.event in DURABLE_TRACES:
                 self._durable_traced(a)
@@ -308,7 +313,9 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             return
         self.stats["crashes"] += 1
         self._gone(m)
-        self.logdisk.power_loss(mid)
+        gone = self.logdisk.power_loss(mid)
+        if gone and self.cc.settings.fsync == "interval":  # (what was not yet due for its fsync may go)
+            self.dcheck.power_lost(mid, gone, self.now, self.cc.settings.fsync_interval + 0.05)
 
     def stop(self, mid: str) -> None:
         """SIGTERM: the member writes its last snapshot and exits (``Exit``)."""

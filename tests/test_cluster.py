@@ -438,23 +438,21 @@ async def test_sends_left_by_a_full_buffer_outside_the_udp_task_go_out(tmp_path)
     sub.close()
 
 
-async def test_a_hung_disk_does_not_hold_a_stopping_member_past_stop_timeout(tmp_path, monkeypatch):
+async def test_a_hung_disk_does_not_hold_a_stopping_member_past_stop_timeout(tmp_path):
     import threading
 
     import trio
 
-    import roost.cluster.server as server
     from roost.cluster.config import load_cluster_config
     from roost.cluster.server import ClusterNode
     from tests.polling import eventually
 
     disk = threading.Event()
-    monkeypatch.setattr(server, "_fsync_file", lambda f: disk.wait(30))  # an fsync that hangs
     data = {
         "cluster": {"secret": "x" * 16, "stop_timeout": 0.2},
         "members": [{"id": "n1", "client_addr": "127.0.0.1:0", "peer_addr": "127.0.0.1:0", "data_dir": str(tmp_path)}],
     }
-    node = ClusterNode(load_cluster_config("<test>", data), "n1")
+    node = ClusterNode(load_cluster_config("<test>", data), "n1", fsync_file=lambda f: disk.wait(30))  # (hangs)
     sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     try:
         with trio.fail_after(10):  # (30 s, the hung fsync, if it held the member)

@@ -10,7 +10,17 @@ from typing import Any
 from roost.cluster.events import LogFailed, LogReloaded, LogWritten, SeenSaved
 from roost.cluster.logrecords import message_body
 from roost.cluster.logstore import LogStore
-from roost.cluster.partitionlog import Append, LogSettings, ReadLog, Reload, ResetLog, SaveSeen, Truncate
+from roost.cluster.partitionlog import (
+    Append,
+    Checkpoint,
+    LogSettings,
+    ReadLog,
+    Reload,
+    ResetLog,
+    SaveSeen,
+    Sync,
+    Truncate,
+)
 from roost.node.segmentlog import Record
 
 
@@ -49,12 +59,15 @@ def test_a_read_of_a_damaged_record_is_a_failed_log_not_a_dead_worker(tmp_path: 
 def test_the_commit_checkpoint_is_written_after_its_records_and_read_at_start(tmp_path: Path) -> None:
     """A restarted owner took ``end - max_uncommitted`` as its commit: a bound that appends outside
     the room check (EPOCH, cursors) could break, so a restarted leader could serve records never
-    committed. The commit it knew is now kept beside the log and read back at start."""
+    committed. The commit it knew is now kept beside the log and read back at start. (When the
+    core asks for one, and that it never lowers it but for a cut: tests/test_partitionlog_disk.py.)"""
     lines: list[tuple[Any, ...]] = []
     store = _store(tmp_path, lines)
-    store.perform_all([Append(0, _recs(0, 5), True, 0), Append(0, _recs(5, 5), True, 4)])
+    out = store.perform_all([Append(0, _recs(0, 5), True), Checkpoint(0, 2), Append(0, _recs(5, 5), True),
+                             Checkpoint(0, 4)])  # fmt: skip
+    assert out == [LogWritten(0, 10), LogWritten(0, 10)]  # (one run, one fsync: the checkpoints go with it)
     assert (tmp_path / "log" / "p00000" / "commit").read_text() == "4\n"
-    store.perform_all([Append(0, _recs(10, 1), True, 3)])  # (an older commit never lowers it)
+    assert store.perform_all([Append(0, _recs(10, 1), False), Sync(0)]) == [LogWritten(0, 11), None]
     store.close()
     assert _store(tmp_path, lines).open_all().logs[0].commit == 4
     (tmp_path / "log" / "p00000" / "commit").write_text("garbage")
@@ -66,16 +79,16 @@ def test_a_cut_below_the_checkpoint_lowers_it(tmp_path: Path) -> None:
     of the next branch at those offsets counted as committed."""
     lines: list[tuple[Any, ...]] = []
     store = _store(tmp_path, lines)
-    store.perform_all([Append(0, _recs(0, 7), True, 6)])
-    store.perform_all([Truncate(0, 3), Append(0, _recs(3, 5), True, 3)])
+    store.perform_all([Append(0, _recs(0, 7), True), Checkpoint(0, 6)])
+    store.perform_all([Checkpoint(0, 3), Truncate(0, 3), Append(0, _recs(3, 5), True)])  # (as the core asks)
     store.close()
     assert _store(tmp_path, lines).open_all().logs[0].commit == 3
 
 
 def test_a_reload_cuts_the_log_and_reads_it_again(tmp_path: Path) -> None:
     store = _store(tmp_path, [])
-    store.perform_all([Append(0, _recs(0, 10), True, 8)])
-    (ev,) = store.perform_all([Reload(0, 6)])
+    store.perform_all([Append(0, _recs(0, 10), True), Checkpoint(0, 8)])
+    (_, ev) = store.perform_all([Checkpoint(0, 6), Reload(0, 6)])
     assert isinstance(ev, LogReloaded) and ev.partition == 0
     assert (ev.scan.start, ev.scan.end, ev.scan.commit) == (0, 6, 6)
     assert ev.scan.state.producers == {b"p": (6, 5)}

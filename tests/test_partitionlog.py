@@ -16,6 +16,7 @@ from roost.cluster.partitionlog import (
     FOLLOWING,
     LEADING,
     Append,
+    Checkpoint,
     Committed,
     LogFormatError,
     LogSettings,
@@ -39,7 +40,7 @@ class Owners:
         self.s = LogSettings(**settings)
         self.logs = {m: PartitionLog(0, m, self.s) for m in names}
         self.disk: dict[str, list[Record]] = {m: [] for m in names}
-        self.checkpoint: dict[str, int] = {m: 0 for m in names}  # each disk's commit checkpoint (Append.commit)
+        self.checkpoint: dict[str, int] = {m: 0 for m in names}  # each disk's commit checkpoint (Checkpoint)
         self.start: dict[str, int] = {m: 0 for m in names}  # where each disk's log begins (ResetLog, retention)
         self.reloads = 0
         self.seen: dict[str, int] = {m: 0 for m in names}  # each disk's saved accepted claim (SaveSeen)
@@ -65,19 +66,18 @@ class Owners:
             if isinstance(a, Append):
                 assert a.records[0].offset == (disk[-1].offset + 1 if disk else log.start)
                 disk.extend(a.records)
-                self.checkpoint[member] = max(self.checkpoint[member], a.commit)
                 self.feed(member, log.appended(disk[-1].offset + 1, self.now))
             elif isinstance(a, Truncate | Reload):
                 disk[:] = [r for r in disk if r.offset < a.to]
-                self.checkpoint[member] = min(self.checkpoint[member], a.to)
                 self.reloads += isinstance(a, Reload)
                 self.feed(member, log.reloaded(self.scan(member), self.now) if isinstance(a, Reload)
                           else log.appended(a.to, self.now))  # fmt: skip
             elif isinstance(a, ResetLog):
                 disk.clear()
                 self.start[member] = a.start
-                self.checkpoint[member] = min(self.checkpoint[member], a.start)
                 self.feed(member, log.appended(a.start, self.now))
+            elif isinstance(a, Checkpoint):  # (the core says what it holds: the disk only keeps it)
+                self.checkpoint[member] = a.commit
             elif isinstance(a, SaveSeen):
                 self.seen[member] = max(self.seen[member], a.epoch)
                 self.feed(member, log.seen_saved(a.epoch, self.now))
@@ -1074,6 +1074,7 @@ def test_a_source_is_not_dropped_while_our_own_write_holds_our_fetches_back() ->
     o.feed("a", a.on_data("x", c.epoch, 3, 0, 5, high, 0, -1, -1, [], a.end, o.now))
     o.run()
     rec = Record(a.end, 5000, msgpack.packb([high, 2], use_bin_type=True))
-    assert [type(x) for x in a.on_data("x", c.epoch, 3, 0, 5, high, 0, -1, -1, [rec], a.end, o.now)] == [Append]
+    out = a.on_data("x", c.epoch, 3, 0, 5, high, 0, -1, -1, [rec], a.end, o.now)
+    assert [type(x) for x in out if type(x) is not Checkpoint] == [Append]  # (the write, no fetch)
     a.tick(o.now + 3.01)  # (the Append is still under way)
     assert a.claim is c and c.source == "x" and "x" in c.probes

@@ -41,3 +41,31 @@ def test_a_record_served_before_any_leader_committed_it_is_a_violation() -> None
     dc.committed(0, [r1], {"a", "b"}, now=3.0)  # (... first committed at t=3)
     dc._final_consumer(10.0, 0, 0, dc.consumers[0], {0: r0.body, 1: r1.body}, "a", (5,))
     assert len(dc.check.violations) == 1 and "which no leader had committed by then" in dc.check.violations[0]
+
+
+def test_fsync_interval_a_record_a_power_loss_took_before_its_sync_was_due_is_excused_and_no_other() -> None:
+    """docs/durable.md: under fsync = "interval" a power loss within the interval can lose an
+    acknowledged record; one written longer ago than that should have been synced."""
+    dc = DurableCheck(Checker())
+    dc.took_over(0, "a", E0, frozenset({"a", "b"}), (E0,), now=1.0)
+    due = Record(5, 1, message_body(E0, ["t", None, None, b"m5"], b"p", 5))
+    late = Record(6, 1, message_body(E0, ["t", None, None, b"m6"], b"p", 6))
+    dc.committed(0, [due, late], {"a", "b"}, now=2.0)
+    dc.power_lost("a", [(0, due, 9.9), (0, late, 9.0)], now=10.0, within=0.25)
+    assert dc.excused(0, dc.records[(0, 5, due.body)], (E0,), "a")
+    assert not dc.excused(0, dc.records[(0, 6, late.body)], (E0,), "a")
+
+
+def test_the_simulated_disk_says_what_a_power_loss_took_and_when_it_was_written() -> None:
+    import random
+
+    from roost.cluster.partitionlog import Append, Sync
+    from sim.logs import SimLogDisk
+
+    disk = SimLogDisk(random.Random(1))
+    recs = [Record(o, 1, message_body(E0, ["t", None, None, b"x"], b"p", o + 1)) for o in range(3)]
+    at, _ = disk.perform("a", Append(0, recs[:1], False), 1.0)
+    assert disk.perform("a", Sync(0), 1.1) == (1.1, None)  # (not answered)
+    at2, _ = disk.perform("a", Append(0, recs[1:], False), 2.0)
+    assert disk.power_loss("a") == [(0, recs[1], at2), (0, recs[2], at2)] and at < at2
+    assert disk.logs["a"][0].records == recs[:1]
