@@ -143,8 +143,8 @@ class ClientAPI:
         self.client_id, self.producer_id = conn.client_id, conn.producer_id
         self._turns = TurnPolicy(conn.config)  # (quiet path, bursts, sparse path, held sends)
         shell = self._shell = conn.shell = self._shell_class(conn, self._turns)
-        # The primitives the calls use on every message, bound once (a publish calls the shell
-        # with no hop between: docs/performance.md's publish profile).
+        # The primitives the calls use on every message, the shell's bound methods taken once:
+        # a publish calls the shell's kick with no hop through the shell object or a wrapper.
         self._now = shell.now
         self._until = shell.until
         self._kick = shell.kick
