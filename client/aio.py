@@ -1,9 +1,10 @@
-"""The asyncio client: :class:`Client`, the I/O of :class:`roost.client.api.ClientAPI` on asyncio.
+"""The asyncio client: :class:`Client`, the client API (client/api.py) over :class:`AsyncioShell`,
+the I/O primitives (client/shell.py) on asyncio.
 
 Callbacks rather than a task per session: each session's socket is watched with
 ``loop.add_reader``, and a turn (drain every ready datagram, feed the router, fire due timers,
 send what the session produced, wake waiters) runs when it is readable, at the session's next
-deadline (``loop.call_at``), or soon after an API call changed the router (``_kick``; one turn
+deadline (``loop.call_at``), or soon after an API call changed the router (``kick``; one turn
 for however many calls came before the loop ran). A ``create_datagram_endpoint`` transport would
 read one datagram per loop iteration and call the protocol once per datagram; draining the
 socket ourselves hands the router whole batches, as the trio shell does.
@@ -30,10 +31,21 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from roost.client.api import ClientAPI, ClientClosed, LogRead, NodeLost, Request, Subscription, durable_id
+from roost.client.api import (
+    ClientAPI,
+    ClientClosed,
+    LogRead,
+    NodeLost,
+    Request,
+    ShellAttribute,
+    Subscription,
+    durable_id,
+)
+from roost.client.connection import Connection
 from roost.client.receive import Message
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
+from roost.client.shell import Shell
 from roost.client.turns import CALLER, LOOP, WAITER, TurnPolicy
 from roost.client.udp import open_client_socket, yield_cpu
 
@@ -41,17 +53,20 @@ __all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "Node
            "durable_id"]  # fmt: skip
 
 
-class Client(ClientAPI):
-    """The client for asyncio programs: ``async with Client(...) as c`` (see ClientAPI for the API)."""
+class AsyncioShell(Shell):
+    """The I/O primitives on asyncio (see the module): the callbacks that drive ``conn``'s
+    sessions, as ``turns`` decides."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, conn: Connection, turns: TurnPolicy) -> None:
+        self.conn = conn
+        self.socks = conn.socks  # (the connection's, never rebound: id(session) -> its socket)
+        self._turns = turns  # (quiet path, bursts, sparse path, held sends)
+        self.kick_wakes = True  # (a kick always has a turn to schedule: client/shell.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._changed: asyncio.Event | None = None
         self._kicked = False
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._turns = TurnPolicy(self.config)  # (quiet path, bursts, sparse path, held sends)
+        self.tasks: set[asyncio.Task[Any]] = set()  # (the background tasks: callbacks, look-ups)
         self._hold: Callable[[], bool] | None = None  # (a sparse wait's: its turns hold their sends)
 
     @property
@@ -60,12 +75,12 @@ class Client(ClientAPI):
             raise RuntimeError("the client is not connected: use 'async with Client(...)' first")
         return self._loop
 
-    # ------------------------------------------------------------ primitives (client/api.py)
+    # ------------------------------------------------------------ primitives (client/shell.py)
 
-    def _now(self) -> float:
+    def now(self) -> float:
         return self.loop.time()
 
-    async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
+    async def until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
         if cond():
             return True
         start = self.loop.time()
@@ -74,8 +89,8 @@ class Client(ClientAPI):
             hold = self._hold = TurnPolicy.holds(cond)
         try:
             while not cond():
-                if self._closed:
-                    raise self._closed_error()
+                if self.conn.closed:
+                    raise self.conn.closed_error()
                 assert self._changed is not None
                 if deadline == math.inf:
                     await self._changed.wait()
@@ -93,10 +108,10 @@ class Client(ClientAPI):
                 self._hold = None
             self._turns.waited(start, self.loop.time())
 
-    def _kick(self) -> None:
-        self._spawn()
-        if not self._kicked and not self._closed:
-            r = self._router
+    def kick(self) -> None:
+        self.spawn()
+        if not self._kicked and not self.conn.closed:
+            r = self.conn._router
             if r is not None and self._turn_here(r):
                 return
             self._kicked = True
@@ -110,98 +125,98 @@ class Client(ClientAPI):
         if len(r.sessions) != 1:
             return False
         s = r.sessions[0]
-        if not self._socket_fits(s) or not self._turns.turn_here(r, self.loop.time()):
+        if not self.conn.socket_fits(s) or not self._turns.turn_here(r, self.loop.time()):
             return False
         if self._turn(s, CALLER):
             yield_cpu()
         return True
 
-    async def _sleep_until(self, deadline: float) -> None:
+    async def sleep_until(self, deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - self.loop.time()))
 
-    async def _checkpoint(self) -> None:
+    async def checkpoint(self) -> None:
         await asyncio.sleep(0)
 
-    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    async def _resolve(self, host: str, port: int) -> list[tuple[Any, ...]]:
+    async def resolve(self, host: str, port: int) -> list[tuple[Any, ...]]:
         return await self.loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
 
-    async def _open(self) -> None:
+    async def open(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
 
-    def _background(self, fn: Callable[[], Any]) -> None:
-        if self._closed:
+    def background(self, fn: Callable[[], Any]) -> None:
+        if self.conn.closed:
             return
         task = self.loop.create_task(fn())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
-    async def _shutdown(self) -> None:
+    async def shutdown(self) -> None:
         self._stop_io()
         self._wake()  # (waiters see the client closed)
-        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        tasks = [t for t in self.tasks if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _stop_io(self) -> None:
-        self._closed = True
+        self.conn.closed = True
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        for sock in self._socks.values():
+        for sock in self.socks.values():
             if sock.fileno() >= 0:
                 self.loop.remove_reader(sock)
                 sock.close()
 
-    def _spawn(self) -> None:
+    def spawn(self) -> None:
         """A socket and a reader for every session the router opened since we last looked."""
-        if self._closed or self._router is None:
+        if self.conn.closed or self.conn._router is None:
             return
-        for s in self._router.sessions:
-            if id(s) not in self._socks:
-                self._watch(s, open_client_socket(s.node, self.config.socket_buffer))
+        for s in self.conn._router.sessions:
+            if id(s) not in self.socks:
+                self._watch(s, open_client_socket(s.node, self.conn.config.socket_buffer))
                 self.loop.call_soon(self._turn, s)
 
     def _watch(self, s: ClientSession, sock: socket.socket) -> None:
-        self._socks[id(s)] = sock
+        self.socks[id(s)] = sock
         self.loop.add_reader(sock, self._turn, s)
 
     # ------------------------------------------------------------ the I/O turn
 
     def _turn_all(self) -> None:
         self._kicked = False
-        if self._router is not None:
-            for s in self._router.sessions:
-                if id(s) in self._socks:
+        if self.conn._router is not None:
+            for s in self.conn._router.sessions:
+                if id(s) in self.socks:
                     self._turn(s)
 
     def _turn(self, s: ClientSession, by: str = LOOP) -> bool:
         """One turn of ``s``'s socket (``by``: the loop, or a caller on a quiet path); whether
         it received or sent anything."""
-        if self._closed:
+        if self.conn.closed:
             return False
         try:
             return self._io(s, by)
         except Exception as exc:  # (a socket that broke: the client ends, its waiters hear why)
-            self._fail(exc)
+            self.conn.fail(exc)
             self._stop_io()
             self._wake()
             return False
 
     def _io(self, s: ClientSession, by: str) -> bool:
-        r, key = self.router, id(s)
-        sock = self._socks[key]
-        new = self._socket_for(s, sock)
+        r, key = self.conn.router, id(s)
+        sock = self.socks[key]
+        new = self.conn.socket_for(s, sock)
         if new is not None:
             self.loop.remove_reader(sock)
             sock.close()
             self._watch(s, sock := new)
         hold = self._hold
-        came, busy = self._exchange(s, sock, hold)
+        came, busy = self.conn.exchange(s, sock, hold)
         if busy:
             self._turns.turned(came, self.loop.time(), WAITER if hold is not None and by == LOOP else by)
             self._wake()
@@ -224,3 +239,10 @@ class Client(ClientAPI):
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
+
+
+class Client(ClientAPI):
+    """The client for asyncio programs: ``async with Client(...) as c`` (see ClientAPI for the API)."""
+
+    _shell_class = AsyncioShell
+    loop = ShellAttribute()  # (the shell's event loop, once the client is open)

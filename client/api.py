@@ -1,6 +1,14 @@
 """The client API, written once for every shell: publish, subscribe, request/reply (and, through
-the :class:`roost.client.durableapi.DurableAPI` it holds, durable logs), over the primitives of
-client/clientbase.py.
+the :class:`roost.client.durableapi.DurableAPI` it holds, durable logs).
+
+:class:`ClientAPI` is a concrete class made of components: its connection (client/connection.py:
+the names, the router, the sockets, the closed state, one I/O turn), its shell (the I/O
+primitives of one event loop, client/shell.py's interface, implemented by client/library.py for
+trio and client/aio.py for asyncio: each of those modules' ``Client`` is this class naming its
+shell, ``_shell_class``), the turn policy they share (client/turns.py) and its durable mode. The
+shell's primitives the calls use on every message are bound to the client once, at
+construction (``_kick``, ``_until``...), so a publish calls the shell's method with no hop
+between.
 
 Request/reply is built on plain subscriptions, as in NATS: each client subscribes (reliably) to
 its own inbox topic ``_INBOX.<client id>`` on its first request, and a request is a reliable
@@ -12,27 +20,34 @@ answer to the inbox with the same number. Replies for requests that timed out ar
 from __future__ import annotations
 
 import datetime
-import inspect
 import math
-from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
+import os
+import socket
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, ClassVar, Self
 
-from roost.client import subjects, wire
-from roost.client.clientbase import ClientBase, ClientClosed, NodeLost, check_timeout
+from roost.client import wire
+from roost.client.addresses import Addr, NodeSpec
+from roost.client.connection import ClientClosed, Connection, NodeLost, check_timeout
 from roost.client.durableapi import DurableAPI, LogRead
 from roost.client.durableclient import durable_id
-from roost.client.receive import Fields, Message, Receiver, SubState, message_of
+from roost.client.receive import Message
 from roost.client.router import Router
-from roost.client.session import ClientSession
-from roost.client.wire import MODE_NAMES, Reason
+from roost.client.session import ClientConfig, ClientSession
+from roost.client.shell import Shell
+from roost.client.subscription import Subscription
+from roost.client.turns import TurnPolicy
+from roost.client.udp import send_now
+from roost.client.wire import MODE_NAMES
 
 REPLY_TO = "roost.reply_to"
 REQUEST_ID = "roost.request"
 RELIABLE = MODE_NAMES["reliable"]
 _IS_RELIABLE = {name: mode == RELIABLE for name, mode in MODE_NAMES.items()}
-_new = tuple.__new__  # (message_of without its partial: Subscription.__anext__)
 
-__all__ = ["ClientAPI", "ClientClosed", "LogRead", "Message", "NodeLost", "Request", "Subscription", "durable_id"]
+__all__ = ["ClientAPI", "ClientClosed", "LogRead", "Message", "NodeLost", "Request", "Subscription", "durable_id",
+           "request_of"]  # fmt: skip
 
 
 def _payload_bytes(payload: Any) -> bytes:
@@ -56,26 +71,150 @@ def _mode(mode: str) -> int:
 class Request(Message):
     """A message that asks for an answer (it came from :meth:`ClientAPI.request`).
 
-    ``respond`` publishes the answer to the requester's inbox; in the async clients it returns
-    an awaitable, in the blocking client it returns once the answer is sent."""
+    ``respond`` (:class:`Message`'s) publishes the answer to the requester's inbox; in the async
+    clients it returns an awaitable, in the blocking client it returns once the answer is sent.
+    A Request is a Message with the same fields that carries what answers it, given when it is
+    made (:func:`request_of`): the reply topic and the function that answers."""
 
-    _answer: Callable[[Request, bytes | str, dict[str, str] | None], Any]
+    _reply_to: str
+    _responder: Responder
+
+
+#: What answers a request: ``responder(request, payload, tags)`` (ClientAPI._answer, or the
+#: blocking client's, which waits until the answer is sent).
+Responder = Callable[[Request, bytes | str, dict[str, str] | None], Any]
+
+
+def request_of(msg: Message, reply_to: str, responder: Responder) -> Request:
+    """``msg`` as a :class:`Request` answered on ``reply_to`` by ``responder``."""
+    req = Request(*msg)
+    req._reply_to = reply_to
+    req._responder = responder
+    return req
+
+
+class ShellAttribute:
+    """An attribute of a client that is its shell's (the asyncio client's ``loop``): the client
+    shows it without a method of its own, and it is read from the shell each time."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, client: ClientAPI | None, owner: type | None = None) -> Any:
+        return self if client is None else getattr(client._shell, self.name)
+
+
+class ClientAPI:
+    """Everything a client does (see the module): its shell's I/O over its connection.
+
+    A subclass names its shell (``_shell_class``) and adds nothing else: client/library.py's
+    ``Client`` (trio), client/aio.py's (asyncio)."""
+
+    _shell_class: ClassVar[type[Shell]]
+
+    def __init__(
+        self,
+        node: NodeSpec = None,
+        *,
+        members: NodeSpec = None,
+        client_id: bytes | None = None,
+        config: ClientConfig | None = None,
+        producer_id: bytes | None = None,
+        offsets_dir: str | os.PathLike[str] | None = None,
+        send: Callable[[socket.socket, list[tuple[Addr, bytes]]], int] = send_now,
+        router: Callable[..., Router] = Router,
+    ) -> None:
+        """``node``: the node to talk to first, as ``"host:port"``, ``(host, port)``, or a list of
+        them (``"h1:7400,h2:7400"``) tried in turn; None means ``ROOST_NODES`` or 127.0.0.1:7400.
+        Host names are resolved when the client connects and again when its node goes quiet.
+        ``members`` (optional): more nodes to fail over to; the cluster map in WELCOME adds the
+        rest. ``producer_id`` (16 bytes, default random) names this client's reliable publishes:
+        a client that publishes the same sequence of messages again under the same producer id
+        (a retried Spark task) has them delivered once. ``offsets_dir``: where durable readers
+        record what they committed before the cluster hears it (client/offsets.py): no repeats
+        after a crash there. ``send`` (client/udp.py's ``send_now``: how many failed) sends a
+        session's datagrams, and ``router`` makes the router (client/router.py's ``Router``):
+        what tests give to watch what leaves, or to plant a fault where datagrams are fed."""
+        conn = self._conn = Connection(
+            node, members=members, client_id=client_id, config=config, producer_id=producer_id,
+            offsets_dir=offsets_dir, send=send, router=router,
+        )  # fmt: skip
+        self.config = conn.config
+        self.client_id, self.producer_id = conn.client_id, conn.producer_id
+        self._turns = TurnPolicy(conn.config)  # (quiet path, bursts, sparse path, held sends)
+        shell = self._shell = conn.shell = self._shell_class(conn, self._turns)
+        # The primitives the calls use on every message, the shell's bound methods taken once:
+        # a publish calls the shell's kick with no hop through the shell object or a wrapper.
+        self._now = shell.now
+        self._until = shell.until
+        self._kick = shell.kick
+        self._checkpoint = shell.checkpoint
+        self._kick_wakes = shell.kick_wakes  # (truthy while _kick may have something to do: publish)
+        self._deadline = conn.deadline
+        self._check_open = conn.check_open
+        self._since_yield = 0
+        self.callback_errors = 0  # exceptions raised by subscription callbacks (the client carries on)
+        self.last_callback_error: BaseException | None = None
+        self._inbox: Subscription | None = None  # (request/reply)
+        self._requests = 0
+        self._replies: dict[str, Message | None] = {}  # request number -> its reply, while awaited
+        self._durable = DurableAPI(conn, shell)  # (durable mode: put, get, read, position, commit)
+
+    # ------------------------------------------------------------ the connection
 
     @property
-    def reply_to(self) -> str:
-        return (self.tags or {})[REPLY_TO]  # (a Request is made only when the tag is there)
+    def router(self) -> Router:
+        """The client's router (client/router.py); RuntimeError before it connected."""
+        return self._conn.router
 
-    def respond(self, payload: bytes | str, tags: dict[str, str] | None = None) -> Any:
-        return self._answer(self, payload, tags)
+    @property
+    def session(self) -> ClientSession:
+        """The first session: the user's client id, talking to ``node`` (the only one
+        unless a partitioned cluster sent its map)."""
+        return self._conn.router.first
 
+    @property
+    def node(self) -> Addr:
+        """The node this client talks to first (its resolved address once connected)."""
+        return self._conn.node
 
-class ClientAPI(ClientBase):
-    """Everything a client does, over the primitives its shell provides (client/clientbase.py)."""
+    @property
+    def send_errors(self) -> int:
+        """Datagrams the socket refused to send (the protocols' retries repair that)."""
+        return self._conn.send_errors
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """(ClientBase's arguments)"""
-        super().__init__(*args, **kwargs)
-        self._durable = DurableAPI(self)  # (durable mode: put, get, read, position, commit)
+    @property
+    def session_errors(self) -> int:
+        """Datagrams the session failed on (a bug; the client carries on)."""
+        return self._conn.session_errors
+
+    @property
+    def last_session_error(self) -> Exception | None:
+        return self._conn.last_session_error
+
+    async def __aenter__(self) -> Self:
+        await self._shell.open()
+        try:
+            await self._conn.connect()
+        except BaseException:
+            await self._shell.shutdown()
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        conn = self._conn
+        try:
+            if et is None and conn._router is not None and conn.session.connected:
+                await self.flush(timeout=self.config.node_timeout)
+        finally:
+            conn.goodbye()
+            await self._shell.shutdown()
+
+    async def aclose(self) -> None:
+        """Close without ``async with`` (what leaving it does: flush for ``node_timeout`` at most)."""
+        await self.__aexit__(None, None, None)
 
     # ------------------------------------------------------------ publishing
 
@@ -99,8 +238,9 @@ class ClientAPI(ClientBase):
         was not published; with ``wait=True`` after it, that it is queued (and
         retried) but not acknowledged yet.
         """
-        if self._closed:
-            raise self._closed_error()
+        conn = self._conn
+        if conn.closed:
+            raise conn.closed_error()
         if payload.__class__ is not bytes:
             payload = _payload_bytes(payload)
         reliable = _IS_RELIABLE.get(mode)
@@ -108,7 +248,7 @@ class ClientAPI(ClientBase):
             reliable = _mode(mode) == RELIABLE  # (the error, for a mode that is not a name)
         if timeout is not None:  # (before anything is queued; 0 cannot wait for a PUBACK)
             check_timeout(timeout, zero=not (wait and reliable))
-        r = self._router or self.router
+        r = conn._router or conn.router
         if reliable or r.cmap is not None:
             seq = r.offer(topic, key, tags, payload, reliable)  # (None: no room in the window)
         else:  # (a fire publish with one session goes to it: Router.offer adds nothing there)
@@ -160,7 +300,7 @@ class ClientAPI(ClientBase):
         def done() -> bool:
             return r.lost or (r.flushed(marks) and r.putter.flushed(puts))
 
-        if self._closed:
+        if self._conn.closed:
             return False
         try:
             return await self._until(done, deadline) and not r.lost
@@ -291,9 +431,10 @@ class ClientAPI(ClientBase):
                 self._replies[n] = msg
         return self._replies[rid] is not None or st.reason is not None
 
-    def _answer(self, req: Request, payload: bytes | str, tags: dict[str, str] | None,
-                timeout: float | None = None) -> Any:  # fmt: skip
-        return self.publish(req.reply_to, payload, None, {**(tags or {}), REQUEST_ID: (req.tags or {})[REQUEST_ID]},
+    def _answer(self, req: Request, payload: bytes | str, tags: dict[str, str] | None = None,
+               timeout: float | None = None) -> Any:  # fmt: skip
+        """The publish (an awaitable) that answers ``req`` (its ``respond``)."""
+        return self.publish(req._reply_to, payload, None, {**(tags or {}), REQUEST_ID: (req.tags or {})[REQUEST_ID]},
                             timeout=timeout)  # fmt: skip
 
     def _as_request(self, msg: Message) -> Message:
@@ -306,194 +447,4 @@ class ClientAPI(ClientBase):
             wire.check_topic(tags[REPLY_TO])
         except wire.WireError:
             return msg
-        req = Request(*msg)
-        req._answer = self._answer
-        return req
-
-
-class Subscription:
-    """An async context manager and async iterator of :class:`Message`.
-
-    Iteration ends when the subscription ends; :attr:`error` then says why
-    (``out_of_capacity``, ``node_lost``, ``timed_out``, ``refused: ...``), or is
-    None after a plain unsubscribe. A message that asks for an answer
-    (:meth:`ClientAPI.request`) comes as a :class:`Request`.
-    """
-
-    def __init__(self, client: ClientAPI, topic: str, key: str | None, mode: int,
-                 callback: Callable[[Message], Any] | None = None, *, query: str | None = None,
-                 queue: str | None = None) -> None:  # fmt: skip
-        self.client = client
-        self.topic = topic
-        # what the subscription is called on the wire and at the nodes (client/subjects.py)
-        plain = query is None and queue is None and subjects.is_plain(topic)
-        self.filter = topic if plain else subjects.make_filter(topic, queue, query)
-        self.query = query
-        self.queue = queue
-        self.key = key
-        self.mode = mode
-        self.callback = callback
-        self._st: SubState | None = None
-        self._session: ClientSession | None = None  # the session it was made on (client/router.py)
-        self._recv: Receiver  # its receiver, from begin() on (read per message taken: __anext__)
-
-    async def __aenter__(self) -> Subscription:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if not self.client._closed:
-            await self.unsubscribe()
-
-    @property
-    def state(self) -> SubState:
-        assert self._st is not None, "use 'async with' or await start() first"
-        return self._st
-
-    @property
-    def session(self) -> ClientSession:
-        assert self._session is not None, "use 'async with' or await start() first"
-        return self._session
-
-    def begin(self) -> None:
-        """Send the subscription (the confirmation comes later)."""
-        c = self.client
-        c._check_open()
-        self._session, self._st = c.router.subscribe(self.filter, self.key, self.mode)
-        self._recv = self._session.recv
-        c._kick()
-
-    async def confirmation(self, deadline: float = math.inf) -> bool:
-        """Wait until the node confirms or refuses the subscription; False at the deadline."""
-        st = self.state
-        return await self.client._until(lambda: st.confirmed or st.reason is not None, deadline)
-
-    async def start(self, timeout: float | None = None) -> None:
-        """Subscribe and wait until the node confirms (or refuses); then start the callback, if any.
-        TimeoutError after ``timeout`` seconds without an answer (the subscription stays asked for)."""
-        deadline = self.client._deadline(timeout)
-        self.begin()
-        if not await self.confirmation(deadline):
-            await self.unsubscribe()  # (not left to collect messages nobody reads)
-            raise TimeoutError(f"the subscription to {self.topic!r} was not confirmed within {timeout} s")
-        if self.callback is not None and self.reason is None:
-            self.client._background(self._dispatch)
-
-    async def _dispatch(self) -> None:
-        try:
-            await self._feed_callback()
-        except ClientClosed:  # (the client ended: so does the callback's task, quietly)
-            return
-
-    async def _feed_callback(self) -> None:
-        assert self.callback is not None
-        async for msg in self:
-            try:
-                got = self.callback(msg)
-                if inspect.isawaitable(got):
-                    await got
-            except Exception as exc:
-                self.client.callback_errors += 1
-                self.client.last_callback_error = exc
-
-    async def unsubscribe(self) -> None:
-        st = self._st
-        if st is not None and st.reason is None:
-            self.client.router.unsubscribe(self.filter, self.key)
-            self.client._kick()
-
-    @property
-    def reason(self) -> str | None:
-        """Why the subscription ended, or None while it is active."""
-        return self._st.reason if self._st else None
-
-    @property
-    def error(self) -> str | None:
-        """Like ``reason`` but None for a plain unsubscribe (Tendermint's Err())."""
-        r = self.reason
-        return None if r == Reason.UNSUBSCRIBED else r
-
-    @property
-    def active(self) -> bool:
-        return self._st is not None and self._st.confirmed and self._st.reason is None
-
-    async def next(self, timeout: float | None = None) -> Message:
-        """The next message; StopAsyncIteration once the subscription ended, TimeoutError after
-        ``timeout`` seconds (None: wait) without one."""
-        st, c = self.state, self.client
-        deadline = c._deadline(timeout, zero=True)
-        while True:
-            if not st.queue:
-                if not await c._until(lambda: bool(st.queue) or st.reason is not None, deadline):
-                    raise TimeoutError(f"no message on {self.topic!r} within {timeout} s")
-                if not st.queue:
-                    raise StopAsyncIteration
-            c._since_yield += 1
-            if c._since_yield >= c.config.yield_every:  # let the I/O loop run during long bursts
-                c._since_yield = 0
-                await c._checkpoint()
-                if not st.queue:
-                    continue  # (another task took it meanwhile: wait again)
-            self.session.consumed(st)  # (taken and counted with no await between: a cancel cannot split them)
-            msg = st.take()
-            if st.origins is not None:
-                c._kick()  # (a queue group's message is acknowledged now that it is taken)
-            return c._as_request(msg) if msg.tags else msg
-
-    async def next_batch(self, max_count: int = 1024, timeout: float | None = None) -> list[Message]:
-        """What is queued, up to ``max_count`` messages, waiting as ``next`` does for the first:
-        for a subscriber that works on lists (one call, one checkpoint, one count of what it
-        took, however many came). StopAsyncIteration once the subscription ended and nothing
-        is left, TimeoutError after ``timeout`` seconds without a message."""
-        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
-            raise ValueError(f"max_count must be an integer of at least 1, not {max_count!r}")
-        out = [await self.next(timeout)]
-        st, c = self.state, self.client
-        n = min(max_count - 1, len(st.queue))
-        if n:
-            self.session.consumed(st, n)  # (counted and taken with no await between, as in next)
-            take = st.take
-            for _ in range(n):
-                msg = take()
-                out.append(c._as_request(msg) if msg.tags else msg)
-            if st.origins is not None:
-                c._kick()
-        return out
-
-    def batches(self, max_count: int = 1024) -> AsyncIterator[list[Message]]:
-        """``async for batch in sub.batches()``: ``next_batch`` until the subscription ends."""
-        return _Batches(self, max_count)
-
-    def __aiter__(self) -> AsyncIterator[Message]:
-        return self
-
-    async def __anext__(self) -> Message:
-        # (the common case without a second coroutine: a message is queued, no queue group, no
-        # checkpoint due; anything else is next's)
-        st, c = self._st, self.client
-        if st is not None and st.queue and st.origins is None and c._since_yield < c.config.yield_every - 1:
-            c._since_yield += 1
-            recv = self._recv
-            if st.counted and not recv.held:
-                recv.buffered -= 1  # (Receiver.consumed's case without a queue group or held messages)
-            else:
-                recv.consumed(st)
-            item = st.queue.popleft()  # (SubState.take, written out)
-            if item.__class__ is bytes:
-                return _new(Message, (st.topic, None, None, item, st.seqs.popleft()))
-            fields = cast(Fields, item)
-            return c._as_request(message_of(fields)) if fields[2] else message_of(fields)
-        return await self.next()
-
-
-class _Batches:
-    """The async iterator of ``Subscription.batches``."""
-
-    def __init__(self, sub: Subscription, max_count: int) -> None:
-        self.sub, self.max_count = sub, max_count
-
-    def __aiter__(self) -> _Batches:
-        return self
-
-    async def __anext__(self) -> list[Message]:
-        return await self.sub.next_batch(self.max_count)
+        return request_of(msg, tags[REPLY_TO], self._answer)

@@ -26,8 +26,8 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from roost.client import aio
-from roost.client.api import ClientClosed, LogRead, NodeLost, Request, durable_id
-from roost.client.clientbase import check_timeout
+from roost.client.api import ClientClosed, LogRead, NodeLost, Request, durable_id, request_of
+from roost.client.connection import check_timeout
 from roost.client.receive import Message
 from roost.client.session import ClientConfig
 
@@ -228,12 +228,14 @@ class Client:
         return self.timeout if isinstance(timeout, Default) else timeout
 
     def _blocking(self, msg: Message) -> Message:
-        """A request's ``respond`` that returns once the answer is sent (not an awaitable)."""
+        """A request whose ``respond`` returns once the answer is sent (not an awaitable)."""
         if not isinstance(msg, Request):
             return msg
-        req = Request(*msg)
-        req._answer = lambda r, payload, tags: self._call(self.aclient._answer(r, payload, tags, self.timeout))
-        return req
+        return request_of(msg, msg._reply_to, self._answer)
+
+    def _answer(self, req: Request, payload: bytes | str, tags: dict[str, str] | None) -> None:
+        """(A request's ``respond``: the asyncio client's answer, waited for.)"""
+        self._call(self.aclient._answer(req, payload, tags, self.timeout))
 
 
 class Subscription:

@@ -1,11 +1,11 @@
 """Durable mode in the client API: puts, durable subscriptions (get/commit) and plain log reads.
 
-A component :class:`roost.client.api.ClientAPI` holds (its ``durable``, to which its put, get,
-read, position and commit delegate), async code over the shell primitives of its client
-(:class:`roost.client.clientbase.ClientBase`). It only waits and does file I/O: what a durable
-read or commit sends, when it sends it again and where to, and what the application gets is
-the sans-IO core's (client/durableclient.py, which the simulator drives too); the protocol is
-docs/durable.md's, the frames client/durablewire.py's, the put streams client/putter.py's.
+A component :class:`roost.client.api.ClientAPI` holds (its ``_durable``, to which its put, get,
+read, position and commit delegate), async code over its client's connection
+(client/connection.py) and the I/O primitives of its shell (client/shell.py). It only waits and
+does file I/O: what a durable read or commit sends, when it sends it again and where to, and
+what the application gets is the sans-IO core's (client/durableclient.py, which the simulator
+drives too); the protocol is docs/durable.md's, the frames client/durablewire.py's, the put streams client/putter.py's.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import datetime
 from typing import Any, NamedTuple
 
 from roost.client import durablewire
-from roost.client.clientbase import ClientBase, NodeLost
+from roost.client.connection import Connection, NodeLost
 from roost.client.durableclient import PAUSE, WELCOME, Ask, DurableClient, Reader, durable_id, no_map_here
 from roost.client.receive import Message
+from roost.client.shell import Shell
 
 __all__ = ["DurableAPI", "LogRead", "durable_id"]
 
@@ -48,34 +49,34 @@ class LogRead(NamedTuple):
 
 
 class DurableAPI:
-    """A client's durable mode (see the module): ``client`` is the client whose primitives it uses."""
+    """A client's durable mode (see the module), over the client's connection and shell."""
 
-    def __init__(self, client: ClientBase) -> None:
-        self.client = client
-        self.core = DurableClient(client.config)  # (the offsets read to, per durable subscription)
+    def __init__(self, conn: Connection, shell: Shell) -> None:
+        self.conn, self.shell = conn, shell
+        self.core = DurableClient(conn.config)  # (the offsets read to, per durable subscription)
 
     async def put(self, topic: str, payload: bytes | str, key: str | None = None,
                   tags: dict[str, str] | None = None, *, wait: bool = False,
                   timeout: float | None = None) -> tuple[int, int]:  # fmt: skip
         """(ClientAPI.put's)"""
-        c = self.client
-        c._check_open()
+        c, sh = self.conn, self.shell
+        c.check_open()
         if isinstance(payload, str):
             payload = payload.encode()
         r = c.router
-        deadline = c._deadline(timeout, zero=not wait)  # (0 cannot wait for the acknowledgement)
+        deadline = c.deadline(timeout, zero=not wait)  # (0 cannot wait for the acknowledgement)
         if not await self._need_map(deadline):
             raise TimeoutError(f"no cluster map from the node within {timeout} s: not put")
         if r.put_window_full(topic):
-            c._kick()
-            if not await c._until(lambda: not r.put_window_full(topic) or r.lost, deadline):
+            sh.kick()
+            if not await sh.until(lambda: not r.put_window_full(topic) or r.lost, deadline):
                 raise TimeoutError(f"no room in the put window within {timeout} s: not put")
             if r.lost:
                 raise NodeLost("node lost: not put")
         p, seq = r.put(topic, key, tags, payload)
-        c._kick()
+        sh.kick()
         if wait:
-            if not await c._until(lambda: r.putter.streams[p].acked >= seq or r.lost, deadline):
+            if not await sh.until(lambda: r.putter.streams[p].acked >= seq or r.lost, deadline):
                 raise TimeoutError(f"not acknowledged within {timeout} s (it stays queued and is retried)")
             if r.putter.streams[p].acked < seq:
                 raise NodeLost("node lost before acknowledging the put")
@@ -85,8 +86,8 @@ class DurableAPI:
                   start: str | int | datetime.datetime = "earliest", timeout: float | None = None,
                   client: str = "default") -> list[Message]:  # fmt: skip
         """(ClientAPI.get's)"""
-        c = self.client
-        deadline = c._deadline(timeout)
+        c, sh = self.conn, self.shell
+        deadline = c.deadline(timeout)
         kind, at = _start(start)
         r = c.router
         out: list[Message] = []
@@ -96,17 +97,17 @@ class DurableAPI:
         key = (client, durable, topic)
         # (the first get of this process: what an earlier one committed is not repeated)
         first = self.core.read_to.get(key)
-        if first is None and c._offsets is not None:
-            first = c._offsets.load(client, durable, topic)
+        if first is None and c.offsets is not None:
+            first = c.offsets.load(client, durable, topic)
         rd = self.core.reader(r, client, durable, topic, r.cmap.partition(topic), start=(kind, at), nxt=first)
         while len(out) < count:
-            rd.get(count - len(out), c._now())
+            rd.get(count - len(out), sh.now())
             if not await self._drive(rd, deadline):
                 break
             out += [Message(t, k, tags, payload, offset) for offset, _ms, t, k, tags, payload in rd.take()]
             if rd.at_end and len(out) < count:  # (scanned to the commit: wait for more)
-                await c._sleep_until(min(deadline, c._now() + c.config.pub_retry))  # (ask again)
-                if c._now() >= deadline:
+                await sh.sleep_until(min(deadline, sh.now() + c.config.pub_retry))  # (ask again)
+                if sh.now() >= deadline:
                     break
         return out
 
@@ -115,14 +116,14 @@ class DurableAPI:
         """(ClientAPI.read's)"""
         if offset < 0 or count < 1:
             raise ValueError("read needs offset >= 0 and count >= 1")
-        c = self.client
-        deadline = c._deadline(timeout)
+        c, sh = self.conn, self.shell
+        deadline = c.deadline(timeout)
         r = c.router
         if not await self._need_map(deadline):
             raise NodeLost(f"no cluster map from the node within {timeout} s: nothing read of {topic!r}")
         assert r.cmap is not None
         p = r.cmap.partition(topic)
-        ask = self.core.read(r, topic, p, offset, count, c._now())
+        ask = self.core.read(r, topic, p, offset, count, sh.now())
         f = await self._ask(ask, deadline)
         if f is None:
             raise NodeLost(f"no answer from the primary of partition {p} of {topic!r}")
@@ -136,8 +137,8 @@ class DurableAPI:
     async def commit(self, topic: str, durable: str, *, client: str = "default",
                      timeout: float | None = 10.0) -> bool:  # fmt: skip
         """(ClientAPI.commit's)"""
-        c = self.client
-        deadline = c._deadline(timeout)
+        c, sh = self.conn, self.shell
+        deadline = c.deadline(timeout)
         r = c.router
         key = (client, durable, topic)
         if key not in self.core.read_to:  # (nothing read: nothing to commit, no map needed)
@@ -147,9 +148,9 @@ class DurableAPI:
         assert r.cmap is not None
         # (made after the wait: a get that ended meanwhile counts)
         rd = self.core.reader(r, client, durable, topic, r.cmap.partition(topic))
-        if c._offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
-            await c._in_thread(c._offsets.save, client, durable, topic, rd.nxt)
-        rd.commit(c._now())
+        if c.offsets is not None:  # (first on our disk: a crash before the cluster hears it repeats nothing)
+            await sh.in_thread(c.offsets.save, client, durable, topic, rd.nxt)
+        rd.commit(sh.now())
         return await self._drive(rd, deadline) and rd.committed
 
     async def _need_map(self, deadline: float) -> bool:
@@ -160,12 +161,12 @@ class DurableAPI:
         it does when no answer came in time); NodeLost if ``node_timeout`` passed, the node
         was lost, or at once when the node welcomed us and announced no map (no partitioned
         cluster there: a single node or a replicated cluster)."""
-        c = self.client
+        c, sh = self.conn, self.shell
         r = c.router
         if r.cmap is None:
-            c._kick()
-            limit = c._now() + c.config.node_timeout
-            await c._until(lambda: r.cmap is not None or r.lost or no_map_here(r.first), min(deadline, limit))
+            sh.kick()
+            limit = sh.now() + c.config.node_timeout
+            await sh.until(lambda: r.cmap is not None or r.lost or no_map_here(r.first), min(deadline, limit))
             if r.cmap is None:
                 if r.lost:
                     raise NodeLost("node lost before its cluster map came")
@@ -184,17 +185,17 @@ class DurableAPI:
     async def _ask(self, ask: Ask, deadline: float, rd: Reader | None = None) -> tuple[Any, ...] | None:
         """Step ``ask`` (through ``rd``'s round when given) until it is answered OK, or the
         deadline (None): send what it queued at once, wait for its answer or its next step."""
-        c = self.client
-        while (now := c._now()) < deadline:
+        sh = self.shell
+        while (now := sh.now()) < deadline:
             sent = rd.step(now) if rd is not None else ask.step(now)
             if sent or ask.state == WELCOME:  # (a session the router opened for it needs its I/O loop)
-                c._kick()
+                sh.kick()
             if ask.done:
                 return ask.answer
             if ask.lost:
                 raise NodeLost("node lost")
             if ask.state == PAUSE:  # (refused, or no answer: not the leader yet)
-                await c._sleep_until(min(deadline, ask.next_deadline()))
+                await sh.sleep_until(min(deadline, ask.next_deadline()))
             else:
-                await c._until(ask.ready, min(deadline, ask.next_deadline()))
+                await sh.until(ask.ready, min(deadline, ask.next_deadline()))
         return None

@@ -1,4 +1,5 @@
-"""The trio client: :class:`Client`, the I/O of :class:`roost.client.api.ClientAPI` on trio.
+"""The trio client: :class:`Client`, the client API (client/api.py) over :class:`TrioShell`, the
+I/O primitives (client/shell.py) on trio.
 
 Per session of the router: one UDP socket (its own source port, so MSGS for a session's client
 id reach that session alone) and one background task that drains it, feeds the router, fires
@@ -25,9 +26,11 @@ from typing import Any
 import trio
 
 from roost.client.api import ClientAPI, ClientClosed, LogRead, NodeLost, Request, Subscription, durable_id
+from roost.client.connection import Connection
 from roost.client.receive import Message
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
+from roost.client.shell import Shell
 from roost.client.turns import CALLER, LOOP, WAITER, TurnPolicy
 from roost.client.udp import open_client_socket, yield_cpu
 
@@ -37,39 +40,41 @@ __all__ = ["Client", "ClientClosed", "ClientConfig", "LogRead", "Message", "Node
            "durable_id"]  # fmt: skip
 
 
-class Client(ClientAPI):
-    """The client for trio programs: ``async with Client(...) as c`` (see ClientAPI for the API)."""
+class TrioShell(Shell):
+    """The I/O primitives on trio (see the module): the tasks that drive ``conn``'s sessions, as
+    ``turns`` decides."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, conn: Connection, turns: TurnPolicy) -> None:
+        self.conn = conn
+        self.socks = conn.socks  # (the connection's, never rebound: id(session) -> its socket)
+        self._turns = turns  # (quiet path, bursts, sparse path, held sends)
         self._nursery: trio.Nursery | None = None
         self._changed = trio.Event()
         self._wait_scopes: dict[int, trio.CancelScope] = {}
-        # (the loops waiting, or a task driving a socket: a _kick wakes these; never rebound)
-        self._kick_wakes = self._wait_scopes
-        self._turns = TurnPolicy(self.config)  # (quiet path, bursts, sparse path, held sends)
+        # (the loops waiting, or a task driving a socket: a kick wakes these; never rebound)
+        self.kick_wakes = self._wait_scopes
         # A waiting task that drives a session's socket itself (_until_driving): the session's
         # id while it does, and the event its parked I/O loop waits on until it gives it back.
         self._driver: int | None = None
         self._handed_back = trio.Event()
 
-    # ------------------------------------------------------------ primitives (client/api.py)
+    # ------------------------------------------------------------ primitives (client/shell.py)
 
-    def _now(self) -> float:
+    def now(self) -> float:
         return trio.current_time()
 
-    async def _until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
+    async def until(self, cond: Callable[[], bool], deadline: float = math.inf) -> bool:
         if cond():
             return True
-        r, start = self._router, trio.current_time()
+        r, start = self.conn._router, trio.current_time()
         try:
             s = self._drivable(r) if r is not None and self._turns.drives() else None
             if s is not None:
                 return await self._until_driving(cond, deadline, s)
             with trio.move_on_at(deadline):
                 while not cond():
-                    if self._closed:
-                        raise self._closed_error()
+                    if self.conn.closed:
+                        raise self.conn.closed_error()
                     await self._changed.wait()
                 return True
             return False
@@ -81,13 +86,13 @@ class Client(ClientAPI):
         session, its socket open (and no new one due), and nobody driving it yet. Its loop
         parks wherever it is: waiting on the socket (the wait is cancelled) or about to turn
         (it looks at ``_driver`` first)."""
-        if self._closed or self._driver is not None or len(r.sessions) != 1:
+        if self.conn.closed or self._driver is not None or len(r.sessions) != 1:
             return None
         s = r.sessions[0]
-        return s if self._socket_fits(s) else None
+        return s if self.conn.socket_fits(s) else None
 
     async def _until_driving(self, cond: Callable[[], bool], deadline: float, s: ClientSession) -> bool:
-        """``_until`` on a sparse path: the waiting task makes the I/O loop's turns itself while
+        """``until`` on a sparse path: the waiting task makes the I/O loop's turns itself while
         its loop is parked, so a datagram that satisfies ``cond`` is handled and taken by the
         task that waits for it, with no hand-off from the loop's task in between (W3's last
         hop ~25 us sooner: docs/performance.md). Sparse: the last wait lasted ``idle_gap`` or
@@ -100,7 +105,7 @@ class Client(ClientAPI):
         ACK) for that next turn of the loop, so the subscriber has its message first (W3
         reliable ~20 us): an application that works long without an await delays that ACK as
         it delays every turn of the loop's (the node resends after its retransmit_timeout)."""
-        key, r = id(s), self.router
+        key, r = id(s), self.conn.router
         hold = TurnPolicy.holds(cond)  # (cond inside the turn: it holds the turn's sends)
         self._driver = key
         scope = self._wait_scopes.pop(key, None)
@@ -109,18 +114,18 @@ class Client(ClientAPI):
         try:
             with trio.move_on_at(deadline):
                 while True:
-                    if self._closed:
-                        raise self._closed_error()
+                    if self.conn.closed:
+                        raise self.conn.closed_error()
                     try:
                         came, busy = self._turn(s, hold, WAITER)
                     except Exception as exc:  # (as in the loop: the client ends, its waiters hear why)
                         self._broke(exc)
-                        raise self._closed_error() from exc
+                        raise self.conn.closed_error() from exc
                     if busy:
                         self._wake()
                     if cond():
                         return True
-                    if len(r.sessions) != 1 or not self._socket_fits(s):
+                    if len(r.sessions) != 1 or not self.conn.socket_fits(s):
                         break  # (a map opened sessions, or a new socket is due: the loop's work)
                     if came:
                         await trio.lowlevel.checkpoint()
@@ -132,15 +137,15 @@ class Client(ClientAPI):
             self._driver = None
             self._handed_back.set()
             self._handed_back = trio.Event()
-        return await self._until(cond, deadline)  # (the sessions changed: wait as the loop's task drives)
+        return await self.until(cond, deadline)  # (the sessions changed: wait as the loop's task drives)
 
-    def _kick(self) -> None:
+    def kick(self) -> None:
         """Make the I/O loops flush now instead of at their next deadline (and start the
         loop of any session the router just opened): on a quiet path by a turn made here
         (:meth:`_turn_here`), else by waking them."""
-        r = self._router
-        if r is not None and len(r.sessions) > len(self._socks):
-            self._spawn()
+        r = self.conn._router
+        if r is not None and len(r.sessions) > len(self.socks):
+            self.spawn()
         if self._wait_scopes and not (r is not None and self._turn_here(r)):
             for scope in self._wait_scopes.values():  # (once per wait: trio's cancel costs a few us)
                 scope.cancel()
@@ -158,11 +163,11 @@ class Client(ClientAPI):
         stays busy, wakes the loop and goes out together at its turn, so a busy caller's
         publishes share datagrams (the decision: ``TurnPolicy.turn_here``). False when the path
         is not quiet or its burst is spent."""
-        if self._closed or len(r.sessions) != 1:
+        if self.conn.closed or len(r.sessions) != 1:
             return False  # (closed or closing: no turn after BYE, none on a closed socket)
         s = r.sessions[0]
         scope = self._wait_scopes.get(id(s))
-        if scope is None or not self._socket_fits(s):
+        if scope is None or not self.conn.socket_fits(s):
             return False  # (not waiting, or a new socket is due: the loop's own turn opens it)
         if not self._turns.turn_here(r, trio.current_time()):
             return False
@@ -183,29 +188,29 @@ class Client(ClientAPI):
             yield_cpu()  # (the node, woken on this core by the datagram, runs now: see udp.send_all)
         return True
 
-    async def _sleep_until(self, deadline: float) -> None:
+    async def sleep_until(self, deadline: float) -> None:
         await trio.sleep_until(deadline)
 
-    async def _checkpoint(self) -> None:
+    async def checkpoint(self) -> None:
         await trio.lowlevel.checkpoint()
 
-    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args)
 
-    async def _resolve(self, host: str, port: int) -> list[tuple[Any, ...]]:
+    async def resolve(self, host: str, port: int) -> list[tuple[Any, ...]]:
         return await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
 
-    async def _open(self) -> None:
+    async def open(self) -> None:
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
 
-    def _background(self, fn: Callable[[], Any]) -> None:
-        if self._nursery is not None and not self._closed:
+    def background(self, fn: Callable[[], Any]) -> None:
+        if self._nursery is not None and not self.conn.closed:
             self._nursery.start_soon(fn)
 
-    async def _shutdown(self) -> None:
+    async def shutdown(self) -> None:
         """Stop the I/O tasks; the caller's own exception, if any, propagates unwrapped."""
-        self._closed = True
+        self.conn.closed = True
         self._wake()  # (tasks waiting on the client, outside its block too, hear it closed)
         for scope in list(self._wait_scopes.values()):  # (and a task driving a socket as it waits)
             scope.cancel()
@@ -214,16 +219,16 @@ class Client(ClientAPI):
         try:
             await self._nursery_cm.__aexit__(None, None, None)
         finally:
-            for sock in self._socks.values():
+            for sock in self.socks.values():
                 sock.close()
 
-    def _spawn(self) -> None:
+    def spawn(self) -> None:
         """A socket and an I/O task for every session the router opened since we last looked."""
-        if self._nursery is None or self._closed or self._router is None:
+        if self._nursery is None or self.conn.closed or self.conn._router is None:
             return
-        for s in self._router.sessions:
-            if id(s) not in self._socks:
-                self._socks[id(s)] = open_client_socket(s.node, self.config.socket_buffer)
+        for s in self.conn._router.sessions:
+            if id(s) not in self.socks:
+                self.socks[id(s)] = open_client_socket(s.node, self.conn.config.socket_buffer)
                 self._nursery.start_soon(self._run, s)
 
     # ------------------------------------------------------------ the I/O loop
@@ -236,14 +241,14 @@ class Client(ClientAPI):
 
     def _broke(self, exc: Exception) -> None:
         """The I/O failed (a socket broke): the client ends and every waiter hears why."""
-        self._fail(exc)
+        self.conn.fail(exc)
         self._wake()
         for scope in self._wait_scopes.values():  # (the other sessions' loops end too)
             scope.cancel()
 
     async def _io(self, s: ClientSession) -> None:
         key = id(s)
-        while not self._closed:
+        while not self.conn.closed:
             if self._driver == key:  # (a waiting task drives this socket: _until_driving)
                 await self._handed_back.wait()
                 continue
@@ -256,28 +261,28 @@ class Client(ClientAPI):
             await self._wait_socket(s)
 
     async def _wait_socket(self, s: ClientSession) -> None:
-        """Wait until the socket of ``s`` is readable or its next deadline; a ``_kick`` ends
+        """Wait until the socket of ``s`` is readable or its next deadline; a ``kick`` ends
         the wait early (it cancels the scope kept in ``_wait_scopes``)."""
-        key, r = id(s), self.router
+        key, r = id(s), self.conn.router
         with trio.CancelScope(deadline=min(s.next_deadline(), r.put_deadline())) as scope:
             self._wait_scopes[key] = scope
             try:
-                await trio.lowlevel.wait_readable(self._socks[key])
+                await trio.lowlevel.wait_readable(self.socks[key])
             finally:  # (also when the nursery is cancelled: a closed client keeps no waiting loop)
                 if self._wait_scopes.get(key) is scope:
                     del self._wait_scopes[key]
 
     def _turn(self, s: ClientSession, hold: Callable[[], bool] | None = None, by: str = LOOP) -> tuple[int, bool]:
-        """One turn of session ``s``'s socket (``_exchange``), on a new socket first when it
+        """One turn of session ``s``'s socket (the connection's ``exchange``), on a new socket first when it
         failed over to an address of the other family; ``by``: who makes it (the loop, a caller
         on a quiet path, a waiting task), for the turn policy."""
         key = id(s)
-        sock = self._socks[key]
-        new = self._socket_for(s, sock)
+        sock = self.socks[key]
+        new = self.conn.socket_for(s, sock)
         if new is not None:
             sock.close()
-            sock = self._socks[key] = new
-        came, busy = self._exchange(s, sock, hold)
+            sock = self.socks[key] = new
+        came, busy = self.conn.exchange(s, sock, hold)
         if busy:
             self._turns.turned(came, trio.current_time(), by)
         return came, busy
@@ -285,3 +290,9 @@ class Client(ClientAPI):
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+
+
+class Client(ClientAPI):
+    """The client for trio programs: ``async with Client(...) as c`` (see ClientAPI for the API)."""
+
+    _shell_class = TrioShell

@@ -55,14 +55,22 @@ class Message(NamedTuple):
     payload: bytes
     sequence: int | None  # per-subscriber sequence (reliable); None for fire
 
+    # A request (client/api.py's Request, a Message with a __dict__) carries what answers it:
+    # ``_reply_to`` and ``_responder``, given when it is made; a plain message has neither.
+
     @property
     def reply_to(self) -> str | None:
         """Where the answer to a request goes (client/api.py); None for a message that asks none."""
-        return None
+        return getattr(self, "_reply_to", None)
 
     def respond(self, payload: bytes | str, tags: dict[str, str] | None = None) -> Any:
-        """Answer a request (a :class:`roost.client.api.Request`); this message asks for none."""
-        raise ValueError(f"this message on {self.topic!r} asks for no answer (it was not sent by request())")
+        """Answer a request (a :class:`roost.client.api.Request`): in the async clients an
+        awaitable, in the blocking client once the answer is sent. ValueError for a message
+        that asks for none."""
+        responder = getattr(self, "_responder", None)
+        if responder is None:
+            raise ValueError(f"this message on {self.topic!r} asks for no answer (it was not sent by request())")
+        return responder(self, payload, tags)
 
 
 #: A message's fields, those of :class:`Message`, in a plain tuple: how a subscription's queue

@@ -3,8 +3,8 @@
 Theory of operation (docs/architecture.md, "One client, three shells"; docs/performance.md)
 ------------------------------------------------------------------------------------------
 A shell's I/O loop makes a session's turns (drain its socket, feed the router, fire its timers,
-send what it produced: ``ClientBase._exchange``). Batching lives there: what API calls queue
-while the loop is busy goes out together at its next turn. But on a path that carries little,
+send what it produced: client/connection.py's ``Connection.exchange``). Batching lives there:
+what API calls queue while the loop is busy goes out together at its next turn. But on a path that carries little,
 a hop through the loop (wake its task or callback, schedule it) is most of a message's latency.
 Three rules cut it where no batching is lost, the same for every shell; :class:`TurnPolicy`
 makes their decisions from the router and the loop's clock (``now``), and the shells do the I/O:
@@ -87,7 +87,7 @@ class TurnPolicy:
 
     @staticmethod
     def holds(cond: Callable[[], bool]) -> Callable[[], bool]:
-        """The ``hold`` of a waiter's turns (``ClientBase._exchange``): after datagrams came, keep
+        """The ``hold`` of a waiter's turns (``Connection.exchange``): after datagrams came, keep
         the turn's sends for the next turn when ``cond`` holds. An exception of ``cond``'s is
         not the turn's failing (it reaches the caller from its own look at ``cond``): no hold."""
 

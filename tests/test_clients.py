@@ -14,7 +14,7 @@ import threading
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -25,7 +25,9 @@ import roost.asyncio
 import roost.sync
 import roost.trio
 from roost.client import addresses
+from roost.client.aio import AsyncioShell
 from roost.client.api import REPLY_TO, Request
+from roost.client.library import TrioShell
 from roost.client.session import ClientConfig
 from roost.client.wire import WireError
 from tests.clusterkit import ROOT, Node
@@ -503,23 +505,29 @@ def test_readme_examples_run(node, example, tmp_path):
     assert r.stdout.splitlines() == [f"greetings hello {i}" for i in range(3)] + ["tea time"]
 
 
-class Renamed(roost.Client):
-    """The trio client with a resolver whose answers the test changes (the OS's getaddrinfo
+class RenamedShell(TrioShell):
+    """The trio shell with a resolver whose answers the test changes (the OS's getaddrinfo
     cannot be told that a name moved)."""
 
     where: dict[str, tuple[str, int]] = {}
 
-    async def _resolve(self, host, port):
+    async def resolve(self, host, port):
         return [(2, 2, 17, "", self.where[host])]
+
+
+class Renamed(roost.Client):
+    """The trio client on that shell."""
+
+    _shell_class = RenamedShell
 
 
 async def test_a_name_is_resolved_again_when_its_node_goes_silent(node, tmp_path):
     moved = Node(tmp_path)
-    Renamed.where = {"svc": ("127.0.0.1", moved.port)}
+    RenamedShell.where = {"svc": ("127.0.0.1", moved.port)}
     try:
         async with Renamed("svc:1") as c, c.subscribe("x.moved") as sub:
             assert c.session.node == ("127.0.0.1", moved.port)
-            Renamed.where["svc"] = ("127.0.0.1", node.port)  # (the name now means the other node...)
+            RenamedShell.where["svc"] = ("127.0.0.1", node.port)  # (the name now means the other node...)
             moved.stop()  # (...and the first is gone)
             with trio.fail_after(15):
                 await c.publish("x.moved", "after the move", wait=True)
@@ -608,12 +616,12 @@ async def test_trio_waiters_hear_when_the_io_breaks(node):
         await c.subscribe("x.broken.cb", callback=seen.append).start()
         for i in range(10):  # (unacknowledged when the socket breaks: leaving the block must still end cleanly)
             await c.publish("x.broken.other", str(i))
-        c._socks[id(c.session)].close()  # (the socket breaks under the I/O task)
+        c._conn.socks[id(c.session)].close()  # (the socket breaks under the I/O task)
         c._kick()
         with trio.fail_after(10), pytest.raises(roost.ClientClosed, match="I/O failed"):
             await sub.next()
         assert not await c.flush(1)
-    assert c._closed and seen == []
+    assert c._conn.closed and seen == []
 
 
 def test_asyncio_waiters_hear_when_the_io_breaks(node):
@@ -622,13 +630,13 @@ def test_asyncio_waiters_hear_when_the_io_breaks(node):
             await c.subscribe("x.broken.cb", callback=print).start()
             for i in range(10):
                 await c.publish("x.broken.other", str(i))
-            c.loop.remove_reader(c._socks[id(c.session)])
-            c._socks[id(c.session)].close()
+            c.loop.remove_reader(c._conn.socks[id(c.session)])
+            c._conn.socks[id(c.session)].close()
             c._kick()
             async with asyncio.timeout(10):
                 with pytest.raises(roost.asyncio.ClientClosed, match="I/O failed"):
                     await sub.next()
-        assert c._tasks == set()  # (the callback's task ended quietly)
+        assert cast(AsyncioShell, c._shell).tasks == set()  # (the callback's task ended quietly)
 
     asyncio.run(main())
 

@@ -192,7 +192,7 @@ async def test_a_client_learns_the_map_and_publishes_straight_to_the_primaries(f
         assert pub.router.cmap is not None and pub.router.cmap.live == frozenset(c.ids)  # from WELCOME
         for t in burst:  # (one burst, no checkpoint: each publish that opens a session starts its I/O)
             await pub.publish(t, "nobody's", mode="fire")
-        assert len(pub._socks) == len(pub.router.sessions) == len(c.ids)
+        assert len(pub._conn.socks) == len(pub.router.sessions) == len(c.ids)
         subs = [sub.subscribe(t) for t in topics]
         for s in subs:
             await s.start()

@@ -227,7 +227,7 @@ async def test_a_client_cannot_subscribe_another_address(node):
 
 
 def client_addr(c: Client) -> tuple[str, int]:
-    return ("127.0.0.1", c._socks[id(c.session)].getsockname()[1])
+    return ("127.0.0.1", c._conn.socks[id(c.session)].getsockname()[1])
 
 
 async def test_odd_frames_from_the_node_address_do_not_stop_the_client(node):
@@ -300,7 +300,7 @@ async def test_a_datagram_the_session_fails_on_does_not_stop_the_client(node):
 async def test_unusable_addresses_do_not_stop_the_client(node):
     async with Client(addr(node)) as c:
         bad = [(("127.0.0.1", 70000), b"x"), (("127.0.0.1\x00", 7400), b"x"), (("::1", 7400), b"x"), ((None, 1), b"x")]
-        assert send_now(c._socks[id(c.session)], bad) == 4  # type: ignore[arg-type]
+        assert send_now(c._conn.socks[id(c.session)], bad) == 4  # type: ignore[arg-type]
         with trio.fail_after(5):
             assert await c.publish("t", b"x", wait=True) == 1
 
@@ -504,20 +504,20 @@ async def test_a_sparse_wait_takes_its_message_in_the_waiting_task(node, mode):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(waiter, name="waiter")
                     await trio.testing.wait_all_tasks_blocked()
-                    assert c._driver == id(c.session) and c._socks[id(c.session)] is not None
+                    assert c._shell._driver == id(c.session) and c._conn.socks[id(c.session)] is not None
                     before = _came(c)
                     await p.publish("t.sparse", str(i), mode=mode)
                 assert [m.payload for m in got] == [str(i).encode()]
                 # (the turns that took datagrams until it had its message: the waiter's alone)
-                assert _more(before, came[0]) == {WAITER} and c._driver is None
-                await eventually(lambda: id(c.session) in c._wait_scopes, what="the loop to wait on its socket")
+                assert _more(before, came[0]) == {WAITER} and c._shell._driver is None
+                await eventually(lambda: id(c.session) in c._shell._wait_scopes, what="the loop to wait on its socket")
         c.config.idle_gap = 60.0  # (no wait is as long: every one is left to the loop's task)
         async with c.subscribe("t.busy", mode=mode) as sub:
             got, waiter = await _driving(c, sub)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
-                assert c._driver is None
+                assert c._shell._driver is None
                 before = _came(c)
                 await p.publish("t.busy", b"x", mode=mode)
             assert [m.payload for m in got] == [b"x"] and _more(before, _came(c)) == {LOOP}
@@ -549,7 +549,7 @@ async def test_a_driven_messages_ack_leaves_after_its_subscriber_has_it(node):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
-                assert c._driver == id(c.session)
+                assert c._shell._driver == id(c.session)
                 order.clear()
                 await p.publish("t.ack", b"one")
             mb = node.core.clients[c.client_id].mailbox
@@ -581,13 +581,13 @@ async def test_leaving_right_after_a_driven_message_sends_its_held_ack_before_by
 
         async def waiter() -> None:
             got.append(await sub.next(timeout=10))
-            c._goodbye()  # (what leaving the client does first, with no await before it)
+            c._conn.goodbye()  # (what leaving the client does first, with no await before it)
             at_bye.append(list(sent))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(waiter, name="waiter")
             await trio.testing.wait_all_tasks_blocked()
-            assert c._driver == id(c.session)
+            assert c._shell._driver == id(c.session)
             sent.clear()  # (what it sends from now on)
             await p.publish("t.bye", b"last")
         assert [m.payload for m in got] == [b"last"] and at_bye == [[FrameType.ACK, FrameType.BYE]]
@@ -615,14 +615,14 @@ async def test_a_condition_that_fails_inside_a_driven_turn_is_the_callers_error(
 
             async def publish() -> None:
                 await trio.testing.wait_all_tasks_blocked()
-                driven.append(c._driver == id(c.session))
+                driven.append(c._shell._driver == id(c.session))
                 await p.publish("t.cond", b"x")
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(publish)
                 with pytest.raises(LookupError, match="the caller's own"), trio.fail_after(5):
                     await c._until(cond)
-            assert driven == [True] and not c._closed and c._error is None and c._driver is None
+            assert driven == [True] and not c._conn.closed and c._conn.error is None and c._shell._driver is None
             assert (await sub.next(timeout=1)).payload == b"x"
     finally:
         await p.aclose()
@@ -639,9 +639,9 @@ async def test_a_driving_wait_that_times_out_gives_the_socket_back(node):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
-                assert c._driver == id(c.session)
-            assert len(got) == 1 and isinstance(got[0], TimeoutError) and c._driver is None
-            await eventually(lambda: id(c.session) in c._wait_scopes, what="the loop to wait on its socket")
+                assert c._shell._driver == id(c.session)
+            assert len(got) == 1 and isinstance(got[0], TimeoutError) and c._shell._driver is None
+            await eventually(lambda: id(c.session) in c._shell._wait_scopes, what="the loop to wait on its socket")
             c.config.idle_gap = 60.0
             before = _came(c)
             await p.publish("t.back", b"later", mode="fire")
@@ -667,12 +667,12 @@ async def test_a_publish_while_a_task_drives_the_socket_is_sent_at_once(node):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
-                assert c._driver == id(c.session) and id(c.session) in c._wait_scopes
+                assert c._shell._driver == id(c.session) and id(c.session) in c._shell._wait_scopes
                 before = _came(c)
                 c._turns.busy_at = -math.inf
                 await c.publish("t.self", b"mine", mode="fire")
                 assert c.session.pub.fire_unsent == 0  # (sent before publish returned)
-                assert id(c.session) not in c._wait_scopes  # (the driver's wait ended: it looks again)
+                assert id(c.session) not in c._shell._wait_scopes  # (the driver's wait ended: it looks again)
             assert [m.payload for m in got] == [b"mine"] and _more(before, came[0]) == {WAITER}
     finally:
         await c.aclose()
@@ -691,15 +691,15 @@ async def test_a_turn_made_by_a_publish_wakes_the_driver_to_what_it_took(node):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(waiter, name="waiter")
                     await trio.testing.wait_all_tasks_blocked()
-                    assert c._driver == id(c.session)
+                    assert c._shell._driver == id(c.session)
                     msgs = wire.encode_msgs(0, 0, [wire.pack_message("t.took", None, None, b"theirs")])
-                    node.sock.sendto(msgs, c._socks[id(c.session)].getsockname())  # (as the node would)
+                    node.sock.sendto(msgs, c._conn.socks[id(c.session)].getsockname())  # (as the node would)
                     before = _came(c)
                     c._turns.busy_at = -math.inf
                     await c.publish("t.other", b"mine", mode="fire")
                     assert c.session.pub.fire_unsent == 0 and len(sub.state.queue) == 1  # (its turn took it)
                     assert _more(before, _came(c)) == {CALLER}
-                    assert id(c.session) not in c._wait_scopes  # (the driver's wait ended)
+                    assert id(c.session) not in c._shell._wait_scopes  # (the driver's wait ended)
             assert [m.payload for m in got] == [b"theirs"]
     finally:
         await c.aclose()
@@ -717,7 +717,7 @@ async def test_closing_the_client_ends_a_driving_wait_at_once(node):
             got, waiter = await _driving(c, sub)
             nursery.start_soon(waiter, name="waiter")
             await trio.testing.wait_all_tasks_blocked()
-            assert c._driver == id(c.session)
+            assert c._shell._driver == id(c.session)
             await c.__aexit__(RuntimeError, RuntimeError("the application failed"), None)
     assert len(got) == 1 and isinstance(got[0], ClientClosed)
 
@@ -734,7 +734,7 @@ async def test_a_driving_wait_keeps_the_session_alive_with_its_pings(node):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter, name="waiter")
                 await trio.testing.wait_all_tasks_blocked()
-                assert c._driver == id(c.session)
+                assert c._shell._driver == id(c.session)
             assert len(got) == 1 and isinstance(got[0], TimeoutError)
             assert node.core.metrics["clients_timed_out"] == 0
             assert c.session.connected and node.core.index.count == 1
@@ -773,9 +773,9 @@ async def test_a_closed_client_makes_no_turn_of_its_own(node):
     await c.publish("t.closed", b"x", mode="fire")
     await trio.testing.wait_all_tasks_blocked()
     await c.aclose()
-    assert c._wait_scopes == {}  # (the cancelled I/O loop left no wait behind for a turn to use)
+    assert c._shell._wait_scopes == {}  # (the cancelled I/O loop left no wait behind for a turn to use)
     c._kick()  # (what flush, unsubscribe and status do before they look at the closed state)
     assert await c.flush() is False
-    assert c._error is None and c._wait_scopes == {}
+    assert c._conn.error is None and c._shell._wait_scopes == {}
     with pytest.raises(ClientClosed, match="the client is closed"):
         await c.publish("t.closed", b"y")
