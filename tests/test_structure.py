@@ -1,6 +1,6 @@
 """The structure docs/architecture.md promises, checked over the whole tree.
 
-* Components, not mixins: a class's methods live in one file. Inheriting from a pure interface
+* Components, not mixins: a class's methods live in one file (the product's and the simulator's). Inheriting from a pure interface
   (a base whose every method is abstract) adds no method, so it is allowed; a base with a method
   of its own in another file is a class cut across files.
 * No production function or method is ever reassigned, tests and simulator included: the
@@ -24,12 +24,13 @@ PRODUCT = ("client", "node", "cluster", "pipeline")
 TREE = (*PRODUCT, "sim", "scripts", "tests")
 
 
-def _product_modules() -> list[str]:
+def _modules() -> list[str]:
+    """The product's modules and the simulator's (which runs the product's cores)."""
     names = [f"roost.{n}" for n in ("asyncio", "sync", "trio")]
     for pkg in PRODUCT:
         path = [str(ROOT / pkg)]
         names += [f"roost.{pkg}.{m.name}" for m in pkgutil.iter_modules(path)]
-    return names
+    return names + [f"sim.{m.name}" for m in pkgutil.iter_modules([str(ROOT / "sim")])]
 
 
 def _concrete(cls: type) -> list[str]:
@@ -42,14 +43,14 @@ def _concrete(cls: type) -> list[str]:
     ]
 
 
-def files_of(cls: type, prefixes: tuple[str, ...] = ("roost.",)) -> set[str]:
+def files_of(cls: type, prefixes: tuple[str, ...] = ("roost.", "sim.")) -> set[str]:
     """The files that hold a method of ``cls`` (its own or a base's, abstract ones aside)."""
     return {Path(inspect.getfile(b)).name for b in cls.__mro__ if b.__module__.startswith(prefixes) and _concrete(b)}
 
 
 def _spans() -> list[str]:
     found = []
-    for name in _product_modules():
+    for name in _modules():
         module = importlib.import_module(name)
         for cname, cls in vars(module).items():
             if not inspect.isclass(cls) or cls.__module__ != name or issubclass(cls, BaseException):
