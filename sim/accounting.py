@@ -1,12 +1,33 @@
-"""What the simulator tells its checker about messages and subscriptions (a mixin of
-sim/simulation.py's Simulation): which reliable subscribers a member owed a message it accepted
-(partitioned mode: from the broker core's ``publish`` Trace actions),
-when a subscription's first register was written, a client's silences, and the publisher epoch
-its order is promised within."""
+"""What the simulator tells its checker about messages and subscriptions (sim/simulation.py's
+``Accounting`` component).
+
+Theory of operation
+-------------------
+The checker (sim/check.py) judges what clients got against what members owed them, so something
+must say what a member owed, as its broker core stood at the moment it owed it:
+
+* Which reliable subscribers a member owes a message it accepted. Replicated mode: every client
+  datagram a member gets goes through ``deliver``, which decodes a PUB, notes the subscribers
+  the member's index matches before the core takes it, and counts them owed for the messages
+  whose sequence the core's producer acknowledged. Partitioned mode: the broker core's
+  ``publish`` Trace action (node/fanout.py) names them where the message is delivered from.
+* When a subscription's first register was written at a member (``SimClient.starts``): a member
+  holding an older register holds an earlier subscription, which is owed nothing of this one.
+* A client's silences long enough for its members to give it up (``reached``).
+* Which member acknowledged a publisher's messages, and at which crash count (``acked_by``).
+* The epoch a publisher's order is promised within (``pub_epoch``): its process, its failovers,
+  and in partitioned mode the maps installed so far (``map_changed``: a new primary may
+  overtake the old one).
+
+It holds only those counts; the clients and their addresses are the reliable workload's
+(sim/workload.py), shared with it, and it hands a datagram to a member through the
+simulation's ``feed``, given at construction.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from roost.client import decoding, wire
 from roost.client.wire import FrameType
@@ -15,22 +36,28 @@ from roost.cluster.member import MemberCore
 from roost.node import versions
 from roost.node.actions import Trace
 from sim.check import Checker
+from sim.scheduler import Scheduler
 from sim.world import ClientDatagram, SimClient, SimMember, parse_payload
 
 
-class SimAccounting:
-    if TYPE_CHECKING:  # what Simulation provides
-        check: Checker
-        clients: list[SimClient]
-        client_at: dict[tuple[str, int], SimClient]
-        now: float
-        timeout: float
-        partitioned: bool
-        map_changes: int
+class Accounting:
+    def __init__(self, clock: Scheduler, check: Checker, clients: list[SimClient],
+                 client_at: dict[tuple[str, int], SimClient], partitioned: bool, timeout: float,
+                 feed: Callable[[SimMember, Any], None]) -> None:  # fmt: skip
+        self.clock = clock
+        self.check = check
+        self.clients = clients  # (the reliable workload's, as it changes them)
+        self.client_at = client_at
+        self.partitioned = partitioned
+        self.timeout = timeout  # subscriber_timeout: a silence this long may be given up
+        self.feed = feed  # (the simulation's: a member core takes an event, its actions performed)
+        self.map_changes = 0  # partitioned: maps installed by any member (a change of primary may reorder)
 
-        def _feed(self, m: SimMember, ev: Any) -> None: ...
+    def map_changed(self) -> None:
+        """A member installed a new partition map (its ``map_changed`` Log action)."""
+        self.map_changes += 1
 
-    def _traced(self, m: SimMember, a: Trace) -> None:
+    def traced(self, m: SimMember, a: Trace) -> None:
         """A core's ``Trace`` action (node/actions.py), as the member passed it on. ``publish``
         (node/fanout.py), partitioned mode: a message is accepted where it is delivered from (its
         partition's primary, perhaps after a forward), so note what that member owes there, as
@@ -41,16 +68,16 @@ class SimAccounting:
         topic, payload = f["topic"], f["payload"]
         if not f["owned"]:
             # (delivered where no subscription of it is indexed: to nobody; review, 2026-11-24)
-            self.check.violation(self.now, f"{m.id} published {parse_payload(payload)} on {topic!r}, "
+            self.check.violation(self.clock.now, f"{m.id} published {parse_payload(payload)} on {topic!r}, "
                                            "a partition it does not own")  # fmt: skip
-        self.check.accepted(m.id, parse_payload(payload), self._owed(topic, f["owes"]), self.now)
+        self.check.accepted(m.id, parse_payload(payload), self._owed(topic, f["owes"]), self.clock.now)
 
-    def _pub_accounting(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None:
+    def deliver(self, m: SimMember, data: bytes, src: tuple[str, int]) -> None:
         """Feed a client datagram to a member; for a PUB, note which reliable
         subscribers the member owes the messages it accepts."""
         core = m.core
         assert core is not None
-        if m.paused_until > self.now:  # (it sees the datagram when it resumes: accounted then)
+        if m.paused_until > self.clock.now:  # (it sees the datagram when it resumes: accounted then)
             m.backlog.append(ClientDatagram(data, src))
             return
         f = None
@@ -62,12 +89,12 @@ class SimAccounting:
         producer = core.broker.producers.get(f[decoding.PUB_PRODUCER]) if f is not None else None
         before = producer.acked if producer is not None else 0
         owed: list[tuple[Any, list[tuple[bytes, object]]]] = []
-        if f is not None and f[decoding.PUB_RELIABLE] and not self.partitioned:  # (partitioned: _traced)
+        if f is not None and f[decoding.PUB_RELIABLE] and not self.partitioned:  # (partitioned: traced)
             for m_ in f[decoding.PUB_MESSAGES]:
                 owed.append((m_, self._reliable_subscribers(core, m_[decoding.MSG_TOPIC])))
         sender = self.client_at.get(src)
         held = self._registers_of(core, sender) if sender is not None and not sender.publisher else {}
-        self._feed(m, Datagrams([(data, src)]))
+        self.feed(m, Datagrams([(data, src)]))
         if sender is not None and m.core is core and not sender.publisher:
             for tk, v in self._registers_of(core, sender).items():
                 st = sender.session.subs.get(tk)
@@ -83,9 +110,9 @@ class SimAccounting:
             seq = f[decoding.PUB_FIRST] + i
             if before < seq <= after:
                 pub, n = parse_payload(msg[decoding.MSG_PAYLOAD])
-                self.check.accepted(m.id, (pub, n), subs, self.now)
+                self.check.accepted(m.id, (pub, n), subs, self.clock.now)
 
-    def _acked_by(self, c: SimClient, member: str | None, crashes: int) -> None:
+    def acked_by(self, c: SimClient, member: str | None, crashes: int) -> None:
         """Partitioned: the member ``c`` talks to acknowledged its publishes through
         ``c.session.acked`` (forwarded to their primaries or taken itself) when its
         crash count was ``crashes`` (the PUBACK left before any crash since)."""
@@ -97,7 +124,7 @@ class SimAccounting:
                 break
             n = seqs.pop(q)
             if member is not None:
-                self.check.acked((c.index, n), member, crashes, self.now)
+                self.check.acked((c.index, n), member, crashes, self.clock.now)
 
     def _reliable_subscribers(self, core: MemberCore, topic: str) -> list[tuple[bytes, object]]:
         """(client id, its live subscription) for every subscriber the member
@@ -129,18 +156,18 @@ class SimAccounting:
                     out.append((cid, st))
         return out
 
-    def _reached(self, c: SimClient) -> None:
+    def reached(self, c: SimClient) -> None:
         """A datagram of ``c`` reached a member: note a silence long enough to be given up."""
-        if self.now - c.last_reached >= self.timeout:
-            self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.now))
-        c.last_reached = self.now
+        if self.clock.now - c.last_reached >= self.timeout:
+            self.check.silences.setdefault(c.cid, []).append((c.last_reached, self.clock.now))
+        c.last_reached = self.clock.now
 
     @staticmethod
     def _registers_of(core: MemberCore, c: SimClient) -> dict[tuple[str, str | None], int]:
         state = core.broker.clients.get(c.cid)
         return dict(state.subs) if state is not None else {}
 
-    def _pub_epoch(self, c: SimClient) -> tuple[int, ...]:
+    def pub_epoch(self, c: SimClient) -> tuple[int, ...]:
         """What a publisher's order is promised within: its process and its failovers
         (and in partitioned mode the maps: a new primary may overtake the old one)."""
         return (c.number, c.session.failovers, self.map_changes)

@@ -1,5 +1,5 @@
-"""The simulator's durable workload (a mixin of sim/simulation.py's Simulation): puts, gets and commits
-over the real client code, and the hooks that tell sim/durablecheck.py what members did.
+"""The simulator's durable workload (sim/simulation.py's ``DurableWorkload`` component): puts, gets
+and commits over the real client code, and the hooks that tell sim/durablecheck.py what members did.
 
 Theory of operation (docs/durable.md, "What the simulator checks")
 -----------------------------------------------------------------
@@ -30,31 +30,40 @@ second one in a third of the seeds (``SECOND_CLIENT``: more would cost too much 
   start, seen as the Append of its EPOCH record, with its view of the live members and its log's
   epochs; every cursor a leader reads a GET from, and every range of records it answers one with.
 
-At the freeze they stop with the other clients. ``_durable_progress`` checks that what a
-process had put by the middle of the quiet period is acknowledged by the end, and the final
-judgement is ``DurableCheck.final``.
+At the freeze (``freeze``) they stop with the other clients. ``progress`` checks that what a
+process had put by the middle of the quiet period (``half``) is acknowledged by the end, and the
+final judgement is ``DurableCheck.final`` (``final``).
+
+The workload holds its clients, their sessions' addresses (``sessions``: the simulation's
+network hands a datagram to such an address to ``arrive``), its random source and its checker;
+it sends through the simulation's ``send`` and reads the members and their disks, given at
+construction.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from roost.client import ring
 from roost.client.durableclient import DurableClient as DurableCore
 from roost.client.durableclient import Reader
 from roost.client.router import Router
 from roost.client.session import ClientConfig, ClientSession
+from roost.cluster.config import ClusterConfig
 from roost.node.actions import Trace
+from roost.node.segmentlog import Record
 from sim.check import Checker
 from sim.durablecheck import DurableCheck
+from sim.logs import SimLogDisk
+from sim.scheduler import Scheduler
 from sim.world import WALL, SimMember
 
 Addr = tuple[str, int]
 DURABLE_TOPICS = ("d0", "d1", "d2")
-DURABLE_TRACES = frozenset({"committed", "took_over", "cursor_served", "records_served"})  # (_durable_traced)
+DURABLE_TRACES = frozenset({"committed", "took_over", "cursor_served", "records_served"})  # (traced)
 # Durable client processes: each puts to every durable topic and reads one; a second one in a
 # third of the seeds (two writers to a partition, two cursors in it), one otherwise (the cost of
 # a seed: scripts/simulate.py campaigns run 10,000 of them)
@@ -88,74 +97,80 @@ class DurableClient:
 
 
 class DurableWorkload:
-    if TYPE_CHECKING:  # what Simulation provides
-        seed: int
-        now: float
-        frozen: bool
-        fault_time: float
-        partitioned: bool
-        check: Checker
-        members: dict[str, SimMember]
-        cc: Any
-        stats: dict[str, int]
-
-        def at(self, t: float, fn: Any, *args: Any) -> None: ...
-        def _udp(self, src: Addr, dst: Addr, data: bytes) -> None: ...
-
-    def _durable_workload(self) -> None:
-        self.drng = random.Random(self.seed * 7919 + 43)  # (its own source: the other draws stay)
-        self.dcheck = DurableCheck(self.check)
-        self.durable_at: dict[Addr, tuple[DurableClient, ClientSession]] = {}
-        self.dclients: list[DurableClient] = []
-        self._dports = 0
-        self._dreaders: dict[str, int] = {}  # durable name -> consumer index
-        rng = self.drng
+    def __init__(self, clock: Scheduler, seed: int, check: Checker, members: dict[str, SimMember],
+                 cc: ClusterConfig, fault_time: float, logdisk: SimLogDisk, stats: dict[str, int],
+                 send: Callable[[Addr, Addr, bytes], None]) -> None:  # fmt: skip
+        self.clock = clock
+        self.check = check
+        self.members = members  # (the simulation's, joiners too)
+        self.cc = cc
+        self.fault_time = fault_time
+        self.logdisk = logdisk  # (the members' durable logs: the final judgement reads them)
+        self.stats = stats
+        self.send = send  # (the simulation's network: a datagram from a session's address)
+        self.frozen = False  # after the end: no datagrams in or out, no timers (``freeze``)
+        self.rng = random.Random(seed * 7919 + 43)  # (its own source: the other draws stay)
+        self.dcheck = DurableCheck(check)
+        self.sessions: dict[Addr, tuple[DurableClient, ClientSession]] = {}  # address -> its client, session
+        self.clients: list[DurableClient] = []
+        self._ports = 0
+        self._readers: dict[str, int] = {}  # durable name -> consumer index
+        rng = self.rng
         parts = self.cc.settings.partitions
         for i in range(2 if rng.random() < SECOND_CLIENT else 1):
             dc = DurableClient(i, rng.choice(DURABLE_TOPICS), f"reader{i}", rng.randbytes(16))
             dc.p = ring.partition_of(dc.topic, parts)
-            self._dreaders[dc.name] = i
+            self._readers[dc.name] = i
             self.dcheck.consumer(i, dc.topic, dc.p)
-            self.dclients.append(dc)
-            self.at(rng.uniform(0.5, 1.5), self._dstart, dc, 0)
+            self.clients.append(dc)
+            self.clock.at(rng.uniform(0.5, 1.5), self._start, dc, 0)
         t = rng.uniform(1.0, 6.0)
         while t < self.fault_time:  # (processes that die and start again, now and then)
-            self.at(t, self._drestart, rng.randrange(len(self.dclients)))
+            self.clock.at(t, self._restart, rng.randrange(len(self.clients)))
             t += rng.uniform(3.0, 10.0)
+
+    def freeze(self) -> None:
+        """The end: the clients neither send nor receive, and their timers stop."""
+        self.frozen = True
+
+    def power_lost(self, member: str, gone: list[tuple[int, Record, float]], within: float) -> None:
+        """A crash took ``gone`` from ``member``'s disk (fsync = interval): what was written less
+        than ``within`` before may be missing (DurableCheck.power_lost)."""
+        self.dcheck.power_lost(member, gone, self.clock.now, within)
 
     # ------------------------------------------------------------ processes
 
-    def _dstart(self, dc: DurableClient, number: int) -> None:
+    def _start(self, dc: DurableClient, number: int) -> None:
         if dc.number != number:
             return
         dc.number += 1
-        rng = self.drng
+        rng = self.rng
         ids = list(self.members)
         order = rng.sample(ids, len(ids))
         addrs = [self.members[i].addr for i in order]
         cfg = ClientConfig(breaks=self.cc.breaks)
-        dc.router = Router(rng.randbytes(16), rng.randbytes(16), rng.randbytes(16), cfg, self.now,
+        dc.router = Router(rng.randbytes(16), rng.randbytes(16), rng.randbytes(16), cfg, self.clock.now,
                            node=addrs[0], members=addrs[1:],
-                           session=int((WALL + self.now) * 1000) + dc.number)  # fmt: skip
+                           session=int((WALL + self.clock.now) * 1000) + dc.number)  # fmt: skip
         dc.addrs, dc.acked, dc.marks, dc.tick_at = {}, {}, None, math.inf
         dc.reader = DurableCore(cfg).reader(dc.router, "sim", dc.name, dc.topic, dc.p, did=dc.did)
-        dc.want, dc.deadline = "get", self.now
-        self.at(self.now + rng.uniform(0.01, 0.1), self._dput, dc, dc.number)
-        self._dio(dc)
+        dc.want, dc.deadline = "get", self.clock.now
+        self.clock.at(self.clock.now + rng.uniform(0.01, 0.1), self._put, dc, dc.number)
+        self._io(dc)
 
-    def _drestart(self, index: int) -> None:
+    def _restart(self, index: int) -> None:
         """The process dies (what it held in memory with it) and another starts soon."""
-        dc = self.dclients[index]
+        dc = self.clients[index]
         if dc.router is None or self.frozen:
             return
         for addr in dc.addrs.values():
-            self.durable_at.pop(addr, None)
+            self.sessions.pop(addr, None)
         dc.router = dc.reader = None
-        self.at(self.now + self.drng.uniform(0.05, 1.0), self._dstart, dc, dc.number)
+        self.clock.at(self.clock.now + self.rng.uniform(0.05, 1.0), self._start, dc, dc.number)
 
     # ------------------------------------------------------------ input, output, time
 
-    def _dio(self, dc: DurableClient) -> None:
+    def _io(self, dc: DurableClient) -> None:
         """Send what every session of the process has to send; wake it at its next deadline."""
         r = dc.router
         if r is None or dc.reader is None:
@@ -164,90 +179,90 @@ class DurableWorkload:
         for s in r.sessions:
             addr = dc.addrs.get(id(s))
             if addr is None:
-                self._dports += 1
-                addr = dc.addrs[id(s)] = ("127.0.0.3", 20000 + self._dports)
-                self.durable_at[addr] = (dc, s)
-            for dst, data in s.outgoing(self.now):
-                self._udp(addr, dst, data)
+                self._ports += 1
+                addr = dc.addrs[id(s)] = ("127.0.0.3", 20000 + self._ports)
+                self.sessions[addr] = (dc, s)
+            for dst, data in s.outgoing(self.clock.now):
+                self.send(addr, dst, data)
             d = min(d, s.next_deadline())
         if d < dc.tick_at:
             dc.tick_at = d
-            self.at(max(d, self.now), self._dtick, dc, dc.number, d)
+            self.clock.at(max(d, self.clock.now), self._tick, dc, dc.number, d)
 
-    def _dtick(self, dc: DurableClient, number: int, d: float) -> None:
+    def _tick(self, dc: DurableClient, number: int, d: float) -> None:
         r = dc.router
         if dc.number != number or dc.tick_at != d or self.frozen or r is None:
             return
         dc.tick_at = math.inf
-        now = self.now
+        now = self.clock.now
         puts = r.put_deadline()
         for s in list(r.sessions):
             if now >= min(s.next_deadline(), puts):
                 r.tick(s, now)
-        self._dacked(dc)
-        self._dconsume(dc)
-        self._dio(dc)
+        self._acked(dc)
+        self._consume(dc)
+        self._io(dc)
 
-    def _darrive(self, dst: Addr, data: bytes, src: Addr) -> None:
-        dc, s = self.durable_at[dst]
+    def arrive(self, dst: Addr, data: bytes, src: Addr) -> None:
+        dc, s = self.sessions[dst]
         r = dc.router
         if r is None or self.frozen:
             return
-        r.handle_datagrams(s, [(data, src)], self.now)
-        self._dacked(dc)
+        r.handle_datagrams(s, [(data, src)], self.clock.now)
+        self._acked(dc)
         if dc.reader is not None and dc.reader.ready():
-            self._dconsume(dc)
-        self._dio(dc)
+            self._consume(dc)
+        self._io(dc)
 
     # ------------------------------------------------------------ producers
 
-    def _dput(self, dc: DurableClient, number: int) -> None:
+    def _put(self, dc: DurableClient, number: int) -> None:
         r = dc.router
-        if dc.number != number or r is None or self.now > self.fault_time + 2:
+        if dc.number != number or r is None or self.clock.now > self.fault_time + 2:
             return
-        topic = self.drng.choice(DURABLE_TOPICS)
+        topic = self.rng.choice(DURABLE_TOPICS)
         if r.cmap is not None and not r.put_window_full(topic):
             r.put(topic, None, None, f"{dc.index}.{dc.number}:{dc.next_msg}".encode())
             dc.next_msg += 1
-            self._dio(dc)
-        self.at(self.now + self.drng.uniform(*PUT_EVERY), self._dput, dc, number)
+            self._io(dc)
+        self.clock.at(self.clock.now + self.rng.uniform(*PUT_EVERY), self._put, dc, number)
 
-    def _dacked(self, dc: DurableClient) -> None:
+    def _acked(self, dc: DurableClient) -> None:
         assert dc.router is not None
         putter = dc.router.putter
         for p, st in putter.streams.items():
             heard = dc.acked.get(p, 0)
             if st.acked > heard:
                 for seq in range(heard + 1, st.acked + 1):
-                    self.dcheck.put_acked(p, putter.pid, seq, self.now)
+                    self.dcheck.put_acked(p, putter.pid, seq, self.clock.now)
                 dc.acked[p] = st.acked
 
-    def _durable_half(self) -> None:
+    def half(self) -> None:
         """The middle of the quiet period: what each producer process has put by now."""
-        for dc in self.dclients:
+        for dc in self.clients:
             if dc.router is not None:
                 dc.marks = dc.router.putter.marks()
 
-    def _durable_progress(self) -> None:
+    def progress(self) -> None:
         """The end: a producer process that lived on has every put it made by the middle acknowledged
         (a PUTACK withheld for ever would stall it)."""
-        for dc in self.dclients:
+        for dc in self.clients:
             if dc.marks is None or dc.router is None:
                 continue
             for p, seq in sorted(dc.marks.items()):
                 acked = dc.router.putter.streams[p].acked
                 if acked < seq:
-                    self.check.violation(self.now, f"durable client {dc.index} stalled: partition {p} "
+                    self.check.violation(self.clock.now, f"durable client {dc.index} stalled: partition {p} "
                                                    f"acknowledged through {acked} of {seq}")  # fmt: skip
 
     # ------------------------------------------------------------ consumers
 
-    def _dconsume(self, dc: DurableClient) -> None:
+    def _consume(self, dc: DurableClient) -> None:
         """The consumer's turn: start its next round when due, advance the one under way (its
         reader resends, re-routes and pauses on its own), and act on the round that ended."""
         rd = dc.reader
         assert rd is not None
-        now = self.now
+        now = self.clock.now
         if not rd.busy:
             if now < dc.deadline:
                 return
@@ -260,39 +275,40 @@ class DurableWorkload:
         if rd.busy:
             return
         if dc.want == "commit":
-            dc.want, dc.deadline = "get", now + self.drng.uniform(*POLL_EVERY)
+            dc.want, dc.deadline = "get", now + self.rng.uniform(*POLL_EVERY)
             return
         new = rd.take()
         if not new:
-            dc.deadline = now + self.drng.uniform(*POLL_EVERY)  # (nothing new yet: ask again)
-        elif self.drng.random() < CRASH_BEFORE_COMMIT:
-            self._drestart(dc.index)  # (before it processed them: the next process must get them again)
+            dc.deadline = now + self.rng.uniform(*POLL_EVERY)  # (nothing new yet: ask again)
+        elif self.rng.random() < CRASH_BEFORE_COMMIT:
+            self._restart(dc.index)  # (before it processed them: the next process must get them again)
         else:
             for offset, _ms, _t, _k, _tags, payload in new:
                 self.dcheck.consumed(dc.index, dc.topic, dc.p, offset, payload, now)
             dc.want, dc.deadline = "commit", now
-            self._dconsume(dc)
+            self._consume(dc)
 
     # ------------------------------------------------------------ hooks on the members
 
-    def _durable_traced(self, t: Trace) -> None:
+    def traced(self, t: Trace) -> None:
         """A member core's durable Trace (cluster/durable.py, emitted as the simulator's configuration
         asks): what it committed, took over, and served, for the checker."""
         f, check = t.fields, self.dcheck
         if t.event == "committed":
-            check.committed(f["partition"], f["records"], f["holders"], self.now)
+            check.committed(f["partition"], f["records"], f["holders"], self.clock.now)
         elif t.event == "took_over":
-            check.took_over(f["partition"], f["member"], f["epoch"], f["live"], f["lineage"], self.now)
+            check.took_over(f["partition"], f["member"], f["epoch"], f["live"], f["lineage"], self.clock.now)
         elif t.event == "cursor_served":
-            check.cursor_served(f["partition"], f["did"], f["key"], f["cursor"], f["member"], f["lineage"], self.now)
+            now = self.clock.now
+            check.cursor_served(f["partition"], f["did"], f["key"], f["cursor"], f["member"], f["lineage"], now)
         elif t.event == "records_served":
-            index = self._dreaders.get(f["name"])
+            index = self._readers.get(f["name"])
             if index is not None:
-                check.records_served(index, f["partition"], f["records"], self.now)
+                check.records_served(index, f["partition"], f["records"], self.clock.now)
 
-    def _durable_final(self) -> None:
+    def final(self) -> None:
         cores = {i: m.core for i, m in self.members.items() if m.core is not None and m.core.leave_by == math.inf}
-        self.dcheck.final(self.now, cores, self.logdisk.logs)  # type: ignore[attr-defined]
+        self.dcheck.final(self.clock.now, cores, self.logdisk.logs)
         st = self.dcheck.stats  # (scripts/simulate.py totals them)
         self.stats.update(durable_acked=st["puts_acked"], durable_consumed=st["consumed"],
                           durable_excused=st["excused"])  # fmt: skip

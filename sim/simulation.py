@@ -2,11 +2,11 @@
 
 N member cores (cluster/member.py) and M client sessions (client/session.py)
 run unchanged over a fake network, a fake disk and a fake clock, driven by a
-plain event loop of our own: a heap of timed events. trio is not used: its
-scheduler is not deterministic. Every random choice (network delays, losses,
-the nemesis, each member's own random source) comes from generators seeded by
-the run's seed, so a run is a function of its seed and any failure replays:
-``python scripts/simulate.py --replay SEED``.
+plain event loop of our own: a heap of timed events (sim/scheduler.py). trio is
+not used: its scheduler is not deterministic. Every random choice (network
+delays, losses, the nemesis, each member's own random source) comes from
+generators seeded by the run's seed, so a run is a function of its seed and any
+failure replays: ``python scripts/simulate.py --replay SEED``.
 
 The fake world:
 
@@ -17,7 +17,8 @@ The fake world:
   across a partition gets no answer (the dialler's handshake timeout ends it);
   a dial to a crashed member is refused at once.
 * Disk: a snapshot write reaches the disk only when its ``PersistDone`` is
-  delivered; a crash before that loses it. A crash loses everything else.
+  delivered; a crash before that loses it. A crash loses everything else. The
+  durable partition logs are sim/logs.py's.
 * Nemesis: partitions (halves, one member isolated, a bridge), heals, member
   crashes, graceful stops (last snapshot, then exit) and restarts, client
   restarts, one client cut off from one member, at seeded random times; at the end
@@ -28,19 +29,35 @@ The fake world:
 * Partitioned mode adds a durable workload (sim/durable.py): puts,
   gets and commits through the client's router, judged by
   sim/durablecheck.py (``durable=False`` leaves it out).
+
+Theory of operation
+-------------------
+``Simulation`` is the world: the members (their cores, each fed its events and its actions
+performed: ``feed``, ``_perform``), their disks and the network between everyone (``udp``,
+the TCP links, partitions and cuts). What runs in that world are components, plain objects
+each holding its own state and built by the simulation with what they need of it:
+
+* ``Scheduler`` (sim/scheduler.py): the clock and the heap of events, shared by all.
+* ``Accounting`` (sim/accounting.py): what the checker is told members owed, and when.
+* ``ReliableWorkload`` (sim/workload.py): the publishing and subscribing clients.
+* ``Nemesis`` (sim/nemesis.py): the faults, joins and leaves of the seed; it acts through
+  ``Levers``, the simulation's operations on its world.
+* ``DurableWorkload`` (sim/durable.py), partitioned mode: durable producers and consumers.
+
+The network hands each datagram to whoever owns its destination address: a member (through
+the accounting, which notes what the member came to owe), a reliable client, or a durable
+client's session. Every draw is made in the order the simulation always made it (the
+components were its mixins once): a seed runs as it did.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 import random
 from collections.abc import Callable
 from typing import Any
 
-from roost.client.session import ClientConfig, ClientSession
-from roost.client.wire import Mode
 from roost.cluster.events import (
     Accepted,
     Close,
@@ -66,11 +83,13 @@ from roost.cluster.events import (
 from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import Append, Checkpoint, ReadLog, Reload, ResetLog, Retain, SaveSeen, Sync, Truncate
 from roost.cluster.roster import decode_untrusted_roster
-from sim.accounting import SimAccounting
-from sim.check import Checker, Published
+from sim.accounting import Accounting
+from sim.check import Checker
 from sim.durable import DURABLE_TRACES, DurableWorkload
 from sim.logs import SimLogDisk
-from sim.nemesis import Nemesis
+from sim.nemesis import Levers, Nemesis
+from sim.scheduler import Scheduler
+from sim.workload import ReliableWorkload
 from sim.world import (
     FAULTS,
     PARTITIONED_TOPICS,
@@ -79,19 +98,22 @@ from sim.world import (
     Conn,
     SimClient,
     SimMember,
-    parse_payload,
     sim_config,
 )
 
 # (durable partition logs: sim/logs.py)
 LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
+Addr = tuple[str, int]
 
 
-class Simulation(SimAccounting, Nemesis, DurableWorkload):
+class Simulation:
     def __init__(self, seed: int, members: int = 3, clients: int = 4, faults: tuple[str, ...] = FAULTS,
                  loss: float = 0.05, dup: float = 0.02, fault_time: float = 12.0, quiet: float = 12.0,
                  sockets_guard: Callable[[], None] | None = None, mode: str = "replicated",
-                 durable: bool = True, broken: str | None = None) -> None:  # fmt: skip
+                 durable: bool = True, broken: str | None = None,
+                 tap: Callable[[float, Addr | str, Addr | int, bytes], None] | None = None) -> None:  # fmt: skip
+        """``tap``, if given, sees every datagram (now, source, destination, bytes) and every TCP
+        frame (now, member, link, bytes) as it is sent, before the network decides its fate."""
         self.seed = seed
         self.rng = random.Random(seed)
         self.partitioned = mode == "partitioned"
@@ -105,7 +127,6 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         if self.partitioned and random.Random(seed ^ 0xF5_1C).random() < 0.25:
             self.cc.settings.fsync = "interval"  # (this run's own config: sim_config makes a new one)
         self.topics = PARTITIONED_TOPICS if self.partitioned else TOPICS
-        self.map_changes = 0  # partitioned: maps installed by any member (a change of primary may reorder)
         self.loss, self.dup = loss, dup
         self.faults = faults
         self.fault_time = fault_time
@@ -113,16 +134,15 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         self.settle = 2 * self.cc.settings.anti_entropy_interval + 1.0
         # (frozen clients do not ping: they must not time out while the members settle)
         assert self.settle < self.cc.node_config("m0").subscriber_timeout, "settle must be < subscriber_timeout"
-        self.frozen = False  # after the end: clients neither send nor receive
+        self.frozen = False  # after the end: the network carries nothing to or from clients
         self.timeout = self.cc.node_config("m0").subscriber_timeout
-        self.now = 0.0
-        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
-        self._n = 0
+        self.tap = tap
+        self.clock = Scheduler()
         self.check = Checker()
         self.logdisk = SimLogDisk(random.Random(seed ^ 0x10D15C))  # (its own stream: seeds without durable keep theirs)
         self.members = {m.id: SimMember(m.id, m.client_addr) for m in self.cc.members}
         self.member_at = {m.addr: m for m in self.members.values()}
-        self.client_at: dict[tuple[str, int], SimClient] = {}
+        self.client_at: dict[Addr, SimClient] = {}
         self.conns: dict[tuple[str, int], Conn] = {}
         self.pending_dials: set[tuple[str, int]] = set()
         self.cut: set[frozenset[str]] = set()
@@ -132,31 +152,42 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         self.stats = {"crashes": 0, "stops": 0, "partitions": 0, "client_restarts": 0, "client_cuts": 0,
                       "joins": 0, "leaves": 0, "pauses": 0, "datagrams": 0, "frames": 0}  # fmt: skip
         self.left: set[str] = set()  # members whose leave was asked for: never restarted
-        self.away_since: dict[str, float | None] = {}  # member -> out of touch since (see _touch)
+        self.away_since: dict[str, float | None] = {}  # member -> out of touch since (see touch)
         self.clients: list[SimClient] = []
-        ids = list(self.members)
-        for i in range(clients):
-            cid = self.rng.randbytes(16)
-            c = SimClient(i, cid, ("127.0.0.2", 9001 + i), self._new_session(cid, ids, 1))
-            c.publisher = i % 2 == 1
-            c.topics = self.rng.sample(self.topics, 2) if not c.publisher else list(self.topics)
-            self.clients.append(c)
-            self.client_at[c.addr] = c
+        self.accounting = Accounting(self.clock, self.check, self.clients, self.client_at, self.partitioned,
+                                     self.timeout, self.feed)  # fmt: skip
+        self.workload = ReliableWorkload(self.clock, self.rng, clients, self.topics, self.clients, self.client_at,
+                                         self.members, self.cc, fault_time, self.partitioned, self.check,
+                                         self.accounting, self.stats, self.udp)  # fmt: skip
         for m in self.members.values():
-            self.at(self.rng.uniform(0, 0.05), self._start_member, m)
-        for c in self.clients:
-            self.at(self.rng.uniform(0.5, 1.5), self._client_begin, c, c.number)
-        self._plan_nemesis()
-        self.durable = self.partitioned and durable  # (durable producers and consumers: sim/durable.py)
-        self.durable_at = {}
-        if self.durable:
-            self._durable_workload()
+            self.clock.at(self.rng.uniform(0, 0.05), self._start_member, m)
+        self.workload.begin()
+        levers = Levers(partition=self.partition, heal=self.heal, cut_client=self.cut_client,
+                        heal_client=self.heal_client, heal_clients=self.client_cuts.clear, crash=self.crash,
+                        stop=self.stop, restart=self.restart, restart_client=self.workload.restart,
+                        add_member=self.add_member, feed=self.feed, deliver=self.accounting.deliver,
+                        touch=self.touch)  # fmt: skip
+        self.nemesis = Nemesis(self.clock, self.rng, seed, faults, fault_time, self.partitioned, self.cc,
+                               self.members, clients, self.left, self.check, self.stats, levers)  # fmt: skip
+        self.nemesis.plan()
+        # (durable producers and consumers: sim/durable.py)
+        self.durable: DurableWorkload | None = None
+        if self.partitioned and durable:
+            self.durable = DurableWorkload(self.clock, seed, self.check, self.members, self.cc, fault_time,
+                                           self.logdisk, self.stats, self.udp)  # fmt: skip
+        # (the durable clients' addresses, and the random source for their datagrams: its own)
+        self.durable_at = self.durable.sessions if self.durable is not None else {}
+        self.drng = self.durable.rng if self.durable is not None else self.rng
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
 
     # ------------------------------------------------------------ event loop
 
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
-        self._n += 1
-        heapq.heappush(self._heap, (t, self._n, fn, args))
+        """Call ``fn(*args)`` at simulated time ``t`` (the scheduler's: tests schedule faults with it)."""
+        self.clock.at(t, fn, *args)
 
     def run(self, max_events: int = 2_000_000) -> Checker:
         """Run to the end and judge; a run that needs more than ``max_events``
@@ -174,17 +205,20 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         if not self.run_until(half, max_events):
             return self.check
         sent = {c.index: (c.number, c.session.last_seq) for c in self.clients if c.publisher}
-        if self.durable:
-            self._durable_half()
+        if self.durable is not None:
+            self.durable.half()
         if self.run_until(self.end, max_events):
             for c in self.clients:
                 number, last = sent.get(c.index, (None, 0))
                 if number == c.number and not c.session.lost and c.session.acked < last:
                     self.check.violation(self.now, f"publisher {c.index} stalled: {last} sent by t={half:.1f}, "
                                                    f"acknowledged through {c.session.acked}")  # fmt: skip
-            if self.durable:
-                self._durable_progress()
+            if self.durable is not None:
+                self.durable.progress()
             self.frozen = True
+            self.workload.freeze()
+            if self.durable is not None:
+                self.durable.freeze()
             if not self.run_until(self.end + self.settle, max_events):
                 return self.check
             live = {m.id: m.core for m in self.members.values() if m.core is not None}
@@ -200,48 +234,40 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             collecting = WALL + self.now - st.tombstone_horizon + 2 * st.tombstone_horizon / 10 + 0.1
             self.check.left = set(self.left)
             self.check.final(self.now, live, subs, int(collecting * 1000), self.partitioned)  # type: ignore[arg-type]
-            if self.durable:
-                self._durable_final()
+            if self.durable is not None:
+                self.durable.final()
         return self.check
 
     def run_until(self, until: float, max_events: int = 2_000_000) -> bool:
         """Process every event up to ``until``; False if the budget ran out."""
-        heap = self._heap
-        n = 0
-        while heap and heap[0][0] <= until:
-            t, _, fn, args = heapq.heappop(heap)
-            self.now = max(self.now, t)
-            fn(*args)
-            n += 1
-            if n >= max_events:
-                self.check.violation(self.now, f"no progress: {n} events by t={self.now:.3f} "
-                                               f"(next: {fn.__name__})")  # fmt: skip
-                return False
+        n, stalled = self.clock.run_until(until, max_events)
+        if stalled is not None:
+            self.check.violation(self.now, f"no progress: {n} events by t={self.now:.3f} (next: {stalled})")
+            return False
         self.stats["events"] = self.stats.get("events", 0) + n
-        self.now = max(self.now, until)
         return True
 
     # ------------------------------------------------------------ members
 
     def _start_member(self, m: SimMember) -> None:
-        now = self.now
+        now = self.clock.now
         m.core = MemberCore(m.cc or self.cc, m.id, rng=random.Random(self.rng.getrandbits(64)), now=now,
                             wall_offset=WALL + self.rng.uniform(-0.05, 0.05), incarnation=int((WALL + now) * 1000),
                             roster=decode_untrusted_roster(m.roster))  # fmt: skip
         m.serving = False
         m.tick_at = math.inf
-        self._feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
-        self._feed(m, Start())
-        self._touch()
+        self.feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
+        self.feed(m, Start())
+        self.touch()
 
-    def _feed(self, m: SimMember, ev: Any) -> None:
+    def feed(self, m: SimMember, ev: Any) -> None:
         core = m.core
         if core is None:
             return
-        if m.paused_until > self.now:
+        if m.paused_until > self.clock.now:
             m.backlog.append(ev)  # (the kernel holds what arrives; the core sees it later)
             return
-        for a in core.handle(ev, self.now):
+        for a in core.handle(ev, self.clock.now):
             self._perform(m, a)
         if m.core is core:  # (not gone by an Exit just now)
             self._schedule_tick(m)
@@ -251,21 +277,21 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         d = m.core.next_deadline()
         if d < m.tick_at:
             m.tick_at = d
-            self.at(max(d, self.now), self._tick, m, m.incarnation, d)
+            self.clock.at(max(d, self.clock.now), self._tick, m, m.incarnation, d)
 
     def _tick(self, m: SimMember, inc: int, d: float) -> None:
         if m.incarnation != inc or m.tick_at != d:
             return  # a crash or an earlier tick made this one stale
         m.tick_at = math.inf
-        self._feed(m, Tick())
+        self.feed(m, Tick())
 
     def _perform(self, m: SimMember, a: Any) -> None:
         cls = a.__class__
         if cls is Send:
-            self._udp(m.addr, a.addr, a.data)
+            self.udp(m.addr, a.addr, a.data)
         elif cls is Log:
             if a.event == "map_changed":
-                self.map_changes += 1
+                self.accounting.map_changed()
             if self.logs is not None:
                 self.logs.append((m.id, a.event, a.fields))
         elif cls is SendFrame:
@@ -277,34 +303,35 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         elif cls is ServeClients:
             m.serving = True
         elif cls is ReadSnapshot:
-            self.at(self.now + 0.001, self._disk_read, m, m.incarnation)
+            self.clock.at(self.clock.now + 0.001, self._disk_read, m, m.incarnation)
         elif cls is WriteSnapshot:
             data = b"".join(a.chunks)
-            self.at(self.now + self.rng.uniform(0.001, 0.02), self._disk_written, m, m.incarnation, a.token, data)
+            at = self.clock.now + self.rng.uniform(0.001, 0.02)
+            self.clock.at(at, self._disk_written, m, m.incarnation, a.token, data)
         elif cls is Exit:
             self._gone(m)
         elif cls in LOG_ACTIONS:
-            at, ev = self.logdisk.perform(m.id, a, self.now)
+            at, ev = self.logdisk.perform(m.id, a, self.clock.now)
             if ev is not None:  # (Sync, Checkpoint: not answered)
-                self.at(at, self._disk_answer, m, m.incarnation, ev)
+                self.clock.at(at, self._disk_answer, m, m.incarnation, ev)
         elif cls is Trace:  # (the cores trace: ClusterConfig.trace)
-            if self.durable and a.event in DURABLE_TRACES:
-                self._durable_traced(a)
+            if self.durable is not None and a.event in DURABLE_TRACES:
+                self.durable.traced(a)
             else:
-                self._traced(m, a)
+                self.accounting.traced(m, a)
 
     def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:
         if m.incarnation == inc:
-            self._feed(m, ev)
+            self.feed(m, ev)
 
     def _disk_read(self, m: SimMember, inc: int) -> None:
         if m.incarnation == inc:
-            self._feed(m, SnapshotRead(m.disk, "missing") if m.disk is None else SnapshotRead(m.disk, ""))
+            self.feed(m, SnapshotRead(m.disk, "missing") if m.disk is None else SnapshotRead(m.disk, ""))
 
     def _disk_written(self, m: SimMember, inc: int, token: int, data: bytes) -> None:
         if m.incarnation == inc:  # a crash first: the write never happened
             m.disk = data
-            self._feed(m, PersistDone(token, None))
+            self.feed(m, PersistDone(token, None))
 
     def crash(self, mid: str) -> None:
         """kill -9, and a power loss: what the member's disk had not synced is gone."""
@@ -314,16 +341,17 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         self.stats["crashes"] += 1
         self._gone(m)
         gone = self.logdisk.power_loss(mid)
-        if gone and self.cc.settings.fsync == "interval":  # (what was not yet due for its fsync may go)
-            self.dcheck.power_lost(mid, gone, self.now, self.cc.settings.fsync_interval + 0.05)
+        if gone and self.cc.settings.fsync == "interval" and self.durable is not None:
+            # (what was not yet due for its fsync may go)
+            self.durable.power_lost(mid, gone, self.cc.settings.fsync_interval + 0.05)
 
     def stop(self, mid: str) -> None:
         """SIGTERM: the member writes its last snapshot and exits (``Exit``)."""
         m = self.members[mid]
         if m.core is not None and m.core.phase not in ("stopping", "stopped"):
             self.stats["stops"] += 1
-            self._feed(m, Stop())
-            self._touch()
+            self.feed(m, Stop())
+            self.touch()
 
     def _gone(self, m: SimMember) -> None:
         """The process is gone (crashed or exited): its memory with it, so
@@ -337,14 +365,14 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             if key[0] == m.id:
                 self._break(conn, "connection reset")
         self.pending_dials = {d for d in self.pending_dials if d[0] != m.id}
-        self._touch()
+        self.touch()
 
-    def _touch(self) -> None:
+    def touch(self) -> None:
         """Note when a member went out of touch (down, paused, or cut off from every other member
         that is up) for at least the tombstone horizon: what it held from before may come back
         after every other member collected the tombstone that ended it (docs/cluster.md: the
         horizon must exceed the longest partition you intend to heal from)."""
-        now, horizon = self.now, self.cc.settings.tombstone_horizon
+        now, horizon = self.clock.now, self.cc.settings.tombstone_horizon
         awake = {
             i
             for i, m in self.members.items()
@@ -359,6 +387,13 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             elif since is None:
                 self.away_since[i] = now
 
+    def add_member(self, m: SimMember) -> None:
+        """A joiner (the nemesis's JOIN was answered): in the world at its address, and started."""
+        self.members[m.id] = m
+        self.member_at[m.addr] = m
+        self._inbound[m.id] = -1
+        self._start_member(m)
+
     def restart(self, mid: str) -> None:
         m = self.members[mid]
         if mid in self.left:
@@ -366,17 +401,20 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         if m.core is None:
             self._start_member(m)
         elif m.core.phase == "stopping":  # still draining: start it once it has exited
-            self.at(self.now + 0.5, self.restart, mid)
-        elif m.paused_until > self.now and any(ev.__class__ is Stop for ev in m.backlog):
+            self.clock.at(self.clock.now + 0.5, self.restart, mid)
+        elif m.paused_until > self.clock.now and any(ev.__class__ is Stop for ev in m.backlog):
             # (stopped while paused: it sees the Stop only when it resumes, then drains and exits)
-            self.at(m.paused_until + 0.5, self.restart, mid)
+            self.clock.at(m.paused_until + 0.5, self.restart, mid)
 
     # ------------------------------------------------------------ network
 
     def _delay(self) -> float:
         return self.rng.uniform(0.0002, 0.003)
 
-    def _udp(self, src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
+    def udp(self, src: Addr, dst: Addr, data: bytes) -> None:
+        """Send a datagram: dropped, duplicated, delayed (the durable clients' with their own draws)."""
+        if self.tap is not None:
+            self.tap(self.clock.now, src, dst, data)
         durable = src in self.durable_at or dst in self.durable_at
         if self.frozen and (src in self.client_at or dst in self.client_at or durable):
             return
@@ -394,34 +432,33 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         for _ in range(copies):
             # a long tail: 3% of datagrams wait 50-800 ms (a queue somewhere), far behind later ones
             late = rng.uniform(0.05, 0.8) if rng.random() < 0.03 else 0.0
-            self.at(self.now + rng.uniform(0.0002, 0.003) + late, self._arrive, src, dst, data, self._crashes_of(src))
+            at = self.clock.now + rng.uniform(0.0002, 0.003) + late
+            self.clock.at(at, self._arrive, src, dst, data, self._crashes_of(src))
 
-    def _crashes_of(self, addr: tuple[str, int]) -> int:
+    def _crashes_of(self, addr: Addr) -> int:
         m = self.member_at.get(addr)
         return self.check.crashes.get(m.id, 0) if m is not None else 0
 
-    def _arrive(self, src: tuple[str, int], dst: tuple[str, int], data: bytes, crashes: int = 0) -> None:
+    def _arrive(self, src: Addr, dst: Addr, data: bytes, crashes: int = 0) -> None:
         m = self.member_at.get(dst)
         if m is not None:
             sender = self.client_at.get(src)
             if sender is not None and m.core is not None and m.serving:
-                self._reached(sender)
+                self.accounting.reached(sender)
             if (
                 m.core is not None
                 and m.serving
                 and not (self.frozen and (src in self.client_at or src in self.durable_at))
             ):
-                self._pub_accounting(m, data, src)
+                self.accounting.deliver(m, data, src)
             return
-        if dst in self.durable_at:
-            self._darrive(dst, data, src)
+        if self.durable is not None and dst in self.durable_at:
+            self.durable.arrive(dst, data, src)
             return
         c = self.client_at.get(dst)
         if c is not None and not self.frozen:
-            c.session.handle_datagrams([(data, src)], self.now)
-            if c.seqs:
-                self._acked_by(c, self.member_at[src].id if src in self.member_at else None, crashes)
-            self._client_io(c)
+            frm = self.member_at.get(src)
+            self.workload.arrive(c, data, src, frm.id if frm is not None else None, crashes)
 
     def _dial(self, m: SimMember, lid: int, peer: str) -> None:
         key = (m.id, lid)
@@ -430,40 +467,43 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         if frozenset((m.id, peer)) in self.cut:
             return  # silence: the dialler's handshake timeout ends it
         # (a joiner not started yet: nothing listens at its address)
-        self.at(self.now + self._delay(), self._connect, key, peer, -1 if target is None else target.incarnation)
+        at = self.clock.now + self._delay()
+        self.clock.at(at, self._connect, key, peer, -1 if target is None else target.incarnation)
 
-    def _connect(self, key: tuple[str, int], peer: str, inc: int) -> None:
+    def _connect(self, key: Addr, peer: str, inc: int) -> None:
         if key not in self.pending_dials:
             return
         self.pending_dials.discard(key)
         dialer = self.members[key[0]]
         target = self.members.get(peer)
         if target is None or target.core is None or target.incarnation != inc or frozenset((key[0], peer)) in self.cut:
-            self._feed(dialer, LinkClosed(key[1], "connection refused"))
+            self.feed(dialer, LinkClosed(key[1], "connection refused"))
             return
         lid = self._inbound[peer]
         self._inbound[peer] -= 1
         conn = Conn([key, (peer, lid)])
         self.conns[key] = self.conns[(peer, lid)] = conn
-        self._feed(target, Accepted(lid, f"{dialer.addr[0]}:0"))
-        self._feed(dialer, LinkOpened(key[1]))
+        self.feed(target, Accepted(lid, f"{dialer.addr[0]}:0"))
+        self.feed(dialer, LinkOpened(key[1]))
 
     def _tcp(self, mid: str, lid: int, data: bytes) -> None:
+        if self.tap is not None:
+            self.tap(self.clock.now, mid, lid, data)
         conn = self.conns.get((mid, lid))
         if conn is None or not conn.up:
             return
         self.stats["frames"] += 1
         d = 0 if conn.ends[0] == (mid, lid) else 1
-        t = max(self.now + self._delay(), conn.last[d])
+        t = max(self.clock.now + self._delay(), conn.last[d])
         conn.last[d] = t
-        self.at(t, self._tcp_arrive, conn, conn.ends[1 - d], data)
+        self.clock.at(t, self._tcp_arrive, conn, conn.ends[1 - d], data)
 
-    def _tcp_arrive(self, conn: Conn, end: tuple[str, int], data: bytes) -> None:
+    def _tcp_arrive(self, conn: Conn, end: Addr, data: bytes) -> None:
         if conn.up:
-            self._feed(self.members[end[0]], LinkBytes(end[1], data))
+            self.feed(self.members[end[0]], LinkBytes(end[1], data))
             if conn.up:  # the sender hears its bytes are out only once the receiver has them
                 sender = conn.ends[1] if conn.ends[0] == end else conn.ends[0]
-                self._feed(self.members[sender[0]], LinkSent(sender[1], len(data)))
+                self.feed(self.members[sender[0]], LinkSent(sender[1], len(data)))
 
     def _close(self, mid: str, lid: int, why: str) -> None:
         self.pending_dials.discard((mid, lid))
@@ -475,8 +515,8 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
             self.conns.pop(end, None)
         other = conn.ends[1] if conn.ends[0] == (mid, lid) else conn.ends[0]
         # the closing side's queued bytes still arrive first (FIN after data)
-        t = max(self.now + self._delay(), conn.last[0], conn.last[1])
-        self.at(t, self._feed_closed, other, why)
+        t = max(self.clock.now + self._delay(), conn.last[0], conn.last[1])
+        self.clock.at(t, self._feed_closed, other, why)
 
     def _break(self, conn: Conn, why: str) -> None:
         """A cut or a crash: both ends learn it (a crashed end hears nothing)."""
@@ -485,10 +525,10 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         conn.up = False
         for end in conn.ends:
             self.conns.pop(end, None)
-            self.at(self.now + self._delay(), self._feed_closed, end, why)
+            self.clock.at(self.clock.now + self._delay(), self._feed_closed, end, why)
 
-    def _feed_closed(self, end: tuple[str, int], why: str) -> None:
-        self._feed(self.members[end[0]], LinkClosed(end[1], why))
+    def _feed_closed(self, end: Addr, why: str) -> None:
+        self.feed(self.members[end[0]], LinkClosed(end[1], why))
 
     def partition(self, groups: list[set[str]]) -> None:
         """Cut every pair of members that are in no group together."""
@@ -499,11 +539,11 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
         for key, conn in list(self.conns.items()):
             if frozenset((conn.ends[0][0], conn.ends[1][0])) in self.cut and key == conn.ends[0]:
                 self._break(conn, "partition")
-        self._touch()
+        self.touch()
 
     def heal(self) -> None:
         self.cut = set()
-        self._touch()
+        self.touch()
 
     def cut_client(self, index: int, mid: str) -> None:
         """No datagram between this client and this member (both ways), until healed."""
@@ -512,97 +552,6 @@ class Simulation(SimAccounting, Nemesis, DurableWorkload):
 
     def heal_client(self, index: int, mid: str) -> None:
         self.client_cuts.discard((index, mid))
-
-    # ------------------------------------------------------------ clients
-
-    def _new_session(self, cid: bytes, ids: list[str], number: int) -> ClientSession:
-        order = list(ids)
-        self.rng.shuffle(order)
-        addrs = [self.members[i].addr for i in order]
-        cfg = ClientConfig(pub_window=256, max_buffered=100_000, breaks=self.cc.breaks)
-        return ClientSession(cid, self.rng.randbytes(16), self.rng.randbytes(16), cfg, self.now, node=addrs[0],
-                             members=addrs[1:], session=int((WALL + self.now) * 1000) + number)  # fmt: skip
-
-    def _client_begin(self, c: SimClient, number: int) -> None:
-        if c.number != number:
-            return
-        if c.publisher:
-            self.at(self.now + self.rng.uniform(0.01, 0.1), self._publish, c, number)
-        else:
-            for t in c.topics:
-                c.session.subscribe(t, None, Mode.RELIABLE)
-            self.at(self.now + self.rng.uniform(1.0, 4.0), self._churn, c, number)
-        self._client_io(c)
-
-    def _churn(self, c: SimClient, number: int) -> None:
-        """A subscriber drops one of its topics or takes up another (tombstones
-        and re-subscriptions for the replicas to agree on)."""
-        if c.number != number or self.now > self.fault_time or c.session.lost:
-            return
-        topic = self.rng.choice(self.topics)
-        if (topic, None) in c.session.subs:
-            c.session.unsubscribe(topic, None)
-        else:
-            c.session.subscribe(topic, None, Mode.RELIABLE)
-        self._client_io(c)
-        self.at(self.now + self.rng.uniform(1.0, 4.0), self._churn, c, number)
-
-    def _publish(self, c: SimClient, number: int) -> None:
-        if c.number != number or self.now > self.fault_time + 2:
-            return
-        s = c.session
-        if s.lost:
-            return
-        if not s.window_full:
-            topic = self.rng.choice(c.topics)
-            n = c.next_msg
-            c.next_msg += 1
-            self.check.published[(c.index, n)] = Published(topic, self._pub_epoch(c))
-            s.publish(topic, None, None, f"{c.index}:{n}".encode(), True)
-            if self.partitioned:
-                c.seqs[s.last_seq] = n
-            self._client_io(c)
-        self.at(self.now + self.rng.uniform(0.01, 0.08), self._publish, c, number)
-
-    def _client_io(self, c: SimClient) -> None:
-        s = c.session
-        for st_key, st in s.subs.items():
-            while st.queue:
-                payload = st.take().payload
-                s.consumed(st)
-                pub, n = parse_payload(payload)
-                p = self.clients[pub]
-                self.check.on_delivery(self.now, c.index, c.number, st_key[0], (pub, n), self._pub_epoch(p))
-        for dst, data in s.outgoing(self.now):
-            self._udp(c.addr, dst, data)
-        d = s.next_deadline()
-        if d < c.tick_at:
-            c.tick_at = d
-            self.at(max(d, self.now), self._client_tick, c, c.number, d)
-
-    def _client_tick(self, c: SimClient, number: int, d: float) -> None:
-        if c.number != number or c.tick_at != d or self.frozen:
-            return
-        c.tick_at = math.inf
-        c.session.tick(self.now)
-        self._client_io(c)
-
-    def restart_client(self, index: int) -> None:
-        """The client process dies and starts again: same client id, new
-        session, new address; what the old session held is gone."""
-        c = self.clients[index]
-        del self.client_at[c.addr]
-        c.number += 1
-        c.addr = ("127.0.0.2", 9001 + index + 100 * c.number)
-        self.client_at[c.addr] = c
-        c.session = self._new_session(c.cid, list(self.members), c.number)
-        c.seqs.clear()  # (what the old process never had acknowledged is not promised)
-        c.tick_at = math.inf
-        self.stats["client_restarts"] += 1
-        # (sometimes the new process comes late: past subscriber_timeout, the members time the old one out)
-        late = self.rng.random() < 0.3
-        self.at(self.now + (self.rng.uniform(5.5, 9.0) if late else self.rng.uniform(0.1, 1.0)),
-                self._client_begin, c, c.number)  # fmt: skip
 
 
 def run_seed(seed: int, **kw: Any) -> tuple[Checker, dict[str, int]]:

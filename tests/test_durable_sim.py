@@ -38,7 +38,7 @@ class Producer:
             if core is not None and core.ready and core.cmap is not None and core.cmap.owners[self.p][:1] == (m.id,):
                 token = lambda last: (self.pid, last)  # noqa: E731
                 core.durable.put(self.p, msgs, self.pid, first, first, token, 5000, sim.now, True)
-                sim._feed(m, Tick())  # (the core's actions go out)
+                sim.feed(m, Tick())  # (the core's actions go out)
 
 
 def run(sim: Simulation, producers: list[Producer], until: float, step: float = 0.05) -> None:

@@ -625,7 +625,7 @@ def test_a_leaver_that_hears_no_owner_keeps_a_publish_unacknowledged_until_one_i
     sub, pb = connect(core.broker, ("127.0.0.98", 5002), ("127.0.0.97", 5003))
     sub.sub(mine, now=sim.now)
     pb.pub([(mine, b"held")], now=sim.now)
-    sim.leave(0.0, victim="m3")
+    sim.nemesis.leave(0.0, victim="m3")
     t = 3.0
     while core.leave_by == float("inf"):
         t += 0.01

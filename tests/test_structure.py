@@ -1,8 +1,8 @@
 """The structure docs/architecture.md promises, checked over the whole tree.
 
-* Components, not mixins: a class's methods live in one file (the product's and the simulator's). Inheriting from a pure interface
-  (a base whose every method is abstract) adds no method, so it is allowed; a base with a method
-  of its own in another file is a class cut across files.
+* Components, not mixins: a class's methods live in one file (the product's and the simulator's).
+  Inheriting from a pure interface (a base whose every method is abstract) adds no method, so it
+  is allowed; a base with a method of its own in another file is a class cut across files.
 * No production function or method is ever reassigned, tests and simulator included: the
   simulator observes the cores through ``Trace`` actions and breaks them through their
   configuration (``breaks``), tests inject through constructors. A reassignment would make the
