@@ -72,16 +72,17 @@ import random
 from typing import Any
 
 from roost.client.clustermap import ClusterMap
-from roost.client.wire import SEQ_LIMIT, encode_status_reply
+from roost.cluster import peerframes
+from roost.cluster.brokeractions import BrokerActions
 from roost.cluster.config import ClusterConfig
-from roost.cluster.dumps import DumpStreams
+from roost.cluster.dialling import Dialling
+from roost.cluster.dumps import Dumps
 from roost.cluster.durable import DurableLogs
 from roost.cluster.events import (
     Accepted,
     Action,
     Close,
     Datagrams,
-    Dial,
     Event,
     Exit,
     LinkBytes,
@@ -98,7 +99,6 @@ from roost.cluster.events import (
     PersistDone,
     ReadSnapshot,
     SeenSaved,
-    Send,
     ServeClients,
     SnapshotRead,
     Start,
@@ -112,32 +112,11 @@ from roost.cluster.liveness import Liveness
 from roost.cluster.membership import Membership
 from roost.cluster.memberstatus import MemberStatus
 from roost.cluster.partitionmap import PartitionMap
-from roost.cluster.peerwire import (
-    ADMIN,
-    NONCE_LEN,
-    PeerProtocolError,
-    PeerType,
-    ShapeMismatch,
-    check_digest_untrusted,
-    check_entries_untrusted,
-    check_partitions_untrusted,
-    encode,
-)  # fmt: skip
+from roost.cluster.peerframes import PeerFrames
+from roost.cluster.peerwire import PeerType, encode
 from roost.cluster.replicator import Replicator
 from roost.cluster.roster import Entry, Roster, RosterError
-from roost.node.core import (
-    BrokerCore,
-    Confirm,
-    DurableCommit,
-    DurableGet,
-    DurablePut,
-    Forward,
-    Relay,
-    Replicate,
-    StatusQuery,
-)
-
-_BEAT = encode([PeerType.BEAT])
+from roost.node.core import BrokerCore
 
 
 class MemberCore:
@@ -184,9 +163,6 @@ class MemberCore:
         self.lt = LinkTable(self.peers, self._out)
         self.links = self.lt.links  # (the same dict: every link by id)
         self.out = self.lt.out  # (the same dict: our dialled link per peer)
-        self.was_up: dict[str, bool | None] = dict.fromkeys(self.peers)  # for link_up/link_down logs
-        self.next_dial = {p: math.inf if self.roster.left(p) else now for p in self.peers}  # (never one that left)
-        self._streams = DumpStreams(s.chunk_subscriptions)  # DUMP/DIFF answers in progress
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
         self.next_gc = now + s.tombstone_horizon / 10
@@ -194,6 +170,8 @@ class MemberCore:
         self.joins = Joining(member_id, s, self.roster, self.member_ids, self.maps, self.membership, self.broker,
                              self.lt, self._out)  # fmt: skip
         self.pending = self.joins.pending  # (the same dict: peers pulling partitions from us)
+        left = {p for p in self.peers if self.roster.left(p)}
+        self.dialling = Dialling(s, self.peers, self.peer_addr, left, self.joins.redial_gone, self.lt, self._out, now)
         self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
@@ -205,11 +183,17 @@ class MemberCore:
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
         self.partitioned = s.mode == "partitioned"
+        self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
+                                       self.roster, self.maps, self.joins, self.replicator.last_synced)  # fmt: skip
+        self.actions = BrokerActions(self.broker, self.replicator, self.forwarding, self.durable, self.statusview,
+                                     self._out)  # fmt: skip
+        self.dumps = Dumps(s, self.broker, self.maps, self.joins, self.lt, self._out)
+        self.frames = PeerFrames(member_id, self.secret, self.member_ids, self.shape, rng, s, self.broker, self.actions,
+                                 self.lt, self.membership, self.maps, self.joins, self.replicator, self.forwarding,
+                                 self.life, self.liveness, self.durable, self.dumps, self._out)  # fmt: skip
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
-        self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
-                                       self.roster, self.maps, self.replicator.last_synced)  # fmt: skip
 
     # ------------------------------------------------------------ entry points
 
@@ -220,22 +204,18 @@ class MemberCore:
             self._paused(stood)
         if isinstance(ev, Datagrams):
             if self.phase in ("syncing", "ready"):  # (stopping: no answer, the client fails over)
-                self._absorb(self.broker.handle_datagrams(ev.batch, now))
+                self.actions.absorb(self.broker.handle_datagrams(ev.batch, now), now, self.phase)
         elif isinstance(ev, LinkBytes):
             self._on_bytes(ev.link, ev.data)
         elif isinstance(ev, LinkOpened):
-            link = self.links.get(ev.link)
-            if link is not None and link.outbound:
-                self.lt.frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
+            self.lt.opened(ev.link, self.id, self.rng, self.shape)
         elif isinstance(ev, Accepted):
             if self.phase in ("stopping", "stopped"):
                 self._out.append(Close(ev.link, "stopping"))
             else:
-                self.links[ev.link] = Link(ev.link, False, None, now + self.s.handshake_timeout, ev.remote)
+                self.lt.accepted(ev.link, now + self.s.handshake_timeout, ev.remote)
         elif isinstance(ev, LinkSent):
-            link = self.links.get(ev.link)
-            if link is not None:
-                link.unsent -= ev.nbytes
+            self.lt.sent(ev.link, ev.nbytes)
         elif isinstance(ev, LinkClosed):
             link = self.links.get(ev.link)
             if link is not None:
@@ -264,15 +244,12 @@ class MemberCore:
         life = self.life
         d = min(self.next_heartbeat, self.next_membership, self.next_gc, life.next_snapshot, life.pull_deadline)
         # (only deadlines _due acts on in this phase: any other would wake us for nothing, forever)
-        dialling = self.phase in ("syncing", "ready")
-        if dialling:
-            for p in self.peers:
-                if self.out[p] is None:
-                    d = min(d, self.next_dial[p])
+        if self.phase in ("syncing", "ready"):
+            d = min(d, self.dialling.deadline())
         d = min(d, self.replicator.deadline(self.ready))
         for link in self.links.values():
             d = min(d, link.deadline)
-        if self._streams and self._streams.ready(self._drained):
+        if self.dumps.due():
             d = min(d, self.now)
         d = min(d, self.durable.deadline())
         b = self.broker.next_deadline()
@@ -299,8 +276,12 @@ class MemberCore:
 
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``; cluster/memberstatus.py)."""
-        left = {p for p in self.peers if self.maps.gone(p)}
-        return self.statusview.status(self.phase, self.now, self.joins.committed, left)
+        return self.statusview.status(self.phase, self.now)
+
+    @property
+    def next_dial(self) -> dict[str, float]:
+        """When the next dial to each peer is due (cluster/dialling.py)."""
+        return self.dialling.next_dial
 
     @property
     def cmap(self) -> ClusterMap | None:
@@ -317,39 +298,9 @@ class MemberCore:
         return encode([PeerType.HEARTBEAT, state, self.broker.index.count, self.broker.status()["clients"],
                        self.own.epoch, self.joins.synced, self.joins.committed])  # fmt: skip
 
-    def _drained(self, lid: int) -> bool:
-        """May a dump stream send more on this link? (backpressure: cluster/links.py)"""
-        return self.lt.drained(lid, self.s.max_frame)
-
     def _absorb(self, actions: list[Any]) -> None:
-        """Pass the broker core's actions on; replicate its changes, answer STATUS."""
-        out = self._out
-        confirms = None
-        for a in actions:
-            cls = a.__class__
-            if cls is Replicate:
-                self.replicator.distribute(a.entries)
-            elif cls is StatusQuery:
-                out.append(Send(a.addr, encode_status_reply({**a.status, **self.status()})))
-            elif cls is Forward:
-                given_up = self.forwarding.forward(a.member, a.msgs)
-                if given_up is not None:
-                    self._absorb(self.broker.settle_forwards(given_up, self.now))
-                    self.forwarding.pump(a.member)
-            elif cls is Confirm:
-                confirms = [Send(a.addr, a.data)] if confirms is None else [*confirms, Send(a.addr, a.data)]
-            elif cls is Relay:
-                self.forwarding.relay(a.member, a.sends)
-            elif cls is DurablePut:
-                self.durable.on_put(a, self.now, self.ready)
-            elif cls is DurableGet:
-                self.durable.on_get(a, self.now, self.ready)
-            elif cls is DurableCommit:
-                self.durable.on_commit(a, self.now, self.ready)
-            else:
-                out.append(a)
-        if confirms is not None:  # (after the Replicate: it comes last)
-            self.replicator.hold(confirms, self.now)
+        """Pass the broker core's actions on (cluster/brokeractions.py)."""
+        self.actions.absorb(actions, self.now, self.phase)
 
     # ------------------------------------------------------------ timers
 
@@ -358,9 +309,7 @@ class MemberCore:
         if self.phase in ("starting", "stopped"):
             return
         if self.phase != "stopping":
-            for p in self.peers:
-                if self.out[p] is None and now >= self.next_dial[p]:
-                    self._dial(p)
+            self.dialling.due(now)
         for link in [x for x in self.links.values() if x.deadline <= now]:
             self._close(link, ("silent" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
@@ -379,18 +328,11 @@ class MemberCore:
         if now >= self.next_gc:
             self.next_gc = now + s.tombstone_horizon / 10
             self._absorb(self.broker.collect_tombstones(now))
-        # (an admin reply waits for its change on disk: written at once, unless the last write failed)
-        life = self.life
-        if now >= life.next_snapshot or (self.joins.admin_waiting and not life.write_failed):
-            if now >= life.next_snapshot:
-                life.next_snapshot = now + s.snapshot_interval
-            if self.ready and life.writing is None and self.state_version != life.persisted:
-                life.write(self.state_version, now)
+        self.life.snapshot_due(now, self.ready, self.state_version, bool(self.joins.admin_waiting))
         b = self.broker.next_deadline()
         if b is not None and b <= now:
             self._absorb(self.broker.tick(now))
-        for lid, data in self._streams.turn(self._drained) if self._streams else ():
-            self.lt.frame(lid, data)
+        self.dumps.turn()
         self.replicator.release_held(now)
         self.durable.due(now, self.ready)
         if self.joins.leave_due(self.phase, now, self.peer_addr[self.id]):
@@ -507,28 +449,23 @@ class MemberCore:
         It counts live only once it reports ``ready`` (it may still be pulling)."""
         self.peers.append(peer)
         self.member_ids.add(peer)
-        self.peer_addr[peer] = addr
+        left = self.roster.left(peer)  # (it left before we heard of it: it may dial us while it drains)
+        self.dialling.add_peer(peer, addr, left, self.now)
         self.membership.add(peer, self.now)
         self.replicator.add_peer(peer)
         self.forwarding.add_peer(peer)
         self.out[peer] = None
-        self.was_up[peer] = None
-        if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
-            self.next_dial[peer] = math.inf
-        else:
-            self.next_dial[peer] = self.now
+        if not left:
             self.unreached.add(peer)
 
     def _rejoined(self, m: str, peer_addr: tuple[str, int]) -> None:
         """A member that left joined again, maybe at new addresses: dial it (at those), and
         push and repair again."""
-        if self.peer_addr[m] != peer_addr:
-            self.peer_addr[m] = peer_addr
+        if self.dialling.moved(m, peer_addr):
             lid = self.out[m]
             if lid is not None:
                 self._close(self.links[lid], "joined again at another address")
-        if self.out[m] is None and self.next_dial[m] == math.inf:
-            self.next_dial[m] = self.now
+        if self.dialling.rejoined(m, self.now):
             self.unreached.add(m)
         self.replicator.rejoined(m, self.now)  # (its queue was cleared when it left)
 
@@ -671,13 +608,6 @@ class MemberCore:
 
     # ------------------------------------------------------------ links
 
-    def _dial(self, peer: str) -> None:
-        lid = self.lt.next_id
-        self.lt.next_id += 1
-        self.links[lid] = Link(lid, True, peer, self.now + self.s.handshake_timeout)
-        self.out[peer] = lid
-        self._out.append(Dial(lid, peer, self.peer_addr[peer]))
-
     def _close(self, link: Link, why: str) -> None:
         """We end a link: tell the runner, then forget it."""
         self._out.append(Close(link.id, why))
@@ -685,75 +615,61 @@ class MemberCore:
 
     def _closed(self, link: Link, why: str) -> None:
         self.links.pop(link.id, None)
-        self._streams.drop(link.id)
+        self.dumps.drop(link.id)
         peer = link.peer
         if not link.outbound or peer is None or self.out.get(peer) != link.id:
             return
         self.out[peer] = None
         self.replicator.disconnected(peer)
         self.forwarding.queues[peer].disconnected()
-        # A member whose leave is committed is dialled while it may still be draining (it hears
-        # the cluster only through the heartbeats of the links we dial: review, 2026-11-24, a
-        # leaver cut off once went deaf for good); then, out of reach, it has stopped.
-        self.next_dial[peer] = self.now + self.s.reconnect_interval
-        if self.maps.gone(peer) and not link.up:
-            until = self.joins.redial_gone.setdefault(peer, self.now + self.s.leave_timeout + self.s.stop_timeout)
-            if self.now >= until:
-                self.next_dial[peer] = math.inf
-        if self.was_up[peer] is not False:
-            self._log("info", "link_down", peer=peer, reason=why)
-        self.was_up[peer] = False
+        self.dialling.dropped(peer, link.up, self.maps.gone(peer), why, self.now)  # (when to dial again)
         if self.life.pull_peer == peer:
             self._pull_failed(why, close=False)
         if not link.up and self.maps.dial_failed(peer):
             self._remap()
 
     def _on_bytes(self, lid: int, data: bytes) -> None:
+        """Frames on a link: the handshake's (cluster/links.py), then the peer's requests and
+        replies (cluster/peerframes.py), each followed by what it asks of the member."""
         link = self.links.get(lid)
         if link is None:
             return
+        frames = self.frames
         try:
             link.decoder.feed(data)
             while lid in self.links and (f := link.decoder.next_frame_untrusted()) is not None:
                 if link.up:
                     if link.outbound:
-                        self._heard(link)
-                        self._on_reply(link, f)
+                        then = frames.reply(link, f, self.now, self.phase)
                     else:
-                        link.deadline = self.now + self.s.link_idle_timeout
-                        self._on_request(link, f)
-                else:
-                    nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
-                    reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce, self.shape)
-                    if reply:
-                        self.lt.frame(lid, reply)
-                    if link.up:
-                        self._link_up(link)
-        except ShapeMismatch as exc:
-            # Logged as an error for the operator, and nothing more: the shape and REFUSED come before
-            # authentication, so acting on them would let anyone who reaches the peer port stop a
-            # member (review, 2026-11-24), and which of the two configs is wrong cannot be told here.
-            self._log("error", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
-            if not link.outbound:  # (the dialler learns why; it closes the link, or the handshake
-                # deadline does: a Close now could cut the answer)
-                self.lt.frame(lid, encode([PeerType.REFUSED, str(exc)[:300]]))
-            else:
-                self._close(link, "[cluster] shape differs")
-        except PeerProtocolError as exc:
-            self._log("warning", "peer_refused" if not link.up else "peer_protocol_error",
-                      peer=link.peer, remote=link.remote or None, reason=str(exc)[:200])  # fmt: skip
-            self._close(link, str(exc)[:200])
+                        then = frames.request(link, f, self.now, self.phase)
+                    if then:
+                        self._then(then, link, f)
+                elif frames.handshake(link, f):
+                    self._link_up(link)
         except Exception as exc:  # nothing a peer sends may stop this member
-            self._log("error", "peer_error", peer=link.peer, reason=repr(exc)[:200])
-            self._close(link, "error")
+            why = frames.refused(link, exc)
+            if why is not None:
+                self._close(link, why)
 
-    def _heard(self, link: Link) -> None:
-        """A frame came on a link we dialled. The peer answers every HEARTBEAT
-        there with a BEAT, so a link that stays silent for ``down_after`` is
-        dead one way or another (half-open TCP, a one-way partition, a cut
-        that TCP has not noticed): it is closed and dialled again, and what
-        was in flight is pushed again on the new link."""
-        link.deadline = self.now + self.s.down_after
+    def _then(self, then: tuple[str, ...], link: Link, f: list[Any]) -> None:
+        """What a peer's frame asks of the member next (cluster/peerframes.py), in order."""
+        for step in then:
+            if step == peerframes.ADMIN_REQUEST:
+                self.admin_request(f, link.id)  # (roost cluster join/leave, authenticated like a peer)
+            elif step == peerframes.REMAP:
+                self._remap()
+            elif step == peerframes.CHECK_ROSTER:
+                self._check_roster()
+            elif step == peerframes.ROSTER_CHANGED:
+                self._roster_changed()
+            elif step == peerframes.PULL_FAILED:
+                self._pull_failed("peer is not ready itself", close=False)
+            elif step == peerframes.NEXT_PULL:
+                self._next_pull()
+            else:
+                assert step == peerframes.PULL_FINISHED
+                self._pull_finished()
 
     def _link_up(self, link: Link) -> None:
         link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
@@ -762,15 +678,12 @@ class MemberCore:
             if link.peer is not None and self.maps.gone(link.peer):
                 self.joins.send_roster(link.id)  # (a member that left without hearing it: it learns here)
                 if self.out[link.peer] is None and self.phase == "ready":
-                    # It drains and dials us: dial it back, so that it hears our heartbeats (who is
-                    # alive, our map) even when we restarted since its leave (simulator seed 9384).
-                    self.next_dial[link.peer] = self.now
+                    self.dialling.dial_back(link.peer, self.now)  # (it drains and dials us)
             return
         peer = link.peer
         assert peer is not None
-        self._heard(link)
-        self._log("info", "link_up", peer=peer)
-        self.was_up[peer] = True
+        link.deadline = self.now + self.s.down_after  # (the peer answers our HEARTBEATs with BEATs)
+        self.dialling.link_up(peer)
         self.lt.frame(link.id, self._beat())
         self.joins.send_roster(link.id)
         self.joins.told.add(peer)
@@ -778,131 +691,3 @@ class MemberCore:
         self.replicator.link_up(peer, self.now)
         if self.life.pull_peer == peer and not self.life.pull_sent:
             self.life.send_pull()
-
-    def _on_request(self, link: Link, f: list[Any]) -> None:
-        """A frame on a link the peer dialled."""
-        if link.peer == ADMIN:
-            self.admin_request(f, link.id)  # (roost cluster join/leave, authenticated like a peer)
-            return
-        kind, n = f[0], len(f)
-        if kind == PeerType.PUSH and n == 3:
-            _, seq, entries = f
-            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
-            self.lt.frame(link.id, encode([PeerType.PUSHACK, seq]))
-        elif kind == PeerType.LOGFETCH:
-            assert link.peer is not None
-            self.durable.on_logfetch(link.peer, link.id, f, self.now, self.ready)
-        elif kind == PeerType.HEARTBEAT and n == 7:
-            _, state, subs, clients, epoch, synced, committed = f
-            if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
-                    or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT for v in (subs, clients)) \
-                    or any(v.__class__ is not int or not 0 <= v < 2**64 for v in (synced, committed)):  # fmt: skip
-                raise PeerProtocolError("malformed HEARTBEAT")
-            assert link.peer is not None
-            self.lt.frame(link.id, _BEAT)  # (the dialler's proof that its link works)
-            view = self.membership.peers[link.peer]
-            reported, was_synced = view.reported, view.synced
-            ch = self.membership.heard(link.peer, self.now, state, subs, clients, synced, committed)
-            if ch:
-                self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
-                self.liveness.heard(link.peer)
-            if self.partitioned:
-                self.maps.heard_epoch(epoch)
-                self.unreached.discard(link.peer)
-                if ch or reported != state:
-                    self._remap()
-            if (ch or reported != state or was_synced != synced) and self.joins.committed != self.roster.digest():
-                self._check_roster()
-        elif kind == PeerType.ROSTER and n == 2:
-            _, roster = f
-            if self.joins.roster_frame(roster):
-                self._roster_changed()
-        elif kind == PeerType.FORWARD and n == 3:
-            _, fid, msgs = f
-            actions, ack = self.forwarding.received(link.id, fid, msgs, self.now)
-            self._absorb(actions)
-            if ack is not None:
-                self.lt.frame(link.id, ack)
-        elif kind == PeerType.RELAY and n == 2:
-            _, sends = f
-            self.forwarding.relayed(sends)
-        elif kind == PeerType.PULL and (n == 1 or n == 2):
-            if self._streams.running(link.id, PeerType.DUMP):
-                raise PeerProtocolError("PULL while a dump is in progress on this link")
-            if not self.ready:
-                self.lt.frame(link.id, encode([PeerType.DUMPEND, -1]))  # "not ready": pull from someone else
-            else:
-                peer = link.peer
-
-                def end(sent: int) -> list[Any]:
-                    self._log("info", "served_pull", peer=peer, subscriptions=sent)
-                    return [PeerType.DUMPEND, sent]
-
-                parts = None  # (PULL [partitions]: these only; PULL: everything)
-                if n == 2:
-                    _, wanted = f
-                    parts = check_partitions_untrusted(wanted, len(self.broker.digest))
-                if parts is not None:
-                    self.joins.note_pull(peer, parts)
-                dump = self.broker.dump(parts, home=peer if parts is not None else None)
-                self._streams.start(link.id, PeerType.DUMP, dump, end)
-        elif kind == PeerType.DIGEST and n == 2:
-            if self._streams.running(link.id, PeerType.DIFF):
-                raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
-            _, digest = f
-            ours = self.broker.digest
-            theirs = check_digest_untrusted(digest, len(ours))
-            assert link.peer is not None
-            among = self.maps.shared(link.peer) if self.partitioned else range(len(ours))
-            differ = [i for i in among if ours[i] != theirs[i]]
-            self._streams.start(link.id, PeerType.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
-                         lambda sent: [PeerType.DIFFEND, differ])  # fmt: skip
-        else:
-            raise PeerProtocolError(f"unexpected frame type {kind}")
-
-    def _on_reply(self, link: Link, f: list[Any]) -> None:
-        """A frame on a link we dialled: answers to our requests."""
-        kind, n = f[0], len(f)
-        peer = link.peer
-        assert peer is not None
-        if kind == PeerType.BEAT and n == 1:
-            pass  # (_heard did what it is for)
-        elif kind == PeerType.ROSTER and n == 2:
-            _, roster = f
-            if self.joins.roster_frame(roster):  # (we left: a member that no longer dials us says so)
-                self._roster_changed()
-        elif kind == PeerType.PUSHACK and n == 2:
-            _, seq = f
-            self.replicator.acked(peer, seq)
-        elif kind == PeerType.FWDACK and n == 3:
-            _, fid, refused = f
-            delivered = self.forwarding.acked(peer, fid, refused)
-            if delivered:
-                self._absorb(self.broker.settle_forwards(delivered, self.now))
-            self.forwarding.pump(peer)
-        elif kind == PeerType.LOGDATA:
-            self.durable.on_logdata(peer, f, self.now, self.ready)
-        elif kind == PeerType.DIFF and n == 2:
-            _, entries = f
-            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
-        elif kind == PeerType.DIFFEND and n == 2:
-            _, buckets = f
-            self.replicator.diffend(peer, buckets, self.now)
-        elif kind == PeerType.DUMP and n == 2 and self.life.pulling(peer):
-            _, dumped = f
-            entries = check_entries_untrusted(dumped)
-            self._absorb(self.broker.merge(entries, self.now))
-            self.life.dumped(entries)
-        elif kind == PeerType.DUMPEND and n == 2 and self.life.pulling(peer):
-            _, sent = f
-            if sent == -1:  # ("not ready")
-                self._pull_failed("peer is not ready itself", close=False)
-            else:
-                self.life.pulled(peer)
-                self.replicator.synced(peer, self.now)
-                if self.partitioned:
-                    self._next_pull()  # (each peer holds only its own partitions: ask them all)
-                else:
-                    self._pull_finished()
-        else:
-            raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
