@@ -16,8 +16,9 @@ of reach logs one ``link_down``, not one per failed dial. ``peer_addr`` is each 
 member's peer address (a member that joins again may come back at another).
 
 One component of :class:`cluster.member.MemberCore`: the link table, the member's list of
-peers and its action list are shared; the member says when links close and come up, and
-when dials are due (its phase decides whether to dial at all).
+peers and set of known members, the members we have not reached (cluster/partitionmap.py) and
+the action list are shared; the member says when links close and come up, and when dials are
+due (its phase decides whether to dial at all).
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ from roost.node.actions import Log
 
 
 class Dialling:
-    def __init__(self, s: ClusterSettings, peers: list[str], peer_addr: dict[str, clustermap.Addr], left: set[str],
-                 redial_gone: dict[str, float], links: LinkTable, actions: list[Any], now: float) -> None:  # fmt: skip
+    def __init__(self, s: ClusterSettings, peers: list[str], known: set[str], peer_addr: dict[str, clustermap.Addr],
+                 left: set[str], unreached: set[str], redial_gone: dict[str, float], links: LinkTable,
+                 actions: list[Any], now: float) -> None:  # fmt: skip
         self.s = s
         self.peers = peers  # (the member's list: it grows with joins)
+        self.known = known  # (the member's set of every member id it knows, itself too)
+        self.unreached = unreached  # (dialled, never reached: our view leaves them out)
         self.peer_addr = peer_addr  # every known member's peer address, ours too
         self.redial_gone = redial_gone  # departed peer -> dial it until then (cleared by a new join)
         self.lt = links
@@ -92,11 +96,16 @@ class Dialling:
         self.next_dial[peer] = now
 
     def add_peer(self, peer: str, addr: clustermap.Addr, left: bool, now: float) -> None:
-        """A member we did not know: dialled at once, unless it left before we heard of it (it
-        may dial us while it drains). (The member adds it to ``peers`` and the link table.)"""
+        """A member we did not know: a peer, dialled at once (unreached until then), unless it
+        left before we heard of it (it may dial us while it drains)."""
+        self.peers.append(peer)
+        self.known.add(peer)
         self.peer_addr[peer] = addr
+        self.lt.out[peer] = None
         self.was_up[peer] = None
         self.next_dial[peer] = math.inf if left else now
+        if not left:
+            self.unreached.add(peer)
 
     def moved(self, peer: str, addr: clustermap.Addr) -> bool:
         """A member joined again at ``addr``: whether that is another address than it had."""
@@ -105,10 +114,9 @@ class Dialling:
         self.peer_addr[peer] = addr
         return True
 
-    def rejoined(self, peer: str, now: float) -> bool:
-        """A member that left joined again: dial it now if we had stopped dialling it; returns
-        whether we had (it is unreached until a link to it comes up)."""
+    def rejoined(self, peer: str, now: float) -> None:
+        """A member that left joined again: dial it now if we had stopped dialling it (it is
+        unreached until a link to it comes up)."""
         if self.lt.out[peer] is None and self.next_dial[peer] == math.inf:
             self.next_dial[peer] = now
-            return True
-        return False
+            self.unreached.add(peer)

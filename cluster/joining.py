@@ -215,6 +215,24 @@ class Joining:
             raise PeerProtocolError(f"malformed ROSTER: {exc}") from None
         return self.roster.merge(got)
 
+    def heartbeat(self, phase: str) -> bytes:
+        """Our HEARTBEAT: our state for the failure detector, the map epoch we are at, and the
+        rosters we hold the gains of (synced) and compute the map from (committed)."""
+        state = "ready" if phase != "syncing" else "syncing"
+        return encode([PeerType.HEARTBEAT, state, self.broker.index.count, self.broker.status()["clients"],
+                       self.maps.own.epoch, self.synced, self.committed])  # fmt: skip
+
+    def gains_pulled(self, got: set[int], missed: set[int]) -> bool:
+        """A gain PULL ended: a gain counts as pulled once one of its owners answered the whole
+        PULL; the rest are pulled again at the next heartbeat. Returns whether all were."""
+        self.pulled |= got
+        return not missed
+
+    def prune_pending(self, cmap: clustermap.ClusterMap) -> None:
+        """The map moved: a pending peer that now owns a partition gets its changes as an owner."""
+        for peer, parts in self.pending.items():
+            parts.difference_update(p for p in list(parts) if p < cmap.partitions and peer in cmap.owners[p])
+
     def send_roster(self, lid: int) -> None:
         if self.roster.entries:
             self.links.frame(lid, encode([PeerType.ROSTER, self.roster.encode()]))

@@ -29,7 +29,7 @@ import hmac
 import random
 from typing import Any
 
-from roost.cluster.events import SendFrame
+from roost.cluster.events import Close, SendFrame
 from roost.cluster.peerwire import (
     HANDSHAKE_MAX_FRAME,
     NONCE_LEN,
@@ -129,9 +129,13 @@ class LinkTable:
         if link is not None and link.outbound:
             self.frame(lid, link.hello(me, rng.randbytes(NONCE_LEN), shape))
 
-    def accepted(self, lid: int, deadline: float, remote: str) -> None:
-        """``Accepted``: a link a peer dialled, awaiting its HELLO until ``deadline``."""
-        self.links[lid] = Link(lid, False, None, deadline, remote)
+    def accepted(self, lid: int, deadline: float, remote: str, stopping: bool) -> None:
+        """``Accepted``: a link a peer dialled, awaiting its HELLO until ``deadline`` (closed at
+        once if we are ``stopping``)."""
+        if stopping:
+            self.actions.append(Close(lid, "stopping"))
+        else:
+            self.links[lid] = Link(lid, False, None, deadline, remote)
 
     def sent(self, lid: int, nbytes: int) -> None:
         """``LinkSent``: the runner sent these bytes of the link's frames."""

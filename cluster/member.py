@@ -2,45 +2,34 @@
 
 Theory of operation
 -------------------
-A member is a broker core (node/core.py) plus everything that keeps its
-replica of the subscription state equal to the other members':
+A member is a broker core (node/core.py) plus everything that keeps its replica of the
+subscription state equal to the other members' (docs/cluster.md); each part's own theory opens
+its module:
 
-* Start-up (FASTPUSS: "pick one of the other nodes randomly and ask for a
-  massive data transfer in pull fashion"): our snapshot and a PULL from one
-  peer after another, then ``ServeClients`` (cluster/lifecycle.py).
-* Changes. Every local SUB/UNSUB comes out of the broker core as a
-  ``Replicate`` action; its entries go into one PeerQueue per peer and are
-  PUSHed on our link to that peer, a window of frames in flight, each
-  acknowledged by PUSHACK. A link that drops requeues what was in flight.
-* Anti-entropy. Every ``anti_entropy_interval``, on each link to a ready peer,
-  we send our 256 bucket digests; the peer answers with its entries of the
-  buckets that differ (DIFF ... DIFFEND) and we push ours of the same
-  buckets, made as the push window opens. A queue that overflowed is
-  repaired this way at once. A DUMP or DIFF answer goes out only as fast as
-  its link drains (``LinkSent``, cluster/dumps.py).
-* Links we dialled carry our requests and heartbeats; the peer answers each
-  HEARTBEAT with a BEAT, and a dialled link silent for ``down_after`` is
-  closed (half-open TCP, a one-way cut) and dialled again; what was in
-  flight is pushed again on the next link.
-* Failure detection. HEARTBEATs go on every link we dialled every
-  ``heartbeat_interval`` (their own timer); cluster/membership.py turns
-  silence into suspect and down. A peer that goes down has its link closed
-  (it may be a dead TCP connection); a peer down for longer than
-  ``subscriber_timeout`` loses its clients' subscriptions (one member, the
-  lowest ready id, writes the tombstones).
-* Durability and stopping. Every ``snapshot_interval``, if registers changed,
-  the state goes out as ``WriteSnapshot``; only ``PersistDone`` moves the
-  persisted mark. ``Stop`` drains the pushes we owe, writes a last snapshot
-  and then ``Exit``s (cluster/lifecycle.py).
+* Start-up (FASTPUSS: "pick one of the other nodes randomly and ask for a massive data
+  transfer in pull fashion"): our snapshot and a PULL from one peer after another, then
+  ``ServeClients``; snapshots every ``snapshot_interval``; ``Stop`` drains the pushes we owe,
+  writes a last snapshot and ``Exit``s (cluster/lifecycle.py).
+* Changes: every local SUB/UNSUB comes out of the broker core as a ``Replicate`` action and is
+  PUSHed to each peer that keeps it, a window of frames in flight; anti-entropy every
+  ``anti_entropy_interval`` repairs what a link or a queue lost (cluster/replicator.py;
+  answers stream as their link drains, cluster/dumps.py).
+* Links: each member dials every peer (cluster/dialling.py); a dialled link carries our
+  requests and heartbeats and is closed and dialled again when silent for ``down_after``
+  (cluster/links.py, cluster/peerframes.py).
+* Failure detection: HEARTBEATs every ``heartbeat_interval`` (their own timer);
+  cluster/membership.py turns silence into suspect and down, and the member closes the link of
+  a peer gone down (it may be a dead TCP connection); clients of a peer down for longer than
+  ``subscriber_timeout`` expire (cluster/liveness.py).
 
 Phases of the member::
 
     starting --Start--> syncing --pull done and snapshot read--> ready
     syncing|ready --Stop--> stopping --last snapshot done, pushes drained--> stopped
 
-Each link has its own phase (cluster/links.py). Randomness (PULL order,
-handshake nonces) comes from the ``rng`` argument and time from ``now``: the
-simulator (sim/simulation.py) runs a whole cluster of these, seeded.
+Each link has its own phase (cluster/links.py). Randomness (PULL order, handshake nonces) comes
+from the ``rng`` argument and time from ``now``: the simulator (sim/simulation.py) runs a whole
+cluster of these, seeded.
 
 Composition
 -----------
@@ -48,21 +37,24 @@ MemberCore is a router: it owns the phase, the timers and the links' events, and
 event to the component that owns the state it concerns, gathering their actions on one shared
 list (``_out``, returned by ``handle``). Each component is a plain class with its own state; it
 gets the shared small objects it needs (the action list, the link table, the roster, the map,
-the broker core, settings) when it is made and never calls the member: what the member must do
-next comes back as a return value.
+the broker core, other components, settings) when it is made and never calls the member: what
+the member must do next comes back as a return value.
 
-* ``lt``: cluster/links.py LinkTable, every link and our dialled link per peer; frames out.
-* ``maps``: cluster/partitionmap.py PartitionMap, our live view, the map, its epochs.
-* ``joins``: cluster/joining.py Joining, the roster committed and synced, leaves, admin requests.
-* ``replicator``: cluster/replicator.py Replicator, push queues, who gets a change, hand-off,
+* ``lt`` (cluster/links.py LinkTable): every link, our dialled link per peer; frames out.
+* ``dialling`` (cluster/dialling.py Dialling): when each peer is dialled, at which address.
+* ``frames`` (cluster/peerframes.py PeerFrames): each peer frame to its component; what next.
+* ``actions`` (cluster/brokeractions.py BrokerActions): the broker core's actions routed.
+* ``maps`` (cluster/partitionmap.py PartitionMap): our live view, the map, its epochs.
+* ``joins`` (cluster/joining.py Joining): the roster committed and synced, leaves, admin requests.
+* ``replicator`` (cluster/replicator.py Replicator): push queues, who gets a change, hand-off,
   anti-entropy rounds, held CMDACKs.
-* ``forwarding``: cluster/forwarding.py Forwarding, FORWARD/FWDACK queues and RELAY.
-* ``life``: cluster/lifecycle.py Lifecycle, the PULL in progress and the snapshots.
-* ``liveness``: cluster/liveness.py Liveness, the clients of members down for good.
-* ``durable``: cluster/durable.py DurableLogs, the partition logs (Trace actions with cfg.trace).
-* ``statusview``: cluster/memberstatus.py MemberStatus, what ``roost status`` shows.
-* ``membership`` (cluster/membership.py, the failure detector) and ``_streams``
-  (cluster/dumps.py, DUMP/DIFF answers in progress) as before.
+* ``forwarding`` (cluster/forwarding.py Forwarding): FORWARD/FWDACK queues and RELAY.
+* ``life`` (cluster/lifecycle.py Lifecycle): the PULL in progress and the snapshots.
+* ``liveness`` (cluster/liveness.py Liveness): the clients of members down for good.
+* ``durable`` (cluster/durable.py DurableLogs): the partition logs (Trace actions with cfg.trace).
+* ``dumps`` (cluster/dumps.py Dumps): the DUMP/DIFF answers in progress.
+* ``statusview`` (cluster/memberstatus.py MemberStatus): what ``roost status`` shows.
+* ``membership`` (cluster/membership.py Membership): the failure detector.
 """
 
 from __future__ import annotations
@@ -113,7 +105,6 @@ from roost.cluster.membership import Membership
 from roost.cluster.memberstatus import MemberStatus
 from roost.cluster.partitionmap import PartitionMap
 from roost.cluster.peerframes import PeerFrames
-from roost.cluster.peerwire import PeerType, encode
 from roost.cluster.replicator import Replicator
 from roost.cluster.roster import Entry, Roster, RosterError
 from roost.node.core import BrokerCore
@@ -170,11 +161,11 @@ class MemberCore:
         self.joins = Joining(member_id, s, self.roster, self.member_ids, self.maps, self.membership, self.broker,
                              self.lt, self._out)  # fmt: skip
         self.pending = self.joins.pending  # (the same dict: peers pulling partitions from us)
-        left = {p for p in self.peers if self.roster.left(p)}
-        self.dialling = Dialling(s, self.peers, self.peer_addr, left, self.joins.redial_gone, self.lt, self._out, now)
-        self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
+        left = {p for p in self.peers if self.roster.left(p)}
+        self.dialling = Dialling(s, self.peers, self.member_ids, self.peer_addr, left, self.unreached,
+                                 self.joins.redial_gone, self.lt, self._out, now)  # fmt: skip
         self.replicator = Replicator(member_id, s, self.peers, self.broker, self.lt, self.maps, self.membership,
                                      self.pending, self._out, no_handoff="no-handoff" in self.cfg.breaks)  # fmt: skip
         self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
@@ -182,6 +173,9 @@ class MemberCore:
         self.life = Lifecycle(member_id, s, wall_offset, now, self.broker, self.roster, self.lt, self.maps, self._out)
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
+        self.liveness = Liveness(member_id, self.cfg, s.heartbeat_interval, s.mode == "partitioned", self.broker,
+                                 self.membership, self.peers, self.lt, self.pending, self.life, self.replicator,
+                                 self.durable, self._out)  # fmt: skip
         self.partitioned = s.mode == "partitioned"
         self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
                                        self.roster, self.maps, self.joins, self.replicator.last_synced)  # fmt: skip
@@ -210,10 +204,7 @@ class MemberCore:
         elif isinstance(ev, LinkOpened):
             self.lt.opened(ev.link, self.id, self.rng, self.shape)
         elif isinstance(ev, Accepted):
-            if self.phase in ("stopping", "stopped"):
-                self._out.append(Close(ev.link, "stopping"))
-            else:
-                self.lt.accepted(ev.link, now + self.s.handshake_timeout, ev.remote)
+            self.lt.accepted(ev.link, now + self.s.handshake_timeout, ev.remote, self.phase in ("stopping", "stopped"))
         elif isinstance(ev, LinkSent):
             self.lt.sent(ev.link, ev.nbytes)
         elif isinstance(ev, LinkClosed):
@@ -279,11 +270,6 @@ class MemberCore:
         return self.statusview.status(self.phase, self.now)
 
     @property
-    def next_dial(self) -> dict[str, float]:
-        """When the next dial to each peer is due (cluster/dialling.py)."""
-        return self.dialling.next_dial
-
-    @property
     def cmap(self) -> ClusterMap | None:
         """Our cluster map (partitioned mode; cluster/partitionmap.py)."""
         return self.maps.cmap
@@ -292,11 +278,6 @@ class MemberCore:
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
         self._out.append(Log(level, event, fields))
-
-    def _beat(self) -> bytes:
-        state = "ready" if self.phase != "syncing" else "syncing"
-        return encode([PeerType.HEARTBEAT, state, self.broker.index.count, self.broker.status()["clients"],
-                       self.own.epoch, self.joins.synced, self.joins.committed])  # fmt: skip
 
     def _absorb(self, actions: list[Any]) -> None:
         """Pass the broker core's actions on (cluster/brokeractions.py)."""
@@ -314,7 +295,7 @@ class MemberCore:
             self._close(link, ("silent" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
-            self.lt.to_peers(self._beat())
+            self.lt.to_peers(self.joins.heartbeat(self.phase))
             if self.partitioned:
                 for msgs in self.forwarding.refused():
                     self._reroute(msgs)
@@ -367,11 +348,10 @@ class MemberCore:
         self._next_pull()
 
     def _pull_finished(self) -> None:
-        if self.life.pull_finished():
-            if self._gain_pull_finished():
-                self._check_roster()
-            return
-        self._maybe_ready()
+        if not self.life.pull_finished():
+            self._maybe_ready()
+        elif self.joins.gains_pulled(*self.life.gains_pulled(self.joins.committed)):
+            self._check_roster()  # (every gain pulled; any other is pulled again at the next heartbeat)
 
     def _on_snapshot(self, data: bytes | None, reason: str) -> None:
         if self.life.snapshot_done:
@@ -447,16 +427,10 @@ class MemberCore:
         """A member we did not know (a join; or one that left before we heard of it): every
         per-peer structure, and a dial at once (none to one that left).
         It counts live only once it reports ``ready`` (it may still be pulling)."""
-        self.peers.append(peer)
-        self.member_ids.add(peer)
-        left = self.roster.left(peer)  # (it left before we heard of it: it may dial us while it drains)
-        self.dialling.add_peer(peer, addr, left, self.now)
+        self.dialling.add_peer(peer, addr, self.roster.left(peer), self.now)  # (our peers, links, dials, view)
         self.membership.add(peer, self.now)
         self.replicator.add_peer(peer)
         self.forwarding.add_peer(peer)
-        self.out[peer] = None
-        if not left:
-            self.unreached.add(peer)
 
     def _rejoined(self, m: str, peer_addr: tuple[str, int]) -> None:
         """A member that left joined again, maybe at new addresses: dial it (at those), and
@@ -465,8 +439,7 @@ class MemberCore:
             lid = self.out[m]
             if lid is not None:
                 self._close(self.links[lid], "joined again at another address")
-        if self.dialling.rejoined(m, self.now):
-            self.unreached.add(m)
+        self.dialling.rejoined(m, self.now)
         self.replicator.rejoined(m, self.now)  # (its queue was cleared when it left)
 
     def _roster_changed(self) -> None:
@@ -485,23 +458,11 @@ class MemberCore:
         todo = self.joins.check(self.phase, self.life.pull_peer is not None)
         if todo is None:
             return
-        if todo[0] == "pull":
-            self._start_gain_pull(todo[1])
+        if todo[0] == "pull":  # (from every live peer that owns some of them now: cluster/lifecycle.py)
+            self.life.pull_gains(todo[1], self.joins.committed, self.peers)
+            self._next_pull()
         else:
             self._commit(todo[1])
-
-    def _start_gain_pull(self, gains: set[int]) -> None:
-        """PULL the gains from every live peer that owns some of them now (cluster/lifecycle.py)."""
-        self.life.pull_gains(gains, self.joins.committed, self.peers)
-        self._next_pull()
-
-    def _gain_pull_finished(self) -> bool:
-        """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
-        pulled again at the next heartbeat (_watch_peers). Returns whether the roster is to be
-        checked again now (every gain pulled)."""
-        got, missed = self.life.gains_pulled(self.joins.committed)
-        self.joins.pulled |= got
-        return not missed
 
     def _commit(self, digest: int) -> None:
         """The map moves to the roster ``digest``."""
@@ -544,8 +505,7 @@ class MemberCore:
         moved = self.maps.remap(self.now)
         cmap = self.maps.cmap
         assert cmap is not None
-        for peer, parts in self.pending.items():  # (a pending peer that now owns a partition gets it as owner)
-            parts.difference_update(p for p in list(parts) if p < cmap.partitions and peer in cmap.owners[p])
+        self.joins.prune_pending(cmap)
         if moved is None:
             return
         old, gained = moved
@@ -553,15 +513,12 @@ class MemberCore:
             self.liveness.gained()
         if old is None:
             return
-        moved_parts = {p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}
-        self.replicator.hand_off(self.maps.new_owners(moved_parts, old))
+        self.replicator.hand_off(self.maps.new_owners(self.maps.moved(old), old))
         for msgs in self.forwarding.to_route_again(cmap.live):
             self._reroute(msgs)
         self.durable.map_changed(old, self.now, self.ready)
         if gained and self.ready:
-            for peer in self.peers:
-                if any(peer in cmap.owners[p] for p in gained):
-                    self.replicator.digest_soon(peer, self.now)
+            self.replicator.gained(gained, cmap, self.now)
 
     def _reroute(self, msgs: list[Any]) -> None:
         """Our own forwards, routed again by the current map."""
@@ -571,33 +528,17 @@ class MemberCore:
     # ------------------------------------------------------------ liveness
 
     def _paused(self, stood: float) -> None:
-        """Our loop stood still (a long core call, SIGSTOP, a VM pause, a slow snapshot
-        read): what peers sent meanwhile waits unread in the kernel, so their silence
-        and our links' deadlines are credited with the pause, as Cassandra's failure
-        detector ignores a local pause. Without it one stall past ``down_after`` takes
-        every peer down at once and remaps to owning everything, which stalls again."""
-        self.membership.credit(stood, self.now)
-        for link in self.links.values():
-            link.deadline += stood
-        self.life.paused(stood)
-        self.replicator.paused(stood)  # (PUSHACKs unread)
-        self.durable.paused(self.now)
-        if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
-            self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
+        """Our loop stood still: peers' silence and our deadlines are credited (cluster/liveness.py);
+        logged unless we are starting (no peer is watched yet)."""
+        self.liveness.paused(stood, self.now, self.phase in ("syncing", "ready"))
 
     def _watch_peers(self, now: float) -> None:
         """The failure detector's verdicts (cluster/membership.py), acted on; then the clients of
         members down for good expire (cluster/liveness.py)."""
-        changes = self.membership.tick(now)
-        for peer, old, new in changes:
-            self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
-            lid = self.out[peer]
-            if new == "down" and lid is not None:
-                self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
-        for peer, _old, new in changes:
-            if new == "down":
-                self.pending.pop(peer, None)
-        if changes and self.partitioned:
+        changed, down = self.liveness.watch(now)
+        for lid in down:
+            self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
+        if changed and self.partitioned:
             self._remap()
         if self.joins.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
             self._check_roster()
@@ -684,7 +625,7 @@ class MemberCore:
         assert peer is not None
         link.deadline = self.now + self.s.down_after  # (the peer answers our HEARTBEATs with BEATs)
         self.dialling.link_up(peer)
-        self.lt.frame(link.id, self._beat())
+        self.lt.frame(link.id, self.joins.heartbeat(self.phase))
         self.joins.send_roster(link.id)
         self.joins.told.add(peer)
         self.forwarding.pump(peer)
