@@ -80,3 +80,8 @@ class BrokerActions:
                 out.append(a)
         if confirms is not None:  # (after the Replicate: it comes last)
             self.replicator.hold(confirms, now)
+
+    def reroute(self, msgs: list[Any], now: float, phase: str) -> None:
+        """Our own forwards, routed again by the current map (it moved, or a peer refused them)."""
+        if msgs:
+            self.absorb(self.broker.forwarded(msgs, now, ours=True)[0], now, phase)

@@ -184,7 +184,8 @@ class MemberCore:
         self.dumps = Dumps(s, self.broker, self.maps, self.joins, self.lt, self._out)
         self.frames = PeerFrames(member_id, self.secret, self.member_ids, self.shape, rng, s, self.broker, self.actions,
                                  self.lt, self.membership, self.maps, self.joins, self.replicator, self.forwarding,
-                                 self.life, self.liveness, self.durable, self.dumps, self._out)  # fmt: skip
+                                 self.life, self.liveness, self.durable, self.dumps, self.dialling,
+                                 self._out)  # fmt: skip
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
@@ -194,8 +195,8 @@ class MemberCore:
     def handle(self, ev: Event, now: float) -> list[Action]:
         stood = now - self.now - self.s.heartbeat_interval  # (we are called at least this often)
         self.now = now
-        if stood > self.s.local_pause and self.phase != "stopped":
-            self._paused(stood)
+        if stood > self.s.local_pause and self.phase != "stopped":  # (our loop stood still: cluster/liveness.py)
+            self.liveness.paused(stood, now, self.phase in ("syncing", "ready"))  # (starting: credited quietly)
         if isinstance(ev, Datagrams):
             if self.phase in ("syncing", "ready"):  # (stopping: no answer, the client fails over)
                 self.actions.absorb(self.broker.handle_datagrams(ev.batch, now), now, self.phase)
@@ -298,7 +299,7 @@ class MemberCore:
             self.lt.to_peers(self.joins.heartbeat(self.phase))
             if self.partitioned:
                 for msgs in self.forwarding.refused():
-                    self._reroute(msgs)
+                    self.actions.reroute(msgs, now, self.phase)
         if now >= self.next_membership:
             self.next_membership = now + s.heartbeat_interval
             self._watch_peers(now)
@@ -330,7 +331,7 @@ class MemberCore:
         self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
                   members=len(self.roster.members()))  # fmt: skip
         self._out.append(ReadSnapshot())
-        self.life.pull_order = order = list(self.peers)
+        self.life.pull_order = order = list(self.peers)  # (the order of our PULLs, drawn from our rng)
         self.rng.shuffle(order)
         self._next_pull()
 
@@ -515,22 +516,12 @@ class MemberCore:
             return
         self.replicator.hand_off(self.maps.new_owners(self.maps.moved(old), old))
         for msgs in self.forwarding.to_route_again(cmap.live):
-            self._reroute(msgs)
+            self.actions.reroute(msgs, self.now, self.phase)
         self.durable.map_changed(old, self.now, self.ready)
         if gained and self.ready:
             self.replicator.gained(gained, cmap, self.now)
 
-    def _reroute(self, msgs: list[Any]) -> None:
-        """Our own forwards, routed again by the current map."""
-        if msgs:
-            self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
-
     # ------------------------------------------------------------ liveness
-
-    def _paused(self, stood: float) -> None:
-        """Our loop stood still: peers' silence and our deadlines are credited (cluster/liveness.py);
-        logged unless we are starting (no peer is watched yet)."""
-        self.liveness.paused(stood, self.now, self.phase in ("syncing", "ready"))
 
     def _watch_peers(self, now: float) -> None:
         """The failure detector's verdicts (cluster/membership.py), acted on; then the clients of
@@ -555,19 +546,14 @@ class MemberCore:
         self._closed(link, why)
 
     def _closed(self, link: Link, why: str) -> None:
-        self.links.pop(link.id, None)
-        self.dumps.drop(link.id)
+        """A link closed; if it was our dialled link to its peer (cluster/peerframes.py), a PULL
+        on it fails, and a peer never reached leaves our view."""
         peer = link.peer
-        if not link.outbound or peer is None or self.out.get(peer) != link.id:
-            return
-        self.out[peer] = None
-        self.replicator.disconnected(peer)
-        self.forwarding.queues[peer].disconnected()
-        self.dialling.dropped(peer, link.up, self.maps.gone(peer), why, self.now)  # (when to dial again)
-        if self.life.pull_peer == peer:
-            self._pull_failed(why, close=False)
-        if not link.up and self.maps.dial_failed(peer):
-            self._remap()
+        if self.frames.closed(link, why, self.now) and peer is not None:
+            if self.life.pull_peer == peer:
+                self._pull_failed(why, close=False)
+            if not link.up and self.maps.dial_failed(peer):
+                self._remap()
 
     def _on_bytes(self, lid: int, data: bytes) -> None:
         """Frames on a link: the handshake's (cluster/links.py), then the peer's requests and
@@ -586,8 +572,8 @@ class MemberCore:
                         then = frames.request(link, f, self.now, self.phase)
                     if then:
                         self._then(then, link, f)
-                elif frames.handshake(link, f):
-                    self._link_up(link)
+                else:
+                    frames.handshake(link, f, self.now, self.phase)
         except Exception as exc:  # nothing a peer sends may stop this member
             why = frames.refused(link, exc)
             if why is not None:
@@ -611,24 +597,3 @@ class MemberCore:
             else:
                 assert step == peerframes.PULL_FINISHED
                 self._pull_finished()
-
-    def _link_up(self, link: Link) -> None:
-        link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
-        if not link.outbound:
-            link.deadline = self.now + self.s.link_idle_timeout
-            if link.peer is not None and self.maps.gone(link.peer):
-                self.joins.send_roster(link.id)  # (a member that left without hearing it: it learns here)
-                if self.out[link.peer] is None and self.phase == "ready":
-                    self.dialling.dial_back(link.peer, self.now)  # (it drains and dials us)
-            return
-        peer = link.peer
-        assert peer is not None
-        link.deadline = self.now + self.s.down_after  # (the peer answers our HEARTBEATs with BEATs)
-        self.dialling.link_up(peer)
-        self.lt.frame(link.id, self.joins.heartbeat(self.phase))
-        self.joins.send_roster(link.id)
-        self.joins.told.add(peer)
-        self.forwarding.pump(peer)
-        self.replicator.link_up(peer, self.now)
-        if self.life.pull_peer == peer and not self.life.pull_sent:
-            self.life.send_pull()

@@ -6,7 +6,8 @@ peer dialled come its *requests*: PUSH (its changes; we merge and answer PUSHACK
 (answered as the link drains, cluster/dumps.py), LOGFETCH; on the admin's link, JOIN and LEAVE.
 On a link we dialled come the *replies* to ours: BEAT, PUSHACK, FWDACK, DUMP/DUMPEND for our
 PULL, DIFF/DIFFEND for our DIGEST, LOGDATA, and ROSTER. Any other frame, or one of the wrong
-shape, is a protocol error: the member closes the link (:meth:`PeerFrames.refused` says why).
+shape, is a protocol error: the member closes the link (:meth:`PeerFrames.refused` says why;
+:meth:`PeerFrames.closed` forgets a closed link).
 Before any of these, the handshake (cluster/links.py) authenticates the link. Every frame on a link we dialled
 proves it alive (its deadline moves to ``down_after`` from now: the peer answers each HEARTBEAT
 with a BEAT); every request moves the deadline of the peer's link to its idle timeout.
@@ -26,6 +27,7 @@ from typing import Any
 from roost.client.wire import SEQ_LIMIT
 from roost.cluster.brokeractions import BrokerActions
 from roost.cluster.config import ClusterSettings
+from roost.cluster.dialling import Dialling
 from roost.cluster.dumps import Dumps
 from roost.cluster.durable import DurableLogs
 from roost.cluster.forwarding import Forwarding
@@ -66,7 +68,7 @@ class PeerFrames:
                  s: ClusterSettings, broker: BrokerCore, actions: BrokerActions, links: LinkTable,
                  membership: Membership, maps: PartitionMap, joins: Joining, replicator: Replicator,
                  forwarding: Forwarding, life: Lifecycle, liveness: Liveness, durable: DurableLogs, dumps: Dumps,
-                 out: list[Any]) -> None:  # fmt: skip
+                 dialling: Dialling, out: list[Any]) -> None:  # fmt: skip
         self.id = me
         self.secret = secret
         self.known = known  # (the member's set of every member id it knows: who may dial us)
@@ -86,16 +88,43 @@ class PeerFrames:
         self.liveness = liveness
         self.durable = durable
         self.dumps = dumps
+        self.dialling = dialling
         self._out = out
 
-    def handshake(self, link: Link, f: list[Any]) -> bool:
-        """A frame on a link not yet up: the next step of the handshake (cluster/links.py).
-        Returns whether the link is up now."""
+    def handshake(self, link: Link, f: list[Any], now: float, phase: str) -> None:
+        """A frame on a link not yet up: the next step of the handshake (cluster/links.py)."""
         nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
         reply = link.handshake(f, self.secret, self.id, self.known, nonce, self.shape)
         if reply:
             self.lt.frame(link.id, reply)
-        return link.up
+        if link.up:
+            self._up(link, now, phase)
+
+    def _up(self, link: Link, now: float, phase: str) -> None:
+        """The link is authenticated: what goes on it first. On ours: a HEARTBEAT, our roster,
+        what we owe the peer (forwards, pushes) and the PULL that waited for it; on the peer's:
+        our roster to a member that left without hearing it, which we dial back while it drains
+        (it hears who is alive and our map only in our heartbeats, even when we restarted since
+        its leave: simulator seed 9384)."""
+        link.decoder.max_frame = self.s.max_frame  # (full-size frames from now on)
+        peer = link.peer
+        assert peer is not None
+        if not link.outbound:
+            link.deadline = now + self.s.link_idle_timeout
+            if self.maps.gone(peer):
+                self.joins.send_roster(link.id)
+                if self.lt.out[peer] is None and phase == "ready":
+                    self.dialling.dial_back(peer, now)
+            return
+        link.deadline = now + self.s.down_after  # (the peer answers our HEARTBEATs with BEATs)
+        self.dialling.link_up(peer)
+        self.lt.frame(link.id, self.joins.heartbeat(phase))
+        self.joins.send_roster(link.id)
+        self.joins.told.add(peer)
+        self.forwarding.pump(peer)
+        self.replicator.link_up(peer, now)
+        if self.life.pull_peer == peer and not self.life.pull_sent:
+            self.life.send_pull()
 
     def refused(self, link: Link, exc: Exception) -> str | None:
         """What a link sent raised ``exc``: logged; returns why the member closes the link, or
@@ -117,6 +146,21 @@ class PeerFrames:
             return str(exc)[:200]
         self._log("error", "peer_error", peer=link.peer, reason=repr(exc)[:200])
         return "error"
+
+    def closed(self, link: Link, why: str, now: float) -> bool:
+        """A link closed (at either end): it is forgotten with its answers in progress. Returns
+        whether it was our dialled link to its peer: then what was in flight goes again on the
+        next one, dialled in a while (cluster/dialling.py)."""
+        self.lt.links.pop(link.id, None)
+        self.dumps.drop(link.id)
+        peer = link.peer
+        if not link.outbound or peer is None or self.lt.out.get(peer) != link.id:
+            return False
+        self.lt.out[peer] = None
+        self.replicator.disconnected(peer)
+        self.forwarding.queues[peer].disconnected()
+        self.dialling.dropped(peer, link.up, self.maps.gone(peer), why, now)
+        return True
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
         self._out.append(Log(level, event, fields))
