@@ -140,7 +140,7 @@ class Dumps:
         peer = link.peer
         out = self._out
 
-        def end(sent: int) -> list[Any]:
+        def served(sent: int) -> list[Any]:
             out.append(Log("info", "served_pull", {"peer": peer, "subscriptions": sent}))
             return [PeerType.DUMPEND, sent]
 
@@ -151,7 +151,7 @@ class Dumps:
         if parts is not None:
             self.joins.note_pull(peer, parts)
         dump = self.broker.dump(parts, home=peer if parts is not None else None)
-        self.streams.start(link.id, PeerType.DUMP, dump, end)
+        self.streams.start(link.id, PeerType.DUMP, dump, served)
 
     def digest(self, link: Link, digest: Any) -> None:
         """``DIGEST``: our registers of the buckets that differ (DIFF frames), then DIFFEND."""
