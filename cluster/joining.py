@@ -74,7 +74,7 @@ class Joining:
         self.told: set[str] = set()
         # Peers whose leave is committed here (or that had left when we heard of them)
         self.departed = {m for m in roster.known() if roster.left(m)}
-        self.redial_gone: dict[str, float] = {}  # departed peer -> dial it until then (cluster/member.py)
+        self.redial_gone: dict[str, float] = {}  # departed peer -> dial it until then (cluster/dialling.py)
         # Admin replies held until a snapshot with the change is on disk: (state version, link, frame)
         self.admin_waiting: list[tuple[int, int | None, bytes]] = []
         self.roster_changes = 0  # roster changes made or learnt here: a snapshot holds the roster too
