@@ -50,7 +50,7 @@ the member must do next comes back as a return value.
   anti-entropy rounds, held CMDACKs.
 * ``forwarding`` (cluster/forwarding.py Forwarding): FORWARD/FWDACK queues and RELAY.
 * ``life`` (cluster/lifecycle.py Lifecycle): the PULL in progress and the snapshots.
-* ``liveness`` (cluster/liveness.py Liveness): the clients of members down for good.
+* ``liveness`` (cluster/liveness.py Liveness): verdicts acted on, pauses, clients of the dead.
 * ``durable`` (cluster/durable.py DurableLogs): the partition logs (Trace actions with cfg.trace).
 * ``dumps`` (cluster/dumps.py Dumps): the DUMP/DIFF answers in progress.
 * ``statusview`` (cluster/memberstatus.py MemberStatus): what ``roost status`` shows.
