@@ -74,7 +74,7 @@ class Joining:
         self.told: set[str] = set()
         # Peers whose leave is committed here (or that had left when we heard of them)
         self.departed = {m for m in roster.known() if roster.left(m)}
-        self.redial_gone: dict[str, float] = {}  # departed peer -> dial it until then (cluster/member.py)
+        self.redial_gone: dict[str, float] = {}  # departed peer -> dial it until then (cluster/dialling.py)
         # Admin replies held until a snapshot with the change is on disk: (state version, link, frame)
         self.admin_waiting: list[tuple[int, int | None, bytes]] = []
         self.roster_changes = 0  # roster changes made or learnt here: a snapshot holds the roster too
@@ -214,6 +214,24 @@ class Joining:
         except RosterError as exc:
             raise PeerProtocolError(f"malformed ROSTER: {exc}") from None
         return self.roster.merge(got)
+
+    def heartbeat(self, phase: str) -> bytes:
+        """Our HEARTBEAT: our state for the failure detector, the map epoch we are at, and the
+        rosters we hold the gains of (synced) and compute the map from (committed)."""
+        state = "ready" if phase != "syncing" else "syncing"
+        return encode([PeerType.HEARTBEAT, state, self.broker.index.count, self.broker.status()["clients"],
+                       self.maps.own.epoch, self.synced, self.committed])  # fmt: skip
+
+    def gains_pulled(self, got: set[int], missed: set[int]) -> bool:
+        """A gain PULL ended: a gain counts as pulled once one of its owners answered the whole
+        PULL; the rest are pulled again at the next heartbeat. Returns whether all were."""
+        self.pulled |= got
+        return not missed
+
+    def prune_pending(self, cmap: clustermap.ClusterMap) -> None:
+        """The map moved: a pending peer that now owns a partition gets its changes as an owner."""
+        for peer, parts in self.pending.items():
+            parts.difference_update(p for p in list(parts) if p < cmap.partitions and peer in cmap.owners[p])
 
     def send_roster(self, lid: int) -> None:
         if self.roster.entries:

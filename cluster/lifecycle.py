@@ -191,6 +191,16 @@ class Lifecycle:
             return None
         return written, list(chunks), roster
 
+    def snapshot_due(self, now: float, ready: bool, version: int, admin_waiting: bool) -> None:
+        """The snapshot timer: our state goes to disk if it changed (``version``: the member's
+        ``state_version``); at once while an admin reply waits for its change to be on disk,
+        unless the last write failed."""
+        if now >= self.next_snapshot or (admin_waiting and not self.write_failed):
+            if now >= self.next_snapshot:
+                self.next_snapshot = now + self.s.snapshot_interval
+            if ready and self.writing is None and version != self.persisted:
+                self.write(version, now)
+
     def write(self, version: int, now: float) -> None:
         """Our state as of ``version`` (the member's ``state_version``) goes to disk."""
         self.writing = version

@@ -26,11 +26,13 @@ with a BEAT), so a link dead in either direction is closed and dialled again.
 from __future__ import annotations
 
 import hmac
+import random
 from typing import Any
 
-from roost.cluster.events import SendFrame
+from roost.cluster.events import Close, SendFrame
 from roost.cluster.peerwire import (
     HANDSHAKE_MAX_FRAME,
+    NONCE_LEN,
     PROTOCOL,
     FrameDecoder,
     PeerProtocolError,
@@ -120,6 +122,26 @@ class LinkTable:
         lk = self.links.get(lid)
         if lk is not None:
             lk.unsent += len(data)
+
+    def opened(self, lid: int, me: str, rng: random.Random, shape: str) -> None:
+        """``LinkOpened``: on a link we dialled, we speak first (HELLO, with a fresh nonce)."""
+        link = self.links.get(lid)
+        if link is not None and link.outbound:
+            self.frame(lid, link.hello(me, rng.randbytes(NONCE_LEN), shape))
+
+    def accepted(self, lid: int, deadline: float, remote: str, stopping: bool) -> None:
+        """``Accepted``: a link a peer dialled, awaiting its HELLO until ``deadline`` (closed at
+        once if we are ``stopping``)."""
+        if stopping:
+            self.actions.append(Close(lid, "stopping"))
+        else:
+            self.links[lid] = Link(lid, False, None, deadline, remote)
+
+    def sent(self, lid: int, nbytes: int) -> None:
+        """``LinkSent``: the runner sent these bytes of the link's frames."""
+        link = self.links.get(lid)
+        if link is not None:
+            link.unsent -= nbytes
 
     def up(self, peer: str) -> int | None:
         """Our dialled link to ``peer`` if it is up (what requests go on), else None."""

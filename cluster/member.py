@@ -2,45 +2,34 @@
 
 Theory of operation
 -------------------
-A member is a broker core (node/core.py) plus everything that keeps its
-replica of the subscription state equal to the other members':
+A member is a broker core (node/core.py) plus everything that keeps its replica of the
+subscription state equal to the other members' (docs/cluster.md); each part's own theory opens
+its module:
 
-* Start-up (FASTPUSS: "pick one of the other nodes randomly and ask for a
-  massive data transfer in pull fashion"): our snapshot and a PULL from one
-  peer after another, then ``ServeClients`` (cluster/lifecycle.py).
-* Changes. Every local SUB/UNSUB comes out of the broker core as a
-  ``Replicate`` action; its entries go into one PeerQueue per peer and are
-  PUSHed on our link to that peer, a window of frames in flight, each
-  acknowledged by PUSHACK. A link that drops requeues what was in flight.
-* Anti-entropy. Every ``anti_entropy_interval``, on each link to a ready peer,
-  we send our 256 bucket digests; the peer answers with its entries of the
-  buckets that differ (DIFF ... DIFFEND) and we push ours of the same
-  buckets, made as the push window opens. A queue that overflowed is
-  repaired this way at once. A DUMP or DIFF answer goes out only as fast as
-  its link drains (``LinkSent``, cluster/dumps.py).
-* Links we dialled carry our requests and heartbeats; the peer answers each
-  HEARTBEAT with a BEAT, and a dialled link silent for ``down_after`` is
-  closed (half-open TCP, a one-way cut) and dialled again; what was in
-  flight is pushed again on the next link.
-* Failure detection. HEARTBEATs go on every link we dialled every
-  ``heartbeat_interval`` (their own timer); cluster/membership.py turns
-  silence into suspect and down. A peer that goes down has its link closed
-  (it may be a dead TCP connection); a peer down for longer than
-  ``subscriber_timeout`` loses its clients' subscriptions (one member, the
-  lowest ready id, writes the tombstones).
-* Durability and stopping. Every ``snapshot_interval``, if registers changed,
-  the state goes out as ``WriteSnapshot``; only ``PersistDone`` moves the
-  persisted mark. ``Stop`` drains the pushes we owe, writes a last snapshot
-  and then ``Exit``s (cluster/lifecycle.py).
+* Start-up (FASTPUSS: "pick one of the other nodes randomly and ask for a massive data
+  transfer in pull fashion"): our snapshot and a PULL from one peer after another, then
+  ``ServeClients``; snapshots every ``snapshot_interval``; ``Stop`` drains the pushes we owe,
+  writes a last snapshot and ``Exit``s (cluster/lifecycle.py).
+* Changes: every local SUB/UNSUB comes out of the broker core as a ``Replicate`` action and is
+  PUSHed to each peer that keeps it, a window of frames in flight; anti-entropy every
+  ``anti_entropy_interval`` repairs what a link or a queue lost (cluster/replicator.py;
+  answers stream as their link drains, cluster/dumps.py).
+* Links: each member dials every peer (cluster/dialling.py); a dialled link carries our
+  requests and heartbeats and is closed and dialled again when silent for ``down_after``
+  (cluster/links.py, cluster/peerframes.py).
+* Failure detection: HEARTBEATs every ``heartbeat_interval`` (their own timer);
+  cluster/membership.py turns silence into suspect and down, and the member closes the link of
+  a peer gone down (it may be a dead TCP connection); clients of a peer down for longer than
+  ``subscriber_timeout`` expire (cluster/liveness.py).
 
 Phases of the member::
 
     starting --Start--> syncing --pull done and snapshot read--> ready
     syncing|ready --Stop--> stopping --last snapshot done, pushes drained--> stopped
 
-Each link has its own phase (cluster/links.py). Randomness (PULL order,
-handshake nonces) comes from the ``rng`` argument and time from ``now``: the
-simulator (sim/simulation.py) runs a whole cluster of these, seeded.
+Each link has its own phase (cluster/links.py). Randomness (PULL order, handshake nonces) comes
+from the ``rng`` argument and time from ``now``: the simulator (sim/simulation.py) runs a whole
+cluster of these, seeded.
 
 Composition
 -----------
@@ -48,21 +37,24 @@ MemberCore is a router: it owns the phase, the timers and the links' events, and
 event to the component that owns the state it concerns, gathering their actions on one shared
 list (``_out``, returned by ``handle``). Each component is a plain class with its own state; it
 gets the shared small objects it needs (the action list, the link table, the roster, the map,
-the broker core, settings) when it is made and never calls the member: what the member must do
-next comes back as a return value.
+the broker core, other components, settings) when it is made and never calls the member: what
+the member must do next comes back as a return value.
 
-* ``lt``: cluster/links.py LinkTable, every link and our dialled link per peer; frames out.
-* ``maps``: cluster/partitionmap.py PartitionMap, our live view, the map, its epochs.
-* ``joins``: cluster/joining.py Joining, the roster committed and synced, leaves, admin requests.
-* ``replicator``: cluster/replicator.py Replicator, push queues, who gets a change, hand-off,
+* ``lt`` (cluster/links.py LinkTable): every link, our dialled link per peer; frames out.
+* ``dialling`` (cluster/dialling.py Dialling): when each peer is dialled, at which address.
+* ``frames`` (cluster/peerframes.py PeerFrames): each peer frame to its component; what next.
+* ``actions`` (cluster/brokeractions.py BrokerActions): the broker core's actions routed.
+* ``maps`` (cluster/partitionmap.py PartitionMap): our live view, the map, its epochs.
+* ``joins`` (cluster/joining.py Joining): the roster committed and synced, leaves, admin requests.
+* ``replicator`` (cluster/replicator.py Replicator): push queues, who gets a change, hand-off,
   anti-entropy rounds, held CMDACKs.
-* ``forwarding``: cluster/forwarding.py Forwarding, FORWARD/FWDACK queues and RELAY.
-* ``life``: cluster/lifecycle.py Lifecycle, the PULL in progress and the snapshots.
-* ``liveness``: cluster/liveness.py Liveness, the clients of members down for good.
-* ``durable``: cluster/durable.py DurableLogs, the partition logs (Trace actions with cfg.trace).
-* ``statusview``: cluster/memberstatus.py MemberStatus, what ``roost status`` shows.
-* ``membership`` (cluster/membership.py, the failure detector) and ``_streams``
-  (cluster/dumps.py, DUMP/DIFF answers in progress) as before.
+* ``forwarding`` (cluster/forwarding.py Forwarding): FORWARD/FWDACK queues and RELAY.
+* ``life`` (cluster/lifecycle.py Lifecycle): the PULL in progress and the snapshots.
+* ``liveness`` (cluster/liveness.py Liveness): verdicts acted on, pauses, clients of the dead.
+* ``durable`` (cluster/durable.py DurableLogs): the partition logs (Trace actions with cfg.trace).
+* ``dumps`` (cluster/dumps.py Dumps): the DUMP/DIFF answers in progress.
+* ``statusview`` (cluster/memberstatus.py MemberStatus): what ``roost status`` shows.
+* ``membership`` (cluster/membership.py Membership): the failure detector.
 """
 
 from __future__ import annotations
@@ -72,16 +64,17 @@ import random
 from typing import Any
 
 from roost.client.clustermap import ClusterMap
-from roost.client.wire import SEQ_LIMIT, encode_status_reply
+from roost.cluster import peerframes
+from roost.cluster.brokeractions import BrokerActions
 from roost.cluster.config import ClusterConfig
-from roost.cluster.dumps import DumpStreams
+from roost.cluster.dialling import Dialling
+from roost.cluster.dumps import Dumps
 from roost.cluster.durable import DurableLogs
 from roost.cluster.events import (
     Accepted,
     Action,
     Close,
     Datagrams,
-    Dial,
     Event,
     Exit,
     LinkBytes,
@@ -98,7 +91,6 @@ from roost.cluster.events import (
     PersistDone,
     ReadSnapshot,
     SeenSaved,
-    Send,
     ServeClients,
     SnapshotRead,
     Start,
@@ -112,32 +104,10 @@ from roost.cluster.liveness import Liveness
 from roost.cluster.membership import Membership
 from roost.cluster.memberstatus import MemberStatus
 from roost.cluster.partitionmap import PartitionMap
-from roost.cluster.peerwire import (
-    ADMIN,
-    NONCE_LEN,
-    PeerProtocolError,
-    PeerType,
-    ShapeMismatch,
-    check_digest_untrusted,
-    check_entries_untrusted,
-    check_partitions_untrusted,
-    encode,
-)  # fmt: skip
+from roost.cluster.peerframes import PeerFrames
 from roost.cluster.replicator import Replicator
 from roost.cluster.roster import Entry, Roster, RosterError
-from roost.node.core import (
-    BrokerCore,
-    Confirm,
-    DurableCommit,
-    DurableGet,
-    DurablePut,
-    Forward,
-    Relay,
-    Replicate,
-    StatusQuery,
-)
-
-_BEAT = encode([PeerType.BEAT])
+from roost.node.core import BrokerCore
 
 
 class MemberCore:
@@ -184,9 +154,6 @@ class MemberCore:
         self.lt = LinkTable(self.peers, self._out)
         self.links = self.lt.links  # (the same dict: every link by id)
         self.out = self.lt.out  # (the same dict: our dialled link per peer)
-        self.was_up: dict[str, bool | None] = dict.fromkeys(self.peers)  # for link_up/link_down logs
-        self.next_dial = {p: math.inf if self.roster.left(p) else now for p in self.peers}  # (never one that left)
-        self._streams = DumpStreams(s.chunk_subscriptions)  # DUMP/DIFF answers in progress
         self.next_heartbeat = now
         self.next_membership = now + s.heartbeat_interval
         self.next_gc = now + s.tombstone_horizon / 10
@@ -194,9 +161,11 @@ class MemberCore:
         self.joins = Joining(member_id, s, self.roster, self.member_ids, self.maps, self.membership, self.broker,
                              self.lt, self._out)  # fmt: skip
         self.pending = self.joins.pending  # (the same dict: peers pulling partitions from us)
-        self.liveness = Liveness(member_id, self.cfg, s.mode == "partitioned", self.broker, self.membership, self.peers)
         self.own = self.maps.own  # (the same object: which partitions we own)
         self.unreached = self.maps.unreached  # (the same set)
+        left = {p for p in self.peers if self.roster.left(p)}
+        self.dialling = Dialling(s, self.peers, self.member_ids, self.peer_addr, left, self.unreached,
+                                 self.joins.redial_gone, self.lt, self._out, now)  # fmt: skip
         self.replicator = Replicator(member_id, s, self.peers, self.broker, self.lt, self.maps, self.membership,
                                      self.pending, self._out, no_handoff="no-handoff" in self.cfg.breaks)  # fmt: skip
         self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
@@ -204,38 +173,41 @@ class MemberCore:
         self.life = Lifecycle(member_id, s, wall_offset, now, self.broker, self.roster, self.lt, self.maps, self._out)
         self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
+        self.liveness = Liveness(member_id, self.cfg, s.heartbeat_interval, s.mode == "partitioned", self.broker,
+                                 self.membership, self.peers, self.lt, self.pending, self.life, self.replicator,
+                                 self.durable, self._out)  # fmt: skip
         self.partitioned = s.mode == "partitioned"
+        self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
+                                       self.roster, self.maps, self.joins, self.replicator.last_synced)  # fmt: skip
+        self.actions = BrokerActions(self.broker, self.replicator, self.forwarding, self.durable, self.statusview,
+                                     self._out)  # fmt: skip
+        self.dumps = Dumps(s, self.broker, self.maps, self.joins, self.lt, self._out)
+        self.frames = PeerFrames(member_id, self.secret, self.member_ids, self.shape, rng, s, self.broker, self.actions,
+                                 self.lt, self.membership, self.maps, self.joins, self.replicator, self.forwarding,
+                                 self.life, self.liveness, self.durable, self.dumps, self.dialling,
+                                 self._out)  # fmt: skip
         if self.partitioned:
             self.broker.set_ownership(self.own)
             self._remap()
-        self.statusview = MemberStatus(cc, member_id, self.peers, self.broker, self.membership, self.lt, self.queues,
-                                       self.roster, self.maps, self.replicator.last_synced)  # fmt: skip
 
     # ------------------------------------------------------------ entry points
 
     def handle(self, ev: Event, now: float) -> list[Action]:
         stood = now - self.now - self.s.heartbeat_interval  # (we are called at least this often)
         self.now = now
-        if stood > self.s.local_pause and self.phase != "stopped":
-            self._paused(stood)
+        if stood > self.s.local_pause and self.phase != "stopped":  # (our loop stood still: cluster/liveness.py)
+            self.liveness.paused(stood, now, self.phase in ("syncing", "ready"))  # (starting: credited quietly)
         if isinstance(ev, Datagrams):
             if self.phase in ("syncing", "ready"):  # (stopping: no answer, the client fails over)
-                self._absorb(self.broker.handle_datagrams(ev.batch, now))
+                self.actions.absorb(self.broker.handle_datagrams(ev.batch, now), now, self.phase)
         elif isinstance(ev, LinkBytes):
             self._on_bytes(ev.link, ev.data)
         elif isinstance(ev, LinkOpened):
-            link = self.links.get(ev.link)
-            if link is not None and link.outbound:
-                self.lt.frame(link.id, link.hello(self.id, self.rng.randbytes(NONCE_LEN), self.shape))
+            self.lt.opened(ev.link, self.id, self.rng, self.shape)
         elif isinstance(ev, Accepted):
-            if self.phase in ("stopping", "stopped"):
-                self._out.append(Close(ev.link, "stopping"))
-            else:
-                self.links[ev.link] = Link(ev.link, False, None, now + self.s.handshake_timeout, ev.remote)
+            self.lt.accepted(ev.link, now + self.s.handshake_timeout, ev.remote, self.phase in ("stopping", "stopped"))
         elif isinstance(ev, LinkSent):
-            link = self.links.get(ev.link)
-            if link is not None:
-                link.unsent -= ev.nbytes
+            self.lt.sent(ev.link, ev.nbytes)
         elif isinstance(ev, LinkClosed):
             link = self.links.get(ev.link)
             if link is not None:
@@ -264,15 +236,12 @@ class MemberCore:
         life = self.life
         d = min(self.next_heartbeat, self.next_membership, self.next_gc, life.next_snapshot, life.pull_deadline)
         # (only deadlines _due acts on in this phase: any other would wake us for nothing, forever)
-        dialling = self.phase in ("syncing", "ready")
-        if dialling:
-            for p in self.peers:
-                if self.out[p] is None:
-                    d = min(d, self.next_dial[p])
+        if self.phase in ("syncing", "ready"):
+            d = min(d, self.dialling.deadline())
         d = min(d, self.replicator.deadline(self.ready))
         for link in self.links.values():
             d = min(d, link.deadline)
-        if self._streams and self._streams.ready(self._drained):
+        if self.dumps.due():
             d = min(d, self.now)
         d = min(d, self.durable.deadline())
         b = self.broker.next_deadline()
@@ -299,8 +268,7 @@ class MemberCore:
 
     def status(self) -> dict[str, Any]:
         """The cluster as this member sees it (``roost status``; cluster/memberstatus.py)."""
-        left = {p for p in self.peers if self.maps.gone(p)}
-        return self.statusview.status(self.phase, self.now, self.joins.committed, left)
+        return self.statusview.status(self.phase, self.now)
 
     @property
     def cmap(self) -> ClusterMap | None:
@@ -312,44 +280,9 @@ class MemberCore:
     def _log(self, level: str, event: str, **fields: Any) -> None:
         self._out.append(Log(level, event, fields))
 
-    def _beat(self) -> bytes:
-        state = "ready" if self.phase != "syncing" else "syncing"
-        return encode([PeerType.HEARTBEAT, state, self.broker.index.count, self.broker.status()["clients"],
-                       self.own.epoch, self.joins.synced, self.joins.committed])  # fmt: skip
-
-    def _drained(self, lid: int) -> bool:
-        """May a dump stream send more on this link? (backpressure: cluster/links.py)"""
-        return self.lt.drained(lid, self.s.max_frame)
-
     def _absorb(self, actions: list[Any]) -> None:
-        """Pass the broker core's actions on; replicate its changes, answer STATUS."""
-        out = self._out
-        confirms = None
-        for a in actions:
-            cls = a.__class__
-            if cls is Replicate:
-                self.replicator.distribute(a.entries)
-            elif cls is StatusQuery:
-                out.append(Send(a.addr, encode_status_reply({**a.status, **self.status()})))
-            elif cls is Forward:
-                given_up = self.forwarding.forward(a.member, a.msgs)
-                if given_up is not None:
-                    self._absorb(self.broker.settle_forwards(given_up, self.now))
-                    self.forwarding.pump(a.member)
-            elif cls is Confirm:
-                confirms = [Send(a.addr, a.data)] if confirms is None else [*confirms, Send(a.addr, a.data)]
-            elif cls is Relay:
-                self.forwarding.relay(a.member, a.sends)
-            elif cls is DurablePut:
-                self.durable.on_put(a, self.now, self.ready)
-            elif cls is DurableGet:
-                self.durable.on_get(a, self.now, self.ready)
-            elif cls is DurableCommit:
-                self.durable.on_commit(a, self.now, self.ready)
-            else:
-                out.append(a)
-        if confirms is not None:  # (after the Replicate: it comes last)
-            self.replicator.hold(confirms, self.now)
+        """Pass the broker core's actions on (cluster/brokeractions.py)."""
+        self.actions.absorb(actions, self.now, self.phase)
 
     # ------------------------------------------------------------ timers
 
@@ -358,17 +291,15 @@ class MemberCore:
         if self.phase in ("starting", "stopped"):
             return
         if self.phase != "stopping":
-            for p in self.peers:
-                if self.out[p] is None and now >= self.next_dial[p]:
-                    self._dial(p)
+            self.dialling.due(now)
         for link in [x for x in self.links.values() if x.deadline <= now]:
             self._close(link, ("silent" if link.outbound else "idle timeout") if link.up else "handshake timeout")
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + s.heartbeat_interval
-            self.lt.to_peers(self._beat())
+            self.lt.to_peers(self.joins.heartbeat(self.phase))
             if self.partitioned:
                 for msgs in self.forwarding.refused():
-                    self._reroute(msgs)
+                    self.actions.reroute(msgs, now, self.phase)
         if now >= self.next_membership:
             self.next_membership = now + s.heartbeat_interval
             self._watch_peers(now)
@@ -379,18 +310,11 @@ class MemberCore:
         if now >= self.next_gc:
             self.next_gc = now + s.tombstone_horizon / 10
             self._absorb(self.broker.collect_tombstones(now))
-        # (an admin reply waits for its change on disk: written at once, unless the last write failed)
-        life = self.life
-        if now >= life.next_snapshot or (self.joins.admin_waiting and not life.write_failed):
-            if now >= life.next_snapshot:
-                life.next_snapshot = now + s.snapshot_interval
-            if self.ready and life.writing is None and self.state_version != life.persisted:
-                life.write(self.state_version, now)
+        self.life.snapshot_due(now, self.ready, self.state_version, bool(self.joins.admin_waiting))
         b = self.broker.next_deadline()
         if b is not None and b <= now:
             self._absorb(self.broker.tick(now))
-        for lid, data in self._streams.turn(self._drained) if self._streams else ():
-            self.lt.frame(lid, data)
+        self.dumps.turn()
         self.replicator.release_held(now)
         self.durable.due(now, self.ready)
         if self.joins.leave_due(self.phase, now, self.peer_addr[self.id]):
@@ -407,7 +331,7 @@ class MemberCore:
         self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
                   members=len(self.roster.members()))  # fmt: skip
         self._out.append(ReadSnapshot())
-        self.life.pull_order = order = list(self.peers)
+        self.life.pull_order = order = list(self.peers)  # (the order of our PULLs, drawn from our rng)
         self.rng.shuffle(order)
         self._next_pull()
 
@@ -425,11 +349,10 @@ class MemberCore:
         self._next_pull()
 
     def _pull_finished(self) -> None:
-        if self.life.pull_finished():
-            if self._gain_pull_finished():
-                self._check_roster()
-            return
-        self._maybe_ready()
+        if not self.life.pull_finished():
+            self._maybe_ready()
+        elif self.joins.gains_pulled(*self.life.gains_pulled(self.joins.committed)):
+            self._check_roster()  # (every gain pulled; any other is pulled again at the next heartbeat)
 
     def _on_snapshot(self, data: bytes | None, reason: str) -> None:
         if self.life.snapshot_done:
@@ -505,31 +428,19 @@ class MemberCore:
         """A member we did not know (a join; or one that left before we heard of it): every
         per-peer structure, and a dial at once (none to one that left).
         It counts live only once it reports ``ready`` (it may still be pulling)."""
-        self.peers.append(peer)
-        self.member_ids.add(peer)
-        self.peer_addr[peer] = addr
+        self.dialling.add_peer(peer, addr, self.roster.left(peer), self.now)  # (our peers, links, dials, view)
         self.membership.add(peer, self.now)
         self.replicator.add_peer(peer)
         self.forwarding.add_peer(peer)
-        self.out[peer] = None
-        self.was_up[peer] = None
-        if self.roster.left(peer):  # (it left before we heard of it: it may dial us while it drains)
-            self.next_dial[peer] = math.inf
-        else:
-            self.next_dial[peer] = self.now
-            self.unreached.add(peer)
 
     def _rejoined(self, m: str, peer_addr: tuple[str, int]) -> None:
         """A member that left joined again, maybe at new addresses: dial it (at those), and
         push and repair again."""
-        if self.peer_addr[m] != peer_addr:
-            self.peer_addr[m] = peer_addr
+        if self.dialling.moved(m, peer_addr):
             lid = self.out[m]
             if lid is not None:
                 self._close(self.links[lid], "joined again at another address")
-        if self.out[m] is None and self.next_dial[m] == math.inf:
-            self.next_dial[m] = self.now
-            self.unreached.add(m)
+        self.dialling.rejoined(m, self.now)
         self.replicator.rejoined(m, self.now)  # (its queue was cleared when it left)
 
     def _roster_changed(self) -> None:
@@ -548,23 +459,11 @@ class MemberCore:
         todo = self.joins.check(self.phase, self.life.pull_peer is not None)
         if todo is None:
             return
-        if todo[0] == "pull":
-            self._start_gain_pull(todo[1])
+        if todo[0] == "pull":  # (from every live peer that owns some of them now: cluster/lifecycle.py)
+            self.life.pull_gains(todo[1], self.joins.committed, self.peers)
+            self._next_pull()
         else:
             self._commit(todo[1])
-
-    def _start_gain_pull(self, gains: set[int]) -> None:
-        """PULL the gains from every live peer that owns some of them now (cluster/lifecycle.py)."""
-        self.life.pull_gains(gains, self.joins.committed, self.peers)
-        self._next_pull()
-
-    def _gain_pull_finished(self) -> bool:
-        """A gain counts as pulled once one of its owners answered the whole PULL; the rest are
-        pulled again at the next heartbeat (_watch_peers). Returns whether the roster is to be
-        checked again now (every gain pulled)."""
-        got, missed = self.life.gains_pulled(self.joins.committed)
-        self.joins.pulled |= got
-        return not missed
 
     def _commit(self, digest: int) -> None:
         """The map moves to the roster ``digest``."""
@@ -607,8 +506,7 @@ class MemberCore:
         moved = self.maps.remap(self.now)
         cmap = self.maps.cmap
         assert cmap is not None
-        for peer, parts in self.pending.items():  # (a pending peer that now owns a partition gets it as owner)
-            parts.difference_update(p for p in list(parts) if p < cmap.partitions and peer in cmap.owners[p])
+        self.joins.prune_pending(cmap)
         if moved is None:
             return
         old, gained = moved
@@ -616,51 +514,22 @@ class MemberCore:
             self.liveness.gained()
         if old is None:
             return
-        moved_parts = {p for p in range(cmap.partitions) if set(cmap.owners[p]) - set(old.owners[p])}
-        self.replicator.hand_off(self.maps.new_owners(moved_parts, old))
+        self.replicator.hand_off(self.maps.new_owners(self.maps.moved(old), old))
         for msgs in self.forwarding.to_route_again(cmap.live):
-            self._reroute(msgs)
+            self.actions.reroute(msgs, self.now, self.phase)
         self.durable.map_changed(old, self.now, self.ready)
         if gained and self.ready:
-            for peer in self.peers:
-                if any(peer in cmap.owners[p] for p in gained):
-                    self.replicator.digest_soon(peer, self.now)
-
-    def _reroute(self, msgs: list[Any]) -> None:
-        """Our own forwards, routed again by the current map."""
-        if msgs:
-            self._absorb(self.broker.forwarded(msgs, self.now, ours=True)[0])
+            self.replicator.gained(gained, cmap, self.now)
 
     # ------------------------------------------------------------ liveness
-
-    def _paused(self, stood: float) -> None:
-        """Our loop stood still (a long core call, SIGSTOP, a VM pause, a slow snapshot
-        read): what peers sent meanwhile waits unread in the kernel, so their silence
-        and our links' deadlines are credited with the pause, as Cassandra's failure
-        detector ignores a local pause. Without it one stall past ``down_after`` takes
-        every peer down at once and remaps to owning everything, which stalls again."""
-        self.membership.credit(stood, self.now)
-        for link in self.links.values():
-            link.deadline += stood
-        self.life.paused(stood)
-        self.replicator.paused(stood)  # (PUSHACKs unread)
-        self.durable.paused(self.now)
-        if self.phase in ("syncing", "ready"):  # (starting: no peer is watched yet; credited quietly)
-            self._log("warning", "local_pause", seconds=round(stood + self.s.heartbeat_interval, 3))
 
     def _watch_peers(self, now: float) -> None:
         """The failure detector's verdicts (cluster/membership.py), acted on; then the clients of
         members down for good expire (cluster/liveness.py)."""
-        changes = self.membership.tick(now)
-        for peer, old, new in changes:
-            self._log("warning" if new == "down" else "info", "peer_state", peer=peer, old=old, new=new)
-            lid = self.out[peer]
-            if new == "down" and lid is not None:
-                self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
-        for peer, _old, new in changes:
-            if new == "down":
-                self.pending.pop(peer, None)
-        if changes and self.partitioned:
+        changed, down = self.liveness.watch(now)
+        for lid in down:
+            self._close(self.links[lid], "peer down")  # it may be a dead TCP connection
+        if changed and self.partitioned:
             self._remap()
         if self.joins.committed != self.roster.digest():  # (and gains whose pull failed are pulled again)
             self._check_roster()
@@ -671,238 +540,60 @@ class MemberCore:
 
     # ------------------------------------------------------------ links
 
-    def _dial(self, peer: str) -> None:
-        lid = self.lt.next_id
-        self.lt.next_id += 1
-        self.links[lid] = Link(lid, True, peer, self.now + self.s.handshake_timeout)
-        self.out[peer] = lid
-        self._out.append(Dial(lid, peer, self.peer_addr[peer]))
-
     def _close(self, link: Link, why: str) -> None:
         """We end a link: tell the runner, then forget it."""
         self._out.append(Close(link.id, why))
         self._closed(link, why)
 
     def _closed(self, link: Link, why: str) -> None:
-        self.links.pop(link.id, None)
-        self._streams.drop(link.id)
+        """A link closed; if it was our dialled link to its peer (cluster/peerframes.py), a PULL
+        on it fails, and a peer never reached leaves our view."""
         peer = link.peer
-        if not link.outbound or peer is None or self.out.get(peer) != link.id:
-            return
-        self.out[peer] = None
-        self.replicator.disconnected(peer)
-        self.forwarding.queues[peer].disconnected()
-        # A member whose leave is committed is dialled while it may still be draining (it hears
-        # the cluster only through the heartbeats of the links we dial: review, 2026-11-24, a
-        # leaver cut off once went deaf for good); then, out of reach, it has stopped.
-        self.next_dial[peer] = self.now + self.s.reconnect_interval
-        if self.maps.gone(peer) and not link.up:
-            until = self.joins.redial_gone.setdefault(peer, self.now + self.s.leave_timeout + self.s.stop_timeout)
-            if self.now >= until:
-                self.next_dial[peer] = math.inf
-        if self.was_up[peer] is not False:
-            self._log("info", "link_down", peer=peer, reason=why)
-        self.was_up[peer] = False
-        if self.life.pull_peer == peer:
-            self._pull_failed(why, close=False)
-        if not link.up and self.maps.dial_failed(peer):
-            self._remap()
+        if self.frames.closed(link, why, self.now) and peer is not None:
+            if self.life.pull_peer == peer:
+                self._pull_failed(why, close=False)
+            if not link.up and self.maps.dial_failed(peer):
+                self._remap()
 
     def _on_bytes(self, lid: int, data: bytes) -> None:
+        """Frames on a link: the handshake's (cluster/links.py), then the peer's requests and
+        replies (cluster/peerframes.py), each followed by what it asks of the member."""
         link = self.links.get(lid)
         if link is None:
             return
+        frames = self.frames
         try:
             link.decoder.feed(data)
             while lid in self.links and (f := link.decoder.next_frame_untrusted()) is not None:
                 if link.up:
                     if link.outbound:
-                        self._heard(link)
-                        self._on_reply(link, f)
+                        then = frames.reply(link, f, self.now, self.phase)
                     else:
-                        link.deadline = self.now + self.s.link_idle_timeout
-                        self._on_request(link, f)
+                        then = frames.request(link, f, self.now, self.phase)
+                    if then:
+                        self._then(then, link, f)
                 else:
-                    nonce = b"" if link.outbound else self.rng.randbytes(NONCE_LEN)
-                    reply = link.handshake(f, self.secret, self.id, self.member_ids, nonce, self.shape)
-                    if reply:
-                        self.lt.frame(lid, reply)
-                    if link.up:
-                        self._link_up(link)
-        except ShapeMismatch as exc:
-            # Logged as an error for the operator, and nothing more: the shape and REFUSED come before
-            # authentication, so acting on them would let anyone who reaches the peer port stop a
-            # member (review, 2026-11-24), and which of the two configs is wrong cannot be told here.
-            self._log("error", "peer_refused", peer=link.peer, remote=link.remote or None, reason=str(exc)[:300])
-            if not link.outbound:  # (the dialler learns why; it closes the link, or the handshake
-                # deadline does: a Close now could cut the answer)
-                self.lt.frame(lid, encode([PeerType.REFUSED, str(exc)[:300]]))
-            else:
-                self._close(link, "[cluster] shape differs")
-        except PeerProtocolError as exc:
-            self._log("warning", "peer_refused" if not link.up else "peer_protocol_error",
-                      peer=link.peer, remote=link.remote or None, reason=str(exc)[:200])  # fmt: skip
-            self._close(link, str(exc)[:200])
+                    frames.handshake(link, f, self.now, self.phase)
         except Exception as exc:  # nothing a peer sends may stop this member
-            self._log("error", "peer_error", peer=link.peer, reason=repr(exc)[:200])
-            self._close(link, "error")
+            why = frames.refused(link, exc)
+            if why is not None:
+                self._close(link, why)
 
-    def _heard(self, link: Link) -> None:
-        """A frame came on a link we dialled. The peer answers every HEARTBEAT
-        there with a BEAT, so a link that stays silent for ``down_after`` is
-        dead one way or another (half-open TCP, a one-way partition, a cut
-        that TCP has not noticed): it is closed and dialled again, and what
-        was in flight is pushed again on the new link."""
-        link.deadline = self.now + self.s.down_after
-
-    def _link_up(self, link: Link) -> None:
-        link.decoder.max_frame = self.s.max_frame  # authenticated: full-size frames
-        if not link.outbound:
-            link.deadline = self.now + self.s.link_idle_timeout
-            if link.peer is not None and self.maps.gone(link.peer):
-                self.joins.send_roster(link.id)  # (a member that left without hearing it: it learns here)
-                if self.out[link.peer] is None and self.phase == "ready":
-                    # It drains and dials us: dial it back, so that it hears our heartbeats (who is
-                    # alive, our map) even when we restarted since its leave (simulator seed 9384).
-                    self.next_dial[link.peer] = self.now
-            return
-        peer = link.peer
-        assert peer is not None
-        self._heard(link)
-        self._log("info", "link_up", peer=peer)
-        self.was_up[peer] = True
-        self.lt.frame(link.id, self._beat())
-        self.joins.send_roster(link.id)
-        self.joins.told.add(peer)
-        self.forwarding.pump(peer)
-        self.replicator.link_up(peer, self.now)
-        if self.life.pull_peer == peer and not self.life.pull_sent:
-            self.life.send_pull()
-
-    def _on_request(self, link: Link, f: list[Any]) -> None:
-        """A frame on a link the peer dialled."""
-        if link.peer == ADMIN:
-            self.admin_request(f, link.id)  # (roost cluster join/leave, authenticated like a peer)
-            return
-        kind, n = f[0], len(f)
-        if kind == PeerType.PUSH and n == 3:
-            _, seq, entries = f
-            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
-            self.lt.frame(link.id, encode([PeerType.PUSHACK, seq]))
-        elif kind == PeerType.LOGFETCH:
-            assert link.peer is not None
-            self.durable.on_logfetch(link.peer, link.id, f, self.now, self.ready)
-        elif kind == PeerType.HEARTBEAT and n == 7:
-            _, state, subs, clients, epoch, synced, committed = f
-            if state not in ("syncing", "ready") or epoch.__class__ is not int or not 0 <= epoch < 2**62 \
-                    or any(v.__class__ is not int or not 0 <= v < SEQ_LIMIT for v in (subs, clients)) \
-                    or any(v.__class__ is not int or not 0 <= v < 2**64 for v in (synced, committed)):  # fmt: skip
-                raise PeerProtocolError("malformed HEARTBEAT")
-            assert link.peer is not None
-            self.lt.frame(link.id, _BEAT)  # (the dialler's proof that its link works)
-            view = self.membership.peers[link.peer]
-            reported, was_synced = view.reported, view.synced
-            ch = self.membership.heard(link.peer, self.now, state, subs, clients, synced, committed)
-            if ch:
-                self._log("info", "peer_state", peer=link.peer, old=ch[0], new=ch[1])
-                self.liveness.heard(link.peer)
-            if self.partitioned:
-                self.maps.heard_epoch(epoch)
-                self.unreached.discard(link.peer)
-                if ch or reported != state:
-                    self._remap()
-            if (ch or reported != state or was_synced != synced) and self.joins.committed != self.roster.digest():
+    def _then(self, then: tuple[str, ...], link: Link, f: list[Any]) -> None:
+        """What a peer's frame asks of the member next (cluster/peerframes.py), in order."""
+        for step in then:
+            if step == peerframes.ADMIN_REQUEST:
+                self.admin_request(f, link.id)  # (roost cluster join/leave, authenticated like a peer)
+            elif step == peerframes.REMAP:
+                self._remap()
+            elif step == peerframes.CHECK_ROSTER:
                 self._check_roster()
-        elif kind == PeerType.ROSTER and n == 2:
-            _, roster = f
-            if self.joins.roster_frame(roster):
+            elif step == peerframes.ROSTER_CHANGED:
                 self._roster_changed()
-        elif kind == PeerType.FORWARD and n == 3:
-            _, fid, msgs = f
-            actions, ack = self.forwarding.received(link.id, fid, msgs, self.now)
-            self._absorb(actions)
-            if ack is not None:
-                self.lt.frame(link.id, ack)
-        elif kind == PeerType.RELAY and n == 2:
-            _, sends = f
-            self.forwarding.relayed(sends)
-        elif kind == PeerType.PULL and (n == 1 or n == 2):
-            if self._streams.running(link.id, PeerType.DUMP):
-                raise PeerProtocolError("PULL while a dump is in progress on this link")
-            if not self.ready:
-                self.lt.frame(link.id, encode([PeerType.DUMPEND, -1]))  # "not ready": pull from someone else
-            else:
-                peer = link.peer
-
-                def end(sent: int) -> list[Any]:
-                    self._log("info", "served_pull", peer=peer, subscriptions=sent)
-                    return [PeerType.DUMPEND, sent]
-
-                parts = None  # (PULL [partitions]: these only; PULL: everything)
-                if n == 2:
-                    _, wanted = f
-                    parts = check_partitions_untrusted(wanted, len(self.broker.digest))
-                if parts is not None:
-                    self.joins.note_pull(peer, parts)
-                dump = self.broker.dump(parts, home=peer if parts is not None else None)
-                self._streams.start(link.id, PeerType.DUMP, dump, end)
-        elif kind == PeerType.DIGEST and n == 2:
-            if self._streams.running(link.id, PeerType.DIFF):
-                raise PeerProtocolError("DIGEST while a DIFF is in progress on this link")
-            _, digest = f
-            ours = self.broker.digest
-            theirs = check_digest_untrusted(digest, len(ours))
-            assert link.peer is not None
-            among = self.maps.shared(link.peer) if self.partitioned else range(len(ours))
-            differ = [i for i in among if ours[i] != theirs[i]]
-            self._streams.start(link.id, PeerType.DIFF, self.broker.dump(set(differ)) if differ else iter(()),
-                         lambda sent: [PeerType.DIFFEND, differ])  # fmt: skip
-        else:
-            raise PeerProtocolError(f"unexpected frame type {kind}")
-
-    def _on_reply(self, link: Link, f: list[Any]) -> None:
-        """A frame on a link we dialled: answers to our requests."""
-        kind, n = f[0], len(f)
-        peer = link.peer
-        assert peer is not None
-        if kind == PeerType.BEAT and n == 1:
-            pass  # (_heard did what it is for)
-        elif kind == PeerType.ROSTER and n == 2:
-            _, roster = f
-            if self.joins.roster_frame(roster):  # (we left: a member that no longer dials us says so)
-                self._roster_changed()
-        elif kind == PeerType.PUSHACK and n == 2:
-            _, seq = f
-            self.replicator.acked(peer, seq)
-        elif kind == PeerType.FWDACK and n == 3:
-            _, fid, refused = f
-            delivered = self.forwarding.acked(peer, fid, refused)
-            if delivered:
-                self._absorb(self.broker.settle_forwards(delivered, self.now))
-            self.forwarding.pump(peer)
-        elif kind == PeerType.LOGDATA:
-            self.durable.on_logdata(peer, f, self.now, self.ready)
-        elif kind == PeerType.DIFF and n == 2:
-            _, entries = f
-            self._absorb(self.broker.merge(check_entries_untrusted(entries), self.now))
-        elif kind == PeerType.DIFFEND and n == 2:
-            _, buckets = f
-            self.replicator.diffend(peer, buckets, self.now)
-        elif kind == PeerType.DUMP and n == 2 and self.life.pulling(peer):
-            _, dumped = f
-            entries = check_entries_untrusted(dumped)
-            self._absorb(self.broker.merge(entries, self.now))
-            self.life.dumped(entries)
-        elif kind == PeerType.DUMPEND and n == 2 and self.life.pulling(peer):
-            _, sent = f
-            if sent == -1:  # ("not ready")
+            elif step == peerframes.PULL_FAILED:
                 self._pull_failed("peer is not ready itself", close=False)
+            elif step == peerframes.NEXT_PULL:
+                self._next_pull()
             else:
-                self.life.pulled(peer)
-                self.replicator.synced(peer, self.now)
-                if self.partitioned:
-                    self._next_pull()  # (each peer holds only its own partitions: ask them all)
-                else:
-                    self._pull_finished()
-        else:
-            raise PeerProtocolError(f"unexpected frame type {kind} on outbound link")
+                assert step == peerframes.PULL_FINISHED
+                self._pull_finished()

@@ -1,9 +1,9 @@
 """What ``roost status`` shows of a cluster member: its view of every member, the map, digests.
 
 One component of :class:`cluster.member.MemberCore`: it reads the shared objects it is given
-(the broker core, the failure detector's view, the links, the push queues, the roster, the map)
-and the member passes what changes by value (its phase, the time, the committed roster, the
-members whose leave is committed)."""
+(the broker core, the failure detector's view, the links, the push queues, the roster, the map,
+the roster work: which roster is committed, who has left) and the member passes what changes by
+value (its phase, the time)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import hashlib
 from typing import Any
 
 from roost.cluster.config import ClusterConfig
+from roost.cluster.joining import Joining
 from roost.cluster.links import LinkTable
 from roost.cluster.membership import Membership
 from roost.cluster.partitionmap import PartitionMap
@@ -22,7 +23,7 @@ from roost.node.core import BrokerCore
 class MemberStatus:
     def __init__(self, cc: ClusterConfig, member_id: str, peers: list[str], broker: BrokerCore,
                  membership: Membership, links: LinkTable, queues: dict[str, PeerQueue], roster: Roster,
-                 maps: PartitionMap, last_synced: dict[str, float]) -> None:  # fmt: skip
+                 maps: PartitionMap, joins: Joining, last_synced: dict[str, float]) -> None:  # fmt: skip
         self.cc = cc
         self.id = member_id
         self.peers = peers  # (the member's list: it grows with joins)
@@ -32,11 +33,13 @@ class MemberStatus:
         self.queues = queues
         self.roster = roster
         self.maps = maps
+        self.joins = joins
         self.last_synced = last_synced  # peer -> when a PULL from it or an anti-entropy round with it ended
 
-    def status(self, phase: str, now: float, committed: int, left: set[str]) -> dict[str, Any]:
-        """The cluster as this member sees it (``roost status``); ``left``: the peers whose leave
-        is committed here."""
+    def status(self, phase: str, now: float) -> dict[str, Any]:
+        """The cluster as this member sees it (``roost status``)."""
+        left = {p for p in self.peers if self.maps.gone(p)}  # (the peers whose leave is committed here)
+        committed = self.joins.committed
         members = []
         config = {m.id: m.advertised for m in self.cc.members}
         links = self.links

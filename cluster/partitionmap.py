@@ -114,6 +114,12 @@ class PartitionMap:
             return self.cmap.owners[p]
         return tuple(self.cmap.members)
 
+    def moved(self, old: clustermap.ClusterMap) -> set[int]:
+        """The partitions with an owner now that they did not have in ``old``."""
+        assert self.cmap is not None
+        owners = self.cmap.owners
+        return {p for p in range(self.cmap.partitions) if set(owners[p]) - set(old.owners[p])}
+
     def new_owners(self, parts: set[int], old: clustermap.ClusterMap | None) -> dict[str, set[int]]:
         """Per peer, those of ``parts`` it owns now and did not in ``old`` (None: every owner is new)."""
         assert self.cmap is not None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from roost.client.clustermap import ClusterMap
 from roost.cluster.config import ClusterSettings
 from roost.cluster.links import LinkTable
 from roost.cluster.membership import Membership
@@ -95,9 +96,12 @@ class Replicator:
         for p in self.peers:
             self.next_digest[p] = now + self.s.anti_entropy_interval
 
-    def digest_soon(self, peer: str, now: float) -> None:
-        """Anti-entropy with ``peer`` at once (it co-owns partitions we gained)."""
-        self.next_digest[peer] = now
+    def gained(self, gained: set[int], cmap: ClusterMap, now: float) -> None:
+        """We gained partitions: anti-entropy at once with their co-owners (a new secondary is
+        filled from the primary within one round)."""
+        for peer in self.peers:
+            if any(peer in cmap.owners[p] for p in gained):
+                self.next_digest[peer] = now
 
     def synced(self, peer: str, now: float) -> None:
         """A PULL from ``peer`` ended (``roost status`` shows when)."""

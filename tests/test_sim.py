@@ -383,7 +383,7 @@ def test_a_dump_goes_out_only_as_fast_as_its_link_drains():
     core = sim.members["m0"].core
     now = sim.now
     core.handle(Datagrams([(f"SUB s{i}\n".encode(), ("127.0.0.1", 20000 + i)) for i in range(400)]), now)
-    core._streams.chunk, core.s.max_frame = 10, 2000  # frames of 10 entries; about 2000 bytes may wait
+    core.dumps.streams.chunk, core.s.max_frame = 10, 2000  # frames of 10 entries; about 2000 bytes may wait
     core.handle(Accepted(-99, "127.0.0.1:1"), now)
     link = core.links[-99]
     link.phase, link.peer = "up", "m1"  # (as if it had shaken hands)
@@ -592,7 +592,7 @@ def test_a_member_that_left_and_joins_again_is_dialled_and_owns_again():
     m0 = sim.members["m0"].core
     # (dialled on while it may still be draining: leave_timeout + stop_timeout after a failed dial)
     assert m0 is not None and m0.out["j1"] is None and m0.joins.redial_gone["j1"] > sim.now
-    assert m0.next_dial["j1"] <= sim.now + m0.s.reconnect_interval
+    assert m0.dialling.next_dial["j1"] <= sim.now + m0.s.reconnect_interval
     assert not m0.queues["j1"].pending and m0.replicator.next_digest["j1"] == float("inf")  # (nothing for it)
     again = m0.admin_request([PeerType.LEAVE, "j1"], None)
     assert again[0] and "has left" in again[1]
@@ -645,14 +645,22 @@ def test_a_gain_pull_that_ends_after_a_commit_counts_for_nothing():
     core = sim.members["m0"].core
     assert core is not None and core.ready and core.cmap is not None
     theirs = [p for p, o in enumerate(core.cmap.owners) if "m0" not in o]
-    core._start_gain_pull(set(theirs))
+
+    def start_gain_pull() -> None:  # (what the member does for gains: cluster/lifecycle.py, then a PULL)
+        core.life.pull_gains(set(theirs), core.joins.committed, core.peers)
+        core._next_pull()
+
+    def gain_pull_finished() -> None:  # (alone: what the member does next, a roster check, is not run)
+        core.joins.gains_pulled(*core.life.gains_pulled(core.joins.committed))
+
+    start_gain_pull()
     core.life.pull_ok = set(core.peers)  # (every peer answered the whole PULL)
     core._commit(core.joins.committed ^ 1)  # (another roster committed while it ran)
-    core._gain_pull_finished()  # (alone: what the member does next, a roster check, is not run)
+    gain_pull_finished()
     assert core.joins.pulled == set()
-    core._start_gain_pull(set(theirs))
+    start_gain_pull()
     core.life.pull_ok = set(core.peers)
-    core._gain_pull_finished()
+    gain_pull_finished()
     assert core.joins.pulled == set(theirs)
 
 
