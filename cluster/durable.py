@@ -3,7 +3,7 @@
 Theory of operation (docs/durable.md)
 -------------------------------------
 Each partition with durable messages has a log on its owners in the cluster
-map; cluster/partitionlog.py is one owner's view of one log, and this mixin
+map; cluster/partitionlog.py is one owner's view of one log, and this component
 keeps those views (``plogs``) for the member, as one of its components:
 
 * Start-up: the runner opens every log in the data dir (torn tails cut) and

@@ -285,7 +285,7 @@ class Producers:
             topic, key, tags, payload = m[MSG_TOPIC], m[MSG_KEY], m[MSG_TAGS], m[MSG_PAYLOAD]
             dest = forward_to(topic)
             if dest is None and unowned(topic):
-                dest = ""  # (no live owner: kept unacknowledged until there is one; cluster/partitioned.py)
+                dest = ""  # (no live owner: kept unacknowledged until there is one; cluster/forwarding.py)
             if dest is not None:
                 misrouted = True
                 if reliable:
