@@ -378,8 +378,11 @@ class MemberCore:
         if self.partitioned:
             # What we hold of partitions we do not own (our clients' registers, from the
             # snapshot) may never have reached the owners before we went down: hand it off.
+            # Only our clients': another client's register there is a copy we kept as an old
+            # owner, which may have been stale for longer than the horizon by now, its
+            # tombstone collected by the owners, and would come back (simulator seed 73).
             theirs = {p for p, mine in enumerate(self.own.owned) if not mine}
-            self.replicator.hand_off(self.maps.new_owners(theirs, None))
+            self.replicator.hand_off(self.maps.new_owners(theirs, None), ours=True)
         self._out.append(ServeClients())
         self._log("info", "node_ready", subscriptions=self.broker.index.count, pulled_from=life.pulled_from)
         self.replicator.ready(self.now)

@@ -144,14 +144,15 @@ class Replicator:
         self.queues[peer].acked(seq)
         self.pump(peer)
 
-    def hand_off(self, per: dict[str, set[int]]) -> None:
+    def hand_off(self, per: dict[str, set[int]], ours: bool = False) -> None:
         """Each new owner gets what we hold of its new partitions (cluster/partitionmap.py
         ``new_owners``), queued as a lazy dump per peer, taken as its push window opens (never
-        built in one turn: review finding #9); merging is idempotent."""
+        built in one turn: review finding #9); merging is idempotent. ``ours``: only the
+        registers of the clients whose home we are."""
         if self.no_handoff:
             return
         for peer, mine in per.items():
-            self.queues[peer].add_handoff(self.broker.dump(mine))
+            self.queues[peer].add_handoff(self.broker.dump(mine, ours=ours))
             self.pump(peer)
 
     def route(self, entries: list[Any]) -> dict[str, list[Any]]:

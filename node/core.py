@@ -271,9 +271,9 @@ class BrokerCore:
         """The map changed: index the registers of partitions gained, unindex those lost."""
         self.registers.reindex(gained, lost, now)
 
-    def dump(self, buckets: set[int] | None = None, home: str | None = None) -> Any:
+    def dump(self, buckets: set[int] | None = None, home: str | None = None, ours: bool = False) -> Any:
         """Every client's entry (or only the registers in ``buckets``): node/registers.py."""
-        return self.registers.dump(buckets, home)
+        return self.registers.dump(buckets, home, ours)
 
     def text_budget(self, c: ClientState, n: int) -> bool:
         """May ``n`` more bytes go to text client ``c``? (node/delivery.py)"""

@@ -475,13 +475,16 @@ class Registers:
                     elif p in lost:
                         index.remove(topic, key, c.cid)
 
-    def dump(self, buckets: set[int] | None = None, home: str | None = None) -> Any:
+    def dump(self, buckets: set[int] | None = None, home: str | None = None, ours: bool = False) -> Any:
         """Every client's entry (or only the registers in ``buckets``). ``home``
         (partitioned: a member's PULL) adds every register of the clients whose
         home that member is: their sessions need them all, and a restarted home
-        has only what its snapshot held (simulator seed 427, 5 members)."""
+        has only what its snapshot held (simulator seed 427, 5 members). ``ours``:
+        only the clients whose home we are (a restarted member's hand-off)."""
         part = self.place.own.partition if self.place.own is not None else None
         for c in list(self.clients.values()):
+            if ours and not c.local:
+                continue
             if buckets is None or (home is not None and c.home == home and c.cid.__class__ is bytes):
                 yield self._entry(c, c.subs.items())
             elif part is not None:  # (partitioned: the bucket is the topic's partition, no key hash)

@@ -674,3 +674,47 @@ def test_a_leave_does_not_wait_leave_timeout_because_a_member_is_down():
     sim.nemesis.leave(0.0, victim="m3")
     assert sim.run_until(12.0)
     assert sim.members["m3"].core is None and "m3" in sim.left  # (stopped within 7 s, not 30)
+
+
+def test_a_restarted_member_hands_off_only_its_own_clients_registers():
+    """Simulator seed 73 (5 members, --mode partitioned): a member took a copy of another client's
+    subscription as an owner in a minority partition, after the client had ended it, lost the
+    partition, went down with the copy in its snapshot and came back (down for less than the
+    horizon) once the owners had collected the tombstone. Its hand-off when ready gave them the
+    stale copy, and the ended subscription was back. What it hands off when ready is its own
+    clients' registers; a copy it kept as an old owner goes at its next collection."""
+    import msgpack
+
+    from roost.node import versions
+    from sim.world import WALL
+
+    sim = Simulation(5, members=5, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    sim.cc.settings.tombstone_horizon = 10.0
+    assert sim.run_until(3.0)
+    c = sim.clients[0]
+    topic = next(t for (t, _), st in c.session.subs.items() if st.confirmed and st.reason is None)
+    cores = {i: m.core for i, m in sim.members.items()}
+    owners = cores["m0"].cmap.owners[cores["m0"].own.partition(topic)]
+    home = cores[owners[0]].broker.clients[c.cid].home
+    x = next(i for i in cores if i not in owners and i != home)
+    e = next(e for e in cores[owners[0]].broker.dump() if e[0] == c.cid)
+    stale = [*e[:5], [[t, k, v] for t, k, v in e[5] if t == topic], e[6]]
+    assert versions.is_present(stale[5][0][2])
+    c.session.unsubscribe(topic, None)
+    sim.workload._io(c)
+    assert sim.run_until(6.0)
+    assert all(not versions.is_present(cores[i].broker.clients[c.cid].subs[(topic, None)]) for i in owners)
+    sim.crash(x)  # (down 8.5 s: less than the horizon)
+    # (its snapshot holds the stale copy, as seed 73's m0 took it in a minority partition)
+    u = msgpack.Unpacker(raw=False)
+    u.feed(sim.members[x].disk or msgpack.packb([5, x, WALL + sim.now, []]) + msgpack.packb(0))
+    header, *chunks, count = list(u)
+    sim.members[x].disk = b"".join(msgpack.packb(o, use_bin_type=True) for o in [header, *chunks, [stale], count + 1])
+    assert sim.run_until(14.5)
+    assert all((topic, None) not in sim.members[i].core.broker.clients[c.cid].subs for i in owners
+               if c.cid in sim.members[i].core.broker.clients)  # (the owners collected the tombstone)  # fmt: skip
+    sim.restart(x)
+    assert sim.run_until(17.0)
+    back = [i for i, m in sim.members.items() if m.core is not None and c.cid in m.core.broker.clients
+            and versions.is_present(m.core.broker.clients[c.cid].subs.get((topic, None), 0))]  # fmt: skip
+    assert back == []
