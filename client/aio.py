@@ -215,7 +215,9 @@ class AsyncioShell(Shell):
             self.loop.remove_reader(sock)
             sock.close()
             self._watch(s, sock := new)
-        hold = self._hold
+        # (a caller's turn on a quiet path holds nothing: its datagram leaves before the call returns,
+        # as in the trio shell; a task in a sparse wait has its message held by the loop's turns)
+        hold = self._hold if by != CALLER else None
         came, busy = self.conn.exchange(s, sock, hold)
         if busy:
             self._turns.turned(came, self.loop.time(), WAITER if hold is not None and by == LOOP else by)

@@ -161,7 +161,6 @@ class Reader:
         self.name, self.topic = key[1], key[2]
         self.kind, self.at = start
         self.ask: Ask | None = None
-        self.getting = False  # the round is a GET's (a COMMIT's once its ask is the commit's)
         self.got: list[Record] = []  # records of the last GET round, for the application
         self.held: list[Record] = []  # (commit-before-read: records that wait for their COMMIT's answer)
         self.at_end = False  # the last GET's answer had no records and the primary scanned to its commit
@@ -179,7 +178,7 @@ class Reader:
         def make(s: ClientSession) -> bytes:
             return durablewire.encode_get(s.cid, s.cookie or b"", did, name, topic, p, kind, at, most, nxt)
 
-        self.getting, self.got, self.at_end = True, [], False
+        self.got, self.at_end = [], False
         self.ask = Ask(self.router, topic, FrameType.RECORDS, name, p, make, now)
 
     def commit(self, now: float) -> None:

@@ -169,10 +169,10 @@ class Forwarding:
 
     def pump(self, peer: str) -> None:
         """FORWARD frames to ``peer`` as its window allows, if our link to it is up."""
-        lid = self.links.up(peer)
-        if lid is None:
+        lid, q = self.links.up(peer), self.queues.get(peer)
+        if lid is None or q is None:  # (no link, or no queue: nothing to send, as for "", no live owner)
             return
-        q, frame = self.queues[peer], self.links.frame
+        frame = self.links.frame
         while (f := q.next_frame()) is not None:
             fid, msgs = f
             frame(lid, encode([PeerType.FORWARD, fid, msgs]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -93,5 +94,29 @@ def test_a_sparse_waits_message_comes_before_its_ack_leaves(node):
                         break
                     await asyncio.sleep(0.01)
                 assert got == [b"one"] and order == ["got", "ACK"]
+
+    asyncio.run(main())
+
+
+def test_a_publish_on_a_quiet_path_leaves_though_its_turn_brings_a_waiters_message(node):
+    """A caller's turn on a quiet path holds nothing: when it also brings the message a task in a
+    sparse wait is waiting for, the publish's datagram still leaves before the call returns (only
+    the loop's turns hold sends for a waiter, as in the trio shell)."""
+
+    async def main() -> None:
+        async with client(node, idle_gap=1e-9) as c, client(node) as p:
+            async with c.subscribe("t.both", mode="reliable") as sub:
+                with pytest.raises(TimeoutError):
+                    await sub.next(timeout=0.01)  # (a wait of idle_gap or more: the path is sparse)
+                task = asyncio.create_task(sub.next(timeout=10))
+                await asyncio.sleep(0.01)  # (the waiter waits, holding what the loop's turns send)
+                await p.publish("t.both", b"one")
+                time.sleep(0.05)  # (the loop blocked: the message waits in c's socket, unread)
+                c._turns.busy_at = -math.inf  # (quiet: the publish makes the turn itself)
+                came = c._turns.came[CALLER]
+                await c.publish("t.other", b"mine", mode="fire")
+                assert c._turns.came[CALLER] == came + 1  # (the caller's turn brought the message)
+                assert c.session.pub.fire_unsent == 0  # (and the publish left before it returned)
+                assert (await asyncio.wait_for(task, 10)).payload == b"one"
 
     asyncio.run(main())
