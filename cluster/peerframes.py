@@ -105,7 +105,10 @@ class PeerFrames:
         what we owe the peer (forwards, pushes) and the PULL that waited for it; on the peer's:
         our roster to a member that left without hearing it, which we dial back while it drains
         (it hears who is alive and our map only in our heartbeats, even when we restarted since
-        its leave: simulator seed 9384)."""
+        its leave: simulator seed 9384). Syncing too: its link stays up, so this is our only
+        chance; a restarted member not dialling it back until ready never did, and the leaver,
+        deaf to us for good, forwarded what it took to a member that refused it for ever, its
+        PUBACKs withheld (simulator seeds 7615, 9384 --mode partitioned)."""
         link.decoder.max_frame = self.s.max_frame  # (full-size frames from now on)
         peer = link.peer
         assert peer is not None
@@ -113,7 +116,7 @@ class PeerFrames:
             link.deadline = now + self.s.link_idle_timeout
             if self.maps.gone(peer):
                 self.joins.send_roster(link.id)
-                if self.lt.out[peer] is None and phase == "ready":
+                if self.lt.out[peer] is None and phase in ("syncing", "ready"):
                     self.dialling.dial_back(peer, now)
             return
         link.deadline = now + self.s.down_after  # (the peer answers our HEARTBEATs with BEATs)
