@@ -437,13 +437,14 @@ class BrokerCore:
             if c is not None:
                 self.delivery.on_ack(c, f[D.ACK_STREAM], f[D.ACK_MAX_SEQ], f[D.ACK_SACK], now)
         elif ftype is FrameType.PING:
+            taken = False
             if stale:
                 self.metrics["stale_pings"] += 1
-            elif c is not None:
-                sessions.adopt(c, addr, now, f[D.PING_SESSION])  # the client talks to this node now: ours to watch
+            elif c is not None:  # the client talks to this node now: ours to watch
+                taken = sessions.adopt(c, addr, now, f[D.PING_SESSION])
             fresh = self.cookies.is_fresh(addr, cid, cookie, wall)
             sessions.on_ping(c, addr, f[D.PING_TOKEN], cookie if fresh else self.cookies.issue(addr, cid, wall),
-                             f[D.PING_DIGEST])  # fmt: skip
+                             f[D.PING_DIGEST], taken)  # fmt: skip
         elif ftype is FrameType.PUT:
             msgs, p = f[D.PUT_MESSAGES], f[D.PUT_PARTITION]
             for m in msgs:

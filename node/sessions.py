@@ -204,17 +204,23 @@ class Sessions:
             return False
         return True
 
-    def on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes, digest: int) -> None:
+    def on_ping(self, c: ClientState | None, addr: Addr, token: int, cookie: bytes, digest: int,
+                taken: bool = False) -> None:  # fmt: skip
         """Answer PING with PONG (``cookie`` is the one the client should use now).
 
         A PING with a digest of the client's subscriptions gets ours back: a
         SUB or UNSUB this node (or a member that crashed before replicating
         it) acknowledged can be missing here, and the client then sends its
-        whole set (a SYNC batch)."""
+        whole set (a SYNC batch). ``taken``: this PING took the client over
+        from another home that had not dropped it (``adopt``)."""
         # ``known``: this node holds a subscription in force for the client.
         # A record of tombstones only (kept in a cluster after a timeout) is
         # not "known": the client must learn that its subscriptions ended.
-        known = c is not None and c.live > 0
+        # A client taken over from a live home is known, although we may hold none of its
+        # registers yet (partitioned: those of partitions we do not own come from the owners
+        # once they learn we are its home); the digests differ and the client sends its set.
+        # Else it ends subscriptions that stand everywhere (simulator seed 3465, --mode partitioned).
+        known = c is not None and (c.live > 0 or taken)
         cancels = [[t, k, r] for (t, k), r in c.cancelled.items()] if c else []
         ours = (c.subs_digest() if c is not None else wire.subs_digest(())) if digest else 0
         self.outbox.send(addr, wire.encode_pong(token, known, cookie, cancels[:64], ours))
@@ -235,11 +241,13 @@ class Sessions:
                 raise wire.WireError(ErrorCode.OVERLOADED, f"the client's subscriptions are over this host's limit "
                                      f"({setting} = {getattr(cfg, setting)})")  # fmt: skip
 
-    def adopt(self, c: ClientState, addr: Addr, now: float, session: int) -> None:
+    def adopt(self, c: ClientState, addr: Addr, now: float, session: int) -> bool:
         """Make this node the client's home (and note its address) if it is not yet (after
-        ``_may_move``)."""
+        ``_may_move``). True if it took the client over from another home that had not
+        dropped it (partitioned: a client register in force, of a client not ours)."""
         if c.local and c.addr == addr:
-            return
+            return False
+        taken = self.place.own is not None and not c.local and bool(c.cver & versions.PRESENT)
         host = host_key(addr[0])
         if c.addr != addr:
             self.outbox.log("info", "client_moved", client=c.cid.hex(), old=fmt(c.addr), new=fmt(addr))
@@ -258,6 +266,7 @@ class Sessions:
         c.home = self.node_id
         self.registers.set_cver(c, self.registers.version(now, True, 0))
         self.registers.mark_changed(c, None)
+        return taken
 
     def on_liveness(self, cid: bytes, now: float) -> None:
         """Liveness timer: drop the client if it was silent for subscriber_timeout."""

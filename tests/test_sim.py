@@ -718,3 +718,43 @@ def test_a_restarted_member_hands_off_only_its_own_clients_registers():
     back = [i for i, m in sim.members.items() if m.core is not None and c.cid in m.core.broker.clients
             and versions.is_present(m.core.broker.clients[c.cid].subs.get((topic, None), 0))]  # fmt: skip
     assert back == []
+
+
+def test_a_client_taken_back_by_its_node_keeps_the_subscriptions_that_node_no_longer_holds():
+    """Simulator seed 3465 (--mode partitioned): a subscriber's PING to its old node came late,
+    after it had failed over, and that member took it over (the client's own node lost it as
+    home). Its node, no owner of the subscriptions' partitions, collected its copies of them as
+    foreign; the client's next PING took it back, and the PONG said "unknown" (it held no
+    subscription in force for it yet, the owners' copies on their way): the client ended
+    subscriptions that stood everywhere. A client taken over from a live home is known: the
+    digests differ and the client sends its set."""
+    from roost.client import wire
+    from roost.node import versions
+
+    sim = Simulation(2, members=3, clients=2, faults=(), mode="partitioned", fault_time=2.0, quiet=1.0)
+    assert sim.run_until(4.0)
+    c = sim.clients[0]
+    s = c.session
+    cores = {i: m.core for i, m in sim.members.items()}
+    node = next(i for i, m in sim.members.items() if m.addr == s.node)
+    own = cores[node].own
+    subs = [tk for tk, st in s.subs.items() if st.confirmed and st.reason is None]
+    assert subs and not any(own.owned[own.partition(t)] for t, _ in subs)  # (its node owns none of them)
+    other = next(i for i in cores[node].cmap.owners[own.partition(subs[0][0])] if i != node)
+    sim.cut_client(c.index, node)  # (its next PINGs to its node wait: the take-over comes first)
+    x = cores[other]
+    cookie = x.broker.cookies.issue(c.addr, c.cid, sim.now + x.wall_offset)
+    sim.accounting.deliver(sim.members[other], wire.encode_ping(c.cid, cookie, s.ping_token, 0, s.cmds.session),
+                           c.addr)  # (the late PING)  # fmt: skip
+    assert sim.run_until(sim.now + 0.1)
+    rec = cores[node].broker.clients[c.cid]
+    assert rec.home == other and not rec.local
+    cores[node].next_gc = sim.now  # (its next collection takes its copies: not ours, nor our client's)
+    assert sim.run_until(sim.now + 0.3)
+    assert rec.live == 0
+    sim.heal_client(c.index, node)
+    assert sim.run_until(sim.now + 2.0)
+    assert s.node == sim.members[node].addr and rec.local
+    assert [tk for tk in subs if tk in s.subs and s.subs[tk].reason is None] == subs
+    assert all(versions.is_present(k.broker.clients[c.cid].subs.get(tk, 0)) for k in cores.values() for tk in subs
+               if k.own.owned[k.own.partition(tk[0])] or k is cores[node])  # fmt: skip
