@@ -77,7 +77,7 @@ def test_a_departed_peer_is_dialled_only_until_it_can_have_stopped():
 
 
 @pytest.mark.parametrize("phase", ["syncing", "ready"])
-def test_a_leaver_that_dials_us_is_dialled_back_even_while_we_sync(monkeypatch, phase):
+def test_a_leaver_that_dials_us_is_dialled_back_even_while_we_sync(phase):
     """Simulator seeds 7615, 9384 (--mode partitioned): a member restarted after a leave knows
     the leaver as gone and never dials it; the leaver dialled it while it synced, and that link
     stayed up, so a dial back only once ready never came. The leaver heard no heartbeat of it
@@ -85,7 +85,9 @@ def test_a_leaver_that_dials_us_is_dialled_back_even_while_we_sync(monkeypatch, 
     for ever (its publisher's PUBACKs withheld: stalled)."""
     sim, core = _core()
     inbound = next(x for x in core.links.values() if not x.outbound and x.peer == "m1" and x.up)
-    monkeypatch.setattr(core.maps, "gone", lambda p: p == "m1")  # (its leave committed here)
+    core.maps.roster.propose_leave("m1")  # (its leave committed here: out of the placed members)
+    core.maps.placed = core.maps.roster.members()
+    assert core.maps.gone("m1")
     core.lt.out["m1"] = None  # (a restarted member never dials a member that left)
     core.dialling.next_dial["m1"] = math.inf
     core.frames._up(inbound, sim.now, phase)  # (the leaver's link to us comes up)
