@@ -272,3 +272,12 @@ def alter_isr(meta: Metadata, p: int, leader: str, epoch: int, isr: Sequence[str
     if len(c.isr) != len(set(isr)) or c.isr == now.isr or not meta.allows(c):
         return None
     return c
+
+
+def reelect(meta: Metadata, p: int, leader: str, epoch: int) -> SetPartition | None:
+    """A leader's request for a new epoch of its own (it may not begin ``epoch``: it led it before
+    a restart); None if it no longer leads ``p`` at ``epoch``."""
+    now = meta.partitions.get(p)
+    if now is None or now.leader != leader or now.epoch != epoch:
+        return None
+    return SetPartition(p, now.version, leader, epoch + 1, now.isr, now.replicas)

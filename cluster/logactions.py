@@ -32,6 +32,8 @@ class LogSettings(NamedTuple):
     retention_bytes: int = 0  # 0: no limit
     retention_age: float = 604800.0
     retention_check_interval: float = 60.0
+    min_insync: int = 2  # a put commits only on the leader and at least this many - 1 in-sync followers
+    isr_lag_time: float = 10.0  # a follower not caught up for this long leaves the in-sync replicas
     # Deliberately broken mechanisms (sim/breaks.py: "early-ack", "no-fsync"), from the member's
     # NodeConfig.breaks: empty in every real member.
     breaks: frozenset[str] = frozenset()
@@ -126,10 +128,20 @@ class Reload(NamedTuple):
     to: int
 
 
-class SaveSeen(NamedTuple):
-    """Put ``epoch``, the highest claim this owner accepted, on disk (synced), answered by
-    ``SeenSaved``: a claim is answered only once its promise outlives a restart (Raft persists
-    its term before it votes)."""
+class AlterIsr(NamedTuple):
+    """A leader asks the quorum's controller to make ``isr`` the in-sync replicas of its partition
+    (cluster/controller.py ``alter_isr``): applied only if it still leads at ``epoch`` and the
+    leadership is still at ``version``."""
+
+    partition: int
+    epoch: int
+    version: int
+    isr: tuple[str, ...]
+
+
+class Reelect(NamedTuple):
+    """The quorum names us the leader at ``epoch``, an epoch we may not begin (we led it before a
+    restart, or hold its records): we ask for a new epoch of ours."""
 
     partition: int
     epoch: int
@@ -154,5 +166,6 @@ LogAction = (
     | Committed
     | Reload
     | ReadDone
-    | SaveSeen
+    | AlterIsr
+    | Reelect
 )

@@ -21,10 +21,10 @@ from roost.cluster.logactions import LogAction, LogSettings, PeerFrame, ReadDone
 from roost.cluster.logrecords import State, diverges, last_epoch_of
 from roost.node.segmentlog import Record
 
-IDLE, FOLLOWING, CLAIMING, LEADING = "idle", "following", "claiming", "leading"
-# DATA status; PROBED: an answer to a claim, for the claimer only (one that came late to a member
-# that had become a follower meanwhile was taken as its leader's: it cut committed records; seed 1716)
-OK, NOT_LEADER, STALE, PROBED = 0, 1, 2, 3
+IDLE, FOLLOWING, LEADING = "idle", "following", "leading"
+# DATA status: records (or where to cut); we do not lead at the fetch's epoch; the fetch's epoch is
+# older than the one we lead
+OK, NOT_LEADER, STALE = 0, 1, 2
 
 
 class LogView(Protocol):
@@ -37,14 +37,15 @@ class LogView(Protocol):
     commit: int
     base: State
     base_at: int
-    alone: bool
+    isr: set[str]
+    adding: set[str]
     reloading: bool
     followers: dict[str, int]
     fetched_at: dict[str, float]
     stale_until: float
     tail: deque[tuple[Record, list[Any]]]
     state: State
-    seen: int
+    epoch: int
     end: int
     epochs: list[tuple[int, int]]
 
@@ -56,17 +57,17 @@ class Readers:
         self.v = view
 
     def readable(self, now: float) -> bool:
-        """Whether we may serve readers (GET): we lead, and every follower in our map fetched from
-        us within fetch_wait + fetch_retry. A leader paused or cut off while another member claimed
-        the partition still leads in its own view, with cursors older than those committed since;
-        its follower stops fetching from it once it follows the other, so this lease runs out."""
+        """Whether we may serve readers (GET): we lead, and every follower we count in sync fetched
+        from us within fetch_wait + fetch_retry. A leader paused or cut off while the quorum made
+        another one still leads in its own view, with cursors older than those committed since; the
+        new leader was in its ISR and stops fetching from it once it leads, so this lease runs out.
+        With no follower in sync no other member can be made leader, so none can be newer."""
         v = self.v
         lease = v.s.fetch_wait + v.s.fetch_retry
         return (
             v.role == LEADING
             and not v.reloading
-            and bool(v.followers or v.alone)
-            and all(now - v.fetched_at.get(m, -1e18) <= lease for m in v.followers)
+            and all(now - v.fetched_at.get(m, -1e18) <= lease for m in v.isr | v.adding)
         )
 
     def paused(self, now: float) -> None:
@@ -163,5 +164,5 @@ class Readers:
              reset: int = -1) -> PeerFrame:  # fmt: skip
         v = self.v
         recs = [[r.offset, r.time_ms, r.body] for r in records]
-        return PeerFrame(member, ["DATA", v.p, v.seen, status, v.start, v.end, last_epoch_of(v.epochs),
+        return PeerFrame(member, ["DATA", v.p, v.epoch, status, v.start, v.end, last_epoch_of(v.epochs),
                                   v.commit, truncate, reset, recs, end])  # fmt: skip

@@ -30,25 +30,26 @@ lies below the commit: a leader that dies cannot take an acknowledged record
 with it, because its follower has it on disk too.
 
 Following is pulled (Kafka's design): the follower sends ``FETCH [p, epoch,
-end, last epoch of its log, claim]`` and the leader answers ``DATA`` with the
+end, last epoch of its log]`` and the leader answers ``DATA`` with the
 records from ``end``, holding a fetch with nothing to give for ``fetch_wait``.
 A follower whose log diverges (it has records of an epoch that ended earlier
 on the leader) is told to truncate to where that epoch ended on the leader
 (``end_for_epoch``, Kafka's OffsetsForLeaderEpoch); one whose end is before the
 leader's start (retention) resets to it.
 
-Leading. A member that becomes primary first claims the partition: it picks an
-epoch above every one it knows of and sends a claiming FETCH to the other
-owners (and to the previous owners still live, which the member core names).
-An owner that accepts a claim never again follows or serves a lower epoch, and
-steps down if it led at a lower one (its pending puts are never acknowledged:
-their publishers retry at the new leader, and the idempotent producer stores
-each once). The claimer takes the longest log of the highest last epoch among
-the answers (its own included), copies what it lacks from that owner through
-the same FETCH, then writes ``EPOCH`` and leads. A record acknowledged under an
-older leader was on disk on every owner of that leader, and one of them is
-among those the claimer hears (unless both owners were lost at once:
-docs/durable.md says what is not promised).
+Leading. Who leads, at which epoch, and with which in-sync replicas (ISR) is
+decided by the metadata quorum (cluster/controller.py), and told to the log by
+``lead``: a member leads only an epoch it begins (its log holds no record of that
+epoch yet; one it led before a restart is asked again, ``Reelect``), writes an
+``EPOCH`` record and serves fetches of that epoch only; a follower fetches at the
+epoch of the leadership it was told and takes answers of that epoch only. A put is
+committed once the leader and every ISR member have it on disk, and only while the
+ISR has ``min_insync`` members: the controller makes leaders from the ISR only, so
+a new leader holds every committed record and the others cut what it lacks. The
+leader asks the controller (``AlterIsr``) to drop a follower that has not caught
+up for ``isr_lag_time`` (never below ``min_insync``) and to add one that reached
+the commit, which it counts from the moment it asks (Kafka's maximal ISR), so the
+ISR it counts is never smaller than the one the quorum holds.
 
 Producers and cursors. The state a record changes (a producer's last sequence,
 a cursor) is kept as ``base`` (through ``base_at``) plus ``state`` (through
@@ -71,15 +72,16 @@ subscription. A follower left before the leader's start resets to it.
 
 from __future__ import annotations
 
-import zlib
+import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
+from roost.cluster.controller import Leadership
 from roost.cluster.logactions import (
+    AlterIsr,
     Append,
     Checkpoint,
     Committed,
@@ -88,15 +90,15 @@ from roost.cluster.logactions import (
     PeerFrame,
     ReadDone,
     ReadLog,
+    Reelect,
     Reload,
     ResetLog,
     Retain,
-    SaveSeen,
     Sync,
     Truncate,
 )
 from roost.cluster.logdisk import DiskPolicy
-from roost.cluster.logreaders import CLAIMING, FOLLOWING, IDLE, LEADING, NOT_LEADER, OK, PROBED, STALE, Readers
+from roost.cluster.logreaders import FOLLOWING, IDLE, LEADING, NOT_LEADER, OK, STALE, Readers
 from roost.cluster.logrecords import (
     CURSOR,
     EPOCH,
@@ -114,22 +116,32 @@ from roost.cluster.logrecords import (
 from roost.node.segmentlog import Record
 
 __all__ = [
-    "CLAIMING", "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "Append", "Checkpoint", "Committed",
-    "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog", "Reload", "ResetLog",
-    "Retain", "SaveSeen", "State", "Sync", "Truncate", "decode_untrusted_body",
+    "CURSOR",
+    "EPOCH",
+    "FOLLOWING",
+    "IDLE",
+    "LEADING",
+    "MESSAGE",
+    "AlterIsr",
+    "Append",
+    "Checkpoint",
+    "Committed",
+    "LogAction",
+    "LogFormatError",
+    "LogScan",
+    "LogSettings",
+    "PeerFrame",
+    "ReadDone",
+    "ReadLog",
+    "Reelect",
+    "Reload",
+    "ResetLog",
+    "Retain",
+    "State",
+    "Sync",
+    "Truncate",
+    "decode_untrusted_body",
 ]  # fmt: skip
-EPOCH_TAG_BITS = 20  # a leader epoch's low bits name the member that claimed it (``_own_epoch``)
-
-
-@dataclass
-class Claim:
-    epoch: int
-    probes: set[str]
-    answers: dict[str, tuple[int, int]] = field(default_factory=dict)  # member -> (last epoch, end)
-    source: str | None = None  # the owner we copy from
-    asked: dict[str, float] = field(default_factory=dict)
-    heard: dict[str, float] = field(default_factory=dict)  # member -> when its last answer came
-    started: float = 0.0
 
 
 class PartitionLog:
@@ -143,31 +155,31 @@ class PartitionLog:
         self.early_ack = "early-ack" in settings.breaks
         self.start = self.end = self.durable = self.commit = 0
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, its first offset), ascending
-        self.seen = 0  # the highest leader epoch accepted for this partition
-        self.saved_seen = 0  # the highest claim accepted that is on disk (``SaveSeen``)
-        self.unsaved: dict[str, tuple[int, int, int]] = {}  # claimer -> (epoch, end, last epoch): answered once saved
+        self.seen = 0  # the highest leader epoch we were told of (or hold records of)
         self.base, self.base_at = State(), 0
         self.state = State()
         self.tail: deque[tuple[Record, list[Any]]] = deque()  # records from base_at, decoded
         self.role = IDLE
         self.epoch = 0  # the epoch we lead or follow
         self.leader: str | None = None
-        self.owners: list[str] = []
-        self.alone = True  # we may lead with no other member to ask (a single replica, or member)
-        self.probes: set[str] = set()  # whom a claim asks: the other owners and the members ``assign`` named
+        self.leadership: Leadership | None = None  # as the quorum last told us
+        self.isr: set[str] = set()  # leading: the followers in sync, as the quorum holds them
+        self.adding: set[str] = set()  # leading: followers we asked to add (counted already)
+        self.asked: tuple[int, tuple[str, ...], float] | None = None  # leading: our last AlterIsr (version, isr, when)
+        self.caught_up: dict[str, float] = {}  # leading: follower -> when it last reached our end
+        self.answered_end: dict[str, int] = {}  # leading: follower -> our end when we last answered it
         self.followers: dict[str, int] = {}  # leader: follower -> the offset it last fetched from
         self.fetched_at: dict[str, float] = {}  # leader: follower -> when its last fetch came (readable)
         self.stale_until = -1e18  # fetches read before this may have waited in a socket (paused)
         self.parked: dict[str, tuple[float, int, int]] = {}  # fetcher -> (when, end, last epoch): nothing for it yet
         self.waiting: deque[tuple[int, Any]] = deque()  # (offset the commit must pass, token)
-        self.claim: Claim | None = None
-        self.fetch_sent = -1e18  # following / claiming: when our last FETCH left
+        self.fetch_sent = -1e18  # following: when our last FETCH left
         self.fetching = False  # a FETCH of ours is unanswered
         self.poked: dict[str, float] = {}  # leader: follower -> when we last woke it (``_wake_at``)
         self.appending = 0  # Append/Truncate/ResetLog/Reload actions not yet reported done
         self.reloading = False  # a Reload is not done: ``state`` is not known
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
-        self.idle_since = float("inf")  # when a higher claim or fetch last stepped us down
+        self.reelect_asked = -1e18  # when we last asked the quorum for a new epoch of ours (``Reelect``)
 
     # ------------------------------------------------------------ recovery
 
@@ -176,11 +188,9 @@ class PartitionLog:
         self.start, self.end, self.durable = scan.start, scan.end, scan.end
         self.epochs, self.state, self.base, self.base_at = scan.epochs, scan.state, scan.base, scan.base_at
         self.tail, self.last_ms = scan.tail, scan.last_ms
-        # (never again follow or accept a claim below what the log holds, or below a claim accepted)
-        self.saved_seen = max(self.saved_seen, self.last_epoch, scan.seen)
-        self.seen = max(self.seen, self.saved_seen)
+        self.seen = max(self.seen, self.last_epoch)
         # (the checkpoint is a commit this owner knew, so never past the true one; what lies after it
-        # is served once a claim and the followers' fetches commit it again)
+        # is served once a leader and its followers' fetches commit it again)
         self.commit = max(self.start, min(scan.commit, self.end))
         self.disk.recovered(scan.commit)
         self._fold()
@@ -198,9 +208,7 @@ class PartitionLog:
 
     def _take(self, r: Record, b: list[Any]) -> None:
         take(self, r, b)
-        # (we hold records of that epoch: a claim below it is stale. Copied from a leader, they were
-        # taken with no claim; simulator seeds 79, 842: a claim below took them)
-        self.seen = max(self.seen, b[0])
+        self.seen = max(self.seen, b[0])  # (we hold records of that epoch: we never lead it again)
 
     @property
     def last_epoch(self) -> int:
@@ -240,74 +248,109 @@ class PartitionLog:
 
     # ------------------------------------------------------------ roles
 
-    def assign(self, owners: list[str], previous: list[str], map_epoch: int, now: float,
-               alone: bool = True) -> list[LogAction]:  # fmt: skip
-        """The map changed: ``owners`` of this partition (primary first), ``previous`` the live
-        members that owned it before. ``alone``: whether we may lead with no other member to ask."""
-        self.owners, self.alone = owners, alone
-        self.probes = {m for m in (*owners[1:], *previous) if m != self.me}
-        if owners and owners[0] == self.me:
-            if self.role == LEADING:  # (a new follower may not have this log active: a FETCH wakes it)
-                wake = [self._fetch_frame(m, claim=False) for m in owners[1:] if m not in self.followers]
-                self.followers = {m: self.followers.get(m, -1) for m in owners[1:]}
-                return [*wake, *self._advance()]
-            epoch = max(map_epoch, self.last_epoch + 1, self.seen + 1)
-            return self._begin_claim(epoch, set(self.probes), now)
-        if self.role == FOLLOWING and owners[:1] == [self.leader]:  # (no owner live: none to follow; seed 207)
+    def lead(self, lead: Leadership | None, now: float) -> list[LogAction]:
+        """The quorum's leadership of this partition (None: it has none), as applied here."""
+        self.leadership = lead
+        if lead is None or lead.epoch < self.epoch or (lead.leader != self.me and self.me not in lead.replicas):
+            return self._step_down() if lead is None or lead.epoch >= self.epoch else []
+        if lead.leader == self.me:
+            if self.role == LEADING and self.epoch == lead.epoch:
+                return self._in_sync(lead, now)
+            self._step_down()
+            if lead.epoch <= self.seen:  # (we led it before a restart, or hold its records: a new epoch)
+                self.epoch = lead.epoch
+                return self._reelect(now)
+            return self._begin(lead, now)
+        self.seen = max(self.seen, lead.epoch)
+        if lead.leader is None:
+            self._step_down()
+            self.epoch = lead.epoch
             return []
-        out = self._step_down()
-        if self.me in owners:
-            self.role, self.leader = FOLLOWING, owners[0]
-            out += self._fetch(self.leader, now)
-        return out
+        if self.role == FOLLOWING and self.leader == lead.leader and self.epoch == lead.epoch:
+            return []
+        self._step_down()
+        self.role, self.leader, self.epoch = FOLLOWING, lead.leader, lead.epoch
+        return self._fetch(lead.leader, now)
 
     def _step_down(self) -> list[LogAction]:
-        self.role, self.leader, self.claim = IDLE, None, None
+        self.role, self.leader = IDLE, None
         self.followers.clear()
         self.fetched_at.clear()
         self.parked.clear()
         self.waiting.clear()  # (never acknowledged: the publishers retry at the new leader)
+        self.isr.clear()
+        self.adding.clear()
+        self.caught_up.clear()
+        self.answered_end.clear()
+        self.asked = None
         self.fetching = False
         return []
 
-    def _own_epoch(self, at_least: int) -> int:
-        """The first epoch from ``at_least`` whose low bits are a tag of our id: two members that
-        claim without hearing of each other never lead one epoch on two branches (a shared one hid
-        their divergence from the followers' epoch check; simulator seed 32)."""
-        tag = zlib.crc32(self.me.encode()) & ((1 << EPOCH_TAG_BITS) - 1)
-        e = at_least >> EPOCH_TAG_BITS << EPOCH_TAG_BITS | tag
-        return e if e >= at_least else e + (1 << EPOCH_TAG_BITS)
+    def _reelect(self, now: float) -> list[LogAction]:
+        """Ask the quorum for a new epoch of ours: we must not go on with one begun in a former life
+        (a follower may hold records of it that our disk lost) or one whose records we hold."""
+        if now < self.reelect_asked + self.s.fetch_retry:
+            return []
+        self.reelect_asked = now
+        return [Reelect(self.p, self.epoch)]
 
-    def _begin_claim(self, epoch: int, probes: set[str], now: float) -> list[LogAction]:
-        epoch = self._own_epoch(epoch)
-        self._step_down()
-        self.role, self.epoch, self.seen = CLAIMING, epoch, max(self.seen, epoch)
-        self.claim = Claim(epoch, probes, started=now)
-        if not probes:  # (a replicated log cut off from everyone waits: its log may be stale)
-            return self._lead() if self.alone else []
-        out: list[LogAction] = []
-        for m in sorted(probes):
-            out.append(self._fetch_frame(m, claim=True))
-            self.claim.asked[m] = now
-        return out
-
-    def _lead(self) -> list[LogAction]:
-        """Every probed owner answered and we hold the best log: write EPOCH and lead."""
-        assert self.claim is not None
-        self.role, self.leader, self.claim = LEADING, self.me, None
-        self.followers = {m: -1 for m in self.owners[1:]}
+    def _begin(self, lead: Leadership, now: float) -> list[LogAction]:
+        """Lead at ``lead.epoch``: write EPOCH; every other replica follows, the ISR counts."""
+        self.role, self.leader, self.epoch, self.seen = LEADING, self.me, lead.epoch, lead.epoch
+        self.followers = {m: -1 for m in lead.replicas if m != self.me}
+        self.isr = {m for m in lead.isr if m != self.me}
+        self.caught_up = dict.fromkeys(self.isr, now)  # (each gets isr_lag_time from our start)
         body = msgpack.packb([self.epoch, EPOCH], use_bin_type=True)
-        return self._append_local([body], self.last_ms)
+        return self._append_local([body], self.last_ms) + [self._fetch_frame(m) for m in sorted(self.followers)]
 
-    def _fetch_frame(self, member: str, claim: bool) -> PeerFrame:
-        # (at the highest epoch we accepted: a leader below it must not count us; seed 72)
-        return PeerFrame(member, ["FETCH", self.p, max(self.epoch, self.seen), self.end, self.last_epoch, claim])
+    def _in_sync(self, lead: Leadership, now: float) -> list[LogAction]:
+        """A new version of the leadership we hold: its replicas and ISR. What we asked to add is
+        counted until the quorum decided (a version past the one we asked against)."""
+        if self.asked is not None and lead.version > self.asked[0]:
+            self.asked = None
+            self.adding.clear()
+        self.isr = {m for m in lead.isr if m != self.me}
+        wake = [self._fetch_frame(m) for m in lead.replicas if m != self.me and m not in self.followers]
+        self.followers = {m: self.followers.get(m, -1) for m in lead.replicas if m != self.me}
+        for m in self.isr:
+            self.caught_up.setdefault(m, now)
+        return [*wake, *self._advance()]
+
+    def _counted(self) -> set[str]:
+        return self.isr | self.adding
+
+    def _alter_isr(self, now: float) -> list[LogAction]:
+        """Leading: ask to drop a follower that has not caught up for ``isr_lag_time`` (never below
+        ``min_insync``), or to add one that reached the commit (counted from now on)."""
+        lead = self.leadership
+        if lead is None or self.role != LEADING or lead.epoch != self.epoch:
+            return []
+        if self.asked is not None and now < self.asked[2] + self.s.fetch_retry:
+            return []
+        counted = self._counted()
+        lagging = sorted(m for m in self.isr if now > self.caught_up.get(m, now) + self.s.isr_lag_time)
+        joining = sorted(m for m in self.followers if m not in counted and self.followers[m] >= self.commit
+                         and self.followers[m] >= self.epochs[-1][1] + 1)  # fmt: skip
+        isr = set(counted)
+        if joining:
+            self.adding.add(joining[0])
+            isr.add(joining[0])
+        elif lagging and len(counted) + 1 > self.s.min_insync:
+            isr.discard(lagging[0])
+        else:
+            return []
+        new = tuple(m for m in lead.replicas if m == self.me or m in isr)
+        self.asked = (lead.version, new, now)
+        return [AlterIsr(self.p, self.epoch, lead.version, new)]
+
+    def _fetch_frame(self, member: str) -> PeerFrame:
+        return PeerFrame(member, ["FETCH", self.p, self.epoch, self.end, self.last_epoch])
 
     def _fetch(self, member: str, now: float) -> list[LogAction]:
         if self.fetching or self.appending:
             return []
         self.fetching, self.fetch_sent = True, now
-        return [self._fetch_frame(member, claim=self.role == CLAIMING)]
+        return [self._fetch_frame(member)]
 
     # ------------------------------------------------------------ leading: puts and cursors
 
@@ -321,8 +364,8 @@ class PartitionLog:
         the acknowledged point)."""
         if self.role != LEADING:
             return 1, []
-        if self.reloading:
-            return 2, []
+        if self.reloading or len(self._counted()) + 1 < self.s.min_insync:
+            return 2, []  # (too few in sync: taken, it could not commit; the client retries)
         last, at = self.state.producers.get(pid, (floor - 1, -1))
         # (acknowledged through floor - 1 on a branch since cut, docs/durable.md: go on from there
         # rather than refuse a gap for ever; seed 6)
@@ -378,14 +421,13 @@ class PartitionLog:
         out = self._advance()
         if self.role == FOLLOWING and self.leader is not None:
             out += self._fetch(self.leader, now)
-        elif self.role == CLAIMING and self.claim is not None and self.claim.source is not None:
-            out += self._fetch(self.claim.source, now)
         return out
 
     def _advance(self) -> list[LogAction]:
-        if self.role != LEADING or not (self.followers or self.alone):
-            return []  # (a replicated log's leader with no follower in its map commits nothing: it may be cut off)
-        commit = self.durable if self.early_ack else min([self.durable, *self.followers.values()])
+        if self.role != LEADING or len(self._counted()) + 1 < self.s.min_insync:
+            return []  # (too few in sync: nothing commits, so nothing is acknowledged on fewer disks)
+        counted = self._counted()
+        commit = self.durable if self.early_ack else min([self.durable, *(self.followers.get(m, -1) for m in counted)])
         newly: list[Record] = []
         if commit > self.commit:
             newly = [r for r, _ in self.tail if self.commit <= r.offset < commit]
@@ -398,68 +440,23 @@ class PartitionLog:
 
     # ------------------------------------------------------------ serving fetches
 
-    def on_fetch(self, member: str, epoch: int, end: int, last_epoch: int, claim: bool,
-                 now: float) -> list[LogAction]:  # fmt: skip
-        if claim:
-            # (two claims at one epoch: the greater member id wins)
-            if epoch < self.seen or (epoch == self.seen and self.role in (LEADING, CLAIMING)
-                                     and self.epoch == epoch and member < self.me):  # fmt: skip
-                return [self.readers.data(member, STALE, end, [])]
-            if epoch == self.seen and self.role in (LEADING, CLAIMING) and self.epoch == epoch:
-                self._step_down()
-            if epoch > self.seen:
-                self.seen, self.idle_since = epoch, now
-                if self.role == FOLLOWING and member == self.leader:
-                    self.epoch = epoch  # (our leader claiming: follow it at that epoch)
-                elif self.role != IDLE:
-                    self._step_down()  # (never again follow or lead below it)
-            if epoch > self.saved_seen:  # (answered once the promise is on disk: a restart forgot it; seed 4613)
-                asked = any(e >= epoch for e, _, _ in self.unsaved.values())
-                self.unsaved[member] = (epoch, end, last_epoch)
-                return [] if asked else [SaveSeen(self.p, epoch)]
-            return self.readers.answer(member, end, last_epoch, PROBED) + self._follow_primary(member, epoch, now)
-        if self.role == CLAIMING and epoch <= self.epoch:
-            self.parked[member] = (now, end, last_epoch)  # (answered once we lead)
-            return []
-        if self.role != LEADING or epoch > self.epoch:
-            out: list[LogAction] = [self.readers.data(member, NOT_LEADER, end, [])]
-            if self.role != CLAIMING and self.owners[:1] == [self.me] and (self.role != LEADING or epoch > self.epoch):
-                # (the primary of our map, idle or below an owner's epoch: claim above it; stepping
-                # down alone left no leader until the map changed again; seed 8)
-                out += self._begin_claim(max(epoch, self.seen) + 1, self.probes | {member}, now)
-            elif epoch > self.epoch and self.role == LEADING:
-                self._step_down()
-                self.idle_since = now
-            return out + self._follow_primary(member, epoch, now)
-        if member in self.followers and now >= self.stale_until:
+    def on_fetch(self, member: str, epoch: int, end: int, last_epoch: int, now: float) -> list[LogAction]:
+        """A follower's FETCH at ``epoch`` from ``end``: answered only by the leader of that epoch
+        (a follower that knows a newer one is told we are not; one behind is told it is stale)."""
+        if self.role != LEADING or epoch != self.epoch or member not in self.followers:
+            return [self.readers.data(member, NOT_LEADER if epoch >= self.epoch else STALE, end, [])]
+        if now >= self.stale_until:
             self.fetched_at[member] = now
-        if member in self.followers and end <= self.end and self.diverges(end, last_epoch) is None:
+        if end <= self.end and self.diverges(end, last_epoch) is None:
             self.followers[member] = max(self.followers[member], end)
+            if end >= self.answered_end.get(member, self.end):
+                self.caught_up[member] = now  # (it has all we had when we last answered it)
         out = self._advance()
         if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out
+        self.answered_end[member] = self.end
         return out + self.readers.answer(member, end, last_epoch)
-
-    def seen_saved(self, epoch: int, now: float) -> list[LogAction]:
-        """A ``SaveSeen`` is done: the claims it covers are answered (one overtaken by a higher claim
-        meanwhile is told it is stale, as ``on_fetch`` tells it)."""
-        self.saved_seen = max(self.saved_seen, epoch)
-        out: list[LogAction] = []
-        for m, (e, end, last_epoch) in sorted(self.unsaved.items()):
-            if e <= self.saved_seen:
-                del self.unsaved[m]
-                out += self.on_fetch(m, e, end, last_epoch, True, now)
-        return out
-
-    def _follow_primary(self, member: str, epoch: int, now: float) -> list[LogAction]:
-        """Idle, an owner of our map whose primary asks at or above every epoch we accepted: follow
-        it. A claim of a member our map holds down stepped us down, and the claimer died before any
-        map change could set us following again: our primary led, committing nothing (review)."""
-        if self.role != IDLE or self.owners[:1] != [member] or self.me not in self.owners or epoch < self.seen:
-            return []
-        self.role, self.leader, self.epoch = FOLLOWING, member, epoch
-        return self._fetch(member, now)
 
     def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
         return self.readers.read_done(token, records)
@@ -482,16 +479,13 @@ class PartitionLog:
                 now: float) -> list[LogAction]:  # fmt: skip
         """An answer to our FETCH from ``asked``. One asked from another end, or while a write of
         ours is under way, answers a fetch from before that write (a fetch resent after
-        ``fetch_retry`` can be answered twice): its advice to cut or reset is stale (review)."""
+        ``fetch_retry`` can be answered twice): its advice to cut or reset is stale (review).
+        Only our leader's answers at the epoch we follow count."""
         if asked != self.end or self.appending:
             return []
-        if epoch > self.seen and status != OK:
-            self.seen = epoch
         self.fetching = False
-        if self.role == CLAIMING and self.claim is not None:
-            return self._claim_answer(member, epoch, status, start, end, last_epoch, truncate, reset, records, now)
-        if self.role != FOLLOWING or member != self.leader or status != OK or epoch < self.seen:
-            return []  # (below an epoch we accepted: an answer to a fetch from before it; seed 5136)
+        if self.role != FOLLOWING or member != self.leader or status != OK or epoch != self.epoch:
+            return []  # (tick asks again after fetch_retry)
         if truncate < 0 and reset < 0:  # (not over a divergent tail we are told to cut: it would fold; review)
             self.commit = max(self.commit, min(commit, self.durable))
             self._fold()
@@ -544,37 +538,6 @@ class PartitionLog:
         self.epochs = []
         self.start = self.end = self.durable = self.commit = self.base_at = start
 
-    def _claim_answer(self, member: str, epoch: int, status: int, start: int, end: int, last_epoch: int,
-                      truncate: int, reset: int, records: list[Record], now: float) -> list[LogAction]:  # fmt: skip
-        c = self.claim
-        assert c is not None
-        c.heard[member] = now
-        if status == STALE or epoch > c.epoch:  # (someone claimed higher: claim above it)
-            return self._begin_claim(max(epoch, self.seen) + 1, c.probes, now)
-        if c.source is None:
-            if member not in c.probes or status != PROBED:  # (a plain fetch's answer: the claim never got there)
-                return []
-            c.answers[member] = (last_epoch, end)
-            if len(c.answers) < len(c.probes):
-                return []
-            # The longest log of the highest last epoch wins (ours on a tie): two logs with the
-            # same last epoch and end hold the same records. A worse log's advice to truncate ours
-            # is ignored; only the source's is taken.
-            best = max(c.answers.items(), key=lambda kv: (kv[1], kv[0]))
-            if best[1] <= (self.last_epoch, self.end):
-                return self._lead()
-            c.source = best[0]
-            if member != c.source:
-                return self._fetch(c.source, now)
-        if member != c.source:
-            return []
-        if (last_epoch, end) == (self.last_epoch, self.end) and truncate < 0:
-            return self._lead()
-        out = self._copy(start, truncate, reset, records)
-        if not out:
-            out = self._fetch(c.source, now)
-        return out
-
     # ------------------------------------------------------------ time
 
     def tick(self, now: float) -> list[LogAction]:
@@ -588,62 +551,31 @@ class PartitionLog:
             out += self._fetch(self.leader, now)
             self.fetch_sent = now  # (also when a write in progress holds the fetch back: no spinning)
         elif self.role == LEADING:
-            # (a follower whose log is not active there does not know it follows, and one a claim
-            # our map does not know of stepped down stays idle: a FETCH of ours makes it follow, or
-            # the commit waited for it for ever; seed 8, a member that joined; review)
+            # (a follower whose log is not active there does not know it follows: a FETCH of ours
+            # wakes it, or the commit waited for it for ever; seed 8, a member that joined; review)
             for m in sorted(self.followers):
                 if now >= self._wake_at(m):
                     self.poked[m] = now
-                    out.append(self._fetch_frame(m, claim=False))
-        elif self.role == IDLE and self.owners[:1] == [self.me] and now >= self.idle_since + self._silence:
-            # (the primary of our map, stepped down by a claim or fetch of a member our map does not
-            # name, which never led or fell silent: nothing else wakes us; fourth review)
-            self.idle_since = float("inf")
-            out += self._begin_claim(self.seen + 1, set(self.probes), now)
-        elif self.role == CLAIMING and self.claim is not None:
-            c = self.claim
-            # (a member our map does not hold live, asked because it fetched from us at a higher
-            # epoch, that falls silent while we wait for its answer or copy from it: its death
-            # changes no map of ours, so the claim goes on without it; seed 9980)
-            gone = (
-                {
-                    m
-                    for m in c.probes - self.probes
-                    if (m not in c.answers or m == c.source) and now >= c.heard.get(m, c.started) + self._silence
-                }
-                if not self.appending
-                else ()
-            )
-            if gone:
-                return out + self._begin_claim(max(self.seen, c.epoch) + 1, c.probes - gone, now)
-            for m in sorted(c.probes):
-                if m not in c.answers and now >= c.asked.get(m, -1e18) + self.s.fetch_retry:
-                    c.asked[m] = now
-                    out.append(self._fetch_frame(m, claim=True))
-            if c.source is not None and now >= self.fetch_sent + self.s.fetch_retry:
-                self.fetching = False
-                out += self._fetch(c.source, now)
-                self.fetch_sent = now
+                    out.append(self._fetch_frame(m))
+            out += self._alter_isr(now)
+        elif (self.role == IDLE and self.leadership is not None and self.leadership.leader == self.me
+              and self.leadership.epoch == self.epoch):  # fmt: skip
+            out += self._reelect(now)  # (asked again until the quorum gives us a new epoch)
         return out
 
     def next_deadline(self) -> float:
         times = [since + self.s.fetch_wait for since, _, _ in self.parked.values()]
-        if self.role == FOLLOWING or (self.claim is not None and self.claim.source is not None):
+        if self.role == FOLLOWING:
             times.append(self.fetch_sent + self.s.fetch_retry)
-        if self.claim is not None:
-            c = self.claim
-            times += [c.asked.get(m, -1e18) + self.s.fetch_retry for m in c.probes if m not in c.answers]
-        if self.role == IDLE and self.owners[:1] == [self.me]:
-            times.append(self.idle_since + self._silence)
         if self.role == LEADING:
             times += [self._wake_at(m) for m in self.followers]
+            times += [self.caught_up.get(m, math.inf) + self.s.isr_lag_time for m in self.isr]
+            if self.asked is not None:
+                times.append(self.asked[2] + self.s.fetch_retry)
+        elif self.leadership is not None and self.leadership.leader == self.me and self.leadership.epoch == self.epoch:
+            times.append(self.reelect_asked + self.s.fetch_retry)
         times.append(self.disk.next_deadline())  # (fsync = interval: the next Sync)
         return min(times)
-
-    @property
-    def _silence(self) -> float:
-        """How long a member stays silent before we act without it (re-claim, or drop it from a claim)."""
-        return 3 * self.s.fetch_retry
 
     def _wake_at(self, follower: str) -> float:
         """When a leader wakes ``follower`` (a FETCH of ours): once it has not fetched for fetch_retry."""
