@@ -42,8 +42,9 @@ def encode_put(client_id: bytes, cookie: bytes, producer_id: bytes, partition: i
 
 
 #: PUTACK status: stored and committed on every owner; this member does not lead the partition
-#: (ask for the map, retry); too much uncommitted, retry; a gap (resend from the acknowledged point)
-PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP = 0, 1, 2, 3
+#: (ask for the map, retry); too much uncommitted, retry; a gap (resend from the acknowledged point);
+#: this member cannot reach the majority of the metadata quorum (retry, at another member)
+PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP, PUT_NO_QUORUM = 0, 1, 2, 3, 4
 
 
 def encode_putack(producer_id: bytes, partition: int, acked_seq: int, status: int) -> bytes:
@@ -95,7 +96,7 @@ def _put(f: list[Any]) -> tuple[Any, ...]:
 @_frame(FrameType.PUTACK, 4)
 def _putack(f: list[Any]) -> tuple[Any, ...]:
     _, _, pid, partition, acked, status = f
-    if status not in (PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP):
+    if status not in (PUT_OK, PUT_NOT_LEADER, PUT_BUSY, PUT_GAP, PUT_NO_QUORUM):
         raise WireError(ErrorCode.MALFORMED, "unknown PUTACK status")
     return (
         FrameType.PUTACK,

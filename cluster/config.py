@@ -132,6 +132,24 @@ CLUSTER_SETTINGS: list[Setting] = [
             "A follower's fetch that finds nothing new waits this long at the primary for records."),
     number("durable", "fetch_retry", 1.0, float, 0.01, 60,
             "A fetch unanswered this long is sent again (the link may have dropped it)."),
+    number("durable", "replicas", 3, int, 1, 8,
+            "Members holding each durable partition's log, the leader included (fewer when the "
+            "cluster has fewer members)."),
+    number("durable", "min_insync", 2, int, 1, 8,
+            "A put is committed only once the leader and at least this many - 1 more in-sync "
+            "replicas hold it on disk; with fewer in sync, puts are refused ('busy') and retried."),
+    number("durable", "isr_lag_time", 10.0, float, 0.1, 3600,
+            "A follower that has not caught up with its leader for this long leaves the in-sync "
+            "replicas (never below min_insync), so puts go on without it."),
+    Setting("durable", "quorum", [], list, "a list of 1, 3 or 5 member ids of [[members]] ([]: the first three)",
+            lambda v: len(v) in (0, 1, 3, 5) and all(isinstance(x, str) for x in v) and len(set(v)) == len(v),
+            "The voters of the metadata quorum that decides who leads each durable partition (a Raft "
+            "group: a majority of them must be up and reachable for durable puts and reads). Every "
+            "other member follows the quorum's decisions without a vote."),
+    number("durable", "quorum_election_timeout", 1.0, float, 0.05, 60,
+            "A quorum voter that hears no leader for this long (to twice as long, at random) "
+            "stands for election; a member that hears none for this long stops serving durable "
+            "requests (it may be on the minority side of a network partition)."),
 ]  # fmt: skip
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -190,6 +208,11 @@ class ClusterSettings:
     fetch_bytes: int
     fetch_wait: float
     fetch_retry: float
+    durable_replicas: int
+    min_insync: int
+    isr_lag_time: float
+    quorum: tuple[str, ...]  # (the TOML list; the voters once the members are known)
+    quorum_election_timeout: float
 
     def __init__(self) -> None:
         fill_defaults(self, CLUSTER_SETTINGS)
@@ -353,6 +376,15 @@ def load_cluster_config(path: str | Path, data: dict[str, Any] | None = None, *,
                 else key  # fmt: skip
             raise ConfigError(f"{source}: [[members]] {what} = {dup!r}: must be unique across members")
     members.sort(key=lambda m: m.id)  # the index of a member is its position here
+    ids = [m.id for m in members]
+    unknown = [v for v in settings.quorum if v not in ids]
+    if unknown:
+        raise ConfigError(f"{source}: [durable] quorum = {list(settings.quorum)!r}: {unknown[0]!r} is not a member; "
+                          f"members: {', '.join(ids)}")  # fmt: skip
+    settings.quorum = tuple(sorted(settings.quorum)) if settings.quorum else tuple(ids[: 3 if len(ids) >= 3 else 1])
+    if settings.min_insync > settings.durable_replicas:
+        raise ConfigError(f"{source}: [durable] min_insync = {settings.min_insync}: must be at most [durable] "
+                          f"replicas ({settings.durable_replicas})")  # fmt: skip
     cfg = ClusterConfig(source, settings, members, {k: data.get(k, {}) for k in NODE_SECTIONS})
     cfg.node_config(members[0].id)  # validate the shared node settings now
     return cfg

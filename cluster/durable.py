@@ -10,15 +10,21 @@ keeps those views (``plogs``) for the member, as one of its components:
   feeds their records as ``LogsRead`` before ``Start``; only then does this
   member take durable requests or answer log fetches (before, the fetcher and
   the claimant retry).
-* A log is active once it has records, a put came for it, or another owner
-  claimed or fetched it; an inactive partition costs nothing (no fetches, no
-  files). At every map change each active log learns its owners, primary first,
-  and the live members that owned it before (a new primary copies the best log
-  among them before it leads).
-* The logs talk over the peer links as requests and replies: a FETCH (claiming
-  or following) goes on our dialled link to the owner it is for, and the
-  DATA answer comes back on that link; a fetch that finds the link down is
-  retried by the log's own timer (``fetch_retry``).
+* Who leads each partition, at which epoch and with which in-sync replicas, is
+  the metadata quorum's decision (cluster/quorum.py, cluster/controller.py): this
+  component holds the member's ``Quorum`` and, whenever a partition's leadership
+  changes there, tells that partition's log (``lead``). It does so only while the
+  member is in contact with the quorum, and takes puts, cursor commits and reads
+  only then: a member cut off from the quorum's majority refuses them
+  (``PUT_NO_QUORUM``) rather than act on a leadership that may be gone. A log's
+  requests to the controller (``AlterIsr``, ``Reelect``) go through the quorum.
+* A log is active once it has records, a put came for it, another owner fetched
+  it, or the quorum names this member one of its replicas; an inactive
+  partition costs nothing (no fetches, no files).
+* The logs talk over the peer links as requests and replies: a FETCH goes on
+  our dialled link to the leader, and the DATA answer comes back on that link;
+  a fetch that finds the link down is retried by the log's own timer
+  (``fetch_retry``).
 * Disk work leaves as the log's actions (``Append``, ``Truncate``,
   ``ResetLog``, ``ReadLog``), for the runner to do in order, off the event
   loop; ``LogWritten`` and ``LogRecords`` bring the results back.
@@ -32,13 +38,15 @@ keeps those views (``plogs``) for the member, as one of its components:
 
 The member routes to :class:`DurableLogs` the runner's log events, the peers'
 LOGFETCH and LOGDATA frames and the broker core's durable requests, each with
-the time (``now``) and whether the member is ready; the links, the map holder
-and the action list are shared with the member.
+the time (``now``) and whether the member is ready, and the quorum's RAFT and
+CONTROL frames and its disk's answers; the links, the map holder and the action
+list are shared with the member.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -46,6 +54,7 @@ import msgpack
 
 from roost.client.durablewire import (
     PUT_BUSY,
+    PUT_NO_QUORUM,
     PUT_NOT_LEADER,
     START_EARLIEST,
     START_LATEST,
@@ -55,12 +64,22 @@ from roost.client.durablewire import (
     encode_records,
 )
 from roost.cluster.config import ClusterSettings
-from roost.cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved, Send
+from roost.cluster.events import (
+    LogFailed,
+    LogRecords,
+    LogReloaded,
+    LogRetained,
+    LogsRead,
+    LogWritten,
+    RaftPersisted,
+    Send,
+)
 from roost.cluster.links import LinkTable
 from roost.cluster.partitionlog import (
     EPOCH,
     LEADING,
     MESSAGE,
+    AlterIsr,
     Append,
     Committed,
     LogFormatError,
@@ -68,10 +87,13 @@ from roost.cluster.partitionlog import (
     PartitionLog,
     PeerFrame,
     ReadDone,
+    Reelect,
     Reload,
     Retain,
 )
 from roost.cluster.partitionmap import PartitionMap
+from roost.cluster.quorum import Quorum
+from roost.cluster.raft import RaftSettings, Stored
 from roost.cluster.peerwire import (
     PeerProtocolError,
     PeerType,
@@ -111,7 +133,8 @@ def cursor_key(name: str, topic: str) -> str:
 
 class DurableLogs:
     def __init__(self, member_id: str, s: ClusterSettings, cfg: NodeConfig, wall_offset: float, now: float,
-                 broker: BrokerCore, links: LinkTable, maps: PartitionMap, actions: list[Any]) -> None:  # fmt: skip
+                 broker: BrokerCore, links: LinkTable, maps: PartitionMap, rng: random.Random,
+                 actions: list[Any]) -> None:  # fmt: skip
         self.id = member_id
         self.s = s
         self.partitioned = s.mode == "partitioned"
@@ -133,10 +156,14 @@ class DurableLogs:
         # its own calls, every one of which ends in ``_run_log`` (which marks it stale). Asked
         # before and after every event of the member, it cost a call per active log each time.
         self._logs_due, self._logs_due_stale = math.inf, True
+        raft = RaftSettings(election_timeout=s.quorum_election_timeout,
+                            heartbeat_interval=s.quorum_election_timeout / 10)  # fmt: skip
+        self.quorum = Quorum(member_id, s.quorum, [], raft, s.partitions, s.durable_replicas, rng, links, actions)
+        self.in_contact = False  # (the quorum's contact as of the last event: leadership is followed only with it)
 
     def on_log_event(
         self,
-        ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved,
+        ev: LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | RaftPersisted,
         now: float,
         ready: bool,
     ) -> str | None:
@@ -153,6 +180,11 @@ class DurableLogs:
         if isinstance(ev, LogFailed):
             return (f"partition {ev.partition}: its durable log failed on disk ({ev.reason});"
                     " restart the member to read it again")  # fmt: skip
+        if isinstance(ev, RaftPersisted):
+            if ev.error:
+                return f"the quorum's state failed on disk ({ev.error}); restart the member to read it again"
+            self._lead(self.quorum.persisted(ev.token, now))
+            return None
         log = self.plogs.get(ev.partition)
         if log is None:
             return None
@@ -162,8 +194,6 @@ class DurableLogs:
             self._run_log(log.read_done(ev.token, ev.records))
         elif isinstance(ev, LogReloaded):
             self._run_log(log.reloaded(ev.scan, self.now))
-        elif isinstance(ev, SeenSaved):
-            self._run_log(log.seen_saved(ev.epoch, self.now))
         else:
             log.retained(ev.start)
             self._run_log(log.refresh_cursors(ev.wanted, self._wall_ms()))
@@ -174,6 +204,8 @@ class DurableLogs:
             return None
         if ev.error:
             return f"a durable log cannot be opened: {ev.error}"
+        if ev.quorum is None:
+            return "the quorum's state was not read"
         for p, scan in ev.logs.items():
             if 0 <= p < self.s.partitions:
                 self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
@@ -182,8 +214,7 @@ class DurableLogs:
         self._logs_due_stale = True
         self._out.append(Log("info", "logs_read", {"partitions": len(ev.logs),
                              "records": sum(s.records for s in ev.logs.values())}))  # fmt: skip
-        for p, log in self.plogs.items():
-            self._assign_log(p, log, None)
+        self._lead(self.quorum.started(ev.quorum, self.now) | set(self.plogs))
         return None
 
     def _log_for(self, p: int) -> PartitionLog:
@@ -192,28 +223,54 @@ class DurableLogs:
         if log is None:
             log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
             self._logs_due_stale = True
-            self._assign_log(p, log, None)
+            if self.in_contact:
+                self._run_log(log.lead(self.quorum.leadership(p), self.now))
         return log
 
-    def _assign_log(self, p: int, log: PartitionLog, old: Any) -> None:
+    def _lead(self, changed: set[int]) -> None:
+        """Partitions whose leadership changed in the quorum: their logs follow it (in contact)."""
+        if not self.logs_ready or not self.in_contact:
+            return
+        for p in sorted(changed):
+            lead = self.quorum.leadership(p)
+            log = self.plogs.get(p)
+            if log is None and lead is not None and self.id in lead.replicas:
+                log = self._log_for(p)  # (a replica we hold nothing of yet: it fetches)
+            elif log is not None:
+                self._run_log(log.lead(lead, self.now))
+
+    def _contact(self) -> bool:
+        """Whether we are in contact with the quorum now; when it comes back, every log follows the
+        leadership as it is now (what changed meanwhile was not followed)."""
+        contact = self.quorum.contact(self.now)
+        if contact and not self.in_contact:
+            self.in_contact = True
+            self._lead({*self.plogs, *self.quorum.meta.partitions})
+        self.in_contact = contact
+        return contact
+
+    def map_changed(self, old: Any, now: float, ready: bool) -> None:
+        """The map changed: the quorum's learners are every placed member, and the controller (if
+        we are it) decides again with the members it now sees live."""
+        self.now, self.ready = now, ready
         cmap = self.maps.cmap
         if cmap is None:
             return
-        owners = list(cmap.owners[p])
-        # (every live member, not only the owners of our previous map: while we were down or cut off,
-        # another member may have led it in its own map, alone, its log the newest; simulator seed 7)
-        before = [m for m in sorted(cmap.live) if m not in owners]
-        # Alone only where nobody else can hold the log: a member cut off from every other one
-        # must not lead a replicated partition with what it has (its log can be stale).
-        alone = cmap.replicas == 1 or len(cmap.members) == 1
-        self._run_log(log.assign(owners, before, cmap.epoch, self.now, alone))
-
-    def map_changed(self, old: Any, now: float, ready: bool) -> None:
-        """The map changed: every active log learns its owners."""
-        self.now, self.ready = now, ready
+        if sorted(cmap.members) != self.quorum.members:
+            self._lead(self.quorum.set_members(sorted(cmap.members), now))
         if self.logs_ready:
-            for p, log in self.plogs.items():
-                self._assign_log(p, log, old)
+            self._contact()
+            self._lead(self.quorum.tick(now, sorted(cmap.members), cmap.live))
+
+    def on_raft(self, peer: str, f: list[Any], now: float) -> None:
+        self.now = now
+        self._contact()
+        self._lead(self.quorum.on_raft(peer, f, now))
+        self._contact()
+
+    def on_control(self, peer: str, f: list[Any], now: float) -> None:
+        self.now = now
+        self._lead(self.quorum.on_control(peer, f, now))
 
     def _run_log(self, actions: list[Any]) -> None:
         self._logs_due_stale = True
@@ -238,6 +295,8 @@ class DurableLogs:
                     self._on_get(get._replace(start=START_OFFSET, start_at=at))
                 else:
                     self._answer_get(a.token, a.records)
+            elif cls is AlterIsr or cls is Reelect:
+                self._lead(self.quorum.ask(a, self.now))
             elif cls is Reload:  # (a cut below the cache: rare, and worth a line; the runner does it)
                 self._out.append(Log("warning", "log_reload", {"partition": a.partition, "to": a.to}))
                 self._out.append(a)
@@ -282,11 +341,11 @@ class DurableLogs:
     def on_logfetch(self, peer: str, lid: int, f: list[Any], now: float, ready: bool) -> None:
         """A peer's LOGFETCH on the link ``lid`` it dialled (the answer goes back there)."""
         self.now, self.ready = now, ready
-        p, epoch, end, last_epoch, claim = check_logfetch_untrusted(f, self.s.partitions)
+        p, epoch, end, last_epoch = check_logfetch_untrusted(f, self.s.partitions)
         self.log_requests[peer] = lid
         if not self.logs_ready or not ready:
             return  # (it asks again)
-        self._run_log(self._log_for(p).on_fetch(peer, epoch, end, last_epoch, claim, self.now))
+        self._run_log(self._log_for(p).on_fetch(peer, epoch, end, last_epoch, self.now))
 
     def on_logdata(self, peer: str, f: list[Any], now: float, ready: bool) -> None:
         """A peer's LOGDATA: the answer to our LOGFETCH."""
@@ -315,6 +374,8 @@ class DurableLogs:
         self.now, self.ready = now, ready
         if not self.logs_ready or not ready:
             return 1
+        if not self._contact():
+            return PUT_NO_QUORUM
         status, actions = self._log_for(p).put(msgs, pid, first, floor, token, wall_ms)
         self._run_log(actions)
         return status
@@ -327,12 +388,13 @@ class DurableLogs:
         if status:
             self._out.append(Send(a.addr, encode_putack(a.pid, a.partition, 0, status)))
             redirect = self.broker.redirect_frame
-            if status == PUT_NOT_LEADER and redirect is not None:
+            if status in (PUT_NOT_LEADER, PUT_NO_QUORUM) and redirect is not None:
                 self._out.append(Send(a.addr, redirect))  # (our map: where it leads)
 
     def _leading(self, p: int, addr: tuple[str, int]) -> PartitionLog | None:
-        """The log of ``p`` if we lead it; else None, and the client hears where to go."""
-        log = self._log_for(p) if self.logs_ready and self.ready else None
+        """The log of ``p`` if we lead it (in contact with the quorum); else None, and the client
+        hears where to go."""
+        log = self._log_for(p) if self.logs_ready and self.ready and self._contact() else None
         if log is not None and log.role == LEADING:
             return log
         redirect = self.broker.redirect_frame
@@ -441,6 +503,12 @@ class DurableLogs:
         self.now, self.ready = now, ready
         if self.deadline() > now:
             return
+        if self.logs_ready and self.quorum.deadline() <= now:
+            cmap = self.maps.cmap
+            placed, live = (sorted(cmap.members), cmap.live) if cmap is not None else ([], frozenset[str]())
+            self._contact()
+            self._lead(self.quorum.tick(now, placed, live))
+            self._contact()
         for log in self.plogs.values():
             if log.next_deadline() <= self.now:
                 self._run_log(log.tick(self.now))
@@ -457,7 +525,7 @@ class DurableLogs:
         if self._logs_due_stale:
             self._logs_due = min((log.next_deadline() for log in self.plogs.values()), default=math.inf)
             self._logs_due_stale = False
-        return min(self._logs_due, self.next_retention)
+        return min(self._logs_due, self.next_retention, self.quorum.deadline())
 
 
 def _lineage(log: PartitionLog) -> tuple[int, ...]:

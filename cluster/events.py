@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from roost.cluster.logrecords import LogScan
-from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, SaveSeen, Truncate
+from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, Truncate
+from roost.cluster.raft import RaftPersist, Stored
 from roost.node.actions import Log, Send, Trace
 from roost.node.segmentlog import Record
 
@@ -102,6 +103,7 @@ class LogsRead(NamedTuple):
 
     logs: dict[int, LogScan]
     error: str
+    quorum: Stored | None = None  # the metadata quorum's Raft state as stored (cluster/raftstore.py)
 
 
 class LogRetained(NamedTuple):
@@ -129,11 +131,12 @@ class LogFailed(NamedTuple):
     reason: str
 
 
-class SeenSaved(NamedTuple):
-    """Answer to ``SaveSeen``: the partition's accepted epoch is on disk."""
+class RaftPersisted(NamedTuple):
+    """Answer to ``RaftPersist``: the quorum's state up to ``token`` is on disk (synced), or
+    ``error`` (the disk failed: the member stops)."""
 
-    partition: int
-    epoch: int
+    token: int
+    error: str = ""
 
 
 class LogReloaded(NamedTuple):
@@ -169,7 +172,7 @@ Event = (
     | LogRetained
     | LogFailed
     | LogReloaded
-    | SeenSaved
+    | RaftPersisted
 )
 
 
@@ -234,13 +237,13 @@ Action = (
     | ReadLog
     | Retain
     | Reload
-    | SaveSeen
+    | RaftPersist
     | Trace
 )
 
 __all__ = [
     "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
     "LinkOpened", "LinkSent", "Log", "LogFailed", "LogRecords", "LogReloaded", "LogRetained", "LogWritten",
-    "LogsRead", "PersistDone", "ReadLog", "ReadSnapshot", "Reload", "ResetLog", "Retain", "SaveSeen", "SeenSaved",
+    "LogsRead", "PersistDone", "ReadLog", "ReadSnapshot", "Reload", "ResetLog", "RaftPersist", "RaftPersisted", "Retain", "Stored",
     "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick", "Trace", "Truncate", "WriteSnapshot",
 ]  # fmt: skip

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from roost.cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
+from roost.cluster.events import LogFailed, LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten
 from roost.cluster.logrecords import LogFormatError, LogScan
 from roost.cluster.partitionlog import (
     Append,
@@ -31,7 +31,6 @@ from roost.cluster.partitionlog import (
     Reload,
     ResetLog,
     Retain,
-    SaveSeen,
     Sync,
     Truncate,
 )
@@ -39,7 +38,6 @@ from roost.node.segmentlog import LogCorrupt, LogUsage, SegmentLog, sync_dir
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
 CHECKPOINT = "commit"  # in a partition directory: a commit its member knew (decimal), Kafka's high watermark
-SEEN = "seen"  # in a partition directory: the highest claim its member accepted (decimal, synced)
 SCAN_BYTES = 4 << 20  # a log is read at start-up this much at a time
 
 
@@ -76,10 +74,7 @@ class LogStore:
                 continue
             p = int(name[len(PREFIX) :])
             try:
-                if not any(d.glob("*.log")):  # (only a claim's promise: no log to open, no file held)
-                    seen = _read_number(d / SEEN, strict=True)
-                    if seen:
-                        logs[p] = LogScan(0, self.settings.keep, 0, seen)
+                if not any(d.glob("*.log")):  # (no log to open, no file held)
                     continue
                 log, rec = self._open(d)
                 scan = self._scan(log, d)
@@ -89,12 +84,12 @@ class LogStore:
                 self.log("warning", "log_tail_cut", partition=p, cut_at=rec.cut_at, cut_bytes=rec.cut_bytes,
                          reason=rec.cut_reason)  # fmt: skip
             self.logs[p] = log
-            if scan.records or scan.start or scan.seen:  # (an empty log reset to a later start begins there)
+            if scan.records or scan.start:  # (an empty log reset to a later start begins there)
                 logs[p] = scan
         return LogsRead(logs, "")
 
     def _scan(self, log: SegmentLog, d: Path) -> LogScan:
-        scan = LogScan(log.start, self.settings.keep, _read_number(d / CHECKPOINT), _read_number(d / SEEN, strict=True))
+        scan = LogScan(log.start, self.settings.keep, _read_number(d / CHECKPOINT))
         while scan.end < log.end:
             chunk = log.read(scan.end, max_bytes=SCAN_BYTES, max_records=1 << 62)
             if not chunk:
@@ -108,9 +103,6 @@ class LogStore:
         p = a.partition
         cls = a.__class__
         try:
-            if cls is SaveSeen:  # (a claim answered: the promise only, no log opened for it)
-                _write_number(self._dir(p) / SEEN, a.epoch, synced=True)
-                return SeenSaved(p, a.epoch)
             log = self._log(p)
             if cls is Sync:
                 log.sync()
@@ -190,40 +182,21 @@ def _flushed(log: SegmentLog) -> int:
     return log.end
 
 
-def _write_number(path: Path, value: int, synced: bool = False) -> None:
-    """Replaced whole. The commit checkpoint is never fsynced: after a power loss it may be older,
-    or gone, and either only makes the next start believe less is committed (safe: a claim commits
-    it again). A promise (the accepted claim, ``synced``) must not come back older: the file and
-    its directory (and the directory's parent, if it was made now) are synced."""
-    d = path.parent
-    if synced and not d.exists():
-        d.mkdir(parents=True)
-        sync_dir(d.parent)
+def _write_number(path: Path, value: int) -> None:
+    """Replaced whole, never fsynced: after a power loss the commit checkpoint may be older, or gone,
+    and either only makes the next start believe less is committed (safe: the leader and its
+    followers' fetches commit it again)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         f.write(f"{value}\n")
-        if synced:
-            f.flush()
-            os.fsync(f.fileno())
     os.replace(tmp, path)
-    if synced:
-        sync_dir(d)
 
 
-def _read_number(path: Path, strict: bool = False) -> int:
-    """The number a file holds, 0 if it is missing. Not a number: 0 for the checkpoint (nothing
-    known committed); an error if ``strict`` (a promise cannot be forgotten quietly: the member
-    must not answer a lower claim)."""
+def _read_number(path: Path) -> int:
+    """The number a file holds; 0 if it is missing, unreadable or not a number (nothing known
+    committed)."""
     try:
         text = path.read_text()
-    except FileNotFoundError:
-        return 0
     except OSError:
-        if strict:
-            raise
         return 0
-    if text.strip().isdigit():
-        return int(text)
-    if strict:
-        raise LogCorrupt(f"{path} is not an epoch: {text[:40]!r}")
-    return 0
+    return int(text) if text.strip().isdigit() else 0

@@ -90,7 +90,7 @@ from roost.cluster.events import (
     LogWritten,
     PersistDone,
     ReadSnapshot,
-    SeenSaved,
+    RaftPersisted,
     ServeClients,
     SnapshotRead,
     Start,
@@ -171,7 +171,8 @@ class MemberCore:
         self.queues = self.replicator.queues  # (the same dict: what we owe each peer)
         self.forwarding = Forwarding(self.peers, s.max_forward_queue, s.max_frame // 2, self.broker, self.lt, self._out)
         self.life = Lifecycle(member_id, s, wall_offset, now, self.broker, self.roster, self.lt, self.maps, self._out)
-        self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, self._out)
+        self.durable = DurableLogs(member_id, s, self.cfg, wall_offset, now, self.broker, self.lt, self.maps, rng,
+                                   self._out)  # fmt: skip
         self.plogs = self.durable.plogs  # (the same dict: the active partition logs)
         self.liveness = Liveness(member_id, self.cfg, s.heartbeat_interval, s.mode == "partitioned", self.broker,
                                  self.membership, self.peers, self.lt, self.pending, self.life, self.replicator,
@@ -216,7 +217,7 @@ class MemberCore:
             self._on_snapshot(ev.data, ev.reason)
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
-        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | SeenSaved):
+        elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | RaftPersisted):
             fatal = self.durable.on_log_event(ev, now, self.ready)  # (cluster/durable.py)
             if fatal is not None:
                 self._fatal(fatal)

@@ -3,7 +3,8 @@
 Every pair of members has two links, one dialled by each side (cluster/links.py). On a link a
 peer dialled come its *requests*: PUSH (its changes; we merge and answer PUSHACK), HEARTBEAT
 (its state for the failure detector; we answer BEAT), ROSTER, FORWARD/RELAY, PULL and DIGEST
-(answered as the link drains, cluster/dumps.py), LOGFETCH; on the admin's link, JOIN and LEAVE.
+(answered as the link drains, cluster/dumps.py), LOGFETCH, the quorum's RAFT and CONTROL; on the
+admin's link, JOIN and LEAVE.
 On a link we dialled come the *replies* to ours: BEAT, PUSHACK, FWDACK, DUMP/DUMPEND for our
 PULL, DIFF/DIFFEND for our DIGEST, LOGDATA, and ROSTER. Any other frame, or one of the wrong
 shape, is a protocol error: the member closes the link (:meth:`PeerFrames.refused` says why;
@@ -181,6 +182,12 @@ class PeerFrames:
         elif kind == PeerType.LOGFETCH:
             assert link.peer is not None
             self.durable.on_logfetch(link.peer, link.id, f, now, phase == "ready")
+        elif kind == PeerType.RAFT:
+            assert link.peer is not None
+            self.durable.on_raft(link.peer, f, now)
+        elif kind == PeerType.CONTROL:
+            assert link.peer is not None
+            self.durable.on_control(link.peer, f, now)
         elif kind == PeerType.HEARTBEAT and n == 7:
             return self._heartbeat(link, f, now)
         elif kind == PeerType.ROSTER and n == 2:

@@ -57,8 +57,10 @@ class PeerType(IntEnum):
     JOIN = 24  # [id, [host, port], [peer host, peer port]]: admin only; answered by ADMIN_REPLY
     LEAVE = 25  # [id]: admin only; answered by ADMIN_REPLY
     ADMIN_REPLY = 26  # [ok, message, roster entries]
-    LOGFETCH = 27  # [partition, epoch, end, last epoch, claim]: durable log replication (cluster/partitionlog.py)
+    LOGFETCH = 27  # [partition, epoch, end, last epoch]: durable log replication (cluster/partitionlog.py)
     LOGDATA = 28  # [partition, epoch, status, start, end, last epoch, commit, truncate, reset, [[offset, ms, body]]]
+    RAFT = 29  # [message...]: the metadata quorum's Raft messages (cluster/quorum.py), one way, on the sender's link
+    CONTROL = 30  # [kind, partition, epoch, version, isr]: a partition leader's request to the quorum's controller
 
 
 #: The id ``roost cluster join/leave`` authenticates as (no member id may contain "@").
@@ -295,14 +297,14 @@ def check_relay_untrusted(sends: Any) -> list[tuple[tuple[str, int], bytes]]:
     return out
 
 
-def check_logfetch_untrusted(f: list[Any], partitions: int) -> tuple[int, int, int, int, bool]:
-    """Validate LOGFETCH ``[type, partition, epoch, end, last epoch, claim]``."""
-    if len(f) != 6:
+def check_logfetch_untrusted(f: list[Any], partitions: int) -> tuple[int, int, int, int]:
+    """Validate LOGFETCH ``[type, partition, epoch, end, last epoch]``."""
+    if len(f) != 5:
         raise PeerProtocolError("malformed LOGFETCH")
-    _, p, epoch, end, last_epoch, claim = f
-    if p.__class__ is not int or not 0 <= p < partitions or claim.__class__ is not bool:
+    _, p, epoch, end, last_epoch = f
+    if p.__class__ is not int or not 0 <= p < partitions:
         raise PeerProtocolError("malformed LOGFETCH")
-    return p, _seq(epoch, "an epoch"), _seq(end, "an offset"), _seq(last_epoch, "an epoch"), claim
+    return p, _seq(epoch, "an epoch"), _seq(end, "an offset"), _seq(last_epoch, "an epoch")
 
 
 def check_logdata_untrusted(f: list[Any], partitions: int) -> tuple[Any, ...]:

@@ -49,7 +49,9 @@ from roost.cluster.events import (
     LinkOpened,
     LinkSent,
     Log,
+    LogsRead,
     PersistDone,
+    RaftPersisted,
     ReadSnapshot,
     Send,
     SendFrame,
@@ -61,6 +63,8 @@ from roost.cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.logstore import LogStore
+from roost.cluster.raft import RaftPersist
+from roost.cluster.raftstore import RaftStore, RaftStoreError
 from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import (
     Append,
@@ -70,7 +74,6 @@ from roost.cluster.partitionlog import (
     Reload,
     ResetLog,
     Retain,
-    SaveSeen,
     Sync,
     Truncate,
 )
@@ -85,7 +88,7 @@ from roost.node.server import CannotBind, open_monitor
 T = TypeVar("T")
 
 # (durable partition logs: cluster/logstore.py)
-_LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
+_LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload)
 
 # Snapshot chunks handed to one worker-thread call.
 _CHUNKS_PER_WRITE = 8
@@ -148,6 +151,9 @@ class ClusterNode:
             st.segment_bytes,
         )
         self._log_queues: dict[int, trio.MemorySendChannel[Any]] = {}  # one ordered queue per partition
+        # (the metadata quorum's Raft state, partitioned mode: cluster/raftstore.py)
+        self._quorum = RaftStore(Path(self.me.data_dir) / "quorum") if st.mode == "partitioned" else None
+        self._quorum_queue: trio.MemorySendChannel[RaftPersist] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -171,14 +177,14 @@ class ClusterNode:
         try:
             listeners = await trio.open_tcp_listeners(self.me.peer_addr[1], host=host)
         except OSError as exc:
-            self._logs.close()
+            self._close_stores()
             raise CannotBind(f"cannot bind {host}:{self.me.peer_addr[1]} (peer port): {exc.strerror or exc}") from None
         try:
             monitors = await open_monitor(self.cfg)  # (the monitor answers 503 while we sync)
         except CannotBind:
             for listener in listeners:
                 await listener.aclose()
-            self._logs.close()
+            self._close_stores()
             raise
         self.member.broker.cfg.monitor_addr = self.cfg.monitor_addr  # (the port bound: STATUS names it)
         try:
@@ -188,7 +194,7 @@ class ClusterNode:
                 if monitors:
                     nursery.start_soon(monitorhttp.serve, monitors, self.documents(), self.log, self.cfg)
                 nursery.start_soon(self._timers)
-                self._feed(await _in_thread(self._logs.open_all))  # (durable logs, before Start)
+                self._feed(await _in_thread(self._open_logs))  # (durable logs and the quorum's state, before Start)
                 self._feed(Start())
                 await self._ready.wait()  # (also set when the member exits before serving)
                 if self.addr is not None:
@@ -198,7 +204,7 @@ class ClusterNode:
         finally:
             if self._sock is not None:
                 self._sock.close()
-            self._logs.close()
+            self._close_stores()
 
     def documents(self) -> monitorhttp.Documents:
         """What the monitoring endpoint shows of this member."""
@@ -280,6 +286,11 @@ class ClusterNode:
                     self._log_queues[a.partition] = q
                     nursery.start_soon(self._log_worker, recv)
                 q.send_nowait(a)
+            elif cls is RaftPersist:
+                if self._quorum_queue is None:
+                    self._quorum_queue, recv_persists = trio.open_memory_channel[RaftPersist](math.inf)
+                    nursery.start_soon(self._quorum_worker, recv_persists)
+                self._quorum_queue.send_nowait(a)
             elif cls is Exit:
                 self.fatal = a.error
                 self._exit.set()
@@ -439,6 +450,33 @@ class ClusterNode:
             for ev in await _in_thread(self._logs.perform_all, batch):
                 if ev is not None:
                     self._feed(ev)
+
+    def _close_stores(self) -> None:
+        self._logs.close()
+        if self._quorum is not None:
+            self._quorum.close()
+
+    def _open_logs(self) -> LogsRead:
+        read = self._logs.open_all()
+        if self._quorum is None or read.error:
+            return read
+        try:
+            return read._replace(quorum=self._quorum.open())
+        except (RaftStoreError, OSError) as exc:
+            return LogsRead({}, f"the quorum's state: {exc}")
+
+    async def _quorum_worker(self, recv: trio.MemoryReceiveChannel[RaftPersist]) -> None:
+        """The quorum's state to disk, in the order the core asked, off the event loop; each is
+        answered once synced (a failure stops the member: its promises are not on disk)."""
+        assert self._quorum is not None
+        store = self._quorum
+        async for a in recv:
+            try:
+                await _in_thread(store.persist, a)
+            except (RaftStoreError, OSError) as exc:
+                self._feed(RaftPersisted(a.token, str(exc)))
+                return
+            self._feed(RaftPersisted(a.token))
 
     async def _read_snapshot(self) -> None:
         path = self._snapshot_path()

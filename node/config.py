@@ -322,6 +322,8 @@ class NodeConfig:
 def attr_of(section: str, key: str) -> str:
     """The attribute a setting is stored in: its key, or ``monitor_addr`` for [monitor] addr
     (a NodeConfig holds the settings of several sections side by side)."""
+    if section == "durable" and key == "replicas":  # (beside [cluster] replicas)
+        return "durable_replicas"
     return f"monitor_{key}" if section == "monitor" else key
 
 

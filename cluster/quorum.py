@@ -1,0 +1,246 @@
+"""A member's part in the metadata quorum of durable mode (sans-IO).
+
+Theory of operation (docs/durable.md, "Who leads a partition")
+----------------------------------------------------------------
+The quorum is one Raft group (cluster/raft.py) over the peer links. Its *voters*
+are the members ``[durable] quorum`` names (by default the first three of the
+config); every other member is a *learner*: it receives the committed log and
+applies it, but never votes. Every member applies the committed commands to its
+``Metadata`` (cluster/controller.py) in the same order, so each partition's
+``Leadership`` is the same everywhere once applied; ``take`` returns the
+partitions whose leadership changed, which the member's durable logs then follow.
+
+The member that leads the Raft group, while it holds the group's lease, is the
+*controller*: every ``tick`` it runs ``decide`` over its map (the placed members
+and those it sees live) and proposes what comes out, once per partition version
+(again after ``election_timeout`` if that version is still current: a proposal
+can be lost with a leader change). Partition leaders ask it for ISR changes and
+new epochs with CONTROL frames (``AlterIsr``, ``Reelect``), which it checks
+against the metadata and proposes; the answer is the committed leadership.
+
+*Contact*: a member acts on its metadata (leads, serves readers, takes puts)
+only while it is in contact with the quorum: it leads the group with its lease,
+or it heard the group's leader within ``election_timeout`` and has applied
+everything that leader had committed then. A member on the minority side of a
+partition, or restarted with an old metadata log, therefore refuses rather than
+act on a leadership the quorum may have replaced (docs/durable.md).
+
+Raft frames are ``[RAFT, *message]`` requests on our dialled link to the peer;
+CONTROL frames ``[CONTROL, kind, partition, epoch, version, isr]`` likewise, to
+the group's leader. The Raft state's disk work leaves as ``RaftPersist`` for the
+shell (cluster/raftstore.py, the simulator's sim/raftdisk.py) and comes back as
+``RaftPersisted``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from roost.cluster import controller
+from roost.cluster.controller import Leadership, Metadata, SetPartition
+from roost.cluster.links import LinkTable
+from roost.cluster.logactions import AlterIsr, Reelect
+from roost.cluster.peerwire import PeerProtocolError, PeerType, encode
+from roost.cluster.raft import (
+    AppendEntries,
+    InstallSnapshot,
+    Raft,
+    RaftApply,
+    RaftFormatError,
+    RaftPersist,
+    RaftRestore,
+    RaftRoleChanged,
+    RaftSend,
+    RaftSettings,
+    RaftSnapshotWanted,
+    Stored,
+    decode_untrusted_raft,
+)
+from roost.cluster.raft import encode as encode_raft
+from roost.node.actions import Log
+
+ALTER_ISR, REELECT = 1, 2  # CONTROL kinds
+
+
+class Quorum:
+    def __init__(self, member_id: str, voters: tuple[str, ...], members: list[str], settings: RaftSettings,
+                 partitions: int, replicas: int, rng: random.Random, links: LinkTable,
+                 actions: list[Any]) -> None:  # fmt: skip
+        self.id = member_id
+        self.voters = voters
+        self.members = members
+        self.rs = settings
+        self.partitions = partitions
+        self.replicas = replicas
+        self.rng = rng
+        self.links = links
+        self._out = actions
+        self.meta = Metadata()
+        self.raft: Raft | None = None  # (made once the stored state is read: ``started``)
+        self.heard_leader = -1e18  # when the group's leader last told us its log (a learner's contact)
+        self.leader_commit = 0  # the commit it told us then
+        self.proposed: dict[tuple[int, int], float] = {}  # (partition, version) -> when we proposed a change of it
+
+    def started(self, stored: Stored, now: float) -> set[int]:
+        """The stored Raft state was read: the core starts (its snapshot is applied at once)."""
+        learners = tuple(m for m in self.members if m not in self.voters)
+        self.raft = Raft(self.id, self.voters, learners, self.rs, self.rng, stored, now)
+        changed: set[int] = set()
+        if stored.snapshot is not None:
+            changed |= self._restore(stored.snapshot)
+        return changed
+
+    # ------------------------------------------------------------ contact
+
+    def contact(self, now: float) -> bool:
+        raft = self.raft
+        if raft is None:
+            return False
+        if raft.role == "leader":
+            return raft.lease_valid(now)
+        return now - self.heard_leader < self.rs.election_timeout and raft.applied_index >= self.leader_commit
+
+    def leadership(self, p: int) -> Leadership | None:
+        return self.meta.partitions.get(p)
+
+    # ------------------------------------------------------------ frames
+
+    def on_raft(self, peer: str, f: list[Any], now: float) -> set[int]:
+        if self.raft is None:
+            return set()
+        try:
+            msg = decode_untrusted_raft(f[1:])
+        except RaftFormatError as exc:
+            raise PeerProtocolError(f"RAFT: {exc}") from None
+        if isinstance(msg, AppendEntries | InstallSnapshot) and msg.term >= self.raft.term:
+            self.heard_leader = now
+            self.leader_commit = max(self.leader_commit, msg.commit if isinstance(msg, AppendEntries) else msg.index)
+        return self._run(self.raft.receive(peer, msg, now), now)
+
+    def on_control(self, peer: str, f: list[Any], now: float) -> set[int]:
+        """A partition leader's request (AlterIsr, Reelect); taken only while we are the controller."""
+        kind, p, epoch, version, isr = check_control_untrusted(f, self.partitions)
+        if not self._controlling(now):
+            return set()
+        now_lead = self.meta.partitions.get(p)
+        if now_lead is None or now_lead.version != version:
+            return set()
+        change = (controller.alter_isr(self.meta, p, peer, epoch, isr) if kind == ALTER_ISR
+                  else controller.reelect(self.meta, p, peer, epoch))  # fmt: skip
+        return self._propose([change], now) if change is not None else set()
+
+    def ask(self, a: AlterIsr | Reelect, now: float) -> set[int]:
+        """Our partition log's request to the controller: to ourselves, or a CONTROL frame to it."""
+        lead = self.meta.partitions.get(a.partition)
+        if lead is None:
+            return set()
+        isr = list(a.isr) if isinstance(a, AlterIsr) else []
+        kind = ALTER_ISR if isinstance(a, AlterIsr) else REELECT
+        frame = [PeerType.CONTROL, kind, a.partition, a.epoch, lead.version if kind == REELECT else a.version, isr]
+        if self._controlling(now):
+            return self.on_control(self.id, frame, now)
+        target = self.raft.leader if self.raft is not None else None
+        lid = self.links.up(target) if target is not None else None
+        if lid is not None:
+            self.links.frame(lid, encode(frame))
+        return set()
+
+    def persisted(self, token: int, now: float) -> set[int]:
+        if self.raft is None:
+            return set()
+        return self._run(self.raft.persisted(token, now), now)
+
+    # ------------------------------------------------------------ time
+
+    def tick(self, now: float, placed: list[str], live: frozenset[str]) -> set[int]:
+        """The core's timers, then (controlling) the controller's round over our map."""
+        if self.raft is None:
+            return set()
+        changed = set()
+        if now >= self.raft.next_deadline():
+            changed |= self._run(self.raft.tick(now), now)
+        if self._controlling(now) and placed:
+            decisions = controller.decide(self.meta, placed, live, self.partitions, self.replicas)
+            changed |= self._propose(decisions, now)
+        return changed
+
+    def deadline(self) -> float:
+        return self.raft.next_deadline() if self.raft is not None else float("inf")
+
+    def set_members(self, members: list[str], now: float) -> set[int]:
+        """The roster changed: every member not a voter is a learner."""
+        self.members = members
+        if self.raft is None:
+            return set()
+        return self._run(self.raft.set_learners(tuple(m for m in members if m not in self.voters), now), now)
+
+    # ------------------------------------------------------------ the core's actions
+
+    def _controlling(self, now: float) -> bool:
+        return self.raft is not None and self.raft.role == "leader" and self.raft.lease_valid(now)
+
+    def _propose(self, changes: list[SetPartition], now: float) -> set[int]:
+        assert self.raft is not None
+        changed: set[int] = set()
+        for c in changes:
+            key = (c.partition, c.version)
+            if now < self.proposed.get(key, -1e18) + self.rs.election_timeout:
+                continue
+            index, actions = self.raft.propose(c.encode(), now)
+            if index is None:
+                break
+            self.proposed[key] = now
+            changed |= self._run(actions, now)
+        return changed
+
+    def _run(self, actions: list[Any], now: float) -> set[int]:
+        assert self.raft is not None
+        changed: set[int] = set()
+        for a in actions:
+            cls = a.__class__
+            if cls is RaftSend:
+                lid = self.links.up(a.to)
+                if lid is not None:
+                    self.links.frame(lid, encode([PeerType.RAFT, *encode_raft(a.msg)]))
+            elif cls is RaftApply:
+                p = self.meta.apply(a.index, a.command)
+                if p is not None:
+                    changed.add(p)
+                    lead = self.meta.partitions[p]
+                    self.proposed = {k: t for k, t in self.proposed.items() if k[1] >= lead.version}
+            elif cls is RaftRestore:
+                changed |= self._restore(a.data)
+            elif cls is RaftSnapshotWanted:
+                changed |= self._run(self.raft.snapshot_taken(self.meta.applied, self.meta.snapshot(), now), now)
+            elif cls is RaftRoleChanged:
+                self._out.append(Log("info", "quorum_role", {"role": a.role, "term": a.term, "leader": a.leader}))
+            else:  # (RaftPersist: the shell's)
+                assert cls is RaftPersist
+                self._out.append(a)
+        return changed
+
+    def _restore(self, data: bytes) -> set[int]:
+        old = self.meta.partitions
+        self.meta = Metadata.restore_untrusted(data)
+        return {p for p in {*old, *self.meta.partitions} if old.get(p) != self.meta.partitions.get(p)}
+
+
+def check_control_untrusted(f: list[Any], partitions: int) -> tuple[int, int, int, int, tuple[str, ...]]:
+    """Validate CONTROL ``[type, kind, partition, epoch, version, isr]``."""
+    if len(f) != 6:
+        raise PeerProtocolError("malformed CONTROL")
+    _, kind, p, epoch, version, isr = f
+    if kind not in (ALTER_ISR, REELECT) or kind.__class__ is not int:
+        raise PeerProtocolError("CONTROL kind must be 1 (alter isr) or 2 (reelect)")
+    if p.__class__ is not int or not 0 <= p < partitions:
+        raise PeerProtocolError("CONTROL partition out of range")
+    for v in (epoch, version):
+        if v.__class__ is not int or not 0 <= v < controller.EPOCH_LIMIT:
+            raise PeerProtocolError("CONTROL epoch and version are integers in range")
+    if isr.__class__ is not list or len(isr) > controller.MAX_REPLICAS:
+        raise PeerProtocolError("CONTROL isr must be a list of member ids")
+    for m in isr:
+        if m.__class__ is not str or not 0 < len(m) <= controller.MAX_ID:
+            raise PeerProtocolError("CONTROL isr must be a list of member ids")
+    return kind, p, epoch, version, tuple(isr)
