@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
+from roost.cluster.raft import RaftSettings
 
 from roost.client.durablewire import (
     PUT_BUSY,
@@ -76,11 +77,9 @@ from roost.cluster.events import (
 )
 from roost.cluster.links import LinkTable
 from roost.cluster.partitionlog import (
-    EPOCH,
     LEADING,
     MESSAGE,
     AlterIsr,
-    Append,
     Committed,
     LogFormatError,
     LogSettings,
@@ -92,8 +91,6 @@ from roost.cluster.partitionlog import (
     Retain,
 )
 from roost.cluster.partitionmap import PartitionMap
-from roost.cluster.quorum import Quorum
-from roost.cluster.raft import RaftSettings, Stored
 from roost.cluster.peerwire import (
     PeerProtocolError,
     PeerType,
@@ -101,6 +98,7 @@ from roost.cluster.peerwire import (
     check_logfetch_untrusted,
     encode,
 )
+from roost.cluster.quorum import Quorum
 from roost.node.actions import DurableCommit, DurableGet, DurablePut, Log, Trace
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore
@@ -305,24 +303,13 @@ class DurableLogs:
 
     def _trace_log(self, actions: list[Any]) -> None:
         """The simulator's checker (sim/durablecheck.py) hears every record a leader commits, with the
-        members holding it on disk then (the leader and the followers whose fetches passed it), and
-        every leader's start, seen as the Append of its EPOCH record, with its view of the live
-        members and its log's epochs."""
+        members holding it on disk then (the leader and the followers whose fetches passed it)."""
         for a in actions:
-            cls = a.__class__
-            if cls is Committed and a.records:
-                holders = {self.id, *self.plogs[a.partition].followers}
+            if a.__class__ is Committed and a.records:
+                holders = {self.id, *(m for m, end in self.plogs[a.partition].followers.items()
+                                      if end > a.records[-1].offset)}  # fmt: skip
                 self._out.append(Trace("committed", {"partition": a.partition, "records": a.records,
                                                      "holders": holders}))  # fmt: skip
-            elif cls is Append and len(a.records) == 1:
-                log = self.plogs.get(a.partition)
-                if log is not None and log.role == LEADING and log.end == a.records[0].offset + 1:
-                    b = msgpack.unpackb(a.records[0].body, raw=False)
-                    cmap = self.maps.cmap
-                    if b[1] == EPOCH and b[0] == log.epoch and cmap is not None:
-                        self._out.append(Trace("took_over", {"partition": a.partition, "member": self.id,
-                                                             "epoch": log.epoch, "live": cmap.live,
-                                                             "lineage": _lineage(log)}))  # fmt: skip
 
     def _log_frame(self, a: PeerFrame) -> None:
         f = a.frame
@@ -417,8 +404,7 @@ class DurableLogs:
                 v = log.state.cursors.get((a.did, key))
                 if v is not None:
                     self._out.append(Trace("cursor_served", {"partition": a.partition, "did": a.did, "key": key,
-                                                             "cursor": v, "member": self.id,
-                                                             "lineage": _lineage(log)}))  # fmt: skip
+                                                             "cursor": v, "member": self.id}))  # fmt: skip
 
     def _serve_get(self, a: DurableGet) -> None:
         """A GET: committed records of the topic from the subscription's cursor (made at ``start``
@@ -526,8 +512,3 @@ class DurableLogs:
             self._logs_due = min((log.next_deadline() for log in self.plogs.values()), default=math.inf)
             self._logs_due_stale = False
         return min(self._logs_due, self.next_retention, self.quorum.deadline())
-
-
-def _lineage(log: PartitionLog) -> tuple[int, ...]:
-    """The epochs of a log, oldest first (how the checker tells which leader's history it has)."""
-    return tuple(e for e, _ in log.epochs)

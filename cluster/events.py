@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from roost.cluster.raft import RaftPersist, Stored
+
 from roost.cluster.logrecords import LogScan
 from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, Truncate
-from roost.cluster.raft import RaftPersist, Stored
 from roost.node.actions import Log, Send, Trace
 from roost.node.segmentlog import Record
 
@@ -242,8 +243,43 @@ Action = (
 )
 
 __all__ = [
-    "Accepted", "Action", "Addr", "Append", "Close", "Datagrams", "Dial", "Event", "Exit", "LinkBytes", "LinkClosed",
-    "LinkOpened", "LinkSent", "Log", "LogFailed", "LogRecords", "LogReloaded", "LogRetained", "LogWritten",
-    "LogsRead", "PersistDone", "ReadLog", "ReadSnapshot", "Reload", "ResetLog", "RaftPersist", "RaftPersisted", "Retain", "Stored",
-    "Send", "SendFrame", "ServeClients", "SnapshotRead", "Start", "Stop", "Tick", "Trace", "Truncate", "WriteSnapshot",
+    "Accepted",
+    "Action",
+    "Addr",
+    "Append",
+    "Close",
+    "Datagrams",
+    "Dial",
+    "Event",
+    "Exit",
+    "LinkBytes",
+    "LinkClosed",
+    "LinkOpened",
+    "LinkSent",
+    "Log",
+    "LogFailed",
+    "LogRecords",
+    "LogReloaded",
+    "LogRetained",
+    "LogWritten",
+    "LogsRead",
+    "PersistDone",
+    "RaftPersist",
+    "RaftPersisted",
+    "ReadLog",
+    "ReadSnapshot",
+    "Reload",
+    "ResetLog",
+    "Retain",
+    "Send",
+    "SendFrame",
+    "ServeClients",
+    "SnapshotRead",
+    "Start",
+    "Stop",
+    "Stored",
+    "Tick",
+    "Trace",
+    "Truncate",
+    "WriteSnapshot",
 ]  # fmt: skip

@@ -34,7 +34,7 @@ from roost.cluster.partitionlog import (
     Sync,
     Truncate,
 )
-from roost.node.segmentlog import LogCorrupt, LogUsage, SegmentLog, sync_dir
+from roost.node.segmentlog import LogCorrupt, LogUsage, SegmentLog
 
 PREFIX = "p"  # partition directories: p00000, p00001, ...
 CHECKPOINT = "commit"  # in a partition directory: a commit its member knew (decimal), Kafka's high watermark

@@ -37,11 +37,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from roost.cluster import controller
-from roost.cluster.controller import Leadership, Metadata, SetPartition
-from roost.cluster.links import LinkTable
-from roost.cluster.logactions import AlterIsr, Reelect
-from roost.cluster.peerwire import PeerProtocolError, PeerType, encode
 from roost.cluster.raft import (
     AppendEntries,
     InstallSnapshot,
@@ -58,6 +53,12 @@ from roost.cluster.raft import (
     decode_untrusted_raft,
 )
 from roost.cluster.raft import encode as encode_raft
+
+from roost.cluster import controller
+from roost.cluster.controller import Leadership, Metadata, SetPartition
+from roost.cluster.links import LinkTable
+from roost.cluster.logactions import AlterIsr, Reelect
+from roost.cluster.peerwire import PeerProtocolError, PeerType, encode
 from roost.node.actions import Log
 
 ALTER_ISR, REELECT = 1, 2  # CONTROL kinds
@@ -98,8 +99,8 @@ class Quorum:
         if raft is None:
             return False
         if raft.role == "leader":
-            return raft.lease_valid(now)
-        return now - self.heard_leader < self.rs.election_timeout and raft.applied_index >= self.leader_commit
+            return bool(raft.lease_valid(now))
+        return now - self.heard_leader < self.rs.election_timeout and bool(raft.applied_index >= self.leader_commit)
 
     def leadership(self, p: int) -> Leadership | None:
         return self.meta.partitions.get(p)
@@ -135,9 +136,10 @@ class Quorum:
         lead = self.meta.partitions.get(a.partition)
         if lead is None:
             return set()
-        isr = list(a.isr) if isinstance(a, AlterIsr) else []
-        kind = ALTER_ISR if isinstance(a, AlterIsr) else REELECT
-        frame = [PeerType.CONTROL, kind, a.partition, a.epoch, lead.version if kind == REELECT else a.version, isr]
+        if isinstance(a, AlterIsr):
+            frame = [PeerType.CONTROL, ALTER_ISR, a.partition, a.epoch, a.version, list(a.isr)]
+        else:
+            frame = [PeerType.CONTROL, REELECT, a.partition, a.epoch, lead.version, []]
         if self._controlling(now):
             return self.on_control(self.id, frame, now)
         target = self.raft.leader if self.raft is not None else None

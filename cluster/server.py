@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
+from roost.cluster.raft import RaftPersist
+from roost.cluster.raftstore import RaftStore, RaftStoreError
 
 from roost import __version__
 from roost.client.udp import drain, open_udp, send_all, send_ready, yield_cpu
@@ -63,8 +65,6 @@ from roost.cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.logstore import LogStore
-from roost.cluster.raft import RaftPersist
-from roost.cluster.raftstore import RaftStore, RaftStoreError
 from roost.cluster.member import MemberCore
 from roost.cluster.partitionlog import (
     Append,

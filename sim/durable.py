@@ -63,7 +63,7 @@ from sim.world import WALL, SimMember
 
 Addr = tuple[str, int]
 DURABLE_TOPICS = ("d0", "d1", "d2")
-DURABLE_TRACES = frozenset({"committed", "took_over", "cursor_served", "records_served"})  # (traced)
+DURABLE_TRACES = frozenset({"committed", "cursor_served", "records_served"})  # (traced)
 # Durable client processes: each puts to every durable topic and reads one; a second one in a
 # third of the seeds (two writers to a partition, two cursors in it), one otherwise (the cost of
 # a seed: scripts/simulate.py campaigns run 10,000 of them)
@@ -292,15 +292,13 @@ class DurableWorkload:
 
     def traced(self, t: Trace) -> None:
         """A member core's durable Trace (cluster/durable.py, emitted as the simulator's configuration
-        asks): what it committed, took over, and served, for the checker."""
+        asks): what it committed and served, for the checker."""
         f, check = t.fields, self.dcheck
         if t.event == "committed":
             check.committed(f["partition"], f["records"], f["holders"], self.clock.now)
-        elif t.event == "took_over":
-            check.took_over(f["partition"], f["member"], f["epoch"], f["live"], f["lineage"], self.clock.now)
         elif t.event == "cursor_served":
             now = self.clock.now
-            check.cursor_served(f["partition"], f["did"], f["key"], f["cursor"], f["member"], f["lineage"], now)
+            check.cursor_served(f["partition"], f["did"], f["key"], f["cursor"], f["member"], now)
         elif t.event == "records_served":
             index = self._readers.get(f["name"])
             if index is not None:

@@ -6,16 +6,16 @@ Theory of operation
 The durable workload (sim/durable.py) reports to a :class:`DurableCheck` as things
 happen: a put acknowledged to a producer, a record delivered to a consumer's application, and,
 from hooks on the member cores, every record a leader commits (with the members that hold it on
-disk at that moment: the leader and the followers whose fetches passed it), every leader's start
-(with its view of the live members) and every cursor a leader serves a GET from. At the end,
+disk at that moment: the leader and the followers whose fetches passed it) and every cursor a
+leader serves a GET from. At the end,
 after the heal, the quiet period and the settle, :meth:`DurableCheck.final` judges each
 partition that saw durable traffic against its *final log*: the log on the simulated disk of the
-primary of the final map, below that primary's commit. Violations go to the run's
+leader the quorum names at the end, below that leader's commit. Violations go to the run's
 sim/check.py ``Checker``, so scripts/simulate.py reports them like any other.
 
-* leader: the primary of the final map leads the partition's log;
-* owners agree: every live owner of the final map holds the same records at the same offsets
-  below the commit;
+* leader: the member the quorum names leads the partition's log, at the quorum's epoch;
+* replicas agree: every live in-sync replica holds the same records at the same offsets below
+  the commit;
 * acknowledged puts: a put acknowledged to its producer is in the final log; no (producer id,
   sequence) is there twice, and each producer's sequences are there in order;
 * consumers: after de-duplication by offset (the application keeps the offsets it processed,
@@ -27,24 +27,11 @@ sim/check.py ``Checker``, so scripts/simulate.py reports them like any other.
   committed one;
 * committed only: every record a consumer got was committed by a leader first.
 
-The one exemption is what docs/durable.md does not promise: with two replicas there is no
-majority. A member that takes a partition over while it sees none of the members holding some
-records (both owners lost at once, or cut off together, or from each other) leads without them,
-and the partition's history follows one branch. Each takeover is recorded with its *lineage* (the
-epochs of the log it began leading), and a record ``R`` with the lineage its leader began with.
-An observer's log (the final log, or a leader serving a cursor) that lacks a committed ``R`` is
-excused only if the two lineages parted at a *blind takeover*: one on the observer's side (its
-epoch in the observer's lineage and not in ``R``'s) whose member and live view held none of the
-members that had ``R`` on disk then (or when ``R`` was first committed, if later), or did not
-hold the leader that wrote ``R``, which went on leading unseen and committed ``R`` after it (the
-other side of a split); or one on
-``R``'s side whose view held neither the observer nor any member holding a record of the
-observer's branch. Everything else (a takeover that saw a holder, a follower that acknowledged
-what it had not synced, a leader that committed without its follower or served what was not
-committed) is a violation. Excused records are counted (``stats``), so a campaign shows how often
-the limit was reached.
+There is no exemption for leadership: a leader is made only by the metadata quorum, only from the
+in-sync replicas, so every acknowledged put must be in the final log, whatever partitions,
+crashes and pauses came before.
 
-The other limit is the fsync policy's. With ``fsync = "interval"`` (some seeds) a record is
+The one limit is the fsync policy's. With ``fsync = "interval"`` (some seeds) a record is
 acknowledged once written on every owner and fsynced within ``fsync_interval``: a power loss
 (every crash in the simulator is one) of the owners within that interval can lose it. The
 simulation reports what each power loss took from a member's disk and when each of those records
@@ -79,24 +66,6 @@ class Rec:
     held: list[tuple[float, frozenset[str]]]  # (when a leader's commit passed it, the members holding it then)
     offset: int = -1
 
-    def holders(self, at: float) -> frozenset[str]:
-        """The members that held it on disk by ``at`` (by its first commit, if ``at`` is earlier:
-        a takeover before then must not have seen them either)."""
-        until = max(at, self.held[0][0])
-        return frozenset().union(*(h for t, h in self.held if t <= until))
-
-
-@dataclass
-class Takeover:
-    """A leader's start: its member, epoch, view, and its log's lineage (the epochs in it, its own last)."""
-
-    member: str
-    epoch: int
-    live: frozenset[str]  # the members it held for live when it began to lead
-    at: float
-    lineage: tuple[int, ...]
-    blind: dict[Any, bool] = field(default_factory=dict)  # (worked out at the end: ``DurableCheck._blind``)
-
 
 @dataclass
 class Consumer:
@@ -120,11 +89,10 @@ class DurableCheck:
     at_offset: dict[tuple[int, int], list[RecKey]] = field(default_factory=dict)
     by_seq: dict[tuple[int, bytes, int], list[RecKey]] = field(default_factory=dict)  # (p, pid, seq)
     cursors: dict[tuple[int, bytes, str], list[tuple[float, int, RecKey]]] = field(default_factory=dict)
-    takeovers: dict[int, list[Takeover]] = field(default_factory=dict)
     # (p, pid, seq) -> when the producer heard it acknowledged
     acked: dict[tuple[int, bytes, int], float] = field(default_factory=dict)
-    # (p, durable id, cursor key) -> [(when, value, member, its log's lineage)] served to a GET
-    served: dict[tuple[int, bytes, str], list[tuple[float, int, str, tuple[int, ...]]]] = field(default_factory=dict)
+    # (p, durable id, cursor key) -> [(when, value, member)] served to a GET
+    served: dict[tuple[int, bytes, str], list[tuple[float, int, str]]] = field(default_factory=dict)
     consumers: dict[int, Consumer] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"puts_acked": 0, "consumed": 0, "excused": 0})
     _excused: set[int] = field(default_factory=set)  # id() of the records excused (``stats``)
@@ -158,17 +126,12 @@ class DurableCheck:
             if now - written <= within:
                 self.unsynced_lost.add((p, r.offset, r.body))
 
-    def took_over(self, p: int, member: str, epoch: int, live: frozenset[str], lineage: tuple[int, ...],
-                  now: float) -> None:  # fmt: skip
-        self.takeovers.setdefault(p, []).append(Takeover(member, epoch, live, now, lineage))
-
     def put_acked(self, p: int, pid: bytes, seq: int, now: float) -> None:
         self.acked.setdefault((p, pid, seq), now)
         self.stats["puts_acked"] += 1
 
-    def cursor_served(self, p: int, did: bytes, key: str, value: int, member: str, lineage: tuple[int, ...],
-                      now: float) -> None:  # fmt: skip
-        self.served.setdefault((p, did, key), []).append((now, value, member, lineage))
+    def cursor_served(self, p: int, did: bytes, key: str, value: int, member: str, now: float) -> None:
+        self.served.setdefault((p, did, key), []).append((now, value, member))
 
     def consumer(self, index: int, topic: str, p: int) -> None:
         """Consumer ``index`` reads ``topic`` of partition ``p``: by the end it must have seen all of it."""
@@ -195,50 +158,16 @@ class DurableCheck:
             for r in records:
                 c.served.setdefault(r.offset, []).append((now, r.body))
 
-    # ------------------------------------------------------------ the exemption
+    # ------------------------------------------------------------ the fsync policy's limit
 
-    def excused(self, p: int, rec: Rec, lineage: tuple[int, ...], observer: str) -> bool:
-        """May ``observer``'s log, whose epochs are ``lineage``, lack ``rec``? Only if the two branches
-        parted at a blind takeover: one on the log's side (and not ``rec``'s) that saw none of the
-        members holding ``rec``, or not the leader that wrote it, which went on leading unseen and
-        committed ``rec`` after it (the other side of a split); or one on ``rec``'s side that saw
-        neither the observer nor any member holding a record of the log's."""
-        if (p, rec.offset, rec.raw) in self.unsynced_lost:  # (fsync = interval: documented)
+    def excused(self, p: int, rec: Rec) -> bool:
+        """May a log lack ``rec``? Only if a power loss took it while its fsync was still due
+        (fsync = interval, documented): nothing else excuses a missing committed record."""
+        if (p, rec.offset, rec.raw) in self.unsynced_lost:
             self._excused.add(id(rec))
             self.stats["excused"] = len(self._excused)
             return True
-        mine, theirs = set(lineage), set(self._lineage(p, rec.epoch))
-        writer = self._writer(p, rec.epoch)
-        for t in self.takeovers.get(p, ()):
-            seen = t.live | {t.member}
-            if (t.epoch in mine and t.epoch not in theirs and (
-                not rec.holders(t.at) & seen
-                or (writer is not None and writer.at < t.at < rec.held[0][0] and writer.member not in seen)
-            )) or (
-                t.epoch in theirs and t.epoch not in mine and observer not in seen and self._blind(p, t, lineage)
-            ):  # fmt: skip
-                self._excused.add(id(rec))
-                self.stats["excused"] = len(self._excused)
-                return True
         return False
-
-    def _writer(self, p: int, epoch: int) -> Takeover | None:
-        """The leader start of ``epoch``."""
-        return next((t for t in self.takeovers.get(p, ()) if t.epoch == epoch), None)
-
-    def _lineage(self, p: int, epoch: int) -> tuple[int, ...]:
-        """The epochs of the log a leader of ``epoch`` began with (its own last)."""
-        return next((t.lineage for t in self.takeovers.get(p, ()) if t.epoch == epoch), (epoch,))
-
-    def _blind(self, p: int, t: Takeover, lineage: tuple[int, ...]) -> bool:
-        """Did ``t`` begin seeing none of the members holding some record of an epoch of ``lineage``
-        (by then, or when it was first committed, if later)?"""
-        key = (p, lineage)
-        if key not in t.blind:
-            seen = t.live | {t.member}
-            t.blind[key] = any(rec.epoch in lineage and not rec.holders(t.at) & seen
-                               for (q, _, _), rec in self.records.items() if q == p)  # fmt: skip
-        return t.blind[key]
 
     def _payload_rec(self, p: int, offset: int, topic: str, payload: bytes) -> Rec | None:
         for key in self.at_offset.get((p, offset), ()):
@@ -255,28 +184,29 @@ class DurableCheck:
         parts |= {c.partition for c in self.consumers.values()}
         if not parts or not cores:
             return
-        cmap = next(iter(cores.values())).cmap
+        meta = max((c.durable.quorum.meta for c in cores.values()), key=lambda m: m.applied)
         for p in sorted(parts):
-            owners = [o for o in cmap.owners[p] if o in cores]
-            log = cores[owners[0]].plogs.get(p) if owners else None
-            if log is None or log.role != "leading":
-                self.check.violation(now, f"durable partition {p}: its primary {owners[:1]} does not lead its log "
-                                          "after the last heal")  # fmt: skip
+            lead = meta.partitions.get(p)
+            leader = lead.leader if lead is not None else None
+            log = cores[leader].plogs.get(p) if leader is not None and leader in cores else None
+            if lead is None or leader is None or log is None or log.role != "leading" or log.epoch != lead.epoch:
+                self.check.violation(now, f"durable partition {p}: the quorum's leader {leader} at epoch "
+                                          f"{lead.epoch if lead else None} does not lead its log after the last "
+                                          "heal")  # fmt: skip
                 continue
-            self._final_partition(now, p, owners, log, disks)
+            self._final_partition(now, p, [leader, *(m for m in lead.isr if m != leader and m in cores)], log, disks)
 
     def _final_partition(self, now: float, p: int, owners: list[str], log: Any,
                          disks: dict[str, dict[int, Any]]) -> None:  # fmt: skip
         lead, commit = owners[0], log.commit
-        lineage = tuple(e for e, _ in log.epochs)  # (the final log's epochs: what an excuse is judged by)
         mine = disks.get(lead, {}).get(p)
         final = [r for r in mine.records if r.offset < commit] if mine is not None else []
         for o in owners[1:]:
             theirs = disks.get(o, {}).get(p)
             got = [r for r in theirs.records if r.offset < commit] if theirs is not None else []
             if [(r.offset, r.body) for r in got] != [(r.offset, r.body) for r in final]:
-                self.check.violation(now, f"durable partition {p}: owner {o}'s log differs from its primary {lead}'s "
-                                          f"below the commit {commit}")  # fmt: skip
+                self.check.violation(now, f"durable partition {p}: in-sync replica {o}'s log differs from its "
+                                          f"leader {lead}'s below the commit {commit}")  # fmt: skip
         at: dict[int, bytes] = {}
         seqs: dict[bytes, list[int]] = {}
         for r in final:
@@ -297,43 +227,43 @@ class DurableCheck:
             if not keys:
                 self.check.violation(now, f"durable partition {p}: put {pid.hex()[:8]}#{seq} acknowledged at "
                                           f"t={when:.3f} but no leader ever committed it")  # fmt: skip
-            elif not all(self.excused(p, self.records[k], lineage, lead) for k in keys):
+            elif not all(self.excused(p, self.records[k]) for k in keys):
                 self.check.violation(now, f"durable partition {p}: put {pid.hex()[:8]}#{seq} acknowledged at "
                                           f"t={when:.3f} is not in the final log of {lead}")  # fmt: skip
-        self._final_cursors(now, p, lead, log, lineage)
+        self._final_cursors(now, p, lead, log)
         for index, c in sorted(self.consumers.items()):
             if c.partition == p:
-                self._final_consumer(now, p, index, c, at, lead, lineage)
+                self._final_consumer(now, p, index, c, at, lead)
 
-    def _final_cursors(self, now: float, p: int, lead: str, log: Any, lineage: tuple[int, ...]) -> None:
+    def _final_cursors(self, now: float, p: int, lead: str, log: Any) -> None:
         for (q, did, key), events in sorted(self.cursors.items()):
             if q != p:
                 continue
             have = log.state.cursors.get((did, key), -1)
             for _, value, k in events:
-                if value > have and not self.excused(p, self.records[k], lineage, lead):
+                if value > have and not self.excused(p, self.records[k]):
                     self.check.violation(now, f"durable partition {p}: cursor {key.split(chr(0))[0]!r} committed at "
                                               f"{value} is at {have} in the final log")  # fmt: skip
                     break
-            for t, value, member, at_lineage in self.served.get((p, did, key), ()):
+            for t, value, member in self.served.get((p, did, key), ()):
                 before = [(tc, v, k) for tc, v, k in events if tc < t and v > value]
                 for tc, v, k in before:
-                    if not self.excused(p, self.records[k], at_lineage, member):
+                    if not self.excused(p, self.records[k]):
                         self.check.violation(now, f"durable partition {p}: {member} served cursor "
                                                   f"{key.split(chr(0))[0]!r} from {value} at t={t:.3f}, "
                                                   f"below {v} committed at t={tc:.3f}")  # fmt: skip
                         return
 
-    def _final_consumer(self, now: float, p: int, index: int, c: Consumer, at: dict[int, bytes], lead: str,
-                        lineage: tuple[int, ...]) -> None:  # fmt: skip
-        """The consumer's records against the final log. Only a branch cut under the exemption
-        excuses a difference: a record it saw that the final log lacks, and a final record it
-        skipped (or got out of order) because a leader of that branch had moved its read position
-        past that offset with another record there."""
+    def _final_consumer(self, now: float, p: int, index: int, c: Consumer, at: dict[int, bytes],
+                        lead: str) -> None:  # fmt: skip
+        """The consumer's records against the final log. Only a record the fsync policy's limit
+        took excuses a difference: a record it saw that the final log lacks, and a final record it
+        skipped (or got out of order) because its read position had moved past that offset with
+        another record there."""
 
         def lost(offset: int, body: bytes) -> bool:
             rec = self.records.get((p, offset, body))
-            return rec is not None and self.excused(p, rec, lineage, lead)
+            return rec is not None and self.excused(p, rec)
 
         def switched(offset: int, body: bytes | None, before: float = math.inf) -> bool:
             """Was it served another record at ``offset`` (before ``before``), one of the two on a cut branch?"""
@@ -353,14 +283,14 @@ class DurableCheck:
             if final is not None and _payload(final, c.topic) == payload:
                 continue
             rec = self._payload_rec(p, offset, c.topic, payload)
-            if rec is None or not self.excused(p, rec, lineage, lead):
+            if rec is None or not self.excused(p, rec):
                 self.check.violation(now, f"durable consumer {index} got {payload!r} at offset {offset} of "
                                           f"partition {p}, not in the final log of {lead}")  # fmt: skip
                 return
         for t, offset, payload in c.changed:
             first = self._payload_rec(p, offset, c.topic, c.seen[offset])
             then = self._payload_rec(p, offset, c.topic, payload)
-            if not any(r is not None and self.excused(p, r, lineage, lead) for r in (first, then)):
+            if not any(r is not None and self.excused(p, r) for r in (first, then)):
                 self.check.violation(now, f"durable consumer {index} got {payload!r} at offset {offset} at "
                                           f"t={t:.3f}, after {c.seen[offset]!r} there")  # fmt: skip
                 return

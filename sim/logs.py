@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from roost.cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten, SeenSaved
+from roost.cluster.events import LogRecords, LogReloaded, LogRetained, LogsRead, LogWritten
 from roost.cluster.logrecords import LogScan
 from roost.cluster.partitionlog import (
     Append,
@@ -25,7 +25,6 @@ from roost.cluster.partitionlog import (
     Reload,
     ResetLog,
     Retain,
-    SaveSeen,
     Sync,
     Truncate,
 )
@@ -38,7 +37,6 @@ class SimLog:
     records: list[Record] = field(default_factory=list)
     synced: int = 0  # records[:synced] survive a power loss
     checkpoint: int = 0  # the commit checkpoint (kept through a power loss: its worst case, the highest)
-    seen: int = 0  # the highest claim accepted (SaveSeen: synced, kept through a power loss)
     written: list[float] = field(default_factory=list)  # when each record's Append was answered
 
     def cut(self, n: int) -> None:
@@ -78,9 +76,6 @@ class SimLogDisk:
                 i = next((j for j, r in enumerate(log.records) if r.time_ms >= a.at_time), len(log.records))
             return at, LogRecords(a.partition, a.token, log.records[i : i + a.limit])
         log = logs.setdefault(a.partition, SimLog())
-        if cls is SaveSeen:
-            log.seen = max(log.seen, a.epoch)
-            return at, SeenSaved(a.partition, a.epoch)
         if cls is Append:
             assert a.records[0].offset == log.end, (member, a.partition, a.records[0].offset, log.end)
             log.records.extend(a.records)
@@ -90,7 +85,7 @@ class SimLogDisk:
         elif cls is Truncate or cls is Reload:
             log.cut(max(0, a.to - log.start))
             if cls is Reload:
-                scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint, log.seen)
+                scan = LogScan.of(log.start, log.records, LogSettings().keep, log.checkpoint)
                 return at, LogReloaded(a.partition, scan)
         elif cls is ResetLog:
             log.start, log.records, log.written, log.synced = a.start, [], [], 0
@@ -111,8 +106,8 @@ class SimLogDisk:
     def read_all(self, member: str) -> LogsRead:
         logs = self.logs.get(member, {})
         keep = LogSettings().keep
-        return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint, log.seen)
-                         for p, log in logs.items() if log.records or log.start or log.seen}, "")  # fmt: skip
+        return LogsRead({p: LogScan.of(log.start, log.records, keep, log.checkpoint)
+                         for p, log in logs.items() if log.records or log.start}, "")  # fmt: skip
 
     def power_loss(self, member: str) -> list[tuple[int, Record, float]]:
         """``member``'s machine lost power: what was not synced is gone. Returns what went

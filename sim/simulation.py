@@ -81,7 +81,7 @@ from roost.cluster.events import (
     WriteSnapshot,
 )  # fmt: skip
 from roost.cluster.member import MemberCore
-from roost.cluster.partitionlog import Append, Checkpoint, ReadLog, Reload, ResetLog, Retain, SaveSeen, Sync, Truncate
+from roost.cluster.partitionlog import Append, Checkpoint, ReadLog, Reload, ResetLog, Retain, Sync, Truncate
 from roost.cluster.roster import decode_untrusted_roster
 from sim.accounting import Accounting
 from sim.check import Checker
@@ -102,7 +102,7 @@ from sim.world import (
 )
 
 # (durable partition logs: sim/logs.py)
-LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload, SaveSeen)
+LOG_ACTIONS = (Append, Sync, Checkpoint, Truncate, ResetLog, ReadLog, Retain, Reload)
 Addr = tuple[str, int]
 
 

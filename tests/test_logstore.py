@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from roost.cluster.events import LogFailed, LogReloaded, LogWritten, SeenSaved
+from roost.cluster.events import LogFailed, LogReloaded, LogWritten
 from roost.cluster.logrecords import message_body
 from roost.cluster.logstore import LogStore
 from roost.cluster.partitionlog import (
@@ -17,7 +17,6 @@ from roost.cluster.partitionlog import (
     ReadLog,
     Reload,
     ResetLog,
-    SaveSeen,
     Sync,
     Truncate,
 )
@@ -107,21 +106,11 @@ def test_an_empty_log_reset_to_a_later_start_begins_there_after_a_restart(tmp_pa
     assert store.perform_all([Append(0, _recs(10, 1), True)]) == [LogWritten(0, 11)]
 
 
-def test_an_accepted_claim_is_saved_synced_and_read_back_with_an_empty_log(tmp_path: Path) -> None:
-    store = _store(tmp_path, [])
-    assert store.perform_all([SaveSeen(0, 4242)]) == [SeenSaved(0, 4242)]
-    assert (tmp_path / "log" / "p00000" / "seen").read_text() == "4242\n"
-    store.close()
-    scan = _store(tmp_path, []).open_all().logs[0]  # (no record: still read, for its promise)
-    assert (scan.end, scan.seen) == (0, 4242)
-
-
-def test_an_accepted_claim_opens_no_log_and_a_garbled_one_stops_the_open(tmp_path: Path) -> None:
-    """Fourth review: every member is asked by every claim, and saving the promise opened a log
-    (a file held open) for every partition; a garbled promise read as 0 would be forgotten."""
-    store = _store(tmp_path, [])
-    store.perform_all([SaveSeen(p, 7) for p in range(50)])
-    assert not store.logs and not list((tmp_path / "log").glob("p*/*.log"))
+def test_a_seen_file_of_an_older_version_is_ignored_and_an_empty_directory_opens_no_log(tmp_path: Path) -> None:
+    """The claims' ``seen`` file is gone with the quorum (docs/durable.md): one left by an older
+    version, even garbled, neither stops the open nor makes a log."""
+    (tmp_path / "log" / "p00003").mkdir(parents=True)
     (tmp_path / "log" / "p00003" / "seen").write_text("garbage")
-    read = _store(tmp_path, []).open_all()
-    assert read.logs == {} and "p00003" in read.error and "not an epoch" in read.error
+    store = _store(tmp_path, [])
+    read = store.open_all()
+    assert read.logs == {} and read.error == "" and not store.logs
