@@ -66,8 +66,8 @@ ALTER_ISR, REELECT = 1, 2  # CONTROL kinds
 
 class Quorum:
     def __init__(self, member_id: str, voters: tuple[str, ...], members: list[str], settings: RaftSettings,
-                 partitions: int, replicas: int, rng: random.Random, links: LinkTable,
-                 actions: list[Any]) -> None:  # fmt: skip
+                 partitions: int, replicas: int, rng: random.Random, links: LinkTable, actions: list[Any],
+                 breaks: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.id = member_id
         self.voters = voters
         self.members = members
@@ -82,10 +82,15 @@ class Quorum:
         self.heard_leader = -1e18  # when the group's leader last told us its log (a learner's contact)
         self.leader_commit = 0  # the commit it told us then
         self.proposed: dict[tuple[int, int], float] = {}  # (partition, version) -> when we proposed a change of it
+        # (broken builds for the simulator, sim/breaks.py: decide without the quorum; forget what was persisted)
+        self.no_quorum = "no-quorum" in breaks
+        self.stale_epoch = "stale-epoch" in breaks
 
     def started(self, stored: Stored, now: float) -> set[int]:
         """The stored Raft state was read: the core starts (its snapshot is applied at once)."""
         learners = tuple(m for m in self.members if m not in self.voters)
+        if self.stale_epoch:
+            stored = Stored(0, None, 0, 0, None, [])
         self.raft = Raft(self.id, self.voters, learners, self.rs, self.rng, stored, now)
         changed: set[int] = set()
         if stored.snapshot is not None:
@@ -180,6 +185,8 @@ class Quorum:
     # ------------------------------------------------------------ the core's actions
 
     def _controlling(self, now: float) -> bool:
+        if self.no_quorum:
+            return self.raft is not None and self.raft.role == "leader"
         return self.raft is not None and self.raft.role == "leader" and self.raft.lease_valid(now)
 
     def _propose(self, changes: list[SetPartition], now: float) -> set[int]:
@@ -188,6 +195,10 @@ class Quorum:
         for c in changes:
             key = (c.partition, c.version)
             if now < self.proposed.get(key, -1e18) + self.rs.election_timeout:
+                continue
+            if self.no_quorum:  # (applied here at once, committed or not: a leader made without the quorum)
+                if self.meta.apply(self.meta.applied, c.encode()) is not None:
+                    changed.add(c.partition)
                 continue
             index, actions = self.raft.propose(c.encode(), now)
             if index is None:

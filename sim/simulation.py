@@ -69,6 +69,8 @@ from roost.cluster.events import (
     LinkSent,
     Log,
     PersistDone,
+    RaftPersist,
+    RaftPersisted,
     ReadSnapshot,
     Send,
     SendFrame,
@@ -87,6 +89,7 @@ from sim.accounting import Accounting
 from sim.check import Checker
 from sim.durable import DURABLE_TRACES, DurableWorkload
 from sim.logs import SimLogDisk
+from sim.raftdisk import SimRaftDisk
 from sim.nemesis import Levers, Nemesis
 from sim.scheduler import Scheduler
 from sim.workload import ReliableWorkload
@@ -140,6 +143,7 @@ class Simulation:
         self.clock = Scheduler()
         self.check = Checker()
         self.logdisk = SimLogDisk(random.Random(seed ^ 0x10D15C))  # (its own stream: seeds without durable keep theirs)
+        self.raftdisk = SimRaftDisk(random.Random(seed ^ 0x4AF7))  # (the quorum's state: likewise)
         self.members = {m.id: SimMember(m.id, m.client_addr) for m in self.cc.members}
         self.member_at = {m.addr: m for m in self.members.values()}
         self.client_at: dict[Addr, SimClient] = {}
@@ -256,7 +260,8 @@ class Simulation:
                             roster=decode_untrusted_roster(m.roster))  # fmt: skip
         m.serving = False
         m.tick_at = math.inf
-        self.feed(m, self.logdisk.read_all(m.id))  # (the durable logs on its disk, before it starts)
+        # (the durable logs and the quorum's state on its disk, before it starts)
+        self.feed(m, self.logdisk.read_all(m.id)._replace(quorum=self.raftdisk.open(m.id)))
         self.feed(m, Start())
         self.touch()
 
@@ -314,6 +319,9 @@ class Simulation:
             at, ev = self.logdisk.perform(m.id, a, self.clock.now)
             if ev is not None:  # (Sync, Checkpoint: not answered)
                 self.clock.at(at, self._disk_answer, m, m.incarnation, ev)
+        elif cls is RaftPersist:
+            at = self.raftdisk.submit(m.id, a, self.clock.now)
+            self.clock.at(at, self._raft_synced, m, m.incarnation, a.token)
         elif cls is Trace:  # (the cores trace: ClusterConfig.trace)
             if self.durable is not None and a.event in DURABLE_TRACES:
                 self.durable.traced(a)
@@ -323,6 +331,10 @@ class Simulation:
     def _disk_answer(self, m: SimMember, inc: int, ev: Any) -> None:
         if m.incarnation == inc:
             self.feed(m, ev)
+
+    def _raft_synced(self, m: SimMember, inc: int, token: int) -> None:
+        if m.incarnation == inc and self.raftdisk.complete(m.id, token):
+            self.feed(m, RaftPersisted(token))
 
     def _disk_read(self, m: SimMember, inc: int) -> None:
         if m.incarnation == inc:
@@ -341,6 +353,7 @@ class Simulation:
         self.stats["crashes"] += 1
         self._gone(m)
         gone = self.logdisk.power_loss(mid)
+        self.raftdisk.crash(mid)
         if gone and self.cc.settings.fsync == "interval" and self.durable is not None:
             # (what was not yet due for its fsync may go)
             self.durable.power_lost(mid, gone, self.cc.settings.fsync_interval + 0.05)
