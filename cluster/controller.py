@@ -42,6 +42,9 @@ applied by everyone:
 - a leader the controller does not see live is replaced by the first live member of
   the ISR (in replica order), and leaves the ISR; with none live the partition gets
   no leader (a higher epoch fences the old one) until an ISR member returns;
+- a follower it does not see live leaves the ISR (never below ``min_insync``), so a
+  put waits for a dead follower no longer than failure detection takes (the leader
+  asks the same of one that lags, after ``isr_lag_time``);
 - a live, in-sync replica ahead of the leader in replica order takes the lead back
   (preferred leader), so leadership returns to the map's primary after a restart;
 - placement changes (a join or a leave) move the replicas in two steps: first the
@@ -219,7 +222,8 @@ def targets(placed: Sequence[str], partitions: int, replicas: int,
     return [tuple(preference(owners, ids, p)[:replicas]) for p in range(partitions)]
 
 
-def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: frozenset[str]) -> SetPartition | None:
+def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: frozenset[str],
+               min_insync: int = 1) -> SetPartition | None:  # fmt: skip
     """The controller's decision for partition ``p`` (the theory of operation), or None."""
     if not target:
         return None
@@ -243,6 +247,10 @@ def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: fr
         leader = best  # (none before, or it left with its replica)
     elif best is not None and replicas.index(best) < replicas.index(leader):
         leader = best  # (the preferred replica is back in sync)
+    if leader is not None:  # (a follower it sees down leaves the ISR, never below min_insync)
+        for m in [m for m in isr if m != leader and m not in live]:
+            if len(isr) > min_insync:
+                isr = tuple(x for x in isr if x != m)
     if leader != now.leader:
         epoch += 1
     change = SetPartition(p, now.version, leader, epoch, _ordered(isr, replicas), replicas)
@@ -251,11 +259,11 @@ def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: fr
 
 
 def decide(meta: Metadata, placed: Sequence[str], live: frozenset[str], partitions: int, replicas: int,
-           placement: str = ring.DEFAULT_PLACEMENT) -> list[SetPartition]:  # fmt: skip
+           min_insync: int = 1, placement: str = ring.DEFAULT_PLACEMENT) -> list[SetPartition]:  # fmt: skip
     """Every change the controller proposes now (it proposes them again while they do not apply)."""
     out = []
     for p, target in enumerate(targets(placed, partitions, replicas, placement)):
-        c = decide_one(p, meta.partitions.get(p), target, live)
+        c = decide_one(p, meta.partitions.get(p), target, live, min_insync)
         if c is not None and meta.allows(c):
             out.append(c)
     return out

@@ -156,7 +156,8 @@ class DurableLogs:
         self._logs_due, self._logs_due_stale = math.inf, True
         raft = RaftSettings(election_timeout=s.quorum_election_timeout,
                             heartbeat_interval=s.quorum_election_timeout / 10)  # fmt: skip
-        self.quorum = Quorum(member_id, s.quorum, [], raft, s.partitions, s.durable_replicas, rng, links, actions,
+        self.quorum = Quorum(member_id, s.quorum, [], raft, s.partitions, s.durable_replicas, s.min_insync, rng, links,
+                             actions,
                              cfg.breaks)  # fmt: skip
         self.in_contact = False  # (the quorum's contact as of the last event: leadership is followed only with it)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from roost.cluster.raft import RaftPersist, Stored
+from roost.cluster.raftstate import RaftPersist, Stored
 
 from roost.cluster.logrecords import LogScan
 from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, Truncate

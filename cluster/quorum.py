@@ -43,16 +43,15 @@ from roost.cluster.raft import (
     Raft,
     RaftApply,
     RaftFormatError,
-    RaftPersist,
     RaftRestore,
     RaftRoleChanged,
     RaftSend,
     RaftSettings,
     RaftSnapshotWanted,
-    Stored,
     decode_untrusted_raft,
 )
 from roost.cluster.raft import encode as encode_raft
+from roost.cluster.raftstate import RaftPersist, Stored
 
 from roost.cluster import controller
 from roost.cluster.controller import Leadership, Metadata, SetPartition
@@ -66,7 +65,7 @@ ALTER_ISR, REELECT = 1, 2  # CONTROL kinds
 
 class Quorum:
     def __init__(self, member_id: str, voters: tuple[str, ...], members: list[str], settings: RaftSettings,
-                 partitions: int, replicas: int, rng: random.Random, links: LinkTable, actions: list[Any],
+                 partitions: int, replicas: int, min_insync: int, rng: random.Random, links: LinkTable, actions: list[Any],
                  breaks: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.id = member_id
         self.voters = voters
@@ -74,6 +73,7 @@ class Quorum:
         self.rs = settings
         self.partitions = partitions
         self.replicas = replicas
+        self.min_insync = min_insync
         self.rng = rng
         self.links = links
         self._out = actions
@@ -168,7 +168,7 @@ class Quorum:
         if now >= self.raft.next_deadline():
             changed |= self._run(self.raft.tick(now), now)
         if self._controlling(now) and placed:
-            decisions = controller.decide(self.meta, placed, live, self.partitions, self.replicas)
+            decisions = controller.decide(self.meta, placed, live, self.partitions, self.replicas, self.min_insync)
             changed |= self._propose(decisions, now)
         return changed
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
-from roost.cluster.raft import RaftPersist
+from roost.cluster.raftstate import RaftPersist
 from roost.cluster.raftstore import RaftStore, RaftStoreError
 
 from roost import __version__

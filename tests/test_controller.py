@@ -142,8 +142,18 @@ def test_no_live_isr_member_means_no_leader_at_a_higher_epoch_until_one_returns(
     c = decide_one(0, meta.partitions[0], ABC, frozenset({"c"}))  # (c is live but out of sync: never leads)
     assert c is not None and (c.leader, c.epoch, c.isr) == (None, 4, ("a", "b"))
     applied(meta, c)
-    back = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}))
+    back = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}), min_insync=2)
     assert back is not None and (back.leader, back.epoch, back.isr) == ("b", 5, ("a", "b"))
+
+
+def test_a_follower_seen_down_leaves_the_isr_but_never_below_min_insync():
+    meta = led()
+    c = decide_one(0, meta.partitions[0], ABC, frozenset({"a", "b"}), min_insync=2)
+    assert c is not None and (c.leader, c.epoch, c.isr) == ("a", 1, ("a", "b"))
+    applied(meta, c)
+    assert decide_one(0, meta.partitions[0], ABC, frozenset({"a"}), min_insync=2) is None
+    alone = decide_one(0, meta.partitions[0], ABC, frozenset({"a"}), min_insync=1)
+    assert alone is not None and alone.isr == ("a",)
 
 
 def test_the_preferred_replica_takes_the_lead_back_once_in_sync_and_not_before():
@@ -243,7 +253,7 @@ def run_history(seed: int, min_insync: int = 2, unclean: bool = False) -> list[s
                     c = alter_isr(meta, 0, lead.leader, lead.epoch, [*lead.isr, f])
                     if c is not None:
                         meta.apply(meta.applied + 1, c.encode())
-        for c in decide(meta, placed, frozenset(live), 1, 3):
+        for c in decide(meta, placed, frozenset(live), 1, 3, min_insync):
             if unclean and c.leader is None:
                 now = meta.partitions[0]
                 other = next((m for m in now.replicas if m in live), None)
