@@ -27,13 +27,16 @@ A missing file is the empty value (a new member; or no snapshot yet). Everything
 range-checked where it is decoded (``decode_state_untrusted``, ``decode_snapshot_untrusted``,
 ``decode_entry_untrusted``), so a damaged file can only ever raise their ``ValueError``.
 
-Installing a snapshot writes the snapshot file first, then fixes the log: the entries above
-the snapshot stay when the log's entry at its index has its term, otherwise the log is reset to
-begin right after it. Entries at or below the index are dropped by whole segments (the log
-cannot cut a segment's head), so the log may still hold some on disk: ``open`` reads only those
-after the snapshot. A crash between the snapshot and the reset leaves a log that does not
-agree with the snapshot, or does not reach past it: ``open`` repairs it by the same reset. A log
-that starts after ``snapshot_index + 1`` has lost entries, and the open refuses.
+Installing a snapshot writes the snapshot file first, then rebuilds the log to begin right
+after it: the entries above the snapshot stay when the log's entry at its index has its term,
+otherwise none do. The rebuilt log is made in ``log.new`` and renamed into place (the old one
+renamed to ``log.old`` first, then deleted), so a crash leaves the old log whole or the new one,
+and ``open`` finishes or discards what it finds. A segment log alone could not do this safely:
+it cuts only whole segments from its head, and its reset deletes segments one by one. A crash
+between the snapshot file and the rename leaves a log that does not begin right after the
+snapshot: ``open`` rebuilds it the same way (keeping the entries above the snapshot if the log
+agrees with it, none otherwise, and none if it does not reach past it). A log that begins after
+``snapshot_index + 1`` has lost entries, and the open refuses.
 
 ``check_persist`` holds the rules a persist must follow (indexes contiguous, terms that never
 go back, one vote per term, no cut into the snapshot); the simulator's disk (sim/raftdisk.py)
@@ -43,6 +46,7 @@ applies the same function, so both refuse the same requests, and before anything
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +62,8 @@ QUORUM_DIR = "quorum"  # under the member's data_dir
 STATE_FILE = "state"
 SNAPSHOT_FILE = "snapshot"
 LOG_DIR = "log"
+NEW_LOG_DIR = "log.new"  # a rebuilt log before it is renamed into place
+OLD_LOG_DIR = "log.old"  # the log it replaces, until it is deleted
 
 STATE_MAGIC = b"RQT1"  # term and vote, format 1
 SNAPSHOT_MAGIC = b"RQS1"  # snapshot, format 1
@@ -237,13 +243,13 @@ class RaftStore:
         self.dir = directory
         self.max_command = max_command
         self.segment_bytes = segment_bytes
-        self.log: SegmentLog | None = None  # (None: not open)
+        self.log: SegmentLog | None = None  # (None: not open); its first entry is always snapshot_index + 1
         self.term = 0
         self.vote: str | None = None
         self.snapshot_index = 0
         self.snapshot_term = 0
         self.cut_bytes = 0  # the torn tail open cut from the log (for the shell's log line)
-        self.repaired = False  # open reset a log that did not follow the snapshot
+        self.dropped = 0  # entries after the snapshot that open dropped: their log disagreed with it
         self._failed: str | None = None  # a persist failed half way: refuse the rest
 
     # ------------------------------------------------------------ open and recover
@@ -275,30 +281,24 @@ class RaftStore:
         self.term, self.vote = state if state is not None else (0, None)
         snap = self._read(SNAPSHOT_FILE, decode_snapshot_untrusted)
         self.snapshot_index, self.snapshot_term, data = snap if snap is not None else (0, 0, None)
+        self._finish_swap()
         logdir = self.dir / LOG_DIR
-        new_log = not logdir.exists()
-        log, recovery = SegmentLog.open(logdir, segment_bytes=self.segment_bytes,
-                                        max_record=self.max_command + ENTRY_OVERHEAD)  # fmt: skip
-        if new_log:
-            sync_dir(self.dir)
-        self.log, self.cut_bytes = log, recovery.cut_bytes
-        first = self.snapshot_index + 1
-        if log.end <= first:  # (no entry after the snapshot: an empty log must begin right after it)
-            if (log.start, log.end) != (first, first):
-                self.repaired = log.end > log.start
-                log.reset(first)
-        elif log.start > first:
-            raise RaftStoreError(f"{logdir}: entries begin at {log.start}, the snapshot ends at "
-                                 f"{self.snapshot_index}: entries are missing")  # fmt: skip
-        elif log.start < first:  # (it holds the snapshot's index: does it agree?)
-            if self.snapshot_index == 0:
+        self.log, recovery = SegmentLog.open(logdir, **self._log_settings())
+        self.cut_bytes = recovery.cut_bytes
+        log, s, first = self.log, self.snapshot_index, self.snapshot_index + 1
+        if log.start > first:
+            raise RaftStoreError(f"{logdir}: entries begin at {log.start}, the snapshot ends at {s}: "
+                                 f"entries are missing")  # fmt: skip
+        if log.start < first:  # (a new log at 0, or a crash between a snapshot and the log's rebuild)
+            if log.start == 0 < log.end:
                 raise RaftStoreError(f"{logdir}: holds an entry at index 0")
-            if self._term_in_log(self.snapshot_index) != self.snapshot_term:
-                self.repaired = True  # (a crash between a snapshot's install and the log's reset)
-                log.reset(first)
-            # (it agrees: the entries it holds at or below the snapshot are skipped, and go with
-            # the next snapshot's whole segments)
-        return Stored(self.term, self.vote, self.snapshot_index, self.snapshot_term, data, self._entries(first))
+            agrees = log.end > first and (s == 0 or self._term_in_log(s) == self.snapshot_term)
+            self.dropped = 0 if agrees else max(0, log.end - first)  # (for the shell's log line)
+            self._rebuild(first, keep=agrees)
+        return Stored(self.term, self.vote, s, self.snapshot_term, data, self._entries(first))
+
+    def _log_settings(self) -> dict[str, int]:
+        return {"segment_bytes": self.segment_bytes, "max_record": self.max_command + ENTRY_OVERHEAD}
 
     def _read(self, name: str, decode: Callable[[bytes], T]) -> T | None:
         path = self.dir / name
@@ -345,23 +345,70 @@ class RaftStore:
             return self.snapshot_term
         return self._term_in_log(index) if index > self.snapshot_index else None
 
+    # ------------------------------------------------------------ the log rebuilt whole
+
+    def _rebuild(self, first: int, *, keep: bool) -> None:
+        """Replace the log by one that begins at ``first``, holding the entries the old one has
+        from ``first`` on if ``keep``; atomically, by a rename: a crash leaves the old log whole
+        (``open`` repairs it again) or the new one (``_finish_swap``), never a log with a hole.
+        A segment log can only cut whole segments from its head, and its reset deletes segments
+        one by one, so a crash in either could leave a log whose entries do not follow the
+        snapshot; here the snapshot is always followed right away by the first entry."""
+        old, new = self.log, self.dir / NEW_LOG_DIR
+        if new.exists():
+            shutil.rmtree(new)
+        log, _ = SegmentLog.open(new, **self._log_settings())
+        log.reset(first)  # (in a directory nothing reads yet: a crash here leaves only leftovers)
+        if keep and old is not None:
+            at = first
+            while at < old.end:
+                records = old.read(at, max_bytes=4 << 20, max_records=READ_CHUNK)
+                log.append([Record(r.offset, 0, r.body) for r in records])
+                at = records[-1].offset + 1
+        log.close()
+        self.log = None
+        if old is not None:
+            old.close()
+        logdir, gone = self.dir / LOG_DIR, self.dir / OLD_LOG_DIR
+        if logdir.exists():
+            os.replace(logdir, gone)
+        os.replace(new, logdir)
+        sync_dir(self.dir)
+        if gone.exists():
+            shutil.rmtree(gone)
+        self.log, _ = SegmentLog.open(logdir, **self._log_settings())
+
+    def _finish_swap(self) -> None:
+        """What a crash in ``_rebuild`` left: the new log if it was complete (the old one was
+        renamed away), leftovers otherwise."""
+        logdir, new, gone = self.dir / LOG_DIR, self.dir / NEW_LOG_DIR, self.dir / OLD_LOG_DIR
+        if not logdir.exists() and new.exists():
+            os.replace(new, logdir)  # (the old log went only once the new one was complete)
+        elif not logdir.exists() and gone.exists():
+            os.replace(gone, logdir)  # (cannot happen, but the old log is better than none)
+        for leftover in (new, gone):
+            if leftover.exists():
+                shutil.rmtree(leftover)
+        sync_dir(self.dir)
+
     # ------------------------------------------------------------ persist
 
     def persist(self, a: RaftPersist) -> None:
         """Apply ``a`` (snapshot, cut, append, term and vote) and fsync it all: when this returns
         the shell may answer ``persisted(a.token)``. A request ``check_persist`` refuses changes
         nothing; a write that fails leaves the store refusing everything but ``close``."""
-        log = self.log
-        if log is None:
+        if self.log is None:
             raise RaftStoreError(f"{self.dir}: persist before open")
         if self._failed is not None:
             raise RaftStoreError(f"{self.dir}: an earlier persist failed ({self._failed}); reopen the store")
         check_persist(a, term=self.term, vote=self.vote, snapshot_index=self.snapshot_index,
-                      snapshot_term=self.snapshot_term, end=log.end, term_at=self.term_at, where=str(self.dir),
+                      snapshot_term=self.snapshot_term, end=self.log.end, term_at=self.term_at, where=str(self.dir),
                       max_command=self.max_command)  # fmt: skip
         try:
             if a.snapshot is not None:
-                self._install(log, *a.snapshot)
+                self._install(*a.snapshot)
+            log = self.log
+            assert log is not None
             if a.truncate_after is not None:
                 log.truncate(a.truncate_after + 1)
             if a.entries:
@@ -377,14 +424,13 @@ class RaftStore:
             self._failed = f"{self.dir / LOG_DIR}: {e}"
             raise RaftStoreError(self._failed) from e
 
-    def _install(self, log: SegmentLog, index: int, term: int, data: bytes) -> None:
+    def _install(self, index: int, term: int, data: bytes) -> None:
+        """The snapshot file first, then the log rebuilt to begin right after it (with the entries
+        above it if the log agrees): a crash between the two is repaired by ``open``."""
         agrees = self.term_at(index) == term
         self._replace(SNAPSHOT_FILE, encode_snapshot(index, term, data))
         self.snapshot_index, self.snapshot_term = index, term
-        if agrees and log.end > index + 1:
-            log.retain(1, 0, 0, keep_from=index + 1)  # (whole segments below it; open skips the rest)
-        elif (log.start, log.end) != (index + 1, index + 1):
-            log.reset(index + 1)  # (nothing above it, or a log that does not agree: all of it goes)
+        self._rebuild(index + 1, keep=agrees)
 
     def _replace(self, name: str, data: bytes) -> None:
         """Write ``name`` whole: a temporary file, fsynced, renamed over it, the directory fsynced."""

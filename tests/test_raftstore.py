@@ -19,6 +19,8 @@ from roost.cluster.raftstate import RaftPersist, Stored
 from roost.cluster.raftstore import (
     LOG_DIR,
     MAX_INT,
+    NEW_LOG_DIR,
+    OLD_LOG_DIR,
     SNAPSHOT_FILE,
     STATE_FILE,
     RaftStore,
@@ -170,7 +172,7 @@ def test_a_snapshot_that_agrees_keeps_the_entries_above_it_and_drops_those_cover
     m.persist(persist(3, snapshot=(15, 2, b"state at 15")))
     got = m.crash()
     assert got == Stored(3, None, 15, 2, b"state at 15", stored_entries(16, [2] * 5 + [3] * 5))
-    assert log_bases(tmp_path)[0] <= 16  # (whole segments below 16 gone, none that holds 16)
+    assert log_bases(tmp_path)[0] == 16  # (the log rebuilt to begin right after it)
     assert len(log_bases(tmp_path)) < 5
     m.persist(persist(3, entries=ents(26, [3])))  # (appends go on after the kept ones)
     assert m.crash().entries == stored_entries(16, [2] * 5 + [3] * 6)
@@ -269,9 +271,33 @@ def test_a_crash_between_a_snapshot_install_and_the_log_cut_is_repaired(
     m = Member(tmp_path, segment_bytes=120)
     got = m.got
     assert got == Stored(5, None, index, term, b"snap", want)
-    assert m.store.repaired == (want == [])
+    assert m.store.dropped == {12: 0, 6: 4 - len(want)}[index]  # (entries 7..10 of another history)
     m.persist(persist(5, entries=ents(index + 1 + len(want), [5])))  # (appends follow on)
     assert m.crash().entries == [*want, (5, f"cmd{index + 1 + len(want)}".encode())]
+
+
+def test_a_crash_while_the_log_is_rebuilt_leaves_the_old_log_or_the_new_one(tmp_path: Path) -> None:
+    m = Member(tmp_path, segment_bytes=120)
+    m.persist(persist(2, entries=ents(1, [1] * 5 + [2] * 5)))
+    m.store.close()
+    # a crash while the new log was being made: it is a leftover, the old log stands
+    (tmp_path / NEW_LOG_DIR).mkdir()
+    (tmp_path / NEW_LOG_DIR / f"{1:020d}.log").write_bytes(b"half a log")
+    assert m.crash() == Stored(2, None, 0, 0, None, stored_entries(1, [1] * 5 + [2] * 5))
+    assert not (tmp_path / NEW_LOG_DIR).exists()
+    m.persist(persist(2, snapshot=(6, 2, b"s")))
+    m.store.close()
+    # a crash between the two renames: the old log renamed away, the new one complete beside it
+    (tmp_path / LOG_DIR).rename(tmp_path / NEW_LOG_DIR)
+    (tmp_path / OLD_LOG_DIR).mkdir()
+    (tmp_path / OLD_LOG_DIR / f"{1:020d}.log").write_bytes(b"the old log")
+    assert m.crash() == Stored(2, None, 6, 2, b"s", stored_entries(7, [2] * 4))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOG_DIR, SNAPSHOT_FILE, STATE_FILE]
+    # a crash before the old log was deleted: it is a leftover
+    m.store.close()
+    (tmp_path / OLD_LOG_DIR).mkdir()
+    assert m.crash() == Stored(2, None, 6, 2, b"s", stored_entries(7, [2] * 4))
+    assert not (tmp_path / OLD_LOG_DIR).exists()
 
 
 def test_a_log_that_starts_after_the_snapshot_has_lost_entries_and_refuses(tmp_path: Path) -> None:
