@@ -309,14 +309,18 @@ def test_a_log_that_starts_after_the_snapshot_has_lost_entries_and_refuses(tmp_p
         RaftStore(tmp_path).open()
 
 
-def test_a_log_entry_that_is_not_an_entry_refuses_the_open(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("body", "why"), [
+    (b"\x93\x01\x02\x03", r"log: entry 2: not an entry"),  # (a good record of the log, not an entry)
+    (encode_entry(1, b"x"), r"log: entry 2 of term 1 after one of term 2"),
+])  # fmt: skip
+def test_a_log_entry_that_cannot_be_refuses_the_open(tmp_path: Path, body: bytes, why: str) -> None:
     m = Member(tmp_path)
     m.persist(persist(2, entries=ents(1, [2])))
     m.store.close()
     log, _ = SegmentLog.open(tmp_path / LOG_DIR)
-    log.append([Record(2, 0, b"\x93\x01\x02\x03")])  # (a valid record of the log, not an entry)
+    log.append([Record(2, 0, body)])
     log.close()
-    with pytest.raises(RaftStoreError, match=r"log: entry 2: not an entry"):
+    with pytest.raises(RaftStoreError, match=why):
         RaftStore(tmp_path).open()
 
 
@@ -344,8 +348,21 @@ def test_the_file_formats_are_as_documented() -> None:
     assert decode_entry_untrusted(encode_entry(9, b"c")) == (9, b"c")
 
 
+def sealed(magic: bytes, body: bytes) -> bytes:
+    """A file with a good CRC around ``body``: what the range checks alone must refuse."""
+    return magic + crc32c(body).to_bytes(4, "big") + body
+
+
 @pytest.mark.parametrize(("data", "why"), [
     (encode_state(1 << 63, None), "term 9223372036854775808 is not an integer"),
+    (sealed(b"RQT1", (1).to_bytes(8, "big") + b"\x02\x00\x00"), "vote flag 2"),
+    (sealed(b"RQT1", (1).to_bytes(8, "big") + b"\x01\x00\x03ab"), "a body of 13 bytes where 14 were due"),
+    (sealed(b"RQT1", (1).to_bytes(8, "big") + b"\x01\x00\x02\xff\xfe"), "not UTF-8"),
+    (sealed(b"RQT1", (1).to_bytes(8, "big") + b"\x00\x00\x01a"), "a vote of 1 bytes"),
+    (sealed(b"RQT1", (1).to_bytes(8, "big") + b"\x01\xff\xff"), "a vote of 65535 bytes"),
+    (sealed(b"RQS1", bytes.fromhex("0000000000000001" * 2 + "0000000000000005") + b"abc"),
+     "data of 5 bytes announced, 3 present"),
+    (sealed(b"RQS1", bytes(23)), "shorter than index, term and length"),
     (encode_snapshot(0, 1, b""), "snapshot index 0"),
     (encode_snapshot(1, 1 << 63, b""), "snapshot term"),
     (encode_entry(-1, b"c"), "entry term -1"),
@@ -448,10 +465,10 @@ def test_the_sim_disk_loses_exactly_the_unsynced_persists_on_a_crash() -> None:
     assert disk.crash("m1") == [2, 3]
     assert not disk.complete("m1", 2)  # (dropped: the core must not hear of it)
     assert disk.open("m1") == Stored(1, "m1", 0, 0, None, stored_entries(1, [1, 1]))
-    # after the crash, the next persist is checked against what survived: a2 again is fine
-    disk.submit("m1", a2, 20.0)
-    assert disk.complete("m1", 2)
-    assert disk.open("m1") == Stored(2, "m2", 0, 0, None, stored_entries(1, [1, 1, 2]))
+    # after the crash, the next persist is checked against what survived (term 1, not 2)
+    disk.submit("m1", RaftPersist(4, 1, "m1", None, ents(3, [1]), None), 20.0)
+    assert disk.complete("m1", 4)
+    assert disk.open("m1") == Stored(1, "m1", 0, 0, None, stored_entries(1, [1, 1, 1]))
     assert disk.complete("m2", 1)
     assert disk.open("m2")[:2] == (9, None)
 
