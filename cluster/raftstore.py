@@ -396,15 +396,24 @@ class RaftStore:
     def persist(self, a: RaftPersist) -> None:
         """Apply ``a`` (snapshot, cut, append, term and vote) and fsync it all: when this returns
         the shell may answer ``persisted(a.token)``. A request ``check_persist`` refuses changes
-        nothing; a write that fails leaves the store refusing everything but ``close``."""
+        nothing; a write that fails leaves the store refusing everything but ``close``.
+
+        Term and vote do not depend on the log, so the state file, which is fsynced on its own,
+        is replaced before the log is touched rather than after the appends: entries that reach
+        the disk before the barrier (a crash may keep any of them) then never carry a term above
+        the term stored, which a Raft core may take for granted when it starts.
+        """
         if self.log is None:
             raise RaftStoreError(f"{self.dir}: persist before open")
         if self._failed is not None:
             raise RaftStoreError(f"{self.dir}: an earlier persist failed ({self._failed}); reopen the store")
-        check_persist(a, term=self.term, vote=self.vote, snapshot_index=self.snapshot_index,
-                      snapshot_term=self.snapshot_term, end=self.log.end, term_at=self.term_at, where=str(self.dir),
-                      max_command=self.max_command)  # fmt: skip
         try:
+            check_persist(a, term=self.term, vote=self.vote, snapshot_index=self.snapshot_index,
+                          snapshot_term=self.snapshot_term, end=self.log.end, term_at=self.term_at,
+                          where=str(self.dir), max_command=self.max_command)  # fmt: skip
+            if (a.term, a.vote) != (self.term, self.vote):  # (first: see below)
+                self._replace(STATE_FILE, encode_state(a.term, a.vote))
+                self.term, self.vote = a.term, a.vote
             if a.snapshot is not None:
                 self._install(*a.snapshot)
             log = self.log
@@ -413,9 +422,6 @@ class RaftStore:
                 log.truncate(a.truncate_after + 1)
             if a.entries:
                 log.append([Record(i, 0, encode_entry(t, c)) for i, t, c in a.entries])
-            if (a.term, a.vote) != (self.term, self.vote):
-                self._replace(STATE_FILE, encode_state(a.term, a.vote))
-                self.term, self.vote = a.term, a.vote
             log.sync()  # (the barrier: the appends, and the directory if a segment came or went)
         except OSError as e:
             self._failed = f"{e.filename or self.dir}: {e.strerror or e}"
