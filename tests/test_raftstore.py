@@ -383,6 +383,22 @@ def test_the_decoders_on_random_bytes_raise_only_value_error(data: bytes, magic:
             decode(magic + data)  # type: ignore[operator]
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=40), st.binary(min_size=24, max_size=24))
+def test_bodies_behind_a_good_crc_decode_to_what_encodes_them_or_raise_value_error(tail: bytes, head: bytes) -> None:
+    """Past the CRC only the range checks stand: a body they accept is one the encoder writes."""
+    for magic, decode, encode in ((b"RQT1", decode_state_untrusted, encode_state),
+                                  (b"RQS1", decode_snapshot_untrusted, encode_snapshot)):  # fmt: skip
+        for body in (head + tail, head[:11] + tail, head[:8] + b"\x01" + len(tail).to_bytes(2, "big") + tail,
+                     head[:16] + len(tail).to_bytes(8, "big") + tail):  # fmt: skip
+            data = sealed(magic, body)
+            try:
+                got = decode(data)  # type: ignore[operator]
+            except ValueError:
+                continue
+            assert encode(*got) == data  # type: ignore[operator]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, MAX_INT), st.one_of(st.none(), st.text(max_size=40)), st.binary(max_size=40),
        st.data())  # fmt: skip
