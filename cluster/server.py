@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import trio
 from roost.cluster.raftstate import RaftPersist
-from roost.cluster.raftstore import RaftStore, RaftStoreError
+from roost.cluster.raftstore import QUORUM_DIR, RaftStore, RaftStoreError
 
 from roost import __version__
 from roost.client.udp import drain, open_udp, send_all, send_ready, yield_cpu
@@ -152,7 +152,7 @@ class ClusterNode:
         )
         self._log_queues: dict[int, trio.MemorySendChannel[Any]] = {}  # one ordered queue per partition
         # (the metadata quorum's Raft state, partitioned mode: cluster/raftstore.py)
-        self._quorum = RaftStore(Path(self.me.data_dir) / "quorum") if st.mode == "partitioned" else None
+        self._quorum = RaftStore(Path(self.me.data_dir) / QUORUM_DIR) if st.mode == "partitioned" else None
         self._quorum_queue: trio.MemorySendChannel[RaftPersist] | None = None
 
     # ------------------------------------------------------------ lifecycle
