@@ -461,9 +461,12 @@ class ClusterNode:
         if self._quorum is None or read.error:
             return read
         try:
-            return read._replace(quorum=self._quorum.open())
+            stored = self._quorum.open()
         except (RaftStoreError, OSError) as exc:
             return LogsRead({}, f"the quorum's state: {exc}")
+        if self._quorum.cut_bytes or self._quorum.dropped:
+            self.log("warning", "quorum_log_repaired", cut_bytes=self._quorum.cut_bytes, dropped=self._quorum.dropped)
+        return read._replace(quorum=stored)
 
     async def _quorum_worker(self, recv: trio.MemoryReceiveChannel[RaftPersist]) -> None:
         """The quorum's state to disk, in the order the core asked, off the event loop; each is
