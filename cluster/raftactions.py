@@ -1,0 +1,77 @@
+"""The Raft core's settings, what its shell reads from disk at start, and the actions it asks of its shell.
+
+The core (cluster/raft.py) decides; the shell runs these actions in order: sends,
+synced writes (``RaftPersist``, answered by ``persisted(token)``), and what the
+host's state machine must do (``RaftApply``, ``RaftRestore``,
+``RaftSnapshotWanted``). They are types only, so a shell and its tests can name
+them without the core's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from roost.cluster.raftwire import RaftMessage
+
+
+@dataclass(frozen=True)
+class RaftSettings:
+    election_timeout: float = 1.0  # a follower campaigns after a random time in [t, 2t) without a leader
+    heartbeat_interval: float = 0.1  # leader's AppendEntries to every peer at least this often
+    max_append_entries: int = 256  # entries per AppendEntries
+    max_append_bytes: int = 1 << 20  # bytes of commands per AppendEntries (at least one entry always goes)
+    max_command_bytes: int = 1 << 16  # a longer command is refused by propose() and by the decoder
+    snapshot_entries: int = 1000  # a snapshot is asked for once this many entries are applied past the last one
+
+
+class Stored(NamedTuple):
+    """What the shell read from disk at start (all empty for a new member)."""
+
+    term: int = 0
+    vote: str | None = None
+    snapshot_index: int = 0
+    snapshot_term: int = 0
+    snapshot: bytes | None = None
+    entries: list[tuple[int, bytes]] = []  # (term, command) for indexes snapshot_index+1 ...
+
+
+class RaftSend(NamedTuple):
+    to: str
+    msg: RaftMessage
+
+
+class RaftPersist(NamedTuple):
+    """Write term+vote (whole), cut the log after ``truncate_after`` when set, append ``entries`` (index, term,
+    command), install ``snapshot`` (index, term, data) when set and drop the entries it covers; fsync; then call
+    ``persisted(token)``."""
+
+    token: int
+    term: int
+    vote: str | None
+    truncate_after: int | None
+    entries: list[tuple[int, int, bytes]]
+    snapshot: tuple[int, int, bytes] | None
+
+
+class RaftApply(NamedTuple):
+    index: int  # type: ignore[assignment]  # (shadows tuple.index)
+    command: bytes
+
+
+class RaftRestore(NamedTuple):
+    index: int  # type: ignore[assignment]  # (shadows tuple.index)
+    data: bytes
+
+
+class RaftSnapshotWanted(NamedTuple):
+    index: int  # type: ignore[assignment]  # (shadows tuple.index)
+
+
+class RaftRoleChanged(NamedTuple):
+    role: str
+    term: int
+    leader: str | None
+
+
+RaftAction = RaftSend | RaftPersist | RaftApply | RaftRestore | RaftSnapshotWanted | RaftRoleChanged
