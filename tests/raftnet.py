@@ -12,7 +12,11 @@ resumes (its events wait). Each member's deadline drives its ticks.
 The checks run as the world runs and collect ``violations``: at most one leader
 per term; state-machine safety (the same command at an index everywhere, and the
 same state digest after a restore); a new leader holds every committed entry
-(nothing committed is lost); ``lease_valid`` never True on two members at once.
+(nothing committed is lost); and ahead of time, whenever the commit advances, no
+voter whose synced log is as up to date as a majority's (one that could be
+elected, after crashes) lacks a recently committed entry; ``lease_valid`` never
+True on two members at once (checked after every event: a lease begins only at
+one). ``campaign`` is one randomized run of all of it.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ class Net:
         self.breaks = breaks
         self.drop, self.dup, self.delay, self.sync = drop, dup, delay, sync
         self.check_leases = check_leases
-        self.leader_crash = leader_crash  # how often a new leader crashes soon after it begins
+        self.leader_crash = leader_crash  # how often a new leader is cut off at once or crashes soon after
         self.calm = False  # True: the scheduled faults (and restarts) are called off
         self.voters = tuple(f"v{i}" for i in range(voters))
         self.learners = tuple(f"l{i}" for i in range(learners))
@@ -163,6 +167,14 @@ class Net:
         where = {m: i for i, g in enumerate(groups) for m in g}
         side = {m: where.get(m, -1 - k) for k, m in enumerate(self.ids)}
         self.cuts = {frozenset((a, b)) for a in self.ids for b in self.ids if a < b and side[a] != side[b]}
+
+    def isolate(self, n: str) -> None:
+        """Cut ``n`` from everyone (other cuts stay)."""
+        self.cuts |= {frozenset((n, m)) for m in self.ids if m != n}
+
+    def rejoin(self, n: str) -> None:
+        """Undo ``isolate(n)`` (a cut between two others stays)."""
+        self.cuts = {c for c in self.cuts if n not in c}
 
     def heal(self) -> None:
         self.cuts = set()
@@ -288,7 +300,28 @@ class Net:
             self.violations.append(f"{n}: applied {command!r} at {index}, another member applied {known!r}")
         if self.digests.setdefault(index, host.digest) != host.digest:
             self.violations.append(f"{n}: state at {index} differs from another member's")
-        self.max_committed = max(self.max_committed, index)
+        if index > self.max_committed:
+            self.max_committed = index
+            self._electable_without_committed()
+
+    def _electable_without_committed(self) -> None:
+        """Leader completeness ahead of time: a voter whose synced log is as up to date as a majority's could be
+        elected (after crashes, each member has what is on its disk), so it must hold what is committed (the
+        newest entries: those an unsafe commit puts at risk)."""
+        top = self.max_committed
+        where = {}
+        for v in self.voters:
+            d = self.disks[v]
+            where[v] = (d.entries[-1][0] if d.entries else d.snap_term, d.snap_index + len(d.entries))
+        for v in self.voters:
+            if sum(1 for w in self.voters if where[w] <= where[v]) <= len(self.voters) // 2:
+                continue
+            d = self.disks[v]
+            for index in range(max(d.snap_index + 1, top - 16), top + 1):
+                k = index - d.snap_index - 1
+                if k >= len(d.entries) or d.entries[k][1] != self.committed[index]:
+                    self.violations.append(f"t={self.now:.4f}: {v} could be elected without committed entry {index}")
+                    return
 
     def _restore(self, n: str, index: int, data: bytes) -> None:
         self.restores.append((n, index))
@@ -301,7 +334,11 @@ class Net:
             self.violations.append(f"{n}: restored state at {index} differs from what was applied")
 
     def _new_leader(self, n: str, core: Raft, term: int) -> None:
-        if self.rng.random() < self.leader_crash:
+        luck = self.rng.random()
+        if luck < self.leader_crash / 2:  # cut off at once: what it writes as leader stays with it
+            self.isolate(n)
+            self.push(self.now + self.rng.uniform(0.2, 2.0), "call", n, lambda: self.rejoin(n))
+        elif luck < self.leader_crash:
             self.push(self.now + self.rng.uniform(0.002, 0.3), "call", n, lambda: self.crash(n))
             self.push(self.now + self.rng.uniform(0.1, 1.5), "call", n, lambda: self.restart(n))
         if self.leaders.setdefault(term, n) != n:
@@ -368,7 +405,13 @@ def campaign(seed: int, breaks: frozenset[str] = frozenset(), steps: int = 1000)
             net.push(net.now + r.uniform(0.3, 3.0), "call", victim, net.heal)
         elif fault < 0.017:
             net.pause(victim, r.uniform(0.1, 2.0))
-        net.run_for(0.02)
+        elif fault < 0.021 and leader is not None:  # cut the leader off: it appends what it cannot replicate
+            net.isolate(leader.me)
+            net.push(net.now + r.uniform(0.3, 2.5), "call", victim, lambda v=leader.me: net.rejoin(v))
+        try:
+            net.run_for(0.02)
+        except AssertionError as e:  # a core's own assertion (a committed entry cut)
+            net.violations.append(f"assertion: {e}")
         if net.violations:
             return net
     net.heal()

@@ -159,6 +159,34 @@ def test_learners_never_vote_nor_campaign_and_strangers_are_ignored():
     assert b.term == 0
 
 
+def test_the_acknowledgements_of_learners_never_count():
+    net = Net(11, voters=3, learners=2)
+    leader = elect(net)
+    for n in net.voters:
+        if n != leader.me:
+            net.crash(n)
+    index = net.propose(leader.me, b"alone")  # its lease still runs
+    assert index is not None
+    net.run_for(0.5)
+    assert all(net.cores[n].log.last_index == index for n in net.learners)  # type: ignore[union-attr]
+    assert leader.commit_index < index and net.propose(leader.me, b"later") is not None
+    net.run_for(1.0)
+    assert leader.role == FOLLOWER and b"alone" not in net.committed.values()  # CheckQuorum stepped it down
+
+
+def test_learners_joining_and_leaving_are_sent_to_and_forgotten():
+    a = make("a", voters=("a",))
+    (p,) = persists(a.tick(a.next_deadline()))
+    (noop,) = persists(a.persisted(p.token, 1.5))
+    a.persisted(noop.token, 1.5)
+    actions = a.set_learners(("l1", "l2"), 1.6)
+    assert {s.to: s.msg.entries for s in sends(actions)} == {"l1": [], "l2": []}  # from the end; they catch up
+    assert sends(a.receive("l1", AppendReply(1, False, 0, 1, 0), 1.7))[0].msg.entries == [(1, b"")]
+    a.set_learners(("l2",), 1.8)
+    assert {s.to for s in sends(a.tick(a.next_deadline()))} == {"l2"}
+    assert a.receive("l1", AppendReply(1, True, 1, 0, 0), 1.9) == []  # a stranger now
+
+
 def test_a_stored_snapshot_is_restored_from_the_first_event():
     stored = Stored(2, "a", 5, 2, b"S", [(2, b"y")])
     f = make(stored=stored, now=10.0)
@@ -290,6 +318,11 @@ def test_prevote_and_stickiness_keep_a_returning_member_from_deposing_the_leader
     net.run_for(3.0)
     assert net.leader() is leader and leader.term == term
     assert all(c.term == term for c in net.live())
+    net.cuts = {frozenset((leader.me, follower))}  # it hears no leader, but the others, who do, hear it
+    net.run_for(6.0)
+    assert net.cores[follower].role == PRECANDIDATE  # type: ignore[union-attr]  # refused: the others are sticky
+    assert net.leader() is leader and all(c.term == term for c in net.live())
+    assert net.violations == []
 
 
 def test_a_leader_cut_off_mid_commit_loses_only_what_was_not_committed():
