@@ -42,7 +42,8 @@ voters (itself by its synced log) hold it, and only if the entry there is of its
 own term; earlier entries are committed with it by log matching. Per peer it
 keeps ``match`` (known to be replicated) and ``next`` (what to send next, sent
 ahead optimistically); every ``heartbeat_interval`` it sends each peer what it
-has not acknowledged, from ``match + 1``. A follower refusing an AppendEntries
+has not acknowledged, from ``match + 1`` (a peer that has not answered yet is
+probed from ``next``: a refusal's hint brings it back). A follower refusing an AppendEntries
 gives a ``hint``: its end + 1, or the first index of the term that conflicts.
 Committed entries are handed to the host in order (``RaftApply``), once per life
 of the core. Once ``snapshot_entries`` are applied past the last snapshot the
@@ -485,7 +486,8 @@ class Raft:
                 break
             del self._sent[seq]
         for peer, progress in self._peers.items():
-            progress.next = min(progress.next, progress.match + 1)  # resend what is not acknowledged
+            if progress.match:  # resend what is not acknowledged (a peer not heard yet is probed from ``next``)
+                progress.next = min(progress.next, progress.match + 1)
             self._send_append(peer, now)
 
     def _send_append(self, peer: str, now: float) -> None:

@@ -61,6 +61,14 @@ def persists(actions: list[Any]) -> list[RaftPersist]:
     return [a for a in actions if isinstance(a, RaftPersist)]
 
 
+def answered(core: Raft, actions: list[Any], now: float) -> list[RaftSend]:
+    """What ``actions`` send, with what leaves once their persist is synced."""
+    out = sends(actions)
+    for p in persists(actions):
+        out += sends(core.persisted(p.token, now))
+    return out
+
+
 def elect(net: Net, seconds: float = 5.0) -> Raft:
     net.run_for(seconds)
     leader = net.leader()
@@ -147,6 +155,22 @@ def test_a_leader_commits_an_earlier_terms_entry_only_with_one_of_its_own():
         if not breaks:
             a.receive("b", AppendReply(4, True, 3, 0, 0), now)
             assert a.commit_index == 3
+
+
+def test_a_refusal_hints_where_to_retry_a_term_at_a_time():
+    f = make(stored=Stored(2, None, 0, 0, None, [(1, b""), (1, b""), (2, b""), (2, b""), (2, b"")]))
+    assert answered(f, f.receive("a", AppendEntries(5, 5, 3, [], 0, 9), 1.0), 1.0)[0].msg == AppendReply(
+        5, False, 0, 3, 9
+    )
+    assert sends(f.receive("a", AppendEntries(5, 8, 3, [], 0, 10), 1.0))[0].msg == AppendReply(5, False, 0, 6, 10)
+    # the leader's side: a refusal moves next to the hint at once, never below what is matched
+    a = make("a", voters=("a", "b"), stored=Stored(3, None, 0, 0, None, [(1, b"")] * 6))
+    a.tick(a.next_deadline())
+    answered(a, a.receive("b", VoteReply(4, True, True), 1.5), 1.5)
+    a.receive("b", VoteReply(4, True, False), 1.5)
+    assert a.role == LEADER
+    (retry,) = sends(a.receive("b", AppendReply(4, False, 0, 3, 1), 1.6))
+    assert (retry.msg.prev_index, len(retry.msg.entries)) == (2, 5)
 
 
 def test_learners_never_vote_nor_campaign_and_strangers_are_ignored():
@@ -323,6 +347,28 @@ def test_prevote_and_stickiness_keep_a_returning_member_from_deposing_the_leader
     assert net.cores[follower].role == PRECANDIDATE  # type: ignore[union-attr]  # refused: the others are sticky
     assert net.leader() is leader and all(c.term == term for c in net.live())
     assert net.violations == []
+
+
+def test_conflicting_histories_end_in_one_log():
+    terms = {
+        "v0": [1, 1, 2, 2, 2],
+        "v1": [1, 1, 3, 3],
+        "v2": [1, 1, 2, 4, 4, 4],
+        "v3": [1],
+        "v4": [1, 1, 2, 2, 2, 2, 2],
+    }
+    disks = {}
+    for n, ts in terms.items():
+        disks[n] = Disk()
+        disks[n].term, disks[n].entries = 4, [(t, b"%d@%d" % (i, t)) for i, t in enumerate(ts)]
+    net = Net(12, voters=5, learners=1, disks=disks, drop=0.05)
+    leader = elect(net)
+    assert leader.me in ("v2", "v1")  # only a log with a term-3 or term-4 entry can win a majority
+    net.propose(leader.me, b"new")
+    net.run_for(2.0)
+    logs = {tuple(c.log.entries) for c in net.live()}
+    assert len(logs) == 1 and net.log_matching() == [] and net.violations == []
+    assert leader.commit_index == leader.last_index and b"new" in net.committed.values()
 
 
 def test_a_leader_cut_off_mid_commit_loses_only_what_was_not_committed():
