@@ -51,7 +51,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
-from roost.cluster.raft import RaftSettings
 
 from roost.client.durablewire import (
     PUT_BUSY,
@@ -99,6 +98,7 @@ from roost.cluster.peerwire import (
     encode,
 )
 from roost.cluster.quorum import Quorum
+from roost.cluster.raftactions import RaftSettings
 from roost.node.actions import DurableCommit, DurableGet, DurablePut, Log, Trace
 from roost.node.config import NodeConfig
 from roost.node.core import BrokerCore

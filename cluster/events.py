@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from roost.cluster.raftstate import RaftPersist, Stored
-
 from roost.cluster.logrecords import LogScan
 from roost.cluster.partitionlog import Append, ReadLog, Reload, ResetLog, Retain, Truncate
+from roost.cluster.raftstate import RaftPersist, Stored
 from roost.node.actions import Log, Send, Trace
 from roost.node.segmentlog import Record
 

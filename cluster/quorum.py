@@ -37,27 +37,24 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from roost.cluster.raft import (
-    AppendEntries,
-    InstallSnapshot,
-    Raft,
-    RaftApply,
-    RaftFormatError,
-    RaftRestore,
-    RaftRoleChanged,
-    RaftSend,
-    RaftSettings,
-    RaftSnapshotWanted,
-    decode_untrusted_raft,
-)
-from roost.cluster.raft import encode as encode_raft
-from roost.cluster.raftstate import RaftPersist, Stored
-
 from roost.cluster import controller
 from roost.cluster.controller import Leadership, Metadata, SetPartition
 from roost.cluster.links import LinkTable
 from roost.cluster.logactions import AlterIsr, Reelect
 from roost.cluster.peerwire import PeerProtocolError, PeerType, encode
+from roost.cluster.raft import Raft
+from roost.cluster.raftactions import (
+    RaftApply,
+    RaftPersist,
+    RaftRestore,
+    RaftRoleChanged,
+    RaftSend,
+    RaftSettings,
+    RaftSnapshotWanted,
+    Stored,
+)
+from roost.cluster.raftwire import AppendEntries, InstallSnapshot, RaftFormatError, decode_untrusted_raft
+from roost.cluster.raftwire import encode as encode_raft
 from roost.node.actions import Log
 
 ALTER_ISR, REELECT = 1, 2  # CONTROL kinds
@@ -65,8 +62,8 @@ ALTER_ISR, REELECT = 1, 2  # CONTROL kinds
 
 class Quorum:
     def __init__(self, member_id: str, voters: tuple[str, ...], members: list[str], settings: RaftSettings,
-                 partitions: int, replicas: int, min_insync: int, rng: random.Random, links: LinkTable, actions: list[Any],
-                 breaks: frozenset[str] = frozenset()) -> None:  # fmt: skip
+                 partitions: int, replicas: int, min_insync: int, rng: random.Random, links: LinkTable,
+                 actions: list[Any], breaks: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.id = member_id
         self.voters = voters
         self.members = members

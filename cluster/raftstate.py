@@ -27,12 +27,12 @@ class Stored(NamedTuple):
     because the log is contiguous by construction: the storage refuses to hold a gap.
     """
 
-    term: int
-    vote: str | None
-    snapshot_index: int  # 0: no snapshot
-    snapshot_term: int
-    snapshot: bytes | None
-    entries: list[tuple[int, bytes]]  # (term, command) for indexes snapshot_index+1, +2, ...
+    term: int = 0
+    vote: str | None = None
+    snapshot_index: int = 0  # 0: no snapshot
+    snapshot_term: int = 0
+    snapshot: bytes | None = None
+    entries: list[tuple[int, bytes]] = []  # (term, command) for indexes snapshot_index+1, +2, ... (never mutated)
 
 
 class RaftPersist(NamedTuple):

@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
-from roost.cluster.raftstate import RaftPersist
-from roost.cluster.raftstore import QUORUM_DIR, RaftStore, RaftStoreError
 
 from roost import __version__
 from roost.client.udp import drain, open_udp, send_all, send_ready, yield_cpu
@@ -77,6 +75,8 @@ from roost.cluster.partitionlog import (
     Sync,
     Truncate,
 )
+from roost.cluster.raftstate import RaftPersist
+from roost.cluster.raftstore import QUORUM_DIR, RaftStore, RaftStoreError
 from roost.cluster.roster import decode_untrusted_roster
 from roost.cluster.snapshot import SNAPSHOT_FILE
 from roost.node import monitor, monitorhttp

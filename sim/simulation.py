@@ -89,8 +89,8 @@ from sim.accounting import Accounting
 from sim.check import Checker
 from sim.durable import DURABLE_TRACES, DurableWorkload
 from sim.logs import SimLogDisk
-from sim.raftdisk import SimRaftDisk
 from sim.nemesis import Levers, Nemesis
+from sim.raftdisk import SimRaftDisk
 from sim.scheduler import Scheduler
 from sim.workload import ReliableWorkload
 from sim.world import (
