@@ -332,9 +332,11 @@ class PartitionLog:
     def _counted(self) -> set[str]:
         return self.isr | self.adding
 
-    def _alter_isr(self, now: float) -> list[LogAction]:
+    def _alter_isr(self, now: float, fetcher: str | None = None) -> list[LogAction]:
         """Leading: ask to drop a follower that has not caught up for ``isr_lag_time`` (never below
-        ``min_insync``), or to add one that reached the commit (counted from now on)."""
+        ``min_insync``), or to add ``fetcher``, whose fetch now reached the commit (counted from
+        now on: what it fetched from is on its disk; an offset it fetched from long ago is not a
+        reason to add it, its disk may be gone since)."""
         lead = self.leadership
         if lead is None or self.role != LEADING or lead.epoch != self.epoch:
             return []
@@ -345,12 +347,12 @@ class PartitionLog:
             return [AlterIsr(self.p, self.epoch, lead.version, self.asked[1])]
         counted = self._counted()
         lagging = sorted(m for m in self.isr if now > self.caught_up.get(m, now) + self.s.isr_lag_time)
-        joining = sorted(m for m in self.followers if m not in counted and self.followers[m] >= self.commit
-                         and self.followers[m] >= self.epochs[-1][1] + 1)  # fmt: skip
+        at = self.followers.get(fetcher, -1) if fetcher is not None else -1
+        joins = fetcher is not None and fetcher not in counted and at >= self.commit and at > self.epochs[-1][1]
         isr = set(counted)
-        if joining:
-            self.adding.add(joining[0])
-            isr.add(joining[0])
+        if joins and fetcher is not None:
+            self.adding.add(fetcher)
+            isr.add(fetcher)
         elif lagging and len(counted) + 1 > self.need:
             isr.discard(lagging[0])
         else:
@@ -468,7 +470,7 @@ class PartitionLog:
             self.followers[member] = max(self.followers[member], end)
             if end >= self.answered_end.get(member, self.end):
                 self.caught_up[member] = now  # (it has all we had when we last answered it)
-        out = self._advance() + self._alter_isr(now)  # (a follower that reached the commit joins now)
+        out = self._advance() + self._alter_isr(now, member)  # (one that reached the commit joins now)
         if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from roost.cluster.controller import Leadership, Metadata, SetPartition, alter_isr, reelect
+from roost.cluster.controller import Leadership, Metadata, SetPartition, alter_isr, decide_one, reelect
 from roost.cluster.logreaders import NOT_LEADER, STALE
 from roost.cluster.logrecords import LogScan, message_body
 from roost.cluster.partitionlog import (
@@ -59,6 +59,7 @@ class Owners:
         self.index = 0
         self.told: dict[str, int] = {m: 0 for m in names}  # the leadership version each member was told
         self.quorum_open = True
+        self.unwritten: set[str] = set()  # members whose Appends never reach their disk (they die first)
         self.deaf: set[str] = set()  # members cut off from the quorum (not from each other): told nothing
         self.requests: list[tuple[str, AlterIsr | Reelect]] = []
 
@@ -79,6 +80,8 @@ class Owners:
                 continue
             log = self.logs[member]
             disk = self.disk[member]
+            if isinstance(a, Append) and member in self.unwritten:
+                continue
             if isinstance(a, Append):
                 assert a.records[0].offset == (disk[-1].offset + 1 if disk else log.start)
                 disk.extend(a.records)
@@ -557,3 +560,231 @@ def test_a_leader_wakes_a_follower_that_never_fetched() -> None:
     o.resume("b")
     assert a.followers["b"] >= 0  # (b fetches: not woken again while it does)
     assert not [x for x in a.tick(o.now + a.s.fetch_retry / 2) if isinstance(x, PeerFrame) and x.frame[0] == "FETCH"]
+
+
+# ---------------------------------------------------------------- the reader lease
+
+
+def test_a_leader_serves_readers_only_while_its_in_sync_followers_fetch_from_it() -> None:
+    """Found by a chaos run (dur.b, seed 7), kept under the quorum: a paused leader resumes still
+    leading at its old epoch, with cursors older than one committed at the new leader meanwhile. A
+    leader serves readers only while every follower it counts in sync fetched from it at its epoch
+    within fetch_wait + fetch_retry: the new leader came from that ISR and fetches from it no more."""
+    o = Owners("abc")
+    o.elect("a", "abc")
+    o.put("a", ["m1", "m2", "m3"], first=1)
+    a = o.logs["a"]
+    assert a.readable(o.now)
+    o.pause("a")
+    o.elect("b", "bc")
+    st, acts = o.logs["b"].commit_cursor(b"c1", "d", 4, "cur", 5000)
+    o.feed("b", acts)
+    o.run()
+    assert st == 0 and o.committed["b"] == ["cur"]
+    o.now += 3.0  # a resumes 3 s later, still leading at its old epoch (not told yet), without that cursor
+    o.deaf.add("a")
+    o.down.discard("a")
+    assert a.role == LEADING and (b"c1", "d") not in a.state.cursors
+    assert not a.readable(o.now)
+    o.tick(0.5)  # (its wake-up fetches are answered NOT_LEADER: no lease)
+    assert not a.readable(o.now)
+    o.resume("a")  # a follows b, copies the cursor, joins the ISR; the preferred replica leads again
+    o.tick(1.1)
+    o.elect("a")
+    assert a.role == LEADING and a.state.cursors[(b"c1", "d")] == 4
+    assert a.readable(o.now)  # (b's and c's fetches at a's new epoch)
+    o.tick(1.0)  # (they keep fetching: the lease holds)
+    assert a.readable(o.now)
+
+
+def test_fetches_read_in_the_burst_after_a_pause_do_not_renew_the_read_lease() -> None:
+    """Found by a chaos run (dur.f, seed 11): the follower's fetches sent just before the leader
+    was paused waited in its socket and were read in a burst when it resumed, renewing the lease of
+    a leader the follower had left meanwhile. A log told of a local pause takes no lease from
+    fetches read within fetch_retry after it."""
+    o = Owners("ab")
+    o.elect("a", "ab")
+    o.put("a", ["m1"], first=1)
+    a = o.logs["a"]
+    o.tick(0.6)
+    assert a.readable(o.now)
+    epoch, end, last_epoch = a.epoch, a.end, a.last_epoch  # (a fetch b sent before a stood still)
+    o.now += 4.0  # a resumes 4 s later and notices it
+    a.paused(o.now)
+    o.feed("a", a.on_fetch("b", epoch, end, last_epoch, o.now))  # read from the socket in the burst
+    o.run()
+    assert not a.readable(o.now)
+    o.tick(1.5)  # b's fetches since then are fresh
+    assert a.readable(o.now)
+    single = Owners("a")
+    single.elect("a", "a")
+    assert single.logs["a"].readable(single.now)  # (one replica: nobody else can lead, it reads alone)
+
+
+# ---------------------------------------------------------------- the ISR
+
+
+def test_a_lagging_follower_leaves_the_isr_after_isr_lag_time_but_never_below_min_insync() -> None:
+    """A member cut off from the others keeps leading (the quorum sees it) but commits nothing with
+    min_insync 2: it drops one silent follower, never the last, and its deadline does not spin."""
+    o = Owners("abc", isr_lag_time=10.0)
+    o.elect("a", "abc")
+    o.put("a", ["m1"], first=1, token="a1")
+    a = o.logs["a"]
+    o.down.update("bc")  # (cut off: b and c hear nothing, but the quorum still hears a)
+    assert o.put("a", ["m2"], first=2, token="a2") == 0
+    o.tick(9.0)
+    assert o.lead.isr == ("a", "b", "c")  # (not yet)
+    o.tick(2.0)
+    assert o.lead.isr == ("a", "c") and a.isr == {"c"}  # (b dropped: a and c are still min_insync)
+    for _ in range(5):
+        o.tick(5.0)
+    assert o.lead.isr == ("a", "c") and o.committed["a"] == ["a1"]  # (c is never dropped: nothing commits)
+    assert a.next_deadline() > o.now  # (a follower it may not drop wakes it no more)
+    assert o.put("a", ["m3"], first=3, token="a3") == 0  # (taken: two counted; committed once c is back)
+    o.down.discard("c")
+    o.tick(1.1)
+    assert o.committed["a"] == ["a1", "a2", "a3"] and o.payloads("c") == [b"m1", b"m2", b"m3"]
+
+
+def test_a_follower_stays_counted_until_the_quorum_decides_to_drop_it() -> None:
+    """A shrink takes effect at the next leadership version only: until then a put waits for it."""
+    o = Owners("abc", isr_lag_time=2.0)
+    o.elect("a", "abc")
+    a = o.logs["a"]
+    o.down.add("b")
+    o.quorum_open = False
+    o.tick(2.5)
+    assert [x for _, x in o.requests][-1] == AlterIsr(0, a.epoch, o.lead.version, ("a", "c"))
+    o.put("a", ["m1"], token="t1")
+    assert o.committed["a"] == []  # (b is still counted)
+    o.tick(1.1)  # (undecided: asked again)
+    assert [x for _, x in o.requests][-2:] == [AlterIsr(0, a.epoch, o.lead.version, ("a", "c"))] * 2
+    o.quorum_open = True
+    o.decide("a", o.requests[-1][1])
+    o.run()
+    assert o.lead.isr == ("a", "c") and o.committed["a"] == ["t1"]
+
+
+def test_a_follower_asked_to_be_added_is_counted_at_once_and_until_a_newer_version() -> None:
+    """Kafka's maximal ISR: the leader counts a follower it asked to add before the quorum decides
+    (so the quorum's ISR is never larger than the one it counts); a refused add counts no more."""
+    o = Owners("abc")
+    o.down.add("c")
+    o.elect("a", "ab", replicas="abc")
+    a = o.logs["a"]
+    o.quorum_open = False
+    o.down.discard("c")
+    o.tick(1.1)  # (c is woken, fetches, reaches the commit: a asks to add it at the fetch)
+    assert o.requests[-1] == ("a", AlterIsr(0, a.epoch, o.lead.version, ("a", "b", "c")))
+    assert a.adding == {"c"} and o.lead.isr == ("a", "b")
+    o.down.add("c")
+    o.put("a", ["m1"], token="t1")
+    assert o.committed["a"] == []  # (c counts: a put waits for it)
+    o.elect("a", "ab")  # (another change of the leadership came first: a's request is refused)
+    o.quorum_open = True
+    o.run()
+    assert a.adding == set() and o.committed["a"] == ["t1"]
+
+
+def test_a_parked_fetch_answered_later_moves_the_caught_up_mark() -> None:
+    """isr_lag_time counts from the last fetch that reached the leader's end when it last answered:
+    an answer to a parked fetch is one (a follower served 2 records of 10 is not caught up)."""
+    o = Owners("ab", fetch_records=2)
+    o.elect("a", "ab")
+    a, b = o.logs["a"], o.logs["b"]
+    assert "b" in a.parked
+    end = b.end
+    st, acts = a.put([["t", None, None, b"m%d" % i] for i in range(10)], b"p", 1, 1, lambda s: s, 5000)
+    assert st == 0 and [x.frame[0] for x in acts if isinstance(x, PeerFrame)] == ["DATA"]
+    seen = a.caught_up["b"]
+    a.on_fetch("b", a.epoch, end + 2, b.last_epoch + 1, 7.0)  # (b took those 2)
+    assert a.caught_up["b"] == seen  # (behind the 10: not caught up)
+
+
+# ---------------------------------------------------------------- epochs
+
+
+def test_fetches_and_answers_are_fenced_by_the_epoch_both_ways() -> None:
+    o = Owners("abc")
+    o.elect("a", "abc")
+    a, b = o.logs["a"], o.logs["b"]
+    e = a.epoch
+    o.put("a", ["m1"], token="t1")
+    fetched = dict(a.followers), dict(a.fetched_at)
+    (hi,) = a.on_fetch("b", e + 1, b.end, b.last_epoch, o.now + 1)  # (b knows a newer leadership)
+    (lo,) = a.on_fetch("b", e - 1, b.end, b.last_epoch, o.now + 1)  # (b is behind)
+    assert (hi.frame[3], lo.frame[3]) == (NOT_LEADER, STALE) and (a.followers, a.fetched_at) == fetched
+    (idle,) = b.on_fetch("c", e, 0, 0, o.now)  # (b does not lead)
+    assert idle.frame[3] == NOT_LEADER
+    rec = Record(b.end, 5000, message_body(e + 1, ["t", None, None, b"x"], b"p", 1))
+    end = b.end
+    for epoch in (e - 1, e + 1):  # (an answer at another epoch than the one b follows is not taken)
+        b.fetching = True
+        assert b.on_data("a", epoch, 0, 0, end + 1, e + 1, end + 1, -1, -1, [rec], end, o.now) == []
+    assert b.end == end
+
+
+def test_a_restarted_leader_the_quorum_still_names_asks_for_a_new_epoch() -> None:
+    o = Owners("ab")
+    o.elect("a", "ab")
+    o.put("a", ["m1"], token="t1")
+    a = o.logs["a"]
+    e = a.epoch
+    o.crash("a")
+    o.quorum_open = False
+    o.restart("a")
+    a = o.logs["a"]
+    assert a.role == IDLE and o.requests[-1] == ("a", Reelect(0, e)) and o.lead.epoch == e
+    assert a.on_fetch("b", e, 2, e, o.now)[0].frame[3] == NOT_LEADER and a.put([], b"p", 1, 1, str, 0)[0] == 1
+    o.tick(1.1)  # (asked again until decided)
+    assert o.requests[-1] == ("a", Reelect(0, e))
+    o.quorum_open = True
+    o.decide(*o.requests[-1])
+    o.run()
+    assert a.role == LEADING and a.epoch == e + 1 and a.epochs[-1] == (e + 1, 2)
+    assert o.put("a", ["m2"], first=2, token="t2") == 0 and o.committed["a"][-1] == "t2"
+
+
+def test_a_restarted_leader_whose_disk_lost_its_epoch_does_not_begin_it_again() -> None:
+    """A leader serves its followers from memory, before its own write is on disk: it died before,
+    and came back with none of its epoch's records while its follower held them. Beginning that
+    epoch again would put other records at the same offsets and epoch (no fetch could tell them
+    apart); the first leadership a log is told in a life is never begun: a new epoch is asked."""
+    o = Owners("ab")
+    o.elect("a", "ab")
+    o.put("a", ["m1"], token="t1")
+    e = o.logs["a"].epoch
+    o.unwritten.add("a")  # (a's writes from now on never reach its disk)
+    o.put("a", ["lost"], first=2, token="t2")
+    assert o.payloads("b") == [b"m1", b"lost"] and o.payloads("a") == [b"m1"]
+    o.crash("a")
+    o.unwritten.clear()
+    o.disk["a"] = o.disk["a"][:1]  # (and its m1 as well: only its first EPOCH is there)
+    o.restart("a")
+    a = o.logs["a"]
+    assert a.epoch > e and a.role == LEADING
+    o.put("a", ["other"], pid=b"p2", token="t3")
+    o.tick(1.1)
+    assert [r.body for r in o.disk["a"]] == [r.body for r in o.disk["b"]]
+    assert o.payloads("b") == [b"other"]
+
+
+def test_a_new_leader_from_the_isr_holds_every_committed_record_and_one_outside_would_not() -> None:
+    """The controller elects from the ISR only (cluster/controller.py ``decide_one``); told another
+    leadership (an unclean election), a log leads and its followers cut what it lacks: the committed
+    records are lost. That is the danger the rule prevents."""
+    for clean in (True, False):
+        o = Owners("abc")
+        o.down.add("c")
+        o.elect("a", "ab", replicas="abc")
+        for i in range(1, 4):
+            o.put("a", [f"m{i}"], first=i, token=i)
+        assert o.committed["a"] == [1, 2, 3]
+        o.crash("a")
+        o.down.discard("c")
+        choice = decide_one(0, o.lead, o.lead.replicas, frozenset("bc"))
+        assert choice is not None and (choice.leader, choice.isr) == ("b", ("b",))  # (the controller's)
+        o.elect(*(("b", "b") if clean else ("c", "c")))  # (c, outside the ISR: an unclean election)
+        o.tick(1.1)
+        assert o.payloads("b") == ([b"m1", b"m2", b"m3"] if clean else [])
