@@ -788,3 +788,196 @@ def test_a_new_leader_from_the_isr_holds_every_committed_record_and_one_outside_
         o.elect(*(("b", "b") if clean else ("c", "c")))  # (c, outside the ISR: an unclean election)
         o.tick(1.1)
         assert o.payloads("b") == ([b"m1", b"m2", b"m3"] if clean else [])
+
+
+# ---------------------------------------------------------------- divergent logs
+
+
+def _records(o: Owners, member: str) -> list[tuple[int, list[Any]]]:
+    return [(r.offset, msgpack.unpackb(r.body, raw=False)) for r in o.disk[member]]
+
+
+def test_a_follower_whose_last_epoch_the_leader_never_had_cuts_all_of_it() -> None:
+    """Simulator seed 9, under the quorum: b led an epoch (its EPOCH record at 2) that a never saw
+    and that ended, on a's log, where a's next one began: a fetch from b's end found no divergence
+    by offsets alone, and b's record there was kept."""
+    o = Owners("ab")
+    o.elect("a", "ab")
+    o.put("a", ["m1"], first=1, token=1)
+    o.down.add("b")
+    o.put("a", ["m2"], first=2)  # (on a's disk only, at 2)
+    o.pause("a")
+    o.down.discard("b")
+    o.elect("b")  # (b leads: its EPOCH at 2, where a has m2)
+    o.pause("b")
+    o.elect("a")  # (a leads again, above b: its EPOCH at 3)
+    o.resume("a")
+    o.resume("b")
+    o.tick(1.1)
+    assert o.disk["a"][2].offset == 2 and o.logs["a"].epochs[-1] == (o.lead.epoch, 3)
+    assert [r.body for r in o.disk["b"]] == [r.body for r in o.disk["a"]]
+    assert o.payloads("b") == [b"m1", b"m2"]
+
+
+def test_a_fetcher_whose_last_epoch_is_older_than_the_leaders_first_begins_again_at_its_start() -> None:
+    """Second review: b's log, after retention and a restart, no longer says where a's epoch ended
+    (b's offset 4 was retained away): cut to b's first epoch, a would keep its own never-committed
+    x4 at offset 4, below the commit."""
+    o = Owners("abc")
+    o.down.add("c")
+    o.elect("a", "ab", replicas="abc")
+    o.put("a", ["m1", "m2", "m3"], first=1, token="a1")
+    o.crash("b")
+    o.put("a", ["x4", "x5", "x6"], first=4, token="ax")  # (only on a's disk: never committed)
+    o.crash("a")
+    o.restart("b")
+    o.down.discard("c")
+    o.elect("b", "b")
+    o.tick(1.1)  # (c joins)
+    o.put("b", ["y4", "y5", "y6", "y7"], first=4, token="by")
+    assert "by" in o.committed["b"] and "ax" not in o.committed["a"]
+    o.retain("b", 5)
+    o.crash("b")
+    o.restart("b")  # (b leads again, at a new epoch: Reelect)
+    o.restart("a")
+    o.tick(1.1)
+    a = o.logs["a"]
+    assert a.role == FOLLOWING and a.start == 5 and a.commit == o.logs["b"].commit
+    assert _records(o, "a") == _records(o, "b")
+    assert all(b[5] != b"x4" for _, b in _records(o, "a") if b[1] == 0)
+
+
+def test_a_returning_follower_cuts_its_divergent_tail_before_it_takes_the_leaders_commit() -> None:
+    """Second review: a took b's commit, past its own 150 never-committed records, before cutting
+    them; they folded into its base and the cut then needed a reload that never came."""
+    o = Owners("abc", cache_records=100, max_uncommitted=10_000)
+    o.elect("a", "abc")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.down.update("bc")
+    o.put("a", [f"x{i}" for i in range(2, 152)], first=2, token="ax")
+    o.crash("a")
+    o.down -= {"b", "c"}
+    o.elect("b", "bc")
+    o.put("b", [f"y{i}" for i in range(2, 302)], first=2, token="by")
+    o.restart("a")
+    o.tick(1.1)
+    assert o.put("b", ["z"], first=302, token="bz") == 0
+    o.tick(1.1)
+    assert "bz" in o.committed["b"] and o.reloads == 0
+    assert _records(o, "a") == _records(o, "b")
+
+
+def _restart_behind_a_later_branch(o: Owners) -> None:
+    """a (b down) writes 30 cursor records that are never committed; b, restarted, leads a later
+    branch with c; a restarts holding them (with small caches, most of them not in memory), cut off
+    from the quorum (told nothing yet)."""
+    o.down.add("c")
+    o.elect("a", "ab", replicas="abc")
+    o.put("a", ["m1"], first=1, token="a1")
+    o.commit_cursor("a", b"c1", "s", 1)
+    o.crash("b")
+    for i in range(30):
+        o.commit_cursor("a", b"c%d" % i, "s", 2)
+    o.crash("a")
+    o.restart("b")
+    o.down.discard("c")
+    o.elect("b", "b")
+    o.tick(1.1)  # (c joins)
+    o.put("b", ["y2"], first=2, token="by")
+    assert "by" in o.committed["b"]
+    o.deaf.add("a")
+    o.restart("a")
+
+
+def test_a_cut_below_the_records_held_in_memory_reads_the_log_again() -> None:
+    """a restarts with 30 never-committed cursor records (cursors are outside the room check) and
+    keeps only 10 in memory; following b's branch it must cut below them: the shell reads the log
+    again (``Reload``), and a's cursors and producers are those of b's log."""
+    o = Owners("abc", cache_records=10, max_uncommitted=10)
+    _restart_behind_a_later_branch(o)
+    assert o.logs["a"].base_at > o.logs["a"].commit
+    o.resume("a")
+    o.tick(1.1)
+    a, b = o.logs["a"], o.logs["b"]
+    assert o.reloads == 1 and not a.reloading and a.role == FOLLOWING
+    assert _records(o, "a") == _records(o, "b")
+    assert a.state.cursors == b.state.cursors == {(b"c1", "s"): 1}
+    assert a.state.producers == b.state.producers
+
+
+def _diverged(o: Owners) -> tuple[PartitionLog, PartitionLog]:
+    """a (30 never-committed cursor records, 10 in memory) told to follow b; its FETCH is lost."""
+    _restart_behind_a_later_branch(o)
+    a, b = o.logs["a"], o.logs["b"]
+    o.told["a"] = o.lead.version
+    assert [type(x) for x in a.lead(o.lead, o.now)] == [PeerFrame] and a.role == FOLLOWING
+    return a, b
+
+
+def test_an_answer_to_a_resent_fetch_is_not_taken_twice() -> None:
+    """Third review: a fetch resent after fetch_retry can be answered twice. The second "cut to 3",
+    taken while the first one's Reload was under way, cut all of a's epoch (a reset), and the
+    Reload then put back a log the disk no longer had; taken after a plain cut, it cut records the
+    leader had committed."""
+    o = Owners("abc", cache_records=10, max_uncommitted=10)
+    a, b = _diverged(o)
+    (d,) = [x for x in b.on_fetch("a", b.epoch, a.end, a.last_epoch, o.now) if isinstance(x, PeerFrame)]
+    f = d.frame
+    first = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now)
+    assert first == [Reload(0, 3)] and a.reloading
+    assert a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now) == []
+    assert a.retain_limit() == a.start  # (the cursors are not known until the log is read again)
+    o.deaf.discard("a")
+    o.feed("a", first)
+    o.run()
+    assert not a.reloading and a.end == o.disk["a"][-1].offset + 1 and o.reloads == 1
+    assert a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now) == []  # (after it)
+    o.tick(1.1)
+    assert _records(o, "a") == _records(o, "b")
+
+
+def test_a_member_that_leads_while_its_reload_is_under_way_keeps_what_it_wrote_since() -> None:
+    """Its EPOCH goes to disk after the Reload: ``reloaded`` takes it again over what was read."""
+    o = Owners("abc", cache_records=10, max_uncommitted=10)
+    a, b = _diverged(o)
+    (d,) = [x for x in b.on_fetch("a", b.epoch, a.end, a.last_epoch, o.now) if isinstance(x, PeerFrame)]
+    f = d.frame
+    reload = a.on_data("b", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], [], f[11], o.now)
+    assert reload == [Reload(0, 3)]
+    o.apply(SetPartition(0, o.lead.version, "a", o.lead.epoch + 1, ("a",), ("a",)))  # (the only replica now)
+    o.told["a"] = o.lead.version
+    epoch = a.lead(o.lead, o.now)
+    assert a.role == LEADING and a.reloading and [x.records[0].offset for x in epoch if isinstance(x, Append)] == [3]
+    assert a.put([["t", None, None, b"z"]], b"p9", 1, 1, lambda s: s, 5000)[0] == 2  # (busy: state unknown)
+    o.deaf.discard("a")
+    o.feed("a", reload + epoch)
+    o.run()
+    assert not a.reloading and a.end == 4 and [r.offset for r in o.disk["a"]] == [0, 1, 2, 3]
+    assert a.state.cursors == {(b"c1", "s"): 1} and a.last_epoch == a.epoch
+    assert o.put("a", ["z"], first=1, pid=b"p9", token="az") == 0 and "az" in o.committed["a"]
+
+
+def test_a_follower_takes_no_records_from_a_leader_below_the_epoch_it_follows() -> None:
+    """Simulator seed 5136, under the quorum: b's fetch waited at a (nothing new); b then led (an
+    EPOCH at 2); following a again, at a's new epoch, it must not take a's answer to that old
+    fetch (a's records of its old epoch, after b's EPOCH: a spliced log)."""
+    o = Owners("abc")
+    o.elect("a", "abc")
+    o.put("a", ["m1"], first=1, token="a1")
+    a, b = o.logs["a"], o.logs["b"]
+    assert "b" in a.parked  # (b's next fetch waits at a)
+    o.pause("a")
+    o.elect("b", "bc")
+    assert b.role == LEADING and b.epoch > a.epoch and o.disk["b"][-1].offset == 2
+    o.deaf.add("a")
+    o.down.discard("a")  # (a goes on at its old epoch, not told)
+    o.elect("a", "abc")  # (b follows a at a's new epoch, which a does not know yet)
+    st, actions = a.put([["t", None, None, b"x2"], ["t", None, None, b"x3"]], b"p2", 1, 1, lambda s: s, 6000)
+    assert st == 0
+    o.feed("a", actions)  # (a's answer to b's old fetch: records 2 and 3 of a's old epoch)
+    o.run()
+    epochs = [msgpack.unpackb(r.body, raw=False)[0] for r in o.disk["b"]]
+    assert epochs == sorted(epochs), epochs
+    o.resume("a")
+    o.tick(1.1)
+    assert _records(o, "a") == _records(o, "b")  # (b cut its EPOCH and took a's branch, x2 and x3 too)
