@@ -180,6 +180,8 @@ class PartitionLog:
         self.reloading = False  # a Reload is not done: ``state`` is not known
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
         self.reelect_asked = -1e18  # when we last asked the quorum for a new epoch of ours (``Reelect``)
+        self.told = False  # a leadership was told to us in this life (``lead``)
+        self.need = settings.min_insync  # leading: members (us too) that must hold a record to commit it
 
     # ------------------------------------------------------------ recovery
 
@@ -250,7 +252,15 @@ class PartitionLog:
 
     def lead(self, lead: Leadership | None, now: float) -> list[LogAction]:
         """The quorum's leadership of this partition (None: it has none), as applied here."""
+        old = self.leadership
+        if lead is not None and old is not None and lead.version < old.version:
+            return []  # (an older decision told late: the quorum's versions only rise)
         self.leadership = lead
+        if lead is not None and not self.told:
+            # (the first decision of this life may be one we began before a restart, with records of
+            # it on followers that our disk lost: we never begin it, but ask for a new epoch)
+            self.told = True
+            self.seen = max(self.seen, lead.epoch)
         if lead is None or lead.epoch < self.epoch or (lead.leader != self.me and self.me not in lead.replicas):
             return self._step_down() if lead is None or lead.epoch >= self.epoch else []
         if lead.leader == self.me:
@@ -299,6 +309,7 @@ class PartitionLog:
         self.role, self.leader, self.epoch, self.seen = LEADING, self.me, lead.epoch, lead.epoch
         self.followers = {m: -1 for m in lead.replicas if m != self.me}
         self.isr = {m for m in lead.isr if m != self.me}
+        self.need = min(self.s.min_insync, len(lead.replicas))  # (one replica: it commits alone)
         self.caught_up = dict.fromkeys(self.isr, now)  # (each gets isr_lag_time from our start)
         body = msgpack.packb([self.epoch, EPOCH], use_bin_type=True)
         return self._append_local([body], self.last_ms) + [self._fetch_frame(m) for m in sorted(self.followers)]
@@ -310,6 +321,8 @@ class PartitionLog:
             self.asked = None
             self.adding.clear()
         self.isr = {m for m in lead.isr if m != self.me}
+        self.adding &= set(lead.replicas)  # (a replica that left is counted no more)
+        self.need = min(self.s.min_insync, len(lead.replicas))
         wake = [self._fetch_frame(m) for m in lead.replicas if m != self.me and m not in self.followers]
         self.followers = {m: self.followers.get(m, -1) for m in lead.replicas if m != self.me}
         for m in self.isr:
@@ -319,23 +332,28 @@ class PartitionLog:
     def _counted(self) -> set[str]:
         return self.isr | self.adding
 
-    def _alter_isr(self, now: float) -> list[LogAction]:
+    def _alter_isr(self, now: float, fetcher: str | None = None) -> list[LogAction]:
         """Leading: ask to drop a follower that has not caught up for ``isr_lag_time`` (never below
-        ``min_insync``), or to add one that reached the commit (counted from now on)."""
+        ``min_insync``), or to add ``fetcher``, whose fetch now reached the commit (counted from
+        now on: what it fetched from is on its disk; an offset it fetched from long ago is not a
+        reason to add it, its disk may be gone since)."""
         lead = self.leadership
         if lead is None or self.role != LEADING or lead.epoch != self.epoch:
             return []
         if self.asked is not None and now < self.asked[2] + self.s.fetch_retry:
             return []
+        if self.asked is not None and self.asked[0] == lead.version:  # (not decided yet: asked again)
+            self.asked = (lead.version, self.asked[1], now)
+            return [AlterIsr(self.p, self.epoch, lead.version, self.asked[1])]
         counted = self._counted()
         lagging = sorted(m for m in self.isr if now > self.caught_up.get(m, now) + self.s.isr_lag_time)
-        joining = sorted(m for m in self.followers if m not in counted and self.followers[m] >= self.commit
-                         and self.followers[m] >= self.epochs[-1][1] + 1)  # fmt: skip
+        at = self.followers.get(fetcher, -1) if fetcher is not None else -1
+        joins = fetcher is not None and fetcher not in counted and at >= self.commit and at > self.epochs[-1][1]
         isr = set(counted)
-        if joining:
-            self.adding.add(joining[0])
-            isr.add(joining[0])
-        elif lagging and len(counted) + 1 > self.s.min_insync:
+        if joins and fetcher is not None:
+            self.adding.add(fetcher)
+            isr.add(fetcher)
+        elif lagging and len(counted) + 1 > self.need:
             isr.discard(lagging[0])
         else:
             return []
@@ -364,7 +382,7 @@ class PartitionLog:
         the acknowledged point)."""
         if self.role != LEADING:
             return 1, []
-        if self.reloading or len(self._counted()) + 1 < self.s.min_insync:
+        if self.reloading or len(self._counted()) + 1 < self.need:
             return 2, []  # (too few in sync: taken, it could not commit; the client retries)
         last, at = self.state.producers.get(pid, (floor - 1, -1))
         # (acknowledged through floor - 1 on a branch since cut, docs/durable.md: go on from there
@@ -409,6 +427,7 @@ class PartitionLog:
         self.appending += 1
         out = self.disk.append(recs, self.commit)
         for m, (_, end, last_epoch) in list(self.parked.items()):  # (fetchers waiting get them now)
+            self.answered_end[m] = self.end  # (caught up, at its next fetch, only if it reaches this)
             out += self.readers.answer(m, end, last_epoch)
             del self.parked[m]
         return out
@@ -424,7 +443,7 @@ class PartitionLog:
         return out
 
     def _advance(self) -> list[LogAction]:
-        if self.role != LEADING or len(self._counted()) + 1 < self.s.min_insync:
+        if self.role != LEADING or len(self._counted()) + 1 < self.need:
             return []  # (too few in sync: nothing commits, so nothing is acknowledged on fewer disks)
         counted = self._counted()
         commit = self.durable if self.early_ack else min([self.durable, *(self.followers.get(m, -1) for m in counted)])
@@ -451,7 +470,7 @@ class PartitionLog:
             self.followers[member] = max(self.followers[member], end)
             if end >= self.answered_end.get(member, self.end):
                 self.caught_up[member] = now  # (it has all we had when we last answered it)
-        out = self._advance()
+        out = self._advance() + self._alter_isr(now, member)  # (one that reached the commit joins now)
         if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out
@@ -569,9 +588,10 @@ class PartitionLog:
             times.append(self.fetch_sent + self.s.fetch_retry)
         if self.role == LEADING:
             times += [self._wake_at(m) for m in self.followers]
-            times += [self.caught_up.get(m, math.inf) + self.s.isr_lag_time for m in self.isr]
-            if self.asked is not None:
+            if self.asked is not None:  # (asked again until decided)
                 times.append(self.asked[2] + self.s.fetch_retry)
+            elif len(self._counted()) + 1 > self.need:  # (a lagging follower may be dropped: when)
+                times += [self.caught_up.get(m, math.inf) + self.s.isr_lag_time for m in self.isr]
         elif self.leadership is not None and self.leadership.leader == self.me and self.leadership.epoch == self.epoch:
             times.append(self.reelect_asked + self.s.fetch_retry)
         times.append(self.disk.next_deadline())  # (fsync = interval: the next Sync)

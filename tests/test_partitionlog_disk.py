@@ -61,7 +61,7 @@ def test_a_follower_cut_below_its_checkpoint_lowers_it_first() -> None:
     """A checkpoint past a cut would count the next branch's records there as committed after a
     restart (cold review): the core asks for the lower one before the cut."""
     o = Owners("ab")
-    o.assign("ab")
+    o.elect("a", "ab")
     o.put("a", ["m1", "m2", "m3"])
     o.tick(1.0)
     o.put("a", ["m4"], first=4)  # (b's next append carries the commit it learnt meanwhile)
@@ -74,7 +74,7 @@ def test_interval_through_the_core_acknowledges_once_written_and_syncs_by_its_de
     """docs/durable.md: under interval a put is acknowledged once written on every owner, and each
     log is fsynced within fsync_interval of a write (its deadline is the core's)."""
     o = Owners("ab", fsync="interval", fsync_interval=0.3)
-    o.assign("ab")
+    o.elect("a", "ab")
     a = o.logs["a"]
     status, actions = a.put([["t", None, None, b"m1"]], b"p1", 1, 1, lambda last: "t1", 5000)
     assert status == 0 and [x.sync for x in actions if isinstance(x, Append)] == [False]
@@ -90,7 +90,7 @@ def test_interval_through_the_core_acknowledges_once_written_and_syncs_by_its_de
 def test_the_early_ack_break_commits_without_the_follower() -> None:
     for breaks, acked in ((frozenset(), []), (frozenset({"early-ack"}), ["t1"])):
         o = Owners("ab", breaks=breaks)
-        o.assign("ab")
+        o.elect("a", "ab")
         o.down.add("b")  # (the follower hears nothing)
         o.put("a", ["m1"], token="t1")
         assert o.committed["a"] == acked
