@@ -58,6 +58,7 @@ so that a bug or a garbled file makes a clear error, not a wrong leader.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -212,14 +213,19 @@ def _ordered(members: Iterable[str], replicas: Sequence[str]) -> tuple[str, ...]
     return tuple(m for m in replicas if m in chosen)
 
 
-def targets(placed: Sequence[str], partitions: int, replicas: int,
-            placement: str = ring.DEFAULT_PLACEMENT) -> list[tuple[str, ...]]:  # fmt: skip
-    """Each partition's target replicas: the first ``replicas`` of its preference list."""
-    ids = sorted(placed)
+@functools.lru_cache(maxsize=8)
+def _targets(ids: tuple[str, ...], partitions: int, replicas: int, placement: str) -> tuple[tuple[str, ...], ...]:
     if not ids:
-        return [() for _ in range(partitions)]
-    owners = ring.assign(ids, partitions, min(replicas, len(ids)), placement)
-    return [tuple(preference(owners, ids, p)[:replicas]) for p in range(partitions)]
+        return tuple(() for _ in range(partitions))
+    owners = ring.assign(list(ids), partitions, min(replicas, len(ids)), placement)
+    return tuple(tuple(preference(owners, list(ids), p)[:replicas]) for p in range(partitions))
+
+
+def targets(placed: Sequence[str], partitions: int, replicas: int,
+            placement: str = ring.DEFAULT_PLACEMENT) -> tuple[tuple[str, ...], ...]:  # fmt: skip
+    """Each partition's target replicas: the first ``replicas`` of its preference list (placing is
+    work: the controller asks at every round, for the same members, so the last few are kept)."""
+    return _targets(tuple(sorted(placed)), partitions, replicas, placement)
 
 
 def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: frozenset[str],

@@ -18,9 +18,9 @@ keeps those views (``plogs``) for the member, as one of its components:
   only then: a member cut off from the quorum's majority refuses them
   (``PUT_NO_QUORUM``) rather than act on a leadership that may be gone. A log's
   requests to the controller (``AlterIsr``, ``Reelect``) go through the quorum.
-* A log is active once it has records, a put came for it, another owner fetched
-  it, or the quorum names this member one of its replicas; an inactive
-  partition costs nothing (no fetches, no files).
+* A log is active once it has records, a put came for it, or its leader fetched
+  from us (a leader wakes each follower so); an inactive partition costs nothing
+  (no fetches, no files).
 * The logs talk over the peer links as requests and replies: a FETCH goes on
   our dialled link to the leader, and the DATA answer comes back on that link;
   a fetch that finds the link down is retried by the log's own timer
@@ -231,13 +231,10 @@ class DurableLogs:
         """Partitions whose leadership changed in the quorum: their logs follow it (in contact)."""
         if not self.logs_ready or not self.in_contact:
             return
-        for p in sorted(changed):
-            lead = self.quorum.leadership(p)
+        for p in sorted(changed):  # (an inactive log stays so: a put or its leader's FETCH wakes it)
             log = self.plogs.get(p)
-            if log is None and lead is not None and self.id in lead.replicas:
-                log = self._log_for(p)  # (a replica we hold nothing of yet: it fetches)
-            elif log is not None:
-                self._run_log(log.lead(lead, self.now))
+            if log is not None:
+                self._run_log(log.lead(self.quorum.leadership(p), self.now))
 
     def _contact(self) -> bool:
         """Whether we are in contact with the quorum now; when it comes back, every log follows the
