@@ -321,7 +321,6 @@ class PartitionLog:
             self.asked = None
             self.adding.clear()
         self.isr = {m for m in lead.isr if m != self.me}
-        self.adding &= set(lead.replicas)  # (a replica that left is counted no more)
         self.need = min(self.s.min_insync, len(lead.replicas))
         wake = [self._fetch_frame(m) for m in lead.replicas if m != self.me and m not in self.followers]
         self.followers = {m: self.followers.get(m, -1) for m in lead.replicas if m != self.me}

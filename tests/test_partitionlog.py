@@ -678,6 +678,8 @@ def test_a_follower_asked_to_be_added_is_counted_at_once_and_until_a_newer_versi
     o.tick(1.1)  # (c is woken, fetches, reaches the commit: a asks to add it at the fetch)
     assert o.requests[-1] == ("a", AlterIsr(0, a.epoch, o.lead.version, ("a", "b", "c")))
     assert a.adding == {"c"} and o.lead.isr == ("a", "b")
+    o.tick(1.1)  # (undecided: asked again)
+    assert o.requests[-2:] == [o.requests[-1]] * 2 and len(o.requests) == 3
     o.down.add("c")
     o.put("a", ["m1"], token="t1")
     assert o.committed["a"] == []  # (c counts: a put waits for it)
@@ -698,7 +700,8 @@ def test_a_parked_fetch_answered_later_moves_the_caught_up_mark() -> None:
     st, acts = a.put([["t", None, None, b"m%d" % i] for i in range(10)], b"p", 1, 1, lambda s: s, 5000)
     assert st == 0 and [x.frame[0] for x in acts if isinstance(x, PeerFrame)] == ["DATA"]
     seen = a.caught_up["b"]
-    a.on_fetch("b", a.epoch, end + 2, b.last_epoch + 1, 7.0)  # (b took those 2)
+    assert a.on_fetch("b", a.epoch, end + 2, a.epoch, 7.0)  # (b took those 2)
+    assert a.followers["b"] == end + 2
     assert a.caught_up["b"] == seen  # (behind the 10: not caught up)
 
 
@@ -723,6 +726,15 @@ def test_fetches_and_answers_are_fenced_by_the_epoch_both_ways() -> None:
         b.fetching = True
         assert b.on_data("a", epoch, 0, 0, end + 1, e + 1, end + 1, -1, -1, [rec], end, o.now) == []
     assert b.end == end
+
+
+def test_a_leadership_older_than_the_one_told_is_ignored() -> None:
+    o = Owners("ab")
+    o.elect("a", "ab")
+    old = o.lead
+    o.elect("b")
+    b = o.logs["b"]
+    assert b.lead(old, o.now) == [] and b.role == LEADING and b.leadership == o.lead
 
 
 def test_a_restarted_leader_the_quorum_still_names_asks_for_a_new_epoch() -> None:
@@ -754,20 +766,22 @@ def test_a_restarted_leader_whose_disk_lost_its_epoch_does_not_begin_it_again() 
     o = Owners("ab")
     o.elect("a", "ab")
     o.put("a", ["m1"], token="t1")
-    e = o.logs["a"].epoch
     o.unwritten.add("a")  # (a's writes from now on never reach its disk)
+    e = o.lead.epoch + 1
+    o.apply(SetPartition(0, o.lead.version, "a", e, o.lead.isr, o.lead.replicas))  # (a new epoch of a's)
+    o.run()
     o.put("a", ["lost"], first=2, token="t2")
+    assert o.logs["a"].epoch == e and o.logs["b"].last_epoch == e
     assert o.payloads("b") == [b"m1", b"lost"] and o.payloads("a") == [b"m1"]
     o.crash("a")
     o.unwritten.clear()
-    o.disk["a"] = o.disk["a"][:1]  # (and its m1 as well: only its first EPOCH is there)
-    o.restart("a")
+    o.restart("a")  # (its log: its former epoch only; the quorum: a leads at e)
     a = o.logs["a"]
     assert a.epoch > e and a.role == LEADING
     o.put("a", ["other"], pid=b"p2", token="t3")
     o.tick(1.1)
     assert [r.body for r in o.disk["a"]] == [r.body for r in o.disk["b"]]
-    assert o.payloads("b") == [b"other"]
+    assert o.payloads("b") == [b"m1", b"other"]
 
 
 def test_a_new_leader_from_the_isr_holds_every_committed_record_and_one_outside_would_not() -> None:
