@@ -723,7 +723,6 @@ def test_fetches_and_answers_are_fenced_by_the_epoch_both_ways() -> None:
     rec = Record(b.end, 5000, message_body(e + 1, ["t", None, None, b"x"], b"p", 1))
     end = b.end
     for epoch in (e - 1, e + 1):  # (an answer at another epoch than the one b follows is not taken)
-        b.fetching = True
         assert b.on_data("a", epoch, 0, 0, end + 1, e + 1, end + 1, -1, -1, [rec], end, o.now) == []
     assert b.end == end
 
@@ -995,3 +994,33 @@ def test_a_follower_takes_no_records_from_a_leader_below_the_epoch_it_follows() 
     o.resume("a")
     o.tick(1.1)
     assert _records(o, "a") == _records(o, "b")  # (b cut its EPOCH and took a's branch, x2 and x3 too)
+
+
+def test_a_new_leader_shorter_than_a_follower_has_the_follower_cut_what_was_never_committed() -> None:
+    """c took m2 and m3 from a while b (in the ISR) did not: never committed, never acknowledged.
+    The quorum makes b leader (from the ISR): c's longer log is cut to b's."""
+    o = Owners("abc")
+    o.elect("a", "abc")
+    o.put("a", ["m1"], first=1, token="t1")
+    o.pause("b")
+    o.put("a", ["m2", "m3"], first=2, token="t2")
+    assert o.payloads("c") == [b"m1", b"m2", b"m3"] and o.committed["a"] == ["t1"]
+    o.crash("a")
+    o.resume("b")
+    o.elect("b", "bc")
+    o.tick(1.1)
+    assert o.logs["c"].role == FOLLOWING and _records(o, "c") == _records(o, "b")
+    assert o.payloads("c") == [b"m1"]
+    assert o.put("b", ["m2"], first=2, token="b2") == 0 and o.committed["b"] == ["b2"]
+
+
+def test_a_replica_of_a_partition_without_a_leader_stands_by() -> None:
+    """Simulator seed 207, under the quorum: no in-sync replica is live, the partition has no leader
+    (a higher epoch fences the old one); its replicas neither lead nor fetch, and refuse puts."""
+    o = Owners("ab")
+    o.elect("a", "ab")
+    o.elect(None)
+    a, b = o.logs["a"], o.logs["b"]
+    assert (a.role, b.role) == (IDLE, IDLE) and a.epoch == b.epoch == o.lead.epoch
+    assert a.put([["t", None, None, b"x"]], b"p", 1, 1, str, 0)[0] == 1
+    assert not [x for x in a.tick(5.0) + b.tick(5.0) if isinstance(x, PeerFrame | Reelect)]
