@@ -314,11 +314,11 @@ class PartitionLog:
     def _counted(self) -> set[str]:
         return self.isr | self.adding
 
-    def _alter_isr(self, now: float, fetcher: str | None = None) -> list[LogAction]:
+    def _alter_isr(self, now: float, fetcher: str | None = None, at: int = -1) -> list[LogAction]:
         """Leading: ask to drop a follower that has not caught up for ``isr_lag_time`` (never below
-        ``min_insync``), or to add ``fetcher``, whose fetch now reached the commit (counted from
-        now on: what it fetched from is on its disk; an offset it fetched from long ago is not a
-        reason to add it, its disk may be gone since)."""
+        ``min_insync``), or to add ``fetcher``, whose fetch from ``at`` (its log matching ours
+        there) now reached the commit: counted from now on (what it fetched from is on its disk;
+        an offset it fetched from long ago is no reason to add it, its disk may have lost it)."""
         lead = self.leadership
         if lead is None or self.role != LEADING or lead.epoch != self.epoch:
             return []
@@ -329,7 +329,6 @@ class PartitionLog:
             return [AlterIsr(self.p, self.epoch, lead.version, self.asked[1])]
         counted = self._counted()
         lagging = sorted(m for m in self.isr if now > self.caught_up.get(m, now) + self.s.isr_lag_time)
-        at = self.followers.get(fetcher, -1) if fetcher is not None else -1
         joins = fetcher is not None and fetcher not in counted and at >= self.commit and at > self.epochs[-1][1]
         isr = set(counted)
         if joins and fetcher is not None:
@@ -448,11 +447,12 @@ class PartitionLog:
             return [self.readers.data(member, NOT_LEADER if epoch >= self.epoch else STALE, end, [])]
         if now >= self.stale_until:
             self.fetched_at[member] = now
-        if end <= self.end and self.diverges(end, last_epoch) is None:
+        matched = end <= self.end and self.diverges(end, last_epoch) is None
+        if matched:
             self.followers[member] = max(self.followers[member], end)
             if end >= self.answered_end.get(member, self.end):
                 self.caught_up[member] = now  # (it has all we had when we last answered it)
-        out = self._advance() + self._alter_isr(now, member)  # (one that reached the commit joins now)
+        out = self._advance() + self._alter_isr(now, member, end if matched else -1)  # (it may join now)
         if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out

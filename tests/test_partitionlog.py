@@ -1024,3 +1024,24 @@ def test_a_replica_of_a_partition_without_a_leader_stands_by() -> None:
     assert (a.role, b.role) == (IDLE, IDLE) and a.epoch == b.epoch == o.lead.epoch
     assert a.put([["t", None, None, b"x"]], b"p", 1, 1, str, 0)[0] == 1
     assert not [x for x in a.tick(5.0) + b.tick(5.0) if isinstance(x, PeerFrame | Reelect)]
+
+
+def test_a_follower_joins_the_isr_only_by_a_fetch_that_itself_reached_the_commit() -> None:
+    """A follower outside the ISR that fetched up to the commit at this epoch once, and fetches
+    now from behind it (its disk lost what it had: fsync = never), is not added on the strength of
+    the old fetch."""
+    o = Owners("abc", fsync="never")
+    o.down.add("c")
+    o.elect("a", "ab", replicas="abc")
+    a = o.logs["a"]
+    o.put("a", ["m1", "m2"], token="t")
+    assert o.committed["a"] == ["t"] and a.commit == 3
+    o.quorum_open = False
+    o.down.discard("c")
+    o.tick(1.1)  # (c copies and fetches from 3: a asks to add it)
+    assert a.adding == {"c"} and a.followers["c"] == 3
+    o.down.add("c")
+    o.elect("a", "ab")  # (another change first: the add is refused, c is counted no more)
+    assert a.adding == set()
+    a.on_fetch("c", a.epoch, 1, a.epoch, o.now)  # (c restarted with only the EPOCH record)
+    assert a.adding == set()
