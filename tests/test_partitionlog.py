@@ -1045,3 +1045,21 @@ def test_a_follower_joins_the_isr_only_by_a_fetch_that_itself_reached_the_commit
     assert a.adding == set()
     a.on_fetch("c", a.epoch, 1, a.epoch, o.now)  # (c restarted with only the EPOCH record)
     assert a.adding == set()
+
+
+def test_a_fetch_read_from_disk_is_not_answered_once_the_epoch_it_was_read_for_is_over() -> None:
+    """Its match with the fetcher's log was judged against the log of that epoch, which a leader
+    that stepped down (and maybe cut its log, following another) no longer has."""
+    o = Owners("abc", cache_records=2, max_uncommitted=2)
+    o.down.add("c")
+    o.elect("a", "ab", replicas="abc")
+    for i in range(1, 9):
+        o.put("a", [f"m{i}"], first=i)
+    a = o.logs["a"]
+    reads = [x for x in a.on_fetch("c", a.epoch, 0, 0, o.now) if isinstance(x, ReadLog)]
+    assert len(reads) == 1 and reads[0].start == 0  # (older than the cache: read from disk)
+    recs = [r for r in o.disk["a"] if r.offset >= 0][: reads[0].limit]
+    o.elect("b")  # (a follows b now)
+    assert a.role == FOLLOWING and a.read_done(reads[0].token, recs) == []
+    o.elect("a")
+    assert a.role == LEADING and a.read_done(reads[0].token, recs) == []  # (a later epoch of a's: no either)
