@@ -4,8 +4,8 @@ An owner answers another owner's FETCH with ``DATA`` (``answer``, ``data``): the
 records from the fetcher's end out of its cache, or read from disk (``read_done``),
 or where the fetcher must cut or reset its log to (cluster/partitionlog.py's theory
 of operation). A leader serves durable readers (GET) only records below its commit,
-and only while its read lease holds (``readable``): every follower in its map
-fetched from it lately. Retention deletes old segments of each owner's own log,
+and only while its read lease holds (``readable``): every follower it counts in
+sync fetched from it lately, at its epoch. Retention deletes old segments of each owner's own log,
 never at or past ``retain_limit`` (cluster/partitionlog.py's theory of operation
 says why the newest record of each cursor is kept). A ``PartitionLog`` holds one
 ``Readers`` over itself (``LogView``: the state it reads, and what retention moves)
