@@ -4,11 +4,12 @@
 it is told to be, for the simulator). The actions are what one owner's log asks
 of its shell (node/segmentlog.py through cluster/logstore.py, or the simulator's
 disk, sim/logs.py): disk work (``Append``, ``Truncate``, ``ResetLog``,
-``ReadLog``, ``Retain``, ``SaveSeen``, and the disk policy's ``Sync`` and
+``ReadLog``, ``Retain``, and the disk policy's ``Sync`` and
 ``Checkpoint``: cluster/logdisk.py decides when), a frame for another owner
 (``PeerFrame``), puts and cursors now committed (``Committed``), a reader's
 records read from disk (``ReadDone``), and ``Reload`` (a cut past the cache: the shell
-cuts the log and reads it again).
+cuts the log and reads it again), and the leader's requests to the metadata quorum
+(``AlterIsr``, ``Reelect``: cluster/controller.py decides them).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ An owner answers another owner's FETCH with ``DATA`` (``answer``, ``data``): the
 records from the fetcher's end out of its cache, or read from disk (``read_done``),
 or where the fetcher must cut or reset its log to (cluster/partitionlog.py's theory
 of operation). A leader serves durable readers (GET) only records below its commit,
-and only while its read lease holds (``readable``): every follower in its map
-fetched from it lately. Retention deletes old segments of each owner's own log,
+and only while its read lease holds (``readable``): every follower it counts in
+sync fetched from it lately, at its epoch. Retention deletes old segments of each owner's own log,
 never at or past ``retain_limit`` (cluster/partitionlog.py's theory of operation
 says why the newest record of each cursor is kept). A ``PartitionLog`` holds one
 ``Readers`` over itself (``LogView``: the state it reads, and what retention moves)
@@ -138,7 +138,7 @@ class Readers:
         if end < v.start:
             return [self.data(member, status, end, [], reset=v.start)]
         if end < v.base_at:
-            return [ReadLog(v.p, end, v.s.fetch_records, ("fetch", member, status))]
+            return [ReadLog(v.p, end, v.s.fetch_records, ("fetch", member, status, v.epoch))]
         return [self.data(member, status, end, self._cached(end))]
 
     def _cached(self, end: int) -> list[Record]:
@@ -155,10 +155,15 @@ class Readers:
         return out
 
     def read_done(self, token: Any, records: list[Record]) -> list[LogAction]:
-        """A ``ReadLog`` is done: a fetcher's ``DATA``, or a reader's committed records (``ReadDone``)."""
+        """A ``ReadLog`` is done: a fetcher's ``DATA``, or a reader's committed records (``ReadDone``).
+        A fetch read for an epoch we no longer lead is not answered: where its log matched ours was
+        judged against a log we may have cut since (the fetcher asks again)."""
+        v = self.v
         if token.__class__ is tuple and token[0] == "fetch":
-            return [self.data(token[1], token[2], records[0].offset, records)] if records else []
-        return [ReadDone(token, [r for r in records if r.offset < self.v.commit])]
+            if not records or v.role != LEADING or v.epoch != token[3]:
+                return []
+            return [self.data(token[1], token[2], records[0].offset, records)]
+        return [ReadDone(token, [r for r in records if r.offset < v.commit])]
 
     def data(self, member: str, status: int, end: int, records: list[Record], *, truncate: int = -1,
              reset: int = -1) -> PeerFrame:  # fmt: skip

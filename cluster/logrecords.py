@@ -149,7 +149,7 @@ class LogScan:
         self.start = self.end = start
         self.keep = keep
         self.commit = commit  # the log's commit checkpoint (``Checkpoint``): at most the true commit
-        self.seen = seen  # the highest claim accepted, as saved (``SaveSeen``)
+        self.seen = seen  # (unused by the core since leaders are the quorum's: kept for the shells)
         self.epochs: list[tuple[int, int]] = []  # (leader epoch, its first offset), ascending
         self.state = State()  # every record's
         self.base = State()  # the records no longer in ``tail``

@@ -3,8 +3,8 @@
 Theory of operation (docs/durable.md)
 -------------------------------------
 Durable messages of a topic go to the log of the topic's partition, kept by the
-partition's owners in the cluster map: the primary leads, the secondary follows.
-This object is one owner's view of one partition. It does no I/O: it asks for
+partition's replicas, one of which the metadata quorum names leader (below).
+This object is one replica's view of one partition. It does no I/O: it asks for
 appends, truncations and reads (``Append``, ``Truncate``, ``ResetLog``,
 ``ReadLog``) that a shell runs on node/segmentlog.py in a worker thread, and is
 told when they are done (``appended``, ``read_done``); what it says to the other
@@ -22,12 +22,12 @@ a leader when it begins: the log itself holds where each leader epoch starts).
 
 Three points. ``end``: the next offset. ``durable``: the end that is on disk
 here by the fsync policy (``always``: synced; otherwise written). ``commit``:
-what every owner has on disk; a follower fetches from offset X only once
-everything before X is durable with it, so the leader's commit is the least of
-its own ``durable`` and its followers' last fetch offsets. A put is acknowledged
-(``Committed``) once the commit passes it, and readers are served only what
-lies below the commit: a leader that dies cannot take an acknowledged record
-with it, because its follower has it on disk too.
+what the leader and every follower it counts in sync have on disk; a follower
+fetches from offset X only once everything before X is durable with it, so the
+leader's commit is the least of its own ``durable`` and those followers' fetch
+offsets at its epoch. A put is acknowledged (``Committed``) once the commit
+passes it, and readers are served only what lies below the commit: a leader
+that dies cannot take an acknowledged record with it, its ISR has it on disk.
 
 Following is pulled (Kafka's design): the follower sends ``FETCH [p, epoch,
 end, last epoch of its log]`` and the leader answers ``DATA`` with the
@@ -39,17 +39,22 @@ leader's start (retention) resets to it.
 
 Leading. Who leads, at which epoch, and with which in-sync replicas (ISR) is
 decided by the metadata quorum (cluster/controller.py), and told to the log by
-``lead``: a member leads only an epoch it begins (its log holds no record of that
-epoch yet; one it led before a restart is asked again, ``Reelect``), writes an
-``EPOCH`` record and serves fetches of that epoch only; a follower fetches at the
-epoch of the leadership it was told and takes answers of that epoch only. A put is
-committed once the leader and every ISR member have it on disk, and only while the
-ISR has ``min_insync`` members: the controller makes leaders from the ISR only, so
-a new leader holds every committed record and the others cut what it lacks. The
-leader asks the controller (``AlterIsr``) to drop a follower that has not caught
-up for ``isr_lag_time`` (never below ``min_insync``) and to add one that reached
-the commit, which it counts from the moment it asks (Kafka's maximal ISR), so the
-ISR it counts is never smaller than the one the quorum holds.
+``lead`` (versions only rise: an older one is ignored). A member leads only an
+epoch it begins: one its log holds records of, or the one of the first leadership
+it is told in a life (it may have begun that one before a restart: a leader serves
+followers from memory, so they may hold records of it its disk lost), it asks the
+quorum to replace (``Reelect``). A leader writes an ``EPOCH`` record and serves
+fetches of its epoch only (``NOT_LEADER`` to a newer one, ``STALE`` to an older);
+a follower fetches at the epoch it was told and takes answers of that epoch only.
+A put is committed once the leader and every ISR member have it on disk, and only
+while the ISR has ``min_insync`` members (or every replica, if fewer: one replica
+commits alone); puts are refused as busy below that. The controller makes leaders
+from the ISR only, so a new leader holds every committed record and the others cut
+what it lacks. The leader asks the controller (``AlterIsr``, one request at a
+time, sent again until a newer version decides it) to drop a follower that has not
+caught up for ``isr_lag_time`` (never below ``min_insync``) and to add one whose
+fetch reached the commit, which it counts from that moment until a newer version
+(Kafka's maximal ISR): the quorum's ISR is never larger than the one it counts.
 
 Producers and cursors. The state a record changes (a producer's last sequence,
 a cursor) is kept as ``base`` (through ``base_at``) plus ``state`` (through
@@ -116,31 +121,9 @@ from roost.cluster.logrecords import (
 from roost.node.segmentlog import Record
 
 __all__ = [
-    "CURSOR",
-    "EPOCH",
-    "FOLLOWING",
-    "IDLE",
-    "LEADING",
-    "MESSAGE",
-    "AlterIsr",
-    "Append",
-    "Checkpoint",
-    "Committed",
-    "LogAction",
-    "LogFormatError",
-    "LogScan",
-    "LogSettings",
-    "PeerFrame",
-    "ReadDone",
-    "ReadLog",
-    "Reelect",
-    "Reload",
-    "ResetLog",
-    "Retain",
-    "State",
-    "Sync",
-    "Truncate",
-    "decode_untrusted_body",
+    "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "AlterIsr", "Append", "Checkpoint",
+    "Committed", "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog",
+    "Reelect", "Reload", "ResetLog", "Retain", "State", "Sync", "Truncate", "decode_untrusted_body",
 ]  # fmt: skip
 
 
@@ -321,7 +304,6 @@ class PartitionLog:
             self.asked = None
             self.adding.clear()
         self.isr = {m for m in lead.isr if m != self.me}
-        self.adding &= set(lead.replicas)  # (a replica that left is counted no more)
         self.need = min(self.s.min_insync, len(lead.replicas))
         wake = [self._fetch_frame(m) for m in lead.replicas if m != self.me and m not in self.followers]
         self.followers = {m: self.followers.get(m, -1) for m in lead.replicas if m != self.me}
@@ -332,11 +314,11 @@ class PartitionLog:
     def _counted(self) -> set[str]:
         return self.isr | self.adding
 
-    def _alter_isr(self, now: float, fetcher: str | None = None) -> list[LogAction]:
+    def _alter_isr(self, now: float, fetcher: str | None = None, at: int = -1) -> list[LogAction]:
         """Leading: ask to drop a follower that has not caught up for ``isr_lag_time`` (never below
-        ``min_insync``), or to add ``fetcher``, whose fetch now reached the commit (counted from
-        now on: what it fetched from is on its disk; an offset it fetched from long ago is not a
-        reason to add it, its disk may be gone since)."""
+        ``min_insync``), or to add ``fetcher``, whose fetch from ``at`` (its log matching ours
+        there) now reached the commit: counted from now on (what it fetched from is on its disk;
+        an offset it fetched from long ago is no reason to add it, its disk may have lost it)."""
         lead = self.leadership
         if lead is None or self.role != LEADING or lead.epoch != self.epoch:
             return []
@@ -347,7 +329,6 @@ class PartitionLog:
             return [AlterIsr(self.p, self.epoch, lead.version, self.asked[1])]
         counted = self._counted()
         lagging = sorted(m for m in self.isr if now > self.caught_up.get(m, now) + self.s.isr_lag_time)
-        at = self.followers.get(fetcher, -1) if fetcher is not None else -1
         joins = fetcher is not None and fetcher not in counted and at >= self.commit and at > self.epochs[-1][1]
         isr = set(counted)
         if joins and fetcher is not None:
@@ -466,11 +447,12 @@ class PartitionLog:
             return [self.readers.data(member, NOT_LEADER if epoch >= self.epoch else STALE, end, [])]
         if now >= self.stale_until:
             self.fetched_at[member] = now
-        if end <= self.end and self.diverges(end, last_epoch) is None:
+        matched = end <= self.end and self.diverges(end, last_epoch) is None
+        if matched:
             self.followers[member] = max(self.followers[member], end)
             if end >= self.answered_end.get(member, self.end):
                 self.caught_up[member] = now  # (it has all we had when we last answered it)
-        out = self._advance() + self._alter_isr(now, member)  # (one that reached the commit joins now)
+        out = self._advance() + self._alter_isr(now, member, end if matched else -1)  # (it may join now)
         if end >= self.end and self.diverges(end, last_epoch) is None:
             self.parked[member] = (now, end, last_epoch)
             return out

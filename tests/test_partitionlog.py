@@ -678,6 +678,8 @@ def test_a_follower_asked_to_be_added_is_counted_at_once_and_until_a_newer_versi
     o.tick(1.1)  # (c is woken, fetches, reaches the commit: a asks to add it at the fetch)
     assert o.requests[-1] == ("a", AlterIsr(0, a.epoch, o.lead.version, ("a", "b", "c")))
     assert a.adding == {"c"} and o.lead.isr == ("a", "b")
+    o.tick(1.1)  # (undecided: asked again)
+    assert o.requests[-2:] == [o.requests[-1]] * 2 and len(o.requests) == 3
     o.down.add("c")
     o.put("a", ["m1"], token="t1")
     assert o.committed["a"] == []  # (c counts: a put waits for it)
@@ -698,7 +700,8 @@ def test_a_parked_fetch_answered_later_moves_the_caught_up_mark() -> None:
     st, acts = a.put([["t", None, None, b"m%d" % i] for i in range(10)], b"p", 1, 1, lambda s: s, 5000)
     assert st == 0 and [x.frame[0] for x in acts if isinstance(x, PeerFrame)] == ["DATA"]
     seen = a.caught_up["b"]
-    a.on_fetch("b", a.epoch, end + 2, b.last_epoch + 1, 7.0)  # (b took those 2)
+    assert a.on_fetch("b", a.epoch, end + 2, a.epoch, 7.0)  # (b took those 2)
+    assert a.followers["b"] == end + 2
     assert a.caught_up["b"] == seen  # (behind the 10: not caught up)
 
 
@@ -720,9 +723,17 @@ def test_fetches_and_answers_are_fenced_by_the_epoch_both_ways() -> None:
     rec = Record(b.end, 5000, message_body(e + 1, ["t", None, None, b"x"], b"p", 1))
     end = b.end
     for epoch in (e - 1, e + 1):  # (an answer at another epoch than the one b follows is not taken)
-        b.fetching = True
         assert b.on_data("a", epoch, 0, 0, end + 1, e + 1, end + 1, -1, -1, [rec], end, o.now) == []
     assert b.end == end
+
+
+def test_a_leadership_older_than_the_one_told_is_ignored() -> None:
+    o = Owners("ab")
+    o.elect("a", "ab")
+    old = o.lead
+    o.elect("b")
+    b = o.logs["b"]
+    assert b.lead(old, o.now) == [] and b.role == LEADING and b.leadership == o.lead
 
 
 def test_a_restarted_leader_the_quorum_still_names_asks_for_a_new_epoch() -> None:
@@ -754,20 +765,22 @@ def test_a_restarted_leader_whose_disk_lost_its_epoch_does_not_begin_it_again() 
     o = Owners("ab")
     o.elect("a", "ab")
     o.put("a", ["m1"], token="t1")
-    e = o.logs["a"].epoch
     o.unwritten.add("a")  # (a's writes from now on never reach its disk)
+    e = o.lead.epoch + 1
+    o.apply(SetPartition(0, o.lead.version, "a", e, o.lead.isr, o.lead.replicas))  # (a new epoch of a's)
+    o.run()
     o.put("a", ["lost"], first=2, token="t2")
+    assert o.logs["a"].epoch == e and o.logs["b"].last_epoch == e
     assert o.payloads("b") == [b"m1", b"lost"] and o.payloads("a") == [b"m1"]
     o.crash("a")
     o.unwritten.clear()
-    o.disk["a"] = o.disk["a"][:1]  # (and its m1 as well: only its first EPOCH is there)
-    o.restart("a")
+    o.restart("a")  # (its log: its former epoch only; the quorum: a leads at e)
     a = o.logs["a"]
     assert a.epoch > e and a.role == LEADING
     o.put("a", ["other"], pid=b"p2", token="t3")
     o.tick(1.1)
     assert [r.body for r in o.disk["a"]] == [r.body for r in o.disk["b"]]
-    assert o.payloads("b") == [b"other"]
+    assert o.payloads("b") == [b"m1", b"other"]
 
 
 def test_a_new_leader_from_the_isr_holds_every_committed_record_and_one_outside_would_not() -> None:
@@ -981,3 +994,72 @@ def test_a_follower_takes_no_records_from_a_leader_below_the_epoch_it_follows() 
     o.resume("a")
     o.tick(1.1)
     assert _records(o, "a") == _records(o, "b")  # (b cut its EPOCH and took a's branch, x2 and x3 too)
+
+
+def test_a_new_leader_shorter_than_a_follower_has_the_follower_cut_what_was_never_committed() -> None:
+    """c took m2 and m3 from a while b (in the ISR) did not: never committed, never acknowledged.
+    The quorum makes b leader (from the ISR): c's longer log is cut to b's."""
+    o = Owners("abc")
+    o.elect("a", "abc")
+    o.put("a", ["m1"], first=1, token="t1")
+    o.pause("b")
+    o.put("a", ["m2", "m3"], first=2, token="t2")
+    assert o.payloads("c") == [b"m1", b"m2", b"m3"] and o.committed["a"] == ["t1"]
+    o.crash("a")
+    o.resume("b")
+    o.elect("b", "bc")
+    o.tick(1.1)
+    assert o.logs["c"].role == FOLLOWING and _records(o, "c") == _records(o, "b")
+    assert o.payloads("c") == [b"m1"]
+    assert o.put("b", ["m2"], first=2, token="b2") == 0 and o.committed["b"] == ["b2"]
+
+
+def test_a_replica_of_a_partition_without_a_leader_stands_by() -> None:
+    """Simulator seed 207, under the quorum: no in-sync replica is live, the partition has no leader
+    (a higher epoch fences the old one); its replicas neither lead nor fetch, and refuse puts."""
+    o = Owners("ab")
+    o.elect("a", "ab")
+    o.elect(None)
+    a, b = o.logs["a"], o.logs["b"]
+    assert (a.role, b.role) == (IDLE, IDLE) and a.epoch == b.epoch == o.lead.epoch
+    assert a.put([["t", None, None, b"x"]], b"p", 1, 1, str, 0)[0] == 1
+    assert not [x for x in a.tick(5.0) + b.tick(5.0) if isinstance(x, PeerFrame | Reelect)]
+
+
+def test_a_follower_joins_the_isr_only_by_a_fetch_that_itself_reached_the_commit() -> None:
+    """A follower outside the ISR that fetched up to the commit at this epoch once, and fetches
+    now from behind it (its disk lost what it had: fsync = never), is not added on the strength of
+    the old fetch."""
+    o = Owners("abc", fsync="never")
+    o.down.add("c")
+    o.elect("a", "ab", replicas="abc")
+    a = o.logs["a"]
+    o.put("a", ["m1", "m2"], token="t")
+    assert o.committed["a"] == ["t"] and a.commit == 3
+    o.quorum_open = False
+    o.down.discard("c")
+    o.tick(1.1)  # (c copies and fetches from 3: a asks to add it)
+    assert a.adding == {"c"} and a.followers["c"] == 3
+    o.down.add("c")
+    o.elect("a", "ab")  # (another change first: the add is refused, c is counted no more)
+    assert a.adding == set()
+    a.on_fetch("c", a.epoch, 1, a.epoch, o.now)  # (c restarted with only the EPOCH record)
+    assert a.adding == set()
+
+
+def test_a_fetch_read_from_disk_is_not_answered_once_the_epoch_it_was_read_for_is_over() -> None:
+    """Its match with the fetcher's log was judged against the log of that epoch, which a leader
+    that stepped down (and maybe cut its log, following another) no longer has."""
+    o = Owners("abc", cache_records=2, max_uncommitted=2)
+    o.down.add("c")
+    o.elect("a", "ab", replicas="abc")
+    for i in range(1, 9):
+        o.put("a", [f"m{i}"], first=i)
+    a = o.logs["a"]
+    reads = [x for x in a.on_fetch("c", a.epoch, 0, 0, o.now) if isinstance(x, ReadLog)]
+    assert len(reads) == 1 and reads[0].start == 0  # (older than the cache: read from disk)
+    recs = [r for r in o.disk["a"] if r.offset >= 0][: reads[0].limit]
+    o.elect("b")  # (a follows b now)
+    assert a.role == FOLLOWING and a.read_done(reads[0].token, recs) == []
+    o.elect("a")
+    assert a.role == LEADING and a.read_done(reads[0].token, recs) == []  # (a later epoch of a's: no either)
