@@ -18,8 +18,9 @@ same ones, because the check runs at apply time on the committed log. ``apply``
 also refuses what would break the rules below, whoever proposed it:
 
 - the epoch never falls, and rises whenever the leader changes (also to none);
-- a leader is a member of the ISR (no unclean election: a replica that may lack a
-  committed record never leads);
+- a leader is a member of the ISR, and a new epoch's ISR is part of the one before
+  (no unclean election: a replica that may lack a committed record never leads; only
+  the leader of an epoch adds to its ISR);
 - the ISR is a non-empty subset of the replicas.
 
 A put is committed when the leader and every member of its ISR have it on disk and
@@ -175,6 +176,8 @@ class Metadata:
             return False
         if now is not None and (c.epoch < now.epoch or (c.leader != now.leader and c.epoch == now.epoch)):
             return False
+        if now is not None and c.epoch > now.epoch and not set(c.isr) <= set(now.isr):
+            return False  # (a new leader comes from the ISR, and brings nobody into it: no unclean election)
         if c.leader is not None and c.leader not in c.isr:
             return False
         return set(c.isr) <= set(c.replicas)
@@ -275,12 +278,16 @@ def decide(meta: Metadata, placed: Sequence[str], live: frozenset[str], partitio
     return out
 
 
-def alter_isr(meta: Metadata, p: int, leader: str, epoch: int, isr: Sequence[str]) -> SetPartition | None:
+def alter_isr(meta: Metadata, p: int, leader: str, epoch: int, isr: Sequence[str],
+              version: int | None = None) -> SetPartition | None:  # fmt: skip
     """A leader's request to change its ISR (shrink past a lagging follower, or add a caught-up
     one), as the controller turns it into a command; None if it no longer applies (the requester
-    does not lead ``p`` at ``epoch``, or the ISR would lose its leader or leave the replicas)."""
+    does not lead ``p`` at ``epoch``, it asked against another ``version`` than the current one, or
+    the ISR would lose its leader or leave the replicas). A stale add must not apply: the leader
+    stops counting a member it asked to add once a newer version comes, and the quorum's ISR
+    would then hold a member the leader does not wait for."""
     now = meta.partitions.get(p)
-    if now is None or now.leader != leader or now.epoch != epoch:
+    if now is None or now.leader != leader or now.epoch != epoch or version not in (None, now.version):
         return None
     c = SetPartition(p, now.version, leader, epoch, _ordered(isr, now.replicas), now.replicas)
     if len(c.isr) != len(set(isr)) or c.isr == now.isr or not meta.allows(c):

@@ -129,7 +129,7 @@ class Quorum:
         now_lead = self.meta.partitions.get(p)
         if now_lead is None or now_lead.version != version:
             return set()
-        change = (controller.alter_isr(self.meta, p, peer, epoch, isr) if kind == ALTER_ISR
+        change = (controller.alter_isr(self.meta, p, peer, epoch, isr, version) if kind == ALTER_ISR
                   else controller.reelect(self.meta, p, peer, epoch))  # fmt: skip
         return self._propose([change], now) if change is not None else set()
 

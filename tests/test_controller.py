@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from roost.cluster.controller import (
     SET,
     CommandError,
+    Leadership,
     Metadata,
     SetPartition,
     alter_isr,
@@ -56,10 +57,12 @@ def test_a_set_applies_only_to_the_version_it_names_and_every_change_raises_the_
         (SetPartition(0, 1, None, 1, ABC, ABC), "no leader at the same epoch"),
         (SetPartition(0, 1, "c", 2, ("a", "b"), ABC), "a leader out of the ISR (unclean)"),
         (SetPartition(0, 1, "a", 1, ("a", "d"), ABC), "an ISR member that is no replica"),
+        (SetPartition(0, 2, "c", 2, ("c",), ABC), "a new leader from out of the ISR (unclean)"),
+        (SetPartition(0, 2, "b", 2, ("a", "b", "c"), ABC), "a new epoch that adds to the ISR"),
     ],
 )
 def test_apply_refuses_what_breaks_the_rules(change, why):
-    meta = led()
+    meta = led() if change.version == 1 else led("a", 1, ("a", "b"))
     assert applied(meta, change) == [None], why
     assert meta.partitions[0].leader == "a" and meta.partitions[0].epoch == 1 and meta.refused == 1
 
@@ -260,7 +263,8 @@ def run_history(seed: int, min_insync: int = 2, unclean: bool = False) -> list[s
                 if other is not None:
                     c = SetPartition(0, now.version, other, c.epoch, (*c.isr, other) if other not in c.isr else c.isr,
                                      now.replicas)  # fmt: skip
-            meta.apply(meta.applied + 1, c.encode())
+            if meta.apply(meta.applied + 1, c.encode()) is None:  # (the broken controller's SET, forced)
+                meta.partitions[0] = Leadership(c.replicas, c.leader, c.epoch, c.isr, c.version + 1)
         lead = meta.partitions.get(0)
         if lead is not None:
             for m in {*lead.isr, *([lead.leader] if lead.leader else [])}:
