@@ -328,7 +328,7 @@ class PartitionLog:
             self.asked = (lead.version, self.asked[1], now)
             return [AlterIsr(self.p, self.epoch, lead.version, self.asked[1])]
         counted = self._counted()
-        lagging = sorted(m for m in self.isr if now > self.caught_up.get(m, now) + self.s.isr_lag_time)
+        lagging = sorted(m for m in self.isr if now >= self.caught_up.get(m, now) + self.s.isr_lag_time)
         joins = fetcher is not None and fetcher not in counted and at >= self.commit and at > self.epochs[-1][1]
         isr = set(counted)
         if joins and fetcher is not None:
