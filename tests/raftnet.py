@@ -168,13 +168,15 @@ class Net:
         side = {m: where.get(m, -1 - k) for k, m in enumerate(self.ids)}
         self.cuts = {frozenset((a, b)) for a in self.ids for b in self.ids if a < b and side[a] != side[b]}
 
-    def isolate(self, n: str) -> None:
-        """Cut ``n`` from everyone (other cuts stay)."""
-        self.cuts |= {frozenset((n, m)) for m in self.ids if m != n}
+    def isolate(self, n: str) -> set[frozenset[str]]:
+        """Cut ``n`` from everyone (other cuts stay): the cuts added, for ``rejoin``."""
+        added = {frozenset((n, m)) for m in self.ids if m != n} - self.cuts
+        self.cuts |= added
+        return added
 
-    def rejoin(self, n: str) -> None:
-        """Undo ``isolate(n)`` (a cut between two others stays)."""
-        self.cuts = {c for c in self.cuts if n not in c}
+    def rejoin(self, cuts: set[frozenset[str]]) -> None:
+        """Undo an ``isolate`` (the cuts made since stay)."""
+        self.cuts -= cuts
 
     def heal(self) -> None:
         self.cuts = set()
@@ -336,8 +338,8 @@ class Net:
     def _new_leader(self, n: str, core: Raft, term: int) -> None:
         luck = self.rng.random()
         if luck < self.leader_crash / 2:  # cut off at once: what it writes as leader stays with it
-            self.isolate(n)
-            self.push(self.now + self.rng.uniform(0.2, 2.0), "call", n, lambda: self.rejoin(n))
+            cuts = self.isolate(n)
+            self.push(self.now + self.rng.uniform(0.5, 4.0), "call", n, lambda: self.rejoin(cuts))
         elif luck < self.leader_crash:
             self.push(self.now + self.rng.uniform(0.002, 0.3), "call", n, lambda: self.crash(n))
             self.push(self.now + self.rng.uniform(0.1, 1.5), "call", n, lambda: self.restart(n))
@@ -383,7 +385,7 @@ def campaign(seed: int, breaks: frozenset[str] = frozenset(), steps: int = 1000)
     r = random.Random(seed)
     settings = CAMPAIGN if r.random() < 0.5 else replace(CAMPAIGN, max_append_entries=1)
     net = Net(seed, voters=r.choice((3, 5)), learners=r.choice((1, 2)), settings=settings, breaks=breaks, drop=0.03,
-              dup=0.03, delay=(0.001, 0.02), sync=(0.001, 0.01), leader_crash=r.choice((0.0, 0.5)))  # fmt: skip
+              dup=0.03, delay=(0.001, 0.02), sync=(0.001, 0.01), leader_crash=r.choice((0.0, 0.5, 0.8)))  # fmt: skip
     for step in range(steps):
         leader = net.leader()
         if leader is not None and net.propose(leader.me, b"%d:%d" % (seed, step)) is not None:
@@ -406,8 +408,8 @@ def campaign(seed: int, breaks: frozenset[str] = frozenset(), steps: int = 1000)
         elif fault < 0.017:
             net.pause(victim, r.uniform(0.1, 2.0))
         elif fault < 0.021 and leader is not None:  # cut the leader off: it appends what it cannot replicate
-            net.isolate(leader.me)
-            net.push(net.now + r.uniform(0.3, 2.5), "call", victim, lambda v=leader.me: net.rejoin(v))
+            cuts = net.isolate(leader.me)
+            net.push(net.now + r.uniform(0.3, 2.5), "call", victim, lambda c=cuts: net.rejoin(c))
         try:
             net.run_for(0.02)
         except AssertionError as e:  # a core's own assertion (a committed entry cut)
