@@ -119,6 +119,7 @@ class Net:
         self.committed: dict[int, bytes] = {}  # index -> command, as first applied anywhere
         self.digests: dict[int, bytes] = {}  # index -> the state machine's digest after it
         self.max_committed = 0
+        self.commit_terms: list[tuple[int, int]] = []  # (the commit then, the highest term anywhere then)
         self.lease_holders: list[tuple[float, str]] = []
         self.applied_log: dict[str, list[tuple[int, bytes]]] = {n: [] for n in self.ids}
         self.persists_lost = 0
@@ -304,6 +305,8 @@ class Net:
             self.violations.append(f"{n}: state at {index} differs from another member's")
         if index > self.max_committed:
             self.max_committed = index
+            terms = [d.term for d in self.disks.values()] + [c.term for c in self.live()]
+            self.commit_terms.append((index, max(terms)))  # it was committed in this term or an earlier one
             self._electable_without_committed()
 
     def _electable_without_committed(self) -> None:
@@ -345,12 +348,18 @@ class Net:
             self.push(self.now + self.rng.uniform(0.1, 1.5), "call", n, lambda: self.restart(n))
         if self.leaders.setdefault(term, n) != n:
             self.violations.append(f"two leaders in term {term}: {self.leaders[term]} and {n}")
+        # Leader completeness: an entry committed in a term is in the log of every leader of a later term (a
+        # leader of an earlier term, elected late, need not hold it: it cannot commit, the majority is past it).
+        top = 0
+        for index, bound in reversed(self.commit_terms):
+            if bound < term:
+                top = index
+                break
         log = core.log
-        if log.last_index < self.max_committed:
-            self.violations.append(f"{n} leads term {term} without committed entries ({log.last_index} < "
-                                   f"{self.max_committed})")  # fmt: skip
+        if log.last_index < top:
+            self.violations.append(f"{n} leads term {term} without committed entries ({log.last_index} < {top})")
             return
-        for index in range(log.base + 1, self.max_committed + 1):
+        for index in range(log.base + 1, top + 1):
             if log.command(index) != self.committed[index]:
                 self.violations.append(f"{n} leads term {term} with another entry at committed index {index}")
                 return
