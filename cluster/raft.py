@@ -22,7 +22,8 @@ with a majority of yeses does it raise its term, vote for itself and ask for
 real. So a member cut off from the others does not come back with a term that
 deposes a healthy leader. A voter refuses (pre)votes for ``election_timeout``
 after it last heard a leader (leader stickiness), and for ``election_timeout``
-after it started (it may have heard one just before it crashed). A voter votes
+after it started (it may have heard one just before it crashed); a leader
+refuses them while it leads. A voter votes
 once per term, for a candidate whose log is at least as up to date as its own.
 
 Persist before act. Term, vote and log live on the shell's disk: a change asks
@@ -43,15 +44,16 @@ own term; earlier entries are committed with it by log matching. Per peer it
 keeps ``match`` (known to be replicated) and ``next`` (what to send next, sent
 ahead optimistically); every ``heartbeat_interval`` it sends each peer what it
 has not acknowledged, from ``match + 1`` (a peer that has not answered yet is
-probed from ``next``: a refusal's hint brings it back). A follower refusing an AppendEntries
-gives a ``hint``: its end + 1, or the first index of the term that conflicts.
+probed from ``next``). A follower refusing an AppendEntries gives a ``hint``
+where to retry: its end + 1, or the first index of the term that conflicts.
 Committed entries are handed to the host in order (``RaftApply``), once per life
 of the core. Once ``snapshot_entries`` are applied past the last snapshot the
 core asks for a new one (``RaftSnapshotWanted``); the host answers with
 ``snapshot_taken`` and the log is cut there. A peer that needs an entry the log
 no longer holds gets the snapshot in one ``InstallSnapshot`` (``RaftRestore`` on
-its host); a core started from a stored snapshot emits ``RaftRestore`` for it
-from its first event (``next_deadline`` is due at once).
+its host; its persist cuts the whole log: ``truncate_after`` the old base); a
+core started from a stored snapshot emits ``RaftRestore`` for it from its first
+event (``next_deadline`` is due at once).
 
 CheckQuorum and the lease. A leader that has not heard from a majority of voters
 (itself included) within ``election_timeout`` steps down. ``lease_valid(now)``

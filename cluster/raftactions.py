@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from roost.cluster.raftstate import RaftPersist, Stored
-from roost.cluster.raftwire import RaftMessage
+from roost.cluster.raftwire import MAX_COMMAND_BYTES, RaftMessage
 
 __all__ = ["RaftAction", "RaftApply", "RaftPersist", "RaftRestore", "RaftRoleChanged", "RaftSend", "RaftSettings",
            "RaftSnapshotWanted", "Stored"]  # fmt: skip
@@ -28,6 +28,15 @@ class RaftSettings:
     max_append_bytes: int = 1 << 20  # bytes of commands per AppendEntries (at least one entry always goes)
     max_command_bytes: int = 1 << 16  # a longer command is refused by propose() and by the decoder
     snapshot_entries: int = 1000  # a snapshot is asked for once this many entries are applied past the last one
+
+    def __post_init__(self) -> None:
+        """Heartbeats well inside the election timeout, or a healthy leader looks dead (and its lease is short)."""
+        if not 0 < self.heartbeat_interval < self.election_timeout:
+            raise ValueError("raft: 0 < heartbeat_interval < election_timeout")
+        if min(self.max_append_entries, self.max_append_bytes, self.max_command_bytes, self.snapshot_entries) < 1:
+            raise ValueError("raft: the limits must be positive")
+        if self.max_command_bytes > MAX_COMMAND_BYTES:
+            raise ValueError(f"raft: max_command_bytes above what the decoder takes ({MAX_COMMAND_BYTES})")
 
 
 class RaftSend(NamedTuple):

@@ -231,6 +231,13 @@ def test_an_install_snapshot_replaces_a_conflicting_log():
     assert (f.applied_index, f.last_index, f.log.term_at(9)) == (9, 9, 2)
 
 
+@pytest.mark.parametrize("bad", [{"heartbeat_interval": 1.0}, {"heartbeat_interval": 0.0}, {"max_append_entries": 0},
+                                 {"max_command_bytes": MAX_COMMAND_BYTES + 1}])  # fmt: skip
+def test_settings_that_cannot_work_are_refused(bad):
+    with pytest.raises(ValueError):
+        RaftSettings(**bad)
+
+
 # -- the wire -----------------------------------------------------------------------------------------------
 
 MESSAGES = [
