@@ -141,7 +141,9 @@ CLUSTER_SETTINGS: list[Setting] = [
     number("durable", "isr_lag_time", 10.0, float, 0.1, 3600,
             "A follower that has not caught up with its leader for this long leaves the in-sync "
             "replicas (never below min_insync), so puts go on without it."),
-    Setting("durable", "quorum", [], list, "a list of 1, 3 or 5 member ids of [[members]] ([]: the first three by id; in a cluster of one or two members, the first)",
+    Setting("durable", "quorum", [], list,
+            "a list of 1, 3 or 5 member ids of [[members]] ([]: the first three by id; in a cluster of one or "
+            "two members, the first)",
             lambda v: len(v) in (0, 1, 3, 5) and all(isinstance(x, str) for x in v) and len(set(v)) == len(v),
             "The voters of the metadata quorum that decides who leads each durable partition (a Raft "
             "group: a majority of them must be up and reachable for durable puts and reads). Every "

@@ -21,8 +21,8 @@ BREAKS: dict[str, str] = {
     "no-fsync": "durable, cluster/logdisk.py: appends are counted durable and never synced",
     "commit-before-read": "durable, client/durableclient.py: a reader commits a GET's records before the "
     "application has them, so a crash in between loses them",
-    "no-quorum": "durable, cluster/quorum.py: the quorum's leader decides who leads each partition without "
-    "its lease and applies its decisions at once, not once a majority has them",
-    "stale-epoch": "durable, cluster/quorum.py: a member restarts without the quorum's state it had "
-    "persisted (its term, vote and log): epochs and votes it gave are forgotten",
+    "no-quorum": "durable, cluster/durable.py: a member that holds a partition's leader down takes the "
+    "partition over at the next epoch on its own, the quorum unasked",
+    "stale-epoch": "durable, cluster/quorum.py: the quorum's term and vote are never written, and its Raft "
+    "core answers before its log is on disk: a restarted member forgets the epochs and votes it gave",
 }
