@@ -218,6 +218,9 @@ class DurableLogs:
         self._logs_due_stale = True
         self._out.append(Log("info", "logs_read", {"partitions": len(ev.logs),
                              "records": sum(s.records for s in ev.logs.values())}))  # fmt: skip
+        cmap = self.maps.cmap  # (the first map changes nothing: the quorum's learners are taken from it here)
+        if cmap is not None:
+            self.quorum.set_members(sorted(cmap.members), self.now)
         self._lead(self.quorum.started(ev.quorum, self.now) | set(self.plogs))
         return None
 

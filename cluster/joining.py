@@ -281,6 +281,9 @@ class Joining:
             raise RosterError("LEAVE: member id must be a string")
         if self.roster.left(member):  # (a retried request: its leave is in the roster already)
             return f"{member} has left", False
+        if self.s.mode == "partitioned" and member in self.s.quorum:  # (the voters are fixed: docs/durable.md)
+            raise RosterError(f"{member} is a voter of the durable quorum ([durable] quorum = "
+                              f"{list(self.s.quorum)}): it cannot leave")  # fmt: skip
         self.roster.propose_leave(member)
         return f"{member} is leaving", True
 
