@@ -200,6 +200,7 @@ class Quorum:
     def _run(self, actions: list[Any], now: float) -> set[int]:
         assert self.raft is not None
         changed: set[int] = set()
+        wanted = False
         for a in actions:
             cls = a.__class__
             if cls is RaftSend:
@@ -215,12 +216,14 @@ class Quorum:
             elif cls is RaftRestore:
                 changed |= self._restore(a.data)
             elif cls is RaftSnapshotWanted:
-                changed |= self._run(self.raft.snapshot_taken(self.meta.applied, self.meta.snapshot(), now), now)
+                wanted = True  # (taken once this list is done: its persists go to the shell first, in order)
             elif cls is RaftRoleChanged:
                 self._out.append(Log("info", "quorum_role", {"role": a.role, "term": a.term, "leader": a.leader}))
             else:  # (RaftPersist: the shell's)
                 assert cls is RaftPersist
                 self._out.append(a._replace(term=0, vote=None) if self.stale_epoch else a)
+        if wanted:
+            changed |= self._run(self.raft.snapshot_taken(self.meta.applied, self.meta.snapshot(), now), now)
         return changed
 
     def _restore(self, data: bytes) -> set[int]:

@@ -51,7 +51,7 @@ of the core. Once ``snapshot_entries`` are applied past the last snapshot the
 core asks for a new one (``RaftSnapshotWanted``); the host answers with
 ``snapshot_taken`` and the log is cut there. A peer that needs an entry the log
 no longer holds gets the snapshot in one ``InstallSnapshot`` (``RaftRestore`` on
-its host; its persist cuts the whole log: ``truncate_after`` the old base); a
+its host; its persist installs it and cuts every entry after it); a
 core started from a stored snapshot emits ``RaftRestore`` for it from its first
 event (``next_deadline`` is due at once).
 
@@ -435,9 +435,12 @@ class Raft:
         elif self.log.term_at(msg.index) == msg.snap_term:  # we hold its last entry: our log up to it is right
             self._commit(msg.index)
         else:
-            old = self.log.base  # everything goes, committed entries too: the snapshot holds them
+            # Everything goes, committed entries too: the snapshot holds them. The store installs a
+            # persist's snapshot before its cut (cluster/raftstate.py), so the cut is after the
+            # snapshot's index: with it, nothing of the old log is left, whatever was cut before.
+            old = self.log.base
             self._new_entries = []
-            self._truncate = old if self._truncate is None else min(self._truncate, old)
+            self._truncate = msg.index
             self._durable = min(self._durable, old)
             self._pending = {t: min(end, old) for t, end in self._pending.items()}
             self.log.reset(msg.index, msg.snap_term)

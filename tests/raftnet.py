@@ -41,6 +41,7 @@ from roost.cluster.raft import (
     Stored,
 )
 from roost.cluster.raftwire import decode_untrusted_raft, encode
+from sim.raftdisk import RaftState
 
 FAST = RaftSettings(election_timeout=1.0, heartbeat_interval=0.1)
 
@@ -50,32 +51,34 @@ def _digest(previous: bytes, command: bytes) -> bytes:
 
 
 class Disk:
-    """What a member has synced: term, vote, a snapshot and the entries after it."""
+    """What a member has synced: the store's own state and rules (sim/raftdisk.py ``RaftState``, which
+    applies a persist as cluster/raftstore.py does and refuses what it refuses), so a persist the
+    real store would refuse fails the test here."""
 
-    def __init__(self) -> None:
-        self.term = 0
-        self.vote: str | None = None
-        self.snap_index = 0
-        self.snap_term = 0
-        self.snapshot: bytes | None = None
-        self.entries: list[tuple[int, bytes]] = []
+    def __init__(self, term: int = 0, entries: list[tuple[int, bytes]] | None = None) -> None:
+        self.state = RaftState(term, None, None, list(entries or []))
 
     def write(self, p: RaftPersist) -> None:
-        self.term, self.vote = p.term, p.vote
-        if p.truncate_after is not None:
-            del self.entries[max(0, p.truncate_after - self.snap_index) :]
-        for index, term, command in p.entries:
-            assert index == self.snap_index + len(self.entries) + 1, (index, self.snap_index, len(self.entries))
-            self.entries.append((term, command))
-        if p.snapshot is not None and p.snapshot[0] > self.snap_index:
-            index, term, data = p.snapshot
-            k = index - self.snap_index
-            keep = k <= len(self.entries) and self.entries[k - 1][0] == term
-            self.entries = self.entries[k:] if keep else []
-            self.snap_index, self.snap_term, self.snapshot = index, term, data
+        self.state.apply(p, "test disk")
 
     def stored(self) -> Stored:
-        return Stored(self.term, self.vote, self.snap_index, self.snap_term, self.snapshot, list(self.entries))
+        return self.state.stored()
+
+    @property
+    def term(self) -> int:
+        return self.state.term
+
+    @property
+    def entries(self) -> list[tuple[int, bytes]]:
+        return self.state.entries
+
+    @property
+    def snap_index(self) -> int:
+        return self.state.snapshot_index
+
+    @property
+    def snap_term(self) -> int:
+        return self.state.snapshot_term
 
 
 class Host:

@@ -40,6 +40,7 @@ from roost.cluster.raftwire import (
     decode_untrusted_raft,
     encode,
 )
+from sim.raftdisk import RaftState
 from tests.raftnet import CAMPAIGN, Disk, Net, campaign
 
 ABC = ("a", "b", "c")
@@ -226,7 +227,10 @@ def test_an_install_snapshot_replaces_a_conflicting_log():
     actions = f.receive("a", InstallSnapshot(3, 9, 2, b"S"), 1.0)
     assert RaftRestore(9, b"S") in actions
     (p,) = persists(actions)
-    assert (p.truncate_after, p.snapshot) == (0, (9, 2, b"S"))
+    assert (p.truncate_after, p.snapshot) == (9, (9, 2, b"S"))  # (installed, then every entry after it cut)
+    disk = RaftState(1, None, None, [(1, b"old")])
+    disk.apply(p, "the store's rules")  # (cluster/raftstore.py: snapshot first, then the cut)
+    assert (disk.snapshot_index, disk.entries) == (9, [])
     assert sends(f.persisted(p.token, 1.1)) == [RaftSend("a", SnapshotReply(3, 9))]
     assert (f.applied_index, f.last_index, f.log.term_at(9)) == (9, 9, 2)
 
@@ -366,8 +370,7 @@ def test_conflicting_histories_end_in_one_log():
     }
     disks = {}
     for n, ts in terms.items():
-        disks[n] = Disk()
-        disks[n].term, disks[n].entries = 4, [(t, b"%d@%d" % (i, t)) for i, t in enumerate(ts)]
+        disks[n] = Disk(4, [(t, b"%d@%d" % (i, t)) for i, t in enumerate(ts)])
     net = Net(12, voters=5, learners=1, disks=disks, drop=0.05)
     leader = elect(net)
     assert leader.me in ("v2", "v1")  # only a log with a term-3 or term-4 entry can win a majority
@@ -510,8 +513,7 @@ def test_figure_8_is_caught_by_the_checker_only_when_the_rule_is_broken():
     for breaks in (frozenset(), frozenset({"raft-count-old-term"})):
         disks = {}
         for n, entries in stores.items():
-            disks[n] = Disk()
-            disks[n].term, disks[n].entries = 3, list(entries)
+            disks[n] = Disk(3, list(entries))
         net = Net(10, voters=3, learners=0, settings=RaftSettings(max_append_entries=1), breaks=breaks, disks=disks)
         net.partition(["v0", "v1"], ["v2"])
         a, b = net.cores["v0"], net.cores["v1"]
