@@ -176,8 +176,8 @@ class Metadata:
             return False
         if now is not None and (c.epoch < now.epoch or (c.leader != now.leader and c.epoch == now.epoch)):
             return False
-        if now is not None and c.epoch > now.epoch and not set(c.isr) <= set(now.isr):
-            return False  # (a new leader comes from the ISR, and brings nobody into it: no unclean election)
+        if now is not None and (c.epoch > now.epoch or c.leader is None) and not set(c.isr) <= set(now.isr):
+            return False  # (a new leader comes from the ISR, and only a leader adds to it: no unclean election)
         if c.leader is not None and c.leader not in c.isr:
             return False
         return set(c.isr) <= set(c.replicas)
@@ -295,10 +295,11 @@ def alter_isr(meta: Metadata, p: int, leader: str, epoch: int, isr: Sequence[str
     return c
 
 
-def reelect(meta: Metadata, p: int, leader: str, epoch: int) -> SetPartition | None:
-    """A leader's request for a new epoch of its own (it may not begin ``epoch``: it led it before
-    a restart); None if it no longer leads ``p`` at ``epoch``."""
+def reelect(meta: Metadata, p: int, leader: str, epoch: int, at_least: int = 0) -> SetPartition | None:
+    """A leader's request for a new epoch of its own, at least ``at_least`` (it may not begin
+    ``epoch``: it led it before a restart, or its log holds records of a later epoch, such as a log
+    written before the quorum); None if it no longer leads ``p`` at ``epoch``."""
     now = meta.partitions.get(p)
     if now is None or now.leader != leader or now.epoch != epoch:
         return None
-    return SetPartition(p, now.version, leader, epoch + 1, now.isr, now.replicas)
+    return SetPartition(p, now.version, leader, min(max(epoch + 1, at_least), EPOCH_LIMIT - 1), now.isr, now.replicas)

@@ -64,7 +64,7 @@ from roost.client.durablewire import (
     encode_records,
 )
 from roost.cluster.config import ClusterSettings
-from roost.cluster.controller import Leadership
+from roost.cluster.controller import CommandError, Leadership
 from roost.cluster.events import (
     LogFailed,
     LogRecords,
@@ -221,7 +221,11 @@ class DurableLogs:
         cmap = self.maps.cmap  # (the first map changes nothing: the quorum's learners are taken from it here)
         if cmap is not None:
             self.quorum.set_members(sorted(cmap.members), self.now)
-        self._lead(self.quorum.started(ev.quorum, self.now) | set(self.plogs))
+        try:
+            started = self.quorum.started(ev.quorum, self.now)
+        except CommandError as exc:  # (a snapshot of the quorum's that passed its CRC and does not decode)
+            return f"the quorum's snapshot on disk does not decode: {exc}"
+        self._lead(started | set(self.plogs))
         return None
 
     def _log_for(self, p: int) -> PartitionLog:

@@ -146,6 +146,7 @@ class Reelect(NamedTuple):
 
     partition: int
     epoch: int
+    at_least: int = 0  # (the new epoch is above every one our log holds: a log of an older version)
 
 
 class ReadDone(NamedTuple):

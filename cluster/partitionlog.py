@@ -285,7 +285,7 @@ class PartitionLog:
         if now < self.reelect_asked + self.s.fetch_retry:
             return []
         self.reelect_asked = now
-        return [Reelect(self.p, self.epoch)]
+        return [Reelect(self.p, self.epoch, self.seen + 1)]  # (above every epoch our log holds)
 
     def _begin(self, lead: Leadership, now: float) -> list[LogAction]:
         """Lead at ``lead.epoch``: write EPOCH; every other replica follows, the ISR counts."""

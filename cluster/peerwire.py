@@ -60,7 +60,7 @@ class PeerType(IntEnum):
     LOGFETCH = 27  # [partition, epoch, end, last epoch]: durable log replication (cluster/partitionlog.py)
     LOGDATA = 28  # [partition, epoch, status, start, end, last epoch, commit, truncate, reset, [[offset, ms, body]]]
     RAFT = 29  # [message...]: the metadata quorum's Raft messages (cluster/quorum.py), one way, on the sender's link
-    CONTROL = 30  # [kind, partition, epoch, version, isr]: a partition leader's request to the quorum's controller
+    CONTROL = 30  # [kind, partition, epoch, version, isr, at least]: a partition leader's request to the controller
 
 
 #: The id ``roost cluster join/leave`` authenticates as (no member id may contain "@").

@@ -26,7 +26,7 @@ partition, or restarted with an old metadata log, therefore refuses rather than
 act on a leadership the quorum may have replaced (docs/durable.md).
 
 Raft frames are ``[RAFT, *message]`` requests on our dialled link to the peer;
-CONTROL frames ``[CONTROL, kind, partition, epoch, version, isr]`` likewise, to
+CONTROL frames ``[CONTROL, kind, partition, epoch, version, isr, at least]`` likewise, to
 the group's leader. The Raft state's disk work leaves as ``RaftPersist`` for the
 shell (cluster/raftstore.py, the simulator's sim/raftdisk.py) and comes back as
 ``RaftPersisted``.
@@ -38,7 +38,7 @@ import random
 from typing import Any
 
 from roost.cluster import controller
-from roost.cluster.controller import Leadership, Metadata, SetPartition
+from roost.cluster.controller import CommandError, Leadership, Metadata, SetPartition
 from roost.cluster.links import LinkTable
 from roost.cluster.logactions import AlterIsr, Reelect
 from roost.cluster.peerwire import PeerProtocolError, PeerType, encode
@@ -78,6 +78,7 @@ class Quorum:
         self.raft: Raft | None = None  # (made once the stored state is read: ``started``)
         self.heard_leader = -1e18  # when the group's leader last told us its log (a learner's contact)
         self.leader_commit = 0  # the commit it told us then
+        self.leader_term = 0  # ... and its term
         self.proposed: dict[tuple[int, int], float] = {}  # (partition, version) -> when we proposed a change of it
         # (a broken build for the simulator, sim/breaks.py: the quorum's term and vote are never written,
         # and the Raft core answers before its log is on disk)
@@ -99,9 +100,13 @@ class Quorum:
         raft = self.raft
         if raft is None:
             return False
+        # (the group's leader has committed an entry of its own term: everything committed before it
+        # is in the table we applied; a new leader's commit starts at its snapshot, whose table can
+        # be older than what was committed before a restart: review)
         if raft.role == "leader":
-            return bool(raft.lease_valid(now))
-        return now - self.heard_leader < self.rs.election_timeout and bool(raft.applied_index >= self.leader_commit)
+            return bool(raft.lease_valid(now)) and raft.log.term_at(raft.commit_index) == raft.term
+        return (now - self.heard_leader < self.rs.election_timeout and raft.applied_index >= self.leader_commit
+                and raft.log.term_at(self.leader_commit) == self.leader_term)  # fmt: skip
 
     def leadership(self, p: int) -> Leadership | None:
         return self.meta.partitions.get(p)
@@ -115,21 +120,27 @@ class Quorum:
             msg = decode_untrusted_raft(f[1:], self.rs.max_command_bytes)
         except RaftFormatError as exc:
             raise PeerProtocolError(f"RAFT: {exc}") from None
-        if isinstance(msg, AppendEntries | InstallSnapshot) and msg.term >= self.raft.term:
-            self.heard_leader = now
-            self.leader_commit = max(self.leader_commit, msg.commit if isinstance(msg, AppendEntries) else msg.index)
-        return self._run(self.raft.receive(peer, msg, now), now)
+        if isinstance(msg, InstallSnapshot):  # (checked before the core takes it: a bad one would be on disk)
+            try:
+                Metadata.restore_untrusted(msg.data)
+            except CommandError as exc:
+                raise PeerProtocolError(f"RAFT: InstallSnapshot: {exc}") from None
+        changed = self._run(self.raft.receive(peer, msg, now), now)
+        raft = self.raft
+        if isinstance(msg, AppendEntries) and raft.leader == peer and msg.term == raft.term:  # (the core took it)
+            self.heard_leader, self.leader_commit, self.leader_term = now, min(msg.commit, raft.last_index), msg.term
+        return changed
 
     def on_control(self, peer: str, f: list[Any], now: float) -> set[int]:
         """A partition leader's request (AlterIsr, Reelect); taken only while we are the controller."""
-        kind, p, epoch, version, isr = check_control_untrusted(f, self.partitions)
+        kind, p, epoch, version, isr, at_least = check_control_untrusted(f, self.partitions)
         if not self._controlling(now):
             return set()
         now_lead = self.meta.partitions.get(p)
         if now_lead is None or now_lead.version != version:
             return set()
         change = (controller.alter_isr(self.meta, p, peer, epoch, isr, version) if kind == ALTER_ISR
-                  else controller.reelect(self.meta, p, peer, epoch))  # fmt: skip
+                  else controller.reelect(self.meta, p, peer, epoch, at_least))  # fmt: skip
         return self._propose([change], now) if change is not None else set()
 
     def ask(self, a: AlterIsr | Reelect, now: float) -> set[int]:
@@ -138,9 +149,9 @@ class Quorum:
         if lead is None:
             return set()
         if isinstance(a, AlterIsr):
-            frame = [PeerType.CONTROL, ALTER_ISR, a.partition, a.epoch, a.version, list(a.isr)]
+            frame = [PeerType.CONTROL, ALTER_ISR, a.partition, a.epoch, a.version, list(a.isr), 0]
         else:
-            frame = [PeerType.CONTROL, REELECT, a.partition, a.epoch, lead.version, []]
+            frame = [PeerType.CONTROL, REELECT, a.partition, a.epoch, lead.version, [], a.at_least]
         if self._controlling(now):
             return self.on_control(self.id, frame, now)
         target = self.raft.leader if self.raft is not None else None
@@ -212,7 +223,7 @@ class Quorum:
                 if p is not None:
                     changed.add(p)
                     lead = self.meta.partitions[p]
-                    self.proposed = {k: t for k, t in self.proposed.items() if k[1] >= lead.version}
+                    self.proposed = {k: t for k, t in self.proposed.items() if k[0] != p or k[1] >= lead.version}
             elif cls is RaftRestore:
                 changed |= self._restore(a.data)
             elif cls is RaftSnapshotWanted:
@@ -232,16 +243,16 @@ class Quorum:
         return {p for p in {*old, *self.meta.partitions} if old.get(p) != self.meta.partitions.get(p)}
 
 
-def check_control_untrusted(f: list[Any], partitions: int) -> tuple[int, int, int, int, tuple[str, ...]]:
-    """Validate CONTROL ``[type, kind, partition, epoch, version, isr]``."""
-    if len(f) != 6:
+def check_control_untrusted(f: list[Any], partitions: int) -> tuple[int, int, int, int, tuple[str, ...], int]:
+    """Validate CONTROL ``[type, kind, partition, epoch, version, isr, at least]``."""
+    if len(f) != 7:
         raise PeerProtocolError("malformed CONTROL")
-    _, kind, p, epoch, version, isr = f
+    _, kind, p, epoch, version, isr, at_least = f
     if kind not in (ALTER_ISR, REELECT) or kind.__class__ is not int:
         raise PeerProtocolError("CONTROL kind must be 1 (alter isr) or 2 (reelect)")
     if p.__class__ is not int or not 0 <= p < partitions:
         raise PeerProtocolError("CONTROL partition out of range")
-    for v in (epoch, version):
+    for v in (epoch, version, at_least):
         if v.__class__ is not int or not 0 <= v < controller.EPOCH_LIMIT:
             raise PeerProtocolError("CONTROL epoch and version are integers in range")
     if isr.__class__ is not list or len(isr) > controller.MAX_REPLICAS:
@@ -249,4 +260,4 @@ def check_control_untrusted(f: list[Any], partitions: int) -> tuple[int, int, in
     for m in isr:
         if m.__class__ is not str or not 0 < len(m) <= controller.MAX_ID:
             raise PeerProtocolError("CONTROL isr must be a list of member ids")
-    return kind, p, epoch, version, tuple(isr)
+    return kind, p, epoch, version, tuple(isr), at_least

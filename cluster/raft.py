@@ -461,7 +461,7 @@ class Raft:
             return
         peer.heard = now
         if isinstance(msg, SnapshotReply):
-            if msg.index > peer.match:
+            if peer.match < msg.index <= self.log.base:  # (only a snapshot we hold: never past our log)
                 peer.match = msg.index
                 peer.next = max(peer.next, msg.index + 1)
                 peer.snapshot_sent = -math.inf

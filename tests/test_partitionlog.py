@@ -116,7 +116,7 @@ class Owners:
     def decide(self, member: str, a: AlterIsr | Reelect) -> None:
         """The controller turns a leader's request into a command (cluster/controller.py)."""
         if isinstance(a, Reelect):
-            c = reelect(self.meta, 0, member, a.epoch)
+            c = reelect(self.meta, 0, member, a.epoch, a.at_least)
         elif a.version == self.lead.version:  # (an AlterIsr against an older version does not apply)
             c = alter_isr(self.meta, 0, member, a.epoch, a.isr)
         else:
@@ -749,10 +749,10 @@ def test_a_restarted_leader_the_quorum_still_names_asks_for_a_new_epoch() -> Non
     o.quorum_open = False
     o.restart("a")
     a = o.logs["a"]
-    assert a.role == IDLE and o.requests[-1] == ("a", Reelect(0, e)) and o.lead.epoch == e
+    assert a.role == IDLE and o.requests[-1] == ("a", Reelect(0, e, e + 1)) and o.lead.epoch == e
     assert a.on_fetch("b", e, 2, e, o.now)[0].frame[3] == NOT_LEADER and a.put([], b"p", 1, 1, str, 0)[0] == 1
     o.tick(1.1)  # (asked again until decided)
-    assert o.requests[-1] == ("a", Reelect(0, e))
+    assert o.requests[-1] == ("a", Reelect(0, e, e + 1))
     o.quorum_open = True
     o.decide(*o.requests[-1])
     o.run()

@@ -546,3 +546,17 @@ def test_the_campaign_finds_no_violation():
 def test_the_campaign_catches_a_broken_rule(broken):
     caught = next((seed for seed in range(SEEDS) if campaign(seed, frozenset({broken})).violations), None)
     assert caught is not None
+
+
+def test_a_snapshot_reply_past_the_leaders_log_moves_nothing() -> None:
+    """Review: a SnapshotReply's index was taken as the peer's match, never capped at our log: one
+    with a huge index committed what only the leader held, and the next heartbeat's assertion
+    killed the member."""
+    net = Net(3, voters=3, learners=0)
+    leader = elect(net)
+    peer = next(c.me for c in net.live() if c is not leader)
+    commit = leader.commit_index
+    leader.receive(peer, SnapshotReply(leader.term, (1 << 62) - 1), net.now)
+    assert leader.commit_index == commit
+    leader.tick(net.now + 1.0)  # (a heartbeat to that peer: no assertion fails)
+    assert leader.commit_index == commit

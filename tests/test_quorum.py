@@ -1,0 +1,98 @@
+"""A member's part in the metadata quorum (cluster/quorum.py): contact, and what a peer's frames may
+do to it; the Raft core and the controller's rules have their own tests."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from roost.cluster.controller import SetPartition
+from roost.cluster.links import LinkTable
+from roost.cluster.peerwire import PeerProtocolError, PeerType
+from roost.cluster.quorum import Quorum
+from roost.cluster.raftactions import RaftPersist, RaftSettings, Stored
+from roost.cluster.raftwire import AppendEntries, InstallSnapshot, encode
+
+SETTINGS = RaftSettings(election_timeout=1.0, heartbeat_interval=0.1)
+
+
+def quorum(me: str, voters: tuple[str, ...], members: list[str], stored: Stored) -> tuple[Quorum, list[Any]]:
+    out: list[Any] = []
+    q = Quorum(me, voters, members, SETTINGS, 4, 1, 1, random.Random(7), LinkTable([m for m in members if m != me],
+               out), out)  # fmt: skip
+    q.started(stored, 0.0)
+    return q, out
+
+
+def sync_all(q: Quorum, out: list[Any], now: float) -> set[int]:
+    """The shell syncs every persist asked for so far."""
+    changed: set[int] = set()
+    while persists := [a for a in out if isinstance(a, RaftPersist)]:
+        out.clear()
+        for a in persists:
+            changed |= q.persisted(a.token, now)
+    return changed
+
+
+def test_a_restarted_leader_has_no_contact_until_an_entry_of_its_own_term_is_committed() -> None:
+    """Review: a new Raft leader's commit starts at its snapshot; in contact at once, its members
+    acted on a table older than what was committed before the restart (a partition leader began
+    an epoch twice). Contact waits until the leader's no-op of its term is committed: by then the
+    table holds every SET committed before."""
+    old = SetPartition(0, 0, "a", 1, ("a",), ("a",)).encode()
+    newer = SetPartition(0, 1, "a", 5, ("a",), ("a",)).encode()
+    q, out = quorum("a", ("a",), ["a"], Stored(3, "a", 0, 0, None, [(2, old), (3, newer)]))
+    t = 0.0
+    for _ in range(50):  # (its vote is synced as it asks: once it leads, its no-op waits on disk)
+        if q.raft is None or q.raft.role == "leader":
+            break
+        asked = [a for a in out if isinstance(a, RaftPersist)]
+        out.clear()
+        for a in asked:
+            q.persisted(a.token, t)
+        if not asked:
+            t = max(t, q.deadline())
+            q.tick(t, [], frozenset())
+    assert q.raft is not None and q.raft.role == "leader" and q.raft.lease_valid(t)  # (a single voter holds its own lease)
+    assert not q.contact(t) and q.leadership(0) is None  # (the stored SETs are not known committed yet)
+    changed = sync_all(q, out, t)
+    assert q.contact(t) and changed == {0}
+    lead = q.leadership(0)
+    assert lead is not None and lead.epoch == 5  # (the newest committed table, never the older one first)
+
+
+def test_an_append_from_a_member_that_is_not_the_leader_gives_no_contact() -> None:
+    """Review: the contact marks moved before the core checked the sender; a learner's heartbeat
+    kept a member in contact, or one with a huge commit took it away for good."""
+    q, _ = quorum("b", ("a", "b", "c"), ["a", "b", "c", "d"], Stored())
+    q.on_raft("d", [PeerType.RAFT, *encode(AppendEntries(1, 0, 0, [], 1 << 40, 1))], 0.5)
+    assert q.heard_leader < 0 and q.leader_commit == 0 and not q.contact(0.5)
+
+
+def test_an_install_snapshot_whose_table_does_not_decode_is_refused_before_the_core_takes_it() -> None:
+    """Review: the core reset its log and asked to persist the garbage, and every later start failed."""
+    q, out = quorum("b", ("a", "b", "c"), ["a", "b", "c"], Stored())
+    with pytest.raises(PeerProtocolError, match="InstallSnapshot"):
+        q.on_raft("a", [PeerType.RAFT, *encode(InstallSnapshot(1, 50, 1, b"\xc1garbage"))], 0.5)
+    assert not out and q.raft is not None and q.raft.applied_index == 0
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        [PeerType.CONTROL],
+        [PeerType.CONTROL, 3, 0, 1, 1, [], 0],
+        [PeerType.CONTROL, 1, 4, 1, 1, [], 0],
+        [PeerType.CONTROL, 1, 0, -1, 1, [], 0],
+        [PeerType.CONTROL, 1, 0, 1, 1, ["a"] * 9, 0],
+        [PeerType.CONTROL, 1, 0, 1, 1, [""], 0],
+        [PeerType.CONTROL, 2, 0, 1, 1, [], 1 << 62],
+        [PeerType.CONTROL, 1, 0, 1, 1, "a", 0],
+    ],
+)
+def test_a_malformed_control_frame_is_a_protocol_error(frame: list[Any]) -> None:
+    q, _ = quorum("a", ("a",), ["a", "b"], Stored())
+    with pytest.raises(PeerProtocolError, match="CONTROL"):
+        q.on_control("b", frame, 0.5)
