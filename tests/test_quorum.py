@@ -55,7 +55,7 @@ def test_a_restarted_leader_has_no_contact_until_an_entry_of_its_own_term_is_com
         if not asked:
             t = max(t, q.deadline())
             q.tick(t, [], frozenset())
-    assert q.raft is not None and q.raft.role == "leader" and q.raft.lease_valid(t)  # (a single voter holds its own lease)
+    assert q.raft is not None and q.raft.role == "leader" and q.raft.lease_valid(t)  # (its own lease: one voter)
     assert not q.contact(t) and q.leadership(0) is None  # (the stored SETs are not known committed yet)
     changed = sync_all(q, out, t)
     assert q.contact(t) and changed == {0}
