@@ -430,11 +430,10 @@ class Raft:
         self._reply(src, AppendReply(self.term, True, last_new, 0, msg.seq))
 
     def _on_snapshot(self, src: str, msg: InstallSnapshot) -> None:
-        if msg.index <= self.commit_index:
-            pass
-        elif self.log.term_at(msg.index) == msg.snap_term:  # we hold its last entry: our log up to it is right
-            self._commit(msg.index)
-        else:
+        # (a snapshot at or below our commit changes nothing: it is only answered)
+        if msg.index > self.commit_index and self.log.term_at(msg.index) == msg.snap_term:
+            self._commit(msg.index)  # (we hold its last entry: our log up to it is right)
+        elif msg.index > self.commit_index:
             # Everything goes, committed entries too: the snapshot holds them. The store installs a
             # persist's snapshot before its cut (cluster/raftstate.py), so the cut is after the
             # snapshot's index: with it, nothing of the old log is left, whatever was cut before.
