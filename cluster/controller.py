@@ -41,8 +41,9 @@ applied by everyone:
   reliable map, so a topic's durable leader is its map primary whenever that one is
   in sync), its ISR all of them (a new log is empty everywhere);
 - a leader the controller does not see live is replaced by the first live member of
-  the ISR (in replica order), and leaves the ISR; with none live the partition gets
-  no leader (a higher epoch fences the old one) until an ISR member returns;
+  the ISR (in replica order), and leaves the ISR as a dead follower does (below);
+  with none live the partition gets no leader (a higher epoch fences the old one)
+  until an ISR member returns;
 - a follower it does not see live leaves the ISR (never below ``min_insync``), so a
   put waits for a dead follower no longer than failure detection takes (the leader
   asks the same of one that lags, after ``isr_lag_time``);
@@ -52,6 +53,19 @@ applied by everyone:
   new ones are added (they fetch, catch up and join the ISR), then, once every new
   one is in sync, the old ones go and a leader that goes hands over.
 
+A member restarted under ``fsync = "interval"`` or ``"never"`` may have lost records
+it had written and acknowledged: it is a *suspect* replica until it has caught up
+from a leader in its new life (cluster/partitionlog.py). Named the leader while the
+ISR holds another member, it does not lead but *declines* (``decline``), telling its
+log's end (last epoch, offset). The controller then names another live ISR member
+that has not declined; once every ISR member has declined, the one whose log is the
+longest (the latest last epoch, then the most records) leads, alone in the ISR: no
+record that any in-sync copy kept is cut. (A suspect leads only so: named alone in
+the ISR after it declined.) While an ISR member that has not declined is down the
+partition waits for it (it may hold what the others lost), as it waits for any down
+ISR. ``decide`` does not name a member that declined (its report lasts until it is
+stale, ``Quorum``'s ``report_ttl``).
+
 Commands and snapshots come from the committed log and the quorum's disk, which a
 member of the cluster wrote: they are decoded as untrusted (``decode_untrusted_command``)
 so that a bug or a garbled file makes a clear error, not a wrong leader.
@@ -60,7 +74,7 @@ so that a bug or a garbled file makes a clear error, not a wrong leader.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,8 +246,9 @@ def targets(placed: Sequence[str], partitions: int, replicas: int,
 
 
 def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: frozenset[str],
-               min_insync: int = 1) -> SetPartition | None:  # fmt: skip
-    """The controller's decision for partition ``p`` (the theory of operation), or None."""
+               min_insync: int = 1, declined: Set[str] = frozenset()) -> SetPartition | None:  # fmt: skip
+    """The controller's decision for partition ``p`` (the theory of operation), or None; a member
+    in ``declined`` is not made its leader (it may lack what the ISR holds: ``decline``)."""
     if not target:
         return None
     if now is None:
@@ -246,12 +261,10 @@ def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: fr
         elif set(target) <= set(isr):  # (second: every new one is in sync, the old ones go)
             replicas = target
             isr = _ordered(isr, target)
-    candidates = [m for m in replicas if m in isr and m in live]
+    candidates = [m for m in replicas if m in isr and m in live and m not in declined]
     best = candidates[0] if candidates else None
     if leader is not None and leader not in live:
-        if best is not None:  # (a dead leader leaves the ISR when another takes over; with none, all stay)
-            isr = tuple(m for m in isr if m != leader)
-        leader = best
+        leader = best  # (the dead one stays in the ISR: below it leaves as any dead follower, never below min_insync)
     elif leader is None or leader not in isr or leader not in replicas:
         leader = best  # (none before, or it left with its replica)
     elif best is not None and replicas.index(best) < replicas.index(leader):
@@ -268,11 +281,13 @@ def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: fr
 
 
 def decide(meta: Metadata, placed: Sequence[str], live: frozenset[str], partitions: int, replicas: int,
-           min_insync: int = 1, placement: str = ring.DEFAULT_PLACEMENT) -> list[SetPartition]:  # fmt: skip
+           min_insync: int = 1, placement: str = ring.DEFAULT_PLACEMENT,
+           declined: Mapping[int, Set[str]] | None = None) -> list[SetPartition]:  # fmt: skip
     """Every change the controller proposes now (it proposes them again while they do not apply)."""
     out = []
+    none: frozenset[str] = frozenset()
     for p, target in enumerate(targets(placed, partitions, replicas, placement)):
-        c = decide_one(p, meta.partitions.get(p), target, live, min_insync)
+        c = decide_one(p, meta.partitions.get(p), target, live, min_insync, declined.get(p, none) if declined else none)
         if c is not None and meta.allows(c):
             out.append(c)
     return out
@@ -303,3 +318,28 @@ def reelect(meta: Metadata, p: int, leader: str, epoch: int, at_least: int = 0) 
     if now is None or now.leader != leader or now.epoch != epoch:
         return None
     return SetPartition(p, now.version, leader, min(max(epoch + 1, at_least), EPOCH_LIMIT - 1), now.isr, now.replicas)
+
+
+def decline(meta: Metadata, p: int, member: str, reports: Mapping[str, tuple[int, int]],
+            live: frozenset[str]) -> SetPartition | None:  # fmt: skip
+    """A suspect leader's refusal to lead ``p`` (the theory of operation). ``reports`` holds the
+    log ends (last epoch, end offset) of the members that declined ``p``, ``member`` among them.
+    Another live ISR member that has not declined is named (the ISR stays: it will decline in its
+    turn if it is suspect too); once every ISR member has declined, the longest log leads alone in
+    the ISR (the others catch up from it and are added again). None: ``member`` does not lead ``p``,
+    or an ISR member that has not declined is down (the partition waits for it)."""
+    now = meta.partitions.get(p)
+    if now is None or now.leader != member or member not in reports:
+        return None
+    others = [m for m in now.replicas if m in now.isr and m != member]
+    fresh = [m for m in others if m in live and m not in reports]
+    if fresh:
+        leader, isr = fresh[0], now.isr
+    elif all(m in reports for m in others):
+        order = now.replicas.index
+        leader = max(now.isr, key=lambda m: (*reports[m], -order(m)))
+        isr = (leader,)
+    else:
+        return None
+    c = SetPartition(p, now.version, leader, min(now.epoch + 1, EPOCH_LIMIT - 1), isr, now.replicas)
+    return c if meta.allows(c) else None

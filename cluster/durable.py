@@ -81,6 +81,7 @@ from roost.cluster.partitionlog import (
     MESSAGE,
     AlterIsr,
     Committed,
+    Decline,
     LogFormatError,
     LogSettings,
     PartitionLog,
@@ -158,9 +159,9 @@ class DurableLogs:
         raft = RaftSettings(election_timeout=s.quorum_election_timeout,
                             heartbeat_interval=s.quorum_election_timeout / 10)  # fmt: skip
         self.quorum = Quorum(member_id, s.quorum, [], raft, s.partitions, s.durable_replicas, s.min_insync, rng, links,
-                             actions,
-                             cfg.breaks)  # fmt: skip
+                             actions, cfg.breaks, 3 * s.fetch_retry)  # fmt: skip
         self.in_contact = False  # (the quorum's contact as of the last event: leadership is followed only with it)
+        self.restarted = False  # (we held state from a former life: see ``_on_logs_read``)
         # (a broken build for the simulator, sim/breaks.py: a member out of touch with a partition's leader
         # takes it over on its own, the quorum unasked)
         self.no_quorum = "no-quorum" in cfg.breaks
@@ -210,9 +211,11 @@ class DurableLogs:
             return f"a durable log cannot be opened: {ev.error}"
         if ev.quorum is None:
             return "the quorum's state was not read"
+        q = ev.quorum  # (a member that held any state before lived a former life: its logs may be suspect)
+        self.restarted = bool(q.term or q.snapshot_index or q.entries or any(s.end for s in ev.logs.values()))
         for p, scan in ev.logs.items():
             if 0 <= p < self.s.partitions:
-                self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
+                self.plogs[p] = PartitionLog(p, self.id, self.log_settings, self.restarted)
                 self.plogs[p].recovered(scan)
         self.logs_ready = True
         self._logs_due_stale = True
@@ -232,7 +235,7 @@ class DurableLogs:
         """The log of partition ``p``, made active (with an empty log) if it was not."""
         log = self.plogs.get(p)
         if log is None:
-            log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings)
+            log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings, self.restarted)
             self._logs_due_stale = True
             if self.in_contact:
                 self._run_log(log.lead(self.quorum.leadership(p), self.now))
@@ -322,7 +325,7 @@ class DurableLogs:
                     self._on_get(get._replace(start=START_OFFSET, start_at=at))
                 else:
                     self._answer_get(a.token, a.records)
-            elif cls is AlterIsr or cls is Reelect:
+            elif cls is AlterIsr or cls is Reelect or cls is Decline:
                 self._lead(self.quorum.ask(a, self.now))
             elif cls is Reload:  # (a cut below the cache: rare, and worth a line; the runner does it)
                 self._out.append(Log("warning", "log_reload", {"partition": a.partition, "to": a.to}))

@@ -149,6 +149,16 @@ class Reelect(NamedTuple):
     at_least: int = 0  # (the new epoch is above every one our log holds: a log of an older version)
 
 
+class Decline(NamedTuple):
+    """The quorum names us the leader while our log may lack records the ISR holds (we restarted
+    under an fsync policy that can lose written ones, and have not caught up since): we decline,
+    telling our log's end, and the controller names another (cluster/controller.py ``decline``)."""
+
+    partition: int
+    end: int
+    last_epoch: int
+
+
 class ReadDone(NamedTuple):
     """Committed records a reader asked for (``read_committed``) that had to come from disk."""
 
@@ -170,4 +180,5 @@ LogAction = (
     | ReadDone
     | AlterIsr
     | Reelect
+    | Decline
 )

@@ -43,7 +43,12 @@ decided by the metadata quorum (cluster/controller.py), and told to the log by
 epoch it begins: one its log holds records of, or the one of the first leadership
 it is told in a life (it may have begun that one before a restart: a leader serves
 followers from memory, so they may hold records of it its disk lost), it asks the
-quorum to replace (``Reelect``). A leader writes an ``EPOCH`` record and serves
+quorum to replace (``Reelect``). Under an fsync policy that can lose written
+records (``interval``, ``never``) a restarted log is *suspect*: a power loss may
+have taken records it acknowledged. Until its fetches from a leader reach that
+leader's commit it does not lead: named the leader, it declines (``Decline``, with
+its log's end) and the controller names another or, when all in the ISR have
+declined, the longest log, alone in the ISR (which it then leads). A leader writes an ``EPOCH`` record and serves
 fetches of its epoch only (``NOT_LEADER`` to a newer one, ``STALE`` to an older);
 a follower fetches at the epoch it was told and takes answers of that epoch only.
 A put is committed once the leader and every ISR member have it on disk, and only
@@ -90,6 +95,7 @@ from roost.cluster.logactions import (
     Append,
     Checkpoint,
     Committed,
+    Decline,
     LogAction,
     LogSettings,
     PeerFrame,
@@ -122,13 +128,13 @@ from roost.node.segmentlog import Record
 
 __all__ = [
     "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "AlterIsr", "Append", "Checkpoint",
-    "Committed", "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog",
+    "Committed", "Decline", "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog",
     "Reelect", "Reload", "ResetLog", "Retain", "State", "Sync", "Truncate", "decode_untrusted_body",
 ]  # fmt: skip
 
 
 class PartitionLog:
-    def __init__(self, partition: int, me: str, settings: LogSettings) -> None:
+    def __init__(self, partition: int, me: str, settings: LogSettings, restarted: bool = False) -> None:
         self.p = partition
         self.me = me
         self.s = settings
@@ -164,6 +170,11 @@ class PartitionLog:
         self.last_ms = 0  # the newest record time: an EPOCH record gets it
         self.reelect_asked = -1e18  # when we last asked the quorum for a new epoch of ours (``Reelect``)
         self.told = False  # a leadership was told to us in this life (``lead``)
+        # (our log may lack records we wrote and acknowledged before a restart: the fsync policy lets a
+        # power loss take them; until we caught up from a leader we lead only if the controller names us
+        # alone in the ISR after we declined: ``_reelect``)
+        self.suspect = restarted and settings.fsync != "always"
+        self.declined = False  # (we declined to lead in this life: ``lead``)
         self.need = settings.min_insync  # leading: members (us too) that must hold a record to commit it
 
     # ------------------------------------------------------------ recovery
@@ -250,7 +261,9 @@ class PartitionLog:
             if self.role == LEADING and self.epoch == lead.epoch:
                 return self._in_sync(lead, now)
             self._step_down()
-            if lead.epoch <= self.seen:  # (we led it before a restart, or hold its records: a new epoch)
+            if self.suspect and self.declined and lead.isr == (self.me,):
+                self.suspect = False  # (named alone after we declined: the controller found no better log)
+            if self.suspect or lead.epoch <= self.seen:  # (we led it before a restart, or hold its records)
                 self.epoch = lead.epoch
                 return self._reelect(now)
             return self._begin(lead, now)
@@ -281,10 +294,14 @@ class PartitionLog:
 
     def _reelect(self, now: float) -> list[LogAction]:
         """Ask the quorum for a new epoch of ours: we must not go on with one begun in a former life
-        (a follower may hold records of it that our disk lost) or one whose records we hold."""
+        (a follower may hold records of it that our disk lost) or one whose records we hold. A suspect
+        log declines instead: another ISR member may hold records it lost."""
         if now < self.reelect_asked + self.s.fetch_retry:
             return []
         self.reelect_asked = now
+        if self.suspect:
+            self.declined = True
+            return [Decline(self.p, self.end, self.last_epoch)]
         return [Reelect(self.p, self.epoch, self.seen + 1)]  # (above every epoch our log holds)
 
     def _begin(self, lead: Leadership, now: float) -> list[LogAction]:
@@ -490,7 +507,10 @@ class PartitionLog:
         if truncate < 0 and reset < 0:  # (not over a divergent tail we are told to cut: it would fold; review)
             self.commit = max(self.commit, min(commit, self.durable))
             self._fold()
-        return self._copy(start, truncate, reset, records) or self._fetch(member, now)
+        out = self._copy(start, truncate, reset, records)
+        if self.suspect and truncate < 0 and reset < 0 and self.end >= commit:
+            self.suspect = False  # (we hold all the leader had committed: as good as any ISR member)
+        return out or self._fetch(member, now)
 
     def _copy(self, start: int, truncate: int, reset: int, records: list[Record]) -> list[LogAction]:
         """Make our log follow the answer (the source's log begins at ``start``): cut a divergent

@@ -16,7 +16,12 @@ and those it sees live) and proposes what comes out, once per partition version
 (again after ``election_timeout`` if that version is still current: a proposal
 can be lost with a leader change). Partition leaders ask it for ISR changes and
 new epochs with CONTROL frames (``AlterIsr``, ``Reelect``), which it checks
-against the metadata and proposes; the answer is the committed leadership.
+against the metadata and proposes; the answer is the committed leadership. A
+suspect leader (restarted under an fsync policy that can lose written records)
+sends ``Decline`` with its log's end instead: the controller keeps these reports
+(in memory, each for ``report_ttl``) and names another leader
+(cluster/controller.py ``decline``); ``decide`` passes over the members that
+declined.
 
 *Contact*: a member acts on its metadata (leads, serves readers, takes puts)
 only while it is in contact with the quorum: it leads the group with its lease,
@@ -27,7 +32,8 @@ act on a leadership the quorum may have replaced (docs/durable.md).
 
 Raft frames are ``[RAFT, *message]`` requests on our dialled link to the peer;
 CONTROL frames ``[CONTROL, kind, partition, epoch, version, isr, at least]`` likewise, to
-the group's leader. The Raft state's disk work leaves as ``RaftPersist`` for the
+the group's leader (a DECLINE carries its log's last epoch in ``epoch`` and its end in
+``at least``). The Raft state's disk work leaves as ``RaftPersist`` for the
 shell (cluster/raftstore.py, the simulator's sim/raftdisk.py) and comes back as
 ``RaftPersisted``.
 """
@@ -40,7 +46,7 @@ from typing import Any
 from roost.cluster import controller
 from roost.cluster.controller import CommandError, Leadership, Metadata, SetPartition
 from roost.cluster.links import LinkTable
-from roost.cluster.logactions import AlterIsr, Reelect
+from roost.cluster.logactions import AlterIsr, Decline, Reelect
 from roost.cluster.peerwire import PeerProtocolError, PeerType, encode
 from roost.cluster.raft import Raft
 from roost.cluster.raftactions import (
@@ -57,13 +63,14 @@ from roost.cluster.raftwire import AppendEntries, InstallSnapshot, RaftFormatErr
 from roost.cluster.raftwire import encode as encode_raft
 from roost.node.actions import Log
 
-ALTER_ISR, REELECT = 1, 2  # CONTROL kinds
+ALTER_ISR, REELECT, DECLINE = 1, 2, 3  # CONTROL kinds
 
 
 class Quorum:
     def __init__(self, member_id: str, voters: tuple[str, ...], members: list[str], settings: RaftSettings,
                  partitions: int, replicas: int, min_insync: int, rng: random.Random, links: LinkTable,
-                 actions: list[Any], breaks: frozenset[str] = frozenset()) -> None:  # fmt: skip
+                 actions: list[Any], breaks: frozenset[str] = frozenset(),
+                 report_ttl: float = 10.0) -> None:  # fmt: skip
         self.id = member_id
         self.voters = voters
         self.members = members
@@ -80,6 +87,12 @@ class Quorum:
         self.leader_commit = 0  # the commit it told us then
         self.leader_term = 0  # ... and its term
         self.proposed: dict[tuple[int, int], float] = {}  # (partition, version) -> when we proposed a change of it
+        # controlling: partition -> member -> (its log's last epoch, end, when): the suspects that declined to lead
+        self.reports: dict[int, dict[str, tuple[int, int, float]]] = {}
+        # (a suspect that declined goes on declining, once a fetch_retry, while it is named: a report
+        # lasts a few of those, after which the member may be named again, caught up by then or not)
+        self.report_ttl = report_ttl
+        self.live: frozenset[str] = frozenset()  # the members our map saw live at the last tick
         # (a broken build for the simulator, sim/breaks.py: the quorum's term and vote are never written,
         # and the Raft core answers before its log is on disk)
         self.stale_epoch = "stale-epoch" in breaks
@@ -132,26 +145,47 @@ class Quorum:
         return changed
 
     def on_control(self, peer: str, f: list[Any], now: float) -> set[int]:
-        """A partition leader's request (AlterIsr, Reelect); taken only while we are the controller."""
+        """A partition leader's request (AlterIsr, Reelect, Decline); taken only while we are the
+        controller."""
         kind, p, epoch, version, isr, at_least = check_control_untrusted(f, self.partitions)
         if not self._controlling(now):
             return set()
         now_lead = self.meta.partitions.get(p)
         if now_lead is None or now_lead.version != version:
             return set()
-        change = (controller.alter_isr(self.meta, p, peer, epoch, isr, version) if kind == ALTER_ISR
-                  else controller.reelect(self.meta, p, peer, epoch, at_least))  # fmt: skip
+        if kind == ALTER_ISR:
+            change = controller.alter_isr(self.meta, p, peer, epoch, isr, version)
+        elif kind == REELECT:
+            change = controller.reelect(self.meta, p, peer, epoch, at_least)
+        else:
+            reports = self._reports(p, now)
+            if now_lead.leader == peer:
+                self.reports.setdefault(p, {})[peer] = (epoch, at_least, now)
+                reports[peer] = (epoch, at_least)
+            change = controller.decline(self.meta, p, peer, reports, self.live)
         return self._propose([change], now) if change is not None else set()
 
-    def ask(self, a: AlterIsr | Reelect, now: float) -> set[int]:
+    def _reports(self, p: int, now: float) -> dict[str, tuple[int, int]]:
+        """The fresh reports of the members that declined to lead ``p`` (stale ones are dropped)."""
+        got = self.reports.get(p)
+        if not got:
+            return {}
+        fresh = {m: r for m, r in got.items() if now < r[2] + self.report_ttl}
+        if len(fresh) != len(got):
+            self.reports[p] = fresh
+        return {m: (r[0], r[1]) for m, r in fresh.items()}
+
+    def ask(self, a: AlterIsr | Reelect | Decline, now: float) -> set[int]:
         """Our partition log's request to the controller: to ourselves, or a CONTROL frame to it."""
         lead = self.meta.partitions.get(a.partition)
         if lead is None:
             return set()
         if isinstance(a, AlterIsr):
             frame = [PeerType.CONTROL, ALTER_ISR, a.partition, a.epoch, a.version, list(a.isr), 0]
-        else:
+        elif isinstance(a, Reelect):
             frame = [PeerType.CONTROL, REELECT, a.partition, a.epoch, lead.version, [], a.at_least]
+        else:
+            frame = [PeerType.CONTROL, DECLINE, a.partition, a.last_epoch, lead.version, [], a.end]
         if self._controlling(now):
             return self.on_control(self.id, frame, now)
         target = self.raft.leader if self.raft is not None else None
@@ -174,9 +208,14 @@ class Quorum:
         changed = set()
         if now >= self.raft.next_deadline():
             changed |= self._run(self.raft.tick(now), now)
+        self.live = live
         if self._controlling(now) and placed:
-            decisions = controller.decide(self.meta, placed, live, self.partitions, self.replicas, self.min_insync)
+            declined = {p: set(self._reports(p, now)) for p in list(self.reports)}
+            decisions = controller.decide(self.meta, placed, live, self.partitions, self.replicas, self.min_insync,
+                                          declined=declined)  # fmt: skip
             changed |= self._propose(decisions, now)
+        elif self.reports:
+            self.reports.clear()  # (not the controller: a later term's controller hears them again)
         return changed
 
     def deadline(self) -> float:
@@ -224,6 +263,8 @@ class Quorum:
                     changed.add(p)
                     lead = self.meta.partitions[p]
                     self.proposed = {k: t for k, t in self.proposed.items() if k[0] != p or k[1] >= lead.version}
+                    if len(lead.isr) == 1:  # (one leads alone: the others catch up from it, reports are moot)
+                        self.reports.pop(p, None)
             elif cls is RaftRestore:
                 changed |= self._restore(a.data)
             elif cls is RaftSnapshotWanted:
@@ -248,8 +289,8 @@ def check_control_untrusted(f: list[Any], partitions: int) -> tuple[int, int, in
     if len(f) != 7:
         raise PeerProtocolError("malformed CONTROL")
     _, kind, p, epoch, version, isr, at_least = f
-    if kind not in (ALTER_ISR, REELECT) or kind.__class__ is not int:
-        raise PeerProtocolError("CONTROL kind must be 1 (alter isr) or 2 (reelect)")
+    if kind not in (ALTER_ISR, REELECT, DECLINE) or kind.__class__ is not int:
+        raise PeerProtocolError("CONTROL kind must be 1 (alter isr), 2 (reelect) or 3 (decline)")
     if p.__class__ is not int or not 0 <= p < partitions:
         raise PeerProtocolError("CONTROL partition out of range")
     for v in (epoch, version, at_least):

@@ -31,14 +31,17 @@ There is no exemption for leadership: a leader is made only by the metadata quor
 in-sync replicas, so every acknowledged put must be in the final log, whatever partitions,
 crashes and pauses came before.
 
-The one limit is the fsync policy's. With ``fsync = "interval"`` (some seeds) a record is
-acknowledged once written on every owner and fsynced within ``fsync_interval``: a power loss
-(every crash in the simulator is one) of the owners within that interval can lose it. The
-simulation reports what each power loss took from a member's disk and when each of those records
-was written (:meth:`DurableCheck.power_lost`); a record taken while its fsync was still due (within
-the interval, plus the tick's slack) is excused wherever it is missing. One taken later than that
-was not synced when the policy says it must have been, and excuses nothing. Under ``always`` no
-power loss takes an acknowledged record (it is fsynced before its answer), so nothing is reported.
+The one limit is the promise's own: a record survives while one in-sync copy of it survives.
+With ``fsync = "interval"`` (some seeds) a record is acknowledged once written on every in-sync
+owner and fsynced within ``fsync_interval``, so a power loss (every crash in the simulator is
+one) within that interval takes that member's copy. The simulation reports what each power loss
+took from a member's disk and when each of those records was written
+(:meth:`DurableCheck.power_lost`). A missing record is excused only if *every* member that held
+it when a leader committed it lost it so, while its fsync was still due (within the interval,
+plus the tick's slack): then no copy survived. If one holder kept it (or lost it later than its
+fsync was due), the record must be in the final log: a restarted member's shorter log must not
+win over a copy that survived. Under ``always`` no power loss takes an acknowledged record (it is
+fsynced before its answer), so nothing is reported.
 """
 
 from __future__ import annotations
@@ -96,8 +99,8 @@ class DurableCheck:
     consumers: dict[int, Consumer] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"puts_acked": 0, "consumed": 0, "excused": 0})
     _excused: set[int] = field(default_factory=set)  # id() of the records excused (``stats``)
-    # records a power loss took while their fsync was still due (fsync = interval: ``power_lost``)
-    unsynced_lost: set[RecKey] = field(default_factory=set)
+    # record -> the members a power loss took it from while its fsync was still due (fsync = interval)
+    unsynced_lost: dict[RecKey, set[str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------ during the run
 
@@ -121,10 +124,10 @@ class DurableCheck:
     def power_lost(self, member: str, gone: list[tuple[int, Record, float]], now: float, within: float) -> None:
         """A power loss took ``gone`` (partition, record, when it was written) from ``member``'s disk;
         a record written less than ``within`` before (fsync = interval: its sync was not yet due) is
-        a documented loss, excused wherever it is missing."""
+        lost from that member as documented (``excused`` once every holder lost it)."""
         for p, r, written in gone:
             if now - written <= within:
-                self.unsynced_lost.add((p, r.offset, r.body))
+                self.unsynced_lost.setdefault((p, r.offset, r.body), set()).add(member)
 
     def put_acked(self, p: int, pid: bytes, seq: int, now: float) -> None:
         self.acked.setdefault((p, pid, seq), now)
@@ -161,9 +164,11 @@ class DurableCheck:
     # ------------------------------------------------------------ the fsync policy's limit
 
     def excused(self, p: int, rec: Rec) -> bool:
-        """May a log lack ``rec``? Only if a power loss took it while its fsync was still due
-        (fsync = interval, documented): nothing else excuses a missing committed record."""
-        if (p, rec.offset, rec.raw) in self.unsynced_lost:
+        """May a log lack ``rec``? Only if power losses took it from every member that held it, each
+        while its fsync was still due (fsync = interval, documented): no copy survived. Nothing else
+        excuses a missing committed record."""
+        lost = self.unsynced_lost.get((p, rec.offset, rec.raw))
+        if lost is not None and frozenset().union(*(h for _, h in rec.held)) <= lost:
             self._excused.add(id(rec))
             self.stats["excused"] = len(self._excused)
             return True

@@ -83,7 +83,7 @@ def test_an_install_snapshot_whose_table_does_not_decode_is_refused_before_the_c
     "frame",
     [
         [PeerType.CONTROL],
-        [PeerType.CONTROL, 3, 0, 1, 1, [], 0],
+        [PeerType.CONTROL, 4, 0, 1, 1, [], 0],
         [PeerType.CONTROL, 1, 4, 1, 1, [], 0],
         [PeerType.CONTROL, 1, 0, -1, 1, [], 0],
         [PeerType.CONTROL, 1, 0, 1, 1, ["a"] * 9, 0],
