@@ -18,6 +18,7 @@ from roost.cluster.controller import (
     alter_isr,
     decide,
     decide_one,
+    decline,
     decode_untrusted_command,
     targets,
 )
@@ -209,6 +210,41 @@ def test_decide_proposes_only_what_applies_and_nothing_once_settled():
     assert len(first) == 4
     applied(meta, *first)
     assert decide(meta, "abcd", live, 4, 3) == []
+
+
+def test_a_dead_leader_at_the_min_insync_floor_stays_in_the_isr_and_a_suspect_waits_for_it() -> None:
+    """Seed 20196 (fsync = interval): b lost a committed record in a power loss and came back; then
+    the leader a died, which held it. Had a left the ISR as b took over, b's shorter log would have
+    been the only one in sync. a stays (at min_insync it would not leave as a follower either), so
+    when b declines the partition waits for a, and a leads once back."""
+    meta = led("a", 1, ("a", "b"))
+    c = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}), min_insync=2)
+    assert c is not None and (c.leader, c.epoch, c.isr) == ("b", 2, ("a", "b"))
+    applied(meta, c)
+    assert decline(meta, 0, "b", {"b": (1, 3)}, frozenset({"b", "c"})) is None  # (a may hold what b lost)
+    back = decline(meta, 0, "b", {"b": (1, 3)}, frozenset("abc"))
+    assert back is not None and (back.leader, back.epoch, back.isr) == ("a", 3, ("a", "b"))
+
+
+def test_decline_names_a_live_isr_member_that_has_not_declined_then_the_longest_log_alone() -> None:
+    meta = led()
+    first = decline(meta, 0, "a", {"a": (1, 5)}, frozenset("abc"))
+    assert first is not None and (first.leader, first.epoch, first.isr) == ("b", 2, ABC)
+    applied(meta, first)
+    assert decline(meta, 0, "a", {"a": (1, 5)}, frozenset("abc")) is None  # (only the leader declines)
+    assert decide_one(0, meta.partitions[0], ABC, frozenset("abc"), declined={"a"}) is None  # (not preferred now)
+    back = decide_one(0, meta.partitions[0], ABC, frozenset("abc"))
+    assert back is not None and back.leader == "a"  # (without its report it would take the lead back)
+    reports = {"a": (1, 5), "b": (2, 1)}
+    c = decline(meta, 0, "b", reports, frozenset("abc"))
+    assert c is not None and c.leader == "c"
+    applied(meta, c)
+    reports["c"] = (1, 9)  # (the latest last epoch wins over more records)
+    last = decline(meta, 0, "c", reports, frozenset("abc"))
+    assert last is not None and (last.leader, last.isr) == ("b", ("b",))
+    applied(meta, last)
+    tie = decline(meta, 0, "b", {"b": (2, 1)}, frozenset("abc"))  # (alone: it is named again, a new epoch)
+    assert tie is not None and (tie.leader, tie.epoch, tie.isr) == ("b", last.epoch + 1, ("b",))
 
 
 # ---------------------------------------------------------------- the promise, over random histories

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from roost.cluster.controller import Leadership, Metadata, SetPartition, alter_isr, decide_one, reelect
+from roost.cluster.controller import Leadership, Metadata, SetPartition, alter_isr, decide_one, decline, reelect
 from roost.cluster.logreaders import NOT_LEADER, STALE
 from roost.cluster.logrecords import LogScan, message_body
 from roost.cluster.partitionlog import (
@@ -23,6 +23,7 @@ from roost.cluster.partitionlog import (
     Append,
     Checkpoint,
     Committed,
+    Decline,
     LogFormatError,
     LogSettings,
     PartitionLog,
@@ -61,7 +62,8 @@ class Owners:
         self.quorum_open = True
         self.unwritten: set[str] = set()  # members whose Appends never reach their disk (they die first)
         self.deaf: set[str] = set()  # members cut off from the quorum (not from each other): told nothing
-        self.requests: list[tuple[str, AlterIsr | Reelect]] = []
+        self.requests: list[tuple[str, AlterIsr | Reelect | Decline]] = []
+        self.reports: dict[str, tuple[int, int]] = {}  # the controller's: who declined, with its log's end
 
     @property
     def lead(self) -> Leadership:
@@ -107,15 +109,19 @@ class Owners:
                 self.reads.append(a)
             elif isinstance(a, PeerFrame):
                 self.deliver(member, a)
-            elif isinstance(a, AlterIsr | Reelect):
+            elif isinstance(a, AlterIsr | Reelect | Decline):
                 self.requests.append((member, a))
                 if self.quorum_open:
                     self.decide(member, a)
         raise AssertionError("no quiescence")
 
-    def decide(self, member: str, a: AlterIsr | Reelect) -> None:
+    def decide(self, member: str, a: AlterIsr | Reelect | Decline) -> None:
         """The controller turns a leader's request into a command (cluster/controller.py)."""
-        if isinstance(a, Reelect):
+        if isinstance(a, Decline):
+            if self.lead.leader == member:
+                self.reports[member] = (a.last_epoch, a.end)
+            c = decline(self.meta, 0, member, self.reports, frozenset(self.logs) - self.down)
+        elif isinstance(a, Reelect):
             c = reelect(self.meta, 0, member, a.epoch, a.at_least)
         elif a.version == self.lead.version:  # (an AlterIsr against an older version does not apply)
             c = alter_isr(self.meta, 0, member, a.epoch, a.isr)
@@ -208,7 +214,7 @@ class Owners:
     def restart(self, member: str) -> None:
         """``member`` starts again from its disk and learns the quorum's leadership."""
         self.down.discard(member)
-        self.logs[member] = PartitionLog(0, member, self.s)
+        self.logs[member] = PartitionLog(0, member, self.s, restarted=True)
         self.logs[member].recovered(self.scan(member))
         self.told[member] = 0
         self.tell(member)

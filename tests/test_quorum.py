@@ -96,3 +96,62 @@ def test_a_malformed_control_frame_is_a_protocol_error(frame: list[Any]) -> None
     q, _ = quorum("a", ("a",), ["a", "b"], Stored())
     with pytest.raises(PeerProtocolError, match="CONTROL"):
         q.on_control("b", frame, 0.5)
+
+
+def controlling(replicas: tuple[str, ...]) -> tuple[Quorum, list[Any], float]:
+    """A one-voter quorum at ``a``, in contact, whose table has partition 0 led by ``replicas[0]``
+    with every replica in sync (3 replicas, min_insync 2)."""
+    out: list[Any] = []
+    q = Quorum("a", ("a",), ["a", "b", "c"], SETTINGS, 1, 3, 2, random.Random(7), LinkTable(["b", "c"], out), out)
+    first = SetPartition(0, 0, replicas[0], 1, replicas, replicas).encode()
+    q.started(Stored(2, "a", 0, 0, None, [(2, first)]), 0.0)
+    t = 0.0
+    for _ in range(50):
+        if q.raft is not None and q.raft.role == "leader" and q.contact(t):
+            break
+        asked = [a for a in out if isinstance(a, RaftPersist)]
+        out.clear()
+        for a in asked:
+            q.persisted(a.token, t)
+        if not asked:
+            t = max(t, q.deadline())
+            q.tick(t, [], frozenset())
+    assert q.contact(t)
+    return q, out, t
+
+
+def test_declines_name_another_leader_until_all_declined_then_the_longest_log_leads_alone() -> None:
+    """Suspect leaders (restarted under fsync = interval) decline in turn, each telling its log's
+    end; the controller never names one that declined, even as the preferred replica, and once all
+    have declined it names the longest log alone in the ISR (cluster/controller.py ``decline``)."""
+    q, out, t = controlling(("b", "c", "a"))
+    live = frozenset("abc")
+    q.tick(t, ["a", "b", "c"], live)
+    lead = q.leadership(0)
+    assert lead is not None and (lead.leader, lead.isr) == ("b", ("b", "c", "a"))
+    q.on_control("b", [PeerType.CONTROL, 3, 0, 1, lead.version, [], 4], t)  # b: last epoch 1, end 4
+    sync_all(q, out, t)
+    lead = q.leadership(0)
+    assert lead is not None and (lead.leader, lead.epoch, lead.isr) == ("c", 2, ("b", "c", "a"))
+    q.tick(t, ["a", "b", "c"], live)  # (b is the preferred replica, in sync and live: but it declined)
+    sync_all(q, out, t)
+    assert q.leadership(0) == lead
+    q.on_control("c", [PeerType.CONTROL, 3, 0, 1, lead.version, [], 9], t)  # c: the longest
+    sync_all(q, out, t)
+    lead = q.leadership(0)
+    assert lead is not None and (lead.leader, lead.isr) == ("a", ("b", "c", "a"))
+    q.on_control("a", [PeerType.CONTROL, 3, 0, 1, lead.version, [], 7], t)
+    sync_all(q, out, t)
+    lead = q.leadership(0)
+    assert lead is not None and (lead.leader, lead.epoch, lead.isr) == ("c", 4, ("c",))
+    assert 0 not in q.reports  # (one leads alone: the reports are spent)
+
+
+def test_a_decline_from_a_member_that_does_not_lead_is_not_a_report() -> None:
+    q, out, t = controlling(("b", "c", "a"))
+    q.tick(t, ["a", "b", "c"], frozenset("abc"))
+    lead = q.leadership(0)
+    assert lead is not None
+    q.on_control("c", [PeerType.CONTROL, 3, 0, 1, lead.version, [], 9], t)
+    sync_all(q, out, t)
+    assert q.leadership(0) == lead and not q.reports.get(0)

@@ -1,0 +1,81 @@
+"""A log restarted under an fsync policy that can lose written records (cluster/partitionlog.py,
+"suspect"): it declines to lead until it caught up, so a shorter log never cuts a record that an
+in-sync copy kept (the Owners harness of tests/test_partitionlog.py; its controller answers a
+``Decline`` with cluster/controller.py ``decline``)."""
+
+from __future__ import annotations
+
+from roost.cluster.partitionlog import FOLLOWING, IDLE, LEADING, Decline, Reelect
+from tests.test_partitionlog import Owners
+
+
+def power_loss(o: Owners, member: str, keep: int) -> None:
+    """``member`` dies and its disk keeps only its first ``keep`` records (the rest was not synced)."""
+    o.crash(member)
+    o.disk[member] = o.disk[member][:keep]
+    o.checkpoint[member] = min(o.checkpoint[member], keep)
+
+
+def test_a_restarted_leader_that_lost_a_committed_record_declines_and_the_record_survives() -> None:
+    o = Owners("abc", fsync="interval")
+    o.elect("a", "abc")
+    o.put("a", ["m1", "m2"], token="t")
+    assert o.committed["a"] == ["t"] and o.payloads("b") == [b"m1", b"m2"]
+    power_loss(o, "a", 2)  # (its EPOCH and m1 were synced, m2 was not)
+    before = len(o.requests)
+    o.restart("a")  # (within failure detection: the quorum still names it)
+    asked = [r for m, r in o.requests[before:] if m == "a"]
+    assert Decline(0, 2, o.logs["b"].epochs[0][0]) in asked and not any(isinstance(r, Reelect) for r in asked)
+    assert (o.lead.leader, o.logs["b"].role, o.logs["a"].role) == ("b", LEADING, FOLLOWING)
+    o.tick(2.0)
+    assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2"]
+    assert not o.logs["a"].suspect  # (caught up from b: it may lead again)
+    o.elect("a")
+    assert o.logs["a"].role == LEADING and o.put("a", ["m3"], first=3, token="t3") == 0
+    o.tick(2.0)
+    assert o.payloads("c") == [b"m1", b"m2", b"m3"]
+
+
+def test_under_fsync_always_a_restarted_leader_is_not_suspect() -> None:
+    o = Owners("abc")
+    o.elect("a", "abc")
+    o.put("a", ["m1"], token="t")
+    o.crash("a")
+    o.restart("a")
+    assert not any(isinstance(r, Decline) for _, r in o.requests)
+    assert (o.lead.leader, o.logs["a"].role) == ("a", LEADING)
+
+
+def test_when_every_isr_member_lost_records_the_longest_log_leads_and_nothing_it_kept_is_cut() -> None:
+    o = Owners("abc", fsync="interval")
+    o.elect("a", "abc")
+    o.put("a", ["m1", "m2", "m3"], token="t")
+    assert o.committed["a"] == ["t"]
+    for m, keep in (("a", 2), ("b", 4), ("c", 3)):  # (a full restart: each kept another part)
+        power_loss(o, m, keep)
+    for m in "abc":
+        o.restart(m)
+    for _ in range(4):  # (each declines once named, a fetch_retry apart at most)
+        o.tick(1.0)
+    assert (o.lead.leader, o.lead.isr) in {("b", ("b",)), ("b", ("a", "b")), ("b", ("b", "c")), ("b", ("a", "b", "c"))}
+    o.tick(2.0)
+    o.tick(2.0)
+    assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
+    assert o.lead.isr == ("a", "b", "c")  # (the others caught up and were added again)
+
+
+def test_a_suspect_waits_for_an_isr_member_that_is_down_and_did_not_decline() -> None:
+    o = Owners("abc", fsync="interval")
+    o.elect("a", "ab")
+    o.put("a", ["m1", "m2"], token="t")
+    power_loss(o, "a", 2)
+    o.crash("b")  # (b holds m2 and is down)
+    o.restart("a")
+    o.tick(1.0)
+    assert (o.lead.leader, o.logs["a"].role) == ("a", IDLE)  # (named, but it does not lead: it waits for b)
+    o.restart("b")  # (b is suspect too, but a declined before it: b is named and a's report says shorter)
+    for _ in range(4):
+        o.tick(1.0)
+    assert o.lead.leader == "b" and o.logs["b"].role == LEADING
+    o.tick(2.0)
+    assert o.payloads("a") == o.payloads("b") == [b"m1", b"m2"]
