@@ -622,15 +622,18 @@ def scenario_restart(a: argparse.Namespace, work: Path) -> bool:
     print(f"\n## (c) full-cluster restart: {a.restart_puts} acknowledged roost puts, kill -9 of all five, "
           "restart of all, a durable subscription reads every record", flush=True)  # fmt: skip
     times: list[float] = []
+    starts: list[float] = []
     ok = True
     hosts = member_hosts(SOURCE, a.host_base)
     for i in range(a.runs):
         out = durable_restart.run_once(SOURCE, work / "restart", a.restart_puts, 60.0, a.port_shift, hosts)
         print(f"run {i + 1}: {'OK' if out.ok else 'FAILED'}: {out.what}", flush=True)
         ok = ok and out.ok
-        if out.read_s is not None:
+        if out.read_s is not None and out.start_s is not None:
             times.append(out.read_s)
+            starts.append(out.start_s)
     print(f"last start -> every record read (roost get as a new process): {fmt_spread(times)}")
+    print(f"first start -> last member serving (roost cluster start of each, in turn): {fmt_spread(starts)}")
     return ok
 
 
