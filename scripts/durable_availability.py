@@ -201,25 +201,42 @@ class Produced:
     acks: list[float] = field(default_factory=list)
     acked: list[str] = field(default_factory=list)
     errors: list[tuple[float, str]] = field(default_factory=list)
+    primaries: list[tuple[float, str | None]] = field(default_factory=list)  # (when, the primary the map names)
 
 
 async def produce(addr: str, topic: str, tag: str, out: Produced, stop: trio.Event, put_timeout: float) -> None:
     """Put ``tag-N`` to ``topic`` one at a time, each awaited, until ``stop``."""
-    async with Client(addr) as c:
-        n = 0
-        while not stop.is_set():
-            payload = f"{tag}-{n}"
-            n += 1
-            try:
-                await c.put(topic, payload, wait=True, timeout=put_timeout)
-            except Exception as exc:  # (TimeoutError, NodeLost: measured, not fatal)
-                cmap = c.router.cmap  # (where the client sends it: the map it follows)
-                where = "" if cmap is None else (f" [map epoch {cmap.epoch}, live {','.join(sorted(cmap.live))}, "
-                                                 f"owners {','.join(cmap.owners[cmap.partition(topic)])}]")  # fmt: skip
-                out.errors.append((time.monotonic(), f"{type(exc).__name__}: {exc}{where}"))
-                continue
-            out.acks.append(time.monotonic())
-            out.acked.append(payload)
+    async with Client(addr) as c, trio.open_nursery() as n:
+        n.start_soon(watch_map, c, topic, out, stop)
+        await put_loop(c, topic, tag, out, stop, put_timeout)
+
+
+async def watch_map(c: Client, topic: str, out: Produced, stop: trio.Event) -> None:
+    """Note each change of the primary the client's map names for ``topic`` (every 20 ms)."""
+    while not stop.is_set():
+        cmap = c.router.cmap
+        if cmap is not None:
+            primary = cmap.primary(topic)
+            if not out.primaries or out.primaries[-1][1] != primary:
+                out.primaries.append((time.monotonic(), primary))
+        await trio.sleep(0.02)
+
+
+async def put_loop(c: Client, topic: str, tag: str, out: Produced, stop: trio.Event, put_timeout: float) -> None:
+    n = 0
+    while not stop.is_set():
+        payload = f"{tag}-{n}"
+        n += 1
+        try:
+            await c.put(topic, payload, wait=True, timeout=put_timeout)
+        except Exception as exc:  # (TimeoutError, NodeLost: measured, not fatal)
+            cmap = c.router.cmap  # (where the client sends it: the map it follows)
+            where = "" if cmap is None else (f" [map epoch {cmap.epoch}, live {','.join(sorted(cmap.live))}, "
+                                             f"owners {','.join(cmap.owners[cmap.partition(topic)])}]")  # fmt: skip
+            out.errors.append((time.monotonic(), f"{type(exc).__name__}: {exc}{where}"))
+            continue
+        out.acks.append(time.monotonic())
+        out.acked.append(payload)
 
 
 async def until(cond: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
@@ -279,6 +296,7 @@ class Kill:
     first: float
     down_seen: float | None  # (s from the kill until the client's member logged the victim down)
     raw_ok: float | None  # (s from the kill until a raw PUT to the partition's next leader was acknowledged)
+    remapped: float | None  # (s from the kill until the client's map named another primary)
     successor: str
     acks: int
     errors: list[tuple[float, str]]
@@ -326,9 +344,10 @@ async def one_kill(cluster: LocalCluster, placed: tuple[tuple[str, ...], ...], t
     longest, first = ack_gaps(out.acks, t_kill)
     seen = first_logged(cluster.log(home), f"event=peer_state peer={victim} old=suspect new=down", wall_kill)
     read = await read_all(addr, topic, 60)
-    return Kill(topic, replicas, mapped, victim, home, controller, longest, first,
-                None if seen is None else seen - wall_kill, min(oks) if oks else None, successor, len(out.acks),
-                out.errors, check_read(out.acked, read), len(read))  # fmt: skip
+    remapped = next((t - t_kill for t, m in out.primaries if t > t_kill and m != victim), None)
+    down = None if seen is None else seen - wall_kill
+    return Kill(topic, replicas, mapped, victim, home, controller, longest, first, down, min(oks) if oks else None,
+                remapped, successor, len(out.acks), out.errors, check_read(out.acked, read), len(read))  # fmt: skip
 
 
 def scenario_kill(a: argparse.Namespace, work: Path) -> bool:
@@ -358,9 +377,12 @@ def scenario_kill(a: argparse.Namespace, work: Path) -> bool:
                 ctl = " (the quorum's controller)" if r.controller == r.victim else ""
                 seen = "?" if r.down_seen is None else f"{r.down_seen:.2f}"
                 raw = "none" if r.raw_ok is None else f"{r.raw_ok:.2f} s"
+                remap = (
+                    "" if r.remapped is None or rank else f"; the client's map named a new primary {r.remapped:.2f} s"
+                )
                 print(f"run {run + 1} {kind} kill: topic {topic}, replicas {','.join(r.replicas)} (client map: "
                       f"{','.join(r.mapped)}), killed {r.victim}{ctl}, client at {r.home} (down there: {seen} s): "
-                      f"first raw PUT acknowledged by {r.successor} {raw} after the kill; the client's first ack "
+                      f"raw PUT first acknowledged by {r.successor} {raw} after the kill{remap}; client first ack "
                       f"{r.first:.2f} s, longest gap {r.longest:.2f} s; {r.acks} acks, {len(r.errors)} put errors "
                       f"{[e for _, e in r.errors][:2]}; read back {r.read}: {r.check or 'every acknowledged put once'}"
                       f"{'  <-- over down_after + quorum_election_timeout' if over else ''}", flush=True)  # fmt: skip
