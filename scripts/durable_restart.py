@@ -3,6 +3,7 @@
 restart of all, and a durable subscription that must read every record back once, in order.
 
     python scripts/durable_restart.py --runs 10            # configs/cluster5-partitioned.toml
+    python scripts/durable_restart.py --port-shift 30000   # its ports moved (beside a cluster on them)
 
 Each run copies the config's members and settings into a fresh directory under ``--work`` (its own
 data directories and secret, so it touches nothing of a cluster you run), starts the members with
@@ -93,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--puts", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, seconds (default 60)")
     ap.add_argument("--work", default=str(ROOT / "run" / "durable-restart"))
+    ap.add_argument("--port-shift", type=int, default=0, help="every port of the config moved by this much")
     args = ap.parse_args(argv)
     ok = 0
     for i in range(args.runs):
-        out = run_once(Path(args.config), Path(args.work), args.puts, args.timeout)
+        out = run_once(Path(args.config), Path(args.work), args.puts, args.timeout, args.port_shift)
         ok += out.ok
         print(f"run {i + 1}: {'OK' if out.ok else 'FAILED'}: {out.what}", flush=True)
     print(f"{ok} of {args.runs} runs read every acknowledged record back once, in order")
