@@ -3,6 +3,7 @@
 restart of all, and a durable subscription that must read every record back once, in order.
 
     python scripts/durable_restart.py --runs 10            # configs/cluster5-partitioned.toml
+    python scripts/durable_restart.py --port-shift 30000   # its ports moved (beside a cluster on them)
 
 Each run copies the config's members and settings into a fresh directory under ``--work`` (its own
 data directories and secret, so it touches nothing of a cluster you run), starts the members with
@@ -18,76 +19,57 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from scripts.durable_cluster import roost, write_config  # noqa: E402
 
 
-def roost(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "roost", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+class Outcome(NamedTuple):
+    """One run: every record read back once and in order, what happened, and the seconds from the
+    last member's start (its ``roost cluster start`` returned: it serves) to the end of the read
+    (``roost get`` as a new process: its interpreter's start is in it); None if the read failed."""
+
+    ok: bool
+    what: str
+    read_s: float | None
+    start_s: float | None = None  # (from the first member's start to the last one serving, one after another)
 
 
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return str(v)
-
-
-def write_config(source: Path, work: Path) -> Path:
-    """The source config's settings and members, with data and secret under ``work``."""
-    data = tomllib.loads(source.read_text())
-    lines = []
-    for section, table in data.items():
-        if section == "members":
-            continue
-        lines.append(f"[{section}]")
-        for k, v in table.items():
-            if k == "secret_file":
-                v = str(work / "cluster.secret")
-            lines.append(f"{k} = {toml_value(v)}")
-    for m in data["members"]:
-        lines.append("[[members]]")
-        for k, v in m.items():
-            if k == "data_dir":
-                v = str(work / "data" / m["id"])
-            lines.append(f"{k} = {toml_value(v)}")
-    path = work / "cluster.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def run_once(source: Path, work: Path, puts: int, timeout: float) -> tuple[bool, str]:
+def run_once(source: Path, work: Path, puts: int, timeout: float, port_shift: int = 0,
+             hosts: Mapping[str, str] | None = None) -> Outcome:  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    config = write_config(source, work)
-    ids = [m["id"] for m in tomllib.loads(config.read_text())["members"]]
-    addr = tomllib.loads(config.read_text())["members"][0]["client_addr"]
+    config = write_config(source, work, port_shift, hosts)
+    members = tomllib.loads(config.read_text())["members"]
+    ids = [m["id"] for m in members]
+    addr = members[0]["client_addr"]
     run_dir = str(work / "run")
     up = roost("cluster", "up", str(config), "--detach", "--run-dir", run_dir, timeout=timeout)
     if up.returncode != 0:
-        return False, f"cluster up failed: {up.stderr[-500:]}"
+        return Outcome(False, f"cluster up failed: {up.stderr[-500:]}", None)
     try:
         put = roost("put", "drill", "r{n}", "--count", str(puts), "--node", addr, "--timeout", str(timeout),
                     timeout=timeout + 30)  # fmt: skip
         if put.returncode != 0:
-            return False, f"roost put: {put.stderr.strip()[-300:]}"
+            return Outcome(False, f"roost put: {put.stderr.strip()[-300:]}", None)
         for mid in ids:
             roost("cluster", "kill", mid, "--run-dir", run_dir, timeout=60)
+        t_start = time.monotonic()
         for mid in ids:
             started = roost("cluster", "start", mid, "--run-dir", run_dir, timeout=timeout + 30)
             if started.returncode != 0:
-                return False, f"cluster start {mid}: {started.stderr.strip()[-300:]}"
+                return Outcome(False, f"cluster start {mid}: {started.stderr.strip()[-300:]}", None)
         t0 = time.monotonic()
+        start_s = t0 - t_start
         got = roost("get", "drill", "--durable", "drill", "--count", str(puts), "--node", addr, "--timeout",
                     str(timeout), timeout=timeout + 30)  # fmt: skip
         took = time.monotonic() - t0
@@ -96,10 +78,11 @@ def run_once(source: Path, work: Path, puts: int, timeout: float) -> tuple[bool,
         if lines != want:
             firstbad = next((i for i, (a, b) in enumerate(zip(lines, want, strict=False)) if a != b), min(len(lines),
                             len(want)))  # fmt: skip
-            return False, (f"read {len(lines)} of {puts}, first difference at {firstbad} "
-                           f"({lines[firstbad:firstbad + 1]} for {want[firstbad:firstbad + 1]}); "
-                           f"{got.stderr.strip()[-200:]}")  # fmt: skip
-        return True, f"all {puts} records once and in order, read in {took:.1f} s after the restart"
+            return Outcome(False, (f"read {len(lines)} of {puts} in {took:.1f} s, first difference at {firstbad} "
+                                   f"({lines[firstbad:firstbad + 1]} for {want[firstbad:firstbad + 1]}); "
+                                   f"{got.stderr.strip()[-200:]}"), None)  # fmt: skip
+        return Outcome(True, f"all {puts} records once and in order, read in {took:.2f} s after the restart "
+                             f"(starting the members in turn took {start_s:.1f} s)", took, start_s)  # fmt: skip
     finally:
         roost("cluster", "down", "--run-dir", run_dir, timeout=120)
 
@@ -111,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--puts", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, seconds (default 60)")
     ap.add_argument("--work", default=str(ROOT / "run" / "durable-restart"))
+    ap.add_argument("--port-shift", type=int, default=0, help="every port of the config moved by this much")
     args = ap.parse_args(argv)
     ok = 0
     for i in range(args.runs):
-        good, what = run_once(Path(args.config), Path(args.work), args.puts, args.timeout)
-        ok += good
-        print(f"run {i + 1}: {'OK' if good else 'FAILED'}: {what}", flush=True)
+        out = run_once(Path(args.config), Path(args.work), args.puts, args.timeout, args.port_shift)
+        ok += out.ok
+        print(f"run {i + 1}: {'OK' if out.ok else 'FAILED'}: {out.what}", flush=True)
     print(f"{ok} of {args.runs} runs read every acknowledged record back once, in order")
     return 0 if ok == args.runs else 1
 
