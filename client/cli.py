@@ -376,8 +376,8 @@ def cmd_put(args: argparse.Namespace) -> int:
             if not await c.flush(timeout=args.timeout):
                 if c.router.lost:
                     raise NodeLost("node lost before acknowledging every put")
-                print(f"roost put: not every put was acknowledged within {args.timeout} s (the partition's "
-                      "owners cannot commit: see the members' logs)", file=sys.stderr)  # fmt: skip
+                why = c.router.putter.refusal() or " (the partition's owners cannot commit: see the members' logs)"
+                print(f"roost put: not every put was acknowledged within {args.timeout} s{why}", file=sys.stderr)
                 return 1
         return 1 if messages.bad else 0
 

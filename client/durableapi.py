@@ -77,7 +77,8 @@ class DurableAPI:
         sh.kick()
         if wait:
             if not await sh.until(lambda: r.putter.streams[p].acked >= seq or r.lost, deadline):
-                raise TimeoutError(f"not acknowledged within {timeout} s (it stays queued and is retried)")
+                why = r.putter.refusal(p)
+                raise TimeoutError(f"not acknowledged within {timeout} s{why} (it stays queued and is retried)")
             if r.putter.streams[p].acked < seq:
                 raise NodeLost("node lost before acknowledging the put")
         return p, seq

@@ -21,9 +21,17 @@ from collections import deque
 from roost.client import durablewire, wire
 from roost.client.config import ClientConfig
 
+# what a refusal (PUTACK status) means, for the errors a user sees when a put is not acknowledged
+REFUSALS = {
+    durablewire.PUT_NOT_LEADER: "the member asked does not lead the partition (the leader is changing)",
+    durablewire.PUT_BUSY: "the partition cannot commit now (fewer in-sync replicas than min_insync, or busy)",
+    durablewire.PUT_GAP: "the leader is missing an earlier put of this producer",
+    durablewire.PUT_NO_QUORUM: "the member cannot reach the majority of the metadata quorum (it is cut off)",
+}
+
 
 class PutStream:
-    __slots__ = ("next_seq", "acked", "unacked", "unsent_from", "retry_at", "rto")
+    __slots__ = ("next_seq", "acked", "unacked", "unsent_from", "retry_at", "rto", "refused")
 
     def __init__(self, rto: float) -> None:
         self.next_seq = 1
@@ -32,6 +40,7 @@ class PutStream:
         self.unsent_from = 1
         self.retry_at = math.inf
         self.rto = rto
+        self.refused = 0  # the status of the last refusal since the last progress (0: none)
 
 
 class Putter:
@@ -93,11 +102,13 @@ class Putter:
             return False
         if status != durablewire.PUT_OK:  # (not the leader, busy or a gap: resend from the acknowledged point soon)
             st.retry_at = min(st.retry_at, now + self.cfg.pub_retry)
+            st.refused = status
             return False
         acked = min(acked, st.next_seq - 1)
         if acked <= st.acked:
             return False
         st.acked = acked
+        st.refused = 0
         while st.unacked and st.unacked[0][0] <= acked:
             st.unacked.popleft()
         st.unsent_from = max(st.unsent_from, acked + 1)
@@ -120,6 +131,13 @@ class Putter:
         if st.unacked:
             st.unsent_from = st.unacked[0][0]
             st.retry_at = max(st.retry_at, until)
+
+    def refusal(self, p: int | None = None) -> str:
+        """Why partition ``p``'s puts (every partition's, if None) were last refused, as a clause for
+        an error message ("" if they were not)."""
+        streams = self.streams.values() if p is None else [self.streams[p]] if p in self.streams else []
+        why = sorted({REFUSALS.get(st.refused, f"status {st.refused}") for st in streams if st.refused and st.unacked})
+        return f": last refused because {'; '.join(why)}" if why else ""
 
     def marks(self) -> dict[int, int]:
         return {p: st.next_seq - 1 for p, st in self.streams.items()}

@@ -51,6 +51,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from roost.client import wire
+from roost.client.durablewire import PUT_NO_QUORUM
 from roost.client.putter import Putter
 from roost.client.session import Addr, ClientConfig, ClientSession, SubState
 from roost.client.subjects import partition_topic
@@ -309,19 +310,32 @@ class Router:
             return
         for p in putter.streams:
             owners = cmap.owners[p]
+            if owners and self._put_to.get(p) != owners[0]:  # (a new primary: what waits goes to it now)
+                self._put_to[p] = owners[0]
+                putter.moved(p)
             if not putter.due(p, now):
                 continue
             if not owners:
                 putter.hold(p, now + self.cfg.pub_retry)  # (no live owner: a newer map will name one)
                 continue
-            if self._put_to.get(p) != owners[0]:
-                self._put_to[p] = owners[0]
-                putter.moved(p)
             s = self.durable_session(owners[0])
             if s.cookie is None:
                 putter.hold(p, now + self.cfg.hello_retry)  # (not connected yet: its WELCOME comes, then the next pump)
                 continue
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
+
+    def _ask_elsewhere(self, s: ClientSession, now: float) -> None:
+        """``s``'s member is cut off from the quorum: its map may name its own side, and ours may be
+        old. Ask the other members we talk to for theirs (a newer one is taken: ``_learn``); if we
+        talk to no other, open a session to one, whose WELCOME brings its map."""
+        others = [t for t in self.sessions if t is not s and t.node_id is not None and t.node_id != s.node_id]
+        for t in others:
+            t.ask_map(now)
+        cmap = self.cmap
+        if not others and cmap is not None:
+            spare = next((m for m in sorted(cmap.live) if m != s.node_id and m not in self.by_member), None)
+            if spare is not None:
+                self._open(spare, cmap)
 
     def put_deadline(self) -> float:
         return self.putter.next_deadline()
@@ -356,6 +370,8 @@ class Router:
         if s.putacks:
             for pid, p, acked, status in s.putacks:
                 self.putter.on_putack(pid, p, acked, status, now)
+                if status == PUT_NO_QUORUM:
+                    self._ask_elsewhere(s, now)
             s.putacks.clear()
         self._pump_puts(now)
 

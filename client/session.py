@@ -294,6 +294,12 @@ class ClientSession:
         self.failed_attempts = 0
         self.events.append(("connected", node_id))
 
+    def ask_map(self, now: float) -> None:
+        """Ask our member for its map (MAP, answered by REDIRECT), at most once a second."""
+        if self.cookie is not None and now >= self._map_asked + 1.0:
+            self._map_asked = now
+            self._out.append((self.node, wire.encode_map_request(self.cid, self.cookie)))
+
     def _on_map(self, cmap: ClusterMap | None, announced: Any, now: float) -> None:
         """Keep the newest map (by epoch; an older one is a late datagram). A WELCOME that
         announced a newer map than ours without room for it (``map_epoch`` only, see

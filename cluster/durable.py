@@ -407,17 +407,20 @@ class DurableLogs:
         if status:
             self._out.append(Send(a.addr, encode_putack(a.pid, a.partition, 0, status)))
             redirect = self.broker.redirect_frame
-            if status in (PUT_NOT_LEADER, PUT_NO_QUORUM) and redirect is not None:
-                self._out.append(Send(a.addr, redirect))  # (our map: where it leads)
+            # (our map, where it leads; not without contact: a minority's map names its own side, and
+            # a client that took it, its epoch higher, would come back here for ever)
+            if status == PUT_NOT_LEADER and redirect is not None:
+                self._out.append(Send(a.addr, redirect))
 
     def _leading(self, p: int, addr: tuple[str, int]) -> PartitionLog | None:
         """The log of ``p`` if we lead it (in contact with the quorum); else None, and the client
         hears where to go."""
-        log = self._log_for(p) if self.logs_ready and self.ready and self._contact() else None
+        contact = self._contact()
+        log = self._log_for(p) if self.logs_ready and self.ready and contact else None
         if log is not None and log.role == LEADING:
             return log
         redirect = self.broker.redirect_frame
-        if redirect is not None:
+        if redirect is not None and contact:  # (not without contact: see ``on_put``)
             self._out.append(Send(addr, redirect))
         return None
 
