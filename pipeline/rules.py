@@ -155,8 +155,9 @@ reading order). Per subscription:
   commit; de-duplication by offset drops them): records - distinct offsets;
 - **duplicated**: messages received at more than one offset (the log stored them twice: the
   de-duplication by offset a consumer does keeps both); a violation;
-- **lost**: expected and never received; a violation, whatever the faults (durable mode promises
-  an acknowledged put survives any one member's loss; the chaos runs fault one member at a time).
+- **lost**: expected and never received; a violation, whatever the faults, with no exemption
+  (docs/durable.md: an acknowledged put survives any faults that leave a majority of the metadata
+  quorum and one in-sync copy; the chaos runs fault one member at a time).
   The loss names the message's offset when another subscription read it, and the subscription
   is said to be *behind at the end* when that offset is past everything it read (a settle too
   short rather than a hole);

@@ -110,6 +110,22 @@ def test_an_acknowledged_put_never_received_is_lost_and_an_unacknowledged_one_is
     assert r["durable"]["totals"]["lost"] == 1 and r["durable"]["totals"]["expected"] == 7
 
 
+@pytest.mark.parametrize("fault", ["partition", "kill", "pause", "loss"])
+def test_a_loss_under_any_fault_is_a_violation_with_no_exemption(fault: str) -> None:
+    """No fault excuses an acknowledged durable record missing from the final log (issue 42: the
+    "two-replica limit" excuse is gone): not a partition of the member that acknowledged it and
+    lost it (the case once excused), nor a kill, a pause or packet loss around the put."""
+    h = clean()
+    h.fault(19, fault, "all" if fault == "loss" else "n1", "start")
+    h.put(20, 7)  # acknowledged by n1 (Durable.put), then gone from the log
+    h.fault(23, fault, "all" if fault == "loss" else "n1", "end")
+    r = h.check()
+    assert kinds(r) == {"durable_lost": 1} and not r["ok"]
+    assert r["durable"]["totals"]["lost"] == 1
+    [v] = r["violations"]
+    assert (v["kind"], v["pid"], v["seq"], v["member"]) == ("durable_lost", "d1", 7, "n1")
+
+
 def test_a_loss_is_named_behind_when_another_subscription_read_the_message_further_on() -> None:
     h = clean()
     h.open(0, sub="dsub-1", client="dc-1")
