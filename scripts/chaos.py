@@ -19,8 +19,8 @@ see, and a nemesis that injects faults from a seeded schedule and logs them:
   cluster's packets for 3-8 s;
 * delay: hold packets --delay ms (needs NFQUEUE, see scripts/faults.py);
 * join (partitioned mode, once): a 4th member ``j1`` joins a third of the way in
-  (``roost node --join`` through a member no fault holds), on an address of its own;
-  later faults may hit it;
+  (``roost node --join`` through a member no fault holds), on an address of its own
+  (member faults are drawn from the config's members, so they hit the voters, not it);
 * leave (partitioned mode, once): a member no fault holds and that is not a voter of the
   durable metadata quorum (``[durable] quorum``: a voter cannot leave, the request is refused)
   leaves at 60 % of the run (``roost cluster leave``'s request); it delivers what it holds and
