@@ -101,8 +101,10 @@ partitioned run (run.json ``config_text``: ``[cluster] mode = "partitioned"``), 
 on a *mover* of the topic's partition began or ended, or a member joined or left, within
 [min(M.publish.t, M'.publish.t) - horizon, first delivery of M] (docs/cluster.md does not
 promise order across a change of primary; a mover is a member whose absence alone changes the
-partition's primary, by client/clustermap.py's ``compute`` over run.json's members with
-``[cluster] partitions`` and ``replicas``: :class:`Placement`); otherwise a violation. Fire
+partition's primary, by client/clustermap.py's ``compute`` with ``[cluster] partitions`` and
+``replicas`` over the members in the cluster when the fault began or ended: run.json's members
+less those whose ``join`` had not started yet or whose ``leave`` had: :class:`Placement`);
+otherwise a violation. Fire
 mode promises no order, and no delivery: its reorders and misses are counted only. A phantom
 is a violation. So is member disagreement (below).
 
@@ -155,8 +157,9 @@ reading order). Per subscription:
   commit; de-duplication by offset drops them): records - distinct offsets;
 - **duplicated**: messages received at more than one offset (the log stored them twice: the
   de-duplication by offset a consumer does keeps both); a violation;
-- **lost**: expected and never received; a violation, whatever the faults (durable mode promises
-  an acknowledged put survives any one member's loss; the chaos runs fault one member at a time).
+- **lost**: expected and never received; a violation, whatever the faults, with no exemption
+  (docs/durable.md: an acknowledged put survives any faults that leave a majority of the metadata
+  quorum and one in-sync copy; the chaos runs fault one member at a time).
   The loss names the message's offset when another subscription read it, and the subscription
   is said to be *behind at the end* when that offset is past everything it read (a settle too
   short rather than a hole);
@@ -363,22 +366,41 @@ class Placement:
     once, on the driver of the audit too; only plain data travels to its executors."""
 
     def __init__(self, members: list[str], partitions: int, replicas: int) -> None:
+        self.partitions, self.replicas = partitions, replicas
+        self.members = list(members)
+        self._movers: dict[frozenset[str], list[frozenset[str]]] = {}
+        self.movers = self.movers_among(members)
+
+    def movers_among(self, members: Iterable[str]) -> list[frozenset[str]]:
+        """Each partition's movers while exactly ``members`` are in the cluster: a run's members
+        change with a join or a leave, and so do the primaries (run.json's ``members`` lists
+        everyone the run ever had, a joiner and a leaver included). Cached per set."""
         from roost.client.clustermap import compute
 
-        self.partitions = partitions
-        addrs = {m: (("", 0), ("", 0)) for m in members}
-        full = compute(1, addrs, members, partitions, replicas).owners
-        self.movers: list[frozenset[str]] = [frozenset() for _ in range(partitions)]
-        for x in members:
-            without = compute(1, addrs, [m for m in members if m != x], partitions, replicas).owners
-            for p in range(partitions):
+        key = frozenset(members)
+        got = self._movers.get(key)
+        if got is not None:
+            return got
+        now = sorted(key)
+        addrs = {m: (("", 0), ("", 0)) for m in now}
+        full = compute(1, addrs, now, self.partitions, self.replicas).owners
+        movers: list[frozenset[str]] = [frozenset() for _ in range(self.partitions)]
+        for x in now:
+            without = compute(1, addrs, [m for m in now if m != x], self.partitions, self.replicas).owners
+            for p in range(self.partitions):
                 if without[p][:1] != full[p][:1]:
-                    self.movers[p] |= {x}
+                    movers[p] |= {x}
+        self._movers[key] = movers
+        return movers
 
-    def movers_of(self, topic: str) -> frozenset[str]:
+    def partition(self, topic: str) -> int:
         from roost.client.ring import partition_of
 
-        return self.movers[partition_of(topic, self.partitions)]
+        return partition_of(topic, self.partitions)
+
+    def movers_of(self, topic: str) -> frozenset[str]:
+        """The topic's movers with every member of the run in the cluster."""
+        return self.movers[self.partition(topic)]
 
 
 def placement_of(run: RunInfo) -> Placement | None:
@@ -425,13 +447,26 @@ class FaultIndex:
         self.intervals = intervals
         self.cuts: dict[str | None, list[tuple[float, float]]] = {}
         self.apart: dict[str | None, list[tuple[float, float]]] = {}  # member -> (start, stop) of its faults
+        changes: list[tuple[float, str, str]] = []  # (start, join or leave, member)
         for start, end, kind, target, _ in intervals:
             if kind in MEMBER_FAULTS:
                 self.boundaries.setdefault(target, []).extend((start, self.stop(start, end)))
             elif kind in MEMBERSHIP_FAULTS:
                 self.membership.append(start)
+                changes.append((start, kind, target))
         for times in (*self.boundaries.values(), self.membership):
             times.sort()
+        # Who was in the cluster from when (primary_changed): the run's members less those that
+        # joined, then each join and leave in turn (a leave from its start: it hands over then).
+        self.rosters: list[tuple[float, frozenset[str]]] = []
+        if placement is not None:
+            now = set(placement.members) - {m for _, kind, m in changes if kind == "join"}
+            self.rosters.append((-math.inf, frozenset(now)))
+            for start, kind, m in sorted(changes):
+                now = now | {m} if kind == "join" else now - {m}
+                self.rosters.append((start, frozenset(now)))
+            for _, roster in self.rosters:  # (computed here, on the audit's driver too: executors get data)
+                placement.movers_among(roster)
         for start, end, kind, target, _ in intervals:
             stop = self.stop(start, end)
             if kind in CUT_FAULTS and stop - start >= subscriber_timeout:
@@ -485,13 +520,21 @@ class FaultIndex:
 
     def primary_changed(self, topic: str, lo: float, hi: float) -> bool:
         """Partitioned mode: a fault on a mover of the topic's partition (or a join or leave)
-        began or ended in [lo, hi]."""
+        began or ended in [lo, hi]; a mover among the members in the cluster at that moment."""
         if self.placement is None:
             return False
-        for times in (*(self.boundaries.get(x, ()) for x in self.placement.movers_of(topic)), self.membership):
-            i = bisect_left(times, lo)
-            if i < len(times) and times[i] <= hi:
-                return True
+        i = bisect_left(self.membership, lo)
+        if i < len(self.membership) and self.membership[i] <= hi:
+            return True
+        p = self.placement.partition(topic)
+        starts = [t for t, _ in self.rosters]
+        for x, times in self.boundaries.items():
+            for t in times[bisect_left(times, lo) :]:
+                if t > hi:
+                    break
+                roster = self.rosters[bisect_right(starts, t) - 1][1]
+                if x in self.placement.movers_among(roster)[p]:
+                    return True
         return False
 
     def classify_reorder(self, mode: str, m: Msg, m2: Msg, first_t: float, failovers: Mapping[str, list[float]]) -> str:

@@ -3,6 +3,7 @@
     python scripts/chaos.py --duration 120 --faults kill,pause,partition,loss --seed 1 --out run/chaos1
     python scripts/check.py run/chaos1
     python scripts/chaos.py --netns --duration 120 --faults kill,pause,partition,loss --out run/chaos2
+    python scripts/chaos.py --netns --mode partitioned --duration 120 --faults kill,pause,partition,loss --out run/c3
 
 Jepsen's shape: real `roost node` processes (on loopback ports, or one per
 network namespace with --netns, clients in a namespace of their own),
@@ -18,10 +19,14 @@ see, and a nemesis that injects faults from a seeded schedule and logs them:
   cluster's packets for 3-8 s;
 * delay: hold packets --delay ms (needs NFQUEUE, see scripts/faults.py);
 * join (partitioned mode, once): a 4th member ``j1`` joins a third of the way in
-  (``roost node --join`` through a member no fault holds), on an address of its own;
-  later faults may hit it;
-* leave (partitioned mode, once): a member no fault holds leaves at 60 % of the run
-  (``roost cluster leave``'s request); it delivers what it holds and exits by itself.
+  (``roost node --join`` through a member no fault holds), on an address of its own
+  (member faults are drawn from the config's members, so they hit the voters, not it);
+* leave (partitioned mode, once): a member no fault holds and that is not a voter of the
+  durable metadata quorum (``[durable] quorum``: a voter cannot leave, the request is refused)
+  leaves at 60 % of the run (``roost cluster leave``'s request); it delivers what it holds and
+  exits by itself. With the generated config the three members are the voters, so the leaver is
+  the joiner; with no non-voter to take, the leave is skipped and the run says so (its progress
+  output and run.json's ``leave``). Kills, pauses and partitions still hit voters.
 
 In partitioned mode a durable workload runs too (--durable, on by default there; --no-durable
 leaves it out): publishers that put, durable subscribers that get and commit and now and then
@@ -44,6 +49,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -58,7 +64,8 @@ sys.path.insert(0, str(ROOT))
 from roost.cluster import admin  # noqa: E402
 from roost.cluster.config import ClusterConfig, load_cluster_config  # noqa: E402
 from roost.cluster.launcher import free_tcp_port, node_command, write_local_config  # noqa: E402
-from roost.cluster.secretfile import ensure_secret_file, shown  # noqa: E402
+from roost.cluster.secretfile import ensure_secret_file, secret_path, shown  # noqa: E402
+from roost.node.config import read_toml  # noqa: E402
 from roost.node.procs import free_udp_port  # noqa: E402
 from scripts import chaos_durable  # noqa: E402
 
@@ -70,6 +77,7 @@ MEMBERSHIP = ("join", "leave")  # once each per run, at fixed points, apart from
 LOOPBACK_HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 JOINER, JOINER_HOST = "j1", "127.0.0.14"
 CLIENT_HOST = 4  # with --netns: members in namespaces 1..3, the workers in the 4th
+NETNS_CONFIG = ROOT / "configs" / "netns3.toml"  # (with --netns: its members, in the mode of --mode)
 
 
 class Run:
@@ -241,7 +249,10 @@ def served(path: Path, since: int) -> bool:
 
 def build_config(args: argparse.Namespace, out: Path) -> str:
     """The cluster config of the run: --config as given (its secret file made if it names one that
-    does not exist, as `roost cluster up` does), or 3 members on free loopback ports."""
+    does not exist, as `roost cluster up` does); with --netns and no --config, configs/netns3.toml
+    in the mode of --mode (netns_config); else 3 members on free loopback ports."""
+    if args.netns and not args.config:
+        return netns_config(args.mode, out)
     if args.config:
         config = Path(args.config).resolve()
         created = ensure_secret_file(config)
@@ -252,6 +263,28 @@ def build_config(args: argparse.Namespace, out: Path) -> str:
     write_local_config(path, 3, "chaos-secret-" + os.urandom(8).hex(), node_extra='[node]\nlog_level = "info"\n',
                        cluster_extra=f'mode = "{args.mode}"\n', hosts=list(LOOPBACK_HOSTS))  # fmt: skip
     return str(path)
+
+
+def netns_config(mode: str, out: Path) -> str:
+    """configs/netns3.toml (one member per namespace) with ``[cluster] mode`` set to ``mode``,
+    written to the run directory: the file says replicated, and a durable workload needs a
+    partitioned cluster. Its secret file stays the one it names (made if missing), now by its
+    absolute path; everything else is the file's."""
+    base = NETNS_CONFIG
+    created = ensure_secret_file(base)
+    if created is not None:
+        print(f"created the cluster secret {shown(created)} (mode 0600)", file=sys.stderr)
+    text, subs = re.subn(r'(?m)^mode = "[a-z]+"', f'mode = "{mode}"', base.read_text(), count=1)
+    table = read_toml(base)["cluster"]
+    if subs != 1 or not isinstance(table, dict) or not isinstance(table.get("secret_file"), str):
+        raise RuntimeError(f"{base}: expected one [cluster] mode line and a secret_file to rewrite")
+    secret = secret_path(base, table["secret_file"]).resolve()
+    text, subs = re.subn(r"(?m)^secret_file = .*$", f"secret_file = {json.dumps(str(secret))}", text, count=1)
+    if subs != 1:
+        raise RuntimeError(f"{base}: expected one secret_file line to rewrite")
+    path = out / "cluster.toml"
+    path.write_text(f"# scripts/chaos.py --netns: {base.name} in mode {mode!r}\n{text}")
+    return str(path.resolve())
 
 
 Plan = list[tuple[float, float, str, str]]  # (start, end, fault, target), seconds from the start
@@ -294,7 +327,7 @@ def main() -> int:
         "--mode",
         choices=("replicated", "partitioned"),
         default="replicated",
-        help="cluster mode of the default config (default replicated)",
+        help="cluster mode of the default config, or of configs/netns3.toml with --netns (default replicated)",
     )
     ap.add_argument("--settle", type=float, default=8.0, help="seconds after the last heal before the end")
     chaos_durable.add_arguments(ap)
@@ -312,8 +345,6 @@ def main() -> int:
     out = Path(args.out)
     if (out / "run.json").exists():
         ap.error(f"{out} holds a previous run: choose another --out")
-    if args.netns and not args.config:
-        args.config = str(ROOT / "configs" / "netns3.toml")
     for d in ("events", "logs"):
         (out / d).mkdir(parents=True, exist_ok=True)
     run = Run(args)
@@ -520,9 +551,26 @@ def join(run: Run, jid: str) -> None:
     run.fault("join", jid, "end")
 
 
+def non_voters(run: Run) -> list[str]:
+    """Current members no fault holds that are not voters of the durable metadata quorum: the
+    only ones that may leave (the cluster refuses a voter's leave, cluster/joining.py)."""
+    voters = set(run.cc.settings.quorum)
+    return [m for m in run.steady() if m not in voters]
+
+
 def leave(run: Run) -> str:
-    """A member no fault holds leaves (``roost cluster leave``'s request); it exits by itself."""
-    mid = run.rng.choice(run.steady())
+    """A non-voter no fault holds leaves (``roost cluster leave``'s request); it exits by itself.
+    With none to take, the leave is skipped (said on stderr and in run.json), not a failure:
+    returns "-" then."""
+    choices = non_voters(run)
+    if not choices:
+        why = (f"no member outside the quorum's voters {list(run.cc.settings.quorum)} that no fault holds "
+               f"(current: {', '.join(run.current())}; held: {', '.join(sorted(run.held)) or 'none'})")  # fmt: skip
+        run.info["leave"] = {"skipped": why}
+        print(f"\nchaos: leave skipped: {why}", file=sys.stderr, flush=True)
+        return "-"
+    mid = run.rng.choice(choices)
+    run.info["leave"] = {"member": mid}
     run.fault("leave", mid, "start")
     message, _, taken_by = admin.leave(run.cc, mid)
     run.left.add(mid)

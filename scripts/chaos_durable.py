@@ -22,9 +22,11 @@ run.json's ``durable`` says what ran, how often each subscriber was restarted an
 drain took.
 
 The topics are chosen so that with the generated 3-member config (256 partitions) each member is
-the primary of one durable topic and the secondary of another: every member fault hits a
-durable partition's leader, and each topic has a partition of its own (a get's answer names
-the subscription and partition, not the topic).
+the primary of one durable topic (its preferred leader) and the secondary of another: every member
+fault hits a durable partition's leader, and each topic has a partition of its own (a get's answer
+names the subscription and partition, not the topic). With durable ``replicas`` 3 every member
+holds every durable log, and the three members are the metadata quorum's voters: every member
+fault hits a voter too (now and then the quorum's leader), while a majority stays up.
 """
 
 from __future__ import annotations

@@ -24,7 +24,15 @@ Every drop lives in one nft table of ours, ``inet roost_chaos``, created on
 first use; deleting it heals everything at once, and nothing else on the
 machine is touched. Each fault is one regular chain ``fN`` plus one jump rule
 to it from a base chain; ``heal`` deletes exactly those (by rule handle), so
-faults overlap and heal independently. Two faults cannot live in that table,
+faults overlap and heal independently.
+
+Several processes may hold faults in the table at once (a chaos run beside
+another script's partition): a ``FaultTable`` heals only its own faults, and
+``clear()`` (and the exit of ``with``) deletes the table only once no fault
+chain of anyone is left in it; ``fN`` numbers are taken with ``create chain``,
+which fails rather than share a chain another process made first (the next
+free number is tried then). ``scripts/faults.py clear`` (``clear_all``) still
+deletes everything of ours, whoever made it: the cleanup after a crash. Two faults cannot live in that table,
 and get a table of the same name in another family, deleted by the same
 ``clear()``:
 
@@ -68,8 +76,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import ipaddress
-import itertools
 import json
 import os
 import re
@@ -205,6 +213,32 @@ def clear_all() -> list[str]:
     return removed
 
 
+_FAULT_CHAIN_RE = re.compile(r"f(\d+)(_\d+)?")
+
+
+def _table_objects() -> dict[str, list[dict[str, Any]]]:
+    """family -> the objects (chains, rules) of our table in it, for each family it exists in."""
+    return {fam: _nft_json("list", "table", fam, TABLE) for fam in tables()}
+
+
+def _jump_target(rule: dict[str, Any]) -> str | None:
+    """The chain an nft rule (JSON) jumps to, if it is a jump."""
+    for e in rule.get("expr", []):
+        if isinstance(e, dict) and "jump" in e:
+            target = e["jump"].get("target")
+            return target if isinstance(target, str) else None
+    return None
+
+
+def _drop_empty_tables() -> None:
+    """Delete our table in each family where no fault chain is left (another process's faults keep
+    it). A table another process deletes or fills meanwhile makes the delete fail: left alone."""
+    for fam, objs in _table_objects().items():
+        names = [o["chain"].get("name", "") for o in objs if "chain" in o]
+        if not any(_FAULT_CHAIN_RE.fullmatch(n) for n in names):
+            subprocess.run(["nft", "delete", "table", fam, TABLE], capture_output=True, timeout=30, check=False)
+
+
 def heal_id(fault_id: int) -> bool:
     """Heal fault ``fN`` by number (from ``list``), whoever installed it; False if there is none."""
     found = False
@@ -280,7 +314,7 @@ class FaultTable:
         self.netns = list(netns) if netns else None
         self.faults: dict[int, Fault] = {}
         self._lock = threading.RLock()
-        self._ids: itertools.count[int] | None = None
+        self._last_id = 0  # the last fault number this table took
         self._bases: set[str] = set()  # families whose table and base chain we created
         self._old: dict[int, Any] = {}
         self._made_mangle = False  # iptables-nft made table ip mangle for our delay: drop it when empty
@@ -319,16 +353,13 @@ class FaultTable:
             raise SystemExit(128 + signum)
 
     def clear(self) -> None:
-        """Heal every fault: stop delay handlers, delete our tables and iptables chains."""
+        """Heal every fault of this table (stopping delay handlers), then delete our nft tables if
+        no fault of another process is left in them; never raises for a fault already gone."""
         with self._lock:
-            for f in self.faults.values():
-                if f.handler is not None:
-                    for j in f.ipt_jumps:
-                        _ipt("-D", *j, check=False)
-            clear_all()
-            for f in self.faults.values():
-                if f.handler is not None:
-                    stop_handler(f.handler)
+            for f in list(self.faults.values()):
+                with contextlib.suppress(FaultError):  # (a delay handler that had died: healed all the same)
+                    self.heal(f)
+            _drop_empty_tables()
             if self._made_mangle and "-A " not in _ipt("-S", check=False).stdout:
                 subprocess.run(["nft", "delete", "table", "ip", IPT_TABLE], capture_output=True, check=False)
             self._made_mangle = False
@@ -338,14 +369,15 @@ class FaultTable:
     # ---------------------------------------------------------- plumbing
 
     def _next_id(self) -> int:
-        if self._ids is None:  # continue after faults another process left (CLI use)
-            used = [0]
-            for fam in tables():
-                names = [o.get("chain", {}).get("name", "") for o in _nft_json("list", "table", fam, TABLE)]
-                used += [int(m.group(1)) for m in map(re.compile(r"f(\d+)(_\d+)?").fullmatch, names) if m]
-            used += [int(c[len(IPT_PREFIX) :]) for c in _ipt_ours()[1] if c[len(IPT_PREFIX) :].isdigit()]
-            self._ids = itertools.count(max(used) + 1)
-        return next(self._ids)
+        """A number no fault uses now, whichever process made it (they share the table): above
+        every fN and ROOST_CHAOS_N there is and every number this table took."""
+        used = [self._last_id]
+        for objs in _table_objects().values():
+            names = [o["chain"].get("name", "") for o in objs if "chain" in o]
+            used += [int(m.group(1)) for m in map(_FAULT_CHAIN_RE.fullmatch, names) if m]
+        used += [int(c[len(IPT_PREFIX) :]) for c in _ipt_ours()[1] if c[len(IPT_PREFIX) :].isdigit()]
+        self._last_id = max(used) + 1
+        return self._last_id
 
     def _devices(self) -> str:
         assert self.netns
@@ -417,10 +449,20 @@ class FaultTable:
         returns to the base chain (accepted). All in one transaction.
         """
         with self._lock:
+            for attempt in range(5):
+                try:
+                    return self._install_once(kind, what, family, groups, action)
+                except FaultError as exc:  # (another process took the number between look and create)
+                    if "File exists" not in str(exc) or attempt == 4:
+                        raise
+            raise AssertionError("unreachable")
+
+    def _install_once(self, kind: str, what: str, family: str, groups: list[list[str]], action: list[str]) -> Fault:
+        with self._lock:
             fid = self._next_id()
             batch, base = self._base(family)
             chains = [f"f{fid}"] + [f"f{fid}_{i}" for i in range(1, len(groups) + 1)]
-            batch += "".join(f"add chain {family} {TABLE} {c}\n" for c in chains)
+            batch += "".join(f"create chain {family} {TABLE} {c}\n" for c in chains)
             for i, group in enumerate(groups):
                 batch += "".join(f"add rule {family} {TABLE} {chains[i]} {alt} goto {chains[i + 1]}\n" for alt in group)
             batch += "".join(f"add rule {family} {TABLE} {chains[-1]} {r}\n" for r in action)
@@ -591,11 +633,19 @@ class FaultTable:
                 stop_handler(fault.handler)
                 if code is not None:
                     raise FaultError(f"delay handler of {fault} had died (exit {code}): packets passed undelayed")
-            live = set(tables())
+            # Only what is there: our table may have been deleted (and made again) by another
+            # process meanwhile (an older faults.py, or `scripts/faults.py clear`).
+            # A jump is ours when it is at its handle and still jumps to our first chain.
+            rules, chains = set(), set()
+            for fam, objs in _table_objects().items():
+                rules |= {(fam, o["rule"].get("chain"), o["rule"].get("handle"), _jump_target(o["rule"]))
+                          for o in objs if "rule" in o}  # fmt: skip
+                chains |= {(fam, o["chain"].get("name")) for o in objs if "chain" in o}
+            first = f"f{fault.id}"
             script = "".join(f"delete rule {fam} {TABLE} {base} handle {h}\n" for fam, base, h in fault.hooks
-                             if fam in live)  # fmt: skip
+                             if (fam, base, h, first) in rules)  # fmt: skip
             script += "".join(f"flush chain {fam} {TABLE} {c}\ndelete chain {fam} {TABLE} {c}\n"
-                              for fam, c in fault.chains if fam in live)  # fmt: skip
+                              for fam, c in fault.chains if (fam, c) in chains)  # fmt: skip
             if script:
                 _nft(script)
 

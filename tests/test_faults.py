@@ -159,6 +159,39 @@ def test_clear_removes_every_table_of_ours() -> None:
         FaultTable().loss(10)
 
 
+def test_two_tables_share_ours_and_each_clears_only_its_own_faults() -> None:
+    """Two processes (a chaos run beside another script's partition) each with a FaultTable: the
+    second takes a number the first does not use, the first's clear leaves the second's fault in
+    force (it once deleted the whole table), and the table goes with the last fault."""
+    a, b = FaultTable(), FaultTable()
+    try:
+        rx, tx = udp(), udp()
+        fa = a.isolate(ports=[9])
+        fb = b.isolate(ports=[port(rx)])
+        assert fa.id != fb.id
+        a.clear()
+        assert fa.id not in a.faults and fb.id in b.faults
+        for i in range(20):  # b's isolation still drops everything to rx
+            tx.sendto(b"%d" % i, rx.getsockname())
+        rx.settimeout(0.3)  # (one that got through would arrive in microseconds)
+        with pytest.raises(TimeoutError):
+            rx.recv(64)
+        listed = subprocess.run(["nft", "list", "table", "inet", faults.TABLE], capture_output=True, text=True,
+                                check=True).stdout  # fmt: skip
+        assert f"chain f{fb.id} " in listed and f"chain f{fa.id} " not in listed
+        fa2 = a.loss(10, ports=[9])  # a number neither uses now
+        assert fa2.id not in (fa.id, fb.id)
+        a.heal(fa2)
+        b.clear()
+        assert until_marker(tx, rx) == []  # nothing sent during the isolation arrives, the marker does
+        assert faults.TABLE not in nft_tables()
+    finally:
+        a.clear()
+        b.clear()
+        rx.close()
+        tx.close()
+
+
 def test_delay_holds_packets_or_says_what_it_needs(ft: FaultTable) -> None:
     tx, rx = udp(), udp()
     try:
