@@ -405,3 +405,34 @@ def test_the_first_map_keeps_every_topic_on_the_first_session_until_what_it_had_
     r.handle_datagrams(r.first, [(wire.encode_puback(PID, 2), addr("n1"))], 0.2)
     r.publish(t2, None, None, b"after", True)
     assert r.by_member["n2"].last_seq == 1 and r.first.last_seq == 2
+
+
+def test_a_put_refused_for_no_quorum_asks_the_other_members_for_their_map_and_says_why() -> None:
+    """A member cut off from the quorum's majority refuses with PUT_NO_QUORUM and sends no map (its
+    own names its side); the client asks the members it talks to for theirs, takes the newer one
+    and puts there at once, and until then a put's error says why it is not acknowledged."""
+    from roost.client import durablewire
+
+    live = {m: a for m, a in THREE.items() if m != "n2"}
+    newer = clustermap.compute(2, THREE, set(live), 16, 2)
+    topic = next(f"d{i}" for i in range(1000) if MAP1.primary(f"d{i}") == "n2" and newer.primary(f"d{i}") == "n1")
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    p, _ = r.put(topic, None, None, b"x")
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", MAP1)
+    assert [f[0] for _, f in frames(s2)] == [FrameType.PUT]
+    frames(r.first)
+    r.handle_datagrams(s2, [(durablewire.encode_putack(r.putter.pid, p, 0, durablewire.PUT_NO_QUORUM), addr("n2"))],
+                       0.2)  # fmt: skip
+    assert "metadata quorum" in r.putter.refusal(p) and r.putter.refusal() == r.putter.refusal(p)
+    assert [f[0] for _, f in frames(r.first, 0.2)] == [FrameType.MAP]  # (n1 is asked for its map)
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(newer)), addr("n1"))], 0.3)
+    assert r.cmap is not None and r.cmap.epoch == 2
+    primary = newer.primary(topic)
+    assert primary is not None
+    moved = r.by_member[primary]
+    assert moved is r.first  # (n1 leads it now, and its session is connected)
+    assert FrameType.PUT in [f[0] for _, f in frames(moved, 0.3)]  # (at once: not at the retry time-out)
+    r.handle_datagrams(moved, [(durablewire.encode_putack(r.putter.pid, p, 1, 0), moved.node)], 0.4)
+    assert r.putter.refusal(p) == "" and r.putter.refusal() == ""
