@@ -18,7 +18,9 @@ The fake world:
   a dial to a crashed member is refused at once.
 * Disk: a snapshot write reaches the disk only when its ``PersistDone`` is
   delivered; a crash before that loses it. A crash loses everything else. The
-  durable partition logs are sim/logs.py's.
+  durable partition logs are sim/logs.py's, the quorum's Raft state sim/raftdisk.py's
+  and the map epochs' ceiling sim/epochdisk.py's (each map a member hands out is
+  checked against every epoch it handed out before, in this life and earlier ones).
 * Nemesis: partitions (halves, one member isolated, a bridge), heals, member
   crashes, graceful stops (last snapshot, then exit) and restarts, client
   restarts, one client cut off from one member, at seeded random times; at the end
