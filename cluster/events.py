@@ -104,6 +104,7 @@ class LogsRead(NamedTuple):
     logs: dict[int, LogScan]
     error: str
     quorum: Stored | None = None  # the metadata quorum's Raft state as stored (cluster/raftstore.py)
+    epochs: int | None = None  # the map epochs' ceiling stored in earlier lives (cluster/epochstore.py; None: no store)
 
 
 class LogRetained(NamedTuple):
@@ -136,6 +137,13 @@ class RaftPersisted(NamedTuple):
     ``error`` (the disk failed: the member stops)."""
 
     token: int
+    error: str = ""
+
+
+class EpochsPersisted(NamedTuple):
+    """Answer to ``PersistEpochs``: ``ceiling`` is on disk (synced), or ``error`` (the member stops)."""
+
+    ceiling: int
     error: str = ""
 
 
@@ -173,6 +181,7 @@ Event = (
     | LogFailed
     | LogReloaded
     | RaftPersisted
+    | EpochsPersisted
 )
 
 
@@ -215,6 +224,13 @@ class WriteSnapshot(NamedTuple):
     chunks: Iterator[bytes]
 
 
+class PersistEpochs(NamedTuple):
+    """Partitioned mode: write the map epochs' ceiling (cluster/epochstore.py), fsynced, then
+    answer ``EpochsPersisted(ceiling)``. One at a time: the core asks again only once answered."""
+
+    ceiling: int
+
+
 class Exit(NamedTuple):
     """Stopping is complete; ``error``: the member cannot run (the process exits 2 with it)."""
 
@@ -238,6 +254,7 @@ Action = (
     | Retain
     | Reload
     | RaftPersist
+    | PersistEpochs
     | Trace
 )
 
@@ -249,6 +266,7 @@ __all__ = [
     "Close",
     "Datagrams",
     "Dial",
+    "EpochsPersisted",
     "Event",
     "Exit",
     "LinkBytes",
@@ -263,6 +281,7 @@ __all__ = [
     "LogWritten",
     "LogsRead",
     "PersistDone",
+    "PersistEpochs",
     "RaftPersist",
     "RaftPersisted",
     "ReadLog",

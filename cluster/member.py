@@ -75,6 +75,7 @@ from roost.cluster.events import (
     Action,
     Close,
     Datagrams,
+    EpochsPersisted,
     Event,
     Exit,
     LinkBytes,
@@ -217,7 +218,14 @@ class MemberCore:
             self._on_snapshot(ev.data, ev.reason)
         elif isinstance(ev, PersistDone):
             self._on_persisted(ev.token, ev.error)
+        elif isinstance(ev, EpochsPersisted):  # (the map epochs' ceiling: cluster/partitionmap.py)
+            fatal = self.maps.persisted(ev.ceiling, ev.error)
+            if fatal is not None:
+                self._fatal(fatal)
+            self._maybe_ready()
         elif isinstance(ev, LogWritten | LogRecords | LogRetained | LogsRead | LogFailed | LogReloaded | RaftPersisted):
+            if isinstance(ev, LogsRead) and ev.epochs is not None and not ev.error and self.partitioned:
+                self.maps.restored(ev.epochs)  # (epochs above our earlier lives': cluster/partitionmap.py)
             fatal = self.durable.on_log_event(ev, now, self.ready)  # (cluster/durable.py)
             if fatal is not None:
                 self._fatal(fatal)
@@ -329,6 +337,8 @@ class MemberCore:
         if self.phase != "starting":
             return
         self.phase = "syncing"
+        if self.partitioned:
+            self.maps.started()  # (our map handed out now if no store was read: cluster/partitionmap.py)
         self._log("info", "node_starting", state="syncing", peer_addr="{}:{}".format(*self.peer_addr[self.id]),
                   members=len(self.roster.members()))  # fmt: skip
         self._out.append(ReadSnapshot())
@@ -372,6 +382,8 @@ class MemberCore:
     def _maybe_ready(self) -> None:
         life = self.life
         if self.phase != "syncing" or not (life.pull_done and life.snapshot_done):
+            return
+        if self.partitioned and not self.maps.servable():  # (a map above our earlier lives' first)
             return
         if life.pulled_from is None and self.broker.index.count == 0:
             self._log("info", "started_empty", reason="no peer answered a PULL and no snapshot")

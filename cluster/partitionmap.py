@@ -16,6 +16,19 @@ and the partitions gained: what follows a change (hand-off, forwards routed
 again, the durable logs' owners, anti-entropy) is the member's to do with its
 other components. A change of the live set alone keeps the epoch.
 
+Epochs are monotonic forever (docs/cluster.md, "Map epochs across restarts"): a member never
+hands out (to the broker core, so to WELCOME, MAP and REDIRECT) a map whose epoch is not above
+every epoch it handed out in an earlier life. It reserves epochs in blocks: the shell reads the
+ceiling its earlier lives stored (``LogsRead.epochs``, cluster/epochstore.py) and the member's
+epochs start above it (``restored``); a map whose epoch is above the ceiling durable now is
+computed and installed for routing at once, but handed out only once a new ceiling, its epoch
+plus ``EPOCH_BLOCK`` - 1, is on disk (``PersistEpochs``, answered ``EpochsPersisted``:
+``persisted``); until then the broker keeps the map it had. One write is in flight at a time.
+Before serving clients at all (``servable``) a member raises its map's epoch past every epoch it
+heard from a peer while it synced, so one restarted from an old disk does not come back with a
+map older than its peers'. Without a store (a core no shell gave one: ``LogsRead.epochs`` None)
+epochs live in memory, as they did before.
+
 This is one component of :class:`cluster.member.MemberCore`; the broker core,
 the failure detector's view and the action list are shared with the member.
 """
@@ -27,11 +40,18 @@ from typing import Any
 
 from roost.client import clustermap
 from roost.cluster.config import ClusterSettings
+from roost.cluster.events import PersistEpochs
 from roost.cluster.membership import Membership
 from roost.cluster.roster import Roster
-from roost.node.actions import Log
+from roost.node.actions import Log, Trace
 from roost.node.core import BrokerCore
 from roost.node.ownership import Ownership
+
+#: Epochs reserved by one write of the ceiling: a member writes it about once per this many maps.
+EPOCH_BLOCK = 1000
+#: The highest epoch (and ceiling) there is: a HEARTBEAT carries epochs below 2**62
+#: (cluster/peerframes.py). At a thousand maps a second it lasts over a hundred million years.
+MAX_EPOCH = (1 << 62) - 1
 
 
 class PartitionMap:
@@ -50,6 +70,14 @@ class PartitionMap:
         self.placed = roster.members()  # the members of the committed roster (cluster/joining.py commits)
         # Peers never heard from since we started whose dial failed: not live (review finding #4)
         self.unreached: set[str] = set()
+        # The map epochs' store (see the module's docstring). Nothing is handed out until the shell
+        # said what it keeps (``restored``; or ``started`` without a word: no store, no ceiling)
+        self.known = False
+        self.ceiling: int | None = None  # epochs up to here may be handed out: on disk (None: no store)
+        self.asking = 0  # the ceiling being written (0: none)
+        self.published = 0  # the epoch of the map the broker core holds (0: none)
+        self.trace = broker.cfg.trace
+        self.volatile = "volatile-map-epochs" in broker.cfg.breaks  # (sim/breaks.py)
 
     def live_view(self) -> set[str]:
         """Members this one counts live: itself, and every peer neither down nor syncing.
@@ -80,18 +108,98 @@ class PartitionMap:
         if old is not None and new.owners == old.owners:
             if new.live != old.live:
                 self.cmap = dataclasses.replace(new, epoch=old.epoch)
-                self.broker.set_cluster_map(clustermap.encode(self.cmap), self.cmap.epoch)  # (for clients)
+                self._publish()  # (for clients)
             return None
         epoch = max(self.epoch_seen, old.epoch if old is not None else 0) + 1
         self.epoch_seen = epoch
         self.cmap = cmap = dataclasses.replace(new, epoch=epoch)
-        self.broker.set_cluster_map(clustermap.encode(cmap), epoch)  # (WELCOME, REDIRECT carry it)
+        self._publish()  # (WELCOME, REDIRECT carry it)
         gained, lost = self.own.update(epoch, cmap.owners)
         self.broker.reindex(gained, lost, now)
         primaries = sum(1 for o in cmap.owners if o and o[0] == self.id)
         self.actions.append(Log("info", "map_changed", {"epoch": epoch, "live": len(cmap.live), "primary": primaries,
                                 "owned": sum(self.own.owned), "gained": len(gained), "lost": len(lost)}))  # fmt: skip
         return old, gained
+
+    # ------------------------------------------------------------ epochs across lives
+
+    def _publish(self) -> None:
+        """Hand our map to the broker core if its epoch is within the durable ceiling; otherwise
+        reserve a new block first (``persisted`` hands it out then)."""
+        cmap = self.cmap
+        assert cmap is not None
+        if not self.known:
+            return  # (before LogsRead: ``restored`` or ``started`` hands it out)
+        if self.ceiling is not None and cmap.epoch > self.ceiling:
+            # (one write at a time: ``persisted`` asks again if need be; past MAX_EPOCH: never handed out)
+            if not self.asking and cmap.epoch <= MAX_EPOCH:
+                self.asking = min(cmap.epoch + EPOCH_BLOCK - 1, MAX_EPOCH)
+                self.actions.append(PersistEpochs(self.asking))
+            return
+        self.broker.set_cluster_map(clustermap.encode(cmap), cmap.epoch)
+        self.published = cmap.epoch
+        if self.trace:
+            self.actions.append(Trace("map_published", {"epoch": cmap.epoch}))
+
+    def _raise_epoch(self, epoch: int) -> None:
+        """Our map, its owners unchanged, at a new ``epoch`` (and handed out as ``_publish`` can)."""
+        cmap = self.cmap
+        assert cmap is not None and epoch > cmap.epoch
+        self.epoch_seen = max(self.epoch_seen, epoch)
+        self.cmap = dataclasses.replace(cmap, epoch=epoch)
+        self.own.epoch = epoch  # (the owners are the same: nothing gained or lost)
+        self.actions.append(Log("info", "map_epoch_raised", {"from": cmap.epoch, "epoch": epoch}))
+        self._publish()
+
+    def restored(self, stored: int) -> None:
+        """The shell keeps a store, whose ceiling from our earlier lives is ``stored`` (0: none):
+        from now on our epochs are above it, and a map is handed out only within a ceiling on
+        disk. The map made before we knew (at construction; not handed out) gets an epoch above
+        ``stored``."""
+        if self.volatile:  # (a broken build: the earlier lives are forgotten)
+            stored = 0
+        self.known = True
+        self.ceiling = stored
+        self.epoch_seen = max(self.epoch_seen, stored)
+        cmap = self.cmap
+        if cmap is not None:
+            if cmap.epoch <= stored:
+                self._raise_epoch(stored + 1)
+            else:
+                self._publish()
+
+    def started(self) -> None:
+        """``Start``: a shell that said nothing of a store keeps none (a core run by a test):
+        our epochs live in memory, and our map is handed out at once."""
+        if not self.known:
+            self.known = True
+            self._publish()
+
+    def persisted(self, ceiling: int, error: str) -> str | None:
+        """``EpochsPersisted``: hand out the map the ceiling now covers (or reserve again). Returns
+        why the member must stop (the write failed: it cannot promise its epochs), else None."""
+        if error:
+            return f"the map epochs' ceiling: {error}"
+        if self.ceiling is None or ceiling != self.asking:
+            return None  # (not ours to act on: a core only hears answers to what it asked)
+        self.asking = 0
+        self.ceiling = max(self.ceiling, ceiling)
+        if self.cmap is not None and self.cmap.epoch != self.published:
+            self._publish()
+        return None
+
+    def servable(self) -> bool:
+        """Whether clients may be served: our map is above every epoch we heard from a peer while
+        we synced (a member restarted from an old disk comes back above its peers, not below)
+        and it is handed out. If not, the epoch is raised and a ceiling asked for as needed:
+        ``persisted`` brings the answer, after which the member asks again."""
+        cmap = self.cmap
+        assert cmap is not None
+        if cmap.epoch < self.epoch_seen:
+            self._raise_epoch(self.epoch_seen + 1)
+            cmap = self.cmap
+            assert cmap is not None
+        return self.published == cmap.epoch
 
     def gone(self, peer: str) -> bool:
         """A member whose leave is committed here."""

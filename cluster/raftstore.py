@@ -94,11 +94,11 @@ def _check_int(v: object, what: str, low: int = 0) -> int:
     return v
 
 
-def _sealed(magic: bytes, body: bytes) -> bytes:
+def seal(magic: bytes, body: bytes) -> bytes:
     return magic + CRC.pack(crc32c(body)) + body
 
 
-def _unsealed(magic: bytes, data: bytes) -> bytes:
+def unseal(magic: bytes, data: bytes) -> bytes:
     """The body of a sealed file, its magic and CRC checked; ValueError otherwise."""
     if len(data) < len(magic) + CRC.size:
         raise ValueError(f"{len(data)} bytes: shorter than a header")
@@ -113,12 +113,12 @@ def _unsealed(magic: bytes, data: bytes) -> bytes:
 def encode_state(term: int, vote: str | None) -> bytes:
     """``STATE_MAGIC | crc | u64 term | u8 has vote | u16 vote length | vote (UTF-8)``."""
     raw = b"" if vote is None else vote.encode()
-    return _sealed(STATE_MAGIC, STATE_HEAD.pack(term, vote is not None, len(raw)) + raw)
+    return seal(STATE_MAGIC, STATE_HEAD.pack(term, vote is not None, len(raw)) + raw)
 
 
 def decode_state_untrusted(data: bytes) -> tuple[int, str | None]:
     """(term, vote) from a ``state`` file's bytes; ValueError for anything else."""
-    body = _unsealed(STATE_MAGIC, data)
+    body = unseal(STATE_MAGIC, data)
     if len(body) < STATE_HEAD.size:
         raise ValueError(f"a body of {len(body)} bytes, shorter than term and vote")
     term, has_vote, n = STATE_HEAD.unpack_from(body)
@@ -139,12 +139,12 @@ def decode_state_untrusted(data: bytes) -> tuple[int, str | None]:
 
 def encode_snapshot(index: int, term: int, data: bytes) -> bytes:
     """``SNAPSHOT_MAGIC | crc | u64 index | u64 term | u64 data length | data``."""
-    return _sealed(SNAPSHOT_MAGIC, SNAPSHOT_HEAD.pack(index, term, len(data)) + data)
+    return seal(SNAPSHOT_MAGIC, SNAPSHOT_HEAD.pack(index, term, len(data)) + data)
 
 
 def decode_snapshot_untrusted(data: bytes) -> tuple[int, int, bytes]:
     """(index, term, data) from a ``snapshot`` file's bytes; ValueError for anything else."""
-    body = _unsealed(SNAPSHOT_MAGIC, data)
+    body = unseal(SNAPSHOT_MAGIC, data)
     if len(body) < SNAPSHOT_HEAD.size:
         raise ValueError(f"a body of {len(body)} bytes, shorter than index, term and length")
     index, term, n = SNAPSHOT_HEAD.unpack_from(body)
@@ -171,6 +171,20 @@ def decode_entry_untrusted(body: bytes) -> tuple[int, bytes]:
     if type(v) is not list or len(v) != 2 or type(v[1]) is not bytes:
         raise ValueError("not an entry: [term, command] expected")
     return _check_int(v[0], "entry term"), v[1]
+
+
+def replace_file(directory: Path, name: str, data: bytes) -> None:
+    """Write ``directory/name`` whole: a temporary file (``name.tmp``), fsynced, renamed over it,
+    the directory fsynced. A crash leaves the old file or the new one (and perhaps a ``.tmp`` to
+    delete). cluster/epochstore.py writes the map epochs' ceiling with it too."""
+    path = directory / name
+    tmp = path.with_name(name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    sync_dir(directory)
 
 
 # ---------------------------------------------------------------- the rules of a persist
@@ -439,15 +453,7 @@ class RaftStore:
         self._rebuild(index + 1, keep=agrees)
 
     def _replace(self, name: str, data: bytes) -> None:
-        """Write ``name`` whole: a temporary file, fsynced, renamed over it, the directory fsynced."""
-        path = self.dir / name
-        tmp = path.with_name(name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        sync_dir(self.dir)
+        replace_file(self.dir, name, data)
 
     def close(self) -> None:
         """Sync and close the log (idempotent)."""

@@ -37,11 +37,13 @@ import trio
 from roost import __version__
 from roost.client.udp import drain, open_udp, send_all, send_ready, yield_cpu
 from roost.cluster.config import CLUSTER_SETTINGS, ClusterConfig
+from roost.cluster.epochstore import EpochStore, EpochStoreError
 from roost.cluster.events import (
     Accepted,
     Close,
     Datagrams,
     Dial,
+    EpochsPersisted,
     Event,
     Exit,
     LinkBytes,
@@ -51,6 +53,7 @@ from roost.cluster.events import (
     Log,
     LogsRead,
     PersistDone,
+    PersistEpochs,
     RaftPersisted,
     ReadSnapshot,
     Send,
@@ -154,6 +157,8 @@ class ClusterNode:
         # (the metadata quorum's Raft state, partitioned mode: cluster/raftstore.py)
         self._quorum = RaftStore(Path(self.me.data_dir) / QUORUM_DIR) if st.mode == "partitioned" else None
         self._quorum_queue: trio.MemorySendChannel[RaftPersist] | None = None
+        # (the map epochs' ceiling, partitioned mode: cluster/epochstore.py; the core writes one at a time)
+        self._epochs = EpochStore(Path(self.me.data_dir)) if st.mode == "partitioned" else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -291,6 +296,8 @@ class ClusterNode:
                     self._quorum_queue, recv_persists = trio.open_memory_channel[RaftPersist](math.inf)
                     nursery.start_soon(self._quorum_worker, recv_persists)
                 self._quorum_queue.send_nowait(a)
+            elif cls is PersistEpochs:
+                nursery.start_soon(self._persist_epochs, a.ceiling)
             elif cls is Exit:
                 self.fatal = a.error
                 self._exit.set()
@@ -458,7 +465,14 @@ class ClusterNode:
 
     def _open_logs(self) -> LogsRead:
         read = self._logs.open_all()
-        if self._quorum is None or read.error:
+        if read.error:
+            return read
+        if self._epochs is not None:
+            try:
+                read = read._replace(epochs=self._epochs.read())
+            except EpochStoreError as exc:
+                return LogsRead({}, f"the map epochs: {exc}")
+        if self._quorum is None:
             return read
         try:
             stored = self._quorum.open()
@@ -480,6 +494,16 @@ class ClusterNode:
                 self._feed(RaftPersisted(a.token, str(exc)))
                 return
             self._feed(RaftPersisted(a.token))
+
+    async def _persist_epochs(self, ceiling: int) -> None:
+        """The map epochs' ceiling to disk, off the event loop (a failure stops the member)."""
+        assert self._epochs is not None
+        try:
+            await _in_thread(self._epochs.write, ceiling)
+        except EpochStoreError as exc:
+            self._feed(EpochsPersisted(ceiling, str(exc)))
+            return
+        self._feed(EpochsPersisted(ceiling))
 
     async def _read_snapshot(self) -> None:
         path = self._snapshot_path()

@@ -23,6 +23,8 @@ BREAKS: dict[str, str] = {
     "application has them, so a crash in between loses them",
     "no-quorum": "durable, cluster/durable.py: a member that holds a partition's leader down takes the "
     "partition over at the next epoch on its own, the quorum unasked",
+    "volatile-map-epochs": "partitioned mode, cluster/partitionmap.py: a member forgets the map epochs' ceiling "
+    "its earlier lives stored, so a restarted member hands out epochs from 1 again",
     "stale-epoch": "durable, cluster/quorum.py: the quorum's term and vote are never written, and its Raft "
     "core answers before its log is on disk: a restarted member forgets the epochs and votes it gave",
 }

@@ -18,7 +18,9 @@ The fake world:
   a dial to a crashed member is refused at once.
 * Disk: a snapshot write reaches the disk only when its ``PersistDone`` is
   delivered; a crash before that loses it. A crash loses everything else. The
-  durable partition logs are sim/logs.py's.
+  durable partition logs are sim/logs.py's, the quorum's Raft state sim/raftdisk.py's
+  and the map epochs' ceiling sim/epochdisk.py's (each map a member hands out is
+  checked against every epoch it handed out before, in this life and earlier ones).
 * Nemesis: partitions (halves, one member isolated, a bridge), heals, member
   crashes, graceful stops (last snapshot, then exit) and restarts, client
   restarts, one client cut off from one member, at seeded random times; at the end
@@ -62,6 +64,7 @@ from roost.cluster.events import (
     Accepted,
     Close,
     Dial,
+    EpochsPersisted,
     Exit,
     LinkBytes,
     LinkClosed,
@@ -69,6 +72,7 @@ from roost.cluster.events import (
     LinkSent,
     Log,
     PersistDone,
+    PersistEpochs,
     RaftPersist,
     RaftPersisted,
     ReadSnapshot,
@@ -88,6 +92,7 @@ from roost.cluster.roster import decode_untrusted_roster
 from sim.accounting import Accounting
 from sim.check import Checker
 from sim.durable import DURABLE_TRACES, DurableWorkload
+from sim.epochdisk import SimEpochDisk
 from sim.logs import SimLogDisk
 from sim.nemesis import Levers, Nemesis
 from sim.raftdisk import SimRaftDisk
@@ -144,6 +149,9 @@ class Simulation:
         self.check = Checker()
         self.logdisk = SimLogDisk(random.Random(seed ^ 0x10D15C))  # (its own stream: seeds without durable keep theirs)
         self.raftdisk = SimRaftDisk(random.Random(seed ^ 0x4AF7))  # (the quorum's state: likewise)
+        self.epochdisk = SimEpochDisk(random.Random(seed ^ 0xE90C))  # (the map epochs' ceiling: likewise)
+        # (per member: the highest map epoch it handed out, and in which of its lives: _published)
+        self.published: dict[str, tuple[int, int]] = {}
         self.members = {m.id: SimMember(m.id, m.client_addr) for m in self.cc.members}
         self.member_at = {m.addr: m for m in self.members.values()}
         self.client_at: dict[Addr, SimClient] = {}
@@ -260,8 +268,9 @@ class Simulation:
                             roster=decode_untrusted_roster(m.roster))  # fmt: skip
         m.serving = False
         m.tick_at = math.inf
-        # (the durable logs and the quorum's state on its disk, before it starts)
-        self.feed(m, self.logdisk.read_all(m.id)._replace(quorum=self.raftdisk.open(m.id)))
+        # (the durable logs, the quorum's state and the map epochs' ceiling on its disk, before it starts)
+        epochs = self.epochdisk.open(m.id) if self.partitioned else None
+        self.feed(m, self.logdisk.read_all(m.id)._replace(quorum=self.raftdisk.open(m.id), epochs=epochs))
         self.feed(m, Start())
         self.touch()
 
@@ -322,8 +331,13 @@ class Simulation:
         elif cls is RaftPersist:
             at = self.raftdisk.submit(m.id, a, self.clock.now)
             self.clock.at(at, self._raft_synced, m, m.incarnation, a.token)
+        elif cls is PersistEpochs:
+            at = self.epochdisk.submit(m.id, a.ceiling, self.clock.now)
+            self.clock.at(at, self._epochs_synced, m, m.incarnation, a.ceiling)
         elif cls is Trace:  # (the cores trace: ClusterConfig.trace)
-            if self.durable is not None and a.event in DURABLE_TRACES:
+            if a.event == "map_published":
+                self._published(m, a.fields["epoch"])
+            elif self.durable is not None and a.event in DURABLE_TRACES:
                 self.durable.traced(a)
             else:
                 self.accounting.traced(m, a)
@@ -335,6 +349,19 @@ class Simulation:
     def _raft_synced(self, m: SimMember, inc: int, token: int) -> None:
         if m.incarnation == inc and self.raftdisk.complete(m.id, token):
             self.feed(m, RaftPersisted(token))
+
+    def _epochs_synced(self, m: SimMember, inc: int, ceiling: int) -> None:
+        if m.incarnation == inc and self.epochdisk.complete(m.id, ceiling):
+            self.feed(m, EpochsPersisted(ceiling))
+
+    def _published(self, m: SimMember, epoch: int) -> None:
+        """A member handed a map to its clients: its epochs never go back within a life, and each
+        life's are above every epoch of its earlier ones (cluster/partitionmap.py)."""
+        life, top = self.published.get(m.id, (m.incarnation, 0))
+        if epoch < top or (epoch == top and life != m.incarnation):
+            when = "in this life" if life == m.incarnation else "in an earlier life"
+            self.check.violation(self.now, f"{m.id} handed out a map of epoch {epoch}, after one of epoch {top} {when}")
+        self.published[m.id] = (m.incarnation, max(top, epoch))
 
     def _disk_read(self, m: SimMember, inc: int) -> None:
         if m.incarnation == inc:
@@ -354,6 +381,7 @@ class Simulation:
         self._gone(m)
         gone = self.logdisk.power_loss(mid)
         self.raftdisk.crash(mid)
+        self.epochdisk.crash(mid)
         if gone and self.cc.settings.fsync == "interval" and self.durable is not None:
             # (what was not yet due for its fsync may go)
             self.durable.power_lost(mid, gone, self.cc.settings.fsync_interval + 0.05)
