@@ -67,6 +67,11 @@ class Putter:
         st = self.streams[p]
         return bool(st.unacked) and (st.unsent_from < st.next_seq or now >= st.retry_at)
 
+    def timed_out(self, p: int, now: float) -> bool:
+        """Whether partition ``p``'s unacknowledged puts are due again because their retry time-out passed."""
+        st = self.streams[p]
+        return bool(st.unacked) and now >= st.retry_at
+
     def frames(self, p: int, cid: bytes, cookie: bytes, max_datagram: int, now: float) -> list[bytes]:
         """PUT datagrams of what is due for partition ``p``: the unsent part, or everything
         unacknowledged once the retry time-out passed (go-back-N)."""

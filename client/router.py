@@ -322,20 +322,23 @@ class Router:
             if s.cookie is None:
                 putter.hold(p, now + self.cfg.hello_retry)  # (not connected yet: its WELCOME comes, then the next pump)
                 continue
+            if putter.timed_out(p, now):  # (unanswered: its primary may be down, and our map not know it yet)
+                self._ask_elsewhere(s, now, spare=False)
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
 
-    def _ask_elsewhere(self, s: ClientSession, now: float) -> None:
-        """``s``'s member is cut off from the quorum: its map may name its own side, and ours may be
-        old. Ask the other members we talk to for theirs (a newer one is taken: ``_learn``); if we
-        talk to no other, open a session to one, whose WELCOME brings its map."""
+    def _ask_elsewhere(self, s: ClientSession, now: float, spare: bool = True) -> None:
+        """``s``'s member is cut off from the quorum (its map may name its own side, and ours may be
+        old), or it did not answer a put (it may be down, and our map not know it yet): ask the
+        other members we talk to for their maps (a newer one is taken: ``_learn``); with ``spare``,
+        if we talk to no other, open a session to one, whose WELCOME brings its map."""
         others = [t for t in self.sessions if t is not s and t.node_id is not None and t.node_id != s.node_id]
         for t in others:
             t.ask_map(now)
         cmap = self.cmap
-        if not others and cmap is not None:
-            spare = next((m for m in sorted(cmap.live) if m != s.node_id and m not in self.by_member), None)
-            if spare is not None:
-                self._open(spare, cmap)
+        if spare and not others and cmap is not None:
+            other = next((m for m in sorted(cmap.live) if m != s.node_id and m not in self.by_member), None)
+            if other is not None:
+                self._open(other, cmap)
 
     def put_deadline(self) -> float:
         return self.putter.next_deadline()

@@ -436,3 +436,20 @@ def test_a_put_refused_for_no_quorum_asks_the_other_members_for_their_map_and_sa
     assert FrameType.PUT in [f[0] for _, f in frames(moved, 0.3)]  # (at once: not at the retry time-out)
     r.handle_datagrams(moved, [(durablewire.encode_putack(r.putter.pid, p, 1, 0), moved.node)], 0.4)
     assert r.putter.refusal(p) == "" and r.putter.refusal() == ""
+
+
+def test_a_put_unanswered_past_its_retry_time_out_asks_the_other_members_for_their_map() -> None:
+    """Measured (scripts/durable_availability.py): after a kill of a partition's leader the client
+    learned the new map only when its session failed over, 3 s after the members had it."""
+    r = router()
+    connect(r, r.first, "n1", MAP1)
+    r.put(topic_led_by(MAP1, "n2", "d"), None, None, b"x")
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", MAP1)
+    assert [f[0] for _, f in frames(s2)] == [FrameType.PUT]
+    frames(r.first)
+    r.tick(r.first, 0.1)
+    assert FrameType.MAP not in [f[0] for _, f in frames(r.first, 0.1)]  # (not before the retry time-out)
+    r.tick(s2, 0.6)
+    assert FrameType.MAP in [f[0] for _, f in frames(r.first, 0.6)]
+    assert FrameType.PUT in [f[0] for _, f in frames(s2, 0.6)]  # (and the put again)
