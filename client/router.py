@@ -97,6 +97,7 @@ class Router:
         # Durable publishes: one producer id for every session, a stream per partition (client/putter.py)
         self.putter = Putter(derive_id(producer_id, "durable"), config)
         self._put_to: dict[int, str] = {}  # partition -> the primary its puts went to last
+        self._silent: dict[str, float] = {}  # member -> when puts to it last went unanswered (``_learn``)
 
     # ------------------------------------------------------------ routes
 
@@ -172,11 +173,16 @@ class Router:
             # a member that left, whose high epoch no one else reaches again; simulator seed 459)
             gone = any(v is s and x != s.node_id and x in ours.live and x not in m.live
                        for x, v in self.by_member.items())  # fmt: skip
+            # (or it holds down a member whose puts went unanswered lately: after a leader's kill our
+            # map may be another member's, of a higher epoch, that no one sends again)
+            recent = self._now - 10.0
+            silent = any(x in ours.live and x not in m.live and t > recent for x, t in self._silent.items())
             # (or ours names no live owner of a partition this one has one for: the last map of a
             # member that left has no live member at all, and held every put back; seed 6656)
             orphaned = any(t and not o for o, t in zip(ours.owners, m.owners, strict=True))
-            if disowned or gone or orphaned:
+            if disowned or gone or orphaned or silent:
                 self.cmap = m
+                self._silent.clear()
 
     # ------------------------------------------------------------ publishing
 
@@ -323,6 +329,7 @@ class Router:
                 putter.hold(p, now + self.cfg.hello_retry)  # (not connected yet: its WELCOME comes, then the next pump)
                 continue
             if putter.timed_out(p, now):  # (unanswered: its primary may be down, and our map not know it yet)
+                self._silent[owners[0]] = now
                 self._ask_elsewhere(s, now, spare=False)
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
 

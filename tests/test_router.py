@@ -453,3 +453,24 @@ def test_a_put_unanswered_past_its_retry_time_out_asks_the_other_members_for_the
     r.tick(s2, 0.6)
     assert FrameType.MAP in [f[0] for _, f in frames(r.first, 0.6)]
     assert FrameType.PUT in [f[0] for _, f in frames(s2, 0.6)]  # (and the put again)
+
+
+def test_an_older_map_that_holds_down_the_member_our_puts_went_unanswered_at_replaces_ours() -> None:
+    """Measured: the client's map came from the leader's own member, with a higher epoch than any
+    other member's (epochs are per member); after the leader's kill the other members' maps, which
+    hold it down, were older, and were ignored until the session to the dead member failed over."""
+    high = dataclasses.replace(MAP1, epoch=9)
+    down = clustermap.compute(2, THREE, {"n1", "n3"}, 16, 2)
+    topic = next(f"d{i}" for i in range(1000) if high.primary(f"d{i}") == "n2" and down.primary(f"d{i}") == "n1")
+    r = router()
+    connect(r, r.first, "n1", high)
+    r.put(topic, None, None, b"x")
+    s2 = r.by_member["n2"]
+    connect(r, s2, "n2", high)
+    frames(s2)
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(down)), addr("n1"))], 0.1)
+    assert r.cmap is not None and r.cmap.epoch == 9  # (older, and nothing says n2 is gone yet)
+    r.tick(s2, 0.6)  # (the put to n2 went unanswered past its retry time-out)
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(down)), addr("n1"))], 0.7)
+    assert r.cmap is not None and r.cmap.epoch == 2
+    assert FrameType.PUT in [f[0] for _, f in frames(r.first, 0.7)]  # (to n1, the primary now)
