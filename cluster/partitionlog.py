@@ -46,7 +46,7 @@ followers from memory, so they may hold records of it its disk lost), it asks th
 quorum to replace (``Reelect``). Under an fsync policy that can lose written
 records (``interval``, ``never``) a restarted log is *suspect*: a power loss may
 have taken records it acknowledged. Until its fetches from a leader reach that
-leader's commit it does not lead: named the leader, it declines (``Decline``, with
+leader's end it does not lead: named the leader, it declines (``Decline``, with
 its log's end) and the controller names another or, when all in the ISR have
 declined, the longest log, alone in the ISR (which it then leads). A leader writes an ``EPOCH`` record and serves
 fetches of its epoch only (``NOT_LEADER`` to a newer one, ``STALE`` to an older);
@@ -508,8 +508,10 @@ class PartitionLog:
             self.commit = max(self.commit, min(commit, self.durable))
             self._fold()
         out = self._copy(start, truncate, reset, records)
-        if self.suspect and truncate < 0 and reset < 0 and self.end >= commit:
-            self.suspect = False  # (we hold all the leader had committed: as good as any ISR member)
+        if self.suspect and truncate < 0 and reset < 0 and self.end >= end:
+            # (we hold all the leader held: as good as any ISR member; its commit is not enough, a new
+            # leader's can lag what was committed before it)
+            self.suspect = False
         return out or self._fetch(member, now)
 
     def _copy(self, start: int, truncate: int, reset: int, records: list[Record]) -> list[LogAction]:
