@@ -119,12 +119,17 @@ class Ask:
         if st == SENT:
             got = self._found()
             if got is not None:
-                if got[5 if self.want is FrameType.RECORDS else 4] == 0:  # (status OK)
+                status = got[5 if self.want is FrameType.RECORDS else 4]
+                if status == 0:  # (OK)
                     self.state, self.answer, self.due = DONE, got, math.inf
                     return False
                 st, self.due = PAUSE, now + self.retry  # (refused: not the leader yet, or busy)
+                if status == durablewire.PUT_NO_QUORUM and self.session is not None:
+                    self.router.ask_elsewhere(self.session.node_id, now)  # (its map may name its own side)
             elif now >= self.due:
                 st, self.due = PAUSE, now + self.retry  # (no answer in time)
+                if self.session is not None:  # (its member may be down, and our map not know it yet)
+                    self.router.ask_elsewhere(self.session.node_id, now, spare=False)
             else:
                 return False
         elif st == WELCOME:

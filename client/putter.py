@@ -31,7 +31,7 @@ REFUSALS = {
 
 
 class PutStream:
-    __slots__ = ("next_seq", "acked", "unacked", "unsent_from", "retry_at", "rto", "refused")
+    __slots__ = ("next_seq", "acked", "unacked", "unsent_from", "retry_at", "rto", "refused", "moved_at")
 
     def __init__(self, rto: float) -> None:
         self.next_seq = 1
@@ -41,6 +41,7 @@ class PutStream:
         self.retry_at = math.inf
         self.rto = rto
         self.refused = 0  # the status of the last refusal since the last progress (0: none)
+        self.moved_at = -math.inf  # when a change of primary last sent everything again (``moved``)
 
 
 class Putter:
@@ -121,11 +122,17 @@ class Putter:
         st.retry_at = now + st.rto if st.unacked else math.inf
         return True
 
-    def moved(self, p: int) -> None:
-        """The partition's primary changed: send everything unacknowledged to the new one."""
+    def moved(self, p: int, now: float) -> None:
+        """The partition's primary changed: send everything unacknowledged to the new one, at once
+        unless a change did so less than ``pub_retry`` ago (maps that disagree, each adopted in
+        turn, must not resend the window at round-trip rate): then at the retry time-out."""
         st = self.streams.get(p)
         if st is not None and st.unacked:
-            st.unsent_from = st.unacked[0][0]
+            if now >= st.moved_at + self.cfg.pub_retry:
+                st.moved_at = now
+                st.unsent_from = st.unacked[0][0]
+            else:
+                st.retry_at = min(st.retry_at, st.moved_at + self.cfg.pub_retry)
 
     def hold(self, p: int, until: float) -> None:
         """Partition ``p``'s puts are due but have nowhere to go yet (no live owner, or the session of

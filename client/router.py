@@ -318,32 +318,34 @@ class Router:
             owners = cmap.owners[p]
             if owners and self._put_to.get(p) != owners[0]:  # (a new primary: what waits goes to it now)
                 self._put_to[p] = owners[0]
-                putter.moved(p)
+                putter.moved(p, now)
             if not putter.due(p, now):
                 continue
             if not owners:
                 putter.hold(p, now + self.cfg.pub_retry)  # (no live owner: a newer map will name one)
                 continue
             s = self.durable_session(owners[0])
+            if putter.timed_out(p, now):  # (unanswered: its primary may be down, and our map not know it yet)
+                self._silent[owners[0]] = now
+                self.ask_elsewhere(owners[0], now, spare=False)
             if s.cookie is None:
                 putter.hold(p, now + self.cfg.hello_retry)  # (not connected yet: its WELCOME comes, then the next pump)
                 continue
-            if putter.timed_out(p, now):  # (unanswered: its primary may be down, and our map not know it yet)
-                self._silent[owners[0]] = now
-                self._ask_elsewhere(s, now, spare=False)
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
 
-    def _ask_elsewhere(self, s: ClientSession, now: float, spare: bool = True) -> None:
-        """``s``'s member is cut off from the quorum (its map may name its own side, and ours may be
+    def ask_elsewhere(self, away: str | None, now: float, spare: bool = True) -> None:
+        """Member ``away`` is cut off from the quorum (its map may name its own side, and ours may be
         old), or it did not answer a put (it may be down, and our map not know it yet): ask the
-        other members we talk to for their maps (a newer one is taken: ``_learn``); with ``spare``,
-        if we talk to no other, open a session to one, whose WELCOME brings its map."""
-        others = [t for t in self.sessions if t is not s and t.node_id is not None and t.node_id != s.node_id]
+        other members we talk to for their maps (a newer one is taken: ``_learn``; each session asks
+        at most once a second); with ``spare``, if we have no session elsewhere at all (connected
+        or connecting), open one, whose WELCOME brings its member's map."""
+        others = [t for t in self.sessions if t.node_id != away]
         for t in others:
-            t.ask_map(now)
+            if t.node_id is not None:
+                t.ask_map(now)
         cmap = self.cmap
         if spare and not others and cmap is not None:
-            other = next((m for m in sorted(cmap.live) if m != s.node_id and m not in self.by_member), None)
+            other = next((m for m in sorted(cmap.live) if m != away and m not in self.by_member), None)
             if other is not None:
                 self._open(other, cmap)
 
@@ -381,7 +383,7 @@ class Router:
             for pid, p, acked, status in s.putacks:
                 self.putter.on_putack(pid, p, acked, status, now)
                 if status == PUT_NO_QUORUM:
-                    self._ask_elsewhere(s, now)
+                    self.ask_elsewhere(s.node_id, now)
             s.putacks.clear()
         self._pump_puts(now)
 

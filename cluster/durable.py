@@ -87,6 +87,7 @@ from roost.cluster.partitionlog import (
     PartitionLog,
     PeerFrame,
     ReadDone,
+    Recovered,
     Reelect,
     Reload,
     Retain,
@@ -325,7 +326,7 @@ class DurableLogs:
                     self._on_get(get._replace(start=START_OFFSET, start_at=at))
                 else:
                     self._answer_get(a.token, a.records)
-            elif cls is AlterIsr or cls is Reelect or cls is Decline:
+            elif cls is AlterIsr or cls is Reelect or cls is Decline or cls is Recovered:
                 self._lead(self.quorum.ask(a, self.now))
             elif cls is Reload:  # (a cut below the cache: rare, and worth a line; the runner does it)
                 self._out.append(Log("warning", "log_reload", {"partition": a.partition, "to": a.to}))
@@ -446,7 +447,8 @@ class DurableLogs:
         if it does not exist yet). Records of the partition's other topics are skipped."""
         log = self._leading(a.partition, a.addr)
         if log is None:
-            self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_NOT_LEADER, [])))
+            why = PUT_NOT_LEADER if self.in_contact else PUT_NO_QUORUM
+            self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, why, [])))
             return
         if not log.readable(self.now):  # (no follower fetched from us lately: we may be a stale leader)
             self._out.append(Send(a.addr, encode_records(a.name, a.partition, 0, 0, PUT_BUSY, [])))
@@ -500,7 +502,8 @@ class DurableLogs:
         self.now, self.ready = now, ready
         log = self._leading(a.partition, a.addr)
         if log is None:
-            self._out.append(Send(a.addr, encode_committed(a.name, a.partition, a.offset, PUT_NOT_LEADER)))
+            why = PUT_NOT_LEADER if self.in_contact else PUT_NO_QUORUM
+            self._out.append(Send(a.addr, encode_committed(a.name, a.partition, a.offset, why)))
             return
         offset = min(a.offset, log.commit)  # (nothing past what a reader can have been given)
         token = CursorToken(a.addr, a.name, a.partition, offset)

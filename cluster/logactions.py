@@ -150,13 +150,21 @@ class Reelect(NamedTuple):
 
 
 class Decline(NamedTuple):
-    """The quorum names us the leader while our log may lack records the ISR holds (we restarted
-    under an fsync policy that can lose written ones, and have not caught up since): we decline,
-    telling our log's end, and the controller names another (cluster/controller.py ``decline``)."""
+    """Our log may lack records the ISR holds (we restarted under an fsync policy that can lose
+    written ones, and have not caught up since), and we are in the ISR: we tell the controller,
+    with our log's end, so that it names another leader (cluster/controller.py ``decline``, when
+    it names us; ``decide`` passes over us). Sent again each ``fetch_retry`` while it holds."""
 
     partition: int
     end: int
     last_epoch: int
+
+
+class Recovered(NamedTuple):
+    """Our suspect log caught up from its leader: the controller may name us again (it drops the
+    report our ``Decline`` gave)."""
+
+    partition: int
 
 
 class ReadDone(NamedTuple):
@@ -181,4 +189,5 @@ LogAction = (
     | AlterIsr
     | Reelect
     | Decline
+    | Recovered
 )

@@ -101,6 +101,7 @@ from roost.cluster.logactions import (
     PeerFrame,
     ReadDone,
     ReadLog,
+    Recovered,
     Reelect,
     Reload,
     ResetLog,
@@ -128,8 +129,9 @@ from roost.node.segmentlog import Record
 
 __all__ = [
     "CURSOR", "EPOCH", "FOLLOWING", "IDLE", "LEADING", "MESSAGE", "AlterIsr", "Append", "Checkpoint",
-    "Committed", "Decline", "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone", "ReadLog",
-    "Reelect", "Reload", "ResetLog", "Retain", "State", "Sync", "Truncate", "decode_untrusted_body",
+    "Committed", "Decline", "LogAction", "LogFormatError", "LogScan", "LogSettings", "PeerFrame", "ReadDone",
+    "ReadLog", "Recovered", "Reelect", "Reload", "ResetLog", "Retain", "State", "Sync", "Truncate",
+    "decode_untrusted_body",
 ]  # fmt: skip
 
 
@@ -174,7 +176,8 @@ class PartitionLog:
         # power loss take them; until we caught up from a leader we lead only if the controller names us
         # alone in the ISR after we declined: ``_reelect``)
         self.suspect = restarted and settings.fsync != "always"
-        self.declined = False  # (we declined to lead in this life: ``lead``)
+        self.declined = False  # (we declined to lead since another was last named: ``lead``)
+        self.reported = -1e18  # suspect, in the ISR, not named: when we last told the controller (``Decline``)
         self.need = settings.min_insync  # leading: members (us too) that must hold a record to commit it
 
     # ------------------------------------------------------------ recovery
@@ -245,7 +248,23 @@ class PartitionLog:
     # ------------------------------------------------------------ roles
 
     def lead(self, lead: Leadership | None, now: float) -> list[LogAction]:
-        """The quorum's leadership of this partition (None: it has none), as applied here."""
+        """The quorum's leadership of this partition (None: it has none), as applied here. A suspect
+        log in the ISR tells the controller so at once (``_report``), named or not: it must not be
+        made leader, nor another ISR member dropped as if it could lead."""
+        if lead is not None and lead.leader != self.me:
+            self.declined = False  # (another was named: being named alone later is no answer to us)
+        out = self._lead(lead, now)
+        if self.suspect and lead is not None and lead.leader != self.me and self.me in lead.isr:
+            out = [*out, *self._report(now)]
+        return out
+
+    def _report(self, now: float) -> list[LogAction]:
+        if now < self.reported + self.s.fetch_retry:
+            return []
+        self.reported = now
+        return [Decline(self.p, self.end, self.last_epoch)]
+
+    def _lead(self, lead: Leadership | None, now: float) -> list[LogAction]:
         old = self.leadership
         if lead is not None and old is not None and lead.version < old.version:
             return []  # (an older decision told late: the quorum's versions only rise)
@@ -507,12 +526,13 @@ class PartitionLog:
         if truncate < 0 and reset < 0:  # (not over a divergent tail we are told to cut: it would fold; review)
             self.commit = max(self.commit, min(commit, self.durable))
             self._fold()
-        out = self._copy(start, truncate, reset, records)
+        out = self._copy(start, truncate, reset, records) or self._fetch(member, now)
         if self.suspect and truncate < 0 and reset < 0 and self.end >= end:
             # (we hold all the leader held: as good as any ISR member; its commit is not enough, a new
             # leader's can lag what was committed before it)
             self.suspect = False
-        return out or self._fetch(member, now)
+            out.append(Recovered(self.p))
+        return out
 
     def _copy(self, start: int, truncate: int, reset: int, records: list[Record]) -> list[LogAction]:
         """Make our log follow the answer (the source's log begins at ``start``): cut a divergent
@@ -584,6 +604,9 @@ class PartitionLog:
         elif (self.role == IDLE and self.leadership is not None and self.leadership.leader == self.me
               and self.leadership.epoch == self.epoch):  # fmt: skip
             out += self._reelect(now)  # (asked again until the quorum gives us a new epoch)
+        lead = self.leadership
+        if self.suspect and lead is not None and lead.leader != self.me and self.me in lead.isr:
+            out += self._report(now)  # (again each fetch_retry: a new controller does not know it)
         return out
 
     def next_deadline(self) -> float:
@@ -598,6 +621,9 @@ class PartitionLog:
                 times += [self.caught_up.get(m, math.inf) + self.s.isr_lag_time for m in self.isr]
         elif self.leadership is not None and self.leadership.leader == self.me and self.leadership.epoch == self.epoch:
             times.append(self.reelect_asked + self.s.fetch_retry)
+        lead = self.leadership
+        if self.suspect and lead is not None and lead.leader != self.me and self.me in lead.isr:
+            times.append(self.reported + self.s.fetch_retry)
         times.append(self.disk.next_deadline())  # (fsync = interval: the next Sync)
         return min(times)
 

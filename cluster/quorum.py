@@ -46,7 +46,7 @@ from typing import Any
 from roost.cluster import controller
 from roost.cluster.controller import CommandError, Leadership, Metadata, SetPartition
 from roost.cluster.links import LinkTable
-from roost.cluster.logactions import AlterIsr, Decline, Reelect
+from roost.cluster.logactions import AlterIsr, Decline, Recovered, Reelect
 from roost.cluster.peerwire import PeerProtocolError, PeerType, encode
 from roost.cluster.raft import Raft
 from roost.cluster.raftactions import (
@@ -63,7 +63,7 @@ from roost.cluster.raftwire import AppendEntries, InstallSnapshot, RaftFormatErr
 from roost.cluster.raftwire import encode as encode_raft
 from roost.node.actions import Log
 
-ALTER_ISR, REELECT, DECLINE = 1, 2, 3  # CONTROL kinds
+ALTER_ISR, REELECT, DECLINE, RECOVERED = 1, 2, 3, 4  # CONTROL kinds
 
 
 class Quorum:
@@ -151,7 +151,15 @@ class Quorum:
         if not self._controlling(now):
             return set()
         now_lead = self.meta.partitions.get(p)
-        if now_lead is None or now_lead.version != version:
+        if now_lead is None:
+            return set()
+        if kind == RECOVERED:
+            self.reports.get(p, {}).pop(peer, None)
+            return set()
+        if kind == DECLINE and peer in now_lead.isr and now_lead.leader != peer:  # (a suspect follower's report)
+            self.reports.setdefault(p, {})[peer] = (epoch, at_least, now)
+            return set()
+        if now_lead.version != version:
             return set()
         if kind == ALTER_ISR:
             change = controller.alter_isr(self.meta, p, peer, epoch, isr, version)
@@ -175,7 +183,7 @@ class Quorum:
             self.reports[p] = fresh
         return {m: (r[0], r[1]) for m, r in fresh.items()}
 
-    def ask(self, a: AlterIsr | Reelect | Decline, now: float) -> set[int]:
+    def ask(self, a: AlterIsr | Reelect | Decline | Recovered, now: float) -> set[int]:
         """Our partition log's request to the controller: to ourselves, or a CONTROL frame to it."""
         lead = self.meta.partitions.get(a.partition)
         if lead is None:
@@ -184,8 +192,10 @@ class Quorum:
             frame = [PeerType.CONTROL, ALTER_ISR, a.partition, a.epoch, a.version, list(a.isr), 0]
         elif isinstance(a, Reelect):
             frame = [PeerType.CONTROL, REELECT, a.partition, a.epoch, lead.version, [], a.at_least]
-        else:
+        elif isinstance(a, Decline):
             frame = [PeerType.CONTROL, DECLINE, a.partition, a.last_epoch, lead.version, [], a.end]
+        else:
+            frame = [PeerType.CONTROL, RECOVERED, a.partition, 0, lead.version, [], 0]
         if self._controlling(now):
             return self.on_control(self.id, frame, now)
         target = self.raft.leader if self.raft is not None else None
@@ -289,8 +299,8 @@ def check_control_untrusted(f: list[Any], partitions: int) -> tuple[int, int, in
     if len(f) != 7:
         raise PeerProtocolError("malformed CONTROL")
     _, kind, p, epoch, version, isr, at_least = f
-    if kind not in (ALTER_ISR, REELECT, DECLINE) or kind.__class__ is not int:
-        raise PeerProtocolError("CONTROL kind must be 1 (alter isr), 2 (reelect) or 3 (decline)")
+    if kind not in (ALTER_ISR, REELECT, DECLINE, RECOVERED) or kind.__class__ is not int:
+        raise PeerProtocolError("CONTROL kind must be 1 (alter isr), 2 (reelect), 3 (decline) or 4 (recovered)")
     if p.__class__ is not int or not 0 <= p < partitions:
         raise PeerProtocolError("CONTROL partition out of range")
     for v in (epoch, version, at_least):

@@ -72,7 +72,7 @@ from roost.cluster.config import ClusterConfig  # noqa: E402
 from roost.cluster.controller import targets  # noqa: E402
 from scripts import durable_restart  # noqa: E402
 from scripts.durable_cluster import LocalCluster, roost, spread, write_config  # noqa: E402
-from scripts.faults import TABLE, Fault, FaultTable, tables  # noqa: E402
+from scripts.faults import TABLE, Fault, FaultTable, drop_empty_tables  # noqa: E402
 from scripts.netns import require_tools  # noqa: E402
 
 SOURCE = ROOT / "configs" / "cluster5-partitioned.toml"
@@ -181,14 +181,6 @@ def our_chain_present(fault: Fault) -> bool:
     """Is the fault's chain still in the nft table (no other run cleared it)?"""
     r = subprocess.run(["nft", "list", "table", "inet", TABLE], capture_output=True, text=True, check=False)
     return r.returncode == 0 and f"chain f{fault.id} " in r.stdout
-
-
-def drop_empty_table() -> None:
-    """Delete the loopback fault table if no fault chain (``fN``) is left in it: ours was healed,
-    and nobody else's is there."""
-    r = subprocess.run(["nft", "list", "table", "inet", TABLE], capture_output=True, text=True, check=False)
-    if r.returncode == 0 and not re.search(r"chain f\d+", r.stdout):
-        subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True, check=False)
 
 
 # ------------------------------------------------------------------ a producer
@@ -467,8 +459,7 @@ async def cut_phase(cluster: LocalCluster, topic: str, minority: list[str], majo
             await c.put(topic, "min-before", wait=True, timeout=put_timeout)
             mino.acked.append("min-before")
         require_tools()
-        ft = FaultTable()  # (not as a context manager: its exit clears every roost_chaos table, others' too)
-        made_table = not tables()
+        ft = FaultTable()  # (its heal, then drop_empty_tables: another run's faults stay)
         fault = ft.cut([cluster.host(m) for m in minority], [cluster.host(m) for m in majority])
         t_cut = res.t_cut = time.monotonic()
         probes, lib_errors, lib_acks, cli = res.probes, res.lib_errors, res.lib_acks, res.cli
@@ -527,8 +518,7 @@ async def cut_phase(cluster: LocalCluster, topic: str, minority: list[str], majo
             res.held = our_chain_present(fault)
         finally:
             ft.heal(fault)
-            if made_table:
-                drop_empty_table()
+            drop_empty_tables()
         res.t_heal = time.monotonic()
         await trio.sleep(2.0)
         stop_maj.set()

@@ -77,6 +77,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -86,7 +87,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
@@ -193,16 +194,34 @@ def _ipt_ours() -> tuple[list[list[str]], list[str]]:
     return jumps, chains
 
 
+LOCK_FILE = "/run/lock/roost_chaos.lock"  # (every process that changes our nft table holds it meanwhile)
+
+
+@contextlib.contextmanager
+def shared_lock() -> Iterator[None]:
+    """Serialise changes of our nft table across processes: a table found empty and deleted must
+    not take with it a fault another process installed in between (``nft delete table`` deletes a
+    table with whatever it holds), nor a base chain it counted on."""
+    os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
+    with open(LOCK_FILE, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def clear_all() -> list[str]:
     """Delete every ``roost_chaos`` table and ``ROOST_CHAOS_*`` iptables chain; return what was removed.
 
     Works without a FaultTable (``scripts/faults.py clear`` after a crash).
     """
     removed = []
-    fams = tables()
-    if fams:
-        _nft("".join(f"delete table {fam} {TABLE}\n" for fam in fams))
-        removed += [f"table {fam} {TABLE}" for fam in fams]
+    with shared_lock():
+        fams = tables()
+        if fams:
+            _nft("".join(f"delete table {fam} {TABLE}\n" for fam in fams))
+            removed += [f"table {fam} {TABLE}" for fam in fams]
     jumps, chains = _ipt_ours()
     for j in jumps:
         _ipt(*j, check=False)
@@ -230,13 +249,14 @@ def _jump_target(rule: dict[str, Any]) -> str | None:
     return None
 
 
-def _drop_empty_tables() -> None:
+def drop_empty_tables() -> None:
     """Delete our table in each family where no fault chain is left (another process's faults keep
-    it). A table another process deletes or fills meanwhile makes the delete fail: left alone."""
-    for fam, objs in _table_objects().items():
-        names = [o["chain"].get("name", "") for o in objs if "chain" in o]
-        if not any(_FAULT_CHAIN_RE.fullmatch(n) for n in names):
-            subprocess.run(["nft", "delete", "table", fam, TABLE], capture_output=True, timeout=30, check=False)
+    it), under ``shared_lock``: no other process installs a fault between the look and the delete."""
+    with shared_lock():
+        for fam, objs in _table_objects().items():
+            names = [o["chain"].get("name", "") for o in objs if "chain" in o]
+            if not any(_FAULT_CHAIN_RE.fullmatch(n) for n in names):
+                subprocess.run(["nft", "delete", "table", fam, TABLE], capture_output=True, timeout=30, check=False)
 
 
 def heal_id(fault_id: int) -> bool:
@@ -359,7 +379,7 @@ class FaultTable:
             for f in list(self.faults.values()):
                 with contextlib.suppress(FaultError):  # (a delay handler that had died: healed all the same)
                     self.heal(f)
-            _drop_empty_tables()
+            drop_empty_tables()
             if self._made_mangle and "-A " not in _ipt("-S", check=False).stdout:
                 subprocess.run(["nft", "delete", "table", "ip", IPT_TABLE], capture_output=True, check=False)
             self._made_mangle = False
@@ -387,8 +407,6 @@ class FaultTable:
         """(batch creating our table and base chain in ``family`` if needed, base chain name)."""
         loop = self.netns is None
         chain = {"inet": "pre" if loop else "ing", "ip": "out", "netdev": "ing"}[family]
-        if family in self._bases and family in tables():
-            return "", chain
         devices = "" if loop else self._devices()
         hook = {
             ("inet", True): "type filter hook prerouting priority -300;",  # (before conntrack)
@@ -458,7 +476,7 @@ class FaultTable:
             raise AssertionError("unreachable")
 
     def _install_once(self, kind: str, what: str, family: str, groups: list[list[str]], action: list[str]) -> Fault:
-        with self._lock:
+        with self._lock, shared_lock():
             fid = self._next_id()
             batch, base = self._base(family)
             chains = [f"f{fid}"] + [f"f{fid}_{i}" for i in range(1, len(groups) + 1)]
@@ -636,18 +654,19 @@ class FaultTable:
             # Only what is there: our table may have been deleted (and made again) by another
             # process meanwhile (an older faults.py, or `scripts/faults.py clear`).
             # A jump is ours when it is at its handle and still jumps to our first chain.
-            rules, chains = set(), set()
-            for fam, objs in _table_objects().items():
-                rules |= {(fam, o["rule"].get("chain"), o["rule"].get("handle"), _jump_target(o["rule"]))
-                          for o in objs if "rule" in o}  # fmt: skip
-                chains |= {(fam, o["chain"].get("name")) for o in objs if "chain" in o}
-            first = f"f{fault.id}"
-            script = "".join(f"delete rule {fam} {TABLE} {base} handle {h}\n" for fam, base, h in fault.hooks
-                             if (fam, base, h, first) in rules)  # fmt: skip
-            script += "".join(f"flush chain {fam} {TABLE} {c}\ndelete chain {fam} {TABLE} {c}\n"
-                              for fam, c in fault.chains if (fam, c) in chains)  # fmt: skip
-            if script:
-                _nft(script)
+            with shared_lock():
+                rules, chains = set(), set()
+                for fam, objs in _table_objects().items():
+                    rules |= {(fam, o["rule"].get("chain"), o["rule"].get("handle"), _jump_target(o["rule"]))
+                              for o in objs if "rule" in o}  # fmt: skip
+                    chains |= {(fam, o["chain"].get("name")) for o in objs if "chain" in o}
+                first = f"f{fault.id}"
+                script = "".join(f"delete rule {fam} {TABLE} {base} handle {h}\n" for fam, base, h in fault.hooks
+                                 if (fam, base, h, first) in rules)  # fmt: skip
+                script += "".join(f"flush chain {fam} {TABLE} {c}\ndelete chain {fam} {TABLE} {c}\n"
+                                  for fam, c in fault.chains if (fam, c) in chains)  # fmt: skip
+                if script:
+                    _nft(script)
 
 
 # ------------------------------------------------------------------ CLI

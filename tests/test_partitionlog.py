@@ -30,6 +30,7 @@ from roost.cluster.partitionlog import (
     PeerFrame,
     ReadDone,
     ReadLog,
+    Recovered,
     Reelect,
     Reload,
     ResetLog,
@@ -62,7 +63,7 @@ class Owners:
         self.quorum_open = True
         self.unwritten: set[str] = set()  # members whose Appends never reach their disk (they die first)
         self.deaf: set[str] = set()  # members cut off from the quorum (not from each other): told nothing
-        self.requests: list[tuple[str, AlterIsr | Reelect | Decline]] = []
+        self.requests: list[tuple[str, AlterIsr | Reelect | Decline | Recovered]] = []
         self.reports: dict[str, tuple[int, int]] = {}  # the controller's: who declined, with its log's end
 
     @property
@@ -109,16 +110,19 @@ class Owners:
                 self.reads.append(a)
             elif isinstance(a, PeerFrame):
                 self.deliver(member, a)
-            elif isinstance(a, AlterIsr | Reelect | Decline):
+            elif isinstance(a, AlterIsr | Reelect | Decline | Recovered):
                 self.requests.append((member, a))
                 if self.quorum_open:
                     self.decide(member, a)
         raise AssertionError("no quiescence")
 
-    def decide(self, member: str, a: AlterIsr | Reelect | Decline) -> None:
+    def decide(self, member: str, a: AlterIsr | Reelect | Decline | Recovered) -> None:
         """The controller turns a leader's request into a command (cluster/controller.py)."""
-        if isinstance(a, Decline):
-            if self.lead.leader == member:
+        if isinstance(a, Recovered):
+            self.reports.pop(member, None)
+            c = None
+        elif isinstance(a, Decline):
+            if member in self.lead.isr:
                 self.reports[member] = (a.last_epoch, a.end)
             c = decline(self.meta, 0, member, self.reports, frozenset(self.logs) - self.down)
         elif isinstance(a, Reelect):

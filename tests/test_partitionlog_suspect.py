@@ -5,7 +5,8 @@ in-sync copy kept (the Owners harness of tests/test_partitionlog.py; its control
 
 from __future__ import annotations
 
-from roost.cluster.partitionlog import FOLLOWING, IDLE, LEADING, Decline, Reelect
+from roost.cluster.controller import decide_one
+from roost.cluster.partitionlog import FOLLOWING, IDLE, LEADING, Decline, Recovered, Reelect
 from tests.test_partitionlog import Owners
 
 
@@ -79,3 +80,40 @@ def test_a_suspect_waits_for_an_isr_member_that_is_down_and_did_not_decline() ->
     assert o.lead.leader == "b" and o.logs["b"].role == LEADING
     o.tick(2.0)
     assert o.payloads("a") == o.payloads("b") == [b"m1", b"m2"]
+
+
+def controller_round(o: Owners, live: set[str]) -> None:
+    """The controller's ``decide`` over partition 0, passing over the members that reported."""
+    c = decide_one(0, o.lead, o.lead.replicas, frozenset(live), min_insync=2, declined=set(o.reports))
+    if c is not None and o.meta.allows(c):
+        o.apply(c)
+        o.run()
+
+
+def test_a_cut_off_leader_that_kept_every_record_is_waited_for_when_the_others_lost_power() -> None:
+    """Review: with a cut off (its disk whole) and a and b restarted from a power loss, the
+    controller named a, dropping c from the ISR in the same decision; a and b declined and the
+    longer of them led alone: c's m2 and m3 were cut when it came back. Suspects now report
+    themselves at once, so the controller names neither, keeps c in the ISR and waits for it."""
+    o = Owners("abc", fsync="interval")
+    o.elect("c", "abc", "abc")
+    o.put("c", ["m1", "m2", "m3"], token="t")
+    assert o.committed["c"] == ["t"] and o.payloads("a") == [b"m1", b"m2", b"m3"]
+    o.pause("c")
+    o.deaf.add("c")
+    power_loss(o, "a", 2)
+    power_loss(o, "b", 2)
+    o.restart("a")
+    o.restart("b")
+    assert set(o.reports) == {"a", "b"}
+    for _ in range(4):
+        controller_round(o, {"a", "b"})
+        o.tick(1.0)
+    assert o.lead.leader is None and o.lead.isr == ("a", "b", "c")
+    o.resume("c")
+    for _ in range(4):
+        controller_round(o, {"a", "b", "c"})
+        o.tick(1.0)
+    assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
+    assert any(isinstance(r, Recovered) for _, r in o.requests) and not o.reports
+    assert o.lead.leader == "a" and o.logs["a"].role == LEADING  # (c led first; a, caught up, is preferred)
