@@ -41,12 +41,14 @@ applied by everyone:
   reliable map, so a topic's durable leader is its map primary whenever that one is
   in sync), its ISR all of them (a new log is empty everywhere);
 - a leader the controller does not see live is replaced by the first live member of
-  the ISR (in replica order), and leaves the ISR as a dead follower does (below);
-  with none live the partition gets no leader (a higher epoch fences the old one)
-  until an ISR member returns;
-- a follower it does not see live leaves the ISR (never below ``min_insync``), so a
-  put waits for a dead follower no longer than failure detection takes (the leader
-  asks the same of one that lags, after ``isr_lag_time``);
+  the ISR (in replica order) that is not a suspect (below); it stays in the ISR, and
+  the new leader drops it once it has begun, as any follower it holds down; with no
+  such member the partition gets no leader (a higher epoch fences the old one) until
+  one returns;
+- the controller drops nobody from the ISR itself: a leader that has begun its epoch
+  asks to drop a follower its member holds down (failure detection) or that lags for
+  ``isr_lag_time``, never below ``min_insync``. Only a leader that began holds every
+  committed record, so only it may say who no longer needs to;
 - a live, in-sync replica ahead of the leader in replica order takes the lead back
   (preferred leader), so leadership returns to the map's primary after a restart;
 - placement changes (a join or a leave) move the replicas in two steps: first the
@@ -55,16 +57,16 @@ applied by everyone:
 
 A member restarted under ``fsync = "interval"`` or ``"never"`` may have lost records
 it had written and acknowledged: it is a *suspect* replica until it has caught up
-from a leader in its new life (cluster/partitionlog.py). Named the leader while the
-ISR holds another member, it does not lead but *declines* (``decline``), telling its
-log's end (last epoch, offset). The controller then names another live ISR member
-that has not declined; once every ISR member has declined, the one whose log is the
-longest (the latest last epoch, then the most records) leads, alone in the ISR: no
-record that any in-sync copy kept is cut. (A suspect leads only so: named alone in
-the ISR after it declined.) While an ISR member that has not declined is down the
-partition waits for it (it may hold what the others lost), as it waits for any down
-ISR. ``decide`` does not name a member that declined (its report lasts until it is
-stale, ``Quorum``'s ``report_ttl``).
+from a leader in its new life (cluster/partitionlog.py). While in the ISR it reports
+so (its log's end: last epoch, offset; ``Quorum`` keeps the reports) and ``decide``
+does not name it. Named the leader all the same (before its report came), it does
+not lead but *declines* (``decline``), and the controller names another live ISR
+member that has not reported. Once every ISR member has reported, the one whose log
+is the longest (the latest last epoch, then the most records) leads, alone in the
+ISR: no record that any in-sync copy kept is cut. (A suspect leads only so: named
+alone in the ISR after it declined.) While an ISR member that has not reported is
+down the partition waits for it (it may hold what the others lost), as it waits for
+any down ISR.
 
 Commands and snapshots come from the committed log and the quorum's disk, which a
 member of the cluster wrote: they are decoded as untrusted (``decode_untrusted_command``)
@@ -74,7 +76,7 @@ so that a bug or a garbled file makes a clear error, not a wrong leader.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,9 +248,11 @@ def targets(placed: Sequence[str], partitions: int, replicas: int,
 
 
 def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: frozenset[str],
-               min_insync: int = 1, declined: Set[str] = frozenset()) -> SetPartition | None:  # fmt: skip
-    """The controller's decision for partition ``p`` (the theory of operation), or None; a member
-    in ``declined`` is not made its leader (it may lack what the ISR holds: ``decline``)."""
+               reports: Mapping[str, tuple[int, int]] | None = None) -> SetPartition | None:  # fmt: skip
+    """The controller's decision for partition ``p`` (the theory of operation), or None. A member
+    in ``reports`` (a suspect: its log's end) is not made its leader, unless every ISR member is
+    one and there is no leader: then the longest log leads alone (``decline``'s rule)."""
+    reports = reports or {}
     if not target:
         return None
     if now is None:
@@ -261,18 +265,17 @@ def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: fr
         elif set(target) <= set(isr):  # (second: every new one is in sync, the old ones go)
             replicas = target
             isr = _ordered(isr, target)
-    candidates = [m for m in replicas if m in isr and m in live and m not in declined]
+    candidates = [m for m in replicas if m in isr and m in live and m not in reports]
     best = candidates[0] if candidates else None
-    if leader is not None and leader not in live:
-        leader = best  # (the dead one stays in the ISR: below it leaves as any dead follower, never below min_insync)
-    elif leader is None or leader not in isr or leader not in replicas:
-        leader = best  # (none before, or it left with its replica)
+    if leader is None or leader not in live or leader not in isr or leader not in replicas:
+        # (none, dead, or it left with its replica; a dead one stays in the ISR: the new leader, once
+        # it has begun, drops it as any follower it holds down, never below min_insync)
+        leader = best
+        if leader is None and isr and all(m in reports for m in isr):
+            leader = _longest(isr, reports, replicas)
+            isr = (leader,)
     elif best is not None and replicas.index(best) < replicas.index(leader):
         leader = best  # (the preferred replica is back in sync)
-    if leader is not None:  # (a follower it sees down leaves the ISR, never below min_insync)
-        for m in [m for m in isr if m != leader and m not in live]:
-            if len(isr) > min_insync:
-                isr = tuple(x for x in isr if x != m)
     if leader != now.leader:
         epoch += 1
     change = SetPartition(p, now.version, leader, epoch, _ordered(isr, replicas), replicas)
@@ -281,13 +284,12 @@ def decide_one(p: int, now: Leadership | None, target: tuple[str, ...], live: fr
 
 
 def decide(meta: Metadata, placed: Sequence[str], live: frozenset[str], partitions: int, replicas: int,
-           min_insync: int = 1, placement: str = ring.DEFAULT_PLACEMENT,
-           declined: Mapping[int, Set[str]] | None = None) -> list[SetPartition]:  # fmt: skip
+           placement: str = ring.DEFAULT_PLACEMENT,
+           reports: Mapping[int, Mapping[str, tuple[int, int]]] | None = None) -> list[SetPartition]:  # fmt: skip
     """Every change the controller proposes now (it proposes them again while they do not apply)."""
     out = []
-    none: frozenset[str] = frozenset()
     for p, target in enumerate(targets(placed, partitions, replicas, placement)):
-        c = decide_one(p, meta.partitions.get(p), target, live, min_insync, declined.get(p, none) if declined else none)
+        c = decide_one(p, meta.partitions.get(p), target, live, reports.get(p) if reports else None)
         if c is not None and meta.allows(c):
             out.append(c)
     return out
@@ -320,6 +322,12 @@ def reelect(meta: Metadata, p: int, leader: str, epoch: int, at_least: int = 0) 
     return SetPartition(p, now.version, leader, min(max(epoch + 1, at_least), EPOCH_LIMIT - 1), now.isr, now.replicas)
 
 
+def _longest(isr: Sequence[str], reports: Mapping[str, tuple[int, int]], replicas: Sequence[str]) -> str:
+    """The member of ``isr`` (all reported) whose log is the longest: the latest last epoch, then
+    the most records, then the first in replica order."""
+    return max(isr, key=lambda m: (*reports[m], -replicas.index(m)))
+
+
 def decline(meta: Metadata, p: int, member: str, reports: Mapping[str, tuple[int, int]],
             live: frozenset[str]) -> SetPartition | None:  # fmt: skip
     """A suspect leader's refusal to lead ``p`` (the theory of operation). ``reports`` holds the
@@ -336,8 +344,7 @@ def decline(meta: Metadata, p: int, member: str, reports: Mapping[str, tuple[int
     if fresh:
         leader, isr = fresh[0], now.isr
     elif all(m in reports for m in others):
-        order = now.replicas.index
-        leader = max(now.isr, key=lambda m: (*reports[m], -order(m)))
+        leader = _longest(now.isr, reports, now.replicas)
         isr = (leader,)
     else:
         return None

@@ -159,7 +159,7 @@ class DurableLogs:
         self._logs_due, self._logs_due_stale = math.inf, True
         raft = RaftSettings(election_timeout=s.quorum_election_timeout,
                             heartbeat_interval=s.quorum_election_timeout / 10)  # fmt: skip
-        self.quorum = Quorum(member_id, s.quorum, [], raft, s.partitions, s.durable_replicas, s.min_insync, rng, links,
+        self.quorum = Quorum(member_id, s.quorum, [], raft, s.partitions, s.durable_replicas, rng, links,
                              actions, cfg.breaks, 3 * s.fetch_retry)  # fmt: skip
         self.in_contact = False  # (the quorum's contact as of the last event: leadership is followed only with it)
         self.restarted = False  # (we held state from a former life: see ``_on_logs_read``)
@@ -214,9 +214,11 @@ class DurableLogs:
             return "the quorum's state was not read"
         q = ev.quorum  # (a member that held any state before lived a former life: its logs may be suspect)
         self.restarted = bool(q.term or q.snapshot_index or q.entries or any(s.end for s in ev.logs.values()))
+        down = self._down()
         for p, scan in ev.logs.items():
             if 0 <= p < self.s.partitions:
                 self.plogs[p] = PartitionLog(p, self.id, self.log_settings, self.restarted)
+                self.plogs[p].down = down
                 self.plogs[p].recovered(scan)
         self.logs_ready = True
         self._logs_due_stale = True
@@ -237,10 +239,16 @@ class DurableLogs:
         log = self.plogs.get(p)
         if log is None:
             log = self.plogs[p] = PartitionLog(p, self.id, self.log_settings, self.restarted)
+            log.down = self._down()
             self._logs_due_stale = True
             if self.in_contact:
                 self._run_log(log.lead(self.quorum.leadership(p), self.now))
         return log
+
+    def _down(self) -> frozenset[str]:
+        """The members our map holds down (a leader drops them from its ISR: ``peers_down``)."""
+        cmap = self.maps.cmap
+        return frozenset(cmap.members) - cmap.live if cmap is not None else frozenset()
 
     def _lead(self, changed: set[int]) -> None:
         """Partitions whose leadership changed in the quorum: their logs follow it (in contact)."""
@@ -292,6 +300,10 @@ class DurableLogs:
         if self.logs_ready:
             self._contact()
             self._lead(self.quorum.tick(now, sorted(cmap.members), cmap.live))
+            down = self._down()
+            for log in self.plogs.values():  # (a leader drops a follower held down from its ISR)
+                if log.down != down:
+                    self._run_log(log.peers_down(down, now))
 
     def on_raft(self, peer: str, f: list[Any], now: float) -> None:
         self.now = now

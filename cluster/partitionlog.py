@@ -178,6 +178,7 @@ class PartitionLog:
         self.suspect = restarted and settings.fsync != "always"
         self.declined = False  # (we declined to lead since another was last named: ``lead``)
         self.reported = -1e18  # suspect, in the ISR, not named: when we last told the controller (``Decline``)
+        self.down: frozenset[str] = frozenset()  # the members our map holds down (``peers_down``)
         self.need = settings.min_insync  # leading: members (us too) that must hold a record to commit it
 
     # ------------------------------------------------------------ recovery
@@ -331,7 +332,8 @@ class PartitionLog:
         self.need = min(self.s.min_insync, len(lead.replicas))  # (one replica: it commits alone)
         self.caught_up = dict.fromkeys(self.isr, now)  # (each gets isr_lag_time from our start)
         body = msgpack.packb([self.epoch, EPOCH], use_bin_type=True)
-        return self._append_local([body], self.last_ms) + [self._fetch_frame(m) for m in sorted(self.followers)]
+        out = self._append_local([body], self.last_ms) + [self._fetch_frame(m) for m in sorted(self.followers)]
+        return out + self._alter_isr(now)  # (a follower held down, such as the leader before us, goes)
 
     def _in_sync(self, lead: Leadership, now: float) -> list[LogAction]:
         """A new version of the leadership we hold: its replicas and ISR. What we asked to add is
@@ -350,10 +352,18 @@ class PartitionLog:
     def _counted(self) -> set[str]:
         return self.isr | self.adding
 
+    def peers_down(self, down: frozenset[str], now: float) -> list[LogAction]:
+        """The members our map holds down now: a leader asks to drop such followers from the ISR at
+        once (never below ``min_insync``), not after ``isr_lag_time``. Only a leader that began its
+        epoch does: it holds every committed record, so the ISR it leaves holds them all too (the
+        controller drops nobody itself: a suspect it named may lack them)."""
+        self.down = down
+        return self._alter_isr(now) if self.role == LEADING else []
+
     def _alter_isr(self, now: float, fetcher: str | None = None, at: int = -1) -> list[LogAction]:
-        """Leading: ask to drop a follower that has not caught up for ``isr_lag_time`` (never below
-        ``min_insync``), or to add ``fetcher``, whose fetch from ``at`` (its log matching ours
-        there) now reached the commit: counted from now on (what it fetched from is on its disk;
+        """Leading: ask to drop a follower that has not caught up for ``isr_lag_time`` or that our
+        map holds down (never below ``min_insync``), or to add ``fetcher``, whose fetch from ``at``
+        (its log matching ours there) now reached the commit: counted from now on (what it fetched from is on its disk;
         an offset it fetched from long ago is no reason to add it, its disk may have lost it)."""
         lead = self.leadership
         if lead is None or self.role != LEADING or lead.epoch != self.epoch:
@@ -364,7 +374,9 @@ class PartitionLog:
             self.asked = (lead.version, self.asked[1], now)
             return [AlterIsr(self.p, self.epoch, lead.version, self.asked[1])]
         counted = self._counted()
-        lagging = sorted(m for m in self.isr if now >= self.caught_up.get(m, now) + self.s.isr_lag_time)
+        lagging = sorted(
+            m for m in self.isr if m in self.down or now >= self.caught_up.get(m, now) + self.s.isr_lag_time
+        )
         joins = fetcher is not None and fetcher not in counted and at >= self.commit and at > self.epochs[-1][1]
         isr = set(counted)
         if joins and fetcher is not None:

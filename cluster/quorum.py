@@ -17,11 +17,12 @@ and those it sees live) and proposes what comes out, once per partition version
 can be lost with a leader change). Partition leaders ask it for ISR changes and
 new epochs with CONTROL frames (``AlterIsr``, ``Reelect``), which it checks
 against the metadata and proposes; the answer is the committed leadership. A
-suspect leader (restarted under an fsync policy that can lose written records)
-sends ``Decline`` with its log's end instead: the controller keeps these reports
-(in memory, each for ``report_ttl``) and names another leader
-(cluster/controller.py ``decline``); ``decide`` passes over the members that
-declined.
+suspect in a partition's ISR (restarted under an fsync policy that can lose
+written records) sends ``Decline`` with its log's end, named or not, again each
+``fetch_retry`` until it sends ``Recovered``: the controller keeps these reports
+(in memory, each for ``report_ttl`` unless renewed), ``decide`` names no member
+that reported, and a named leader that declines is replaced
+(cluster/controller.py ``decline``).
 
 *Contact*: a member acts on its metadata (leads, serves readers, takes puts)
 only while it is in contact with the quorum: it leads the group with its lease,
@@ -68,7 +69,7 @@ ALTER_ISR, REELECT, DECLINE, RECOVERED = 1, 2, 3, 4  # CONTROL kinds
 
 class Quorum:
     def __init__(self, member_id: str, voters: tuple[str, ...], members: list[str], settings: RaftSettings,
-                 partitions: int, replicas: int, min_insync: int, rng: random.Random, links: LinkTable,
+                 partitions: int, replicas: int, rng: random.Random, links: LinkTable,
                  actions: list[Any], breaks: frozenset[str] = frozenset(),
                  report_ttl: float = 10.0) -> None:  # fmt: skip
         self.id = member_id
@@ -77,7 +78,6 @@ class Quorum:
         self.rs = settings
         self.partitions = partitions
         self.replicas = replicas
-        self.min_insync = min_insync
         self.rng = rng
         self.links = links
         self._out = actions
@@ -87,10 +87,10 @@ class Quorum:
         self.leader_commit = 0  # the commit it told us then
         self.leader_term = 0  # ... and its term
         self.proposed: dict[tuple[int, int], float] = {}  # (partition, version) -> when we proposed a change of it
-        # controlling: partition -> member -> (its log's last epoch, end, when): the suspects that declined to lead
+        # controlling: partition -> member -> (its log's last epoch, end, when): the suspects in the ISR
         self.reports: dict[int, dict[str, tuple[int, int, float]]] = {}
-        # (a suspect that declined goes on declining, once a fetch_retry, while it is named: a report
-        # lasts a few of those, after which the member may be named again, caught up by then or not)
+        # (a suspect reports again each fetch_retry: a report lasts a few of those, so one a suspect cut
+        # off from us no longer renews lapses, and one never renewed after a lost Recovered too)
         self.report_ttl = report_ttl
         self.live: frozenset[str] = frozenset()  # the members our map saw live at the last tick
         # (a broken build for the simulator, sim/breaks.py: the quorum's term and vote are never written,
@@ -156,25 +156,20 @@ class Quorum:
         if kind == RECOVERED:
             self.reports.get(p, {}).pop(peer, None)
             return set()
-        if kind == DECLINE and peer in now_lead.isr and now_lead.leader != peer:  # (a suspect follower's report)
+        if kind == DECLINE and peer in now_lead.isr:  # (a suspect's report, named or not, of any version)
             self.reports.setdefault(p, {})[peer] = (epoch, at_least, now)
-            return set()
-        if now_lead.version != version:
+        if now_lead.version != version or (kind == DECLINE and now_lead.leader != peer):
             return set()
         if kind == ALTER_ISR:
             change = controller.alter_isr(self.meta, p, peer, epoch, isr, version)
         elif kind == REELECT:
             change = controller.reelect(self.meta, p, peer, epoch, at_least)
         else:
-            reports = self._reports(p, now)
-            if now_lead.leader == peer:
-                self.reports.setdefault(p, {})[peer] = (epoch, at_least, now)
-                reports[peer] = (epoch, at_least)
-            change = controller.decline(self.meta, p, peer, reports, self.live)
+            change = controller.decline(self.meta, p, peer, self._reports(p, now), self.live)
         return self._propose([change], now) if change is not None else set()
 
     def _reports(self, p: int, now: float) -> dict[str, tuple[int, int]]:
-        """The fresh reports of the members that declined to lead ``p`` (stale ones are dropped)."""
+        """The fresh reports of the suspects in ``p``'s ISR (stale ones are dropped)."""
         got = self.reports.get(p)
         if not got:
             return {}
@@ -220,9 +215,8 @@ class Quorum:
             changed |= self._run(self.raft.tick(now), now)
         self.live = live
         if self._controlling(now) and placed:
-            declined = {p: set(self._reports(p, now)) for p in list(self.reports)}
-            decisions = controller.decide(self.meta, placed, live, self.partitions, self.replicas, self.min_insync,
-                                          declined=declined)  # fmt: skip
+            reports = {p: self._reports(p, now) for p in list(self.reports)}
+            decisions = controller.decide(self.meta, placed, live, self.partitions, self.replicas, reports=reports)
             changed |= self._propose(decisions, now)
         elif self.reports:
             self.reports.clear()  # (not the controller: a later term's controller hears them again)

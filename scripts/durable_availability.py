@@ -517,8 +517,10 @@ async def cut_phase(cluster: LocalCluster, topic: str, minority: list[str], majo
                 inner.start_soon(cli_minority)
             res.held = our_chain_present(fault)
         finally:
-            ft.heal(fault)
-            drop_empty_tables()
+            try:
+                ft.heal(fault)
+            finally:
+                drop_empty_tables()
         res.t_heal = time.monotonic()
         await trio.sleep(2.0)
         stop_maj.set()

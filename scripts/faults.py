@@ -197,18 +197,31 @@ def _ipt_ours() -> tuple[list[list[str]], list[str]]:
 LOCK_FILE = "/run/lock/roost_chaos.lock"  # (every process that changes our nft table holds it meanwhile)
 
 
+_held = threading.local()  # (this thread's depth in ``shared_lock`` and its open lock file)
+_thread_lock = threading.RLock()
+
+
 @contextlib.contextmanager
 def shared_lock() -> Iterator[None]:
     """Serialise changes of our nft table across processes: a table found empty and deleted must
     not take with it a fault another process installed in between (``nft delete table`` deletes a
-    table with whatever it holds), nor a base chain it counted on."""
-    os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
-    with open(LOCK_FILE, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    table with whatever it holds), nor a base chain it counted on. Re-entrant in a process (a
+    signal handler's ``clear`` may run while the main thread holds it): one flock per process,
+    taken at the outermost level."""
+    with _thread_lock:
+        depth = getattr(_held, "depth", 0)
+        if depth == 0:
+            os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
+            _held.file = open(LOCK_FILE, "a")  # noqa: SIM115 (closed below, at the outermost level)
+            fcntl.flock(_held.file, fcntl.LOCK_EX)
+        _held.depth = depth + 1
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            _held.depth -= 1
+            if _held.depth == 0:
+                fcntl.flock(_held.file, fcntl.LOCK_UN)
+                _held.file.close()
 
 
 def clear_all() -> list[str]:

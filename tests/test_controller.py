@@ -135,10 +135,10 @@ def test_a_new_partition_is_led_by_its_first_live_replica_with_every_replica_in_
     assert c is not None and c.leader == t[0][1] and c.isr == t[0] == c.replicas and c.epoch == 1
 
 
-def test_a_dead_leader_is_replaced_from_the_isr_and_leaves_it():
+def test_a_dead_leader_is_replaced_from_the_isr_and_stays_in_it_for_the_new_leader_to_drop():
     meta = led()
     c = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}))
-    assert c is not None and (c.leader, c.epoch, c.isr) == ("b", 2, ("b", "c"))
+    assert c is not None and (c.leader, c.epoch, c.isr) == ("b", 2, ABC)
 
 
 def test_no_live_isr_member_means_no_leader_at_a_higher_epoch_until_one_returns():
@@ -146,18 +146,27 @@ def test_no_live_isr_member_means_no_leader_at_a_higher_epoch_until_one_returns(
     c = decide_one(0, meta.partitions[0], ABC, frozenset({"c"}))  # (c is live but out of sync: never leads)
     assert c is not None and (c.leader, c.epoch, c.isr) == (None, 4, ("a", "b"))
     applied(meta, c)
-    back = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}), min_insync=2)
+    back = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}))
     assert back is not None and (back.leader, back.epoch, back.isr) == ("b", 5, ("a", "b"))
 
 
-def test_a_follower_seen_down_leaves_the_isr_but_never_below_min_insync():
+def test_the_controller_drops_no_follower_it_sees_down_its_leader_does():
+    """Review: the controller dropped a down follower, the only intact copy, while the leader it
+    kept was a suspect that could not lead; only a leader that began its epoch holds every committed
+    record, so the drop is its own (cluster/partitionlog.py ``peers_down``)."""
     meta = led()
-    c = decide_one(0, meta.partitions[0], ABC, frozenset({"a", "b"}), min_insync=2)
-    assert c is not None and (c.leader, c.epoch, c.isr) == ("a", 1, ("a", "b"))
-    applied(meta, c)
-    assert decide_one(0, meta.partitions[0], ABC, frozenset({"a"}), min_insync=2) is None
-    alone = decide_one(0, meta.partitions[0], ABC, frozenset({"a"}), min_insync=1)
-    assert alone is not None and alone.isr == ("a",)
+    assert decide_one(0, meta.partitions[0], ABC, frozenset({"a", "b"})) is None
+    assert decide_one(0, meta.partitions[0], ABC, frozenset({"a"})) is None
+
+
+def test_with_no_leader_and_every_isr_member_reported_the_longest_log_leads_alone():
+    """Review: every ISR member had reported itself suspect as a follower, nobody was named, and
+    nothing applied the longest-log rule: the partition had no leader for ever."""
+    meta = led(None, 2, ABC)
+    c = decide_one(0, meta.partitions[0], ABC, frozenset("abc"), {"a": (1, 3), "b": (1, 3)})
+    assert c is not None and (c.leader, c.isr) == ("c", ABC)  # (c did not report: it leads, all stay)
+    c = decide_one(0, meta.partitions[0], ABC, frozenset("abc"), {"a": (1, 3), "b": (1, 5), "c": (1, 4)})
+    assert c is not None and (c.leader, c.epoch, c.isr) == ("b", 3, ("b",))
 
 
 def test_the_preferred_replica_takes_the_lead_back_once_in_sync_and_not_before():
@@ -218,7 +227,7 @@ def test_a_dead_leader_at_the_min_insync_floor_stays_in_the_isr_and_a_suspect_wa
     been the only one in sync. a stays (at min_insync it would not leave as a follower either), so
     when b declines the partition waits for a, and a leads once back."""
     meta = led("a", 1, ("a", "b"))
-    c = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}), min_insync=2)
+    c = decide_one(0, meta.partitions[0], ABC, frozenset({"b", "c"}))
     assert c is not None and (c.leader, c.epoch, c.isr) == ("b", 2, ("a", "b"))
     applied(meta, c)
     assert decline(meta, 0, "b", {"b": (1, 3)}, frozenset({"b", "c"})) is None  # (a may hold what b lost)
@@ -232,7 +241,7 @@ def test_decline_names_a_live_isr_member_that_has_not_declined_then_the_longest_
     assert first is not None and (first.leader, first.epoch, first.isr) == ("b", 2, ABC)
     applied(meta, first)
     assert decline(meta, 0, "a", {"a": (1, 5)}, frozenset("abc")) is None  # (only the leader declines)
-    assert decide_one(0, meta.partitions[0], ABC, frozenset("abc"), declined={"a"}) is None  # (not preferred now)
+    assert decide_one(0, meta.partitions[0], ABC, frozenset("abc"), {"a": (1, 5)}) is None  # (not preferred now)
     back = decide_one(0, meta.partitions[0], ABC, frozenset("abc"))
     assert back is not None and back.leader == "a"  # (without its report it would take the lead back)
     reports = {"a": (1, 5), "b": (2, 1)}
@@ -292,7 +301,7 @@ def run_history(seed: int, min_insync: int = 2, unclean: bool = False) -> list[s
                     c = alter_isr(meta, 0, lead.leader, lead.epoch, [*lead.isr, f])
                     if c is not None:
                         meta.apply(meta.applied + 1, c.encode())
-        for c in decide(meta, placed, frozenset(live), 1, 3, min_insync):
+        for c in decide(meta, placed, frozenset(live), 1, 3):
             if unclean and c.leader is None:
                 now = meta.partitions[0]
                 other = next((m for m in now.replicas if m in live), None)

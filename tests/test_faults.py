@@ -17,8 +17,10 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -291,3 +293,18 @@ def test_netns_up_down_and_faults_between_hosts() -> None:
     assert not [n for n in links() if n.startswith("roost-")]
     assert faults.TABLE not in nft_tables()
     assert netns.down() == []  # nothing left: still fine
+
+
+def test_the_shared_lock_is_reentrant_in_a_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Second review: a signal handler's clear() took the lock file again while the main thread
+    held it (flock locks per open file): the process hung, and every chaos process with it."""
+    monkeypatch.setattr(faults, "LOCK_FILE", str(tmp_path / "lock"))
+
+    def nested() -> None:
+        with faults.shared_lock(), faults.shared_lock():
+            pass
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()

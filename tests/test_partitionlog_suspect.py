@@ -84,7 +84,7 @@ def test_a_suspect_waits_for_an_isr_member_that_is_down_and_did_not_decline() ->
 
 def controller_round(o: Owners, live: set[str]) -> None:
     """The controller's ``decide`` over partition 0, passing over the members that reported."""
-    c = decide_one(0, o.lead, o.lead.replicas, frozenset(live), min_insync=2, declined=set(o.reports))
+    c = decide_one(0, o.lead, o.lead.replicas, frozenset(live), o.reports)
     if c is not None and o.meta.allows(c):
         o.apply(c)
         o.run()
@@ -117,3 +117,93 @@ def test_a_cut_off_leader_that_kept_every_record_is_waited_for_when_the_others_l
     assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
     assert any(isinstance(r, Recovered) for _, r in o.requests) and not o.reports
     assert o.lead.leader == "a" and o.logs["a"].role == LEADING  # (c led first; a, caught up, is preferred)
+
+
+def test_a_named_suspect_waiting_for_a_down_member_does_not_let_it_be_dropped() -> None:
+    """Second review: a led {a,b,c}; a and c lost m2 and m3 to a power loss, b was down with its
+    disk whole. a, still named, declined and waited for b; but the controller dropped b as a dead
+    follower, and the longer of a and c then led alone: b's copy was cut. The controller drops
+    nobody now; only a leader that began its epoch asks to drop a follower held down."""
+    o = Owners("abc", fsync="interval")
+    o.elect("a", "abc", "abc")
+    o.put("a", ["m1", "m2", "m3"], token="t")
+    assert o.committed["a"] == ["t"] and o.payloads("b") == [b"m1", b"m2", b"m3"]
+    o.crash("b")
+    power_loss(o, "a", 2)
+    power_loss(o, "c", 2)
+    o.restart("a")
+    o.restart("c")
+    for _ in range(4):
+        controller_round(o, {"a", "c"})
+        o.tick(1.0)
+    assert "b" in o.lead.isr and o.logs["a"].role == IDLE
+    o.restart("b")
+    for _ in range(6):
+        controller_round(o, {"a", "b", "c"})
+        o.tick(1.0)
+    assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
+
+
+def test_suspects_named_before_their_reports_came_cut_nothing_a_down_member_kept() -> None:
+    """Second review: the controller decided before a's and b's reports came (a new controller, or
+    the race with a restart), named a and dropped c, the dead leader, in the same decision; the
+    longer of a and b then led alone and c's m2 and m3 were cut. c now stays in the ISR."""
+    o = Owners("abc", fsync="interval")
+    o.elect("c", "abc", "abc")
+    o.put("c", ["m1", "m2", "m3"], token="t")
+    o.pause("c")
+    o.deaf.add("c")
+    power_loss(o, "a", 2)
+    power_loss(o, "b", 2)
+    o.quorum_open = False  # (their reports are on the way, or lost with a controller change)
+    o.restart("a")
+    o.restart("b")
+    o.reports.clear()
+    controller_round(o, {"a", "b"})  # (the controller's first round knows of no suspect)
+    assert o.lead.leader == "a" and "c" in o.lead.isr
+    o.quorum_open = True
+    for _ in range(6):
+        controller_round(o, {"a", "b"})
+        o.tick(1.0)
+    assert o.logs["a"].role != LEADING and o.logs["b"].role != LEADING and "c" in o.lead.isr
+    o.resume("c")
+    for _ in range(6):
+        controller_round(o, {"a", "b", "c"})
+        o.tick(1.0)
+    assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
+
+
+def test_when_every_isr_member_reported_as_a_follower_the_longest_log_is_named() -> None:
+    """Second review: b and c restarted and reported while a was down; a came back, suspect too,
+    and reported as a follower (nobody was named): nobody ever led. ``decide`` now names the
+    longest log alone once every ISR member has reported."""
+    o = Owners("abc", fsync="interval")
+    o.elect("a", "abc", "abc")
+    o.put("a", ["m1", "m2"], token="t")
+    for m in "bca":
+        o.crash(m)
+    o.restart("b")
+    o.restart("c")
+    controller_round(o, {"b", "c"})
+    assert o.lead.leader is None  # (a, not reported, is down: it may hold what they lost)
+    o.restart("a")
+    for _ in range(10):
+        controller_round(o, {"a", "b", "c"})
+        o.tick(1.0)
+    assert o.lead.leader is not None and o.logs[o.lead.leader].role == LEADING
+    assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2"]
+
+
+def test_a_leader_drops_a_follower_its_map_holds_down_at_once_but_never_below_min_insync() -> None:
+    o = Owners("abc")
+    o.elect("a", "abc")
+    assert o.lead.isr == ("a", "b", "c")
+    o.crash("c")
+    o.feed("a", o.logs["a"].peers_down(frozenset({"c"}), o.now))
+    o.run()
+    assert o.lead.isr == ("a", "b")  # (not after isr_lag_time: at once)
+    o.crash("b")
+    o.feed("a", o.logs["a"].peers_down(frozenset({"b", "c"}), o.now))
+    o.run()
+    assert o.lead.isr == ("a", "b")  # (min_insync 2)
+    assert o.put("a", ["m1"], token="t") == 0 and o.committed["a"] == []  # (it waits for b)

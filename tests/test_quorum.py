@@ -20,7 +20,7 @@ SETTINGS = RaftSettings(election_timeout=1.0, heartbeat_interval=0.1)
 
 def quorum(me: str, voters: tuple[str, ...], members: list[str], stored: Stored) -> tuple[Quorum, list[Any]]:
     out: list[Any] = []
-    q = Quorum(me, voters, members, SETTINGS, 4, 1, 1, random.Random(7), LinkTable([m for m in members if m != me],
+    q = Quorum(me, voters, members, SETTINGS, 4, 1, random.Random(7), LinkTable([m for m in members if m != me],
                out), out)  # fmt: skip
     q.started(stored, 0.0)
     return q, out
@@ -102,7 +102,7 @@ def controlling(replicas: tuple[str, ...]) -> tuple[Quorum, list[Any], float]:
     """A one-voter quorum at ``a``, in contact, whose table has partition 0 led by ``replicas[0]``
     with every replica in sync (3 replicas, min_insync 2)."""
     out: list[Any] = []
-    q = Quorum("a", ("a",), ["a", "b", "c"], SETTINGS, 1, 3, 2, random.Random(7), LinkTable(["b", "c"], out), out)
+    q = Quorum("a", ("a",), ["a", "b", "c"], SETTINGS, 1, 3, random.Random(7), LinkTable(["b", "c"], out), out)
     first = SetPartition(0, 0, replicas[0], 1, replicas, replicas).encode()
     q.started(Stored(2, "a", 0, 0, None, [(2, first)]), 0.0)
     t = 0.0
