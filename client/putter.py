@@ -142,7 +142,8 @@ class Putter:
         st = self.streams[p]
         if st.unacked:
             st.unsent_from = st.unacked[0][0]
-            st.retry_at = max(st.retry_at, until)
+            # (never sent, its retry time-out is not set: the pump must come back all the same)
+            st.retry_at = until if st.retry_at == math.inf else max(st.retry_at, until)
 
     def refusal(self, p: int | None = None) -> str:
         """Why partition ``p``'s puts (every partition's, if None) were last refused, as a clause for

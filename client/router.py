@@ -321,8 +321,9 @@ class Router:
                 putter.moved(p, now)
             if not putter.due(p, now):
                 continue
-            if not owners:
-                putter.hold(p, now + self.cfg.pub_retry)  # (no live owner: a newer map will name one)
+            if not owners:  # (no live owner: a newer map will name one; ask for it, each pub_retry)
+                self.ask_elsewhere(None, now, spare=False)
+                putter.hold(p, now + self.cfg.pub_retry)
                 continue
             s = self.durable_session(owners[0])
             if putter.timed_out(p, now):  # (unanswered: its primary may be down, and our map not know it yet)

@@ -474,3 +474,17 @@ def test_an_older_map_that_holds_down_the_member_our_puts_went_unanswered_at_rep
     r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(down)), addr("n1"))], 0.7)
     assert r.cmap is not None and r.cmap.epoch == 2
     assert FrameType.PUT in [f[0] for _, f in frames(r.first, 0.7)]  # (to n1, the primary now)
+
+
+def test_a_put_whose_map_names_no_live_owner_asks_for_a_newer_map_each_pub_retry() -> None:
+    """Simulator seed 20209: a client held a joiner's map with no live member at all (epochs are per
+    member); its puts waited for a newer map that nothing sent it, with no deadline: stalled."""
+    empty = dataclasses.replace(MAP1, epoch=3, live=frozenset(), owners=tuple(() for _ in MAP1.owners))
+    r = router()
+    connect(r, r.first, "n1", empty)
+    r.put(topic_led_by(MAP1, "n1", "d"), None, None, b"x")
+    assert FrameType.MAP in [f[0] for _, f in frames(r.first)]
+    assert r.put_deadline() <= r.cfg.pub_retry  # (it comes back: not an infinite wait)
+    r.handle_datagrams(r.first, [(wire.encode_redirect("n1", clustermap.encode(dataclasses.replace(MAP1, epoch=4))),
+                                  addr("n1"))], 0.1)  # fmt: skip
+    assert FrameType.PUT in [f[0] for _, f in frames(r.first, 0.1)]
