@@ -14,10 +14,11 @@ shell runs it in a worker thread.
 The file is ``EPOCH_MAGIC | u32 CRC32C of the rest | u64 ceiling``, big-endian, written whole
 with cluster/raftstore.py's ``replace_file`` (a temporary file, fsynced, renamed over it, the
 directory fsynced): a crash leaves the old ceiling or the new one. A missing file is a member
-that never handed out a map (ceiling 0). A file that does not decode, or holds a ceiling
-outside ``[1, MAX_EPOCH]``, stops the start with an error naming it: a member that forgot its
-epochs could hand out a map its clients take for an old one, and silently so, which is worse
-than a member that will not start. The error says the way out: restore the file, or remove it
+that never handed out a map (ceiling 0). A file that does not decode (or is longer than any we
+write), or holds a ceiling outside ``[1, MAX_EPOCH - EPOCH_BLOCK]`` (no block left to reserve
+above it), stops the start with an error naming it: a member that forgot its epochs could
+hand out a map its clients take for an old one, and silently so, which is worse than a member
+that will not start. The error says the way out: restore the file, or remove it
 and start the member while its peers run (it starts above the epochs it hears from them).
 
 The simulator's disk for it is sim/epochdisk.py.
@@ -28,13 +29,14 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from roost.cluster.partitionmap import MAX_EPOCH
+from roost.cluster.partitionmap import EPOCH_BLOCK, MAX_EPOCH
 from roost.cluster.raftstore import replace_file, seal, unseal
 from roost.node.segmentlog import sync_dir
 
 EPOCH_FILE = "map_epoch"  # under the member's data_dir
 EPOCH_MAGIC = b"RME1"  # the map epochs' ceiling, format 1
 CEILING = struct.Struct(">Q")
+FILE_LIMIT = len(EPOCH_MAGIC) + 4 + CEILING.size  # (every file we write is this long)
 
 
 class EpochStoreError(Exception):
@@ -54,8 +56,8 @@ def decode_ceiling_untrusted(data: bytes) -> int:
     if len(body) != CEILING.size:
         raise ValueError(f"a body of {len(body)} bytes, not {CEILING.size}")
     (ceiling,) = CEILING.unpack(body)
-    if not 1 <= ceiling <= MAX_EPOCH:
-        raise ValueError(f"a ceiling of {ceiling}, outside [1, {MAX_EPOCH}]")
+    if not 1 <= ceiling <= MAX_EPOCH - EPOCH_BLOCK:  # (above, no block is left to reserve: epochs run out)
+        raise ValueError(f"a ceiling of {ceiling}, outside [1, {MAX_EPOCH - EPOCH_BLOCK}]")
     return int(ceiling)
 
 
@@ -69,7 +71,8 @@ class EpochStore:
     def read(self) -> int:
         """The ceiling stored (0: no file); ``EpochStoreError`` naming the file otherwise."""
         try:
-            raw = self.path.read_bytes()
+            with self.path.open("rb") as f:
+                raw = f.read(FILE_LIMIT + 1)  # (a file longer than any we write is damaged: not read whole)
         except FileNotFoundError:
             return 0
         except OSError as e:

@@ -78,6 +78,7 @@ class PartitionMap:
         self.published = 0  # the epoch of the map the broker core holds (0: none)
         self.trace = broker.cfg.trace
         self.volatile = "volatile-map-epochs" in broker.cfg.breaks  # (sim/breaks.py)
+        self.eager = "eager-map-epochs" in broker.cfg.breaks  # (likewise: handed out before the ceiling is on disk)
 
     def live_view(self) -> set[str]:
         """Members this one counts live: itself, and every peer neither down nor syncing.
@@ -135,7 +136,9 @@ class PartitionMap:
             if not self.asking and cmap.epoch <= MAX_EPOCH:
                 self.asking = min(cmap.epoch + EPOCH_BLOCK - 1, MAX_EPOCH)
                 self.actions.append(PersistEpochs(self.asking))
-            return
+                self.actions.append(Log("info", "map_epochs_reserving", {"ceiling": self.asking}))
+            if not self.eager:
+                return
         self.broker.set_cluster_map(clustermap.encode(cmap), cmap.epoch)
         self.published = cmap.epoch
         if self.trace:
@@ -184,6 +187,7 @@ class PartitionMap:
             return None  # (not ours to act on: a core only hears answers to what it asked)
         self.asking = 0
         self.ceiling = max(self.ceiling, ceiling)
+        self.actions.append(Log("info", "map_epochs_reserved", {"ceiling": ceiling}))
         if self.cmap is not None and self.cmap.epoch != self.published:
             self._publish()
         return None
@@ -246,4 +250,7 @@ class PartitionMap:
         return {"epoch": cmap.epoch, "partitions": cmap.partitions, "replicas": cmap.replicas,
                 "live": sorted(cmap.live), "owned": sum(self.own.owned),
                 "primary": sum(1 for o in cmap.owners if o and o[0] == self.id),
-                "unowned": sum(1 for o in cmap.owners if not o)}  # fmt: skip
+                "unowned": sum(1 for o in cmap.owners if not o),
+                # (the epoch clients were given, the ceiling on disk, and a write of one not answered yet:
+                # a member whose disk hangs keeps clients on its last map handed out, and says so here)
+                "published": self.published, "ceiling": self.ceiling, "reserving": self.asking}  # fmt: skip

@@ -25,6 +25,8 @@ BREAKS: dict[str, str] = {
     "partition over at the next epoch on its own, the quorum unasked",
     "volatile-map-epochs": "partitioned mode, cluster/partitionmap.py: a member forgets the map epochs' ceiling "
     "its earlier lives stored, so a restarted member hands out epochs from 1 again",
+    "eager-map-epochs": "partitioned mode, cluster/partitionmap.py: a member hands a map out before the "
+    "ceiling that covers its epoch is on disk",
     "stale-epoch": "durable, cluster/quorum.py: the quorum's term and vote are never written, and its Raft "
     "core answers before its log is on disk: a restarted member forgets the epochs and votes it gave",
 }

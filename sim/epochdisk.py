@@ -46,6 +46,10 @@ class SimEpochDisk:
     def _disk(self, member: str) -> MemberEpochDisk:
         return self.disks.setdefault(member, MemberEpochDisk())
 
+    def synced(self, member: str) -> int:
+        """The ceiling on ``member``'s disk now, as a power loss would leave it."""
+        return self._disk(member).synced
+
     def open(self, member: str) -> int:
         """What ``member``'s core reads when it starts: the ceiling synced (0: never written)."""
         self.crash(member)

@@ -355,9 +355,15 @@ class Simulation:
             self.feed(m, EpochsPersisted(ceiling))
 
     def _published(self, m: SimMember, epoch: int) -> None:
-        """A member handed a map to its clients: its epochs never go back within a life, and each
-        life's are above every epoch of its earlier ones (cluster/partitionmap.py)."""
+        """A member handed a map to its clients: its epochs never go back within a life, each life's
+        are above every epoch of its earlier ones, and each is within the ceiling synced on its
+        disk when it is handed out (persist before act: cluster/partitionmap.py)."""
         life, top = self.published.get(m.id, (m.incarnation, 0))
+        synced = self.epochdisk.synced(m.id)  # (what a power loss now would leave: the ceiling must cover it)
+        if epoch > synced:
+            self.check.violation(
+                self.now, f"{m.id} handed out a map of epoch {epoch} above its ceiling {synced} on disk"
+            )
         if epoch < top or (epoch == top and life != m.incarnation):
             when = "in this life" if life == m.incarnation else "in an earlier life"
             self.check.violation(self.now, f"{m.id} handed out a map of epoch {epoch}, after one of epoch {top} {when}")
