@@ -129,7 +129,7 @@ class Ask:
             elif now >= self.due:
                 st, self.due = PAUSE, now + self.retry  # (no answer in time)
                 if self.session is not None:  # (its member may be down, and our map not know it yet)
-                    self.router.ask_elsewhere(self.session.node_id, now, spare=False)
+                    self.router.ask_elsewhere(self.session.node_id, now)
             else:
                 return False
         elif st == WELCOME:

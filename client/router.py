@@ -322,33 +322,27 @@ class Router:
             if not putter.due(p, now):
                 continue
             if not owners:  # (no live owner: a newer map will name one; ask for it, each pub_retry)
-                self.ask_elsewhere(None, now, spare=False)
+                self.ask_elsewhere(None, now)
                 putter.hold(p, now + self.cfg.pub_retry)
                 continue
             s = self.durable_session(owners[0])
             if putter.timed_out(p, now):  # (unanswered: its primary may be down, and our map not know it yet)
                 self._silent[owners[0]] = now
-                self.ask_elsewhere(owners[0], now, spare=False)
+                self.ask_elsewhere(owners[0], now)
             if s.cookie is None:
                 putter.hold(p, now + self.cfg.hello_retry)  # (not connected yet: its WELCOME comes, then the next pump)
                 continue
             s.queue_raw(putter.frames(p, s.cid, s.cookie, s.max_datagram, now))
 
-    def ask_elsewhere(self, away: str | None, now: float, spare: bool = True) -> None:
+    def ask_elsewhere(self, away: str | None, now: float) -> None:
         """Member ``away`` is cut off from the quorum (its map may name its own side, and ours may be
-        old), or it did not answer a put (it may be down, and our map not know it yet): ask the
-        other members we talk to for their maps (a newer one is taken: ``_learn``; each session asks
-        at most once a second); with ``spare``, if we have no session elsewhere at all (connected
-        or connecting), open one, whose WELCOME brings its member's map."""
-        others = [t for t in self.sessions if t.node_id != away]
-        for t in others:
-            if t.node_id is not None:
+        old), or it did not answer a put (it may be down, and our map not know it yet), or our map
+        names no live owner: ask the other members we talk to for their maps (a newer one is taken:
+        ``_learn``; each session asks at most once a second). A client that talks to no other
+        member waits (opening sessions to others here cost cookie refusals in fault-free runs)."""
+        for t in self.sessions:
+            if t.node_id is not None and t.node_id != away:
                 t.ask_map(now)
-        cmap = self.cmap
-        if spare and not others and cmap is not None:
-            other = next((m for m in sorted(cmap.live) if m != away and m not in self.by_member), None)
-            if other is not None:
-                self._open(other, cmap)
 
     def put_deadline(self) -> float:
         return self.putter.next_deadline()
