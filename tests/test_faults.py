@@ -300,11 +300,13 @@ def test_the_shared_lock_is_reentrant_in_a_process(tmp_path: Path, monkeypatch: 
     held it (flock locks per open file): the process hung, and every chaos process with it."""
     monkeypatch.setattr(faults, "LOCK_FILE", str(tmp_path / "lock"))
 
+    inside: list[bool] = []
+
     def nested() -> None:
         with faults.shared_lock(), faults.shared_lock():
-            pass
+            inside.append(True)
 
     t = threading.Thread(target=nested, daemon=True)
     t.start()
     t.join(10)
-    assert not t.is_alive()
+    assert not t.is_alive() and inside == [True]

@@ -90,6 +90,13 @@ def controller_round(o: Owners, live: set[str]) -> None:
         o.run()
 
 
+def controller_rounds(o: Owners, live: set[str], n: int) -> None:
+    """``n`` controller rounds, a second of the logs' time after each."""
+    for _ in range(n):
+        controller_round(o, live)
+        o.tick(1.0)
+
+
 def test_a_cut_off_leader_that_kept_every_record_is_waited_for_when_the_others_lost_power() -> None:
     """Review: with a cut off (its disk whole) and a and b restarted from a power loss, the
     controller named a, dropping c from the ISR in the same decision; a and b declined and the
@@ -106,14 +113,10 @@ def test_a_cut_off_leader_that_kept_every_record_is_waited_for_when_the_others_l
     o.restart("a")
     o.restart("b")
     assert set(o.reports) == {"a", "b"}
-    for _ in range(4):
-        controller_round(o, {"a", "b"})
-        o.tick(1.0)
+    controller_rounds(o, {"a", "b"}, 4)
     assert o.lead.leader is None and o.lead.isr == ("a", "b", "c")
     o.resume("c")
-    for _ in range(4):
-        controller_round(o, {"a", "b", "c"})
-        o.tick(1.0)
+    controller_rounds(o, {"a", "b", "c"}, 4)
     assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
     assert any(isinstance(r, Recovered) for _, r in o.requests) and not o.reports
     assert o.lead.leader == "a" and o.logs["a"].role == LEADING  # (c led first; a, caught up, is preferred)
@@ -133,14 +136,10 @@ def test_a_named_suspect_waiting_for_a_down_member_does_not_let_it_be_dropped() 
     power_loss(o, "c", 2)
     o.restart("a")
     o.restart("c")
-    for _ in range(4):
-        controller_round(o, {"a", "c"})
-        o.tick(1.0)
+    controller_rounds(o, {"a", "c"}, 4)
     assert "b" in o.lead.isr and o.logs["a"].role == IDLE
     o.restart("b")
-    for _ in range(6):
-        controller_round(o, {"a", "b", "c"})
-        o.tick(1.0)
+    controller_rounds(o, {"a", "b", "c"}, 6)
     assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
 
 
@@ -162,14 +161,10 @@ def test_suspects_named_before_their_reports_came_cut_nothing_a_down_member_kept
     controller_round(o, {"a", "b"})  # (the controller's first round knows of no suspect)
     assert o.lead.leader == "a" and "c" in o.lead.isr
     o.quorum_open = True
-    for _ in range(6):
-        controller_round(o, {"a", "b"})
-        o.tick(1.0)
+    controller_rounds(o, {"a", "b"}, 6)
     assert o.logs["a"].role != LEADING and o.logs["b"].role != LEADING and "c" in o.lead.isr
     o.resume("c")
-    for _ in range(6):
-        controller_round(o, {"a", "b", "c"})
-        o.tick(1.0)
+    controller_rounds(o, {"a", "b", "c"}, 6)
     assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2", b"m3"]
 
 
@@ -187,9 +182,7 @@ def test_when_every_isr_member_reported_as_a_follower_the_longest_log_is_named()
     controller_round(o, {"b", "c"})
     assert o.lead.leader is None  # (a, not reported, is down: it may hold what they lost)
     o.restart("a")
-    for _ in range(10):
-        controller_round(o, {"a", "b", "c"})
-        o.tick(1.0)
+    controller_rounds(o, {"a", "b", "c"}, 10)
     assert o.lead.leader is not None and o.logs[o.lead.leader].role == LEADING
     assert o.payloads("a") == o.payloads("b") == o.payloads("c") == [b"m1", b"m2"]
 

@@ -4,6 +4,7 @@ do to it; the Raft core and the controller's rules have their own tests."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,17 +37,12 @@ def sync_all(q: Quorum, out: list[Any], now: float) -> set[int]:
     return changed
 
 
-def test_a_restarted_leader_has_no_contact_until_an_entry_of_its_own_term_is_committed() -> None:
-    """Review: a new Raft leader's commit starts at its snapshot; in contact at once, its members
-    acted on a table older than what was committed before the restart (a partition leader began
-    an epoch twice). Contact waits until the leader's no-op of its term is committed: by then the
-    table holds every SET committed before."""
-    old = SetPartition(0, 0, "a", 1, ("a",), ("a",)).encode()
-    newer = SetPartition(0, 1, "a", 5, ("a",), ("a",)).encode()
-    q, out = quorum("a", ("a",), ["a"], Stored(3, "a", 0, 0, None, [(2, old), (3, newer)]))
+def run_until(q: Quorum, out: list[Any], done: Callable[[float], bool]) -> float:
+    """The shell syncs each persist as it is asked, and time moves to the core's next deadline when
+    none is, until ``done`` (at most 50 steps); returns the time then."""
     t = 0.0
-    for _ in range(50):  # (its vote is synced as it asks: once it leads, its no-op waits on disk)
-        if q.raft is None or q.raft.role == "leader":
+    for _ in range(50):
+        if done(t):
             break
         asked = [a for a in out if isinstance(a, RaftPersist)]
         out.clear()
@@ -55,6 +51,19 @@ def test_a_restarted_leader_has_no_contact_until_an_entry_of_its_own_term_is_com
         if not asked:
             t = max(t, q.deadline())
             q.tick(t, [], frozenset())
+    return t
+
+
+def test_a_restarted_leader_has_no_contact_until_an_entry_of_its_own_term_is_committed() -> None:
+    """Review: a new Raft leader's commit starts at its snapshot; in contact at once, its members
+    acted on a table older than what was committed before the restart (a partition leader began
+    an epoch twice). Contact waits until the leader's no-op of its term is committed: by then the
+    table holds every SET committed before."""
+    old = SetPartition(0, 0, "a", 1, ("a",), ("a",)).encode()
+    newer = SetPartition(0, 1, "a", 5, ("a",), ("a",)).encode()
+    q, out = quorum("a", ("a",), ["a"], Stored(3, "a", 0, 0, None, [(2, old), (3, newer)]))
+    # (its vote is synced as it asks: once it leads, its no-op waits on disk)
+    t = run_until(q, out, lambda t: q.raft is None or q.raft.role == "leader")
     assert q.raft is not None and q.raft.role == "leader" and q.raft.lease_valid(t)  # (its own lease: one voter)
     assert not q.contact(t) and q.leadership(0) is None  # (the stored SETs are not known committed yet)
     changed = sync_all(q, out, t)
@@ -105,17 +114,7 @@ def controlling(replicas: tuple[str, ...]) -> tuple[Quorum, list[Any], float]:
     q = Quorum("a", ("a",), ["a", "b", "c"], SETTINGS, 1, 3, random.Random(7), LinkTable(["b", "c"], out), out)
     first = SetPartition(0, 0, replicas[0], 1, replicas, replicas).encode()
     q.started(Stored(2, "a", 0, 0, None, [(2, first)]), 0.0)
-    t = 0.0
-    for _ in range(50):
-        if q.raft is not None and q.raft.role == "leader" and q.contact(t):
-            break
-        asked = [a for a in out if isinstance(a, RaftPersist)]
-        out.clear()
-        for a in asked:
-            q.persisted(a.token, t)
-        if not asked:
-            t = max(t, q.deadline())
-            q.tick(t, [], frozenset())
+    t = run_until(q, out, lambda t: q.raft is not None and q.raft.role == "leader" and q.contact(t))
     assert q.contact(t)
     return q, out, t
 

@@ -280,15 +280,21 @@ def member_at(a: tuple[str, int]) -> str:
     return next(m for m, (client, _) in THREE.items() if client == a)
 
 
-def test_a_due_put_with_no_connected_session_waits_instead_of_waking_at_once() -> None:
-    """Simulator seed 4: the session of the primary lost its cookie after it sent a PUT; past the
-    retry time-out the put stayed due, put_deadline stayed in the past, and the shell spun."""
+def putting_to_n2() -> tuple[Router, ClientSession]:
+    """A router connected at n1 with one durable put for a partition n2 leads, sent on n2's session."""
     r = router()
     connect(r, r.first, "n1", MAP1)
     r.put(topic_led_by(MAP1, "n2", "d"), None, None, b"x")
     s2 = r.by_member["n2"]
     connect(r, s2, "n2", MAP1)
     assert [f[0] for _, f in frames(s2)] == [FrameType.PUT]
+    return r, s2
+
+
+def test_a_due_put_with_no_connected_session_waits_instead_of_waking_at_once() -> None:
+    """Simulator seed 4: the session of the primary lost its cookie after it sent a PUT; past the
+    retry time-out the put stayed due, put_deadline stayed in the past, and the shell spun."""
+    r, s2 = putting_to_n2()
     r.handle_datagrams(s2, [(wire.encode_error(wire.ErrorCode.BAD_COOKIE, "stale"), addr("n2"))], 0.1)
     assert not s2.connected
     r.tick(s2, 1.0)  # (past the retry time-out)
@@ -441,12 +447,7 @@ def test_a_put_refused_for_no_quorum_asks_the_other_members_for_their_map_and_sa
 def test_a_put_unanswered_past_its_retry_time_out_asks_the_other_members_for_their_map() -> None:
     """Measured (scripts/durable_availability.py): after a kill of a partition's leader the client
     learned the new map only when its session failed over, 3 s after the members had it."""
-    r = router()
-    connect(r, r.first, "n1", MAP1)
-    r.put(topic_led_by(MAP1, "n2", "d"), None, None, b"x")
-    s2 = r.by_member["n2"]
-    connect(r, s2, "n2", MAP1)
-    assert [f[0] for _, f in frames(s2)] == [FrameType.PUT]
+    r, s2 = putting_to_n2()
     frames(r.first)
     r.tick(r.first, 0.1)
     assert FrameType.MAP not in [f[0] for _, f in frames(r.first, 0.1)]  # (not before the retry time-out)
